@@ -1,0 +1,4 @@
+from ucstage.cli import main
+
+if __name__ == "__main__":
+    main()

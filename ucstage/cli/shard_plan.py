@@ -1,0 +1,200 @@
+"""``ucstage shard-plan``: which files each (rank, worker) slot reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ..errors import InvalidArgument
+from ..manifest import Manifest
+from ..sharding import ShardPlan, plan
+from .output import (
+    emit,
+    err,
+    fail_found,
+    format_bytes,
+    json_option,
+    read_source,
+    source_options,
+    table,
+    truncated_rows,
+)
+
+EXAMPLES = 5
+
+
+def _parse_slot(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        rank, worker = (int(v) for v in value.split(":"))
+    except ValueError as exc:
+        raise InvalidArgument(f"--slot must be RANK:WORKER, e.g. 0:3, got {value!r}") from exc
+    return rank, worker
+
+
+def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
+    """The documented JSON contract (docs/json.md#shard-plan)."""
+    paths = [e.path for e in manifest.entries]
+    fps, bps = p.files_per_slot(), p.bytes_per_slot()
+    return {
+        "source": manifest.source,
+        "fingerprint": manifest.fingerprint,
+        "files": p.n_files,
+        "bytes": p.total_bytes,
+        "world_size": p.world_size,
+        "num_workers": p.num_workers,
+        "shuffle": p.shuffle,
+        "seed": p.seed,
+        "epoch": p.epoch,
+        "batch_size": p.batch_size,
+        "consistent": p.consistent,
+        "batches_equal": p.batches_equal,
+        "summary": {
+            "slots": len(p.slots),
+            "files_per_slot": {"min": fps.min, "mean": fps.mean, "max": fps.max},
+            "bytes_per_slot": {"min": bps.min, "mean": bps.mean, "max": bps.max},
+            "imbalance": round(p.imbalance, 4),
+        },
+        "ranks": [
+            {"rank": r.rank, "num_workers": r.num_workers, "files": r.files, "bytes": r.bytes,
+             "batches": r.batches}
+            for r in p.ranks
+        ],
+        "batches": [r.batches for r in p.ranks] if p.batch_size else None,
+        "slots": [
+            {"rank": s.rank, "worker": s.worker, "files": [paths[i] for i in s.files],
+             "bytes": s.bytes}
+            for s in p.slots
+        ],
+        "duplicated": [paths[i] for i in p.duplicated],
+        "skipped": [paths[i] for i in p.skipped],
+    }
+
+
+def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
+    workers = sorted(set(p.num_workers))
+    workers_text = (f"{workers[0]} on every rank" if len(workers) == 1
+                    else ",".join(str(k) for k in p.num_workers))
+    order = f"shuffled (seed {p.seed}, epoch {p.epoch})" if p.shuffle else "listing order"
+    fps, bps = p.files_per_slot(), p.bytes_per_slot()
+    console.print(f"[bold]Shard plan[/] for {manifest.path or manifest.source}  "
+                  f"[dim]fingerprint {manifest.fingerprint[:12]}[/]")
+    summary = table("", "", numeric=False)
+    summary.show_header = False
+    summary.add_row("files", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
+    summary.add_row("ranks x workers", f"{p.world_size} x {workers_text} = {len(p.slots)} slots")
+    summary.add_row("read order", order)
+    summary.add_row("files per slot",
+                    f"min {fps.min:,.0f} / mean {fps.mean:,.1f} / max {fps.max:,.0f}")
+    summary.add_row("bytes per slot", f"min {format_bytes(bps.min)} / mean "
+                    f"{format_bytes(bps.mean)} / max {format_bytes(bps.max)}")
+    summary.add_row("imbalance", f"{p.imbalance:.2f}x (largest slot's bytes / mean)")
+    console.print(summary)
+    console.print()
+    cols = ["rank", "workers", "files", "bytes"] + (["batches"] if p.batch_size else [])
+    ranks = table(*cols)
+    rows, cut = truncated_rows(p.ranks)
+    for r in rows:
+        if r is None:
+            ranks.add_row(f"… {cut} more", *[""] * (len(cols) - 1))
+            continue
+        cells = [str(r.rank), str(r.num_workers), f"{r.files:,}", format_bytes(r.bytes)]
+        if p.batch_size:
+            cells.append(f"{r.batches:,}")
+        ranks.add_row(*cells)
+    console.print(ranks)
+    console.print()
+    paths = [e.path for e in manifest.entries]
+    if p.consistent:
+        console.print("[green]✓[/] every file is read exactly once")
+    else:
+        console.print(
+            f"[red]✗[/] ranks disagree on num_workers ({','.join(map(str, p.num_workers))}): "
+            f"[bold]{len(p.duplicated):,}[/] files are read twice or more, "
+            f"[bold]{len(p.skipped):,}[/] are never read"
+        )
+        for label, indices in (("read twice+", p.duplicated), ("never read", p.skipped)):
+            for i in indices[:EXAMPLES]:
+                readers = ", ".join(f"{r}:{w}" for r, w in p.readers(i)) or "no slot"
+                console.print(f"  {label:<11} {paths[i]}  [dim]({readers})[/]")
+            if len(indices) > EXAMPLES:
+                console.print(f"  {'':<11} [dim]… and {len(indices) - EXAMPLES:,} more (--json lists all)[/]")
+        console.print("  fix: pass the same num_workers to the DataLoader on every rank")
+    if p.batch_size and not p.batches_equal:
+        counts = sorted({r.batches for r in p.ranks if r.batches is not None})
+        console.print(
+            f"[yellow]![/] ranks get different batch counts ({counts[0]}..{counts[-1]} at batch "
+            f"size {p.batch_size}): DDP hangs at the end of the epoch waiting for the rank "
+            "with more batches. Make the file count a multiple of the slot count, or use "
+            "VolumeDataset(equal_length=True)."
+        )
+
+
+@click.command("shard-plan", context_settings={"help_option_names": ["-h", "--help"]})
+@source_options
+@click.option("-w", "--world-size", type=int, required=True, help="Number of ranks (processes).")
+@click.option("-k", "--num-workers", required=True, metavar="K|K0,K1,...",
+              help="DataLoader workers per rank (0 = the main process reads). A comma list of "
+                   "one value per rank simulates ranks that disagree.")
+@click.option("--shuffle", is_flag=True, help="Plan the seeded per-epoch permutation.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
+@click.option("--epoch", type=int, default=0, show_default=True, help="Epoch (changes the permutation).")
+@click.option("-b", "--batch-size", type=int, default=None,
+              help="Also count batches per rank, and warn when ranks get different counts.")
+@click.option("--slot", "slot", metavar="RANK:WORKER", default=None,
+              help="Print only this slot's files, one per line, in read order.")
+@json_option
+def shard_plan(
+    source: str | None, manifest_path: str | None, include: tuple[str, ...],
+    exclude: tuple[str, ...], include_hidden: bool, world_size: int, num_workers: str,
+    shuffle: bool, seed: int, epoch: int, batch_size: int | None, slot: str | None,
+    as_json: bool,
+) -> None:
+    """Show which files each (rank, DataLoader worker) slot reads, and what a
+    num_workers mismatch between ranks duplicates or skips.
+
+    Slot s = rank * K + worker reads files s, s + W*K, s + 2*W*K, ... of the
+    listing (or of its seeded permutation). Exits 1 when files would be read
+    twice or never, or when ranks would get different batch counts.
+
+    \b
+    Examples:
+      ucstage shard-plan /Volumes/main/ml/train --world-size 8 --num-workers 6
+      ucstage shard-plan data/ -w 4 -k 6,6,4,6 --batch-size 32
+      ucstage shard-plan manifest.json -w 2 -k 2 --slot 1:0
+    """
+    wanted = _parse_slot(slot)
+    manifest = read_source(source, manifest_path, include, exclude, include_hidden)
+    p = plan([e.size for e in manifest.entries], world_size=world_size,
+             num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch,
+             batch_size=batch_size)
+    if wanted is not None:
+        _print_slot(manifest, p, wanted, as_json)
+        return
+    emit(plan_json(manifest, p), as_json, lambda c: _render(c, manifest, p))
+    if not p.consistent:
+        fail_found(f"{len(p.duplicated):,} files read twice or more, {len(p.skipped):,} never read")
+    if not p.batches_equal:
+        fail_found("ranks would get different batch counts")
+
+
+def _print_slot(manifest: Manifest, p: ShardPlan, wanted: tuple[int, int], as_json: bool) -> None:
+    match = [s for s in p.slots if (s.rank, s.worker) == wanted]
+    if not match:
+        raise InvalidArgument(
+            f"no slot {wanted[0]}:{wanted[1]} in this plan",
+            hint=f"ranks are 0..{p.world_size - 1}; workers 0..K-1 (one worker when K is 0)",
+        )
+    s = match[0]
+    files = [manifest.entries[i] for i in s.files]
+    data = {"rank": s.rank, "worker": s.worker, "files": [e.path for e in files], "bytes": s.bytes}
+
+    def human(console: Console) -> None:
+        err.print(f"slot {s.rank}:{s.worker}: {len(files):,} files, {format_bytes(s.bytes)}")
+        for e in files:
+            console.print(e.path, markup=False)
+
+    emit(data, as_json, human)

@@ -1,0 +1,128 @@
+"""Typed errors. Every error ucstage raises on purpose derives from UcstageError.
+
+The CLI maps them, in one place (``ucstage.cli.app``), to a one-line message,
+an optional hint and an exit code: 2 for "you asked for something wrong",
+1 for "the command ran and found a problem".
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheCorrupt",
+    "CacheError",
+    "CacheFull",
+    "CacheOwnershipError",
+    "EmptySource",
+    "ExportError",
+    "FetchFailed",
+    "InvalidArgument",
+    "ManifestError",
+    "MissingDependency",
+    "RankMismatch",
+    "ShardMismatch",
+    "SourceNotFound",
+    "SparkUnavailable",
+    "TableNotFound",
+    "UcstageError",
+    "UnsafePath",
+    "UnsupportedTable",
+]
+
+
+class UcstageError(Exception):
+    """Base class: a problem ucstage can explain in one line.
+
+    Attributes:
+        hint: what the user can do about it (may be empty).
+        exit_code: 2 for bad input or setup, 1 for a problem found at run time.
+    """
+
+    exit_code: int = 2
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(UcstageError):
+    """An option or argument has a value ucstage cannot use."""
+
+
+class SourceNotFound(UcstageError):
+    """The source path or URL does not exist."""
+
+
+class EmptySource(UcstageError):
+    """The source exists but lists no files after filtering."""
+
+
+class ManifestError(UcstageError):
+    """A manifest file is missing, malformed, or fails its fingerprint check."""
+
+
+class MissingDependency(UcstageError):
+    """An optional package or system tool needed for this feature is absent."""
+
+
+class UnsafePath(UcstageError):
+    """A source entry would read or write outside its volume or the cache root."""
+
+
+class CacheError(UcstageError):
+    """The local cache cannot be used as asked."""
+
+
+class CacheOwnershipError(CacheError):
+    """The cache root is not a private folder owned by this user."""
+
+
+class CacheFull(CacheError):
+    """The cache's filesystem or byte cap has no room for what must be stored."""
+
+    exit_code = 1
+
+
+class CacheCorrupt(CacheError):
+    """Cache entries are stale or do not match their source."""
+
+    exit_code = 1
+
+
+class FetchFailed(UcstageError):
+    """One or more files could not be copied from the source after retries."""
+
+    exit_code = 1
+
+
+class ShardMismatch(UcstageError):
+    """A shard plan duplicates or skips files, or ranks get unequal batches."""
+
+    exit_code = 1
+
+
+class RankMismatch(UcstageError):
+    """Distributed ranks disagree on num_workers or on the listing they shard."""
+
+    exit_code = 1
+
+
+class ExportError(UcstageError):
+    """An export failed; the previous export, if any, is left intact."""
+
+    exit_code = 1
+
+
+class TableNotFound(UcstageError):
+    """The table name does not resolve to a Delta table."""
+
+
+class UnsupportedTable(UcstageError):
+    """The table uses a Delta reader feature this read path cannot honour."""
+
+
+class SparkUnavailable(UcstageError):
+    """No Spark Connect server could be reached or started."""

@@ -1,0 +1,207 @@
+"""A frozen listing: the files, sizes and versions of a source at one moment.
+
+Every rank of a job can shard the same manifest while the volume changes
+underneath. The on-disk format (documented in docs/manifest.md) is JSON::
+
+    {"format": "ucstage.manifest", "format_version": 1,
+     "source": "/Volumes/main/ml/train", "created": "2026-11-29T08:00:00+00:00",
+     "filters": {"include": [], "exclude": [], "include_hidden": false},
+     "fingerprint": "<sha256 hex>", "files_count": 2, "bytes": 300,
+     "files": [["a.jpg", 100, "1764403200.0"], ["b.jpg", 200, "..."]]}
+
+The fingerprint is the SHA-256 of the canonical listing (one
+``path NUL size NUL version LF`` record per file, in listing order); it does
+not depend on where the source is mounted, so ranks on different nodes agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .errors import EmptySource, ManifestError
+from .volumes import FileEntry, Listing, Volume, list_files, resolve
+
+__all__ = ["FORMAT", "Manifest", "fingerprint", "is_manifest_file", "load", "save", "snapshot"]
+
+FORMAT = "ucstage.manifest"
+FORMAT_VERSION = 1
+
+
+def fingerprint(entries: Iterable[FileEntry]) -> str:
+    """SHA-256 hex digest of the canonical form of a listing."""
+    digest = hashlib.sha256()
+    for path, size, version in entries:
+        digest.update(f"{path}\0{size}\0{version}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A frozen, fingerprinted listing of a source."""
+
+    source: str
+    """Where the files live: a ``/Volumes/...`` path (re-resolved on each node)
+    or an absolute path or URL."""
+    entries: Sequence[FileEntry]
+    fingerprint: str
+    created: str = ""
+    filters: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+    """The manifest file this was loaded from, if any."""
+    refused: Sequence[tuple[str, str]] = ()
+    """(path, reason) of unsafe entries left out of a fresh listing."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def volume(self) -> Volume:
+        """Resolve the source for reading (on this node, with this node's env)."""
+        return resolve(self.source)
+
+    @classmethod
+    def from_listing(cls, listing: Listing, filters: dict[str, Any] | None = None) -> Manifest:
+        vol = listing.volume
+        source = vol.source if vol.source.startswith("/Volumes") else vol.url
+        return cls(
+            source=source,
+            entries=listing.entries,
+            fingerprint=fingerprint(listing.entries),
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            filters=dict(filters or {}),
+            refused=list(listing.refused),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "source": self.source,
+            "created": self.created,
+            "filters": self.filters,
+            "fingerprint": self.fingerprint,
+            "files_count": len(self.entries),
+            "bytes": self.total_bytes,
+            "files": [list(e) for e in self.entries],
+        }
+
+
+def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
+    """Write a manifest atomically (temp file + rename); return its path."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(manifest.to_json(), fh, ensure_ascii=False, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def is_manifest_file(path: str) -> bool:
+    """True when ``path`` is a local file that starts like a ucstage manifest."""
+    if "://" in path or not os.path.isfile(path):
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    return head.lstrip().startswith(b"{") and FORMAT.encode() in head
+
+
+def load(path: str | os.PathLike[str]) -> Manifest:
+    """Load a manifest and check its fingerprint.
+
+    Raises:
+        ManifestError: the file is missing, not a ucstage manifest, malformed,
+            or its files do not hash to its fingerprint.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError as exc:
+        raise ManifestError(f"manifest {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(
+            f"manifest {path} is not valid JSON: {exc}",
+            hint="recreate it with `ucstage cache lazy SOURCE` or manifest.save()",
+        ) from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ManifestError(f"{path} is not a ucstage manifest (no \"format\": \"{FORMAT}\")")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(
+            f"manifest {path} has format_version {data.get('format_version')!r}; "
+            f"this ucstage reads version {FORMAT_VERSION}"
+        )
+    try:
+        entries = [FileEntry(str(p), int(s), str(v)) for p, s, v in data["files"]]
+        source = str(data["source"])
+        expected = str(data["fingerprint"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"manifest {path} is malformed: {exc!r}") from exc
+    actual = fingerprint(entries)
+    if actual != expected:
+        raise ManifestError(
+            f"manifest {path} fails its fingerprint check (file edited or truncated)",
+            hint="recreate it from the source",
+        )
+    return Manifest(
+        source=source,
+        entries=entries,
+        fingerprint=expected,
+        created=str(data.get("created", "")),
+        filters=dict(data.get("filters") or {}),
+        path=path,
+    )
+
+
+def snapshot(
+    source: str | None = None,
+    *,
+    manifest: str | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    include_hidden: bool = False,
+    allow_empty: bool = False,
+) -> Manifest:
+    """The one way commands get their file list: a saved manifest, or a fresh listing.
+
+    ``source`` may itself be a manifest file. Filters apply to fresh listings
+    only; a manifest is already filtered and is used as frozen.
+
+    Raises:
+        EmptySource: nothing is left to read (unless ``allow_empty``).
+    """
+    if manifest is None and source is not None and is_manifest_file(source):
+        manifest = source
+    if manifest is not None:
+        result = load(manifest)
+    else:
+        if source is None:
+            raise ManifestError("give a SOURCE or --manifest FILE")
+        filters = {"include": list(include), "exclude": list(exclude),
+                   "include_hidden": include_hidden}
+        listing = list_files(source, include=include, exclude=exclude,
+                             include_hidden=include_hidden)
+        result = Manifest.from_listing(listing, filters)
+    if not result.entries and not allow_empty:
+        where = result.path or result.source
+        raise EmptySource(
+            f"{where} has no files to read",
+            hint="names starting with _ or . are skipped unless --all; check --include/--exclude",
+        )
+    return result

@@ -1,0 +1,41 @@
+"""One interface over the four source kinds, so a test suite can run on each.
+
+A Backend writes files into its store the way a data platform would and gives
+the source string a user would pass to ucstage to read them back.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Backend:
+    name: str
+    url: str
+    """What a user passes to ucstage."""
+    store: Any
+    """An fsspec filesystem writing to the backing store."""
+    store_root: str
+    """Where ``url``'s files live inside ``store``."""
+
+    def write(self, relpath: str, data: bytes) -> None:
+        path = f"{self.store_root}/{relpath}"
+        if self.name in ("local", "fuse"):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(data)
+        else:
+            self.store.pipe_file(path, data)
+
+    def write_many(self, files: dict[str, bytes]) -> None:
+        for rel, data in files.items():
+            self.write(rel, data)
+
+    def settle(self) -> None:
+        """Let a FUSE mount's short attribute cache expire after a rewrite."""
+        if self.name == "fuse":
+            time.sleep(1.2)

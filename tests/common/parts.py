@@ -1,0 +1,136 @@
+"""Real parts for the tests: an rclone FUSE mount and a moto S3 server.
+
+Each is started as a real process and stopped cleanly. Outside CI a missing
+part skips the tests that need it; in CI (CI=true) it fails them, because a
+green run that skipped its real parts proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(ok: bool, reason: str) -> None:
+    """Skip (locally) or fail (in CI) when a real part is missing."""
+    if ok:
+        return
+    if IN_CI:
+        pytest.fail(f"CI needs this real part: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} opened")
+        with socket.socket() as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open within {timeout}s")
+
+
+def fuse_available() -> tuple[bool, str]:
+    if not shutil.which("rclone"):
+        return False, "rclone is not installed (scripts/test.sh installs it as root)"
+    if not shutil.which("fusermount3") and not shutil.which("fusermount"):
+        return False, "fuse3 is not installed"
+    if not os.path.exists("/dev/fuse"):
+        return False, "/dev/fuse is missing"
+    return True, ""
+
+
+def unmount(mountpoint: str) -> None:
+    tool = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
+    for args in ([tool, "-u", mountpoint], [tool, "-uz", mountpoint]):
+        if subprocess.run(args, capture_output=True).returncode == 0:
+            break
+    deadline = time.monotonic() + 10
+    while os.path.ismount(mountpoint) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@contextmanager
+def rclone_mount(source: str, mountpoint: str, *extra: str) -> Iterator[str]:
+    """Mount ``source`` (a folder) read-only at ``mountpoint`` with rclone.
+
+    Directory and attribute caches are kept short so tests that rewrite the
+    backing folder see the change within about a second, as on the platform.
+    """
+    ok, reason = fuse_available()
+    require(ok, reason)
+    os.makedirs(mountpoint, exist_ok=True)
+    log = os.path.join(os.path.dirname(mountpoint), os.path.basename(mountpoint) + ".rclone.log")
+    cmd = ["rclone", "mount", source, mountpoint, "--daemon", "--read-only",
+           "--dir-cache-time", "1s", "--attr-timeout", "0s", "--log-file", log, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        require(False, f"rclone mount failed: {proc.stderr.strip()[:300]}")
+    deadline = time.monotonic() + 15
+    while not os.path.ismount(mountpoint):
+        if time.monotonic() > deadline:
+            require(False, f"rclone mount did not appear at {mountpoint}")
+        time.sleep(0.05)
+    try:
+        yield mountpoint
+    finally:
+        unmount(mountpoint)
+
+
+class MotoServer:
+    """A moto S3 server on 127.0.0.1, used through s3fs with ordinary env config."""
+
+    def __init__(self, workdir: str) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(workdir, "moto.log"), "wb")  # noqa: SIM115
+        exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+        require(exe is not None, "moto[server] is not installed")
+        self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        wait_port(self.port, 30, self.proc)
+
+    def env(self) -> dict[str, str]:
+        """Variables that point boto (and so s3fs and ucstage) at this server."""
+        return {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def filesystem(self):  # type: ignore[no-untyped-def]
+        import s3fs
+
+        return s3fs.S3FileSystem(key="testing", secret="testing",
+                                 client_kwargs={"endpoint_url": self.endpoint},
+                                 use_listings_cache=False, skip_instance_cache=True)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()

@@ -1,0 +1,87 @@
+"""Session fixtures that start real parts; see tests/common/parts.py."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.common.parts import MotoServer, rclone_mount
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test touches the user's real cache or volumes root."""
+    monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache") / "c"))
+    monkeypatch.delenv("UCSTAGE_VOLUMES_ROOT", raising=False)
+
+
+@pytest.fixture(scope="session")
+def fuse_volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(backing folder, read-only rclone FUSE mount of it), for the whole session.
+
+    Tests write into a fresh subfolder of the backing folder and read it
+    through the mount.
+    """
+    base = tmp_path_factory.mktemp("fuse")
+    backing, mnt = str(base / "backing"), str(base / "mnt")
+    os.makedirs(backing)
+    with rclone_mount(backing, mnt):
+        yield backing, mnt
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A moto S3 server on 127.0.0.1; its env is applied for the session."""
+    server = MotoServer(str(tmp_path_factory.mktemp("moto")))
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    fs = server.filesystem()
+    fs.mkdir("ucstage-test")
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+BACKENDS = ["local", "fuse", "s3", "memory"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path):  # type: ignore[no-untyped-def]
+    """Each source kind in turn: a local folder, an rclone FUSE mount, a moto S3
+    bucket and fsspec's memory filesystem. Tests using it run on all four."""
+    import fsspec
+
+    from tests.common.backends import Backend
+
+    name = request.param
+    key = unique()
+    if name == "local":
+        root = str(tmp_path / "vol")
+        os.makedirs(root)
+        yield Backend(name, root, fsspec.filesystem("file"), root)
+    elif name == "fuse":
+        backing, mnt = request.getfixturevalue("fuse_volume")
+        os.makedirs(os.path.join(backing, key))
+        yield Backend(name, os.path.join(mnt, key), fsspec.filesystem("file"),
+                      os.path.join(backing, key))
+    elif name == "s3":
+        server = request.getfixturevalue("moto")
+        yield Backend(name, f"s3://ucstage-test/{key}", server.filesystem(),
+                      f"ucstage-test/{key}")
+    else:
+        fs = fsspec.filesystem("memory")
+        yield Backend(name, f"memory://{key}", fs, f"/{key}")
+        fs.rm(f"/{key}", recursive=True) if fs.exists(f"/{key}") else None

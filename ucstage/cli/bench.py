@@ -1,0 +1,188 @@
+"""``ucstage bench``: read throughput direct, through a cold and a warm cache, across workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+
+from .. import bench
+from ..bench import BenchReport
+from ..errors import InvalidArgument
+from ..units import parse_size
+from .output import emit, err, json_option, read_source, source_options, table
+
+_VERDICT = {
+    "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "
+              "Warm the cache before training (`ucstage cache warm SOURCE`) or read through "
+              "VolumeDataset's cache.",
+    "local": "the volume keeps up: a warm cache is only {x:.2f}x faster than reading it "
+             "directly. If training is slow, look at decoding, batch size or the model, not "
+             "at storage.",
+}
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[bench.Progress], None]]:
+    """A rich progress bar on stderr, or a no-op when stderr is not a terminal."""
+    if not enabled:
+        yield lambda _: None
+        return
+    bar = Progress(
+        TextColumn("[bold]{task.description:<16}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TextColumn("{task.fields[files]}"), TimeElapsedColumn(),
+        console=err, transient=True,
+    )
+    tasks: dict[tuple[str, int, str], Any] = {}
+
+    def update(p: bench.Progress) -> None:
+        key = (p.mode, p.workers, p.phase)
+        if key not in tasks:
+            for other in tasks.values():
+                bar.update(other, visible=False)
+            label = f"{p.mode} x{p.workers}" if p.phase == "run" else "filling warm"
+            tasks[key] = bar.add_task(f"{p.run_index + 1}/{p.runs_total} {label}",
+                                      total=p.bytes_total or None, files="")
+        bar.update(tasks[key], completed=p.bytes_done,
+                   files=f"{p.files_done:,}/{p.files_total:,} files")
+
+    with bar:
+        yield update
+
+
+def _render(console: Console, report: BenchReport) -> None:
+    console.print(f"[bold]Bench[/] {report.source}: {report.sample_files:,} of "
+                  f"{report.listed_files:,} files, {report.sample_bytes / 1e6:,.1f} MB"
+                  + ("" if report.sampled_by == "all"
+                     else f"  [dim](deterministic sample by {report.sampled_by}, "
+                          f"seed {report.seed})[/]"))
+    rec = report.recommendation
+    t = table("mode", "workers", "files", "MB", "s", "files/s", "MB/s", "p50", "p95", "p99 ms")
+    for r in report.results:
+        mark = "" if r.complete else "[yellow]*[/]"
+        best = rec.by_mode.get(r.mode) == r.workers
+        t.add_row(
+            r.mode, f"[bold]{r.workers}[/]" if best else str(r.workers), f"{r.files}{mark}",
+            f"{r.bytes / 1e6:.1f}", f"{r.seconds:.2f}", f"{r.files_per_s:.1f}",
+            f"[bold]{r.mb_per_s:.1f}[/]" if best else f"{r.mb_per_s:.1f}",
+            f"{r.p50_ms:.1f}", f"{r.p95_ms:.1f}", f"{r.p99_ms:.1f}",
+        )
+    console.print(t)
+    if any(not r.complete for r in report.results):
+        console.print("[yellow]*[/] [dim]cut short by --max-seconds: rates are over the files "
+                      "read in time[/]")
+    if "loader" in report.modes:
+        console.print("[dim]loader latencies are per batch (time to the next batch)[/]")
+    for note in report.notes:
+        console.print(f"[dim]note: {note}[/]")
+    console.print()
+    if rec.workers is None:
+        console.print("[yellow]![/] nothing was measured; raise --max-seconds")
+        return
+    others = ", ".join(f"{m} {k}" for m, k in rec.by_mode.items() if m != rec.mode)
+    console.print(
+        f"[green]→[/] use [bold]{rec.workers}[/] worker{'s' if rec.workers != 1 else ''} "
+        f"({rec.mode}): the fewest within "
+        f"{bench.WITHIN:.0%} of the best, {rec.best_mb_per_s:,.1f} MB/s at {rec.best_workers}"
+        + (f"  [dim](per mode: {others})[/]" if others else ""))
+    if rec.cold_vs_direct is not None:
+        console.print(f"  cold cache vs direct: {rec.cold_vs_direct:.2f}x")
+    if rec.bottleneck is not None and rec.warm_vs_direct is not None:
+        console.print("  warm cache vs direct: " + f"{rec.warm_vs_direct:.2f}x; "
+                      + _VERDICT[rec.bottleneck].format(x=rec.warm_vs_direct))
+
+
+def _positive_float(_: click.Context, __: click.Parameter, value: float | None) -> float | None:
+    if value is not None and value <= 0:
+        raise InvalidArgument(f"--max-seconds must be positive, got {value:g}")
+    return value
+
+
+@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+@source_options
+@click.option("-n", "--files", "n_files", type=int, default=None, metavar="N",
+              help="Bench a deterministic sample of N files (same files on every run).")
+@click.option("--sample-bytes", metavar="SIZE", default=None,
+              help="Bench a deterministic sample of about SIZE bytes, e.g. 2G.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Changes which files the sample takes.")
+@click.option("-w", "--workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",
+              help="Concurrent readers to try (DataLoader num_workers with --loader).")
+@click.option("-m", "--modes", default="direct,cold,warm", show_default=True,
+              metavar="MODE,...",
+              help="direct: read from the source; cold: through a fresh private cache; "
+                   "warm: through that cache again; loader: VolumeDataset + DataLoader.")
+@click.option("--loader", is_flag=True, help="Also bench the VolumeDataset + DataLoader path.")
+@click.option("-b", "--batch-size", type=int, default=32, show_default=True,
+              help="DataLoader batch size for --loader.")
+@click.option("--max-seconds", type=float, default=None, callback=_positive_float,
+              metavar="S", help="Bound the whole run; each run gets an equal share of the "
+                                "time left, and runs cut short are marked.")
+@click.option("--scratch-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Where the private cold/warm cache is made (default: the temp folder). "
+                   "It is removed at the end.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE.png", help="Write a chart of MB/s against workers, one line per "
+                                       "mode (needs matplotlib: pip install 'ucstage[plot]').")
+@json_option
+def command(
+    source: str | None, manifest_path: str | None, include: tuple[str, ...],
+    exclude: tuple[str, ...], include_hidden: bool, n_files: int | None,
+    sample_bytes: str | None, seed: int, workers: str, modes: str, loader: bool,
+    batch_size: int, max_seconds: float | None, scratch_dir: str | None,
+    plot_path: str | None, as_json: bool,
+) -> None:
+    """Measure read throughput from SOURCE directly, through a cold cache and
+    through a warm cache, for each worker count, and say how many workers to use.
+
+    The cold and warm modes use a private cache in a temporary folder, never
+    your cache; it is removed at the end, on error and on Ctrl-C.
+
+    \b
+    Examples:
+      ucstage bench /Volumes/main/ml/train/images --files 500
+      ucstage bench s3://bucket/data --sample-bytes 2G --workers 1,4,8,16 --plot bench.png
+      ucstage bench data/ --loader --batch-size 64 --max-seconds 120 --json
+    """
+    worker_counts = bench.parse_workers(workers)
+    mode_list = bench.parse_modes(modes + (",loader" if loader else ""))
+    size = parse_size(sample_bytes) if sample_bytes is not None else None
+    if n_files is not None and size is not None:
+        raise InvalidArgument("give --files or --sample-bytes, not both")
+    if plot_path is not None:
+        _check_plot(plot_path)
+    manifest = read_source(source, manifest_path, include, exclude, include_hidden)
+    with _progress(err.is_terminal) as progress:
+        report = bench.run(manifest, files=n_files, sample_bytes=size, seed=seed,
+                           workers=worker_counts, modes=mode_list, batch_size=batch_size,
+                           max_seconds=max_seconds, scratch_dir=scratch_dir, progress=progress)
+    data = report.to_json()
+    if plot_path is not None:
+        data["plot"] = bench.plot(report, plot_path)
+    emit(data, as_json, lambda c: _render(c, report))
+    if plot_path is not None and not as_json:
+        err.print(f"[dim]chart written to {plot_path}[/]")
+
+
+def _check_plot(path: str) -> None:
+    """Fail before measuring, not after, when the chart cannot be written."""
+    if not path.lower().endswith(".png"):
+        raise InvalidArgument(f"--plot writes a PNG; give a file name ending in .png, got {path}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        from ..errors import MissingDependency
+
+        raise MissingDependency("--plot needs matplotlib",
+                                hint="pip install 'ucstage[plot]'") from exc

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from .errors import InvalidArgument
 
 __all__ = [
+    "EQUAL_LENGTH_MODES",
     "RankStats",
     "ShardPlan",
     "SlotPlan",
     "effective_workers",
+    "equal_slot_files",
     "parse_num_workers",
     "plan",
     "read_order",
@@ -275,3 +277,49 @@ def plan(
         skipped=skipped,
         read_count=counts,
     )
+
+
+EQUAL_LENGTH_MODES = ("pad", "drop")
+
+
+def equal_slot_files(
+    n: int,
+    *,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    worker: int,
+    mode: str,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    order: Sequence[int] | None = None,
+) -> list[int]:
+    """:func:`slot_files`, trimmed or padded so that every slot reads the same count.
+
+    Equal counts per slot give every rank the same number of batches, so DDP
+    does not hang at the end of an epoch waiting for a rank with one more.
+
+    * ``"drop"``: every slot reads ``n // slots`` files; the last ``n % slots``
+      files of the read order are skipped this epoch (with ``shuffle`` a
+      different few each epoch).
+    * ``"pad"``: every slot reads ``ceil(n / slots)`` files; a slot one short
+      continues the slot rule past the end of the read order, wrapping around
+      (position ``p`` reads ``order[p % n]``), so a few files from the start of
+      the read order are read twice, as ``DistributedSampler`` pads.
+    """
+    if mode not in EQUAL_LENGTH_MODES:
+        raise InvalidArgument(f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {mode!r}")
+    if order is None:
+        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    files = slot_files(n, rank=rank, world_size=world_size, num_workers=num_workers,
+                       worker=worker, order=order)
+    if n == 0:
+        return files
+    slots = world_size * effective_workers(num_workers)
+    if mode == "drop":
+        return files[: n // slots]
+    s = rank * effective_workers(num_workers) + worker
+    for i in range(len(files), -(-n // slots)):
+        files.append(order[(s + i * slots) % n])
+    return files

@@ -1,0 +1,233 @@
+"""Per-batch wait timing for :class:`ucstage.DataLoader`, logged to MLflow.
+
+The training loop's view of the loader is one number per batch: how long
+``next()`` blocked. This module measures it, summarises each epoch and, when
+an MLflow run is active in this process, logs both in batches through
+``MlflowClient.log_batch`` from a background thread, so the loop pays for a
+list append per batch and one synchronous flush per epoch.
+
+Metric names (``PREFIX`` defaults to ``ucstage``):
+
+=================================  ===========================================
+``PREFIX/batch_wait_ms``           per batch (step = batches since the loader
+                                   was created): time the loop waited
+``PREFIX/epoch_wait_p50_ms``       per epoch (step = epoch index of this
+                                   loader, 0-based): median wait
+``PREFIX/epoch_wait_p95_ms``       95th percentile wait
+``PREFIX/epoch_wait_max_ms``       longest wait
+``PREFIX/epoch_batches_per_s``     batches / epoch wall time
+``PREFIX/epoch_stall_share``       total wait / epoch wall time (0..1)
+``PREFIX/epoch_batches``           batches in the epoch
+=================================  ===========================================
+
+mlflow is never imported here: a run can only be active if the user's code
+imported mlflow already, so ``sys.modules`` is checked instead, and without a
+run (or without mlflow) nothing is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["EpochStats", "MlflowSink", "TimedIterator", "percentile", "summarise"]
+
+log = logging.getLogger("ucstage")
+
+# MLflow accepts at most 1000 metrics per log_batch call.
+_MAX_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one pass over a DataLoader looked like from the training loop."""
+
+    epoch: int
+    batches: int
+    wall_s: float
+    """From the first ``next()`` to the end of the epoch."""
+    wait_s: float
+    """Sum of the time ``next()`` blocked."""
+    wait_p50_ms: float
+    wait_p95_ms: float
+    wait_max_ms: float
+    batches_per_s: float
+    stall_share: float
+    """``wait_s / wall_s``: the share of the epoch the loop sat waiting for data."""
+    overhead_s: float
+    """Time spent in ucstage's own timing and logging bookkeeping."""
+    complete: bool
+    """False when the loop stopped before the loader was exhausted."""
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (``q`` in 0..100)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def summarise(epoch: int, waits: list[float], wall_s: float, overhead_s: float,
+              complete: bool) -> EpochStats:
+    ordered = sorted(waits)
+    total = sum(waits)
+    return EpochStats(
+        epoch=epoch,
+        batches=len(waits),
+        wall_s=wall_s,
+        wait_s=total,
+        wait_p50_ms=percentile(ordered, 50) * 1000,
+        wait_p95_ms=percentile(ordered, 95) * 1000,
+        wait_max_ms=(ordered[-1] if ordered else 0.0) * 1000,
+        batches_per_s=len(waits) / wall_s if wall_s > 0 else 0.0,
+        stall_share=min(1.0, total / wall_s) if wall_s > 0 else 0.0,
+        overhead_s=overhead_s,
+        complete=complete,
+    )
+
+
+class MlflowSink:
+    """Buffers metrics for the run active when it was created; flushes in batches."""
+
+    def __init__(self, mlflow: Any, run_id: str, prefix: str, flush_every: int) -> None:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        self._metric = Metric
+        self._client = MlflowClient()
+        self.run_id = run_id
+        self.prefix = prefix.rstrip("/")
+        self.flush_every = max(1, min(flush_every, _MAX_BATCH))
+        self._buffer: list[Any] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+        self._warned = False
+
+    @classmethod
+    def for_active_run(cls, prefix: str, flush_every: int) -> MlflowSink | None:
+        mlflow = sys.modules.get("mlflow")
+        if mlflow is None or not hasattr(mlflow, "active_run"):
+            return None
+        try:
+            run = mlflow.active_run()
+        except Exception:  # a broken tracking setup must not stop training
+            return None
+        if run is None:
+            return None
+        return cls(mlflow, run.info.run_id, prefix, flush_every)
+
+    def add(self, name: str, value: float, step: int) -> None:
+        self._buffer.append(self._metric(f"{self.prefix}/{name}", float(value),
+                                         int(time.time() * 1000), step))
+        if len(self._buffer) >= self.flush_every:
+            self._flush_async()
+
+    def _flush_async(self) -> None:
+        batch, self._buffer = self._buffer, []
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ucstage-mlflow")
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pool.submit(self._send, batch))
+
+    def _send(self, batch: list[Any]) -> None:
+        try:
+            for i in range(0, len(batch), _MAX_BATCH):
+                self._client.log_batch(self.run_id, metrics=batch[i:i + _MAX_BATCH])
+        except Exception as exc:  # logging must never kill a training run
+            if not self._warned:
+                self._warned = True
+                log.warning("ucstage: could not log loader metrics to MLflow: %s", exc)
+
+    def flush(self) -> None:
+        """Send everything buffered and wait until it is written."""
+        if self._buffer:
+            self._flush_async()
+        for f in self._pending:
+            f.result()
+        self._pending = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class TimedIterator:
+    """Wraps a DataLoader iterator; times each ``next()`` and reports the epoch.
+
+    Other attributes are forwarded to the wrapped iterator, so code that
+    reaches into torch's iterator keeps working.
+    """
+
+    def __init__(self, inner: Iterator[Any], *, epoch: int, first_step: int,
+                 sink: MlflowSink | None, on_done: Any) -> None:
+        self._inner = inner
+        self._epoch = epoch
+        self._step = first_step
+        self._sink = sink
+        self._on_done = on_done
+        self._waits: list[float] = []
+        self._start: float | None = None
+        self._overhead = 0.0
+        self._done = False
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __next__(self) -> Any:
+        t0 = time.perf_counter()
+        if self._start is None:
+            self._start = t0
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._finish(t0, complete=True)
+            raise
+        t1 = time.perf_counter()
+        wait = t1 - t0
+        self._waits.append(wait)
+        if self._sink is not None:
+            self._sink.add("batch_wait_ms", wait * 1000, self._step)
+        self._step += 1
+        self._overhead += time.perf_counter() - t1
+        return batch
+
+    def close(self) -> None:
+        """End the epoch early (the loop broke out); its summary is still logged."""
+        self._finish(time.perf_counter(), complete=False)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _finish(self, now: float, *, complete: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        t0 = time.perf_counter()
+        wall = now - self._start if self._start is not None else 0.0
+        stats = summarise(self._epoch, self._waits, wall, self._overhead, complete)
+        if self._sink is not None and stats.batches:
+            for name, value in (("epoch_wait_p50_ms", stats.wait_p50_ms),
+                                ("epoch_wait_p95_ms", stats.wait_p95_ms),
+                                ("epoch_wait_max_ms", stats.wait_max_ms),
+                                ("epoch_batches_per_s", stats.batches_per_s),
+                                ("epoch_stall_share", stats.stall_share),
+                                ("epoch_batches", stats.batches)):
+                self._sink.add(name, value, self._epoch)
+            self._sink.flush()
+        overhead = self._overhead + time.perf_counter() - t0
+        stats = summarise(self._epoch, self._waits, wall, overhead, complete)
+        self._on_done(stats, self._step)

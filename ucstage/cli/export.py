@@ -1,0 +1,156 @@
+"""``ucstage export``: a Delta table to Parquet files in a volume, atomically, once."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ..errors import InvalidArgument
+from .output import emit, err, format_bytes, json_option, table
+
+
+def _split(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if any(not p for p in parts):
+        raise InvalidArgument(f"empty column name in {value!r}",
+                              hint="separate column names with single commas")
+    return parts
+
+
+class _Status:
+    """Shows the library's status lines as a rich spinner on stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._status: Any = None
+
+    def __call__(self, message: str | None) -> None:
+        if not self.enabled:
+            return
+        if message is None:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+            return
+        if self._status is None:
+            self._status = err.status(message)
+            self._status.start()
+        else:
+            self._status.update(message)
+
+    def close(self) -> None:
+        self(None)
+
+
+def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> None:
+    files = data["files"]
+    if data["skipped_unchanged"]:
+        console.print(f"[green]✓[/] {data['table']} is unchanged since the export in "
+                      f"{data['dest']} (Delta version {data['delta_version']}, "
+                      f"{data['created_at']}): nothing to do. --force re-exports.")
+    else:
+        version = data["delta_version"]
+        console.print(f"[green]✓[/] exported {data['table']}"
+                      + (f" (Delta version {version})" if version is not None else "")
+                      + f" to {data['dest']} in {data['seconds']:.1f} s")
+    summary = table("", "", numeric=False)
+    summary.show_header = False
+    summary.add_row("rows", f"{data['row_count']:,}")
+    summary.add_row("files", f"{len(files):,} ({format_bytes(data['bytes'])})")
+    summary.add_row("columns", ", ".join(f["name"] for f in data["schema"]["fields"]))
+    opts = data["options"]
+    shown = {k: v for k, v in opts.items() if v not in (None, [], "")}
+    summary.add_row("options", ", ".join(f"{k}={v}" for k, v in shown.items()))
+    summary.add_row("manifest", f"{data['dest']}/_ucstage_export.json")
+    console.print(summary)
+    if suggestion:
+        console.print(f"[yellow]![/] {suggestion}")
+    pattern = "**/*.parquet" if opts.get("partition_by") else "*.parquet"
+    console.print(f"[dim]load: datasets.load_dataset(\"parquet\", "
+                  f"data_files=\"{data['dest']}/{pattern}\")[/]")
+
+
+@click.command("export", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("table_name", metavar="TABLE")
+@click.argument("dest", metavar="DEST")
+@click.option("--remote", metavar="sc://HOST:PORT", default=None,
+              help="Spark Connect server to use. Default: $SPARK_REMOTE, else an embedded "
+                   "local server that ucstage starts (needs Java 17).")
+@click.option("--columns", metavar="A,B,...", default=None,
+              help="Export only these top-level columns, in this order.")
+@click.option("--where", metavar="SQL", default=None,
+              help="Export only rows matching this Spark SQL expression. Checked by Spark "
+                   "before anything is written.")
+@click.option("--partition-by", metavar="COL[,COL]", default=None,
+              help="Write COL=value/ subfolders (the column moves into the folder name).")
+@click.option("--files", type=int, default=None, metavar="N",
+              help="Write exactly N files (repartitions the rows).")
+@click.option("--max-records-per-file", type=int, default=None, metavar="N",
+              help="At most N rows per file.")
+@click.option("--compression", type=click.Choice(["zstd", "snappy", "none"]), default="zstd",
+              show_default=True, help="Parquet compression codec.")
+@click.option("--force", is_flag=True,
+              help="Export even if the table version and options match the last export.")
+@click.option("-w", "--world-size", type=int, default=None,
+              help="With --num-workers: check that the file count suits this many ranks.")
+@click.option("-k", "--num-workers", default=None, metavar="K|K0,K1,...",
+              help="DataLoader workers per rank, for the --files suggestion.")
+@json_option
+def command(
+    table_name: str, dest: str, remote: str | None, columns: str | None, where: str | None,
+    partition_by: str | None, files: int | None, max_records_per_file: int | None,
+    compression: str, force: bool, world_size: int | None, num_workers: str | None,
+    as_json: bool,
+) -> None:
+    """Export a Delta table to Parquet files in DEST, atomically, and only when it changed.
+
+    TABLE is catalog.schema.table (quote odd parts in backticks) or a Delta table
+    path. Names resolve through $UCSTAGE_WAREHOUSE/<catalog>/<schema>/<table>
+    when that is set, else through the Spark server's catalog. DEST is a
+    /Volumes/... path (mapped through $UCSTAGE_VOLUMES_ROOT) or a local folder.
+
+    The new files are written beside DEST, verified (every file readable, row
+    count equal to the table's) and swapped in; on any failure the previous
+    export stays as it was. DEST/_ucstage_export.json records table, Delta
+    version, rows, schema, files and options; a rerun with the same version
+    and options does nothing.
+
+    \b
+    Examples:
+      ucstage export main.ml.events /Volumes/main/ml/train/events
+      ucstage export main.ml.events /Volumes/main/ml/train/events --files 16 -w 2 -k 4
+      ucstage export ./tables/events out/events --where "day >= '2024-01-01'" --columns id,text
+      ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
+    """
+    from ..export import export_table, suggest_files
+
+    if (world_size is None) != (num_workers is None):
+        raise InvalidArgument("--world-size and --num-workers go together")
+    # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    status = _Status(enabled=err.is_terminal)
+    try:
+        result = export_table(
+            table_name, dest, remote=remote, columns=_split(columns), where=where,
+            partition_by=_split(partition_by), files=files,
+            max_records_per_file=max_records_per_file, compression=compression, force=force,
+            status=status)
+    finally:
+        status.close()
+    data = {**result.to_json(), "dest": result.dest}
+    suggestion = None
+    if world_size is not None and num_workers is not None:
+        count = len(result.files)
+        suggested = suggest_files(count, world_size, num_workers)
+        data["suggested_files"] = suggested
+        if suggested != count:
+            slots = suggest_files(1, world_size, num_workers)
+            suggestion = (f"{count} files do not split evenly over {slots} loader slots "
+                          f"({world_size} ranks x {num_workers} workers): use --files "
+                          f"{suggested} so every (rank, worker) slot reads as many files")
+    emit(data, as_json, lambda c: _render(c, data, suggestion))

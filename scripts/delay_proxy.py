@@ -1,0 +1,79 @@
+"""A TCP proxy that adds a fixed one-way delay in each direction.
+
+Used by scripts/remote-volume.sh inside its own network namespace when the
+kernel has no ``sch_netem`` (tc netem), as on the project's build machines.
+Each direction is a pipeline, not stop-and-wait: a chunk read at time t is
+written at t + delay, while later chunks keep arriving, so the link keeps its
+bandwidth and every request/response pays the round trip, like netem's delay.
+
+    python delay_proxy.py LISTEN_HOST LISTEN_PORT TARGET_HOST TARGET_PORT DELAY_MS
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+CHUNK = 256 * 1024
+QUEUE = 256  # chunks in flight per direction: bounds memory, not throughput
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE)
+
+    async def receive() -> None:
+        while True:
+            data = await reader.read(CHUNK)
+            await queue.put((time.monotonic() + delay, data))
+            if not data:
+                return
+
+    async def send() -> None:
+        while True:
+            due, data = await queue.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if not data:
+                if writer.can_write_eof():
+                    writer.write_eof()
+                return
+            writer.write(data)
+            await writer.drain()
+
+    try:
+        await asyncio.gather(receive(), send())
+    except (ConnectionError, OSError):
+        pass
+
+
+async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                  host: str, port: int, delay: float) -> None:
+    try:
+        server_r, server_w = await asyncio.open_connection(host, port)
+    except OSError:
+        client_w.close()
+        return
+    try:
+        await asyncio.gather(_pump(client_r, server_w, delay), _pump(server_r, client_w, delay))
+    finally:
+        for w in (client_w, server_w):
+            w.close()
+
+
+async def main(listen_host: str, listen_port: int, host: str, port: int, delay_ms: float) -> None:
+    delay = delay_ms / 1000.0
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, host, port, delay), listen_host, listen_port,
+        limit=CHUNK, backlog=512)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    lh, lp, th, tp, ms = sys.argv[1:6]
+    try:
+        asyncio.run(main(lh, int(lp), th, int(tp), float(ms)))
+    except KeyboardInterrupt:
+        pass

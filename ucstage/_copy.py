@@ -1,0 +1,146 @@
+"""Copy one source file into a local temp file: bytes and mtime, nothing else.
+
+Never ``shutil.copy2``/``copytree``: they copy xattrs, which FUSE mounts
+(rclone's among them) answer with EIO, and they copy the source's permission
+bits, which the cache must not inherit. The temp file is created 0600 by us.
+
+Local-like sources (plain folders, FUSE mounts) are read with ``os.sendfile``
+(no copy through Python), falling back to 1 MiB reads. Other sources go
+through ``fs.open`` with large reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from .errors import UnsafePath
+from .volumes import Volume, _version
+
+__all__ = ["CHUNK", "Copied", "copy_to"]
+
+CHUNK = 8 * 1024 * 1024
+"""Bytes per sendfile/read call: large, so a network-bound source sees few
+round trips per file."""
+
+
+class Copied(NamedTuple):
+    """What was actually copied, to stamp the cache entry with."""
+
+    size: int
+    version: str
+    """The version observed while copying ('' when the source gave none)."""
+    mtime_ns: int | None
+
+
+def _inside(real: str, real_root: str) -> bool:
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _open_local(volume: Volume, relpath: str) -> int:
+    """Open a local source file without following a symlink out of the volume."""
+    full = volume.full_path(relpath)
+    real_root = os.path.realpath(volume.root)
+    # The folders on the way must resolve inside the volume; O_NOFOLLOW then
+    # refuses a last component that is a symlink, which we resolve ourselves.
+    if not _inside(os.path.realpath(os.path.dirname(full)), real_root):
+        raise UnsafePath(f"{relpath}: a folder on its path links outside the volume")
+    try:
+        return os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    real = os.path.realpath(full)
+    if not _inside(real, real_root):
+        raise UnsafePath(f"{relpath}: symlink to {real}, outside the volume")
+    return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _pump(src: int, dst: int) -> int:
+    total = 0
+    try:
+        while True:
+            n = os.sendfile(dst, src, None, CHUNK)
+            if n == 0:
+                return total
+            total += n
+    except OSError as exc:
+        # Some filesystems cannot splice; fall back before anything was written.
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or total:
+            raise
+    while True:
+        block = os.read(src, 1024 * 1024)
+        if not block:
+            return total
+        view = memoryview(block)
+        while view:
+            view = view[os.write(dst, view):]
+        total += len(block)
+
+
+def _copy_local(volume: Volume, relpath: str, tmp: str) -> Copied:
+    src = _open_local(volume, relpath)
+    try:
+        before = os.fstat(src)
+        if not stat.S_ISREG(before.st_mode):
+            raise UnsafePath(f"{relpath}: not a regular file")
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            size = _pump(src, dst)
+        finally:
+            os.close(dst)
+        after = os.fstat(src)
+    finally:
+        os.close(src)
+    if (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
+        # Rewritten while we read it: the bytes may mix two versions.
+        raise InterruptedError(f"{relpath} changed while it was copied")
+    return Copied(size, _version({"mtime": before.st_mtime}), before.st_mtime_ns)
+
+
+def _mtime_ns(info: dict[str, Any]) -> int | None:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return int(value.timestamp() * 1e9)
+        if isinstance(value, (int, float)):
+            return int(value * 1e9)
+    return None
+
+
+def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
+    path = volume.full_path(relpath)
+    with volume.fs.open(path, "rb") as src:
+        # s3fs and friends attach the object's info to the open file (served
+        # from the listing cache when this process listed the source).
+        info = getattr(src, "details", None) or volume.fs.info(path)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        size = 0
+        try:
+            while True:
+                block = src.read(CHUNK)
+                if not block:
+                    break
+                view = memoryview(block)
+                while view:
+                    view = view[os.write(dst, view):]
+                size += len(block)
+        finally:
+            os.close(dst)
+    return Copied(size, _version(info), _mtime_ns(info))
+
+
+def copy_to(volume: Volume, relpath: str, tmp: str) -> Copied:
+    """Copy ``relpath`` of ``volume`` into ``tmp`` (created 0600, truncated).
+
+    Raises:
+        UnsafePath: the entry is a symlink or folder link leaving the volume.
+        OSError: from the source or the local disk (ENOSPC included); the
+            caller removes ``tmp``.
+    """
+    if volume.is_local:
+        return _copy_local(volume, relpath, tmp)
+    return _copy_remote(volume, relpath, tmp)

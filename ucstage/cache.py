@@ -1,0 +1,709 @@
+"""The local cache: lazy fetch, eager warm, validation, eviction and locking.
+
+How it works is documented in docs/cache.md. In short:
+
+* Files are path-mirrored under ``<root>/<namespace>/``, one namespace per
+  source, and appear only complete (temp file in the same folder, then
+  ``os.replace``).
+* A cached file is valid while the ``(size, version)`` stamped on it (an
+  xattr set before the rename) equals the listing entry's.
+* One ``flock`` stripe per entry makes concurrent processes copy each file
+  once; locks die with their process.
+* With a byte cap, the least recently used files are evicted first; a file's
+  atime is its last hand-out time, and files handed out in the last
+  ``lease_seconds`` are never evicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import random
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from . import _cachedir as cd
+from ._copy import copy_to
+from ._locks import FileLock, stripe_path
+from .errors import CacheError, CacheFull, FetchFailed, UcstageError
+from .sharding import effective_workers, read_order, slot_files
+from .units import format_bytes
+from .volumes import FileEntry, Volume, safe_relpath
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CacheStatus",
+    "ClearReport",
+    "LocalCache",
+    "NamespaceStatus",
+    "PruneReport",
+    "VerifyReport",
+    "WarmCallback",
+    "WarmReport",
+    "rank_entries",
+]
+
+CACHE_DIR_ENV = cd.CACHE_DIR_ENV
+_TOUCH_NS = 1_000_000_000
+"""Hand-outs refresh a file's atime at most once a second: the LRU clock has
+one-second resolution, and hot lookups cost one stat, not a stat and a write."""
+_LOW_WATER = 0.95
+"""Eviction goes down to 95% of the cap so a full cache does not walk its
+tree on every fetch."""
+_PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
+              NotADirectoryError, FileExistsError)
+
+
+class WarmCallback:
+    """Progress of :meth:`LocalCache.warm`; every method is a no-op here.
+
+    Subclass and override (the CLI plugs in a rich progress bar). Methods are
+    called from worker threads.
+    """
+
+    def set_size(self, files: int, nbytes: int) -> None:
+        """Called once: how many files and bytes the warm covers."""
+
+    def relative_update(self, nbytes: int) -> None:
+        """``nbytes`` more of the total are now in the cache (copied or already valid)."""
+
+    def file_done(self, path: str, status: str, error: str = "") -> None:
+        """One file finished: ``status`` is ``fetched``, ``cached`` or ``failed``."""
+
+
+@dataclass
+class WarmReport:
+    """What a warm did (docs/json-cache.md#warm)."""
+
+    files: int = 0
+    bytes: int = 0
+    fetched: int = 0
+    fetched_bytes: int = 0
+    already_cached: int = 0
+    already_cached_bytes: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class NamespaceStatus:
+    namespace: str
+    source: str
+    path: str
+    entries: int
+    bytes: int
+    partial_files: int
+
+
+@dataclass
+class CacheStatus:
+    root: str
+    entries: int
+    bytes: int
+    max_bytes: int | None
+    free_bytes: int
+    namespaces: list[NamespaceStatus]
+
+
+@dataclass
+class VerifyReport:
+    checked: int = 0
+    ok: int = 0
+    missing: int = 0
+    stale: list[tuple[str, str]] = field(default_factory=list)
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    removed_partial_files: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not self.stale and not self.corrupt
+
+
+@dataclass
+class ClearReport:
+    namespaces: list[str]
+    files: int
+    bytes: int
+
+
+@dataclass
+class PruneReport:
+    max_bytes: int
+    bytes_before: int
+    bytes_after: int
+    files_removed: int
+    bytes_removed: int
+    bytes_in_use: int
+    """Bytes that stayed because they were handed to a reader within the lease."""
+
+
+@dataclass(frozen=True)
+class _Cached:
+    atime_ns: int
+    size: int
+    path: str
+    lock: str
+
+
+def rank_entries(
+    entries: Sequence[FileEntry], *, ranks: Sequence[int], world_size: int, num_workers: int,
+    shuffle: bool = False, seed: int = 0, epoch: int = 0,
+) -> list[FileEntry]:
+    """The entries that ``ranks`` read under the slot rule, in listing order.
+
+    Calls :func:`ucstage.sharding.slot_files` for every worker of every rank,
+    the same function ``shard-plan`` and the dataset use.
+    """
+    n = len(entries)
+    order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    wanted: set[int] = set()
+    for rank in ranks:
+        for worker in range(effective_workers(num_workers)):
+            wanted.update(slot_files(n, rank=rank, world_size=world_size,
+                                     num_workers=num_workers, worker=worker, order=order))
+    return [entries[i] for i in sorted(wanted)]
+
+
+class LocalCache:
+    """A private, path-mirrored cache of source files on local disk.
+
+    Args:
+        root: the cache folder; default ``$UCSTAGE_CACHE_DIR``, else
+            ``/tmp/ucstage-<uid>``. Created 0700; refused when it is a
+            symlink, owned by someone else, or writable by others.
+        max_bytes: byte cap for the whole root (None = no cap).
+        lease_seconds: a file handed to a reader is not evicted for this long.
+        retries: extra attempts for transient source errors.
+        backoff: first retry delay in seconds (doubles each attempt, jittered).
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *,
+                 max_bytes: int | None = None, lease_seconds: float = 60.0,
+                 retries: int = 3, backoff: float = 0.2) -> None:
+        self.root: str = cd.open_root(os.fspath(root) if root is not None else cd.default_root())
+        if max_bytes is not None and max_bytes < 1:
+            raise CacheError(f"the byte cap must be positive, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.lease_ns = int(lease_seconds * 1e9)
+        self.retries = retries
+        self.backoff = backoff
+        self._control = os.path.join(self.root, cd.CONTROL)
+        self._ns_dirs: dict[str, str] = {}
+        self._prepared: set[str] = set()
+        # path -> (ino, ctime_ns, stamped size, stamped version): lets a hot
+        # lookup skip the xattr read; any rewrite changes ino or ctime.
+        self._memo: dict[str, tuple[int, int, int, str]] = {}
+        self._lock = threading.Lock()
+
+    # -- layout -----------------------------------------------------------
+
+    def namespace_dir(self, volume: Volume) -> str:
+        """``<root>/<namespace>`` for a source (not created; see :meth:`prepare`)."""
+        url = volume.url
+        path = self._ns_dirs.get(url)
+        if path is None:
+            path = self._ns_dirs[url] = os.path.join(self.root, cd.namespace_name(url))
+        return path
+
+    def _lock_dir(self, ns_dir: str) -> str:
+        return os.path.join(self._control, "locks", os.path.basename(ns_dir))
+
+    def prepare(self, volume: Volume) -> str:
+        """Create the namespace folder and record which source it holds; return it."""
+        ns_dir = self.namespace_dir(volume)
+        if ns_dir in self._prepared:
+            return ns_dir
+        os.makedirs(ns_dir, mode=0o700, exist_ok=True)
+        os.makedirs(self._lock_dir(ns_dir), mode=0o700, exist_ok=True)
+        record = os.path.join(self._control, "namespaces", os.path.basename(ns_dir) + ".json")
+        if not os.path.exists(record):
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            tmp = f"{record}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"namespace": os.path.basename(ns_dir), "url": volume.url,
+                           "source": volume.source,
+                           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+                          fh)
+            os.replace(tmp, record)
+        self._prepared.add(ns_dir)
+        return ns_dir
+
+    def _sources(self) -> dict[str, str]:
+        """namespace -> source URL, from the records written by :meth:`prepare`."""
+        found: dict[str, str] = {}
+        folder = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                    found[name[:-5]] = json.load(fh)["url"]
+            except (OSError, ValueError, KeyError):
+                continue
+        return found
+
+    def _namespaces(self, volume: Volume | None) -> list[str]:
+        if volume is not None:
+            return [self.namespace_dir(volume)]
+        return [e.path for e in sorted(os.scandir(self.root), key=lambda e: e.name)
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+
+    # -- the hot path -------------------------------------------------------
+
+    def lookup(self, volume: Volume, entry: FileEntry) -> str | None:
+        """The cached file's path if it is valid for ``entry``, else None. Never copies.
+
+        Handing out a path refreshes its LRU time (and so its lease).
+        """
+        local = self.namespace_dir(volume) + "/" + safe_relpath(entry.path)
+        try:
+            st = os.stat(local)
+        except OSError:
+            return None
+        memo = self._memo.get(local)
+        if memo is None or memo[0] != st.st_ino or memo[1] != st.st_ctime_ns:
+            stamp = cd.read_stamp(local)
+            if stamp is None:
+                return None
+            memo = (st.st_ino, st.st_ctime_ns, stamp[0], stamp[1])
+            self._memo[local] = memo
+        if memo[2] != entry.size or memo[3] != entry.version or st.st_size != entry.size:
+            return None
+        now = time.time_ns()
+        if now - st.st_atime_ns > _TOUCH_NS:
+            try:
+                os.utime(local, ns=(now, st.st_mtime_ns))
+            except OSError:  # evicted between the stat and the touch
+                return None
+        return local
+
+    # -- fetching -----------------------------------------------------------
+
+    def fetch(self, volume: Volume, entry: FileEntry) -> str:
+        """A valid local path for ``entry``, copying it on a miss.
+
+        Concurrent callers (threads or processes) wait for one copy. If the
+        source changed since it was listed, the current bytes are cached and
+        returned, stamped with what was actually copied.
+
+        Raises:
+            FetchFailed: the source could not be read after retries.
+            CacheFull: no room on disk or under the cap.
+            UnsafePath: the entry points outside the volume or the cache.
+        """
+        return self.lookup(volume, entry) or self._fetch_retrying(volume, entry)[0]
+
+    def _fetch_retrying(self, volume: Volume, entry: FileEntry) -> tuple[str, bool]:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return self._fetch_once(volume, entry)
+            except _PERMANENT as exc:
+                if isinstance(exc, UcstageError):
+                    raise
+                raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
+            except Exception as exc:
+                if attempt == self.retries:
+                    raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
+                                      f"{_reason(exc)}") from exc
+                time.sleep(delay * (1 + random.random() / 4))
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fetch_once(self, volume: Volume, entry: FileEntry) -> tuple[str, bool]:
+        rel = safe_relpath(entry.path)
+        ns_dir = self.prepare(volume)
+        local = os.path.join(ns_dir, *rel.split("/"))
+        lock_path = stripe_path(self._lock_dir(ns_dir), rel)
+        with FileLock(lock_path):
+            hit = self.lookup(volume, entry)
+            if hit is not None:
+                return hit, False
+            self._make_room(entry.size, rel)
+            folder = os.path.dirname(local)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            stripe = int(os.path.basename(lock_path)[:4])
+            tmp = os.path.join(folder, cd.part_name(stripe, os.path.basename(local)))
+            try:
+                copied = copy_to(volume, rel, tmp)
+                cd.write_stamp(tmp, copied.size, copied.version or entry.version)
+                now = time.time_ns()
+                os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
+                try:
+                    old = os.stat(local).st_size
+                except FileNotFoundError:
+                    old = 0
+                os.replace(tmp, local)
+            except OSError as exc:
+                _unlink(tmp)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise CacheFull(
+                        f"no space left in the cache folder {ns_dir}: {rel} needs "
+                        f"{format_bytes(entry.size)}, {format_bytes(_free(ns_dir))} free",
+                        hint=f"free space or point {CACHE_DIR_ENV} at a larger disk") from exc
+                raise
+            except BaseException:
+                _unlink(tmp)
+                raise
+            self._ledger_add(copied.size - old)
+        return local, True
+
+    def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int = 8,
+             callback: WarmCallback | None = None) -> WarmReport:
+        """Copy every entry not already valid, ``jobs`` at a time (threads).
+
+        Files that still fail after retries are listed in the report's
+        ``failed``; the rest are cached. Stale temp files of killed runs are
+        removed first.
+
+        Raises:
+            CacheFull: the files cannot fit on the disk or under the cap; checked
+                before copying, and again if the disk fills up meanwhile.
+        """
+        cb = callback or WarmCallback()
+        start = time.monotonic()
+        ns_dir = self.prepare(volume)
+        self._sweep(ns_dir)
+        report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries))
+        cb.set_size(report.files, report.bytes)
+        todo: list[FileEntry] = []
+        for e in entries:
+            try:
+                hit = self.lookup(volume, e)
+            except UcstageError as exc:
+                report.failed.append((e.path, str(exc)))
+                cb.file_done(e.path, "failed", str(exc))
+                continue
+            if hit is None:
+                todo.append(e)
+            else:
+                report.already_cached += 1
+                report.already_cached_bytes += e.size
+        cb.relative_update(report.already_cached_bytes)
+        self._check_room(ns_dir, todo, report.bytes)
+        with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ucstage-warm") as pool:
+            pending: dict[Future[tuple[str, bool]], FileEntry] = {
+                pool.submit(self._fetch_retrying, volume, e): e for e in todo}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    e = pending.pop(fut)
+                    try:
+                        _, fetched = fut.result()
+                    except CacheFull as exc:
+                        for other in pending:
+                            other.cancel()
+                        wait(pending)
+                        remaining = sum(x.size for x in pending.values()) + e.size
+                        raise CacheFull(
+                            f"{exc.message}; this warm still needs {format_bytes(remaining)}",
+                            exc.hint) from exc
+                    except UcstageError as exc:
+                        report.failed.append((e.path, str(exc)))
+                        cb.file_done(e.path, "failed", str(exc))
+                        continue
+                    if fetched:
+                        report.fetched += 1
+                        report.fetched_bytes += e.size
+                    else:
+                        report.already_cached += 1
+                        report.already_cached_bytes += e.size
+                    cb.relative_update(e.size)
+                    cb.file_done(e.path, "fetched" if fetched else "cached")
+        report.seconds = time.monotonic() - start
+        return report
+
+    def _check_room(self, ns_dir: str, todo: Sequence[FileEntry], total: int) -> None:
+        need = sum(e.size for e in todo)
+        free = _free(ns_dir)
+        if need > free:
+            raise CacheFull(
+                f"not enough space in the cache folder {ns_dir}: {len(todo):,} files need "
+                f"{format_bytes(need)}, {format_bytes(free)} free",
+                hint=f"free space, point {CACHE_DIR_ENV} at a larger disk, or warm fewer "
+                     "files (--include, --rank)")
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise CacheFull(
+                f"these files total {format_bytes(total)}, more than the cache cap "
+                f"{format_bytes(self.max_bytes)}",
+                hint="raise --max-bytes, or warm fewer files (--include, --rank)")
+
+    # -- byte ledger and eviction -----------------------------------------------
+
+    def _ledger_path(self) -> str:
+        return os.path.join(self._control, "usage")
+
+    def _ledger_lock(self) -> FileLock:
+        return FileLock(os.path.join(self._control, "usage.lock"))
+
+    def _ledger_read(self) -> int:
+        try:
+            with open(self._ledger_path(), encoding="ascii") as fh:
+                return int(fh.read().strip())
+        except (OSError, ValueError):
+            total = sum(c.size for c in self._walk(self._namespaces(None)))
+            self._ledger_write(total)
+            return total
+
+    def _ledger_write(self, value: int) -> None:
+        # Rewritten in place, fixed width: needs no new disk block (it must
+        # work on a full disk), and a torn write fails to parse, which makes
+        # the next reader recount from the tree.
+        fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwrite(fd, b"%20d\n" % max(0, value), 0)
+        finally:
+            os.close(fd)
+
+    def _ledger_add(self, delta: int) -> None:
+        with self._ledger_lock():
+            self._ledger_write(self._ledger_read() + delta)
+
+    def _walk(self, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
+        for ns_dir in ns_dirs:
+            lock_dir = self._lock_dir(ns_dir)
+            stack = [(ns_dir, "")]
+            while stack:
+                folder, prefix = stack.pop()
+                try:
+                    it = os.scandir(folder)
+                except FileNotFoundError:
+                    continue
+                with it:
+                    for d in it:
+                        if d.is_dir(follow_symlinks=False):
+                            stack.append((d.path, prefix + d.name + "/"))
+                        elif d.name.endswith(cd.PART_SUFFIX) and cd.part_stripe(d.name) is not None:
+                            continue
+                        else:
+                            try:
+                                st = d.stat(follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue
+                            yield _Cached(st.st_atime_ns, st.st_size, d.path,
+                                          stripe_path(lock_dir, prefix + d.name))
+
+    def _make_room(self, need: int, rel: str) -> None:
+        cap = self.max_bytes
+        if cap is None:
+            return
+        if need > cap:
+            raise CacheFull(f"{rel} is {format_bytes(need)}, larger than the whole cache cap "
+                            f"{format_bytes(cap)}", hint="raise --max-bytes / max_bytes")
+        with self._ledger_lock():
+            if self._ledger_read() + need <= cap:
+                return
+            low = int(cap * _LOW_WATER) - need
+            used = self._evict_lru(low if low >= 0 else cap - need)
+            if used + need > cap:
+                raise CacheFull(
+                    f"the cache cap {format_bytes(cap)} is full of files handed to readers in "
+                    f"the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); {rel} "
+                    f"needs {format_bytes(need)}",
+                    hint="raise --max-bytes, or read fewer files at once")
+
+    def _evict_lru(self, target: int) -> int:
+        """Evict least recently used, unleased files until usage <= target.
+
+        Call with the ledger lock held. Returns the usage after, and resets
+        the ledger to it (the walk is the truth).
+        """
+        found = sorted(self._walk(self._namespaces(None)), key=lambda c: c.atime_ns)
+        used = sum(c.size for c in found)
+        cutoff = time.time_ns() - self.lease_ns
+        for c in found:
+            if used <= target or c.atime_ns > cutoff:
+                break
+            if self._evict(c):
+                used -= c.size
+        self._ledger_write(used)
+        return used
+
+    def _evict(self, c: _Cached) -> bool:
+        lock = FileLock(c.lock)
+        if not lock.acquire(blocking=False):
+            return False  # being fetched right now
+        try:
+            trash = os.path.join(self._control, "trash")
+            os.makedirs(trash, mode=0o700, exist_ok=True)
+            staged = os.path.join(trash, uuid.uuid4().hex)
+            try:
+                os.rename(c.path, staged)
+            except FileNotFoundError:
+                return True
+            # A reader touches atime before it gets the path; if that happened
+            # after our walk, the file was just handed out: put it back.
+            if os.stat(staged).st_atime_ns != c.atime_ns:
+                os.rename(staged, c.path)
+                return False
+            os.unlink(staged)
+            self._memo.pop(c.path, None)
+            return True
+        finally:
+            lock.release()
+
+    def _sweep(self, ns_dir: str) -> int:
+        """Remove temp files left by killed runs (nobody holds their stripe)."""
+        removed = 0
+        lock_dir = self._lock_dir(ns_dir)
+        for folder, _, names in os.walk(ns_dir):
+            for name in names:
+                stripe = cd.part_stripe(name)
+                if stripe is None:
+                    continue
+                lock = FileLock(os.path.join(lock_dir, f"{stripe:04d}.lock"))
+                if lock.acquire(blocking=False):
+                    try:
+                        _unlink(os.path.join(folder, name))
+                        removed += 1
+                    finally:
+                        lock.release()
+        return removed
+
+    # -- maintenance ------------------------------------------------------------
+
+    def status(self, volume: Volume | None = None) -> CacheStatus:
+        """Entries and bytes per namespace (one source, or all), cap and free disk."""
+        sources = self._sources()
+        rows = []
+        for ns_dir in self._namespaces(volume):
+            name = os.path.basename(ns_dir)
+            files = list(self._walk([ns_dir]))
+            partial = sum(1 for _, _, names in os.walk(ns_dir) for n in names
+                          if cd.part_stripe(n) is not None)
+            rows.append(NamespaceStatus(
+                name, sources.get(name, volume.url if volume else ""), ns_dir,
+                len(files), sum(c.size for c in files), partial))
+        total = sum(r.bytes for r in rows)
+        if volume is None:
+            with self._ledger_lock():  # the walk is the truth: fix any drift
+                self._ledger_write(total)
+        return CacheStatus(self.root, sum(r.entries for r in rows), total, self.max_bytes,
+                           _free(self.root), rows)
+
+    def verify(self, volume: Volume, entries: Sequence[FileEntry] | None = None, *,
+               checksum: bool = False) -> VerifyReport:
+        """Check cached copies of ``entries`` (default: a fresh listing) against the source.
+
+        Stale: the source's size or version changed since the copy. Corrupt:
+        no stamp, a size on disk that differs from the stamp, or (with
+        ``checksum``) bytes that differ from the source's. Files not cached
+        count as missing, which is not an error.
+        """
+        if entries is None:
+            from .volumes import list_files
+
+            entries = list_files(volume).entries
+        ns_dir = self.namespace_dir(volume)
+        report = VerifyReport(removed_partial_files=self._sweep(ns_dir))
+        for e in entries:
+            report.checked += 1
+            local = os.path.join(ns_dir, *safe_relpath(e.path).split("/"))
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                report.missing += 1
+                continue
+            stamp = cd.read_stamp(local)
+            if stamp is None:
+                report.corrupt.append((e.path, "no validity stamp"))
+            elif stamp[0] != st.st_size:
+                report.corrupt.append((e.path, f"{st.st_size} bytes on disk, {stamp[0]} copied"))
+            elif stamp != (e.size, e.version):
+                report.stale.append((e.path, f"source is now {e.size} bytes version "
+                                             f"{e.version!r}; cached {stamp[0]} bytes version "
+                                             f"{stamp[1]!r}"))
+            elif checksum and _digest_local(local) != _digest_source(volume, e.path):
+                report.corrupt.append((e.path, "content differs from the source (sha256)"))
+            else:
+                report.ok += 1
+        return report
+
+    def clear(self, volume: Volume | None = None) -> ClearReport:
+        """Remove one source's namespace, or every namespace. Files already open
+        stay readable to whoever opened them (POSIX unlink semantics)."""
+        ns_dirs = self._namespaces(volume)
+        found = list(self._walk(ns_dirs))
+        trash = os.path.join(self._control, "trash")
+        os.makedirs(trash, mode=0o700, exist_ok=True)
+        names = []
+        for ns_dir in ns_dirs:
+            if not os.path.isdir(ns_dir):
+                continue
+            staged = os.path.join(trash, uuid.uuid4().hex)
+            os.rename(ns_dir, staged)  # disappears at once, then is deleted
+            shutil.rmtree(staged, ignore_errors=True)
+            names.append(os.path.basename(ns_dir))
+            self._prepared.discard(ns_dir)
+            _unlink(os.path.join(self._control, "namespaces", names[-1] + ".json"))
+        with self._lock:
+            self._memo.clear()
+        with self._ledger_lock():
+            self._ledger_write(sum(c.size for c in self._walk(self._namespaces(None))))
+        return ClearReport(names, len(found), sum(c.size for c in found))
+
+    def prune(self, max_bytes: int) -> PruneReport:
+        """Evict least recently used files until the cache holds at most ``max_bytes``.
+
+        Files handed to a reader within the lease stay; the report says how
+        many bytes that kept.
+        """
+        if max_bytes < 0:
+            raise CacheError(f"--max-bytes must be 0 or more, got {max_bytes}")
+        with self._ledger_lock():
+            for ns_dir in self._namespaces(None):
+                self._sweep(ns_dir)
+            before = sum(c.size for c in self._walk(self._namespaces(None)))
+            found = list(self._walk(self._namespaces(None)))
+            after = self._evict_lru(max_bytes)
+            remaining = {c.path for c in self._walk(self._namespaces(None))}
+        removed = [c for c in found if c.path not in remaining]
+        cutoff = time.time_ns() - self.lease_ns
+        in_use = sum(c.size for c in found if c.path in remaining and c.atime_ns > cutoff)
+        return PruneReport(max_bytes, before, after, len(removed),
+                           sum(c.size for c in removed), in_use)
+
+
+def _free(path: str) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _digest_local(path: str) -> str:
+    with open(path, "rb") as fh:
+        return _digest_stream(fh)
+
+
+def _digest_source(volume: Volume, relpath: str) -> str:
+    with volume.open(relpath) as fh:
+        return _digest_stream(fh)
+
+
+def _digest_stream(fh: Any) -> str:
+    digest = hashlib.sha256()
+    while True:
+        block = fh.read(8 * 1024 * 1024)
+        if not block:
+            return digest.hexdigest()
+        digest.update(block)

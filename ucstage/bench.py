@@ -60,6 +60,7 @@ BUFFER_BYTES = 4 * 1024 * 1024
 """Read size per call: large, so per-call overhead does not hide the volume's speed."""
 WITHIN = 0.10
 """A worker count is "as good as the best" when its MB/s is within this fraction."""
+NOISY_SECONDS = 0.5
 _TICK = 0.1
 
 
@@ -475,91 +476,19 @@ def _loader_run(
     manifest: Manifest, entries: Sequence[FileEntry], workers: int, batch_size: int,
     cache_root: str, deadline: float | None, report: Callable[[int, int], None],
 ) -> RunResult:
-    """The VolumeDataset + DataLoader path end to end, through a fresh cache.
-
-    Latency percentiles are per batch here (time to the next batch), since
-    the loader hides individual files.
-    """
+    """The VolumeDataset + DataLoader path end to end, through a fresh private cache."""
     try:
-        from .data import DataLoader, VolumeDataset
+        from ._bench_loader import loader_run
+    except MissingDependency:
+        raise
     except ImportError as exc:
-        raise MissingDependency("--loader needs torch and ucstage.data",
-                                hint="pip install 'ucstage[torch]'") from exc
-    sub = Manifest(source=manifest.source, entries=list(entries),
-                   fingerprint=_sample_fingerprint(entries))
-    dataset = _make_dataset(VolumeDataset, sub, cache_root)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers)
-    sizes = {e.path: e.size for e in entries}
-    files = nbytes = 0
-    gaps: list[float] = []
-    complete = True
-    started = last = time.perf_counter()
-    iterator = iter(loader)
-    try:
-        for batch in iterator:
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-            count, size = _batch_size_bytes(batch, sizes)
-            files += count
-            nbytes += size
-            report(files, nbytes)
-            if deadline is not None and time.monotonic() >= deadline:
-                complete = files >= len(entries)
-                break
-    finally:
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if callable(shutdown):
-            shutdown()
-    seconds = time.perf_counter() - started
-    tally = _Tally(files=files, bytes=nbytes, latencies=gaps)
-    return _result("loader", workers, tally, seconds, complete and files >= len(entries))
-
-
-def _sample_fingerprint(entries: Sequence[FileEntry]) -> str:
-    from .manifest import fingerprint
-
-    return fingerprint(entries)
-
-
-def _make_dataset(cls: Any, manifest: Manifest, cache_root: str) -> Any:
-    # Give the dataset our private cache so the user's cache is never touched.
-    import inspect
-
-    params = inspect.signature(cls).parameters
-    if "cache" in params:
-        return cls(manifest, cache=_new_cache(cache_root))
-    if "cache_dir" in params:
-        return cls(manifest, cache_dir=cache_root)
-    if "cache_root" in params:
-        return cls(manifest, cache_root=cache_root)
-    raise MissingDependency("this ucstage.data.VolumeDataset cannot use a private cache, "
-                            "so --loader would touch the user's cache")
-
-
-def _batch_size_bytes(batch: Any, sizes: dict[str, int]) -> tuple[int, int]:
-    """Count files and bytes in a batch of whatever the dataset yields."""
-    if isinstance(batch, dict):
-        paths = batch.get("path")
-        if isinstance(paths, (list, tuple)):
-            return len(paths), sum(sizes.get(str(p), 0) for p in paths)
-        for value in batch.values():
-            if isinstance(value, (list, tuple)):
-                return len(value), sum(_nbytes(v) for v in value)
-    if isinstance(batch, (list, tuple)):
-        if batch and all(isinstance(v, (bytes, bytearray, memoryview)) for v in batch):
-            return len(batch), sum(len(v) for v in batch)
-        return len(batch), sum(_nbytes(v) for v in batch)
-    return 1, _nbytes(batch)
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return len(value)
-    n = getattr(value, "nbytes", None)
-    if isinstance(n, int):
-        return n
-    return 0
+        raise MissingDependency("--loader needs torch",
+                                hint="pip install 'ucstage[torch]' "
+                                     "(on a CPU machine: pip install torch==2.13.0)") from exc
+    files, nbytes, latencies, seconds, complete = loader_run(
+        manifest, entries, workers, batch_size, cache_root, deadline, report)
+    tally = _Tally(files=files, bytes=nbytes, latencies=latencies)
+    return _result("loader", workers, tally, seconds, complete)
 
 
 def run(
@@ -681,6 +610,9 @@ def run(
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+    if any(r.seconds < NOISY_SECONDS for r in results):
+        notes.append(f"some runs took under {NOISY_SECONDS:g} s, so their rates are noisy; "
+                     "bench more files (--files, --sample-bytes)")
     return BenchReport(
         source=manifest.source, sample_files=len(chosen), sample_bytes=total_bytes,
         listed_files=len(manifest.entries), listed_bytes=manifest.total_bytes,

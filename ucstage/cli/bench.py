@@ -83,7 +83,8 @@ def _render(console: Console, report: BenchReport) -> None:
         console.print("[yellow]*[/] [dim]cut short by --max-seconds: rates are over the files "
                       "read in time[/]")
     if "loader" in report.modes:
-        console.print("[dim]loader latencies are per batch (time to the next batch)[/]")
+        console.print("[dim]loader latencies are per file, inside a DataLoader worker "
+                      "(wait for the fetched path + read)[/]")
     for note in report.notes:
         console.print(f"[dim]note: {note}[/]")
     console.print()

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from .errors import InvalidArgument, MissingDependency, TableNotFound, UnsupportedTable
+from .errors import (
+    ExportError,
+    InvalidArgument,
+    MissingDependency,
+    TableNotFound,
+    UnsupportedTable,
+)
 
 __all__ = [
     "WAREHOUSE_ENV",
@@ -172,7 +178,7 @@ class DeltaSnapshot:
     """The table's folder (absolute, local)."""
     version: int
     files: list[str]
-    """Absolute local paths of the live data files, sorted."""
+    """Absolute local paths of the live data files, sorted (from the log's add actions)."""
     partition_columns: list[str]
     arrow_schema: Any
     """The table schema as a ``pyarrow.Schema`` (partition columns included)."""
@@ -189,13 +195,21 @@ def _delta() -> Any:
     return deltalake
 
 
-def _uri_to_path(uri: str) -> str:
-    if uri.startswith("file://"):
-        return unquote(urlparse(uri).path)
-    if "://" in uri:
-        raise UnsupportedTable(f"data file {uri} is not on a local or mounted filesystem",
-                               hint="Spark here reads only local paths")
-    return uri
+def _data_path(root: str, logged: str) -> str:
+    """The local path of a data file from its path in the Delta log.
+
+    The log stores paths URI-encoded (a partition folder ``name=a%20b`` on disk is
+    ``name=a%2520b`` in the log), relative to the table root or absolute URIs.
+    ``DeltaTable.file_uris()`` is not used: it percent-encodes the root folder
+    but not the rest, so it names no real file when the root has a space.
+    """
+    if "://" in logged:
+        parsed = urlparse(logged)
+        if parsed.scheme != "file":
+            raise UnsupportedTable(f"data file {logged} is not on a local or mounted filesystem",
+                                   hint="Spark here reads only local paths")
+        return unquote(parsed.path)
+    return os.path.join(root, *unquote(logged).split("/"))
 
 
 def _check_features(label: str, protocol: Any, configuration: dict[str, str]) -> None:
@@ -246,15 +260,18 @@ def snapshot(path: str, *, label: str | None = None) -> DeltaSnapshot:
     except Exception as exc:
         raise TableNotFound(f"cannot open Delta table {label} at {path}: {exc}") from exc
     _check_features(label, dt.protocol(), dict(dt.metadata().configuration or {}))
-    files = sorted(_uri_to_path(u) for u in dt.file_uris())
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    files = sorted(_data_path(path, p) for p in actions.column("path").to_pylist())
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise ExportError(
+            f"table {label}: {len(missing)} data file(s) of version {dt.version()} are missing, "
+            f"e.g. {missing[0]}", hint="the table was vacuumed or copied incompletely")
     num_records: int | None = None
-    try:
-        actions = pa.table(dt.get_add_actions(flatten=True))
+    if "num_records" in actions.column_names:
         counts = actions.column("num_records").to_pylist()
         if all(c is not None for c in counts):
             num_records = int(sum(counts))
-    except Exception:
-        num_records = None
     return DeltaSnapshot(
         path=path,
         version=int(dt.version()),

@@ -37,11 +37,12 @@ from ._copy import copy_to
 from ._locks import FileLock, stripe_path
 from .errors import CacheError, CacheFull, FetchFailed, UcstageError
 from .sharding import effective_workers, read_order, slot_files
-from .units import format_bytes
+from .units import format_bytes, parse_size
 from .volumes import FileEntry, Volume, safe_relpath
 
 __all__ = [
     "CACHE_DIR_ENV",
+    "MAX_BYTES_ENV",
     "CacheStatus",
     "ClearReport",
     "LocalCache",
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 CACHE_DIR_ENV = cd.CACHE_DIR_ENV
+MAX_BYTES_ENV = "UCSTAGE_CACHE_MAX_BYTES"
 _TOUCH_NS = 1_000_000_000
 """Hand-outs refresh a file's atime at most once a second: the LRU clock has
 one-second resolution, and hot lookups cost one stat, not a stat and a write."""
@@ -181,7 +183,8 @@ class LocalCache:
         root: the cache folder; default ``$UCSTAGE_CACHE_DIR``, else
             ``/tmp/ucstage-<uid>``. Created 0700; refused when it is a
             symlink, owned by someone else, or writable by others.
-        max_bytes: byte cap for the whole root (None = no cap).
+        max_bytes: byte cap for the whole root; default ``$UCSTAGE_CACHE_MAX_BYTES``
+            (``500M``, ``20G``), else no cap.
         lease_seconds: a file handed to a reader is not evicted for this long.
         retries: extra attempts for transient source errors.
         backoff: first retry delay in seconds (doubles each attempt, jittered).
@@ -191,6 +194,8 @@ class LocalCache:
                  max_bytes: int | None = None, lease_seconds: float = 60.0,
                  retries: int = 3, backoff: float = 0.2) -> None:
         self.root: str = cd.open_root(os.fspath(root) if root is not None else cd.default_root())
+        if max_bytes is None and os.environ.get(MAX_BYTES_ENV, "").strip():
+            max_bytes = parse_size(os.environ[MAX_BYTES_ENV])
         if max_bytes is not None and max_bytes < 1:
             raise CacheError(f"the byte cap must be positive, got {max_bytes}")
         self.max_bytes = max_bytes

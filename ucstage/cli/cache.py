@@ -1,0 +1,407 @@
+"""``ucstage cache``: warm, lazy, status, verify, clear, prune.
+
+Each subcommand parses, calls one :class:`ucstage.cache.LocalCache` method
+and renders; JSON shapes are documented in docs/json-cache.md.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from .. import manifest as manifest_mod
+from ..cache import LocalCache, VerifyReport, WarmCallback, WarmReport, rank_entries
+from ..errors import FetchFailed, InvalidArgument
+from ..manifest import Manifest
+from ..units import parse_size
+from ..volumes import Volume, resolve
+from .output import (
+    emit,
+    err,
+    fail_found,
+    format_bytes,
+    json_option,
+    read_source,
+    source_options,
+    table,
+)
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+EXAMPLES = 10
+
+
+def _size(value: str | None) -> int | None:
+    return None if value is None else parse_size(value)
+
+
+def _pairs(items: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"path": p, "reason": r} for p, r in items]
+
+
+class RichWarmProgress(WarmCallback):
+    """A rich progress bar: files, bytes, MB/s, ETA (on stderr)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+        self.done = 0
+        self.files = 0
+        self._lock = threading.Lock()
+
+    def set_size(self, files: int, nbytes: int) -> None:
+        self.files = files
+        self.task = self.progress.add_task("warming", total=nbytes, files=f"0/{files:,} files")
+
+    def relative_update(self, nbytes: int) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, nbytes)
+
+    def file_done(self, path: str, status: str, error: str = "") -> None:
+        with self._lock:
+            self.done += 1
+            text = f"{self.done:,}/{self.files:,} files"
+        if self.task is not None:
+            self.progress.update(self.task, files=text)
+        if status == "failed":
+            self.progress.console.print(f"[red]failed[/] {path}: {error}", markup=True)
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[files]}"),
+        DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+        console=err, disable=not enabled, transient=False,
+    )
+
+
+def _ranks(rank: int | None, node_rank: int | None, nproc_per_node: int | None,
+           world_size: int | None, num_workers: int | None) -> list[int] | None:
+    """Which ranks this warm covers, or None for the whole source."""
+    if rank is None and node_rank is None:
+        if world_size is not None or num_workers is not None or nproc_per_node is not None:
+            raise InvalidArgument("--world-size/--num-workers/--nproc-per-node need --rank "
+                                  "or --node-rank")
+        return None
+    if rank is not None and node_rank is not None:
+        raise InvalidArgument("give --rank or --node-rank, not both")
+    if world_size is None or num_workers is None:
+        raise InvalidArgument("--rank and --node-rank need --world-size and --num-workers",
+                              hint="e.g. --rank 3 --world-size 8 --num-workers 6")
+    if rank is not None:
+        return [rank]
+    if nproc_per_node is None or nproc_per_node < 1:
+        raise InvalidArgument("--node-rank needs --nproc-per-node P (ranks per node)")
+    assert node_rank is not None
+    ranks = list(range(node_rank * nproc_per_node, (node_rank + 1) * nproc_per_node))
+    if ranks[-1] >= world_size:
+        raise InvalidArgument(f"node {node_rank} x {nproc_per_node} ranks per node covers rank "
+                              f"{ranks[-1]}, outside --world-size {world_size}")
+    return ranks
+
+
+def warm_json(cache: LocalCache, volume: Volume, m: Manifest, report: WarmReport,
+              slice_: dict[str, Any] | None) -> dict[str, Any]:
+    """The documented JSON contract (docs/json-cache.md#warm)."""
+    return {
+        "source": m.source,
+        "cache_dir": cache.root,
+        "namespace": cache.namespace_dir(volume),
+        "slice": slice_,
+        "files": report.files,
+        "bytes": report.bytes,
+        "fetched": report.fetched,
+        "fetched_bytes": report.fetched_bytes,
+        "already_cached": report.already_cached,
+        "already_cached_bytes": report.already_cached_bytes,
+        "failed": _pairs(report.failed),
+        "refused": _pairs(m.refused),
+        "seconds": round(report.seconds, 3),
+        "mb_per_s": round(report.fetched_bytes / 1e6 / report.seconds, 2) if report.seconds else 0,
+    }
+
+
+@click.group("cache", context_settings=CONTEXT)
+def command() -> None:
+    """Copy a volume into this node's local cache, lazily or up front, and manage it.
+
+    The cache lives in $UCSTAGE_CACHE_DIR (default /tmp/ucstage-<uid>), one
+    folder per source, mirroring the source's paths. See docs/cache.md.
+
+    \b
+    Example:
+      ucstage cache warm /Volumes/main/ml/train/images --jobs 16
+    """
+
+
+@command.command("warm", context_settings=CONTEXT)
+@source_options
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="Files copied at once (threads).")
+@click.option("--max-bytes", metavar="SIZE", default=None,
+              help="Byte cap for the whole cache (500M, 20G); least recently used files are "
+                   "evicted. Default $UCSTAGE_CACHE_MAX_BYTES, else no cap.")
+@click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
+@click.option("--node-rank", type=int, default=None,
+              help="Warm the files of every rank on node N (ranks N*P .. N*P+P-1).")
+@click.option("--nproc-per-node", type=int, default=None, help="Ranks per node (P).")
+@click.option("-w", "--world-size", type=int, default=None, help="Number of ranks.")
+@click.option("-k", "--num-workers", type=int, default=None,
+              help="DataLoader workers per rank (0 = the main process reads).")
+@click.option("--shuffle", is_flag=True, help="Slice the seeded per-epoch permutation.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
+@click.option("--epoch", type=int, default=0, show_default=True, help="Epoch of the permutation.")
+@json_option
+def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
+         exclude: tuple[str, ...], include_hidden: bool, jobs: int, max_bytes: str | None,
+         rank: int | None, node_rank: int | None, nproc_per_node: int | None,
+         world_size: int | None, num_workers: int | None, shuffle: bool, seed: int, epoch: int,
+         as_json: bool) -> None:
+    """Copy SOURCE's files into the local cache now, in parallel; files already
+    cached and unchanged are skipped, so a rerun resumes.
+
+    With --rank (or --node-rank), warm only the files those ranks' DataLoader
+    workers read under the slot rule, the same files `shard-plan` prints.
+    Exits 1 when files fail after retries (they are listed) or do not fit.
+
+    \b
+    Examples:
+      ucstage cache warm /Volumes/main/ml/train/images
+      ucstage cache warm s3://bucket/train --jobs 32 --max-bytes 200G
+      ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
+    """
+    ranks = _ranks(rank, node_rank, nproc_per_node, world_size, num_workers)
+    m = read_source(source, manifest_path, include, exclude, include_hidden)
+    volume = m.volume()
+    cache = LocalCache(max_bytes=_size(max_bytes))
+    entries = list(m.entries)
+    slice_: dict[str, Any] | None = None
+    if ranks is not None:
+        assert world_size is not None and num_workers is not None
+        entries = rank_entries(entries, ranks=ranks, world_size=world_size,
+                               num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch)
+        slice_ = {"ranks": ranks, "world_size": world_size, "num_workers": num_workers,
+                  "shuffle": shuffle, "seed": seed, "epoch": epoch}
+    with _progress(not as_json and err.is_terminal) as progress:
+        report = cache.warm(volume, entries, jobs=jobs, callback=RichWarmProgress(progress))
+    data = warm_json(cache, volume, m, report, slice_)
+
+    def human(console: Console) -> None:
+        rate = f", {data['mb_per_s']:.1f} MB/s" if report.fetched_bytes else ""
+        who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
+            f" for rank {ranks[0]}" if ranks else "")
+        console.print(
+            f"[bold]Warmed[/] {report.files:,} files ({format_bytes(report.bytes)}){who} in "
+            f"{report.seconds:.1f} s: fetched {report.fetched:,} "
+            f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
+            f"{report.already_cached:,}, failed {len(report.failed):,}")
+        console.print(f"cache folder: {data['namespace']}", markup=False)
+        for path, reason in report.failed[:EXAMPLES]:
+            console.print(f"  [red]failed[/] {path}: {reason}", markup=True)
+        if len(report.failed) > EXAMPLES:
+            console.print(f"  … and {len(report.failed) - EXAMPLES:,} more (--json lists all)")
+
+    emit(data, as_json, human)
+    if report.failed:
+        names = ", ".join(p for p, _ in report.failed[:3])
+        raise FetchFailed(f"{len(report.failed):,} of {report.files:,} files failed: {names}"
+                          + (" …" if len(report.failed) > 3 else ""),
+                          hint="rerun to retry just those; the rest are cached")
+
+
+@command.command("lazy", context_settings=CONTEXT)
+@source_options
+@click.option("-o", "--output", metavar="FILE", default=None,
+              help="Where to write the manifest (default <cache>/<namespace>.manifest.json).")
+@json_option
+def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...],
+         exclude: tuple[str, ...], include_hidden: bool, output: str | None,
+         as_json: bool) -> None:
+    """Freeze SOURCE's listing into a manifest and prepare its cache folder
+    without copying anything; training code then fetches each file on first
+    read. Prints how to use it.
+
+    \b
+    Example:
+      ucstage cache lazy /Volumes/main/ml/train/images
+    """
+    m = read_source(source, manifest_path, include, exclude, include_hidden)
+    volume = m.volume()
+    cache = LocalCache()
+    ns_dir = cache.prepare(volume)
+    path = manifest_mod.save(m, output or f"{ns_dir}.manifest.json")
+    data = {"source": m.source, "manifest": os.path.abspath(path), "fingerprint": m.fingerprint,
+            "files": len(m.entries), "bytes": m.total_bytes, "cache_dir": cache.root,
+            "namespace": ns_dir}
+
+    def human(console: Console) -> None:
+        console.print(f"[bold]Manifest[/] {data['manifest']}: {len(m.entries):,} files "
+                      f"({format_bytes(m.total_bytes)}), fingerprint {m.fingerprint[:12]}")
+        console.print(f"cache folder: {ns_dir} (files are copied there on first read)",
+                      markup=False)
+        console.print("\nIn the training job (same node, same user):", markup=False)
+        console.print(f"  export UCSTAGE_CACHE_DIR={cache.root}", markup=False)
+        console.print("  from ucstage import manifest, LocalCache\n"
+                      f"  m = manifest.load({data['manifest']!r}); vol = m.volume()\n"
+                      "  cache = LocalCache()\n"
+                      "  path = cache.fetch(vol, m.entries[i])   # copies on first access",
+                      markup=False)
+
+    emit(data, as_json, human)
+
+
+def _volume_opt(source: str | None) -> Volume | None:
+    if source is None:
+        return None
+    if manifest_mod.is_manifest_file(source):
+        return manifest_mod.load(source).volume()
+    return resolve(source, must_exist=False)
+
+
+@command.command("status", context_settings=CONTEXT)
+@click.argument("source", required=False, metavar="[SOURCE]")
+@json_option
+def status(source: str | None, as_json: bool) -> None:
+    """Entries and bytes cached per source (one, or all), the cap and free disk.
+
+    \b
+    Example:
+      ucstage cache status
+    """
+    cache = LocalCache()
+    st = cache.status(_volume_opt(source))
+    data = {
+        "cache_dir": st.root, "entries": st.entries, "bytes": st.bytes,
+        "max_bytes": st.max_bytes, "free_bytes": st.free_bytes,
+        "namespaces": [asdict(n) for n in st.namespaces],
+    }
+
+    def human(console: Console) -> None:
+        cap = format_bytes(st.max_bytes) if st.max_bytes else "none"
+        console.print(f"[bold]Cache[/] {st.root}: {st.entries:,} files, "
+                      f"{format_bytes(st.bytes)}; cap {cap}; {format_bytes(st.free_bytes)} "
+                      "free on disk")
+        if st.namespaces:
+            t = table("source", "files", "bytes", "partial", "folder")
+            for n in st.namespaces:
+                t.add_row(n.source or "?", f"{n.entries:,}", format_bytes(n.bytes),
+                          str(n.partial_files), n.namespace)
+            console.print(t)
+
+    emit(data, as_json, human)
+
+
+def _verify_json(source: str, r: VerifyReport) -> dict[str, Any]:
+    return {"source": source, "checked": r.checked, "ok": r.ok, "missing": r.missing,
+            "stale": _pairs(r.stale), "corrupt": _pairs(r.corrupt),
+            "removed_partial_files": r.removed_partial_files}
+
+
+@command.command("verify", context_settings=CONTEXT)
+@source_options
+@click.option("--checksum", is_flag=True,
+              help="Also compare every cached file's bytes with the source (reads both).")
+@json_option
+def verify(source: str | None, manifest_path: str | None, include: tuple[str, ...],
+           exclude: tuple[str, ...], include_hidden: bool, checksum: bool,
+           as_json: bool) -> None:
+    """Check cached files against SOURCE (or every cached source): exit 1 and
+    list them when any are stale (the source changed) or corrupt.
+
+    \b
+    Examples:
+      ucstage cache verify /Volumes/main/ml/train/images --checksum
+      ucstage cache verify
+    """
+    cache = LocalCache()
+    results: list[dict[str, Any]] = []
+    if source is None and manifest_path is None:
+        for ns in cache.status().namespaces:
+            if not ns.source:
+                continue
+            vol = resolve(ns.source)
+            results.append(_verify_json(ns.source, cache.verify(vol, checksum=checksum)))
+    else:
+        m = read_source(source, manifest_path, include, exclude, include_hidden)
+        results.append(_verify_json(m.source, cache.verify(m.volume(), m.entries,
+                                                           checksum=checksum)))
+    bad = [(r["source"], x) for r in results for x in r["stale"] + r["corrupt"]]
+    data = {"clean": not bad, "checksum": checksum, "sources": results}
+
+    def human(console: Console) -> None:
+        for r in results:
+            console.print(f"[bold]{r['source']}[/]: {r['checked']:,} checked, {r['ok']:,} ok, "
+                          f"{r['missing']:,} not cached, {len(r['stale']):,} stale, "
+                          f"{len(r['corrupt']):,} corrupt")
+            for kind in ("stale", "corrupt"):
+                for x in r[kind][:EXAMPLES]:
+                    console.print(f"  [red]{kind}[/] {x['path']}: {x['reason']}", markup=True)
+                if len(r[kind]) > EXAMPLES:
+                    console.print(f"  … {len(r[kind]) - EXAMPLES:,} more (--json lists all)")
+        if not results:
+            console.print("nothing cached")
+
+    emit(data, as_json, human)
+    if bad:
+        fail_found(f"{len(bad):,} cached files are stale or corrupt; `ucstage cache warm "
+                   "SOURCE` refreshes them")
+
+
+@command.command("clear", context_settings=CONTEXT)
+@click.argument("source", required=False, metavar="[SOURCE]")
+@json_option
+def clear(source: str | None, as_json: bool) -> None:
+    """Delete the cached files of SOURCE, or of every source. Processes that
+    already opened a file keep reading it.
+
+    \b
+    Example:
+      ucstage cache clear s3://bucket/train
+    """
+    r = LocalCache().clear(_volume_opt(source))
+    data = {"namespaces": r.namespaces, "files": r.files, "bytes": r.bytes}
+    emit(data, as_json, lambda c: c.print(
+        f"removed {r.files:,} files ({format_bytes(r.bytes)}) from "
+        f"{len(r.namespaces)} cached source(s)"))
+
+
+@command.command("prune", context_settings=CONTEXT)
+@click.option("--max-bytes", metavar="SIZE", required=True,
+              help="Evict least recently used files until the cache holds at most SIZE.")
+@click.option("--lease", "lease", type=click.FloatRange(0), default=60.0, show_default=True,
+              metavar="SECONDS", help="Keep files handed to a reader within this many seconds.")
+@json_option
+def prune(max_bytes: str, lease: float, as_json: bool) -> None:
+    """Evict least recently used files down to a byte cap. Files handed to a
+    reader within --lease seconds stay; exits 1 if they keep the cache above SIZE.
+
+    \b
+    Example:
+      ucstage cache prune --max-bytes 20G
+    """
+    cap = parse_size(max_bytes)
+    r = LocalCache(lease_seconds=lease).prune(cap)
+    data = asdict(r)
+
+    def human(console: Console) -> None:
+        console.print(f"removed {r.files_removed:,} files ({format_bytes(r.bytes_removed)}); "
+                      f"cache holds {format_bytes(r.bytes_after)} (cap {format_bytes(cap)})")
+
+    emit(data, as_json, human)
+    if r.bytes_after > cap:
+        fail_found(f"{format_bytes(r.bytes_after)} remain above {format_bytes(cap)}: "
+                   f"{format_bytes(r.bytes_in_use)} were handed to readers within the lease")

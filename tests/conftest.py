@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.common.parts import MotoServer, rclone_mount
+from tests.common.spark import spark_session, warehouse, warehouse_root  # noqa: F401  (export fixtures)
 
 
 @pytest.fixture(autouse=True)

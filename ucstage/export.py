@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -202,6 +203,9 @@ def _hadoop_escape(path: str) -> str:
 
 def _spark_message(exc: BaseException) -> str:
     text = str(exc).strip()
+    details = re.search(r'details = "([^"]*)"', text)
+    if details:  # a raw gRPC error: its details say what happened
+        return details.group(1)[:400]
     for marker in ("\n\nJVM stacktrace:", "\nJVM stacktrace:"):
         text = text.split(marker)[0]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -477,6 +481,7 @@ def export_table(
 
     spark = get_session(remote, status=report)
     try:
+        _session_conf(spark)
         df = _shape(_dataframe(spark, source), options)
         if source.kind == "catalog":
             source.version = _version_from_server(spark, source)
@@ -534,6 +539,16 @@ def export_table(
     finally:
         report(None)
     return ExportResult(dest_path, manifest, False, time.monotonic() - started)
+
+
+def _session_conf(spark: Any) -> None:
+    """Session settings every export needs, on any server.
+
+    Spark writes timestamps as INT96 by default, which pyarrow and ``datasets``
+    read as naive nanoseconds; TIMESTAMP_MICROS keeps the table's microsecond,
+    UTC-adjusted type.
+    """
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
 
 def _spark_failure(exc: BaseException, doing: str, remote: str | None) -> UcstageError:

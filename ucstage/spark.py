@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,7 @@ SERVER_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "8",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
 
 # Bounded client retries: ~2 s in total, instead of pyspark's ~10 minutes.
@@ -181,6 +183,7 @@ class EmbeddedServer:
             self.port = _free_port()
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="ucstage-spark-")
+        os.makedirs(self.log_dir, exist_ok=True)
         env = dict(os.environ)
         env.update({"SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
                     "SPARK_CONNECT_MODE": "0", "PYSPARK_PYTHON": sys.executable})
@@ -275,7 +278,9 @@ def is_connection_error(exc: BaseException) -> bool:
 
 def _check(session: Any, url: str) -> None:
     try:
-        session.version  # noqa: B018 - one cheap round trip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pyspark's RETRIES_EXCEEDED UserWarning
+            session.version  # noqa: B018 - one cheap round trip
     except Exception as exc:
         raise SparkUnavailable(
             f"cannot reach the Spark Connect server at {url}: {str(exc).splitlines()[0][:200]}",

@@ -1,0 +1,467 @@
+"""ucstage.export against real parts: delta-rs tables and Spark Connect servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.common.parts import free_port, require
+from tests.common.spark import (
+    Warehouse,
+    connect_script_server,
+    exported_table,
+    odd_table,
+    rows,
+    snapshot_table,
+)
+from ucstage.delta import TableName, is_table_path, parse_table_name
+from ucstage.errors import (
+    ExportError,
+    InvalidArgument,
+    SparkUnavailable,
+    TableNotFound,
+    UnsupportedTable,
+)
+from ucstage.export import MANIFEST_NAME, export_table, read_manifest, read_table, suggest_files
+
+pytestmark = pytest.mark.spark
+
+
+# -- no Spark needed ------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "parts"), [
+    ("main.ml.events", ("main", "ml", "events")),
+    ("main.`odd-schema`.`weird table`", ("main", "odd-schema", "weird table")),
+    ("`a``b`.c.d", ("a`b", "c", "d")),
+    ("_x.y1.Z_2", ("_x", "y1", "Z_2")),
+])
+def test_valid_table_names(name: str, parts: tuple[str, str, str]) -> None:
+    parsed = parse_table_name(name)
+    assert parsed.parts == parts
+    assert parse_table_name(parsed.quoted()) == parsed
+    assert parse_table_name(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize("name", [
+    "a.b", "a.b.c.d", "a..b", "a.b.", ".a.b", "1a.b.c", "a.b.c; DROP TABLE x",
+    "a.b.`c", "a.b.``", "a.`x/y`.c", "a.`..`.c", "a.b.c--", "a b.c.d", "a.b.c)",
+    "main.ml.events' OR '1'='1",
+])
+def test_bad_table_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidArgument, match="invalid table name"):
+        parse_table_name(name)
+
+
+def test_paths_and_names_are_told_apart() -> None:
+    assert is_table_path("./events") and is_table_path("/data/t") and is_table_path("file:///t")
+    assert not is_table_path("main.`a/b`.c")
+    assert not is_table_path("main.ml.events")
+    assert TableName("a", "b`c", "d").quoted() == "`a`.`b``c`.`d`"
+
+
+def test_bad_names_never_reach_spark(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # nothing listens
+    with pytest.raises(InvalidArgument, match="invalid table name"):
+        export_table("main.ml.x; DROP TABLE y", str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_object_store_and_glob_dests_are_refused(tmp_path: Any, warehouse: Warehouse) -> None:
+    with pytest.raises(InvalidArgument, match="local or mounted"):
+        export_table("main.ml.events", "memory://bucket/events")
+    with pytest.raises(InvalidArgument, match="glob"):
+        export_table("main.ml.events", str(tmp_path / "out[1]"))
+
+
+def test_option_conflicts_are_refused(tmp_path: Any, warehouse: Warehouse) -> None:
+    dest = str(tmp_path / "out")
+    with pytest.raises(InvalidArgument, match="exclude each other"):
+        export_table("main.ml.events", dest, files=2, max_records_per_file=10)
+    with pytest.raises(InvalidArgument, match="partition-by"):
+        export_table("main.ml.events", dest, files=2, partition_by="label")
+    with pytest.raises(InvalidArgument, match="compression"):
+        export_table("main.ml.events", dest, compression="lz4")
+
+
+def test_no_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ucstage.spark import EmbeddedServer
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(SparkUnavailable, match="no Java") as info:
+        EmbeddedServer().start()
+    assert "openjdk-17-jre-headless" in info.value.hint
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_remote_fails_in_seconds() -> None:
+    require(_spark_importable(), "pyspark is not installed")
+    from ucstage.spark import get_session
+
+    with pytest.raises(SparkUnavailable, match="cannot reach"):
+        get_session(f"sc://127.0.0.1:{free_port()}")
+
+
+def _spark_importable() -> bool:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_suggest_files_is_a_multiple_of_the_slots() -> None:
+    assert suggest_files(10, 2, "3") == 12
+    assert suggest_files(12, 2, 3) == 12
+    assert suggest_files(None, 2, "0") == 2  # num_workers=0: the main process reads
+    assert suggest_files(5, 2, "2,4") == 6
+
+
+def test_deletion_vectors_and_column_mapping_are_refused(tmp_path: Any,
+                                                         warehouse: Warehouse) -> None:
+    # deltalake 1.x writes these protocol features when the table is created
+    # with the configuration; it does not write deletion-vector files itself.
+    with pytest.raises(UnsupportedTable, match="deletionVectors"):
+        export_table("main.ml.dv", str(tmp_path / "dv"))
+    with pytest.raises(UnsupportedTable, match="columnMapping"):
+        export_table("main.ml.cm", str(tmp_path / "cm"))
+    assert not os.listdir(tmp_path)
+
+
+def test_missing_table_in_the_warehouse(tmp_path: Any, warehouse: Warehouse) -> None:
+    with pytest.raises(TableNotFound, match="no Delta log"):
+        export_table("main.ml.nope", str(tmp_path / "x"))
+
+
+# -- through the session's embedded Spark Connect server -----------------------
+
+def _listing(dest: str) -> dict[str, tuple[int, int]]:
+    out = {}
+    for folder, _dirs, names in os.walk(dest):
+        for name in names:
+            full = os.path.join(folder, name)
+            st = os.stat(full)
+            out[os.path.relpath(full, dest)] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def _no_leftovers(dest: str) -> None:
+    parent, base = os.path.split(dest)
+    assert [n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage-")] == []
+
+
+def test_export_equals_the_delta_snapshot(spark_session: Any, warehouse: Warehouse,
+                                          tmp_path: Any) -> None:
+    dest = str(tmp_path / "vol" / "events")
+    result = export_table("main.ml.events", dest)
+    expected = snapshot_table(warehouse.path("main.ml.events"))
+    assert not result.skipped_unchanged
+    assert result.row_count == expected.num_rows == 1600  # 2000 after overwrite+append, -20%
+    assert rows(exported_table(dest)) == rows(expected)
+    manifest = read_manifest(dest)
+    assert manifest == result.manifest
+    assert manifest["delta_version"] == 4
+    assert manifest["table"] == "main.ml.events"
+    assert [f["name"] for f in manifest["schema"]["fields"]] == ["id", "text", "score", "label"]
+    assert sum(f["rows"] for f in manifest["files"]) == 1600
+    listed = sorted(n for n in os.listdir(dest) if n.endswith(".parquet"))
+    assert [f["path"] for f in manifest["files"]] == listed
+    assert sorted(os.listdir(dest)) == sorted([*listed, MANIFEST_NAME])  # no _SUCCESS, .crc
+    _no_leftovers(dest)
+
+
+def test_odd_names_and_types_round_trip(spark_session: Any, warehouse: Warehouse,
+                                        tmp_path: Any) -> None:
+    dest = str(tmp_path / "odd")
+    result = export_table("main.`odd-schema`.`weird table`", dest)
+    got = exported_table(dest)
+    want = odd_table()
+    assert got.schema.names == want.schema.names
+    for name in want.schema.names:
+        # Spark names a Parquet list's items "element", pyarrow "item".
+        got_type = str(got.schema.field(name).type).replace("element:", "item:")
+        assert got_type == str(want.schema.field(name).type), name
+    assert rows(got) == rows(want)
+    assert result.manifest["table"] == "main.`odd-schema`.`weird table`"
+
+
+def test_partitioned_table_keeps_partition_columns(spark_session: Any, warehouse: Warehouse,
+                                                    tmp_path: Any) -> None:
+    expected = snapshot_table(warehouse.path("main.ml.parted"))
+    flat = str(tmp_path / "flat")
+    export_table("main.ml.parted", flat)
+    got = exported_table(flat)
+    assert got.schema.field("year").type == expected.schema.field("year").type  # int32, not str
+    assert rows(got) == rows(expected)
+    assert {r["region"] for r in got.to_pylist()} == {"eu west", "us/east", "ap%south", None}
+
+    by_year = str(tmp_path / "by_year")
+    result = export_table("main.ml.parted", by_year, partition_by=["year"])
+    assert {f["path"].split("/")[0] for f in result.files} == {"year=2020", "year=2021",
+                                                               "year=2022"}
+    again = exported_table(by_year, partitioned=True)
+    assert sorted(again.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
+
+
+def test_loads_with_datasets_and_pyarrow(spark_session: Any, warehouse: Warehouse,
+                                         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    import pyarrow.dataset as ds
+
+    dest = str(tmp_path / "events")
+    export_table("main.ml.events", dest, files=3)
+    loaded = datasets.load_dataset("parquet", data_files=dest + "/*.parquet", split="train",
+                                   cache_dir=str(tmp_path / "hf"))
+    assert loaded.num_rows == 1600
+    assert sorted(loaded["id"]) == sorted(snapshot_table(
+        warehouse.path("main.ml.events")).column("id").to_pylist())
+    assert ds.dataset(dest, format="parquet").count_rows() == 1600
+
+
+def test_options_shape_the_output(spark_session: Any, warehouse: Warehouse,
+                                  tmp_path: Any) -> None:
+    import pyarrow.parquet as pq
+
+    dest = str(tmp_path / "shaped")
+    result = export_table("main.ml.events", dest, columns=["label", "id"], where="id >= 5500",
+                          files=4, compression="snappy")
+    expected = [r for r in rows(snapshot_table(warehouse.path("main.ml.events")))
+                if r["id"] >= 5500]
+    assert len(result.files) == 4
+    got = exported_table(dest)
+    assert got.schema.names == ["label", "id"]
+    assert rows(got) == [{"label": r["label"], "id": r["id"]} for r in expected]
+    for f in result.files:
+        meta = pq.ParquetFile(os.path.join(dest, f["path"])).metadata
+        assert meta.row_group(0).column(0).compression == "SNAPPY"
+    assert result.manifest["options"]["where"] == "id >= 5500"
+
+    capped = export_table("main.ml.events", str(tmp_path / "capped"), max_records_per_file=250,
+                          compression="none")
+    assert all(f["rows"] <= 250 for f in capped.files)
+    assert sum(f["rows"] for f in capped.files) == 1600
+    assert len(capped.files) >= 7
+
+
+def test_rerun_does_no_work_and_force_reexports(spark_session: Any, warehouse: Warehouse,
+                                                tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    dest = str(tmp_path / "events")
+    first = export_table("main.ml.events", dest, files=2)
+    before = _listing(dest)
+    # Skipping needs no Spark at all: point it at a port where nothing listens.
+    monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    again = export_table("main.ml.events", dest, files=2)
+    assert again.skipped_unchanged
+    assert again.manifest == first.manifest
+    assert _listing(dest) == before
+    monkeypatch.delenv("SPARK_REMOTE")
+
+    other = export_table("main.ml.events", dest, files=3)  # options changed
+    assert not other.skipped_unchanged and len(other.files) == 3
+    forced = export_table("main.ml.events", dest, files=3, force=True)
+    assert not forced.skipped_unchanged
+    assert {f["path"] for f in forced.files}.isdisjoint(f["path"] for f in other.files)
+    assert sorted(n for n in os.listdir(dest) if n.endswith(".parquet")) == \
+        sorted(f["path"] for f in forced.files)
+    _no_leftovers(dest)
+
+
+def test_new_table_version_is_exported(spark_session: Any, tmp_path: Any) -> None:
+    from deltalake import write_deltalake
+
+    from tests.common.spark import _events
+
+    table = str(tmp_path / "t")
+    write_deltalake(table, _events(0, 100))
+    dest = str(tmp_path / "out")
+    assert export_table(table, dest).row_count == 100
+    assert export_table(table, dest).skipped_unchanged
+    write_deltalake(table, _events(100, 50), mode="append")
+    result = export_table(table, dest)
+    assert not result.skipped_unchanged
+    assert result.row_count == 150 and result.manifest["delta_version"] == 1
+
+
+def test_tampered_export_is_redone(spark_session: Any, warehouse: Warehouse,
+                                   tmp_path: Any) -> None:
+    dest = str(tmp_path / "events")
+    first = export_table("main.ml.events", dest)
+    os.unlink(os.path.join(dest, first.files[0]["path"]))
+    result = export_table("main.ml.events", dest)
+    assert not result.skipped_unchanged
+    assert exported_table(dest).num_rows == 1600
+
+
+def test_bad_where_keeps_the_previous_export(spark_session: Any, warehouse: Warehouse,
+                                             tmp_path: Any) -> None:
+    dest = str(tmp_path / "events")
+    export_table("main.ml.events", dest)
+    before = _listing(dest)
+    for where in ("id >", "no_such_column = 1"):
+        with pytest.raises(InvalidArgument, match="Spark refused --where"):
+            export_table("main.ml.events", dest, where=where)
+    with pytest.raises(InvalidArgument, match="Spark refused --columns"):
+        export_table("main.ml.events", dest, columns=["id", "nope"])
+    assert _listing(dest) == before
+    _no_leftovers(dest)
+
+
+def test_too_many_files_fails_and_keeps_the_previous_export(
+        spark_session: Any, tmp_path: Any) -> None:
+    from deltalake import write_deltalake
+
+    from tests.common.spark import _events
+
+    table = str(tmp_path / "tiny")
+    write_deltalake(table, _events(0, 3))
+    dest = str(tmp_path / "out")
+    export_table(table, dest)
+    before = _listing(dest)
+    with pytest.raises(ExportError, match="not the 8 asked for"):
+        export_table(table, dest, files=8)
+    assert _listing(dest) == before
+    _no_leftovers(dest)
+
+
+def test_catalog_name_without_warehouse(spark_session: Any, tmp_path: Any,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UCSTAGE_WAREHOUSE", raising=False)
+    with pytest.raises(TableNotFound, match="not found by the Spark server") as info:
+        export_table("main.ml.events", str(tmp_path / "x"))
+    assert "UCSTAGE_WAREHOUSE" in info.value.hint
+
+
+def test_read_table(spark_session: Any, warehouse: Warehouse) -> None:
+    table = read_table("main.ml.events")
+    assert rows(table) == rows(snapshot_table(warehouse.path("main.ml.events")))
+    assert read_table("main.ml.events", limit=5).num_rows == 5
+
+
+def test_volume_dest_through_volumes_root(spark_session: Any, warehouse: Warehouse,
+                                          tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", str(tmp_path / "volumes"))
+    result = export_table("main.ml.events", "/Volumes/main/ml/train/events")
+    assert result.dest == str(tmp_path / "volumes" / "main" / "ml" / "train" / "events")
+    assert exported_table(result.dest).num_rows == 1600
+
+
+# -- failures while writing ----------------------------------------------------
+
+def _big_table(path: str, n: int) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+
+    ids = pa.array(range(n), pa.int64())
+    write_deltalake(path, pa.table({"id": ids, "text": pc.cast(ids, pa.string()),
+                                    "x": pc.multiply(ids, 3)}))
+
+
+def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any,
+                                                           tmp_path: Any) -> None:
+    from ucstage.spark import EmbeddedServer
+
+    table = str(tmp_path / "big")
+    _big_table(table, 3_000_000)
+    dest = str(tmp_path / "vol" / "big")
+    export_table(table, dest)  # the previous export, through the shared server
+    before = _listing(dest)
+
+    server = EmbeddedServer(log_dir=str(tmp_path / "victim")).start()
+    assert server.proc is not None
+    pid = server.proc.pid
+    parent = os.path.dirname(dest)
+    killed = threading.Event()
+
+    def kill_when_writing() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            staging = [n for n in os.listdir(parent) if ".ucstage-staging-" in n]
+            if staging and os.path.isdir(os.path.join(parent, staging[0], "_temporary")):
+                os.kill(pid, signal.SIGKILL)
+                killed.set()
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_when_writing, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(ExportError, match="server went away while writing"):
+            export_table(table, dest, remote=server.url, force=True, files=4)
+    finally:
+        killer.join(5)
+        server.stop()
+    assert killed.is_set(), "the export finished before the server could be killed"
+    assert _listing(dest) == before
+    assert exported_table(dest).num_rows == 3_000_000
+    _no_leftovers(dest)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Any) -> Any:
+    """A 6 MiB tmpfs mounted for this test (needs root), unmounted afterwards."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        require(False, "mounting a tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        require(False, f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield str(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_keeps_the_previous_export(spark_session: Any, tmp_path: Any,
+                                             tiny_disk: str) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    table = str(tmp_path / "blobs")
+    rng = __import__("random").Random(7)
+
+    def blobs(start: int, n: int) -> Any:
+        return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                         "blob": [rng.randbytes(1000) for _ in range(n)]})
+
+    write_deltalake(table, blobs(0, 2000))          # ~2 MB, incompressible
+    dest = os.path.join(tiny_disk, "vol", "blobs")
+    export_table(table, dest, compression="none")
+    before = _listing(dest)
+    write_deltalake(table, blobs(2000, 3000), mode="append")  # now ~5 MB: no room beside the old
+    with pytest.raises(ExportError) as info:
+        export_table(table, dest, compression="none")
+    assert "no space left" in str(info.value)
+    assert _listing(dest) == before
+    assert read_manifest(dest)["row_count"] == 2000
+    _no_leftovers(dest)
+
+
+# -- a server the user runs: pyspark's sbin/start-connect-server.sh -------------
+
+def test_remote_server_from_start_connect_script(spark_session: Any, warehouse: Warehouse,
+                                                 tmp_path: Any) -> None:
+    with connect_script_server(str(tmp_path / "remote")) as url:
+        dest = str(tmp_path / "events")
+        result = export_table("main.ml.events", dest, remote=url, files=2)
+        assert rows(exported_table(dest)) == rows(snapshot_table(
+            warehouse.path("main.ml.events")))
+        assert len(result.files) == 2
+        logs = os.listdir(tmp_path / "remote" / "logs")
+        assert any("SparkConnectServer" in n for n in logs)
+    with open(os.path.join(dest, MANIFEST_NAME)) as f:
+        assert json.load(f)["row_count"] == 1600
+

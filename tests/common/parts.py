@@ -82,9 +82,14 @@ def rclone_mount(source: str, mountpoint: str, *extra: str) -> Iterator[str]:
     log = os.path.join(os.path.dirname(mountpoint), os.path.basename(mountpoint) + ".rclone.log")
     cmd = ["rclone", "mount", source, mountpoint, "--daemon", "--read-only",
            "--dir-cache-time", "1s", "--attr-timeout", "0s", "--log-file", log, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # --daemon forks a child that keeps inherited pipes open, so output must go
+    # to a file: capturing it would wait for EOF forever.
+    with open(log + ".stderr", "wb") as errfile:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=errfile)
     if proc.returncode != 0:
-        require(False, f"rclone mount failed: {proc.stderr.strip()[:300]}")
+        with open(log + ".stderr", errors="replace") as fh:
+            require(False, f"rclone mount failed: {fh.read().strip()[:300]}")
     deadline = time.monotonic() + 15
     while not os.path.ismount(mountpoint):
         if time.monotonic() > deadline:

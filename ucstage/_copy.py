@@ -22,6 +22,7 @@ from .volumes import Volume, _version
 
 __all__ = ["CHUNK", "Copied", "copy_to"]
 
+_HASH_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c")
 CHUNK = 8 * 1024 * 1024
 """Bytes per sendfile/read call: large, so a network-bound source sees few
 round trips per file."""
@@ -130,7 +131,11 @@ def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
                 size += len(block)
         finally:
             os.close(dst)
-    return Copied(size, _version(info), _mtime_ns(info))
+    # Only a content hash is comparable across calls: fsspec backends format
+    # timestamps differently in info() and find() (memory gives a datetime in
+    # one and a float in the other), so those fall back to the listing's.
+    version = _version(info) if any(k in info for k in _HASH_KEYS) else ""
+    return Copied(size, version, _mtime_ns(info))
 
 
 def copy_to(volume: Volume, relpath: str, tmp: str) -> Copied:

@@ -378,22 +378,21 @@ class LocalCache:
         ns_dir = self.prepare(volume)
         self._sweep(ns_dir)
         report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries))
-        cb.set_size(report.files, report.bytes)
         todo: list[FileEntry] = []
         for e in entries:
             try:
                 hit = self.lookup(volume, e)
             except UcstageError as exc:
                 report.failed.append((e.path, str(exc)))
-                cb.file_done(e.path, "failed", str(exc))
                 continue
             if hit is None:
                 todo.append(e)
             else:
                 report.already_cached += 1
                 report.already_cached_bytes += e.size
-        cb.relative_update(report.already_cached_bytes)
         self._check_room(ns_dir, todo, report.bytes)
+        cb.set_size(report.files, report.bytes)
+        cb.relative_update(report.already_cached_bytes)
         with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ucstage-warm") as pool:
             pending: dict[Future[tuple[str, bool]], FileEntry] = {
                 pool.submit(self._fetch_retrying, volume, e): e for e in todo}

@@ -1,0 +1,530 @@
+"""The local cache against real parts: local folders, an rclone FUSE mount,
+a moto S3 server and fsspec memory. Guarantees 1-9 of issue 3 are marked."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from tests.common.backends import Backend
+from tests.common.parts import rclone_mount, require
+from tests.conftest import unique
+from ucstage import manifest as manifest_mod
+from ucstage._cachedir import PART_SUFFIX, STAMP_XATTR, read_stamp
+from ucstage.cache import LocalCache, WarmCallback, rank_entries
+from ucstage.errors import CacheFull, CacheOwnershipError, FetchFailed, UnsafePath
+from ucstage.manifest import snapshot
+from ucstage.sharding import plan
+from ucstage.volumes import FileEntry
+
+KB = 1024
+
+
+def blob(name: str, size: int) -> bytes:
+    """Deterministic bytes that differ per name (so a mix-up is visible)."""
+    seed = hashlib.sha256(name.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def visible_files(folder: str) -> list[str]:
+    """Files a person (or a reader) would take for data: everything but temp files."""
+    found = []
+    for dirpath, _, names in os.walk(folder):
+        found += [os.path.join(dirpath, n) for n in names if not n.endswith(PART_SUFFIX)]
+    return sorted(found)
+
+
+def partial_files(folder: str) -> list[str]:
+    return [os.path.join(d, n) for d, _, names in os.walk(folder) for n in names
+            if n.endswith(PART_SUFFIX)]
+
+
+# -- the abstract suite: every backend ---------------------------------------------
+
+
+def test_fetch_warm_and_rewarm(backend: Backend) -> None:
+    files = {f"d{i % 3}/f{i}.bin": blob(f"{backend.name}{i}", 3 * KB + i) for i in range(12)}
+    backend.write_many(files)
+    m = snapshot(backend.url)
+    vol = m.volume()
+    cache = LocalCache()
+    assert cache.lookup(vol, m.entries[0]) is None  # lazy: nothing copied yet
+    first = cache.fetch(vol, m.entries[0])
+    assert first == os.path.join(cache.namespace_dir(vol), *m.entries[0].path.split("/"))
+    report = cache.warm(vol, m.entries, jobs=4)
+    assert (report.files, report.fetched, report.already_cached) == (12, 11, 1)
+    assert report.bytes == sum(len(b) for b in files.values()) and not report.failed
+    for e in m.entries:
+        path = cache.lookup(vol, e)
+        assert path is not None and Path(path).read_bytes() == files[e.path]
+    again = cache.warm(vol, m.entries)
+    assert (again.fetched, again.already_cached) == (0, 12)
+
+
+@pytest.mark.parametrize("same_size", [False, True], ids=["new-size", "same-size"])
+def test_stale_source_is_fetched_again(backend: Backend, same_size: bool) -> None:
+    """Guarantee 3: a rewritten source file (new size, or same size and new
+    mtime/etag) is fetched again by the next fetch and warm."""
+    backend.write_many({"a.bin": blob("old", 4 * KB), "b.bin": blob("b", 2 * KB)})
+    old = snapshot(backend.url)
+    vol = old.volume()
+    cache = LocalCache()
+    cache.warm(vol, old.entries)
+    new_bytes = blob("new", 4 * KB if same_size else 5 * KB)
+    backend.write("a.bin", new_bytes)
+    if backend.name in ("local", "fuse"):  # a coarse-mtime filesystem must still see a change
+        t = time.time() + 5
+        os.utime(f"{backend.store_root}/a.bin", (t, t))
+    backend.settle()
+    new = snapshot(backend.url)
+    (a_old, a_new) = (old.entries[0], new.entries[0])
+    assert a_old.version != a_new.version
+    assert cache.lookup(vol, a_new) is None  # the stamp no longer matches the listing
+    assert Path(cache.fetch(vol, a_new)).read_bytes() == new_bytes
+    assert cache.lookup(vol, a_old) is None  # and the old listing no longer validates
+    backend.write("b.bin", blob("b2", 2 * KB))
+    if backend.name in ("local", "fuse"):
+        t = time.time() + 10
+        os.utime(f"{backend.store_root}/b.bin", (t, t))
+    backend.settle()
+    newer = snapshot(backend.url)
+    report = cache.warm(vol, newer.entries)
+    assert (report.fetched, report.already_cached) == (1, 1)
+    assert Path(cache.lookup(vol, newer.entries[1]) or "").read_bytes() == blob("b2", 2 * KB)
+    verify = cache.verify(vol, old.entries)
+    assert [p for p, _ in verify.stale] == ["a.bin", "b.bin"]
+
+
+# -- 1. atomic, SIGKILL-safe ------------------------------------------------------
+
+
+def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str],
+                                                    tmp_path: Path) -> None:
+    """Guarantee 1: kill `cache warm` at several points; nothing visible is
+    ever partial, and the rerun completes and removes stale temp files."""
+    backing = tmp_path / "slow-backing"
+    backing.mkdir()
+    files = {f"part-{i:02d}.bin": blob(f"k{i}", 512 * KB) for i in range(24)}
+    for name, data in files.items():
+        (backing / name).write_bytes(data)
+    cache_dir = str(tmp_path / "cache")
+    env = {**os.environ, "UCSTAGE_CACHE_DIR": cache_dir}
+    with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
+        cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
+        saw_partial = False
+        for delay in (0.6, 1.4, 2.2):
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            ns = _only_namespace(cache_dir)
+            if ns is None:  # killed before the namespace existed
+                continue
+            saw_partial = saw_partial or bool(partial_files(ns))
+            for path in visible_files(ns):  # complete or absent, never half
+                name = os.path.basename(path)
+                assert Path(path).read_bytes() == files[name], name
+                assert read_stamp(path) is not None
+        assert saw_partial, "no kill landed mid-copy; the test proved nothing"
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        assert summary["failed"] == [] and summary["fetched"] + summary["already_cached"] == 24
+        assert summary["already_cached"] > 0  # the rerun resumed
+        ns = _only_namespace(cache_dir)
+        assert ns is not None and partial_files(ns) == []
+        assert len(visible_files(ns)) == 24
+
+
+def _only_namespace(cache_dir: str) -> str | None:
+    if not os.path.isdir(cache_dir):
+        return None
+    found = [os.path.join(cache_dir, n) for n in os.listdir(cache_dir)
+             if not n.startswith(".") and os.path.isdir(os.path.join(cache_dir, n))]
+    return found[0] if found else None
+
+
+# -- 2. single flight across processes ---------------------------------------------
+
+_WORKER = textwrap.dedent("""
+    import hashlib, json, os, sys, time
+    from ucstage import manifest
+    from ucstage.cache import LocalCache
+    m = manifest.load(sys.argv[1])
+    expected = json.load(open(sys.argv[2]))
+    while not os.path.exists(sys.argv[3]):
+        time.sleep(0.01)
+    vol, cache, bad = m.volume(), LocalCache(), 0
+    for e in m.entries:
+        with open(cache.fetch(vol, e), "rb") as fh:
+            bad += hashlib.sha256(fh.read()).hexdigest() != expected[e.path]
+    print(bad)
+""")
+
+
+def test_single_flight_eight_processes(moto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Guarantee 2: 8 processes fetching the same 500 files copy each once
+    (counted in the moto server's request log) and all read the right bytes."""
+    prefix = unique("sf")
+    fs = moto.filesystem()
+    files = {f"f{i:03d}.bin": blob(f"sf{i}", 1 * KB + i) for i in range(500)}
+    fs.pipe({f"ucstage-test/{prefix}/{k}": v for k, v in files.items()})
+    m = snapshot(f"s3://ucstage-test/{prefix}")
+    man = manifest_mod.save(m, tmp_path / "m.json")
+    (tmp_path / "sums.json").write_text(json.dumps(
+        {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}))
+    go = tmp_path / "go"
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
+                               str(go)], stdout=subprocess.PIPE, text=True) for _ in range(8)]
+    time.sleep(1.0)  # let them all import and wait at the gate
+    go.touch()
+    outs = [p.communicate(timeout=150)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert [int(o) for o in outs] == [0] * 8  # every reader got the right bytes
+    moto.log.flush()
+    log = Path(moto.log.name).read_text(errors="replace")
+    gets = re.findall(rf"GET /ucstage-test/{prefix}/(\S+) HTTP", log)
+    assert len(gets) == 500 and sorted(set(gets)) == sorted(files)
+
+
+# -- 4. byte cap, LRU, leases ------------------------------------------------------
+
+
+def _local_source(tmp_path: Path, n: int, size: int) -> tuple:  # type: ignore[type-arg]
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(n):
+        (src / f"f{i:03d}.bin").write_bytes(blob(f"c{i}", size))
+    m = snapshot(str(src))
+    return m.volume(), list(m.entries)
+
+
+def test_lru_evicts_least_recently_used_first(tmp_path: Path) -> None:
+    """Guarantee 4: least recently used entries go first."""
+    vol, (a, b, c, d) = _local_source(tmp_path, 4, 1000)
+    cache = LocalCache(max_bytes=3500, lease_seconds=0)
+    for e in (a, b, c):
+        cache.fetch(vol, e)
+    time.sleep(1.1)  # the LRU clock has one-second resolution
+    assert cache.lookup(vol, a) is not None  # a is now the most recently used
+    cache.fetch(vol, d)
+    assert cache.lookup(vol, b) is None
+    assert all(cache.lookup(vol, e) for e in (a, c, d))
+    assert cache.status().bytes <= 3500
+
+
+def test_file_handed_to_reader_is_not_evicted(tmp_path: Path) -> None:
+    """Guarantee 4: files handed out within the lease stay; a clear error instead."""
+    vol, (a, b, c) = _local_source(tmp_path, 3, 1000)
+    cache = LocalCache(max_bytes=2500, lease_seconds=3600)
+    pa, pb = cache.fetch(vol, a), cache.fetch(vol, b)
+    with pytest.raises(CacheFull, match="handed to readers"):
+        cache.fetch(vol, c)
+    assert Path(pa).read_bytes() == blob("c0", 1000) and Path(pb).read_bytes() == blob("c1", 1000)
+
+
+def test_cap_smaller_than_one_file_is_a_clear_error(tmp_path: Path) -> None:
+    vol, (a,) = _local_source(tmp_path, 1, 1000)
+    cache = LocalCache(max_bytes=999)
+    with pytest.raises(CacheFull, match="larger than the whole cache cap"):
+        cache.fetch(vol, a)
+    assert cache.status().entries == 0
+
+
+def test_usage_never_exceeds_cap_by_more_than_in_flight(tmp_path: Path) -> None:
+    """Guarantee 4: 4 threads fetch 60 files through a 10-file cap."""
+    vol, entries = _local_source(tmp_path, 60, 1000)
+    cache = LocalCache(max_bytes=10_000, lease_seconds=0)
+    ns = cache.prepare(vol)
+    peaks: list[int] = []
+
+    def one(e: FileEntry) -> None:
+        cache.fetch(vol, e)
+        peaks.append(sum(os.path.getsize(p) for p in visible_files(ns)))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, entries))
+    assert len(peaks) == 60 and max(peaks) <= 10_000 + 4 * 1000
+    assert cache.status().bytes <= 10_000
+
+
+# -- 5. disk full ---------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 2 MiB tmpfs; the cache root is a private folder inside it."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    require(proc.returncode == 0, f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_before_warm(tiny_fs: Path, tmp_path: Path) -> None:
+    """Guarantee 5: a warm that cannot fit stops naming the folder and the space."""
+    vol, entries = _local_source(tmp_path, 3, 1024 * KB)
+    cache = LocalCache(tiny_fs / "cache")
+    with pytest.raises(CacheFull) as info:
+        cache.warm(vol, entries)
+    assert cache.namespace_dir(vol) in info.value.message and "3.0 MiB" in info.value.message
+    assert partial_files(cache.root) == [] and visible_files(cache.namespace_dir(vol)) == []
+
+
+def test_disk_full_during_warm_leaves_no_partials(tiny_fs: Path, tmp_path: Path) -> None:
+    """Guarantee 5: the disk fills up after the check (another writer); the
+    warm stops with CacheFull and no partial file remains."""
+    vol, entries = _local_source(tmp_path, 3, 600 * KB)
+    cache = LocalCache(tiny_fs / "cache")
+
+    class Filler(WarmCallback):
+        def set_size(self, files: int, nbytes: int) -> None:
+            (tiny_fs / "other-writer").write_bytes(b"\0" * (1200 * KB))
+
+    with pytest.raises(CacheFull) as info:
+        cache.warm(vol, entries, jobs=1, callback=Filler())
+    assert "no space left in the cache folder" in info.value.message
+    assert cache.namespace_dir(vol) in info.value.message and "still needs" in info.value.message
+    assert partial_files(cache.root) == []
+    for path in visible_files(cache.namespace_dir(vol)):
+        assert read_stamp(path) is not None and os.path.getsize(path) == 600 * KB
+
+
+def test_enospc_on_single_fetch(tiny_fs: Path, tmp_path: Path) -> None:
+    vol, (big,) = _local_source(tmp_path, 1, 3 * 1024 * KB)
+    cache = LocalCache(tiny_fs / "cache")
+    with pytest.raises(CacheFull, match="no space left"):
+        cache.fetch(vol, big)
+    assert partial_files(cache.root) == [] and visible_files(cache.namespace_dir(vol)) == []
+
+
+# -- 6. path safety ---------------------------------------------------------------
+
+
+def test_dotdot_and_absolute_keys_are_refused(moto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Guarantee 6: S3 keys with `..` or an absolute path never leave the cache root."""
+    prefix = unique("ps")
+    fs = moto.filesystem()
+    fs.pipe({f"ucstage-test/{prefix}/ok.bin": b"ok",
+             f"ucstage-test/{prefix}/sub/../../escape.bin": b"evil",
+             f"ucstage-test/{prefix}//abs.bin": b"evil"})
+    m = snapshot(f"s3://ucstage-test/{prefix}")
+    assert [e.path for e in m.entries] == ["ok.bin"]
+    assert sorted(p for p, _ in m.refused) == ["/abs.bin", "sub/../../escape.bin"]
+    vol = m.volume()
+    cache = LocalCache()
+    for bad in ("sub/../../escape.bin", "/abs.bin", "../escape.bin"):
+        with pytest.raises(UnsafePath):
+            cache.fetch(vol, FileEntry(bad, 4, "x"))
+        with pytest.raises(UnsafePath):
+            cache.lookup(vol, FileEntry(bad, 4, "x"))
+    report = cache.warm(vol, [*m.entries, FileEntry("../escape.bin", 4, "x")])
+    assert report.fetched == 1 and [p for p, _ in report.failed] == ["../escape.bin"]
+    parent = os.path.dirname(cache.root)
+    assert not [p for p in Path(parent).rglob("*escape.bin")]
+    assert not [p for p in Path(parent).rglob("abs.bin")]
+
+
+def test_symlinks_out_of_a_source_are_refused(fuse_volume: tuple[str, str],
+                                              tmp_path: Path) -> None:
+    """Guarantee 6: a symlink (file or folder) pointing outside the volume is never read."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key.txt").write_bytes(b"do not copy")
+    for root in (tmp_path / "local", Path(fuse_volume[0]) / unique()):
+        root.mkdir()
+        (root / "ok.bin").write_bytes(b"fine")
+        (root / "link.bin").symlink_to(secret / "key.txt")
+        (root / "dir").symlink_to(secret)
+    local_src = tmp_path / "local"
+    fuse_src = Path(fuse_volume[1]) / root.name
+    cache = LocalCache()
+    for src in (local_src, fuse_src):
+        m = snapshot(str(src))
+        assert [e.path for e in m.entries] == ["ok.bin"]  # rclone hides links; we refuse them
+        vol = m.volume()
+        for rel in ("link.bin", "dir/key.txt"):
+            with pytest.raises((UnsafePath, FetchFailed)):
+                cache.fetch(vol, FileEntry(rel, 11, "0"))
+        cache.warm(vol, m.entries)
+    for path in Path(cache.root).rglob("*"):
+        assert not path.is_file() or path.read_bytes() != b"do not copy"
+
+
+# -- 7. ownership -----------------------------------------------------------------
+
+
+def test_root_is_private_and_foreign_roots_are_refused(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh" / "cache"
+    cache = LocalCache(fresh)
+    assert os.stat(cache.root).st_mode & 0o777 == 0o700
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    os.chown(other, 12345, 12345)
+    with pytest.raises(CacheOwnershipError, match="owned by uid 12345"):
+        LocalCache(other)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(CacheOwnershipError, match="writable by other users"):
+        LocalCache(open_dir)
+    link = tmp_path / "link"
+    link.symlink_to(fresh)
+    with pytest.raises(CacheOwnershipError, match="symlink"):
+        LocalCache(link)
+    assert os.listdir(other) == [] and os.listdir(open_dir) == []
+
+
+def test_default_root_is_per_user_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UCSTAGE_CACHE_DIR")
+    from ucstage._cachedir import default_root
+
+    assert default_root() == f"/tmp/ucstage-{os.getuid()}"
+    monkeypatch.setenv("UCSTAGE_CACHE_DIR", "/x/y")
+    assert default_root() == "/x/y"
+
+
+# -- 8. transient errors -------------------------------------------------------------
+
+
+class FlakyFS(MemoryFileSystem):
+    """fsspec's memory store, but some files fail to open: ``flaky*`` the
+    first two times (a transient error), ``broken*`` every time."""
+
+    protocol = "flaky"
+    opens: dict[str, int] = {}
+
+    def _open(self, path, mode="rb", **kwargs):  # type: ignore[no-untyped-def]
+        name = os.path.basename(path)
+        self.opens[name] = self.opens.get(name, 0) + 1
+        if name.startswith("broken") or (name.startswith("flaky") and self.opens[name] <= 2):
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return super()._open(path, mode, **kwargs)
+
+
+def test_transient_errors_are_retried_and_failures_named(fuse_volume: tuple[str, str]) -> None:
+    """Guarantee 8: retried with backoff; what still fails is named, the rest cached."""
+    fsspec.register_implementation("flaky", FlakyFS, clobber=True)
+    key = unique()
+    store = MemoryFileSystem()
+    for name in ("good.bin", "flaky.bin", "broken.bin"):
+        store.pipe_file(f"/{key}/{name}", blob(name, 2 * KB))
+    m = snapshot(f"flaky://{key}")
+    vol = m.volume()
+    cache = LocalCache(backoff=0.01)
+    report = cache.warm(vol, m.entries, jobs=2)
+    assert report.fetched == 2 and [p for p, _ in report.failed] == ["broken.bin"]
+    assert "after 4 attempts" in report.failed[0][1]
+    assert FlakyFS.opens["flaky.bin"] == 3 and FlakyFS.opens["broken.bin"] == 4
+    # A file deleted from a FUSE volume after listing fails at once, by name.
+    backing, mnt = fuse_volume
+    key = unique()
+    os.makedirs(os.path.join(backing, key))
+    for name in ("a.bin", "gone.bin"):
+        Path(backing, key, name).write_bytes(blob(name, KB))
+    listed = snapshot(os.path.join(mnt, key))
+    os.unlink(os.path.join(backing, key, "gone.bin"))
+    time.sleep(1.2)
+    report = cache.warm(listed.volume(), listed.entries)
+    assert report.fetched == 1 and [p for p, _ in report.failed] == ["gone.bin"]
+
+
+# -- 9. bytes and mtime only ------------------------------------------------------------
+
+
+def test_copies_bytes_and_mtime_only(fuse_volume: tuple[str, str]) -> None:
+    backing, mnt = fuse_volume
+    key = unique()
+    src = Path(backing, key)
+    src.mkdir()
+    path = src / "x.bin"
+    path.write_bytes(blob("x", 10 * KB))
+    os.chmod(path, 0o755)
+    os.setxattr(path, "user.origin", b"source")
+    os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_123_456_789))
+    time.sleep(1.2)
+    m = snapshot(os.path.join(mnt, key))
+    cache = LocalCache()
+    local = cache.fetch(m.volume(), m.entries[0])
+    st = os.stat(local)
+    assert Path(local).read_bytes() == blob("x", 10 * KB)
+    assert abs(st.st_mtime_ns - os.stat(os.path.join(mnt, key, "x.bin")).st_mtime_ns) < 1000
+    assert int(st.st_mtime) == 1_000_000_000
+    assert st.st_mode & 0o777 == 0o600
+    assert os.listxattr(local) == [STAMP_XATTR]
+
+
+# -- slices and the hot path ----------------------------------------------------------
+
+
+def test_rank_entries_match_the_shard_plan(tmp_path: Path) -> None:
+    vol, entries = _local_source(tmp_path, 37, 10)
+    p = plan([e.size for e in entries], world_size=4, num_workers=3, shuffle=True, seed=7)
+    for rank in range(4):
+        mine = rank_entries(entries, ranks=[rank], world_size=4, num_workers=3,
+                            shuffle=True, seed=7)
+        want = sorted(i for s in p.slots if s.rank == rank for i in s.files)
+        assert [e.path for e in mine] == [entries[i].path for i in want]
+
+
+def test_lookup_rate_is_counted(tmp_path: Path) -> None:
+    """The hit path is stat + dict: measure it, assert only that it works."""
+    vol, entries = _local_source(tmp_path, 200, 10)
+    cache = LocalCache()
+    cache.warm(vol, entries)
+    start = time.perf_counter()
+    hits = sum(cache.lookup(vol, e) is not None for _ in range(20) for e in entries)
+    rate = hits / (time.perf_counter() - start)
+    assert hits == 4000 and rate > 0
+
+
+def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import ucstage.cache as cache_mod
+
+    copies: list[str] = []
+    real_copy = cache_mod.copy_to
+
+    def counting_copy(volume, relpath, tmp):  # type: ignore[no-untyped-def]
+        copies.append(relpath)
+        return real_copy(volume, relpath, tmp)
+
+    monkeypatch.setattr(cache_mod, "copy_to", counting_copy)
+    vol, entries = _local_source(tmp_path, 20, 4 * KB)
+    cache = LocalCache()
+    results: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def reader() -> None:
+        barrier.wait()
+        results.extend(cache.fetch(vol, e) for e in entries)
+
+    threads = [threading.Thread(target=reader) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 120 and len(set(results)) == 20
+    assert sorted(copies) == sorted(e.path for e in entries)

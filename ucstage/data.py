@@ -281,7 +281,8 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             broadcast = dist is not None and tud.get_worker_info() is None
         if not broadcast or dist is None or dist.get_world_size() == 1:
             return self._adopt(self._snapshot())
-        return self._adopt(_broadcast_listing(dist, self._snapshot))
+        request = (self._source, self.include, self.exclude, self.include_hidden)
+        return self._adopt(_broadcast_listing(dist, request, self._snapshot))
 
     def _entries(self) -> Sequence[FileEntry]:
         return self.freeze().entries
@@ -359,8 +360,19 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _broadcast_listing(dist: Any, snapshot: Any) -> Manifest:
-    """Rank 0 lists; every rank gets its manifest (or its error)."""
+def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:
+    """Rank 0 lists; every rank gets its manifest (or its error).
+
+    Ranks first compare what they ask for (source and filters): a rank must
+    not silently adopt a listing made with another rank's filters.
+    """
+    requests = _all_gather(dist, request)
+    if len(set(requests)) > 1:
+        values = "; ".join(f"rank {r}: {_describe_request(q)}" for r, q in enumerate(requests))
+        raise RankMismatch(
+            f"ranks ask for different listings ({values})",
+            hint="pass the same source and include/exclude on every rank",
+        )
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
         try:
@@ -380,6 +392,18 @@ def _broadcast_listing(dist: Any, snapshot: Any) -> Manifest:
     if _manifest.fingerprint(manifest.entries) != manifest.fingerprint:
         raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
     return manifest
+
+
+def _describe_request(request: tuple[Any, ...]) -> str:
+    source, include, exclude, hidden = request
+    parts = [repr(source)]
+    if include:
+        parts.append(f"include={list(include)}")
+    if exclude:
+        parts.append(f"exclude={list(exclude)}")
+    if hidden:
+        parts.append("include_hidden=True")
+    return " ".join(parts)
 
 
 def find_volume_dataset(dataset: Any, depth: int = 3) -> VolumeDataset | None:

@@ -1,0 +1,143 @@
+"""VolumeDataset and DataLoader under torchrun: 2 ranks on gloo, 2 workers each,
+reading an rclone FUSE volume. Checked against `ucstage shard-plan --json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.common.parts import free_port
+from tests.conftest import unique
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.fuse]
+
+WORKER = os.path.join(os.path.dirname(__file__), "workers", "data_worker.py")
+N_FILES = 23  # not a multiple of the 4 slots, so equal_length has work to do
+
+
+def make_volume(fuse_volume: tuple[str, str]) -> tuple[str, list[str]]:
+    backing, mnt = fuse_volume
+    key = unique("data")
+    names = [f"f{i:02d}.bin" if i % 3 else f"sub/d{i % 2}/f{i:02d}.bin" for i in range(N_FILES)]
+    for i, name in enumerate(names):
+        path = os.path.join(backing, key, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(bytes([i]) * (100 + 37 * i))
+    with open(os.path.join(backing, key, "_SUCCESS"), "wb"):
+        pass  # hidden: never listed
+    return os.path.join(mnt, key), sorted(names)
+
+
+def torchrun(mode: str, source: str, out: str) -> subprocess.CompletedProcess[str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+           WORKER, mode, source, out]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+
+
+def results(out: str) -> list[dict[str, Any]]:
+    found = []
+    for rank in (0, 1):
+        path = os.path.join(out, f"rank{rank}.json")
+        assert os.path.exists(path), f"rank {rank} wrote no result"
+        with open(path, encoding="utf-8") as fh:
+            found.append(json.load(fh))
+    return found
+
+
+def shard_plan(source: str, *extra: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", source, "-w", "2",
+                           "-k", "2", "--json", *extra], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def yielded(ranks: list[dict[str, Any]], key: str) -> dict[tuple[int, int], list[str]]:
+    return {(r["rank"], int(w)): files for r in ranks for w, files in r[key].items()}
+
+
+def planned(plan: dict[str, Any]) -> dict[tuple[int, int], list[str]]:
+    return {(s["rank"], s["worker"]): s["files"] for s in plan["slots"]}
+
+
+def test_two_ranks_two_workers_read_the_shard_plan(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    source, names = make_volume(fuse_volume)
+    out = str(tmp_path)
+    proc = torchrun("shard", source, out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = results(out)
+
+    # Every rank sharded one frozen listing (rank 0 listed and broadcast it).
+    assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"]
+    assert all(r["manifest_in_cache"] for r in ranks)
+
+    # Listing order: every file exactly once, slot by slot what shard-plan prints.
+    plain = yielded(ranks, "plain")
+    assert sorted(f for files in plain.values() for f in files) == names
+    assert plain == planned(shard_plan(source))
+
+    # Shuffled: each epoch is the plan's permutation for that epoch on both
+    # ranks (one permutation shared by the ranks), epochs differ, and
+    # re-running an epoch reproduces it.
+    for epoch in (0, 1):
+        got = yielded(ranks, f"shuffle_epoch{epoch}")
+        assert sorted(f for files in got.values() for f in files) == names
+        assert got == planned(shard_plan(source, "--shuffle", "--seed", "7",
+                                         "--epoch", str(epoch)))
+    assert yielded(ranks, "shuffle_epoch0") != yielded(ranks, "shuffle_epoch1")
+    assert yielded(ranks, "shuffle_epoch0_again") == yielded(ranks, "shuffle_epoch0")
+
+    # Equal length: 23 files over 4 slots. pad -> 6 per slot, every file read,
+    # 1 read twice; drop -> 5 per slot, no file twice, 3 skipped.
+    pad = yielded(ranks, "pad")
+    assert {len(files) for files in pad.values()} == {6}
+    counts = Counter(f for files in pad.values() for f in files)
+    assert set(counts) == set(names) and sum(counts.values()) == 24
+    drop = yielded(ranks, "drop")
+    assert {len(files) for files in drop.values()} == {5}
+    counts = Counter(f for files in drop.values() for f in files)
+    assert max(counts.values()) == 1 and len(counts) == 20
+    for key in ("pad", "drop"):
+        per_rank = [sum(len(v) for v in r[key].values()) for r in ranks]
+        assert per_rank[0] == per_rank[1]
+
+    # num_workers=0: each rank's main process reads its one slot.
+    main = yielded(ranks, "main_process")
+    plan0 = shard_plan_k0(source)
+    assert main == plan0
+
+
+def shard_plan_k0(source: str) -> dict[tuple[int, int], list[str]]:
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", source, "-w", "2",
+                           "-k", "0", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return planned(json.loads(proc.stdout))
+
+
+def test_guard_stops_every_rank_when_ranks_disagree(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    source, _ = make_volume(fuse_volume)
+    out = str(tmp_path)
+    proc = torchrun("guard", source, out)
+    assert proc.returncode != 0
+    ranks = results(out)
+    for r in ranks:
+        # Different filters: refused before rank 1 could adopt rank 0's listing.
+        assert "ranks ask for different listings" in r["filters"]
+        assert "rank 1:" in r["filters"] and "exclude=['f00.bin']" in r["filters"]
+        # Different frozen listings: fingerprints and file counts named per rank.
+        assert "ranks shard different listings" in r["listing"]
+        assert "rank 0: fingerprint" in r["listing"] and "(23 files)" in r["listing"]
+        assert "rank 1: fingerprint" in r["listing"] and "(22 files)" in r["listing"]
+        # Different num_workers: both values named, with the shard-plan to inspect.
+        assert "num_workers (rank 0: 2, rank 1: 1)" in r["workers"]
+        assert "-k 2,1" in r["workers"]
+    assert ranks[0]["workers"] == ranks[1]["workers"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -52,6 +53,15 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
         server.stop()
 
 
+def wait_visible(path: str, timeout: float = 5.0) -> None:
+    """Wait out rclone's directory cache until a new folder shows in the mount."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in the FUSE mount")
+        time.sleep(0.1)
+
+
 def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
@@ -76,6 +86,7 @@ def backend(request: pytest.FixtureRequest, tmp_path):  # type: ignore[no-untype
     elif name == "fuse":
         backing, mnt = request.getfixturevalue("fuse_volume")
         os.makedirs(os.path.join(backing, key))
+        wait_visible(os.path.join(mnt, key))
         yield Backend(name, os.path.join(mnt, key), fsspec.filesystem("file"),
                       os.path.join(backing, key))
     elif name == "s3":

@@ -29,7 +29,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
-from .errors import InvalidArgument, MissingDependency, SourceNotFound
+from .errors import InvalidArgument, MissingDependency, SourceNotFound, UnsafePath
 
 __all__ = [
     "VOLUMES_ROOT_ENV",
@@ -185,8 +185,6 @@ def safe_relpath(relpath: str) -> str:
     Refuses absolute paths, ``..`` and ``.`` segments, empty segments and NUL,
     so that no listed name can point a read or a cache write outside its root.
     """
-    from .errors import UnsafePath
-
     if not relpath or relpath.startswith("/") or "\\" in relpath or "\x00" in relpath:
         raise UnsafePath(f"unsafe path {relpath!r}: not a plain relative path")
     for part in relpath.split("/"):
@@ -277,6 +275,9 @@ def list_files(
     volume = source if isinstance(source, Volume) else resolve(source)
     include, exclude = list(include), list(exclude)
     fs, root = volume.fs, volume.root
+    # fsspec instances are cached per process and some (s3fs) keep listings:
+    # a long-lived process must see the store as it is now.
+    fs.invalidate_cache(root)
     if fs.isfile(root):
         info = fs.info(root)
         name = posixpath.basename(root.rstrip("/"))
@@ -294,12 +295,14 @@ def list_files(
             continue
         name = full.replace(os.sep, "/") if volume.is_local else full
         rel = name[len(prefix):] if name.startswith(prefix) else name
-        if not _keep(rel, include, exclude, include_hidden):
-            continue
+        # Safety before filters: ".." would otherwise pass as a hidden name,
+        # silently, and the user should hear about keys that try to escape.
         try:
             safe_relpath(rel)
-        except Exception as exc:
+        except UnsafePath as exc:
             refused.append((rel, str(exc)))
+            continue
+        if not _keep(rel, include, exclude, include_hidden):
             continue
         if escape is not None:
             reason = escape.reason(full, info)

@@ -1,0 +1,158 @@
+"""Listing and path resolution. The TestListing suite runs on every backend:
+a local folder, an rclone FUSE mount, a moto S3 bucket and memory://."""
+
+from __future__ import annotations
+
+import os
+
+import fsspec
+import pytest
+
+from ucstage.errors import InvalidArgument, SourceNotFound, UnsafePath
+from ucstage.volumes import list_files, matches, resolve, safe_relpath
+
+ODD = ["with space.bin", "ünïcødé.bin", "hash#1.bin", "pct%20.bin", "br[ack]et.bin", "-lead.bin"]
+
+
+class TestListing:
+    def test_sorted_recursive_with_sizes_and_versions(self, backend):
+        files = {"b/2.bin": b"22", "a.bin": b"1", "b/1.bin": b"333", "c/d/e.bin": b"4444"}
+        backend.write_many(files)
+        listing = list_files(backend.url)
+        assert [e.path for e in listing.entries] == ["a.bin", "b/1.bin", "b/2.bin", "c/d/e.bin"]
+        assert {e.path: e.size for e in listing.entries} == {k: len(v) for k, v in files.items()}
+        assert all(e.version for e in listing.entries)
+
+    def test_hidden_names_skipped_unless_all(self, backend):
+        backend.write_many({"x.parquet": b"x", "_SUCCESS": b"", "_delta_log/0.json": b"{}",
+                            ".part.crc": b"c", "sub/.hidden": b"h", "sub/y.parquet": b"y"})
+        assert [e.path for e in list_files(backend.url).entries] == ["sub/y.parquet", "x.parquet"]
+        everything = [e.path for e in list_files(backend.url, include_hidden=True).entries]
+        assert everything == [".part.crc", "_SUCCESS", "_delta_log/0.json", "sub/.hidden",
+                              "sub/y.parquet", "x.parquet"]
+
+    def test_include_exclude(self, backend):
+        backend.write_many({"a/1.jpg": b"1", "a/2.png": b"2", "b/3.jpg": b"3", "4.jpg": b"4"})
+        got = list_files(backend.url, include=["*.jpg"], exclude=["b/*"]).entries
+        assert [e.path for e in got] == ["4.jpg", "a/1.jpg"]
+        got = list_files(backend.url, include=["a/*", "4.*"]).entries
+        assert [e.path for e in got] == ["4.jpg", "a/1.jpg", "a/2.png"]
+
+    def test_odd_names(self, backend):
+        backend.write_many({f"odd dir [1]/{name}": name.encode() for name in ODD})
+        listing = list_files(backend.url)
+        assert sorted(e.path.split("/", 1)[1] for e in listing.entries) == sorted(ODD)
+        vol = listing.volume
+        for entry in listing.entries:
+            with vol.open(entry.path) as fh:
+                assert fh.read() == entry.path.split("/", 1)[1].encode()
+
+    def test_version_changes_when_file_rewritten(self, backend):
+        backend.write("f.bin", b"one")
+        before = list_files(backend.url).entries[0]
+        backend.settle()
+        if backend.name in ("local", "fuse"):
+            # Same size, new content: only the version (mtime) can tell.
+            path = os.path.join(backend.store_root, "f.bin")
+            backend.write("f.bin", b"two")
+            os.utime(path, ns=(before_ns := os.stat(path).st_mtime_ns + 5_000_000_000, before_ns))
+        else:
+            backend.write("f.bin", b"two")
+        backend.settle()
+        after = list_files(backend.url).entries[0]
+        assert after.size == before.size == 3
+        assert after.version != before.version
+
+    def test_missing_source_is_an_error(self, backend):
+        with pytest.raises(SourceNotFound) as info:
+            list_files(backend.url.rstrip("/") + "/does-not-exist")
+        assert "does-not-exist" in str(info.value)
+
+    def test_single_file_source(self, backend):
+        backend.write("only.bin", b"abc")
+        listing = list_files(backend.url.rstrip("/") + "/only.bin")
+        assert [(e.path, e.size) for e in listing.entries] == [("only.bin", 3)]
+        with listing.volume.open("only.bin") as fh:
+            assert fh.read() == b"abc"
+
+
+class TestResolve:
+    def test_volumes_path_maps_through_env(self, tmp_path, monkeypatch):
+        root = tmp_path / "vols"
+        (root / "main/ml/train").mkdir(parents=True)
+        (root / "main/ml/train/x.bin").write_bytes(b"x")
+        monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", str(root))
+        for source in ("/Volumes/main/ml/train", "dbfs:/Volumes/main/ml/train"):
+            vol = resolve(source)
+            assert vol.root == str(root / "main/ml/train")
+            assert vol.source == "/Volumes/main/ml/train"
+
+    def test_volumes_root_may_be_a_url(self, monkeypatch):
+        fs = fsspec.filesystem("memory")
+        fs.pipe("/vroot/c/s/v/f.bin", b"data")
+        monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", "memory://vroot")
+        listing = list_files("/Volumes/c/s/v")
+        assert [e.path for e in listing.entries] == ["f.bin"]
+        assert listing.volume.url.startswith("memory://")
+
+    def test_missing_volume_names_path_and_variable(self, tmp_path, monkeypatch):
+        monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", str(tmp_path))
+        with pytest.raises(SourceNotFound) as info:
+            resolve("/Volumes/main/ml/nope")
+        message = str(info.value)
+        assert "/Volumes/main/ml/nope" in message and "UCSTAGE_VOLUMES_ROOT" in message
+        assert str(tmp_path / "main/ml/nope") in message
+        monkeypatch.delenv("UCSTAGE_VOLUMES_ROOT")
+        with pytest.raises(SourceNotFound, match="UCSTAGE_VOLUMES_ROOT is not set"):
+            resolve("/Volumes/main/ml/nope")
+
+    def test_file_url_and_relative_path(self, tmp_path, monkeypatch):
+        (tmp_path / "d").mkdir()
+        assert resolve(f"file://{tmp_path}/d").root == str(tmp_path / "d")
+        monkeypatch.chdir(tmp_path)
+        assert resolve("d").root == str(tmp_path / "d")
+
+    def test_empty_source(self):
+        with pytest.raises(InvalidArgument):
+            resolve("  ")
+
+
+class TestSafety:
+    @pytest.mark.parametrize("bad", ["../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a/."])
+    def test_unsafe_relpaths_refused(self, bad):
+        with pytest.raises(UnsafePath):
+            safe_relpath(bad)
+
+    def test_dotdot_keys_in_s3_are_refused(self, moto):
+        fs = moto.filesystem()
+        fs.pipe_file("ucstage-test/evil/ok.bin", b"ok")
+        # S3 keys are opaque strings: a key may really contain "..".
+        fs.pipe_file("ucstage-test/evil/a/../../escape.bin", b"bad")
+        listing = list_files("s3://ucstage-test/evil")
+        names = [e.path for e in listing.entries]
+        assert "ok.bin" in names
+        assert not any(".." in n for n in names)
+        assert any(".." in path for path, _ in listing.refused)
+
+    def test_symlink_leaving_local_volume_is_refused(self, tmp_path):
+        outside = tmp_path / "secret.txt"
+        outside.write_text("secret")
+        vol = tmp_path / "vol"
+        (vol / "sub").mkdir(parents=True)
+        (vol / "ok.txt").write_text("ok")
+        (vol / "inner.txt").symlink_to(vol / "ok.txt")
+        (vol / "leak.txt").symlink_to(outside)
+        (vol / "sub" / "dirlink").symlink_to(tmp_path, target_is_directory=True)
+        listing = list_files(str(vol))
+        assert [e.path for e in listing.entries] == ["inner.txt", "ok.txt"]
+        refused = dict(listing.refused)
+        assert "leak.txt" in refused and "outside the volume" in refused["leak.txt"]
+        # A symlinked folder leaving the volume is neither descended nor listed:
+        # the exact entry list above has nothing under sub/dirlink.
+
+
+def test_glob_rules():
+    assert matches("a/b/c.jpg", "*.jpg")
+    assert not matches("a/b/c.jpg", "a/*.png")
+    assert matches("a/b/c.jpg", "a/*")  # fnmatch's * crosses / in path patterns
+    assert matches("x[1].bin", "x[[]1].bin")

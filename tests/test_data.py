@@ -1,0 +1,235 @@
+"""VolumeDataset and DataLoader in one process: laziness, pickling, read-ahead,
+equal length, DataLoader defaults, MLflow metrics in a sqlite tracking store."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ucstage import manifest as mf
+from ucstage.data import DataLoader, VolumeDataset
+from ucstage.errors import InvalidArgument
+from ucstage.sharding import equal_slot_files, slot_files
+from ucstage.volumes import FileEntry
+
+
+def write_files(root: str, n: int, size: int = 64) -> list[str]:
+    names = [f"d{i % 3}/f{i:03d}.bin" for i in range(n)]
+    for i, name in enumerate(names):
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(bytes([i % 256]) * size)
+    return sorted(names)
+
+
+def rel(ds: VolumeDataset, local: str) -> str:
+    root = ds.cache().namespace_dir(ds.freeze().volume())
+    return os.path.relpath(local, root).replace(os.sep, "/")
+
+
+def test_building_lists_nothing_and_iterating_lists_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "later")
+    ds = VolumeDataset(src, include=["*.bin"])  # the folder does not exist yet
+    assert ds.fingerprint is None
+    names = write_files(src, 5)
+    with open(os.path.join(src, "notes.txt"), "w") as fh:
+        fh.write("x")
+    got = [rel(ds, p) for p in ds]
+    assert got == names  # listing order, one process = one slot
+    frozen = ds.fingerprint
+    write_files(src, 8)  # the volume grows; the frozen listing does not
+    assert [rel(ds, p) for p in ds] == names and ds.fingerprint == frozen
+    for path in ds:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        assert len(data) == 64
+
+
+def test_pickle_is_small_for_100k_files_and_round_trips(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = tmp_path / "vol"
+    src.mkdir()
+    entries = [FileEntry(f"shard{i // 1000:03d}/img{i:06d}.jpg", 1000 + i, "1764403200.0")
+               for i in range(100_000)]
+    big = mf.Manifest(source=str(src), entries=entries, fingerprint=mf.fingerprint(entries))
+    path = mf.save(big, str(tmp_path / "train.manifest.json"))
+
+    unfrozen = VolumeDataset(str(src), include=["*.jpg"], shuffle=True, seed=3)
+    from_file = VolumeDataset(path, shuffle=True, seed=3)
+    from_file.freeze()
+    in_memory = VolumeDataset(big, shuffle=True, seed=3)
+    for ds in (unfrozen, from_file, in_memory):
+        blob = pickle.dumps(ds)
+        assert len(blob) < 2048, (ds, len(blob))
+    # The in-memory manifest was frozen into the cache, not pickled.
+    copy = pickle.loads(pickle.dumps(in_memory))
+    assert copy.fingerprint == big.fingerprint
+    assert copy._manifest_path and os.path.exists(copy._manifest_path)
+    copy.set_epoch(2)
+    in_memory.set_epoch(2)
+    slot = {"rank": 1, "world_size": 4, "num_workers": 3, "worker": 2}
+    assert copy.slot_entries(**slot) == in_memory.slot_entries(**slot)
+    assert len(copy.slot_entries(**slot)) == len(range(5, 100_000, 12))
+
+
+def test_read_ahead_fetches_the_next_files_of_the_slot(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "vol")
+    write_files(src, 10)
+    ds = VolumeDataset(src, read_ahead=3)
+    entries = ds.slot_entries(rank=0, world_size=1, num_workers=0, worker=0)
+    cache, volume = ds.cache(), ds.freeze().volume()
+    it = iter(ds)
+    first = next(it)
+    assert first == cache.lookup(volume, entries[0])
+    # Without asking for more, the next 3 files arrive in the cache...
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(cache.lookup(volume, e) for e in entries[1:4]):
+            break
+        time.sleep(0.02)
+    assert all(cache.lookup(volume, e) for e in entries[1:4])
+    # ...and no further: the window is 3 files deep.
+    assert cache.lookup(volume, entries[4]) is None
+    assert len([first, *it]) == 10
+
+    sync = VolumeDataset(str(tmp_path / "vol"), read_ahead=0, cache_dir=str(tmp_path / "c2"))
+    it = iter(sync)
+    next(it)
+    assert sync.cache().lookup(volume, entries[1]) is None
+
+
+@given(n=st.integers(0, 200), world=st.integers(1, 5), k=st.integers(0, 4),
+       seed=st.integers(0, 3), shuffle=st.booleans())
+def test_equal_length_gives_every_slot_the_same_count(n, world, k, seed, shuffle) -> None:  # type: ignore[no-untyped-def]
+    slots = [(r, w) for r in range(world) for w in range(max(1, k))]
+    kw = {"world_size": world, "num_workers": k, "shuffle": shuffle, "seed": seed}
+    pad = [equal_slot_files(n, rank=r, worker=w, mode="pad", **kw) for r, w in slots]
+    drop = [equal_slot_files(n, rank=r, worker=w, mode="drop", **kw) for r, w in slots]
+    plain = [slot_files(n, rank=r, worker=w, **kw) for r, w in slots]
+    s = len(slots)
+    if n:
+        assert {len(f) for f in pad} == {-(-n // s)}
+        assert sorted({i for f in pad for i in f}) == list(range(n))
+    assert {len(f) for f in drop} <= {n // s}
+    flat = [i for f in drop for i in f]
+    assert len(flat) == len(set(flat)) == (n // s) * s
+    # Both are the shard plan's slots, trimmed or extended.
+    for p, d, q in zip(pad, drop, plain, strict=True):
+        assert p[:len(q)] == q and d == q[:len(d)]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_dataloader_defaults_and_drop_in_arguments(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "vol")
+    names = write_files(src, 7)
+    ds = VolumeDataset(src)
+    default = DataLoader(ds)
+    assert (default.num_workers, default.prefetch_factor) == (6, 4)
+    main = DataLoader(ds, batch_size=None, num_workers=0)
+    assert main.prefetch_factor is None
+    positional = DataLoader(ds, 2, None, None, None, 0)  # num_workers given positionally
+    assert (positional.batch_size, positional.num_workers) == (2, 0)
+    assert sorted(rel(ds, p) for p in main) == names
+    batches = list(DataLoader(ds, batch_size=3, num_workers=2, prefetch_factor=1))
+    # An IterableDataset batches per worker: 4 + 3 files -> 2 + 1 batches.
+    assert sorted(len(b) for b in batches) == [1, 3, 3]
+    assert sorted(rel(ds, p) for b in batches for p in b) == names
+    with pytest.raises(InvalidArgument):
+        VolumeDataset(src, equal_length="sometimes")
+
+
+def test_wrapper_dataset_is_found_and_frozen_before_workers_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from torch.utils.data import IterableDataset
+
+    class Sizes(IterableDataset):  # type: ignore[type-arg]
+        def __init__(self, paths: VolumeDataset) -> None:
+            self.paths = paths
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for p in self.paths:
+                yield os.path.getsize(p)
+
+    src = str(tmp_path / "vol")
+    write_files(src, 6, size=10)
+    paths = VolumeDataset(src)
+    loader = DataLoader(Sizes(paths), batch_size=None, num_workers=2)
+    assert loader.volume_dataset is paths
+    assert sorted(loader) == [10] * 6
+    assert paths.fingerprint is not None  # frozen in the main process, once
+
+
+MLFLOW_SCRIPT = r"""
+import json, os, sys
+import mlflow
+from mlflow.tracking import MlflowClient
+from ucstage import DataLoader, VolumeDataset
+
+src, out = sys.argv[1], sys.argv[2]
+paths = VolumeDataset(src, shuffle=True)
+loader = DataLoader(paths, batch_size=2, num_workers=2, mlflow_flush_every=4)
+idle = DataLoader(paths, batch_size=2, num_workers=0)
+list(idle)  # no active run: nothing logged, stats still kept
+mlflow.set_experiment("ucstage-test")
+with mlflow.start_run() as run:
+    for epoch in range(2):
+        paths.set_epoch(epoch)
+        for batch in loader:
+            pass
+client = MlflowClient()
+names = sorted(client.get_run(run.info.run_id).data.metrics)
+history = {n: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, n)]
+           for n in names}
+json.dump({"names": names, "history": history, "idle_stats": len(idle.epoch_stats),
+           "stats": [s.batches for s in loader.epoch_stats],
+           "runs": len(client.search_runs([run.info.experiment_id]))}, open(out, "w"))
+"""
+
+
+def test_mlflow_metrics_land_in_a_sqlite_tracking_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    src = str(tmp_path / "vol")
+    write_files(src, 12)
+    script = tmp_path / "run.py"
+    script.write_text(MLFLOW_SCRIPT)
+    out = str(tmp_path / "out.json")
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db",
+               PYTHONPATH=os.getcwd())
+    proc = subprocess.run([sys.executable, str(script), src, out], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as fh:
+        got = json.load(fh)
+    prefix = "ucstage/"
+    assert got["names"] == sorted(prefix + n for n in (
+        "batch_wait_ms", "epoch_batches", "epoch_batches_per_s", "epoch_stall_share",
+        "epoch_wait_max_ms", "epoch_wait_p50_ms", "epoch_wait_p95_ms"))
+    # 12 files, 2 workers x 6 files, batch 2 -> 6 batches per epoch, 2 epochs.
+    waits = got["history"]["ucstage/batch_wait_ms"]
+    assert sorted(step for step, _ in waits) == list(range(12))
+    assert all(value >= 0 for _, value in waits)
+    for name in got["names"]:
+        if name != "ucstage/batch_wait_ms":
+            assert sorted(step for step, _ in got["history"][name]) == [0, 1], name
+    assert sorted(v for _, v in got["history"]["ucstage/epoch_batches"]) == [6, 6]
+    share = [v for _, v in got["history"]["ucstage/epoch_stall_share"]]
+    assert all(0 <= v <= 1 for v in share)
+    assert got["stats"] == [6, 6] and got["idle_stats"] == 1 and got["runs"] == 1
+
+
+def test_importing_the_library_and_cli_leaves_torch_and_mlflow_alone() -> None:
+    code = ("import sys, ucstage; from ucstage.cli import main; "
+            "bad = [m for m in ('torch', 'mlflow') if m in sys.modules]; print(bad)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "[]", proc.stderr
+    code = ("import sys; from ucstage import DataLoader, VolumeDataset; "
+            "print('mlflow' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip() == "False", proc.stderr

@@ -283,8 +283,8 @@ def list_files(
         name = posixpath.basename(root.rstrip("/"))
         parent = Volume(volume.source, fs, posixpath.dirname(root.rstrip("/")) if not volume.is_local
                         else os.path.dirname(root))
-        entries = [FileEntry(name, int(info.get("size") or 0), _version(info))]
-        return Listing(parent, [e for e in entries if _keep(e.path, include, exclude, True)])
+        single = FileEntry(name, int(info.get("size") or 0), _version(info))
+        return Listing(parent, [single] if _keep(name, include, exclude, True) else [])
     found = fs.find(root, withdirs=False, detail=True)
     prefix = root.rstrip("/") + "/"
     escape = _EscapeCheck(root) if volume.is_local else None

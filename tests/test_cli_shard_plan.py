@@ -1,0 +1,177 @@
+"""`ucstage` basics and `ucstage shard-plan`, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ucstage import __version__
+from ucstage.cli import cli
+from ucstage.manifest import save, snapshot
+
+
+def run(*args: str, input: str | None = None):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False, input=input)
+
+
+@pytest.fixture
+def vol(tmp_path):
+    root = tmp_path / "vol"
+    root.mkdir()
+    for i in range(23):
+        (root / f"f{i:02d}.bin").write_bytes(b"x" * (i + 1))
+    (root / "_SUCCESS").write_bytes(b"")
+    return str(root)
+
+
+def _commands(group: click.Group, prefix: str = ""):
+    for name, cmd in group.commands.items():
+        yield prefix + name, cmd
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + name + " ")
+
+
+def test_every_command_has_help_with_an_example():
+    names = [name for name, _ in _commands(cli)]
+    assert "shard-plan" in names
+    for name, cmd in _commands(cli):
+        assert cmd.help and len(cmd.help) > 40, f"{name} has no real help text"
+        if not isinstance(cmd, click.Group):
+            assert "Example" in cmd.help, f"{name} help has no example"
+        result = run(*name.split(), "--help")
+        assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_version_and_python_m():
+    assert run("--version").output.strip() == f"ucstage, version {__version__}"
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "--help"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and "shard-plan" in proc.stdout
+
+
+def test_help_does_not_import_heavy_dependencies():
+    code = ("import sys; from ucstage.cli import cli; "
+            "print(sorted(m for m in ('torch', 'pyspark', 'mlflow', 'deltalake') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_consistent_plan_human_output(vol):
+    result = run("shard-plan", vol, "-w", "2", "-k", "3", "--batch-size", "4")
+    assert result.exit_code == 0, result.output
+    assert "23 (" in result.output and "6 slots" in result.output
+    assert "every file is read exactly once" in result.output
+
+
+def test_json_contract(vol):
+    result = run("shard-plan", vol, "-w", "2", "-k", "3", "--batch-size", "2", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    for key in ("world_size", "num_workers", "fingerprint", "slots", "duplicated", "skipped",
+                "batches", "summary", "ranks"):
+        assert key in data
+    assert data["world_size"] == 2 and data["num_workers"] == [3, 3]
+    assert [(s["rank"], s["worker"]) for s in data["slots"]] == [(r, w) for r in range(2) for w in range(3)]
+    assert data["slots"][0]["files"] == ["f00.bin", "f06.bin", "f12.bin", "f18.bin"]
+    assert data["slots"][0]["bytes"] == 1 + 7 + 13 + 19
+    assert sorted(f for s in data["slots"] for f in s["files"]) == [f"f{i:02d}.bin" for i in range(23)]
+    assert data["duplicated"] == [] and data["skipped"] == []
+    # files per worker: rank 0 -> 4,4,4 ; rank 1 -> 4,4,3 ; batches of 2
+    assert data["batches"] == [6, 6]
+    assert data["fingerprint"] == snapshot(vol).fingerprint
+
+
+def test_mismatch_names_duplicates_and_skips_and_exits_1(vol):
+    result = run("shard-plan", vol, "-w", "2", "-k", "3,2", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["num_workers"] == [3, 2] and not data["consistent"]
+    reads: dict[str, int] = {}
+    for s in data["slots"]:
+        for f in s["files"]:
+            reads[f] = reads.get(f, 0) + 1
+    assert data["duplicated"] == sorted(f for f, c in reads.items() if c > 1)
+    assert data["skipped"] == sorted({f"f{i:02d}.bin" for i in range(23)} - set(reads))
+    human = run("shard-plan", vol, "-w", "2", "-k", "3,2")
+    assert human.exit_code == 1
+    assert f"{len(data['duplicated'])} files are read twice or more" in human.output
+    assert data["duplicated"][0] in human.output
+
+
+def test_unequal_batches_warn_and_exit_1(vol):
+    # 23 files over 4 slots of one worker: 6,6,6,5 files -> with B=3 ranks get 2,2,2,2;
+    # with B=2 they get 3,3,3,3; with B=6: 1,1,1,1; use B=5: 2,2,2,1.
+    result = run("shard-plan", vol, "-w", "4", "-k", "0", "--batch-size", "5")
+    assert result.exit_code == 1
+    assert "different batch counts" in result.output
+
+
+def test_slot_prints_files_in_read_order(vol, tmp_path):
+    result = run("shard-plan", vol, "-w", "2", "-k", "2", "--slot", "1:1")
+    assert result.exit_code == 0
+    assert result.stdout.split() == [f"f{i:02d}.bin" for i in range(3, 23, 4)]
+    shuffled = json.loads(run("shard-plan", vol, "-w", "2", "-k", "2", "--shuffle", "--seed", "3",
+                              "--slot", "0:0", "--json").output)
+    assert shuffled["rank"] == 0 and len(shuffled["files"]) == 6
+    assert shuffled["files"] != [f"f{i:02d}.bin" for i in range(0, 23, 4)]
+
+
+def test_manifest_as_source_and_option(vol, tmp_path):
+    path = save(snapshot(vol), tmp_path / "m.json")
+    os.remove(os.path.join(vol, "f00.bin"))
+    for args in ([str(path)], ["--manifest", str(path)]):
+        data = json.loads(run("shard-plan", *args, "-w", "1", "-k", "1", "--json").output)
+        assert data["slots"][0]["files"][0] == "f00.bin"
+
+
+def test_large_plan_stays_readable(tmp_path):
+    root = tmp_path / "big"
+    root.mkdir()
+    for i in range(300):
+        (root / f"{i:04d}").write_bytes(b"")
+    result = run("shard-plan", str(root), "-w", "64", "-k", "6")
+    assert result.exit_code == 0
+    assert len(result.output.splitlines()) < 40
+    assert "more" in result.output
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["-w", "0", "-k", "1"], "world size must be at least 1"),
+    (["-w", "2", "-k", "-1"], "num_workers must be 0 or more"),
+    (["-w", "3", "-k", "1,2"], "lists 2 values but --world-size is 3"),
+    (["-w", "2", "-k", "x"], "comma list of integers"),
+    (["-w", "2", "-k", "2", "--slot", "9:0"], "no slot 9:0"),
+    (["-w", "2", "-k", "2", "--slot", "zero"], "RANK:WORKER"),
+])
+def test_bad_input_exits_2_with_one_line(vol, args, needle):
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", vol, *args],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[0].startswith("error:")
+
+
+def test_missing_empty_and_malformed_sources_exit_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.json").write_text('{"format": "ucstage.manifest", "format_version": 1, "files": 3}')
+    cases = {str(tmp_path / "nope"): "does not exist", str(tmp_path / "empty"): "no files to read",
+             str(tmp_path / "bad.json"): "malformed"}
+    for source, needle in cases.items():
+        proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", source, "-w", "1",
+                               "-k", "1"], capture_output=True, text=True)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "--debug", "shard-plan",
+                           str(tmp_path / "nope"), "-w", "1", "-k", "1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr

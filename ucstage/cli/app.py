@@ -8,6 +8,7 @@ import traceback
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from .. import __version__
 from ..errors import UcstageError
@@ -26,9 +27,10 @@ class UcstageGroup(click.Group):
         except UcstageError as exc:
             if debug:
                 traceback.print_exc()
-            err.print(f"[bold red]error:[/] {exc.message}", markup=True)
+            # escape(): messages and hints hold paths and `pip install 'x[extra]'`.
+            err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
             if exc.hint:
-                err.print(f"[dim]hint:[/] {exc.hint}", markup=True)
+                err.print(f"[dim]hint:[/] {escape(exc.hint)}", markup=True)
             sys.exit(exc.exit_code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
@@ -38,7 +40,8 @@ class UcstageGroup(click.Group):
         except Exception as exc:
             if debug:
                 traceback.print_exc()
-            err.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {exc}", markup=True)
+            err.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}",
+                      markup=True)
             if not debug:
                 err.print("[dim]hint:[/] rerun with --debug for the traceback, and report it",
                           markup=True)

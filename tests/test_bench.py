@@ -1,0 +1,329 @@
+"""``ucstage bench`` on real parts: an rclone FUSE mount and a moto S3 server.
+
+No test asserts on wall-clock speed (shared machines are noisy); they check
+what was counted, what was left on disk, and what the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from tests.common.parts import rclone_mount
+from tests.conftest import unique
+from ucstage import bench, snapshot
+from ucstage.bench import RunResult, recommend, sample
+from ucstage.cli import cli
+from ucstage.errors import FetchFailed
+from ucstage.volumes import FileEntry
+
+SIZES = [0, 1, 4096, 100_000, 300_000, 1_500_000, 5_000_000, 65_536]
+
+
+def _write_tree(root: str, sizes: list[int] = SIZES) -> dict[str, int]:
+    """Files of mixed sizes (an empty one, one spanning buffers) in two folders."""
+    written = {}
+    for i, size in enumerate(sizes):
+        rel = f"{'a' if i % 2 else 'b'}/f{i:02d}.bin"
+        os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "wb") as fh:
+            fh.write(os.urandom(size))
+        written[rel] = size
+    return written
+
+
+@pytest.fixture
+def fuse_tree(fuse_volume: tuple[str, str]) -> tuple[str, dict[str, int]]:
+    """(path through the FUSE mount, {relpath: size}) of a fresh tree."""
+    backing, mnt = fuse_volume
+    key = unique("bench")
+    written = _write_tree(os.path.join(backing, key))
+    source = os.path.join(mnt, key)
+    deadline = time.monotonic() + 10  # the mount's directory cache lasts about a second
+    while len(snapshot_or_none(source)) < len(written) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return source, written
+
+
+def snapshot_or_none(source: str) -> list[FileEntry]:
+    try:
+        return list(snapshot(source).entries)
+    except Exception:
+        return []
+
+
+def _leftovers(folder: str) -> list[str]:
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def _user_cache_untouched() -> None:
+    root = os.environ["UCSTAGE_CACHE_DIR"]
+    assert _leftovers(root) == [], f"bench wrote into the user's cache {root}"
+
+
+@pytest.mark.fuse
+def test_every_mode_and_worker_count_counts_every_byte(fuse_tree, tmp_path) -> None:
+    source, written = fuse_tree
+    scratch = str(tmp_path / "scratch")
+    seen: list[bench.Progress] = []
+    report = bench.run(snapshot(source), workers=[1, 2, 3], modes=["warm", "direct", "cold"],
+                       scratch_dir=scratch, progress=seen.append)
+
+    assert report.modes == ["direct", "cold", "warm"]  # warm needs cold's cache: measured last
+    assert [(r.mode, r.workers) for r in report.results] == [
+        (m, k) for m in ("direct", "cold", "warm") for k in (1, 2, 3)]
+    total = sum(written.values())
+    assert (report.sample_files, report.sample_bytes) == (len(written), total)
+    for r in report.results:
+        assert (r.files, r.bytes, r.complete) == (len(written), total, True), r
+        assert r.seconds > 0 and r.mb_per_s > 0 and r.files_per_s > 0
+        assert 0 < r.p50_ms <= r.p95_ms <= r.p99_ms
+    rec = report.recommendation
+    assert rec.mode == "cold" and rec.workers in (1, 2, 3)
+    assert set(rec.by_mode) == {"direct", "cold", "warm"}
+    assert rec.warm_vs_direct is not None and rec.warm_vs_direct > 0
+    assert rec.bottleneck in ("volume", "local")
+    # Progress reached the end of every run, from the calling thread.
+    finals = {(p.mode, p.workers): p for p in seen if p.phase == "run"}
+    assert all(p.files_done == p.files_total == len(written) for p in finals.values())
+    assert _leftovers(scratch) == []
+    _user_cache_untouched()
+
+
+@pytest.mark.s3
+def test_direct_and_cold_from_s3(moto, tmp_path) -> None:
+    key = unique("bench")
+    fs = moto.filesystem()
+    sizes = {f"d/f{i}.bin": size for i, size in enumerate([10, 200_000, 4_500_000])}
+    for rel, size in sizes.items():
+        fs.pipe_file(f"ucstage-test/{key}/{rel}", os.urandom(size))
+    report = bench.run(snapshot(f"s3://ucstage-test/{key}"), workers=[1, 2],
+                       modes=["direct", "cold", "warm"], scratch_dir=str(tmp_path))
+    assert len(report.results) == 6
+    for r in report.results:
+        assert (r.files, r.bytes) == (3, sum(sizes.values())), r
+    assert _leftovers(str(tmp_path)) == []
+
+
+@pytest.mark.fuse
+def test_cli_json_schema_and_plot(fuse_tree, tmp_path) -> None:
+    from PIL import Image
+
+    source, written = fuse_tree
+    png = tmp_path / "out" / "bench.png"
+    result = CliRunner().invoke(
+        cli, ["bench", source, "--workers", "1,2", "--json", "--plot", str(png),
+              "--scratch-dir", str(tmp_path / "scratch")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for key in ("format", "format_version", "source", "sample", "modes", "workers", "results",
+                "recommended_workers", "recommended_mode", "recommended_by_mode", "best",
+                "speedup_warm_vs_direct", "speedup_cold_vs_direct", "bottleneck",
+                "stopped_early", "max_seconds", "seconds", "notes", "plot"):
+        assert key in data, key
+    assert data["format"] == "ucstage.bench" and data["format_version"] == 1
+    assert data["sample"]["files"] == len(written) and data["sample"]["by"] == "all"
+    assert len(data["results"]) == 6
+    for row in data["results"]:
+        assert set(row) >= {"mode", "workers", "files", "bytes", "seconds", "files_per_s",
+                            "mb_per_s", "p50_ms", "p95_ms", "p99_ms", "complete"}
+        assert row["bytes"] == sum(written.values())
+    assert data["recommended_workers"] in (1, 2)
+    raw = png.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(png) as image:
+        image.verify()
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size[0] >= 400 and image.size[1] >= 300
+    assert _leftovers(str(tmp_path / "scratch")) == []
+
+
+@pytest.mark.fuse
+def test_cli_table_and_recommendation(fuse_tree, tmp_path) -> None:
+    source, _ = fuse_tree
+    result = CliRunner().invoke(cli, ["bench", source, "-w", "1,2", "-m", "direct,warm",
+                                      "--scratch-dir", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "mode" in out and "MB/s" in out and "p99 ms" in out
+    assert "→ use" in out and "(direct)" in out and "warm cache vs direct" in out
+    assert _leftovers(str(tmp_path)) == []
+
+
+def test_files_sample_is_deterministic_and_in_listing_order() -> None:
+    entries = [FileEntry(f"x/{i:04d}.bin", 1000 + i, "v") for i in range(500)]
+    first = sample(entries, files=40, seed=0)
+    assert first == sample(entries, files=40, seed=0)
+    assert len(first) == 40 and len(set(first)) == 40
+    assert first == sorted(first, key=lambda e: e.path)  # listing order, not rank order
+    assert first != sample(entries, files=40, seed=1)
+    # A bigger sample extends a smaller one: the same ranking, cut later.
+    assert set(first) <= set(sample(entries, files=80, seed=0))
+    # Independent of where the volume is listed from: only paths and the seed matter.
+    assert set(sample(list(reversed(entries)), files=40)) == set(first)
+    by_bytes = sample(entries, max_bytes=50_000)
+    assert sum(e.size for e in by_bytes) >= 50_000
+    assert sum(e.size for e in by_bytes) - max(e.size for e in by_bytes) < 50_000 or \
+        len(by_bytes) == 1
+    assert sample(entries) == entries
+
+
+@pytest.mark.fuse
+def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
+    source, written = fuse_tree
+    args = ["bench", source, "--files", "3", "-w", "2", "-m", "direct", "--json", "--seed", "7"]
+    runs = []
+    for _ in range(2):
+        result = CliRunner().invoke(cli, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        runs.append(json.loads(result.stdout))
+    expected = sample(snapshot(source).entries, files=3, seed=7)
+    for data in runs:
+        assert data["sample"] == {"files": 3, "bytes": sum(e.size for e in expected),
+                                  "listed_files": len(written),
+                                  "listed_bytes": sum(written.values()), "by": "files",
+                                  "seed": 7}
+        assert data["results"][0]["bytes"] == sum(e.size for e in expected)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "0"], "--workers must be positive whole numbers"),
+    (["--workers", "a"], "--workers must be positive whole numbers"),
+    (["--workers", "1,,2"], "--workers must be positive whole numbers"),
+    (["--modes", "direct,fast"], "unknown mode 'fast'"),
+    (["--files", "0"], "--files must be at least 1"),
+    (["--files", "2", "--sample-bytes", "1M"], "give --files or --sample-bytes, not both"),
+    (["--sample-bytes", "lots"], "cannot read size 'lots'"),
+    (["--max-seconds", "0"], "--max-seconds must be positive"),
+    (["--plot", "chart.jpg"], "--plot writes a PNG"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
+    (tmp_path / "f.bin").write_bytes(b"x" * 10)
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path), *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert not any(name.startswith("ucstage-bench-") for name in os.listdir(tmp_path))
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch) -> None:
+    (tmp_path / "f.bin").write_bytes(b"x" * 10)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path), "--plot", str(tmp_path / "c.png")])
+    assert result.exit_code == 2
+    assert "--plot needs matplotlib" in result.stderr
+    assert "pip install 'ucstage[plot]'" in result.stderr
+
+
+def test_read_error_removes_the_temporary_cache(tmp_path) -> None:
+    src, scratch = tmp_path / "src", tmp_path / "scratch"
+    written = _write_tree(str(src))
+    listing = snapshot(str(src))
+    os.unlink(src / next(iter(written)))  # listed, then gone: the read fails
+    with pytest.raises(FetchFailed):
+        bench.run(listing, workers=[2], modes=["cold", "warm"], scratch_dir=str(scratch))
+    assert _leftovers(str(scratch)) == []
+    _user_cache_untouched()
+
+
+def test_interrupt_removes_the_temporary_cache(tmp_path) -> None:
+    src, scratch = tmp_path / "src", tmp_path / "scratch"
+    _write_tree(str(src))
+    seen: list[str] = []
+
+    def interrupt(p: bench.Progress) -> None:
+        seen.append(p.mode)
+        if p.mode == "cold":
+            assert _leftovers(str(scratch)) != []  # the cache exists while it runs
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(snapshot(str(src)), workers=[1], modes=["cold", "warm"],
+                  scratch_dir=str(scratch), progress=interrupt)
+    assert seen == ["cold"]
+    assert _leftovers(str(scratch)) == []
+
+
+@pytest.mark.fuse
+def test_ctrl_c_on_the_command_stops_cleanly(tmp_path) -> None:
+    """A real SIGINT to `ucstage bench` reading a throttled FUSE mount."""
+    backing, mnt, scratch = tmp_path / "backing", tmp_path / "mnt", tmp_path / "scratch"
+    _write_tree(str(backing), [256 * 1024] * 24)
+    with rclone_mount(str(backing), str(mnt), "--bwlimit", "512k"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ucstage", "bench", str(mnt), "-w", "1", "-m", "cold,warm",
+             "--scratch-dir", str(scratch)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not any(os.scandir(scratch)) if scratch.exists() else True:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the bench never made its cache"
+                time.sleep(0.05)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert _leftovers(str(scratch)) == []
+
+
+@pytest.mark.fuse
+def test_max_seconds_bounds_the_run_and_marks_cut_runs(tmp_path) -> None:
+    backing, mnt, scratch = tmp_path / "backing", tmp_path / "mnt", tmp_path / "scratch"
+    _write_tree(str(backing), [128 * 1024] * 16)
+    with rclone_mount(str(backing), str(mnt), "--bwlimit", "256k"):
+        report = bench.run(snapshot(str(mnt)), workers=[1, 2], modes=["direct", "cold", "warm"],
+                           max_seconds=1.5, scratch_dir=str(scratch))
+    assert report.stopped_early
+    assert any(not r.complete for r in report.results)
+    for r in report.results:
+        assert r.bytes == r.files * 128 * 1024  # only whole files are counted
+    assert _leftovers(str(scratch)) == []
+
+
+def _r(mode: str, workers: int, mb: float) -> RunResult:
+    return RunResult(mode, workers, 10, int(mb * 1e6), 1.0, 10.0, mb, 1.0, 2.0, 3.0, True)
+
+
+def test_recommendation_is_the_fewest_workers_within_10_percent() -> None:
+    results = [_r("direct", 1, 50), _r("direct", 2, 95), _r("direct", 4, 100),
+               _r("direct", 8, 98), _r("cold", 1, 40), _r("cold", 4, 81), _r("cold", 8, 89),
+               _r("warm", 1, 900), _r("warm", 8, 1000)]
+    rec = recommend(results)
+    assert rec.by_mode == {"direct": 2, "cold": 4, "warm": 1}
+    assert (rec.mode, rec.workers, rec.best_workers, rec.best_mb_per_s) == ("cold", 4, 8, 89)
+    assert rec.warm_vs_direct == pytest.approx(10.0)
+    assert rec.cold_vs_direct == pytest.approx(0.89)
+    assert rec.bottleneck == "volume"
+    local = recommend([_r("direct", 1, 1000), _r("warm", 1, 1100)])
+    assert (local.mode, local.bottleneck) == ("direct", "local")
+    assert recommend([]).workers is None
+
+
+@pytest.mark.fuse
+def test_loader_mode_reads_every_file_through_dataloader_workers(fuse_tree, tmp_path) -> None:
+    pytest.importorskip("torch")
+    source, written = fuse_tree
+    scratch = str(tmp_path / "scratch")
+    report = bench.run(snapshot(source), workers=[1, 2], modes=["loader"], batch_size=3,
+                       scratch_dir=scratch)
+    assert [(r.mode, r.workers) for r in report.results] == [("loader", 1), ("loader", 2)]
+    for r in report.results:
+        assert (r.files, r.bytes, r.complete) == (len(written), sum(written.values()), True)
+        assert 0 < r.p50_ms <= r.p99_ms
+    assert report.recommendation.mode == "loader" and report.batch_size == 3
+    assert _leftovers(scratch) == []
+    _user_cache_untouched()

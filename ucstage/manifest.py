@@ -104,7 +104,8 @@ def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(manifest.to_json(), fh, ensure_ascii=False, separators=(",", ":"))
+            # One dumps() + write is several times faster than dump()'s many small writes.
+            fh.write(json.dumps(manifest.to_json(), ensure_ascii=False, separators=(",", ":")))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -148,7 +149,9 @@ def load(path: str | os.PathLike[str]) -> Manifest:
             f"this ucstage reads version {FORMAT_VERSION}"
         )
     try:
-        entries = [FileEntry(str(p), int(s), str(v)) for p, s, v in data["files"]]
+        entries = [FileEntry(p, s, v) for p, s, v in data["files"]]
+        if not all(type(p) is str and type(s) is int and type(v) is str for p, s, v in entries):
+            raise TypeError("every file must be [path, size, version]")
         source = str(data["source"])
         expected = str(data["fingerprint"])
     except (KeyError, TypeError, ValueError) as exc:

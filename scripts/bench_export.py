@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""Benchmark ``ucstage export`` against the seed recipe on the same Spark Connect server.
+
+    .venv/bin/python scripts/bench_export.py [--rows 5000000] [--workdir /tmp/x]
+
+Writes a Delta table with deltalake, starts ucstage's embedded Spark Connect
+server (timing its start-up and first query), then on that one server:
+
+1. warm-up: the seed recipe once, untimed (JIT, file cache);
+2. the seed recipe by hand: ``spark.read.parquet(*live_files).write.mode("overwrite")
+   .parquet(dest)`` with the live files from delta-rs;
+3. ``export_table(..., compression="snappy", force=True)`` -- the seed's codec,
+   so the ratio is ucstage's overhead: snapshot, schema, staging, footer
+   verification, manifest, swap;
+   steps 2 and 3 alternate ``--repeat`` times (default 3): run 1 is the
+   one-run ratio, the median is the steadier figure;
+4. ``export_table(...)`` with the default zstd, for reference, and a rerun
+   that finds the table unchanged.
+
+Prints a Markdown table for docs/benchmarks.md ("## Export"). The machine is
+shared and noisy, so read the ratios, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+
+def make_table(path: str, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+
+    ids = pa.array(range(rows), pa.int64())
+    table = pa.table({
+        "id": ids,
+        "text": pc.binary_join_element_wise("row ", pc.cast(ids, pa.string()), ""),
+        "score": pc.divide(pc.cast(ids, pa.float64()), 7.0),
+        "label": pc.cast(pc.bit_wise_and(ids, 7), pa.int32()),
+    })
+    half = rows // 2
+    write_deltalake(path, table.slice(0, half))
+    write_deltalake(path, table.slice(half), mode="append")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="alternating seed/ucstage pairs after one warm-up (default 3)")
+    args = parser.parse_args()
+
+    from ucstage import spark as ucspark
+    from ucstage.delta import snapshot
+    from ucstage.export import export_table
+
+    work = args.workdir or tempfile.mkdtemp(prefix="ucstage-bench-export-")
+    table = os.path.join(work, "table")
+    shutil.rmtree(table, ignore_errors=True)
+    t0 = time.monotonic()
+    make_table(table, args.rows)
+    print(f"delta table: {args.rows:,} rows in {time.monotonic() - t0:.1f} s at {table}",
+          file=sys.stderr)
+
+    os.environ.pop("SPARK_REMOTE", None)
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    session = ucspark.get_session()
+    ready = time.monotonic() - t0
+    server = ucspark.embedded_server()
+    assert server is not None and server.startup_seconds is not None
+    t0 = time.monotonic()
+    session.range(1).collect()
+    first_query = time.monotonic() - t0
+
+    files = snapshot(table).files
+    seed_dest = os.path.join(work, "seed")
+
+    def seed() -> float:
+        t = time.monotonic()
+        session.read.parquet(*files).write.mode("overwrite").parquet(seed_dest)
+        return time.monotonic() - t
+
+    seed()  # warm-up
+    ucs_dest = os.path.join(work, "ucstage")
+    pairs: list[tuple[float, float]] = []
+    res = None
+    for _ in range(args.repeat):
+        # Alternate the two, so drift in the machine's load hits both alike.
+        seed_s = seed()
+        res = export_table(table, ucs_dest, compression="snappy", force=True)
+        pairs.append((seed_s, res.seconds))
+    assert res is not None
+    res_z = export_table(table, os.path.join(work, "ucstage-zstd"), force=True)
+    skip = export_table(table, os.path.join(work, "ucstage-zstd"))
+    assert skip.skipped_unchanged
+
+    def size(folder: str) -> int:
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
+                   for f in fs)
+
+    seed_med = statistics.median(p[0] for p in pairs)
+    ucs_med = statistics.median(p[1] for p in pairs)
+    print(f"rows: {res.row_count:,}; {len(files)} live files; load average before: "
+          f"{load:.2f}; {os.cpu_count()} cores")
+    print("| step | seconds | output |\n|---|---:|---:|")
+    print(f"| embedded server: port open | {server.startup_seconds:.1f} | |")
+    print(f"| embedded server: session ready (incl. port) | {ready:.1f} | |")
+    print(f"| first query | {first_query:.1f} | |")
+    for i, (a, b) in enumerate(pairs, 1):
+        print(f"| run {i}: seed recipe / ucstage export (snappy) | {a:.2f} / {b:.2f} | "
+              f"ratio {b / a:.2f}x |")
+    print(f"| median: seed recipe (snappy) | {seed_med:.2f} | {size(seed_dest) / 1e6:.0f} MB |")
+    print(f"| median: ucstage export (snappy) | {ucs_med:.2f} | "
+          f"{res.manifest['bytes'] / 1e6:.0f} MB |")
+    print(f"| ucstage export (zstd, the default) | {res_z.seconds:.2f} | "
+          f"{res_z.manifest['bytes'] / 1e6:.0f} MB |")
+    print(f"| ucstage export rerun, unchanged (skipped) | {skip.seconds:.3f} | |")
+    print(f"\nratio ucstage/seed: run 1 {pairs[0][1] / pairs[0][0]:.2f}x, median "
+          f"{ucs_med / seed_med:.2f}x (target <= 1.15x)")
+    ucspark.stop_embedded()
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,8 +118,9 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
         )
         for label, indices in (("read twice+", p.duplicated), ("never read", p.skipped)):
             for i in indices[:EXAMPLES]:
-                readers = ", ".join(f"{r}:{w}" for r, w in p.readers(i)) or "no slot"
-                console.print(f"  {label:<11} {paths[i]}  [dim]({readers})[/]")
+                readers = " and ".join(f"{r}:{w}" for r, w in p.readers(i))
+                by = f"  [dim](by rank:worker {readers})[/]" if readers else ""
+                console.print(f"  {label:<11} {paths[i]}{by}")
             if len(indices) > EXAMPLES:
                 console.print(f"  {'':<11} [dim]… and {len(indices) - EXAMPLES:,} more (--json lists all)[/]")
         console.print("  fix: pass the same num_workers to the DataLoader on every rank")

@@ -209,6 +209,7 @@ class LocalCache:
         # lookup skip the xattr read; any rewrite changes ino or ctime.
         self._memo: dict[str, tuple[int, int, int, str]] = {}
         self._lock = threading.Lock()
+        self._inflight = 0
 
     # -- layout -----------------------------------------------------------
 
@@ -332,7 +333,7 @@ class LocalCache:
             hit = self.lookup(volume, entry)
             if hit is not None:
                 return hit, False
-            self._make_room(entry.size, rel)
+            reserved = self._make_room(entry.size, rel)
             folder = os.path.dirname(local)
             os.makedirs(folder, mode=0o700, exist_ok=True)
             stripe = int(os.path.basename(lock_path)[:4])
@@ -349,6 +350,7 @@ class LocalCache:
                 os.replace(tmp, local)
             except OSError as exc:
                 _unlink(tmp)
+                self._release(reserved, -reserved)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise CacheFull(
                         f"no space left in the cache folder {ns_dir}: {rel} needs "
@@ -357,8 +359,9 @@ class LocalCache:
                 raise
             except BaseException:
                 _unlink(tmp)
+                self._release(reserved, -reserved)
                 raise
-            self._ledger_add(copied.size - old)
+            self._release(reserved, copied.size - old - reserved)
         return local, True
 
     def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int = 8,
@@ -471,6 +474,11 @@ class LocalCache:
         with self._ledger_lock():
             self._ledger_write(self._ledger_read() + delta)
 
+    def _release(self, reserved: int, ledger_delta: int) -> None:
+        with self._lock:
+            self._inflight -= reserved
+        self._ledger_add(ledger_delta)
+
     def _walk(self, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
         for ns_dir in ns_dirs:
             lock_dir = self._lock_dir(ns_dir)
@@ -495,24 +503,30 @@ class LocalCache:
                             yield _Cached(st.st_atime_ns, st.st_size, d.path,
                                           stripe_path(lock_dir, prefix + d.name))
 
-    def _make_room(self, need: int, rel: str) -> None:
+    def _make_room(self, need: int, rel: str) -> int:
+        """Under a cap, evict until ``need`` fits and reserve it in the ledger
+        (so concurrent fetches see each other); return the bytes reserved."""
         cap = self.max_bytes
         if cap is None:
-            return
+            return 0
         if need > cap:
             raise CacheFull(f"{rel} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(cap)}", hint="raise --max-bytes / max_bytes")
         with self._ledger_lock():
-            if self._ledger_read() + need <= cap:
-                return
-            low = int(cap * _LOW_WATER) - need
-            used = self._evict_lru(low if low >= 0 else cap - need)
+            used = self._ledger_read()
+            if used + need > cap:
+                low = int(cap * _LOW_WATER) - need
+                used = self._evict_lru(low if low >= 0 else cap - need)
             if used + need > cap:
                 raise CacheFull(
                     f"the cache cap {format_bytes(cap)} is full of files handed to readers in "
                     f"the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); {rel} "
                     f"needs {format_bytes(need)}",
                     hint="raise --max-bytes, or read fewer files at once")
+            self._ledger_write(used + need)
+        with self._lock:
+            self._inflight += need
+        return need
 
     def _evict_lru(self, target: int) -> int:
         """Evict least recently used, unleased files until usage <= target.
@@ -521,7 +535,10 @@ class LocalCache:
         the ledger to it (the walk is the truth).
         """
         found = sorted(self._walk(self._namespaces(None)), key=lambda c: c.atime_ns)
-        used = sum(c.size for c in found)
+        # This process's copies in flight are reserved but not on disk yet;
+        # other processes' reservations are forgotten here, which is why usage
+        # may pass the cap by at most the files in flight.
+        used = sum(c.size for c in found) + self._inflight
         cutoff = time.time_ns() - self.lease_ns
         for c in found:
             if used <= target or c.atime_ns > cutoff:

@@ -31,7 +31,8 @@
 #   UCSTAGE_REMOTE_URL       s3://BUCKET, for s3fs/ucstage through the same link
 #   UCSTAGE_REMOTE_ENDPOINT  http://10.203.N.2:PORT
 #   UCSTAGE_REMOTE_RCLONE    the rclone remote (":s3:BUCKET"; RCLONE_S3_* are set)
-#   AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... so s5cmd, boto and s3fs reach moto.
+#   AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ... so boto and s3fs reach moto. s5cmd
+#   ignores AWS_ENDPOINT_URL: always pass it --endpoint-url "$AWS_ENDPOINT_URL".
 #
 # Needs root (ip netns, tc), iproute2, rclone, fuse3, moto[server] and s5cmd
 # (both in .venv/bin; override with MOTO_SERVER=... S5CMD=...).
@@ -222,7 +223,7 @@ cat <<EOF
 The volume is up until you press Ctrl-C. In another shell:
   export AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing
   ucstage bench $mnt/small --files 500 --plot bench.png
-  s5cmd cp 's3://$bucket/small/*' /tmp/copy/
+  s5cmd --endpoint-url $AWS_ENDPOINT_URL cp 's3://$bucket/small/*' /tmp/copy/
 EOF
 sleep infinity &
 wait $!

@@ -177,16 +177,22 @@ loader = DataLoader(paths, batch_size=2, num_workers=2, mlflow_flush_every=4)
 idle = DataLoader(paths, batch_size=2, num_workers=0)
 list(idle)  # no active run: nothing logged, stats still kept
 mlflow.set_experiment("ucstage-test")
+coarse = DataLoader(paths, batch_size=2, num_workers=0, mlflow_prefix="coarse",
+                    mlflow_step_every=4)
 with mlflow.start_run() as run:
     for epoch in range(2):
         paths.set_epoch(epoch)
         for batch in loader:
             pass
+        list(coarse)
+    loader.flush_metrics()  # metrics are written in the background
+    coarse.flush_metrics()
 client = MlflowClient()
-names = sorted(client.get_run(run.info.run_id).data.metrics)
+names = sorted(n for n in client.get_run(run.info.run_id).data.metrics if n.startswith("ucstage/"))
+coarse_steps = [m.step for m in client.get_metric_history(run.info.run_id, "coarse/batch_wait_ms")]
 history = {n: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, n)]
            for n in names}
-json.dump({"names": names, "history": history, "idle_stats": len(idle.epoch_stats),
+json.dump({"names": names, "coarse_steps": sorted(coarse_steps), "history": history, "idle_stats": len(idle.epoch_stats),
            "stats": [s.batches for s in loader.epoch_stats],
            "runs": len(client.search_runs([run.info.experiment_id]))}, open(out, "w"))
 """
@@ -222,6 +228,8 @@ def test_mlflow_metrics_land_in_a_sqlite_tracking_store(tmp_path) -> None:  # ty
     share = [v for _, v in got["history"]["ucstage/epoch_stall_share"]]
     assert all(0 <= v <= 1 for v in share)
     assert got["stats"] == [6, 6] and got["idle_stats"] == 1 and got["runs"] == 1
+    # mlflow_step_every=4: one mean wait per 4 batches, at steps 3, 7, 11.
+    assert got["coarse_steps"] == [3, 7, 11]
 
 
 def test_importing_the_library_and_cli_leaves_torch_and_mlflow_alone() -> None:

@@ -4,13 +4,16 @@ The training loop's view of the loader is one number per batch: how long
 ``next()`` blocked. This module measures it, summarises each epoch and, when
 an MLflow run is active in this process, logs both in batches through
 ``MlflowClient.log_batch`` from a background thread, so the loop pays for a
-list append per batch and one synchronous flush per epoch.
+tuple append per batch and never waits for the tracking store
+(``DataLoader.flush_metrics()`` waits, for code that reads them back).
 
 Metric names (``PREFIX`` defaults to ``ucstage``):
 
 =================================  ===========================================
 ``PREFIX/batch_wait_ms``           per batch (step = batches since the loader
-                                   was created): time the loop waited
+                                   was created): time the loop waited; with
+                                   ``mlflow_step_every=N``, the mean over N
+                                   batches, logged at every Nth step
 ``PREFIX/epoch_wait_p50_ms``       per epoch (step = epoch index of this
                                    loader, 0-based): median wait
 ``PREFIX/epoch_wait_p95_ms``       95th percentile wait
@@ -95,20 +98,22 @@ def summarise(epoch: int, waits: list[float], wall_s: float, overhead_s: float,
 
 
 class MlflowSink:
-    """Buffers metrics for the run active when it was created; flushes in batches."""
+    """Buffers metrics for the run active when it was created; sends them in batches.
 
-    def __init__(self, mlflow: Any, run_id: str, prefix: str, flush_every: int) -> None:
-        from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
+    The loop only appends a tuple per batch; building MLflow entities and the
+    ``log_batch`` calls happen on one background thread, including the
+    end-of-epoch flush, so the loop never waits for the tracking store.
+    :meth:`flush` waits for everything sent so far.
+    """
 
-        self._metric = Metric
-        self._client = MlflowClient()
+    def __init__(self, run_id: str, prefix: str, flush_every: int) -> None:
         self.run_id = run_id
         self.prefix = prefix.rstrip("/")
         self.flush_every = max(1, min(flush_every, _MAX_BATCH))
-        self._buffer: list[Any] = []
+        self._buffer: list[tuple[str, float, int, int]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self._client: Any = None
         self._warned = False
 
     @classmethod
@@ -122,40 +127,49 @@ class MlflowSink:
             return None
         if run is None:
             return None
-        return cls(mlflow, run.info.run_id, prefix, flush_every)
+        return cls(run.info.run_id, prefix, flush_every)
 
     def add(self, name: str, value: float, step: int) -> None:
-        self._buffer.append(self._metric(f"{self.prefix}/{name}", float(value),
-                                         int(time.time() * 1000), step))
+        self._buffer.append((name, value, int(time.time() * 1000), step))
         if len(self._buffer) >= self.flush_every:
-            self._flush_async()
+            self.send()
 
-    def _flush_async(self) -> None:
+    def send(self) -> None:
+        """Hand the buffered metrics to the background thread."""
+        if not self._buffer:
+            return
         batch, self._buffer = self._buffer, []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ucstage-mlflow")
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._pool.submit(self._send, batch))
+        self._pending.append(self._pool.submit(self._log, batch))
 
-    def _send(self, batch: list[Any]) -> None:
+    def _log(self, batch: list[tuple[str, float, int, int]]) -> None:
         try:
-            for i in range(0, len(batch), _MAX_BATCH):
-                self._client.log_batch(self.run_id, metrics=batch[i:i + _MAX_BATCH])
+            from mlflow.entities import Metric
+            from mlflow.tracking import MlflowClient
+
+            if self._client is None:
+                self._client = MlflowClient()
+            metrics = [Metric(f"{self.prefix}/{name}", float(value), ts, step)
+                       for name, value, ts, step in batch]
+            for i in range(0, len(metrics), _MAX_BATCH):
+                self._client.log_batch(self.run_id, metrics=metrics[i:i + _MAX_BATCH])
         except Exception as exc:  # logging must never kill a training run
             if not self._warned:
                 self._warned = True
                 log.warning("ucstage: could not log loader metrics to MLflow: %s", exc)
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._buffer) or any(not f.done() for f in self._pending)
+
     def flush(self) -> None:
         """Send everything buffered and wait until it is written."""
-        if self._buffer:
-            self._flush_async()
+        self.send()
         for f in self._pending:
             f.result()
         self._pending = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
 
 class TimedIterator:
@@ -166,8 +180,10 @@ class TimedIterator:
     """
 
     def __init__(self, inner: Iterator[Any], *, epoch: int, first_step: int,
-                 sink: MlflowSink | None, on_done: Any) -> None:
+                 sink: MlflowSink | None, on_done: Any, step_every: int = 1) -> None:
         self._inner = inner
+        self._every = max(1, step_every)
+        self._window = 0.0
         self._epoch = epoch
         self._step = first_step
         self._sink = sink
@@ -199,7 +215,14 @@ class TimedIterator:
         wait = t1 - t0
         self._waits.append(wait)
         if self._sink is not None:
-            self._sink.add("batch_wait_ms", wait * 1000, self._step)
+            if self._every == 1:
+                self._sink.add("batch_wait_ms", wait * 1000, self._step)
+            else:
+                self._window += wait
+                if (self._step + 1) % self._every == 0:
+                    self._sink.add("batch_wait_ms", self._window / self._every * 1000,
+                                   self._step)
+                    self._window = 0.0
         self._step += 1
         self._overhead += time.perf_counter() - t1
         return batch
@@ -227,7 +250,7 @@ class TimedIterator:
                                 ("epoch_stall_share", stats.stall_share),
                                 ("epoch_batches", stats.batches)):
                 self._sink.add(name, value, self._epoch)
-            self._sink.flush()
+            self._sink.send()
         overhead = self._overhead + time.perf_counter() - t0
         stats = summarise(self._epoch, self._waits, wall, overhead, complete)
         self._on_done(stats, self._step)

@@ -445,7 +445,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             docs/training.md).
         mlflow_prefix: prefix of the metric names (default ``ucstage``).
         mlflow_flush_every: metrics buffered before a background
-            ``log_batch`` (each epoch's end also flushes).
+            ``log_batch`` (each epoch's end also sends; nothing waits).
+        mlflow_step_every: log the per-step wait every N batches (the mean
+            over those N) instead of every batch, for very fast loops: each
+            logged metric costs the tracking store some CPU in the background.
         guard: when ``torch.distributed`` is initialised, check at the start
             of every epoch that all ranks use the same ``num_workers`` and the
             same listing, and raise :class:`ucstage.errors.RankMismatch` on
@@ -459,6 +462,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
 
     def __init__(self, dataset: Any, *args: Any, log_mlflow: bool = True,
                  mlflow_prefix: str = "ucstage", mlflow_flush_every: int = 500,
+                 mlflow_step_every: int = 1,
                  guard: bool = True, volume_dataset: VolumeDataset | None = None,
                  **kwargs: Any) -> None:
         bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments
@@ -471,20 +475,37 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self.log_mlflow = log_mlflow
         self.mlflow_prefix = mlflow_prefix
         self.mlflow_flush_every = mlflow_flush_every
+        if mlflow_step_every < 1:
+            raise InvalidArgument(f"mlflow_step_every must be 1 or more, got {mlflow_step_every}")
+        self.mlflow_step_every = mlflow_step_every
         self.guard = guard
         self.volume_dataset = volume_dataset or find_volume_dataset(dataset)
         self.epoch_stats: list[EpochStats] = []
         self._steps = 0
         self._epochs = 0
+        self._sinks: list[MlflowSink] = []
 
     def __iter__(self) -> TimedIterator:  # type: ignore[override]
         self._prepare()
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
+        if sink is not None:
+            self._sinks = [s for s in self._sinks if s.busy] + [sink]
         epoch = self._epochs
         self._epochs += 1
         return TimedIterator(super().__iter__(), epoch=epoch, first_step=self._steps,
-                             sink=sink, on_done=self._epoch_done)
+                             sink=sink, on_done=self._epoch_done,
+                             step_every=self.mlflow_step_every)
+
+    def flush_metrics(self) -> None:
+        """Wait until every metric logged so far is in the MLflow tracking store.
+
+        Metrics are written in the background; call this before reading them
+        back in the same process. Python waits for them at exit anyway.
+        """
+        for sink in self._sinks:
+            sink.flush()
+        self._sinks = []
 
     def _epoch_done(self, stats: EpochStats, next_step: int) -> None:
         self.epoch_stats.append(stats)

@@ -334,6 +334,20 @@ def test_too_many_files_fails_and_keeps_the_previous_export(
     _no_leftovers(dest)
 
 
+def test_table_path_with_glob_characters(spark_session: Any, tmp_path: Any) -> None:
+    # Hadoop globs * ? { } [ ] in input paths; ucstage escapes them. (delta-rs
+    # itself cannot create a table under a folder name with [ ].)
+    from deltalake import write_deltalake
+
+    from tests.common.spark import _events
+
+    table = str(tmp_path / "we*ird {1}?" / "t")
+    write_deltalake(table, _events(0, 30))
+    dest = str(tmp_path / "out")
+    assert export_table(table, dest).row_count == 30
+    assert rows(exported_table(dest)) == rows(_events(0, 30))
+
+
 def test_catalog_name_without_warehouse(spark_session: Any, tmp_path: Any,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("UCSTAGE_WAREHOUSE", raising=False)

@@ -247,7 +247,8 @@ def _dataframe(spark: Any, source: _Source) -> Any:
     schema = from_arrow_schema(snap.arrow_schema)
     if not snap.files:
         return spark.createDataFrame([], schema)
-    reader = spark.read.schema(schema).option("basePath", _hadoop_escape(source.location))
+    # basePath is taken literally; only the input paths are globbed by Hadoop.
+    reader = spark.read.schema(schema).option("basePath", source.location)
     df = reader.parquet(*[_hadoop_escape(f) for f in snap.files])
     names = [f.name for f in schema.fields]
     if df.columns != names:

@@ -165,6 +165,17 @@ def test_wrapper_dataset_is_found_and_frozen_before_workers_start(tmp_path) -> N
     assert paths.fingerprint is not None  # frozen in the main process, once
 
 
+def test_spawned_workers_unpickle_the_frozen_dataset(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "vol")
+    names = write_files(src, 9)
+    ds = VolumeDataset(src, shuffle=True, seed=5)
+    ds.freeze()
+    write_files(src, 12)  # new files after the freeze: workers must not see them
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    got = list(loader)
+    assert sorted(rel(ds, p) for p in got) == names
+
+
 MLFLOW_SCRIPT = r"""
 import json, os, sys
 import mlflow

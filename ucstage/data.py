@@ -521,7 +521,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return
         # Every rank takes the same branches below, because every decision is
         # made on the same gathered values: no rank waits in a collective alone.
-        first = _all_gather(dist, _GuardInfo.of(self.num_workers, vds))
+        sharded = vds is not None or isinstance(self.dataset, tud.IterableDataset)
+        first = _all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded))
         if self.guard:
             _check_workers(first)
         unfrozen = [g.has_dataset and g.fingerprint is None for g in first]
@@ -531,7 +532,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return
         latest = first
         if any(unfrozen):
-            latest = _all_gather(dist, _GuardInfo.of(self.num_workers, vds))
+            latest = _all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded))
         _check_listings(latest)
 
 
@@ -541,13 +542,17 @@ class _GuardInfo:
     fingerprint: str | None
     files: int | None
     has_dataset: bool
+    sharded: bool
+    """The dataset shards itself over workers (an IterableDataset): only then
+    does num_workers decide which files a rank reads."""
 
     @classmethod
-    def of(cls, num_workers: int, vds: VolumeDataset | None) -> _GuardInfo:
+    def of(cls, num_workers: int, vds: VolumeDataset | None, sharded: bool) -> _GuardInfo:
         if vds is None:
-            return cls(num_workers, None, None, False)
+            return cls(num_workers, None, None, False, sharded)
         frozen = vds.fingerprint is not None
-        return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True)
+        return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True,
+                   sharded)
 
 
 def _all_gather(dist: Any, value: Any) -> list[Any]:
@@ -557,6 +562,8 @@ def _all_gather(dist: Any, value: Any) -> list[Any]:
 
 
 def _check_workers(gathered: list[_GuardInfo]) -> None:
+    if not any(g.sharded for g in gathered):
+        return  # a sampler shards map-style datasets; num_workers does not matter
     if len({effective_workers(g.num_workers) for g in gathered}) <= 1:
         return
     values = ", ".join(f"rank {r}: {g.num_workers}" for r, g in enumerate(gathered))

@@ -88,9 +88,10 @@ def _copy_local(volume: Volume, relpath: str, tmp: str) -> Copied:
         before = os.fstat(src)
         if not stat.S_ISREG(before.st_mode):
             raise UnsafePath(f"{relpath}: not a regular file")
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             size = _pump(src, dst)
+            os.ftruncate(dst, size)  # the caller may have preallocated more
         finally:
             os.close(dst)
         after = os.fstat(src)
@@ -118,7 +119,7 @@ def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
         # s3fs and friends attach the object's info to the open file (served
         # from the listing cache when this process listed the source).
         info = getattr(src, "details", None) or volume.fs.info(path)
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         size = 0
         try:
             while True:
@@ -129,6 +130,7 @@ def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
                 while view:
                     view = view[os.write(dst, view):]
                 size += len(block)
+            os.ftruncate(dst, size)
         finally:
             os.close(dst)
     # Only a content hash is comparable across calls: fsspec backends format
@@ -139,7 +141,8 @@ def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
 
 
 def copy_to(volume: Volume, relpath: str, tmp: str) -> Copied:
-    """Copy ``relpath`` of ``volume`` into ``tmp`` (created 0600, truncated).
+    """Copy ``relpath`` of ``volume`` into ``tmp`` (created 0600 if missing; a
+    preallocated ``tmp`` is overwritten from the start and cut to the copied size).
 
     Raises:
         UnsafePath: the entry is a symlink or folder link leaving the volume.

@@ -155,6 +155,8 @@ class _Cached:
     size: int
     path: str
     lock: str
+    partial: bool = False
+    """A copy in flight (or left by a killed run): counted, never evicted."""
 
 
 def rank_entries(
@@ -339,6 +341,15 @@ class LocalCache:
             stripe = int(os.path.basename(lock_path)[:4])
             tmp = os.path.join(folder, cd.part_name(stripe, os.path.basename(local)))
             try:
+                # Preallocate: a full disk fails here, before any byte is
+                # copied, and other processes' eviction walks count the bytes
+                # this copy will take.
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    if entry.size:
+                        os.posix_fallocate(fd, 0, entry.size)
+                finally:
+                    os.close(fd)
                 copied = copy_to(volume, rel, tmp)
                 cd.write_stamp(tmp, copied.size, copied.version or entry.version)
                 now = time.time_ns()
@@ -493,15 +504,14 @@ class LocalCache:
                     for d in it:
                         if d.is_dir(follow_symlinks=False):
                             stack.append((d.path, prefix + d.name + "/"))
-                        elif d.name.endswith(cd.PART_SUFFIX) and cd.part_stripe(d.name) is not None:
-                            continue
                         else:
                             try:
                                 st = d.stat(follow_symlinks=False)
                             except FileNotFoundError:
                                 continue
+                            partial = cd.part_stripe(d.name) is not None
                             yield _Cached(st.st_atime_ns, st.st_size, d.path,
-                                          stripe_path(lock_dir, prefix + d.name))
+                                          stripe_path(lock_dir, prefix + d.name), partial)
 
     def _make_room(self, need: int, rel: str) -> int:
         """Under a cap, evict until ``need`` fits and reserve it in the ledger
@@ -524,8 +534,8 @@ class LocalCache:
                     f"needs {format_bytes(need)}",
                     hint="raise --max-bytes, or read fewer files at once")
             self._ledger_write(used + need)
-        with self._lock:
-            self._inflight += need
+            with self._lock:  # inside the ledger lock: no walk can miss it
+                self._inflight += need
         return need
 
     def _evict_lru(self, target: int) -> int:
@@ -534,16 +544,21 @@ class LocalCache:
         Call with the ledger lock held. Returns the usage after, and resets
         the ledger to it (the walk is the truth).
         """
+        # Copies in flight are counted through their preallocated temp files;
+        # this process's reservations are added too (read before the walk, so
+        # a copy that commits during the walk is never missed: at worst it is
+        # counted twice). Another process's reservation is visible once its
+        # temp file exists, a window of microseconds: that is why usage may
+        # pass the cap by at most the files in flight.
+        with self._lock:
+            inflight = self._inflight
         found = sorted(self._walk(self._namespaces(None)), key=lambda c: c.atime_ns)
-        # This process's copies in flight are reserved but not on disk yet;
-        # other processes' reservations are forgotten here, which is why usage
-        # may pass the cap by at most the files in flight.
-        used = sum(c.size for c in found) + self._inflight
+        used = sum(c.size for c in found) + inflight
         cutoff = time.time_ns() - self.lease_ns
         for c in found:
             if used <= target or c.atime_ns > cutoff:
                 break
-            if self._evict(c):
+            if not c.partial and self._evict(c):
                 used -= c.size
         self._ledger_write(used)
         return used
@@ -597,16 +612,12 @@ class LocalCache:
         rows = []
         for ns_dir in self._namespaces(volume):
             name = os.path.basename(ns_dir)
-            files = list(self._walk([ns_dir]))
-            partial = sum(1 for _, _, names in os.walk(ns_dir) for n in names
-                          if cd.part_stripe(n) is not None)
+            found = list(self._walk([ns_dir]))
+            files = [c for c in found if not c.partial]
             rows.append(NamespaceStatus(
                 name, sources.get(name, volume.url if volume else ""), ns_dir,
-                len(files), sum(c.size for c in files), partial))
+                len(files), sum(c.size for c in files), len(found) - len(files)))
         total = sum(r.bytes for r in rows)
-        if volume is None:
-            with self._ledger_lock():  # the walk is the truth: fix any drift
-                self._ledger_write(total)
         return CacheStatus(self.root, sum(r.entries for r in rows), total, self.max_bytes,
                            _free(self.root), rows)
 
@@ -652,7 +663,7 @@ class LocalCache:
         """Remove one source's namespace, or every namespace. Files already open
         stay readable to whoever opened them (POSIX unlink semantics)."""
         ns_dirs = self._namespaces(volume)
-        found = list(self._walk(ns_dirs))
+        found = [c for c in self._walk(ns_dirs) if not c.partial]
         trash = os.path.join(self._control, "trash")
         os.makedirs(trash, mode=0o700, exist_ok=True)
         names = []
@@ -682,8 +693,8 @@ class LocalCache:
         with self._ledger_lock():
             for ns_dir in self._namespaces(None):
                 self._sweep(ns_dir)
-            before = sum(c.size for c in self._walk(self._namespaces(None)))
-            found = list(self._walk(self._namespaces(None)))
+            found = [c for c in self._walk(self._namespaces(None)) if not c.partial]
+            before = sum(c.size for c in found)
             after = self._evict_lru(max_bytes)
             remaining = {c.path for c in self._walk(self._namespaces(None))}
         removed = [c for c in found if c.path not in remaining]

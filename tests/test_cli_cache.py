@@ -1,0 +1,197 @@
+"""``ucstage cache ...`` end to end: real folders, FUSE, moto; JSON contracts and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests.common.parts import require
+from tests.conftest import unique
+from ucstage.cli import cli
+from ucstage.cli.cache import command as cache_group
+
+WARM_KEYS = {"source", "cache_dir", "namespace", "slice", "files", "bytes", "fetched",
+             "fetched_bytes", "already_cached", "already_cached_bytes", "failed", "refused",
+             "seconds", "mb_per_s"}
+
+
+def run(*args: str, code: int = 0) -> Any:
+    """Invoke the CLI in-process; parse JSON output when asked for."""
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout) if "--json" in args else result.output
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    root = tmp_path / "vol"
+    for i in range(10):
+        path = root / f"d{i % 2}" / f"f{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes([i]) * (100 + i))
+    return root
+
+
+def test_every_cache_command_has_help_with_an_example() -> None:
+    assert set(cache_group.commands) == {"warm", "lazy", "status", "verify", "clear", "prune"}
+    for name in cache_group.commands:
+        out = run("cache", name, "--help")
+        assert "Example" in out and "--json" in out, name
+
+
+def test_warm_json_resume_and_status(src: Path) -> None:
+    first = run("cache", "warm", str(src), "--json")
+    assert set(first) == WARM_KEYS
+    assert (first["files"], first["fetched"], first["already_cached"]) == (10, 10, 0)
+    assert first["bytes"] == sum(100 + i for i in range(10)) and first["failed"] == []
+    cached = Path(first["namespace"], "d1", "f3.bin")
+    assert cached.read_bytes() == bytes([3]) * 103
+    again = run("cache", "warm", str(src), "--json")
+    assert (again["fetched"], again["already_cached"]) == (0, 10)
+    status = run("cache", "status", "--json")
+    assert status["entries"] == 10 and status["bytes"] == first["bytes"]
+    assert status["namespaces"][0]["source"] == str(src) and status["free_bytes"] > 0
+    human = run("cache", "warm", str(src))
+    assert "already cached 10" in human
+
+
+def test_lazy_writes_a_manifest_and_copies_nothing(src: Path) -> None:
+    data = run("cache", "lazy", str(src), "--json")
+    assert data["files"] == 10 and os.path.isdir(data["namespace"])
+    assert os.listdir(data["namespace"]) == []
+    from ucstage import manifest
+
+    m = manifest.load(data["manifest"])
+    assert m.fingerprint == data["fingerprint"] and len(m.entries) == 10
+    warmed = run("cache", "warm", data["manifest"], "--json")  # a manifest is a SOURCE too
+    assert warmed["fetched"] == 10
+    assert "UCSTAGE_CACHE_DIR=" in run("cache", "lazy", str(src))
+
+
+def test_rank_and_node_slices_are_the_shard_plan_slots(src: Path) -> None:
+    plan = run("shard-plan", str(src), "-w", "4", "-k", "2", "--shuffle", "--seed", "3", "--json")
+    for args, ranks in ((["--rank", "1"], [1]),
+                        (["--node-rank", "1", "--nproc-per-node", "2"], [2, 3])):
+        run("cache", "clear")
+        warmed = run("cache", "warm", str(src), *args, "-w", "4", "-k", "2", "--shuffle",
+                     "--seed", "3", "--json")
+        want = sorted({f for s in plan["slots"] if s["rank"] in ranks for f in s["files"]})
+        ns = Path(warmed["namespace"])
+        got = sorted(str(p.relative_to(ns)) for p in ns.rglob("*.bin"))
+        assert got == want and warmed["fetched"] == len(want)
+        assert warmed["slice"]["ranks"] == ranks
+
+
+def test_slice_options_are_validated(src: Path) -> None:
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--rank", "0"])
+    assert result.exit_code == 2 and "--world-size" in result.output
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--node-rank", "1", "-w", "2",
+                                      "-k", "1", "--nproc-per-node", "2"])
+    assert result.exit_code == 2 and "outside --world-size" in result.output
+
+
+def test_verify_finds_stale_and_corrupt_entries(src: Path) -> None:
+    warmed = run("cache", "warm", str(src), "--json")
+    clean = run("cache", "verify", str(src), "--checksum", "--json")
+    assert clean["clean"] and clean["sources"][0]["ok"] == 10
+    target = src / "d0" / "f2.bin"
+    target.write_bytes(b"x" * 102)
+    os.utime(target, (time.time() + 5, time.time() + 5))
+    stale = run("cache", "verify", str(src), "--json", code=1)
+    assert [x["path"] for x in stale["sources"][0]["stale"]] == ["d0/f2.bin"]
+    run("cache", "warm", str(src), "--json")  # refreshes the stale entry
+    assert run("cache", "verify", "--json")["clean"]  # no SOURCE: every cached source
+    cached = Path(warmed["namespace"], "d1", "f5.bin")
+    cached.write_bytes(b"\0" * 105)  # same size, wrong bytes: only a checksum sees it
+    assert run("cache", "verify", str(src), "--json")["clean"]
+    bad = run("cache", "verify", str(src), "--checksum", "--json", code=1)
+    assert [x["path"] for x in bad["sources"][0]["corrupt"]] == ["d1/f5.bin"]
+
+
+def test_clear_one_source_or_all(src: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.bin").write_bytes(b"x" * 50)
+    run("cache", "warm", str(src), "--json")
+    run("cache", "warm", str(other), "--json")
+    one = run("cache", "clear", str(other), "--json")
+    assert (one["files"], one["bytes"], len(one["namespaces"])) == (1, 50, 1)
+    assert run("cache", "status", "--json")["entries"] == 10
+    everything = run("cache", "clear", "--json")
+    assert everything["files"] == 10 and run("cache", "status", "--json")["entries"] == 0
+
+
+def test_prune_respects_the_lease_and_the_cap(src: Path) -> None:
+    run("cache", "warm", str(src), "--json")
+    kept = run("cache", "prune", "--max-bytes", "500", "--json", code=1)  # all just handed out
+    assert kept["files_removed"] == 0 and kept["bytes_in_use"] == kept["bytes_before"]
+    pruned = run("cache", "prune", "--max-bytes", "500", "--lease", "0", "--json")
+    assert pruned["bytes_after"] <= 500 and pruned["files_removed"] >= 5
+    assert run("cache", "status", "--json")["bytes"] == pruned["bytes_after"]
+
+
+def test_warm_names_failed_files_and_exits_1(src: Path, tmp_path: Path) -> None:
+    data = run("cache", "lazy", str(src), "--json")
+    (src / "d1" / "f7.bin").unlink()  # gone after the listing was frozen
+    result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", data["manifest"],
+                             "--json"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    summary = json.loads(result.stdout)
+    assert [f["path"] for f in summary["failed"]] == ["d1/f7.bin"] and summary["fetched"] == 9
+    assert "d1/f7.bin" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_disk_full_exits_1_naming_the_folder(tmp_path: Path) -> None:
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    require(proc.returncode == 0, f"cannot mount a tmpfs: {proc.stderr.strip()}")
+    try:
+        big = tmp_path / "big"
+        big.mkdir()
+        for i in range(3):
+            (big / f"{i}.bin").write_bytes(os.urandom(512 * 1024))
+        env = {**os.environ, "UCSTAGE_CACHE_DIR": str(mnt / "cache")}
+        result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", str(big)],
+                                capture_output=True, text=True, env=env, timeout=60)
+        assert result.returncode == 1
+        assert str(mnt / "cache") in result.stderr and "1.5 MiB" in result.stderr
+        leftovers = [p for p in mnt.rglob("*.bin")] + [p for p in mnt.rglob("*ucstage-part")]
+        assert leftovers == []
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_foreign_cache_root_exits_2(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    env = {**os.environ, "UCSTAGE_CACHE_DIR": str(shared)}
+    result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "status"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2 and "writable by other users" in result.stderr
+    assert "chmod 700" in result.stderr and os.listdir(shared) == []
+
+
+def test_unsafe_keys_are_refused_with_a_warning(moto) -> None:  # type: ignore[no-untyped-def]
+    prefix = unique("cli")
+    moto.filesystem().pipe({f"ucstage-test/{prefix}/ok.bin": b"ok",
+                            f"ucstage-test/{prefix}/a/../../../../etc/evil": b"evil"})
+    result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm",
+                             f"s3://ucstage-test/{prefix}", "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["fetched"] == 1
+    assert [r["path"] for r in summary["refused"]] == ["a/../../../../etc/evil"]
+    assert "skipped a/../../../../etc/evil" in result.stderr
+    assert not os.path.exists("/etc/evil")

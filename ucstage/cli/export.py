@@ -66,8 +66,8 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
     opts = data["options"]
     shown = {k: v for k, v in opts.items() if v not in (None, [], "")}
     summary.add_row("options", ", ".join(f"{k}={v}" for k, v in shown.items()))
-    summary.add_row("manifest", f"{data['dest']}/_ucstage_export.json")
     console.print(summary)
+    console.print(f"manifest  {data['dest']}/_ucstage_export.json", markup=False)
     if suggestion:
         console.print(f"[yellow]![/] {suggestion}")
     pattern = "**/*.parquet" if opts.get("partition_by") else "*.parquet"

@@ -15,8 +15,8 @@ ucstage/plain ratios from this one run; ``--json`` prints the raw figures.
 With mlflow installed, one extra warm epoch runs inside an MLflow run (sqlite
 store in the temp folder) to measure what the timing and logging cost.
 
-    .venv/bin/python scripts/bench_loader.py                 # ~1 minute
-    .venv/bin/python scripts/bench_loader.py --files 400 --size-kib 128 --bwlimit 16M
+    .venv/bin/python scripts/bench_loader.py                 # bandwidth-bound, ~40 s
+    .venv/bin/python scripts/bench_loader.py --mode latency --files 120 --no-mlflow
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,20 +66,61 @@ class RawPaths(tud.Dataset):  # type: ignore[type-arg]
 
 
 @contextmanager
-def mount(backing: str, mnt: str, bwlimit: str) -> Iterator[str]:
+def mount(backing: str, mnt: str, args: argparse.Namespace) -> Iterator[str]:
+    """The throttled FUSE volume over ``backing``.
+
+    ``bwlimit``: rclone mounts the folder with ``--bwlimit`` (one token bucket
+    for all reads: a bandwidth-bound volume). ``latency``: ``rclone serve
+    http`` serves the folder on 127.0.0.1, scripts/delay_proxy.py delays each
+    direction by ``--delay-ms``, and rclone mounts the proxied URL (every file
+    open pays HTTP round trips: a latency-bound volume, like an object store).
+    """
     os.makedirs(mnt, exist_ok=True)
     log = mnt + ".rclone.log"
-    subprocess.run(["rclone", "mount", backing, mnt, "--daemon", "--read-only",
-                    "--bwlimit", bwlimit, "--log-file", log], check=True)
-    deadline = time.monotonic() + 15
-    while not os.path.ismount(mnt):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"rclone mount did not appear at {mnt} (see {log})")
-        time.sleep(0.05)
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        if args.mode == "bwlimit":
+            cmd = ["rclone", "mount", backing, mnt, "--bwlimit", args.bwlimit]
+        else:
+            serve, proxy = free_port(), free_port()
+            procs.append(subprocess.Popen(
+                ["rclone", "serve", "http", backing, "--addr", f"127.0.0.1:{serve}",
+                 "--read-only", "--log-file", log + ".serve"]))
+            here = os.path.dirname(os.path.abspath(__file__))
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(here, "delay_proxy.py"), "127.0.0.1", str(proxy),
+                 "127.0.0.1", str(serve), str(args.delay_ms)]))
+            wait_port(serve)
+            wait_port(proxy)
+            cmd = ["rclone", "mount", ":http:", mnt, "--http-url", f"http://127.0.0.1:{proxy}/"]
+        subprocess.run([*cmd, "--daemon", "--read-only", "--log-file", log], check=True)
+        deadline = time.monotonic() + 15
+        while not os.path.ismount(mnt):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rclone mount did not appear at {mnt} (see {log})")
+            time.sleep(0.05)
         yield mnt
     finally:
         subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} did not open")
 
 
 def epoch(loader: Any, n_files: int) -> float:
@@ -100,8 +142,8 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
         with open(os.path.join(sub, f"f{i:05d}.bin"), "wb") as fh:
             fh.write(payload[i % 997:] + payload[:i % 997])
     results: dict[str, Any] = {"files": args.files, "size_kib": args.size_kib,
-                               "bwlimit": args.bwlimit, "runs": []}
-    with mount(backing, os.path.join(work, "mnt"), args.bwlimit) as mnt:
+                               "mode": args.mode, "throttle": throttle(args), "runs": []}
+    with mount(backing, os.path.join(work, "mnt"), args) as mnt:
         raw = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(mnt) for f in fs)
         for k in args.workers:
             extra = {"prefetch_factor": 4} if k else {}
@@ -146,6 +188,13 @@ def mlflow_overhead(work: str, loader: DataLoader, n_files: int,
             "flush_wait_after_epoch_s": background}
 
 
+def throttle(args: argparse.Namespace) -> str:
+    if args.mode == "bwlimit":
+        return f"rclone FUSE mount, --bwlimit {args.bwlimit}"
+    return (f"rclone FUSE mount of `rclone serve http` through a {args.delay_ms:g} ms "
+            "each-way delay proxy")
+
+
 def table(results: dict[str, Any]) -> str:
     runs = {(r["loader"], r["num_workers"]): r for r in results["runs"]}
     lines = ["| loader | num_workers | epoch 1 (cold) files/s | epoch 2 (warm) files/s |",
@@ -166,7 +215,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=400)
     parser.add_argument("--size-kib", type=int, default=128)
+    parser.add_argument("--mode", choices=["bwlimit", "latency"], default="bwlimit",
+                        help="bandwidth-bound (rclone --bwlimit) or latency-bound (HTTP "
+                             "behind a delay proxy) volume")
     parser.add_argument("--bwlimit", default="16M", help="rclone --bwlimit (bytes/s)")
+    parser.add_argument("--delay-ms", type=float, default=20.0,
+                        help="one-way delay for --mode latency")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--read-ahead", type=int, default=4)
     parser.add_argument("--no-mlflow", dest="mlflow", action="store_false")
@@ -182,7 +236,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"{args.files} files x {args.size_kib} KiB over rclone FUSE --bwlimit {args.bwlimit}")
+        print(f"{args.files} files x {args.size_kib} KiB; {throttle(args)}")
         print(table(results))
         overhead = max(r.get("timing_overhead_share", 0) for r in results["runs"])
         print(f"\nucstage timing bookkeeping, no MLflow run: at most {overhead:.3%} of an epoch")

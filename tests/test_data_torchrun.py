@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.common.parts import free_port
 from tests.conftest import unique
+from ucstage import manifest as mf
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.fuse]
 
@@ -21,10 +23,10 @@ WORKER = os.path.join(os.path.dirname(__file__), "workers", "data_worker.py")
 N_FILES = 23  # not a multiple of the 4 slots, so equal_length has work to do
 
 
-def make_volume(fuse_volume: tuple[str, str]) -> tuple[str, list[str]]:
+def make_volume(fuse_volume: tuple[str, str], n: int = N_FILES) -> tuple[str, list[str]]:
     backing, mnt = fuse_volume
     key = unique("data")
-    names = [f"f{i:02d}.bin" if i % 3 else f"sub/d{i % 2}/f{i:02d}.bin" for i in range(N_FILES)]
+    names = [f"f{i:02d}.bin" if i % 3 else f"sub/d{i % 2}/f{i:02d}.bin" for i in range(n)]
     for i, name in enumerate(names):
         path = os.path.join(backing, key, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -35,11 +37,11 @@ def make_volume(fuse_volume: tuple[str, str]) -> tuple[str, list[str]]:
     return os.path.join(mnt, key), sorted(names)
 
 
-def torchrun(mode: str, source: str, out: str) -> subprocess.CompletedProcess[str]:
+def torchrun(mode: str, source: str, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-           WORKER, mode, source, out]
+           WORKER, mode, source, out, *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
@@ -70,11 +72,22 @@ def planned(plan: dict[str, Any]) -> dict[tuple[int, int], list[str]]:
 
 
 def test_two_ranks_two_workers_read_the_shard_plan(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    source, names = make_volume(fuse_volume)
-    out = str(tmp_path)
-    proc = torchrun("shard", source, out)
+    source, names = make_volume(fuse_volume, N_FILES - 1)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    # A manifest frozen before the volume grows: ranks given it read only its files.
+    manifest = mf.save(mf.snapshot(source), str(tmp_path / "train.manifest.json"))
+    with open(os.path.join(fuse_volume[0], os.path.basename(source), "late.bin"), "wb") as fh:
+        fh.write(b"added after the manifest")
+    time.sleep(1.2)  # let the mount's 1 s directory cache see the new file
+    proc = torchrun("shard", source, out, manifest)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = results(out)
+
+    from_manifest = yielded(ranks, "manifest")
+    assert sorted(f for files in from_manifest.values() for f in files) == names
+    assert from_manifest == planned(shard_plan(manifest))
+    names = sorted([*names, "late.bin"])  # what a fresh listing sees now
 
     # Every rank sharded one frozen listing (rank 0 listed and broadcast it).
     assert ranks[0]["fingerprint"] == ranks[1]["fingerprint"]

@@ -200,6 +200,8 @@ class TimedIterator:
         return len(self._inner)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set yet: __init__ failed
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     def __next__(self) -> Any:

@@ -235,7 +235,9 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def _adopt(self, manifest: Manifest) -> Manifest:
         self._manifest = manifest
         self._fingerprint = manifest.fingerprint
-        if manifest.path is not None:
+        # A manifest broadcast from rank 0 names rank 0's file, which may not
+        # exist on this node: keep a local copy then.
+        if manifest.path is not None and os.path.exists(manifest.path):
             self._manifest_path = manifest.path
         else:
             self._save_manifest(manifest)

@@ -1,6 +1,6 @@
 """A torchrun worker for tests/test_data_torchrun.py; writes OUT/rank<r>.json.
 
-    torchrun --nproc_per_node=2 tests/workers/data_worker.py shard SOURCE OUT
+    torchrun --nproc_per_node=2 tests/workers/data_worker.py shard SOURCE OUT [MANIFEST]
     torchrun --nproc_per_node=2 tests/workers/data_worker.py guard SOURCE OUT
 
 ``shard``: 2 DataLoader workers per rank over SOURCE; records which relative
@@ -45,8 +45,13 @@ def by_worker(loader: DataLoader, workers: int) -> dict[str, list[str]]:
     return out
 
 
-def shard(source: str) -> dict[str, Any]:
+def shard(source: str, manifest: str | None) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    if manifest:
+        # A frozen listing given to every rank: nobody lists the volume.
+        frozen = VolumeDataset(manifest)
+        result["manifest"] = by_worker(DataLoader(Tagged(frozen), batch_size=None,
+                                                  num_workers=2), 2)
     plain = VolumeDataset(source)
     loader = DataLoader(Tagged(plain), batch_size=None, num_workers=2)
     result["plain"] = by_worker(loader, 2)
@@ -100,9 +105,10 @@ def guard(source: str) -> dict[str, Any]:
 
 def main() -> int:
     mode, source, out = sys.argv[1:4]
+    manifest = sys.argv[4] if len(sys.argv) > 4 else None
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    result = shard(source) if mode == "shard" else guard(source)
+    result = shard(source, manifest) if mode == "shard" else guard(source)
     result["rank"] = rank
     result["world_size"] = dist.get_world_size()
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:

@@ -12,6 +12,7 @@ through ``fs.open`` with large reads.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from datetime import datetime
@@ -41,10 +42,15 @@ def _inside(real: str, real_root: str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
+@functools.lru_cache(maxsize=64)
+def _real_root(root: str) -> str:
+    return os.path.realpath(root)
+
+
 def _open_local(volume: Volume, relpath: str) -> int:
     """Open a local source file without following a symlink out of the volume."""
     full = volume.full_path(relpath)
-    real_root = os.path.realpath(volume.root)
+    real_root = _real_root(volume.root)
     # The folders on the way must resolve inside the volume; O_NOFOLLOW then
     # refuses a last component that is a symlink, which we resolve ourselves.
     if not _inside(os.path.realpath(os.path.dirname(full)), real_root):
@@ -82,18 +88,14 @@ def _pump(src: int, dst: int) -> int:
         total += len(block)
 
 
-def _copy_local(volume: Volume, relpath: str, tmp: str) -> Copied:
+def _copy_local(volume: Volume, relpath: str, dst: int) -> Copied:
     src = _open_local(volume, relpath)
     try:
         before = os.fstat(src)
         if not stat.S_ISREG(before.st_mode):
             raise UnsafePath(f"{relpath}: not a regular file")
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            size = _pump(src, dst)
-            os.ftruncate(dst, size)  # the caller may have preallocated more
-        finally:
-            os.close(dst)
+        size = _pump(src, dst)
+        os.ftruncate(dst, size)  # the caller may have preallocated more
         after = os.fstat(src)
     finally:
         os.close(src)
@@ -113,26 +115,22 @@ def _mtime_ns(info: dict[str, Any]) -> int | None:
     return None
 
 
-def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
+def _copy_remote(volume: Volume, relpath: str, dst: int) -> Copied:
     path = volume.full_path(relpath)
     with volume.fs.open(path, "rb") as src:
         # s3fs and friends attach the object's info to the open file (served
         # from the listing cache when this process listed the source).
         info = getattr(src, "details", None) or volume.fs.info(path)
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
         size = 0
-        try:
-            while True:
-                block = src.read(CHUNK)
-                if not block:
-                    break
-                view = memoryview(block)
-                while view:
-                    view = view[os.write(dst, view):]
-                size += len(block)
-            os.ftruncate(dst, size)
-        finally:
-            os.close(dst)
+        while True:
+            block = src.read(CHUNK)
+            if not block:
+                break
+            view = memoryview(block)
+            while view:
+                view = view[os.write(dst, view):]
+            size += len(block)
+        os.ftruncate(dst, size)
     # Only a content hash is comparable across calls: fsspec backends format
     # timestamps differently in info() and find() (memory gives a datetime in
     # one and a float in the other), so those fall back to the listing's.
@@ -140,15 +138,15 @@ def _copy_remote(volume: Volume, relpath: str, tmp: str) -> Copied:
     return Copied(size, version, _mtime_ns(info))
 
 
-def copy_to(volume: Volume, relpath: str, tmp: str) -> Copied:
-    """Copy ``relpath`` of ``volume`` into ``tmp`` (created 0600 if missing; a
-    preallocated ``tmp`` is overwritten from the start and cut to the copied size).
+def copy_to(volume: Volume, relpath: str, dst: int) -> Copied:
+    """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
+    a preallocated file is overwritten and cut to the copied size).
 
     Raises:
         UnsafePath: the entry is a symlink or folder link leaving the volume.
         OSError: from the source or the local disk (ENOSPC included); the
-            caller removes ``tmp``.
+            caller removes the temp file.
     """
     if volume.is_local:
-        return _copy_local(volume, relpath, tmp)
-    return _copy_remote(volume, relpath, tmp)
+        return _copy_local(volume, relpath, dst)
+    return _copy_remote(volume, relpath, dst)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -26,8 +27,8 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -159,6 +160,28 @@ class _Cached:
     """A copy in flight (or left by a killed run): counted, never evicted."""
 
 
+class _Ledger:
+    """Bytes the cache holds (plus reservations), as a fixed-width number in
+    one small file. Rewritten in place: that needs no new disk block (it must
+    work on a full disk), and a torn write fails to parse, which makes the next
+    reader recount from the tree."""
+
+    def __init__(self, fd: int, recount: Callable[[], int]) -> None:
+        self.fd = fd
+        self.recount = recount
+
+    def read(self) -> int:
+        try:
+            return int(os.pread(self.fd, 64, 0).decode("ascii").strip())
+        except (OSError, ValueError, UnicodeDecodeError):
+            total = self.recount()
+            self.write(total)
+            return total
+
+    def write(self, value: int) -> None:
+        os.pwrite(self.fd, b"%20d\n" % max(0, value), 0)
+
+
 def rank_entries(
     entries: Sequence[FileEntry], *, ranks: Sequence[int], world_size: int, num_workers: int,
     shuffle: bool = False, seed: int = 0, epoch: int = 0,
@@ -212,6 +235,7 @@ class LocalCache:
         self._memo: dict[str, tuple[int, int, int, str]] = {}
         self._lock = threading.Lock()
         self._inflight = 0
+        self._last: tuple[Volume, str] | None = None
 
     # -- layout -----------------------------------------------------------
 
@@ -271,7 +295,15 @@ class LocalCache:
 
         Handing out a path refreshes its LRU time (and so its lease).
         """
-        local = self.namespace_dir(volume) + "/" + safe_relpath(entry.path)
+        last = self._last
+        if last is None or last[0] is not volume:
+            last = self._last = (volume, self.namespace_dir(volume) + "/")
+        rel = entry.path
+        # Cheap screen first; only paths that might be unsafe pay for the full check.
+        if rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel or "\\" in rel \
+                or "\0" in rel or rel[-1:] == "/":
+            safe_relpath(rel)
+        local = last[1] + rel
         try:
             st = os.stat(local)
         except OSError:
@@ -348,9 +380,9 @@ class LocalCache:
                 try:
                     if entry.size:
                         os.posix_fallocate(fd, 0, entry.size)
+                    copied = copy_to(volume, rel, fd)
                 finally:
                     os.close(fd)
-                copied = copy_to(volume, rel, tmp)
                 cd.write_stamp(tmp, copied.size, copied.version or entry.version)
                 now = time.time_ns()
                 os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
@@ -408,34 +440,30 @@ class LocalCache:
         cb.set_size(report.files, report.bytes)
         cb.relative_update(report.already_cached_bytes)
         with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ucstage-warm") as pool:
-            pending: dict[Future[tuple[str, bool]], FileEntry] = {
+            futures: dict[Future[tuple[str, bool]], FileEntry] = {
                 pool.submit(self._fetch_retrying, volume, e): e for e in todo}
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    e = pending.pop(fut)
-                    try:
-                        _, fetched = fut.result()
-                    except CacheFull as exc:
-                        for other in pending:
-                            other.cancel()
-                        wait(pending)
-                        remaining = sum(x.size for x in pending.values()) + e.size
-                        raise CacheFull(
-                            f"{exc.message}; this warm still needs {format_bytes(remaining)}",
-                            exc.hint) from exc
-                    except UcstageError as exc:
-                        report.failed.append((e.path, str(exc)))
-                        cb.file_done(e.path, "failed", str(exc))
-                        continue
-                    if fetched:
-                        report.fetched += 1
-                        report.fetched_bytes += e.size
-                    else:
-                        report.already_cached += 1
-                        report.already_cached_bytes += e.size
-                    cb.relative_update(e.size)
-                    cb.file_done(e.path, "fetched" if fetched else "cached")
+            for fut in as_completed(futures):
+                e = futures[fut]
+                try:
+                    _, fetched = fut.result()
+                except CacheFull as exc:
+                    left = sum(x.size for f, x in futures.items() if not f.done() or f is fut)
+                    for other in futures:
+                        other.cancel()
+                    raise CacheFull(f"{exc.message}; this warm still needs {format_bytes(left)}",
+                                    exc.hint) from exc
+                except UcstageError as exc:
+                    report.failed.append((e.path, str(exc)))
+                    cb.file_done(e.path, "failed", str(exc))
+                    continue
+                if fetched:
+                    report.fetched += 1
+                    report.fetched_bytes += e.size
+                else:
+                    report.already_cached += 1
+                    report.already_cached_bytes += e.size
+                cb.relative_update(e.size)
+                cb.file_done(e.path, "fetched" if fetched else "cached")
         report.seconds = time.monotonic() - start
         return report
 
@@ -456,34 +484,20 @@ class LocalCache:
 
     # -- byte ledger and eviction -----------------------------------------------
 
-    def _ledger_path(self) -> str:
-        return os.path.join(self._control, "usage")
-
-    def _ledger_lock(self) -> FileLock:
-        return FileLock(os.path.join(self._control, "usage.lock"))
-
-    def _ledger_read(self) -> int:
+    @contextlib.contextmanager
+    def _ledger(self) -> Iterator[_Ledger]:
+        """The byte ledger, locked (one file is both the lock and the value)."""
+        fd = os.open(os.path.join(self._control, "usage"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
         try:
-            with open(self._ledger_path(), encoding="ascii") as fh:
-                return int(fh.read().strip())
-        except (OSError, ValueError):
-            total = sum(c.size for c in self._walk(self._namespaces(None)))
-            self._ledger_write(total)
-            return total
-
-    def _ledger_write(self, value: int) -> None:
-        # Rewritten in place, fixed width: needs no new disk block (it must
-        # work on a full disk), and a torn write fails to parse, which makes
-        # the next reader recount from the tree.
-        fd = os.open(self._ledger_path(), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.pwrite(fd, b"%20d\n" % max(0, value), 0)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield _Ledger(fd, lambda: sum(c.size for c in self._walk(self._namespaces(None))))
         finally:
             os.close(fd)
 
     def _ledger_add(self, delta: int) -> None:
-        with self._ledger_lock():
-            self._ledger_write(self._ledger_read() + delta)
+        with self._ledger() as ledger:
+            ledger.write(ledger.read() + delta)
 
     def _release(self, reserved: int, ledger_delta: int) -> None:
         with self._lock:
@@ -522,23 +536,23 @@ class LocalCache:
         if need > cap:
             raise CacheFull(f"{rel} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(cap)}", hint="raise --max-bytes / max_bytes")
-        with self._ledger_lock():
-            used = self._ledger_read()
+        with self._ledger() as ledger:
+            used = ledger.read()
             if used + need > cap:
                 low = int(cap * _LOW_WATER) - need
-                used = self._evict_lru(low if low >= 0 else cap - need)
+                used = self._evict_lru(ledger, low if low >= 0 else cap - need)
             if used + need > cap:
                 raise CacheFull(
                     f"the cache cap {format_bytes(cap)} is full of files handed to readers in "
                     f"the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); {rel} "
                     f"needs {format_bytes(need)}",
                     hint="raise --max-bytes, or read fewer files at once")
-            self._ledger_write(used + need)
+            ledger.write(used + need)
             with self._lock:  # inside the ledger lock: no walk can miss it
                 self._inflight += need
         return need
 
-    def _evict_lru(self, target: int) -> int:
+    def _evict_lru(self, ledger: _Ledger, target: int) -> int:
         """Evict least recently used, unleased files until usage <= target.
 
         Call with the ledger lock held. Returns the usage after, and resets
@@ -560,7 +574,7 @@ class LocalCache:
                 break
             if not c.partial and self._evict(c):
                 used -= c.size
-        self._ledger_write(used)
+        ledger.write(used)
         return used
 
     def _evict(self, c: _Cached) -> bool:
@@ -678,8 +692,8 @@ class LocalCache:
             _unlink(os.path.join(self._control, "namespaces", names[-1] + ".json"))
         with self._lock:
             self._memo.clear()
-        with self._ledger_lock():
-            self._ledger_write(sum(c.size for c in self._walk(self._namespaces(None))))
+        with self._ledger() as ledger:
+            ledger.write(sum(c.size for c in self._walk(self._namespaces(None))))
         return ClearReport(names, len(found), sum(c.size for c in found))
 
     def prune(self, max_bytes: int) -> PruneReport:
@@ -690,12 +704,12 @@ class LocalCache:
         """
         if max_bytes < 0:
             raise CacheError(f"--max-bytes must be 0 or more, got {max_bytes}")
-        with self._ledger_lock():
+        with self._ledger() as ledger:
             for ns_dir in self._namespaces(None):
                 self._sweep(ns_dir)
             found = [c for c in self._walk(self._namespaces(None)) if not c.partial]
             before = sum(c.size for c in found)
-            after = self._evict_lru(max_bytes)
+            after = self._evict_lru(ledger, max_bytes)
             remaining = {c.path for c in self._walk(self._namespaces(None))}
         removed = [c for c in found if c.path not in remaining]
         cutoff = time.time_ns() - self.lease_ns

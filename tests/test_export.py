@@ -479,3 +479,40 @@ def test_remote_server_from_start_connect_script(spark_session: Any, warehouse: 
     with open(os.path.join(dest, MANIFEST_NAME)) as f:
         assert json.load(f)["row_count"] == 1600
 
+
+
+def test_dest_that_is_not_an_export_is_not_replaced(spark_session: Any, warehouse: Warehouse,
+                                                    tmp_path: Any) -> None:
+    dest = tmp_path / "project"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidArgument, match="not part of a Parquet export"):
+        export_table("main.ml.events", str(dest))
+    assert (dest / "notes.txt").read_text() == "mine"
+    # A plain Spark export made without ucstage (the seed recipe) is replaced.
+    seed = tmp_path / "seed"
+    spark_session.range(5).write.parquet(str(seed))
+    assert export_table("main.ml.events", str(seed)).row_count == 1600
+
+
+def test_concurrent_exports_do_the_work_once(spark_session: Any, warehouse: Warehouse,
+                                             tmp_path: Any) -> None:
+    dest = str(tmp_path / "events")
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(export_table("main.ml.events", dest))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert errors == []
+    assert sorted(r.skipped_unchanged for r in results) == [False, True]
+    assert exported_table(dest).num_rows == 1600
+    _no_leftovers(dest)

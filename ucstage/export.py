@@ -30,6 +30,12 @@ follows:
    rename the staging folder to DEST, delete the old export. Both renames are
    within one folder, so readers see the old export or the new one.
 
+Exports into one DEST are serialised on a machine by an ``flock`` on
+``.<name>.ucstage.lock`` beside it, so the second of two concurrent exports
+finds the first one's result and skips. A DEST that holds anything but a
+Parquet export (files other than Parquet, Spark markers, the manifest;
+folders other than ``COL=value``) is refused rather than replaced.
+
 Any failure (bad ``where``, server killed mid-write, disk full, failed
 verification) removes the staging folder and leaves the previous export as it
 was.
@@ -45,13 +51,15 @@ mounted volume path instead. Paths containing Hadoop glob characters
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -352,6 +360,61 @@ def _unchanged(dest: str, source: _Source, options: ExportOptions) -> dict[str, 
     return manifest
 
 
+_SPARK_OUTPUT = re.compile(r"(.*\.parquet|_SUCCESS|\..*\.crc|_committed_.*|_started_.*|"
+                           + re.escape(MANIFEST_NAME) + ")")
+
+
+def _check_replaceable(dest: str) -> None:
+    """Refuse to replace a folder that is not a previous export.
+
+    An export replaces DEST as a whole, so a DEST holding anything but Parquet
+    files, Spark's markers and ``COL=value`` folders (say, a mistyped home
+    folder) is refused. A Spark export made without ucstage passes.
+    """
+    if not os.path.isdir(dest):
+        return
+    for folder, dirs, names in os.walk(dest):
+        sub = os.path.basename(folder)
+        if folder != dest and "=" not in sub and not sub.startswith("_temporary"):
+            raise InvalidArgument(
+                f"DEST {dest} holds a folder {os.path.relpath(folder, dest)!r} that is not part "
+                "of a Parquet export; refusing to replace it", hint="choose another DEST")
+        for name in names:
+            if not _SPARK_OUTPUT.fullmatch(name):
+                raise InvalidArgument(
+                    f"DEST {dest} holds {os.path.relpath(os.path.join(folder, name), dest)!r}, "
+                    "which is not part of a Parquet export; refusing to replace it",
+                    hint="choose another DEST, or move that file away")
+        dirs.sort()
+
+
+@contextmanager
+def _dest_lock(dest: str, report: StatusCallback) -> Iterator[None]:
+    """One export into ``dest`` at a time on this machine (``flock`` on a file beside it).
+
+    A second ``ucstage export`` of the same table (say, one per rank on a node)
+    waits, then finds the export unchanged and skips. flock is not reliable
+    across machines on network or FUSE mounts: start the export on one node.
+    """
+    parent, base = os.path.split(dest)
+    os.makedirs(parent, exist_ok=True)
+    lock_path = os.path.join(parent, f".{base}.ucstage.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ExportError(f"cannot create the lock file {lock_path}: {exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            report(f"waiting for another export into {dest}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            report(None)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _staging_name(dest: str, kind: str) -> str:
     parent, base = os.path.split(dest)
     return os.path.join(parent, f".{base}.ucstage-{kind}-{uuid.uuid4().hex[:12]}")
@@ -476,9 +539,15 @@ def export_table(
     options.validate()
     dest_path = _resolve_dest(dest)
     source = _resolve_source(table)
+    with _dest_lock(dest_path, report):
+        return _export(source, dest_path, options, remote, force, report, started)
 
+
+def _export(source: _Source, dest_path: str, options: ExportOptions, remote: str | None,
+            force: bool, report: StatusCallback, started: float) -> ExportResult:
     if not force and (previous := _unchanged(dest_path, source, options)) is not None:
         return ExportResult(dest_path, previous, True, time.monotonic() - started)
+    _check_replaceable(dest_path)
 
     spark = get_session(remote, status=report)
     try:
@@ -500,7 +569,6 @@ def export_table(
     except Exception as exc:
         raise _spark_failure(exc, "reading the table", remote) from exc
 
-    os.makedirs(os.path.dirname(dest_path), exist_ok=True)
     staging = _staging_name(dest_path, "staging")
     try:
         report(f"writing {expected:,} rows")

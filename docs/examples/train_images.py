@@ -81,7 +81,7 @@ def model() -> nn.Module:
     )
 
 
-def train(args: argparse.Namespace) -> list[dict[str, float]]:
+def train(args: argparse.Namespace) -> tuple[list[dict[str, float]], DataLoader]:
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
         dist.init_process_group("gloo")
@@ -118,7 +118,7 @@ def train(args: argparse.Namespace) -> list[dict[str, float]]:
               f"(p95 {stats.wait_p95_ms:.1f} ms)", file=sys.stderr)
     if distributed:
         dist.destroy_process_group()
-    return report
+    return report, loader
 
 
 def main() -> int:
@@ -141,10 +141,14 @@ def main() -> int:
     if args.mlflow:
         import mlflow
 
-        with mlflow.start_run(run_name="ucstage-train-images"):
-            report = train(args)
+        with mlflow.start_run(run_name="ucstage-train-images") as run:
+            report, loader = train(args)
+            loader.flush_metrics()
+        metrics = mlflow.tracking.MlflowClient().get_run(run.info.run_id).data.metrics
+        print(f"MLflow run {run.info.run_id} ({mlflow.get_tracking_uri()}): "
+              + ", ".join(sorted(metrics)), file=sys.stderr)
     else:
-        report = train(args)
+        report, _ = train(args)
     if args.json:
         print(json.dumps(report))
     return 0 if all(math.isfinite(r["loss"]) for r in report) else 1

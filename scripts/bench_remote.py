@@ -4,7 +4,7 @@ Run through scripts/bench_remote.sh, which starts scripts/remote-volume.sh
 and runs this inside it (it reads UCSTAGE_REMOTE_* from the environment).
 For each data set (small/ and large/ in the bucket) it times, back to back:
 
-* ``ucstage cache warm`` into a fresh cache (FUSE mount -> local disk),
+* ``ucstage cache warm`` into a fresh cache, from the FUSE mount and from s3://,
 * ``ucstage bench`` direct / cold / warm across worker counts,
 * ``cp -r`` from the FUSE mount,
 * ``rclone copy --transfers 8`` and ``s5cmd cp`` from the S3 side,
@@ -60,7 +60,8 @@ def _copytree(src: str, dest: str) -> tuple[float, str]:
         error = ""
     except shutil.Error as exc:  # copytree collects per-file errors, then raises
         first = exc.args[0][0] if exc.args and exc.args[0] else ("", "", str(exc))
-        error = f"shutil.Error on {len(exc.args[0])} files, e.g. {first[2]}"
+        reason = str(first[2]).split(": '", 1)[0]  # drop the temp path
+        error = f"shutil.Error on {len(exc.args[0])} files: {reason}"
     except OSError as exc:
         error = f"{type(exc).__name__}: {exc}"
     return time.perf_counter() - start, error
@@ -89,7 +90,13 @@ def run_set(name: str, workers: str, max_seconds: float) -> dict[str, Any]:
     try:
         env = dict(os.environ, UCSTAGE_CACHE_DIR=fresh("cache"))
         seconds, error = _timed([f"{BIN}/ucstage", "cache", "warm", src, "--jobs", "8"], env)
-        record("ucstage cache warm --jobs 8", seconds, error)
+        record("ucstage cache warm --jobs 8 (FUSE)", seconds, error)
+        shutil.rmtree(env["UCSTAGE_CACHE_DIR"], ignore_errors=True)
+
+        env = dict(os.environ, UCSTAGE_CACHE_DIR=fresh("cache-s3"))
+        seconds, error = _timed([f"{BIN}/ucstage", "cache", "warm", f"{bucket}/{name}",
+                                 "--jobs", "8"], env)
+        record("ucstage cache warm --jobs 8 (S3)", seconds, error)
         shutil.rmtree(env["UCSTAGE_CACHE_DIR"], ignore_errors=True)
 
         start = time.perf_counter()
@@ -208,7 +215,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="small,large")
     parser.add_argument("--workers", default="1,2,4,8")
-    parser.add_argument("--max-seconds", type=float, default=120.0,
+    parser.add_argument("--max-seconds", type=float, default=240.0,
                         help="bound on each `ucstage bench` run")
     parser.add_argument("--chart", default=os.path.join(HERE, "docs", "bench-remote.png"))
     parser.add_argument("--json", dest="json_out", default=None)

@@ -11,7 +11,9 @@ The embedded server is pyspark's own ``SparkConnectServer`` started with
 used: it binds 15002 on every interface and its client ignores any other
 port). It is started once per process, reused by every call, and stopped at
 interpreter exit; the child also gets ``PR_SET_PDEATHSIG`` so it dies with the
-process that started it even after a ``kill -9``. Settings that only take
+process that started it even after a ``kill -9`` (Linux delivers that signal
+when the *thread* that started the server ends: start it from a long-lived
+thread, as the CLI and ordinary scripts do from the main thread). Settings that only take
 effect at server start are passed there: no ``_SUCCESS`` markers, no ``.crc``
 side files, no web UI.
 
@@ -319,6 +321,18 @@ def get_session(remote: str | None = None, *, status: StatusCallback | None = No
         return session
 
 
+def _reachable(url: str) -> bool:
+    from urllib.parse import urlparse
+
+    try:
+        parsed = urlparse(url.replace("sc://", "http://", 1))
+        with socket.create_connection((parsed.hostname or "localhost", parsed.port or 15002),
+                                      timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def embedded_server() -> EmbeddedServer | None:
     """The embedded server this process started, if any (for tests and benchmarks)."""
     return _embedded
@@ -328,8 +342,11 @@ def stop_embedded() -> None:
     """Close cached sessions and stop the embedded server, if this process started one."""
     global _embedded
     with _lock:
-        for session in _sessions.values():
-            with contextlib.suppress(Exception):
+        for url, session in _sessions.items():
+            if not _reachable(url):
+                continue  # stopping would only retry against a dead server
+            with contextlib.suppress(Exception), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 session.stop()
         _sessions.clear()
         server, _embedded = _embedded, None

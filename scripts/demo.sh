@@ -20,3 +20,10 @@ python scripts/make_sample_volume.py "$UCSTAGE_VOLUMES_ROOT/main/ml/train"
 step ucstage shard-plan "$VOL" --world-size 2 --num-workers 3 --batch-size 8
 # What goes wrong when rank 1 is started with num_workers=2 (exits 1).
 step ucstage shard-plan "$VOL" --world-size 2 --num-workers 3,2
+
+# A training-style loop (CPU): VolumeDataset -> PIL decoding -> DataLoader, wait times to MLflow.
+step env MLFLOW_ALLOW_FILE_STORE=true MLFLOW_TRACKING_URI="file:$DEMO/mlruns" \
+  python docs/examples/train_images.py "$VOL" --epochs 2 --mlflow
+# The same on 2 ranks (gloo): each rank reads its half; the cache is already warm.
+step torchrun --nproc_per_node=2 --master_addr 127.0.0.1 --master_port 29517 \
+  docs/examples/train_images.py "$VOL" --epochs 2

@@ -110,7 +110,8 @@ class Recommendation:
     bottleneck: str | None
     """"volume" when a warm cache reads at least 1.5x faster than the volume,
     "local" when it does not (the volume keeps up; look at the loader or the
-    model), None when warm or direct was not measured."""
+    model), None when warm or direct was not measured or every direct run took
+    under NOISY_SECONDS (too short to tell)."""
 
 
 @dataclass(frozen=True)
@@ -681,7 +682,11 @@ def recommend(results: Sequence[RunResult]) -> Recommendation:
         return None
 
     warm_direct = ratio("warm", "direct")
-    bottleneck = None if warm_direct is None else "volume" if warm_direct >= 1.5 else "local"
+    # Direct runs shorter than NOISY_SECONDS mean the sample is too small to
+    # tell the volume from local disk: a ratio of two timer blips is no verdict.
+    timed = any(r.seconds >= NOISY_SECONDS for r in results if r.mode == "direct")
+    bottleneck = (None if warm_direct is None or not timed
+                  else "volume" if warm_direct >= 1.5 else "local")
     return Recommendation(
         workers=by_mode.get(mode) if mode else None, mode=mode,
         best_workers=best[mode][1] if mode else None,

@@ -99,9 +99,11 @@ def _render(console: Console, report: BenchReport) -> None:
         + (f"  [dim](per mode: {others})[/]" if others else ""))
     if rec.cold_vs_direct is not None:
         console.print(f"  cold cache vs direct: {rec.cold_vs_direct:.2f}x")
-    if rec.bottleneck is not None and rec.warm_vs_direct is not None:
-        console.print("  warm cache vs direct: " + f"{rec.warm_vs_direct:.2f}x; "
-                      + _VERDICT[rec.bottleneck].format(x=rec.warm_vs_direct))
+    if rec.warm_vs_direct is not None:
+        verdict = (_VERDICT[rec.bottleneck].format(x=rec.warm_vs_direct) if rec.bottleneck
+                   else f"direct runs took under {bench.NOISY_SECONDS:g} s, too short to say "
+                        "whether the volume is the bottleneck; bench more files")
+        console.print(f"  warm cache vs direct: {rec.warm_vs_direct:.2f}x; {verdict}")
 
 
 def _positive_float(_: click.Context, __: click.Parameter, value: float | None) -> float | None:

@@ -332,3 +332,33 @@ def test_loader_mode_reads_every_file_through_dataloader_workers(fuse_tree, tmp_
     assert report.recommendation.mode == "loader" and report.batch_size == 3
     assert _leftovers(scratch) == []
     _user_cache_untouched()
+
+
+def test_remote_volume_script_serves_a_mount_and_tears_everything_down(tmp_path) -> None:
+    """scripts/remote-volume.sh end to end: bench reads its FUSE mount, then nothing is left."""
+    import shutil
+
+    from tests.common.parts import fuse_available, require
+
+    require(os.geteuid() == 0, "the emulated remote volume needs root (ip netns, tc)")
+    require(shutil.which("ip") is not None and shutil.which("tc") is not None,
+            "iproute2 is not installed")
+    require(*fuse_available())
+    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
+                          "remote-volume.sh")
+    inner = ('echo "NS=$UCSTAGE_REMOTE_NS MNT=$UCSTAGE_REMOTE_MNT" >&2; '
+             f'{sys.executable} -m ucstage bench "$UCSTAGE_REMOTE_MNT/small" -m direct,cold '
+             f'-w 1,3 --json --scratch-dir {tmp_path}/scratch')
+    proc = subprocess.run([script, "--small", "6x4K", "--large", "none", "--delay", "1ms",
+                           "--rate", "100mbit", "--", "sh", "-c", inner],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert [(r["mode"], r["workers"], r["files"], r["bytes"]) for r in data["results"]] == [
+        (m, k, 6, 6 * 4096) for m in ("direct", "cold") for k in (1, 3)]
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("NS="))
+    ns, mnt = (part.split("=", 1)[1] for part in line.split())
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert ns not in netns
+    assert not os.path.ismount(mnt) and not os.path.exists(os.path.dirname(mnt))
+    assert _leftovers(str(tmp_path / "scratch")) == []

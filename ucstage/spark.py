@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -284,8 +285,12 @@ def _check(session: Any, url: str) -> None:
             warnings.simplefilter("ignore")  # pyspark's RETRIES_EXCEEDED UserWarning
             session.version  # noqa: B018 - one cheap round trip
     except Exception as exc:
+        with contextlib.suppress(Exception):
+            session.client.close()  # no release RPCs to a dead server at exit
+        details = re.search(r'details = "([^"]*)"', str(exc))
+        reason = details.group(1) if details else str(exc).strip().splitlines()[0]
         raise SparkUnavailable(
-            f"cannot reach the Spark Connect server at {url}: {str(exc).splitlines()[0][:200]}",
+            f"cannot reach the Spark Connect server at {url}: {reason[:200]}",
             hint="check that the server runs and the URL is right, or unset SPARK_REMOTE "
                  "to use the embedded server",
         ) from exc
@@ -344,7 +349,11 @@ def stop_embedded() -> None:
     with _lock:
         for url, session in _sessions.items():
             if not _reachable(url):
-                continue  # stopping would only retry against a dead server
+                # Stopping would only retry against a dead server; closing the
+                # channel also keeps pyspark's exit hook from trying.
+                with contextlib.suppress(Exception):
+                    session.client.close()
+                continue
             with contextlib.suppress(Exception), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 session.stop()

@@ -12,6 +12,7 @@ bandwidth and every request/response pays the round trip, like netem's delay.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 
@@ -42,10 +43,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             writer.write(data)
             await writer.drain()
 
-    try:
+    with contextlib.suppress(ConnectionError, OSError):  # a peer went away: end quietly
         await asyncio.gather(receive(), send())
-    except (ConnectionError, OSError):
-        pass
 
 
 async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
@@ -73,7 +72,5 @@ async def main(listen_host: str, listen_port: int, host: str, port: int, delay_m
 
 if __name__ == "__main__":
     lh, lp, th, tp, ms = sys.argv[1:6]
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(lh, int(lp), th, int(tp), float(ms)))
-    except KeyboardInterrupt:
-        pass

@@ -27,3 +27,12 @@ step env MLFLOW_ALLOW_FILE_STORE=true MLFLOW_TRACKING_URI="file:$DEMO/mlruns" \
 # The same on 2 ranks (gloo): each rank reads its half; the cache is already warm.
 step torchrun --nproc_per_node=2 --master_addr 127.0.0.1 --master_port 29517 \
   docs/examples/train_images.py "$VOL" --epochs 2
+
+# Is the volume, the cache or the worker count the bottleneck? A 120-file sample read
+# direct, through a fresh private cache (cold) and again (warm); chart in .demo/bench.png.
+step ucstage bench "$VOL" --files 120 --workers 1,2,4 --max-seconds 60 --plot "$DEMO/bench.png"
+# As root: the same on an emulated remote volume (moto S3 + rclone FUSE, 2 ms, 1 Gbit/s).
+if [[ $(id -u) == 0 ]]; then
+  step env DEMO="$DEMO" scripts/remote-volume.sh --small 300x256K --large none -- \
+    sh -c 'ucstage bench "$UCSTAGE_REMOTE_MNT/small" --files 200 --workers 1,4,8 --plot "$DEMO/bench-remote.png"'
+fi

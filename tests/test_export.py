@@ -516,3 +516,20 @@ def test_concurrent_exports_do_the_work_once(spark_session: Any, warehouse: Ware
     assert sorted(r.skipped_unchanged for r in results) == [False, True]
     assert exported_table(dest).num_rows == 1600
     _no_leftovers(dest)
+
+
+def test_catalog_table_through_spark_table(spark_session: Any, tmp_path: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without $UCSTAGE_WAREHOUSE a name goes to the server's catalog. The
+    # embedded server has no Delta, so a plain catalog table stands in: no
+    # DESCRIBE HISTORY, hence no version, hence never skipped.
+    monkeypatch.delenv("UCSTAGE_WAREHOUSE", raising=False)
+    spark_session.sql("CREATE TABLE IF NOT EXISTS spark_catalog.default.ucstage_t "
+                      "USING parquet AS SELECT id, id * 2 AS twice FROM range(25)")
+    dest = str(tmp_path / "cat")
+    first = export_table("spark_catalog.default.ucstage_t", dest, where="id < 20")
+    assert first.manifest["source"] == {"kind": "catalog", "location": None}
+    assert first.manifest["delta_version"] is None and first.row_count == 20
+    assert rows(exported_table(dest)) == [{"id": i, "twice": 2 * i} for i in range(20)]
+    assert not export_table("spark_catalog.default.ucstage_t", dest,
+                            where="id < 20").skipped_unchanged

@@ -150,6 +150,7 @@ class EmbeddedServer:
     log_dir: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     startup_seconds: float | None = None
+    _own_dir: bool = False
 
     @property
     def url(self) -> str:
@@ -186,6 +187,7 @@ class EmbeddedServer:
             self.port = _free_port()
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="ucstage-spark-")
+            self._own_dir = True
         os.makedirs(self.log_dir, exist_ok=True)
         env = dict(os.environ)
         env.update({"SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1",
@@ -234,16 +236,21 @@ class EmbeddedServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop the server: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        """Stop the server: SIGTERM, then SIGKILL after ``timeout`` seconds.
+
+        The temp folder ucstage made for the log (also the server's working
+        folder: ``spark-warehouse``, ``metastore_db``) is removed with it.
+        """
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._own_dir and self.log_dir and proc is not None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 _lock = threading.Lock()

@@ -27,16 +27,26 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from . import _cachedir as cd
+from ._cachetypes import (
+    CacheStatus,
+    ClearReport,
+    NamespaceStatus,
+    PruneReport,
+    VerifyReport,
+    WarmCallback,
+    WarmReport,
+    _Cached,
+    _Ledger,
+)
 from ._copy import copy_to
 from ._locks import FileLock, stripe_path
-from .errors import CacheError, CacheFull, FetchFailed, UcstageError
+from .errors import CacheError, CacheFull, FetchFailed, UcstageError, UnsafePath
 from .sharding import effective_workers, read_order, slot_files
 from .units import format_bytes, parse_size
 from .volumes import FileEntry, Volume, safe_relpath
@@ -63,123 +73,11 @@ one-second resolution, and hot lookups cost one stat, not a stat and a write."""
 _LOW_WATER = 0.95
 """Eviction goes down to 95% of the cap so a full cache does not walk its
 tree on every fetch."""
+_MEMO_MAX = 1 << 18
+"""Stamps remembered per process; past this the memo starts over (bounded memory
+in every DataLoader worker, at the cost of one xattr read per file)."""
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
-
-
-class WarmCallback:
-    """Progress of :meth:`LocalCache.warm`; every method is a no-op here.
-
-    Subclass and override (the CLI plugs in a rich progress bar). Methods are
-    called from worker threads.
-    """
-
-    def set_size(self, files: int, nbytes: int) -> None:
-        """Called once: how many files and bytes the warm covers."""
-
-    def relative_update(self, nbytes: int) -> None:
-        """``nbytes`` more of the total are now in the cache (copied or already valid)."""
-
-    def file_done(self, path: str, status: str, error: str = "") -> None:
-        """One file finished: ``status`` is ``fetched``, ``cached`` or ``failed``."""
-
-
-@dataclass
-class WarmReport:
-    """What a warm did (docs/json-cache.md#warm)."""
-
-    files: int = 0
-    bytes: int = 0
-    fetched: int = 0
-    fetched_bytes: int = 0
-    already_cached: int = 0
-    already_cached_bytes: int = 0
-    failed: list[tuple[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-@dataclass
-class NamespaceStatus:
-    namespace: str
-    source: str
-    path: str
-    entries: int
-    bytes: int
-    partial_files: int
-
-
-@dataclass
-class CacheStatus:
-    root: str
-    entries: int
-    bytes: int
-    max_bytes: int | None
-    free_bytes: int
-    namespaces: list[NamespaceStatus]
-
-
-@dataclass
-class VerifyReport:
-    checked: int = 0
-    ok: int = 0
-    missing: int = 0
-    stale: list[tuple[str, str]] = field(default_factory=list)
-    corrupt: list[tuple[str, str]] = field(default_factory=list)
-    removed_partial_files: int = 0
-
-    @property
-    def clean(self) -> bool:
-        return not self.stale and not self.corrupt
-
-
-@dataclass
-class ClearReport:
-    namespaces: list[str]
-    files: int
-    bytes: int
-
-
-@dataclass
-class PruneReport:
-    max_bytes: int
-    bytes_before: int
-    bytes_after: int
-    files_removed: int
-    bytes_removed: int
-    bytes_in_use: int
-    """Bytes that stayed because they were handed to a reader within the lease."""
-
-
-@dataclass(frozen=True)
-class _Cached:
-    atime_ns: int
-    size: int
-    path: str
-    lock: str
-    partial: bool = False
-    """A copy in flight (or left by a killed run): counted, never evicted."""
-
-
-class _Ledger:
-    """Bytes the cache holds (plus reservations), as a fixed-width number in
-    one small file. Rewritten in place: that needs no new disk block (it must
-    work on a full disk), and a torn write fails to parse, which makes the next
-    reader recount from the tree."""
-
-    def __init__(self, fd: int, recount: Callable[[], int]) -> None:
-        self.fd = fd
-        self.recount = recount
-
-    def read(self) -> int:
-        try:
-            return int(os.pread(self.fd, 64, 0).decode("ascii").strip())
-        except (OSError, ValueError, UnicodeDecodeError):
-            total = self.recount()
-            self.write(total)
-            return total
-
-    def write(self, value: int) -> None:
-        os.pwrite(self.fd, b"%20d\n" % max(0, value), 0)
 
 
 def rank_entries(
@@ -314,6 +212,8 @@ class LocalCache:
             if stamp is None:
                 return None
             memo = (st.st_ino, st.st_ctime_ns, stamp[0], stamp[1])
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
             self._memo[local] = memo
         if memo[2] != entry.size or memo[3] != entry.version or st.st_size != entry.size:
             return None
@@ -360,6 +260,8 @@ class LocalCache:
 
     def _fetch_once(self, volume: Volume, entry: FileEntry) -> tuple[str, bool]:
         rel = safe_relpath(entry.path)
+        if cd.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
+            raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
         ns_dir = self.prepare(volume)
         local = os.path.join(ns_dir, *rel.split("/"))
         lock_path = stripe_path(self._lock_dir(ns_dir), rel)

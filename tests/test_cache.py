@@ -128,10 +128,19 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
     with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
-        for delay in (0.6, 1.4, 2.2):
+        # Kill points: during start-up, then 0 s, 0.3 s and 0.8 s after a copy
+        # is seen in progress (polling, so a slow machine still hits mid-copy).
+        for after_partial in (None, 0.0, 0.3, 0.8):
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
-            time.sleep(delay)
+            if after_partial is None:
+                time.sleep(0.2)
+            else:
+                deadline = time.monotonic() + 30
+                while not partial_files(cache_dir) and time.monotonic() < deadline \
+                        and proc.poll() is None:
+                    time.sleep(0.01)
+                time.sleep(after_partial)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             ns = _only_namespace(cache_dir)
@@ -341,6 +350,8 @@ def test_dotdot_and_absolute_keys_are_refused(moto, tmp_path: Path) -> None:  # 
             cache.fetch(vol, FileEntry(bad, 4, "x"))
         with pytest.raises(UnsafePath):
             cache.lookup(vol, FileEntry(bad, 4, "x"))
+    with pytest.raises(UnsafePath, match="temp files"):  # could be swept as a dead copy
+        cache.fetch(vol, FileEntry("d/.0001.x.ucstage-part", 4, "x"))
     report = cache.warm(vol, [*m.entries, FileEntry("../escape.bin", 4, "x")])
     assert report.fetched == 1 and [p for p, _ in report.failed] == ["../escape.bin"]
     parent = os.path.dirname(cache.root)

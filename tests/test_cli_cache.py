@@ -195,3 +195,20 @@ def test_unsafe_keys_are_refused_with_a_warning(moto) -> None:  # type: ignore[n
     assert [r["path"] for r in summary["refused"]] == ["a/../../../../etc/evil"]
     assert "skipped a/../../../../etc/evil" in result.stderr
     assert not os.path.exists("/etc/evil")
+
+
+def test_progress_bar_shows_files_and_bytes(src: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ucstage.cache import LocalCache
+    from ucstage.cli.cache import RichWarmProgress, progress_bar
+    from ucstage.manifest import snapshot
+
+    buffer = StringIO()
+    m = snapshot(str(src))
+    with progress_bar(True, Console(file=buffer, force_terminal=True, width=150)) as bar:
+        report = LocalCache().warm(m.volume(), m.entries, callback=RichWarmProgress(bar))
+    text = buffer.getvalue()
+    assert report.fetched == 10 and "10/10 files" in text and "1.0 kB" in text

@@ -81,11 +81,12 @@ class RichWarmProgress(WarmCallback):
             self.progress.console.print(f"[red]failed[/] {path}: {error}", markup=True)
 
 
-def _progress(enabled: bool) -> Progress:
+def progress_bar(enabled: bool, console: Console = err) -> Progress:
+    """The warm progress bar: description, bar, files, bytes, MB/s, ETA."""
     return Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[files]}"),
         DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-        console=err, disable=not enabled, transient=False,
+        console=console, disable=not enabled, transient=False,
     )
 
 
@@ -196,7 +197,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
                                num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch)
         slice_ = {"ranks": ranks, "world_size": world_size, "num_workers": num_workers,
                   "shuffle": shuffle, "seed": seed, "epoch": epoch}
-    with _progress(not as_json and err.is_terminal) as progress:
+    with progress_bar(not as_json and err.is_terminal) as progress:
         report = cache.warm(volume, entries, jobs=jobs, callback=RichWarmProgress(progress))
     data = warm_json(cache, volume, m, report, slice_)
 

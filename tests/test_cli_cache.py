@@ -58,7 +58,8 @@ def test_warm_json_resume_and_status(src: Path) -> None:
     assert (again["fetched"], again["already_cached"]) == (0, 10)
     status = run("cache", "status", "--json")
     assert status["entries"] == 10 and status["bytes"] == first["bytes"]
-    assert status["namespaces"][0]["source"] == str(src) and status["free_bytes"] > 0
+    ns = status["namespaces"][0]
+    assert ns["source"] == ns["url"] == str(src) and status["free_bytes"] > 0
     human = run("cache", "warm", str(src))
     assert "already cached 10" in human
 

@@ -56,6 +56,9 @@ class WarmReport:
 class NamespaceStatus:
     namespace: str
     source: str
+    """The source as it was given (``/Volumes/...``, a URL, a folder)."""
+    url: str
+    """Where it resolved to when cached (a local path or an fsspec URL)."""
     path: str
     entries: int
     bytes: int

@@ -168,15 +168,16 @@ class LocalCache:
         self._prepared.add(ns_dir)
         return ns_dir
 
-    def _sources(self) -> dict[str, str]:
-        """namespace -> source URL, from the records written by :meth:`prepare`."""
-        found: dict[str, str] = {}
+    def _sources(self) -> dict[str, tuple[str, str]]:
+        """namespace -> (source as given, resolved URL), from :meth:`prepare`'s records."""
+        found: dict[str, tuple[str, str]] = {}
         folder = os.path.join(self._control, "namespaces")
         for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
             try:
                 with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                    found[name[:-5]] = json.load(fh)["url"]
-            except (OSError, ValueError, KeyError):
+                    record = json.load(fh)
+                found[name[:-5]] = (str(record.get("source") or record["url"]), str(record["url"]))
+            except (OSError, ValueError, KeyError, AttributeError):
                 continue
         return found
 
@@ -530,8 +531,9 @@ class LocalCache:
             name = os.path.basename(ns_dir)
             found = list(self._walk([ns_dir]))
             files = [c for c in found if not c.partial]
+            given, url = sources.get(name, (volume.source, volume.url) if volume else ("", ""))
             rows.append(NamespaceStatus(
-                name, sources.get(name, volume.url if volume else ""), ns_dir,
+                name, given, url, ns_dir,
                 len(files), sum(c.size for c in files), len(found) - len(files)))
         total = sum(r.bytes for r in rows)
         return CacheStatus(self.root, sum(r.entries for r in rows), total, self.max_bytes,

@@ -297,11 +297,14 @@ def status(source: str | None, as_json: bool) -> None:
                       f"{format_bytes(st.bytes)}; cap {cap}; {format_bytes(st.free_bytes)} "
                       "free on disk")
         if st.namespaces:
-            t = table("source", "files", "bytes", "partial", "folder")
+            t = table("source", "files", "bytes", "partial")
+            t.columns[0].overflow = "fold"  # a path is more use whole than cut
             for n in st.namespaces:
                 t.add_row(n.source or "?", f"{n.entries:,}", format_bytes(n.bytes),
-                          str(n.partial_files), n.namespace)
+                          str(n.partial_files))
             console.print(t)
+            for n in st.namespaces:
+                console.print(f"  {n.source or '?'} -> {n.path}", markup=False)
 
     emit(data, as_json, human)
 
@@ -332,9 +335,9 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
     results: list[dict[str, Any]] = []
     if source is None and manifest_path is None:
         for ns in cache.status().namespaces:
-            if not ns.source:
+            if not ns.url:
                 continue
-            vol = resolve(ns.source)
+            vol = resolve(ns.url)
             results.append(_verify_json(ns.source, cache.verify(vol, checksum=checksum)))
     else:
         m = read_source(source, manifest_path, include, exclude, include_hidden)

@@ -382,6 +382,7 @@ def _big_table(path: str, n: int) -> None:
                                     "x": pc.multiply(ids, 3)}))
 
 
+@pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED")
 def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any,
                                                            tmp_path: Any) -> None:
     from ucstage.spark import EmbeddedServer
@@ -466,6 +467,7 @@ def test_disk_full_keeps_the_previous_export(spark_session: Any, tmp_path: Any,
 
 # -- a server the user runs: pyspark's sbin/start-connect-server.sh -------------
 
+@pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED")
 def test_remote_server_from_start_connect_script(spark_session: Any, warehouse: Warehouse,
                                                  tmp_path: Any) -> None:
     with connect_script_server(str(tmp_path / "remote")) as url:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import click
@@ -133,6 +134,8 @@ def command(
         raise InvalidArgument("--world-size and --num-workers go together")
     # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    # ...and warns when its bounded retries run out; the error line says that.
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
     status = _Status(enabled=err.is_terminal)
     try:
         result = export_table(

@@ -36,3 +36,26 @@ if [[ $(id -u) == 0 ]]; then
   step env DEMO="$DEMO" scripts/remote-volume.sh --small 300x256K --large none -- \
     sh -c 'ucstage bench "$UCSTAGE_REMOTE_MNT/small" --files 200 --workers 1,4,8 --plot "$DEMO/bench-remote.png"'
 fi
+
+# A Delta table written with deltalake (write, append, delete), exported to
+# Parquet in a volume through the embedded Spark Connect server (Java 17).
+python - <<'EOF'
+import os
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+path = os.path.join(os.environ["UCSTAGE_WAREHOUSE"], "main", "ml", "events")
+def rows(start, n):
+    ids = list(range(start, start + n))
+    return pa.table({"id": ids, "text": [f"event {i}" for i in ids], "label": [i % 3 for i in ids]})
+write_deltalake(path, rows(0, 1000), mode="overwrite")
+write_deltalake(path, rows(1000, 500), mode="append")
+DeltaTable(path).delete("label = 2")
+print(f"Delta table main.ml.events at {path}, version {DeltaTable(path).version()}")
+EOF
+step ucstage export main.ml.events /Volumes/main/ml/train/events --files 6 --world-size 2 --num-workers 3
+# Same table version and options: nothing is rewritten.
+step ucstage export main.ml.events /Volumes/main/ml/train/events --files 6 --world-size 2 --num-workers 3
+# A bad filter is refused by Spark before anything is written (exits 2).
+step ucstage export main.ml.events /Volumes/main/ml/train/events --where "labl = 1"
+step env HF_DATASETS_OFFLINE=1 python -c "import datasets; print(datasets.load_dataset('parquet', data_files='$UCSTAGE_VOLUMES_ROOT/main/ml/train/events/*.parquet', split='train'))"

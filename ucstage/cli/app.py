@@ -68,21 +68,14 @@ def cli(debug: bool) -> None:
         os.environ["UCSTAGE_DEBUG"] = "1"
 
 
-def _register() -> None:
-    from . import shard_plan
+# Each subcommand module imports only light library modules at the top; torch,
+# pyspark and deltalake load inside the commands that need them.
+from . import bench, cache, export, shard_plan  # noqa: E402
 
-    cli.add_command(shard_plan.shard_plan)
-    for name in ("cache", "bench", "export"):
-        try:
-            module = __import__(f"ucstage.cli.{name}", fromlist=[name])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"ucstage.cli.{name}":
-                raise
-            continue
-        cli.add_command(module.command)
-
-
-_register()
+cli.add_command(shard_plan.shard_plan)
+cli.add_command(cache.command)
+cli.add_command(bench.command)
+cli.add_command(export.command)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..manifest import Manifest, snapshot
@@ -74,7 +75,7 @@ def read_source(
     result = snapshot(source, manifest=manifest_path, include=include, exclude=exclude,
                       include_hidden=include_hidden)
     for path, reason in result.refused[:5]:
-        err.print(f"[yellow]warning:[/] skipped {path}: {reason}", markup=True)
+        err.print(f"[yellow]warning:[/] skipped {escape(path)}: {escape(reason)}", markup=True)
     if len(result.refused) > 5:
         err.print(f"[yellow]warning:[/] skipped {len(result.refused) - 5} more unsafe entries")
     return result
@@ -91,7 +92,7 @@ def emit(data: dict[str, Any], as_json: bool, human: Callable[[Console], None]) 
 
 def fail_found(message: str) -> NoReturn:
     """The command ran and found a problem: one line on stderr, exit 1."""
-    err.print(f"[bold red]error:[/] {message}", markup=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     sys.exit(1)
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import InvalidArgument
 from ..manifest import Manifest
@@ -80,7 +81,7 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
                     else ",".join(str(k) for k in p.num_workers))
     order = f"shuffled (seed {p.seed}, epoch {p.epoch})" if p.shuffle else "listing order"
     fps, bps = p.files_per_slot(), p.bytes_per_slot()
-    console.print(f"[bold]Shard plan[/] for {manifest.path or manifest.source}  "
+    console.print(f"[bold]Shard plan[/] for {escape(manifest.path or manifest.source)}  "
                   f"[dim]fingerprint {manifest.fingerprint[:12]}[/]")
     summary = table("", "", numeric=False)
     summary.show_header = False
@@ -120,7 +121,7 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
             for i in indices[:EXAMPLES]:
                 readers = " and ".join(f"{r}:{w}" for r, w in p.readers(i))
                 by = f"  [dim](by rank:worker {readers})[/]" if readers else ""
-                console.print(f"  {label:<11} {paths[i]}{by}")
+                console.print(f"  {label:<11} {escape(paths[i])}{by}")
             if len(indices) > EXAMPLES:
                 console.print(f"  {'':<11} [dim]… and {len(indices) - EXAMPLES:,} more (--json lists all)[/]")
         console.print("  fix: pass the same num_workers to the DataLoader on every rank")

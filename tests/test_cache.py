@@ -227,6 +227,13 @@ def _local_source(tmp_path: Path, n: int, size: int) -> tuple:  # type: ignore[t
     return m.volume(), list(m.entries)
 
 
+def _usage(cache: LocalCache, ns: str) -> int:
+    """Bytes on disk in ``ns``, temp files included, read under the ledger lock
+    (renames happen under it, so the walk cannot see a file twice or not at all)."""
+    with cache._ledger():
+        return sum(c.size for c in cache._walk([ns]))
+
+
 def test_lru_evicts_least_recently_used_first(tmp_path: Path) -> None:
     """Guarantee 4: least recently used entries go first."""
     vol, (a, b, c, d) = _local_source(tmp_path, 4, 1000)
@@ -260,7 +267,8 @@ def test_cap_smaller_than_one_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_usage_never_exceeds_cap_by_more_than_in_flight(tmp_path: Path) -> None:
-    """Guarantee 4: 4 threads fetch 60 files through a 10-file cap."""
+    """Guarantee 4 (stronger): 4 threads fetch 60 files through a 10-file cap;
+    usage never passes the cap, even counting the copies in flight."""
     vol, entries = _local_source(tmp_path, 60, 1000)
     cache = LocalCache(max_bytes=10_000, lease_seconds=0)
     ns = cache.prepare(vol)
@@ -268,12 +276,47 @@ def test_usage_never_exceeds_cap_by_more_than_in_flight(tmp_path: Path) -> None:
 
     def one(e: FileEntry) -> None:
         cache.fetch(vol, e)
-        peaks.append(sum(c.size for c in cache._walk([ns])))  # stat races eviction safely
+        peaks.append(_usage(cache, ns))
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(one, entries))
-    assert len(peaks) == 60 and max(peaks) <= 10_000 + 4 * 1000
+    # Copies in flight are counted (their preallocated temp files): never over.
+    assert len(peaks) == 60 and max(peaks) <= 10_000
     assert cache.status().bytes <= 10_000
+
+
+_CAP_WORKER = textwrap.dedent("""
+    import random, sys
+    from ucstage import manifest
+    from ucstage.cache import LocalCache
+    m = manifest.load(sys.argv[1])
+    entries = list(m.entries)
+    random.Random(int(sys.argv[2])).shuffle(entries)
+    cache, vol = LocalCache(max_bytes=int(sys.argv[3]), lease_seconds=0), m.volume()
+    for e in entries:
+        cache.fetch(vol, e)
+""")
+
+
+def test_cap_holds_across_processes(tmp_path: Path) -> None:
+    """Guarantee 4 across processes: 3 processes share one capped cache."""
+    vol, _ = _local_source(tmp_path, 40, 1000)
+    man = manifest_mod.save(snapshot(str(tmp_path / "src")), tmp_path / "m.json")
+    script = tmp_path / "cap.py"
+    script.write_text(_CAP_WORKER)
+    procs = [subprocess.Popen([sys.executable, str(script), str(man), str(seed), "8000"])
+             for seed in range(3)]
+    cache = LocalCache()
+    ns = cache.namespace_dir(vol)
+    peak = 0
+    samples = 0
+    while any(p.poll() is None for p in procs):
+        peak = max(peak, _usage(cache, ns))
+        samples += 1
+    assert [p.wait() for p in procs] == [0, 0, 0]
+    assert samples > 0 and peak <= 8000  # temp files of copies in flight included
+    final = cache.status()
+    assert 0 < final.bytes <= 8000 and final.entries <= 8
 
 
 # -- 5. disk full ---------------------------------------------------------------

@@ -11,7 +11,9 @@ How it works is documented in docs/cache.md. In short:
   once; locks die with their process.
 * With a byte cap, the least recently used files are evicted first; a file's
   atime is its last hand-out time, and files handed out in the last
-  ``lease_seconds`` are never evicted.
+  ``lease_seconds`` are never evicted. A copy reserves its bytes by creating
+  its preallocated temp file under the ledger lock, so usage, copies in
+  flight included, stays within the cap.
 """
 
 from __future__ import annotations
@@ -132,7 +134,6 @@ class LocalCache:
         # lookup skip the xattr read; any rewrite changes ino or ctime.
         self._memo: dict[str, tuple[int, int, int, str]] = {}
         self._lock = threading.Lock()
-        self._inflight = 0
         self._last: tuple[Volume, str] | None = None
 
     # -- layout -----------------------------------------------------------
@@ -270,45 +271,43 @@ class LocalCache:
             hit = self.lookup(volume, entry)
             if hit is not None:
                 return hit, False
-            reserved = self._make_room(entry.size, rel)
             folder = os.path.dirname(local)
             os.makedirs(folder, mode=0o700, exist_ok=True)
             stripe = int(os.path.basename(lock_path)[:4])
             tmp = os.path.join(folder, cd.part_name(stripe, os.path.basename(local)))
+            fd = self._reserve(tmp, entry.size, rel, ns_dir)
             try:
-                # Preallocate: a full disk fails here, before any byte is
-                # copied, and other processes' eviction walks count the bytes
-                # this copy will take.
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                 try:
-                    if entry.size:
-                        os.posix_fallocate(fd, 0, entry.size)
                     copied = copy_to(volume, rel, fd)
                 finally:
                     os.close(fd)
                 cd.write_stamp(tmp, copied.size, copied.version or entry.version)
                 now = time.time_ns()
                 os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
-                try:
-                    old = os.stat(local).st_size
-                except FileNotFoundError:
-                    old = 0
-                os.replace(tmp, local)
-            except OSError as exc:
-                _unlink(tmp)
-                self._release(reserved, -reserved)
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise CacheFull(
-                        f"no space left in the cache folder {ns_dir}: {rel} needs "
-                        f"{format_bytes(entry.size)}, {format_bytes(_free(ns_dir))} free",
-                        hint=f"free space or point {CACHE_DIR_ENV} at a larger disk") from exc
+                with self._ledger() as ledger:
+                    # Renames happen under the ledger lock, so an eviction walk
+                    # never runs while a file changes its name (readdir could
+                    # miss it under both names).
+                    try:
+                        old = os.stat(local).st_size
+                    except FileNotFoundError:
+                        old = 0
+                    os.replace(tmp, local)
+                    ledger.write(ledger.read() + copied.size - old - entry.size)
+            except BaseException as exc:
+                with self._ledger() as ledger:
+                    _unlink(tmp)
+                    ledger.write(ledger.read() - entry.size)
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise self._disk_full(ns_dir, rel, entry.size) from exc
                 raise
-            except BaseException:
-                _unlink(tmp)
-                self._release(reserved, -reserved)
-                raise
-            self._release(reserved, copied.size - old - reserved)
         return local, True
+
+    def _disk_full(self, ns_dir: str, rel: str, need: int) -> CacheFull:
+        return CacheFull(
+            f"no space left in the cache folder {ns_dir}: {rel} needs {format_bytes(need)}, "
+            f"{format_bytes(_free(ns_dir))} free",
+            hint=f"free space or point {CACHE_DIR_ENV} at a larger disk")
 
     def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int = 8,
              callback: WarmCallback | None = None) -> WarmReport:
@@ -398,15 +397,6 @@ class LocalCache:
         finally:
             os.close(fd)
 
-    def _ledger_add(self, delta: int) -> None:
-        with self._ledger() as ledger:
-            ledger.write(ledger.read() + delta)
-
-    def _release(self, reserved: int, ledger_delta: int) -> None:
-        with self._lock:
-            self._inflight -= reserved
-        self._ledger_add(ledger_delta)
-
     def _walk(self, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
         for ns_dir in ns_dirs:
             lock_dir = self._lock_dir(ns_dir)
@@ -426,34 +416,49 @@ class LocalCache:
                                 st = d.stat(follow_symlinks=False)
                             except FileNotFoundError:
                                 continue
-                            partial = cd.part_stripe(d.name) is not None
-                            yield _Cached(st.st_atime_ns, st.st_size, d.path,
-                                          stripe_path(lock_dir, prefix + d.name), partial)
+                            stripe = cd.part_stripe(d.name)
+                            lock = (stripe_path(lock_dir, prefix + d.name) if stripe is None
+                                    else os.path.join(lock_dir, f"{stripe:04d}.lock"))
+                            yield _Cached(st.st_atime_ns, st.st_size, d.path, lock,
+                                          stripe is not None)
 
-    def _make_room(self, need: int, rel: str) -> int:
-        """Under a cap, evict until ``need`` fits and reserve it in the ledger
-        (so concurrent fetches see each other); return the bytes reserved."""
+    def _reserve(self, tmp: str, need: int, rel: str, ns_dir: str) -> int:
+        """Create ``tmp`` preallocated to ``need`` bytes and count it in the
+        ledger, evicting first when a cap requires; return its open descriptor.
+
+        All under the ledger lock: a reservation *is* its temp file, so every
+        eviction walk sees the bytes in flight in every process, and usage
+        (temp files included) stays within the cap.
+        """
         cap = self.max_bytes
-        if cap is None:
-            return 0
-        if need > cap:
+        if cap is not None and need > cap:
             raise CacheFull(f"{rel} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(cap)}", hint="raise --max-bytes / max_bytes")
         with self._ledger() as ledger:
             used = ledger.read()
-            if used + need > cap:
+            if cap is not None and used + need > cap:
                 low = int(cap * _LOW_WATER) - need
                 used = self._evict_lru(ledger, low if low >= 0 else cap - need)
-            if used + need > cap:
-                raise CacheFull(
-                    f"the cache cap {format_bytes(cap)} is full of files handed to readers in "
-                    f"the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); {rel} "
-                    f"needs {format_bytes(need)}",
-                    hint="raise --max-bytes, or read fewer files at once")
+                if used + need > cap:
+                    raise CacheFull(
+                        f"the cache cap {format_bytes(cap)} is full of files handed to readers "
+                        f"in the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); "
+                        f"{rel} needs {format_bytes(need)}",
+                        hint="raise --max-bytes, or read fewer files at once")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                # Preallocating also makes a full disk fail here, before any
+                # byte is copied.
+                if need:
+                    os.posix_fallocate(fd, 0, need)
+            except BaseException as exc:
+                os.close(fd)
+                _unlink(tmp)
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise self._disk_full(ns_dir, rel, need) from exc
+                raise
             ledger.write(used + need)
-            with self._lock:  # inside the ledger lock: no walk can miss it
-                self._inflight += need
-        return need
+        return fd
 
     def _evict_lru(self, ledger: _Ledger, target: int) -> int:
         """Evict least recently used, unleased files until usage <= target.
@@ -461,16 +466,14 @@ class LocalCache:
         Call with the ledger lock held. Returns the usage after, and resets
         the ledger to it (the walk is the truth).
         """
-        # Copies in flight are counted through their preallocated temp files;
-        # this process's reservations are added too (read before the walk, so
-        # a copy that commits during the walk is never missed: at worst it is
-        # counted twice). Another process's reservation is visible once its
-        # temp file exists, a window of microseconds: that is why usage may
-        # pass the cap by at most the files in flight.
-        with self._lock:
-            inflight = self._inflight
+        # Copies in flight are their preallocated temp files, created and
+        # renamed only under this lock: the walk counts them exactly. Temp
+        # files of dead runs are deleted on the way (nobody holds their stripe).
         found = sorted(self._walk(self._namespaces(None)), key=lambda c: c.atime_ns)
-        used = sum(c.size for c in found) + inflight
+        used = sum(c.size for c in found)
+        for c in found:
+            if c.partial and self._sweep_one(c.path, c.lock):
+                used -= c.size
         cutoff = time.time_ns() - self.lease_ns
         for c in found:
             if used <= target or c.atime_ns > cutoff:
@@ -499,6 +502,16 @@ class LocalCache:
                 return False
             os.unlink(staged)
             self._memo.pop(c.path, None)
+            return True
+        finally:
+            lock.release()
+
+    def _sweep_one(self, path: str, lock_path: str) -> bool:
+        lock = FileLock(lock_path)
+        if not lock.acquire(blocking=False):
+            return False  # its copy is running
+        try:
+            _unlink(path)
             return True
         finally:
             lock.release()

@@ -275,7 +275,7 @@ class LocalCache:
             os.makedirs(folder, mode=0o700, exist_ok=True)
             stripe = int(os.path.basename(lock_path)[:4])
             tmp = os.path.join(folder, cd.part_name(stripe, os.path.basename(local)))
-            fd = self._reserve(tmp, entry.size, rel, ns_dir)
+            fd, reserved = self._reserve(tmp, entry.size, rel, ns_dir)
             try:
                 try:
                     copied = copy_to(volume, rel, fd)
@@ -293,11 +293,14 @@ class LocalCache:
                     except FileNotFoundError:
                         old = 0
                     os.replace(tmp, local)
-                    ledger.write(ledger.read() + copied.size - old - entry.size)
+                    ledger.write(ledger.read() + copied.size - old - reserved)
             except BaseException as exc:
-                with self._ledger() as ledger:
+                if reserved:
+                    with self._ledger() as ledger:
+                        _unlink(tmp)
+                        ledger.write(ledger.read() - reserved)
+                else:
                     _unlink(tmp)
-                    ledger.write(ledger.read() - entry.size)
                 if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise self._disk_full(ns_dir, rel, entry.size) from exc
                 raise
@@ -422,21 +425,26 @@ class LocalCache:
                             yield _Cached(st.st_atime_ns, st.st_size, d.path, lock,
                                           stripe is not None)
 
-    def _reserve(self, tmp: str, need: int, rel: str, ns_dir: str) -> int:
-        """Create ``tmp`` preallocated to ``need`` bytes and count it in the
-        ledger, evicting first when a cap requires; return its open descriptor.
+    def _reserve(self, tmp: str, need: int, rel: str, ns_dir: str) -> tuple[int, int]:
+        """Create ``tmp`` preallocated to ``need`` bytes; under a cap, evict
+        first if needed and count it in the ledger. Return the open descriptor
+        and the bytes reserved in the ledger.
 
-        All under the ledger lock: a reservation *is* its temp file, so every
-        eviction walk sees the bytes in flight in every process, and usage
-        (temp files included) stays within the cap.
+        Under a cap this happens under the ledger lock: a reservation *is* its
+        temp file, so every eviction walk sees the bytes in flight in every
+        process, and usage (temp files included) stays within the cap. Without
+        a cap there is nothing to reserve (a capped process's walk still counts
+        the temp file, at worst twice: on the safe side).
         """
         cap = self.max_bytes
-        if cap is not None and need > cap:
+        if cap is None:
+            return self._create_tmp(tmp, need, rel, ns_dir), 0
+        if need > cap:
             raise CacheFull(f"{rel} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(cap)}", hint="raise --max-bytes / max_bytes")
         with self._ledger() as ledger:
             used = ledger.read()
-            if cap is not None and used + need > cap:
+            if used + need > cap:
                 low = int(cap * _LOW_WATER) - need
                 used = self._evict_lru(ledger, low if low >= 0 else cap - need)
                 if used + need > cap:
@@ -445,19 +453,22 @@ class LocalCache:
                         f"in the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); "
                         f"{rel} needs {format_bytes(need)}",
                         hint="raise --max-bytes, or read fewer files at once")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                # Preallocating also makes a full disk fail here, before any
-                # byte is copied.
-                if need:
-                    os.posix_fallocate(fd, 0, need)
-            except BaseException as exc:
-                os.close(fd)
-                _unlink(tmp)
-                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise self._disk_full(ns_dir, rel, need) from exc
-                raise
+            fd = self._create_tmp(tmp, need, rel, ns_dir)
             ledger.write(used + need)
+        return fd, need
+
+    def _create_tmp(self, tmp: str, need: int, rel: str, ns_dir: str) -> int:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            # Preallocating makes a full disk fail here, before any byte is copied.
+            if need:
+                os.posix_fallocate(fd, 0, need)
+        except BaseException as exc:
+            os.close(fd)
+            _unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._disk_full(ns_dir, rel, need) from exc
+            raise
         return fd
 
     def _evict_lru(self, ledger: _Ledger, target: int) -> int:

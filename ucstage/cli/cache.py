@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -78,7 +79,8 @@ class RichWarmProgress(WarmCallback):
         if self.task is not None:
             self.progress.update(self.task, files=text)
         if status == "failed":
-            self.progress.console.print(f"[red]failed[/] {path}: {error}", markup=True)
+            self.progress.console.print(f"[red]failed[/] {escape(path)}: {escape(error)}",
+                                        markup=True)
 
 
 def progress_bar(enabled: bool, console: Console = err) -> Progress:
@@ -212,7 +214,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
             f"{report.already_cached:,}, failed {len(report.failed):,}")
         console.print(f"cache folder: {data['namespace']}", markup=False)
         for path, reason in report.failed[:EXAMPLES]:
-            console.print(f"  [red]failed[/] {path}: {reason}", markup=True)
+            console.print(f"  [red]failed[/] {escape(path)}: {escape(reason)}", markup=True)
         if len(report.failed) > EXAMPLES:
             console.print(f"  … and {len(report.failed) - EXAMPLES:,} more (--json lists all)")
 
@@ -250,7 +252,7 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
             "namespace": ns_dir}
 
     def human(console: Console) -> None:
-        console.print(f"[bold]Manifest[/] {data['manifest']}: {len(m.entries):,} files "
+        console.print(f"[bold]Manifest[/] {escape(data['manifest'])}: {len(m.entries):,} files "
                       f"({format_bytes(m.total_bytes)}), fingerprint {m.fingerprint[:12]}")
         console.print(f"cache folder: {ns_dir} (files are copied there on first read)",
                       markup=False)
@@ -293,14 +295,14 @@ def status(source: str | None, as_json: bool) -> None:
 
     def human(console: Console) -> None:
         cap = format_bytes(st.max_bytes) if st.max_bytes else "none"
-        console.print(f"[bold]Cache[/] {st.root}: {st.entries:,} files, "
+        console.print(f"[bold]Cache[/] {escape(st.root)}: {st.entries:,} files, "
                       f"{format_bytes(st.bytes)}; cap {cap}; {format_bytes(st.free_bytes)} "
                       "free on disk")
         if st.namespaces:
             t = table("source", "files", "bytes", "partial")
             t.columns[0].overflow = "fold"  # a path is more use whole than cut
             for n in st.namespaces:
-                t.add_row(n.source or "?", f"{n.entries:,}", format_bytes(n.bytes),
+                t.add_row(escape(n.source or "?"), f"{n.entries:,}", format_bytes(n.bytes),
                           str(n.partial_files))
             console.print(t)
             for n in st.namespaces:
@@ -348,12 +350,13 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
 
     def human(console: Console) -> None:
         for r in results:
-            console.print(f"[bold]{r['source']}[/]: {r['checked']:,} checked, {r['ok']:,} ok, "
+            console.print(f"[bold]{escape(r['source'])}[/]: {r['checked']:,} checked, {r['ok']:,} ok, "
                           f"{r['missing']:,} not cached, {len(r['stale']):,} stale, "
                           f"{len(r['corrupt']):,} corrupt")
             for kind in ("stale", "corrupt"):
                 for x in r[kind][:EXAMPLES]:
-                    console.print(f"  [red]{kind}[/] {x['path']}: {x['reason']}", markup=True)
+                    console.print(f"  [red]{kind}[/] {escape(x['path'])}: {escape(x['reason'])}",
+                                  markup=True)
                 if len(r[kind]) > EXAMPLES:
                     console.print(f"  … {len(r[kind]) - EXAMPLES:,} more (--json lists all)")
         if not results:

@@ -208,7 +208,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
             f" for rank {ranks[0]}" if ranks else "")
         console.print(
-            f"[bold]Warmed[/] {report.files:,} files ({format_bytes(report.bytes)}){who} in "
+            f"[bold]Warmed[/] {report.files:,} file{'' if report.files == 1 else 's'} ({format_bytes(report.bytes)}){who} in "
             f"{report.seconds:.1f} s: fetched {report.fetched:,} "
             f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
             f"{report.already_cached:,}, failed {len(report.failed):,}")

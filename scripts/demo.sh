@@ -21,6 +21,12 @@ step ucstage shard-plan "$VOL" --world-size 2 --num-workers 3 --batch-size 8
 # What goes wrong when rank 1 is started with num_workers=2 (exits 1).
 step ucstage shard-plan "$VOL" --world-size 2 --num-workers 3,2
 
+# Warm only what rank 1 of 2 (3 workers each) reads, then the rest: rank 1's files are skipped.
+step ucstage cache warm "$VOL" --rank 1 --world-size 2 --num-workers 3
+step ucstage cache warm "$VOL" --jobs 8
+step ucstage cache status
+step ucstage cache verify "$VOL" --checksum
+
 # A training-style loop (CPU): VolumeDataset -> PIL decoding -> DataLoader, wait times to MLflow.
 step env MLFLOW_ALLOW_FILE_STORE=true MLFLOW_TRACKING_URI="file:$DEMO/mlruns" \
   python docs/examples/train_images.py "$VOL" --epochs 2 --mlflow

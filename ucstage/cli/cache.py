@@ -246,13 +246,13 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     volume = m.volume()
     cache = LocalCache()
     ns_dir = cache.prepare(volume)
-    path = manifest_mod.save(m, output or f"{ns_dir}.manifest.json")
-    data = {"source": m.source, "manifest": os.path.abspath(path), "fingerprint": m.fingerprint,
+    path = os.path.abspath(manifest_mod.save(m, output or f"{ns_dir}.manifest.json"))
+    data = {"source": m.source, "manifest": path, "fingerprint": m.fingerprint,
             "files": len(m.entries), "bytes": m.total_bytes, "cache_dir": cache.root,
             "namespace": ns_dir}
 
     def human(console: Console) -> None:
-        console.print(f"[bold]Manifest[/] {escape(data['manifest'])}: {len(m.entries):,} files "
+        console.print(f"[bold]Manifest[/] {escape(path)}: {len(m.entries):,} files "
                       f"({format_bytes(m.total_bytes)}), fingerprint {m.fingerprint[:12]}")
         console.print(f"cache folder: {ns_dir} (files are copied there on first read)",
                       markup=False)

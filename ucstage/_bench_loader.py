@@ -13,14 +13,13 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from ._bench_measure import BUFFER_BYTES
 from .cache import LocalCache
 from .data import DataLoader, VolumeDataset
 from .manifest import Manifest, fingerprint
 from .volumes import FileEntry
 
 __all__ = ["ReadEach", "loader_run"]
-
-_BUFFER = 4 * 1024 * 1024
 
 
 class ReadEach(tud.IterableDataset):  # type: ignore[type-arg]
@@ -35,7 +34,7 @@ class ReadEach(tud.IterableDataset):  # type: ignore[type-arg]
         self.dataset = dataset
 
     def __iter__(self) -> Iterator[tuple[int, float]]:
-        buf = bytearray(_BUFFER)
+        buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         paths = iter(self.dataset)
         while True:

@@ -19,18 +19,29 @@ no-op, and results come back as dataclasses. ``ucstage bench`` renders them.
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import FetchFailed, InvalidArgument, MissingDependency
+from ._bench_measure import BUFFER_BYTES as BUFFER_BYTES
+from ._bench_measure import Reader, Tally, measure, raise_read_error
+from ._bench_plot import plot
+from ._bench_stats import (
+    MODES,
+    NOISY_SECONDS,
+    Recommendation,
+    RunResult,
+    percentile,
+    recommend,
+    sample,
+)
+from ._bench_stats import WITHIN as WITHIN
+from .errors import InvalidArgument, MissingDependency
 from .manifest import Manifest
 from .volumes import FileEntry, Volume
 
@@ -52,66 +63,7 @@ __all__ = [
 FORMAT = "ucstage.bench"
 FORMAT_VERSION = 1
 
-MODES = ("direct", "cold", "warm", "loader")
-"""Every mode, in the order :func:`run` measures them (warm needs cold's cache)."""
-
 DEFAULT_WORKERS = (1, 2, 4, 6, 8)
-BUFFER_BYTES = 4 * 1024 * 1024
-"""Read size per call: large, so per-call overhead does not hide the volume's speed."""
-WITHIN = 0.10
-"""A worker count is "as good as the best" when its MB/s is within this fraction."""
-NOISY_SECONDS = 0.5
-_TICK = 0.1
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One (mode, workers) measurement."""
-
-    mode: str
-    workers: int
-    files: int
-    """Files read completely (a run cut short by ``max_seconds`` reads fewer)."""
-    bytes: int
-    """Bytes of those files."""
-    seconds: float
-    files_per_s: float
-    mb_per_s: float
-    """Throughput in MB/s (10^6 bytes per second)."""
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    complete: bool
-    """False when the time budget stopped the run before every file was read."""
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("seconds", "files_per_s", "mb_per_s", "p50_ms", "p95_ms", "p99_ms"):
-            data[key] = round(float(data[key]), 3)
-        return data
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """What the measurements say to do."""
-
-    workers: int | None
-    """The smallest worker count within 10% of the best MB/s in ``mode``."""
-    mode: str | None
-    """The mode the recommendation is for: loader, else cold, else direct, else warm."""
-    best_workers: int | None
-    best_mb_per_s: float | None
-    by_mode: dict[str, int]
-    """The same rule applied to each measured mode."""
-    warm_vs_direct: float | None
-    """Best warm MB/s / best direct MB/s; None unless both were measured."""
-    cold_vs_direct: float | None
-    """Best cold MB/s / best direct MB/s: the price (or gain) of filling the cache."""
-    bottleneck: str | None
-    """"volume" when a warm cache reads at least 1.5x faster than the volume,
-    "local" when it does not (the volume keeps up; look at the loader or the
-    model), None when warm or direct was not measured or every direct run took
-    under NOISY_SECONDS (too short to tell)."""
 
 
 @dataclass(frozen=True)
@@ -239,220 +191,18 @@ def parse_modes(text: str | Sequence[str]) -> list[str]:
     return [m for m in MODES if m in wanted]
 
 
-# ---------------------------------------------------------------- sampling
-
-
-def _rank_key(seed: int, path: str) -> bytes:
-    return hashlib.sha256(f"{seed}\0{path}".encode()).digest()
-
-
-def sample(
-    entries: Sequence[FileEntry],
-    *,
-    files: int | None = None,
-    max_bytes: int | None = None,
-    seed: int = 0,
-) -> list[FileEntry]:
-    """A deterministic sample of a listing, returned in listing order.
-
-    Files are ranked by a hash of ``(seed, path)``, so the same listing and
-    seed always give the same sample, on any machine and Python version, and
-    adding files to the volume does not reshuffle the ones already chosen.
-
-    Args:
-        files: take this many files.
-        max_bytes: take files, in rank order, until their sizes reach this many bytes
-            (at least one file).
-        seed: changes which files are chosen.
-    """
-    if files is not None and max_bytes is not None:
-        raise InvalidArgument("give --files or --sample-bytes, not both")
-    if files is not None and files < 1:
-        raise InvalidArgument(f"--files must be at least 1, got {files}")
-    if max_bytes is not None and max_bytes < 1:
-        raise InvalidArgument(f"--sample-bytes must be at least 1 byte, got {max_bytes}")
-    if files is None and max_bytes is None:
-        return list(entries)
-    position = {e.path: i for i, e in enumerate(entries)}
-    ranked = sorted(entries, key=lambda e: _rank_key(seed, e.path))
-    if files is not None:
-        chosen = ranked[:files]
-    else:
-        chosen, total = [], 0
-        for entry in ranked:
-            if chosen and total >= (max_bytes or 0):
-                break
-            chosen.append(entry)
-            total += entry.size
-    return sorted(chosen, key=lambda e: position[e.path])
-
-
 # ---------------------------------------------------------------- measuring
 
 
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method) of sorted values."""
-    if not sorted_values:
-        return 0.0
-    pos = (len(sorted_values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-class _Stopped(Exception):
-    """A reader saw the stop flag in the middle of a file."""
-
-
-def _drain(fh: Any, buf: bytearray, stop: threading.Event) -> int:
-    """Read a file object to its end; return the byte count."""
-    view = memoryview(buf)
-    total = 0
-    readinto = getattr(fh, "readinto", None)
-    while True:
-        if stop.is_set():
-            raise _Stopped
-        if readinto is not None:
-            n = readinto(view)
-            if not n:
-                return total
-            total += n
-        else:
-            chunk = fh.read(len(buf))
-            if not chunk:
-                return total
-            total += len(chunk)
-
-
-def _read_local(path: str, buf: bytearray, stop: threading.Event) -> int:
-    with open(path, "rb", buffering=0) as fh:
-        return _drain(fh, buf, stop)
-
-
-class _Reader:
-    """How one mode reads one file: direct from the volume, or via a cache."""
-
-    def __init__(self, volume: Volume, cache: Any | None) -> None:
-        self.volume = volume
-        self.cache = cache
-
-    def read(self, entry: FileEntry, buf: bytearray, stop: threading.Event) -> int:
-        if self.cache is not None:
-            # fetch() copies on a miss and validates on a hit, as training does.
-            return _read_local(self.cache.fetch(self.volume, entry), buf, stop)
-        if self.volume.is_local:
-            return _read_local(self.volume.full_path(entry.path), buf, stop)
-        with self.volume.open(entry.path) as fh:
-            return _drain(fh, buf, stop)
-
-
-@dataclass
-class _Tally:
-    files: int = 0
-    bytes: int = 0
-    latencies: list[float] = field(default_factory=list)
-    error: BaseException | None = None
-    error_path: str = ""
-
-
-def _measure(
-    entries: Sequence[FileEntry],
-    workers: int,
-    read: Callable[[FileEntry, bytearray, threading.Event], int],
-    *,
-    deadline: float | None,
-    report: Callable[[int, int], None],
-) -> tuple[_Tally, float, bool]:
-    """Read ``entries`` with ``workers`` threads; return (tally, seconds, complete)."""
-    tally = _Tally()
-    lock = threading.Lock()
-    stop = threading.Event()
-    cursor = iter(range(len(entries)))
-    finished: list[float] = []
-    all_done = threading.Event()
-    running = [workers]
-
-    def work() -> None:
-        try:
-            _work()
-        finally:
-            with lock:
-                finished.append(time.perf_counter())
-                running[0] -= 1
-                if running[0] == 0:
-                    all_done.set()
-
-    def _work() -> None:
-        buf = bytearray(BUFFER_BYTES)
-        while not stop.is_set():
-            with lock:
-                index = next(cursor, None)
-            if index is None:
-                return
-            entry = entries[index]
-            start = time.perf_counter()
-            try:
-                n = read(entry, buf, stop)
-            except _Stopped:
-                return
-            except BaseException as exc:  # reported to the caller, which re-raises
-                with lock:
-                    if tally.error is None:
-                        tally.error, tally.error_path = exc, entry.path
-                stop.set()
-                return
-            elapsed = time.perf_counter() - start
-            with lock:
-                tally.files += 1
-                tally.bytes += n
-                tally.latencies.append(elapsed)
-
-    threads = [threading.Thread(target=work, name=f"ucstage-bench-{i}", daemon=True)
-               for i in range(workers)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    timed_out = False
-    try:
-        while not all_done.wait(_TICK):  # a timed wait lets Ctrl-C reach this thread
-            if deadline is not None and time.monotonic() >= deadline and not stop.is_set():
-                timed_out = True
-                stop.set()
-            with lock:
-                done = (tally.files, tally.bytes)
-            report(*done)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    # The last reader's finish, not this loop's wake-up, ends the run.
-    seconds = max(finished or [time.perf_counter()]) - started
-    report(tally.files, tally.bytes)
-    complete = tally.files == len(entries) and not timed_out
-    return tally, seconds, complete
-
-
-def _result(mode: str, workers: int, tally: _Tally, seconds: float, complete: bool) -> RunResult:
+def _result(mode: str, workers: int, tally: Tally, seconds: float, complete: bool) -> RunResult:
     lat = sorted(v * 1000.0 for v in tally.latencies)
     secs = max(seconds, 1e-9)
     return RunResult(
         mode=mode, workers=workers, files=tally.files, bytes=tally.bytes, seconds=seconds,
         files_per_s=tally.files / secs, mb_per_s=tally.bytes / 1e6 / secs,
-        p50_ms=_percentile(lat, 0.50), p95_ms=_percentile(lat, 0.95),
-        p99_ms=_percentile(lat, 0.99), complete=complete,
+        p50_ms=percentile(lat, 0.50), p95_ms=percentile(lat, 0.95),
+        p99_ms=percentile(lat, 0.99), complete=complete,
     )
-
-
-def _raise_read_error(tally: _Tally, mode: str) -> None:
-    if tally.error is None:
-        return
-    exc = tally.error
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        raise exc
-    if isinstance(exc, FetchFailed):
-        raise exc
-    raise FetchFailed(f"{mode} read of {tally.error_path} failed: {type(exc).__name__}: {exc}",
-                      hint="check the volume is reachable; rerun with --debug for the traceback"
-                      ) from exc
 
 
 def _new_cache(root: str) -> Any:
@@ -488,7 +238,7 @@ def _loader_run(
                                      "(on a CPU machine: pip install torch==2.13.0)") from exc
     files, nbytes, latencies, seconds, complete = loader_run(
         manifest, entries, workers, batch_size, cache_root, deadline, report)
-    tally = _Tally(files=files, bytes=nbytes, latencies=latencies)
+    tally = Tally(files=files, bytes=nbytes, latencies=latencies)
     return _result("loader", workers, tally, seconds, complete)
 
 
@@ -599,10 +349,10 @@ def run(
                         notes.append(f"warm runs read the {len(targets)} of {len(chosen)} "
                                      "sample files that were cached before the time ran out")
                     cache = warm_cache
-                reader = _Reader(volume, cache)
-                tally, seconds, complete = _measure(targets, k, reader.read,
+                reader = Reader(volume, cache)
+                tally, seconds, complete = measure(targets, k, reader.read,
                                                     deadline=run_deadline, report=report)
-                _raise_read_error(tally, mode)
+                raise_read_error(tally, mode)
                 result = _result(mode, k, tally, seconds,
                                  complete and len(targets) == len(chosen))
             if not result.complete:
@@ -641,104 +391,7 @@ def _prepare_warm(
             progress(Progress("warm", workers, "prepare", done, len(missing), nbytes, total,
                               index, runs))
 
-        tally, _, _ = _measure(missing, workers, fill, deadline=deadline, report=report)
-        _raise_read_error(tally, "warm-cache fill")
+        tally, _, _ = measure(missing, workers, fill, deadline=deadline, report=report)
+        raise_read_error(tally, "warm-cache fill")
         return [e for e in chosen if cache.lookup(volume, e) is not None]
     return list(chosen)
-
-
-# ---------------------------------------------------------------- advice
-
-
-def _smallest_within(results: Sequence[RunResult]) -> tuple[int, int, float] | None:
-    """(recommended workers, best workers, best MB/s) for one mode's runs."""
-    measured = [r for r in results if r.files > 0]
-    if not measured:
-        return None
-    best = max(measured, key=lambda r: r.mb_per_s)
-    good = [r for r in measured if r.mb_per_s >= (1 - WITHIN) * best.mb_per_s]
-    return min(r.workers for r in good), best.workers, best.mb_per_s
-
-
-def recommend(results: Sequence[RunResult]) -> Recommendation:
-    """The smallest worker count within 10% of the best MB/s, per mode and overall.
-
-    The overall recommendation is for the mode training will depend on most:
-    the loader when it was measured, else the cold cache (the first epoch),
-    else direct reads, else the warm cache.
-    """
-    by_mode: dict[str, int] = {}
-    best: dict[str, tuple[int, int, float]] = {}
-    for name in MODES:
-        found = _smallest_within([r for r in results if r.mode == name])
-        if found:
-            by_mode[name] = found[0]
-            best[name] = found
-    mode = next((m for m in ("loader", "cold", "direct", "warm") if m in best), None)
-
-    def ratio(a: str, b: str) -> float | None:
-        if a in best and b in best and best[b][2] > 0:
-            return best[a][2] / best[b][2]
-        return None
-
-    warm_direct = ratio("warm", "direct")
-    # Direct runs shorter than NOISY_SECONDS mean the sample is too small to
-    # tell the volume from local disk: a ratio of two timer blips is no verdict.
-    timed = any(r.seconds >= NOISY_SECONDS for r in results if r.mode == "direct")
-    bottleneck = (None if warm_direct is None or not timed
-                  else "volume" if warm_direct >= 1.5 else "local")
-    return Recommendation(
-        workers=by_mode.get(mode) if mode else None, mode=mode,
-        best_workers=best[mode][1] if mode else None,
-        best_mb_per_s=best[mode][2] if mode else None, by_mode=by_mode,
-        warm_vs_direct=warm_direct, cold_vs_direct=ratio("cold", "direct"),
-        bottleneck=bottleneck,
-    )
-
-
-# ---------------------------------------------------------------- chart
-
-
-def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
-    """Write a PNG of MB/s against workers, one line per mode; return ``path``.
-
-    Raises:
-        MissingDependency: matplotlib is not installed.
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise MissingDependency("--plot needs matplotlib",
-                                hint="pip install 'ucstage[plot]'") from exc
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    try:
-        for mode in report.modes:
-            runs = sorted((r for r in report.results if r.mode == mode), key=lambda r: r.workers)
-            if runs:
-                ax.plot([r.workers for r in runs], [r.mb_per_s for r in runs], marker="o",
-                        label=mode)
-        rec = report.recommendation
-        if rec.workers is not None:
-            ax.axvline(rec.workers, color="grey", linestyle=":", linewidth=1,
-                       label=f"recommended ({rec.mode}): {rec.workers}")
-        ax.set_xlabel("workers (concurrent readers)" if "loader" not in report.modes
-                      else "workers (reader threads / DataLoader num_workers)")
-        ax.set_ylabel("MB/s")
-        ax.set_xticks(report.workers)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        from .units import format_bytes
-
-        ax.set_title(title or f"ucstage bench {report.source}\n{report.sample_files:,} files, "
-                     f"{format_bytes(report.sample_bytes)}", fontsize=9)
-        fig.tight_layout()
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
-    return path

@@ -1,0 +1,169 @@
+"""Timed reads: ``workers`` threads share one file list and read every byte.
+
+Each reader takes the next file, reads it to the end with a large buffer and
+records its latency. A stop flag ends the run early (deadline, first error,
+Ctrl-C); the caller decides what a cut-short run means.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import FetchFailed
+from .volumes import FileEntry, Volume
+
+__all__ = ["BUFFER_BYTES", "Reader", "Tally", "measure", "raise_read_error"]
+
+BUFFER_BYTES = 4 * 1024 * 1024
+"""Read size per call: large, so per-call overhead does not hide the volume's speed."""
+_TICK = 0.1
+
+
+class _Stopped(Exception):
+    """A reader saw the stop flag in the middle of a file."""
+
+
+def _drain(fh: Any, buf: bytearray, stop: threading.Event) -> int:
+    """Read a file object to its end; return the byte count."""
+    view = memoryview(buf)
+    total = 0
+    readinto = getattr(fh, "readinto", None)
+    while True:
+        if stop.is_set():
+            raise _Stopped
+        if readinto is not None:
+            n = readinto(view)
+            if not n:
+                return total
+            total += n
+        else:
+            chunk = fh.read(len(buf))
+            if not chunk:
+                return total
+            total += len(chunk)
+
+
+def _read_local(path: str, buf: bytearray, stop: threading.Event) -> int:
+    with open(path, "rb", buffering=0) as fh:
+        return _drain(fh, buf, stop)
+
+
+class Reader:
+    """How one mode reads one file: direct from the volume, or via a cache."""
+
+    def __init__(self, volume: Volume, cache: Any | None) -> None:
+        self.volume = volume
+        self.cache = cache
+
+    def read(self, entry: FileEntry, buf: bytearray, stop: threading.Event) -> int:
+        if self.cache is not None:
+            # fetch() copies on a miss and validates on a hit, as training does.
+            return _read_local(self.cache.fetch(self.volume, entry), buf, stop)
+        if self.volume.is_local:
+            return _read_local(self.volume.full_path(entry.path), buf, stop)
+        with self.volume.open(entry.path) as fh:
+            return _drain(fh, buf, stop)
+
+
+@dataclass
+class Tally:
+    files: int = 0
+    bytes: int = 0
+    latencies: list[float] = field(default_factory=list)
+    error: BaseException | None = None
+    error_path: str = ""
+
+
+def measure(
+    entries: Sequence[FileEntry],
+    workers: int,
+    read: Callable[[FileEntry, bytearray, threading.Event], int],
+    *,
+    deadline: float | None,
+    report: Callable[[int, int], None],
+) -> tuple[Tally, float, bool]:
+    """Read ``entries`` with ``workers`` threads; return (tally, seconds, complete)."""
+    tally = Tally()
+    lock = threading.Lock()
+    stop = threading.Event()
+    cursor = iter(range(len(entries)))
+    finished: list[float] = []
+    all_done = threading.Event()
+    running = [workers]
+
+    def work() -> None:
+        try:
+            _work()
+        finally:
+            with lock:
+                finished.append(time.perf_counter())
+                running[0] -= 1
+                if running[0] == 0:
+                    all_done.set()
+
+    def _work() -> None:
+        buf = bytearray(BUFFER_BYTES)
+        while not stop.is_set():
+            with lock:
+                index = next(cursor, None)
+            if index is None:
+                return
+            entry = entries[index]
+            start = time.perf_counter()
+            try:
+                n = read(entry, buf, stop)
+            except _Stopped:
+                return
+            except BaseException as exc:  # reported to the caller, which re-raises
+                with lock:
+                    if tally.error is None:
+                        tally.error, tally.error_path = exc, entry.path
+                stop.set()
+                return
+            elapsed = time.perf_counter() - start
+            with lock:
+                tally.files += 1
+                tally.bytes += n
+                tally.latencies.append(elapsed)
+
+    threads = [threading.Thread(target=work, name=f"ucstage-bench-{i}", daemon=True)
+               for i in range(workers)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        while not all_done.wait(_TICK):  # a timed wait lets Ctrl-C reach this thread
+            if deadline is not None and time.monotonic() >= deadline and not stop.is_set():
+                timed_out = True
+                stop.set()
+            with lock:
+                done = (tally.files, tally.bytes)
+            report(*done)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    # The last reader's finish, not this loop's wake-up, ends the run.
+    seconds = max(finished or [time.perf_counter()]) - started
+    report(tally.files, tally.bytes)
+    complete = tally.files == len(entries) and not timed_out
+    return tally, seconds, complete
+
+
+def raise_read_error(tally: Tally, mode: str) -> None:
+    if tally.error is None:
+        return
+    exc = tally.error
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        raise exc
+    if isinstance(exc, FetchFailed):
+        raise exc
+    raise FetchFailed(f"{mode} read of {tally.error_path} failed: {type(exc).__name__}: {exc}",
+                      hint="check the volume is reachable; rerun with --debug for the traceback"
+                      ) from exc
+

@@ -14,27 +14,31 @@ How it works is documented in docs/cache.md. In short:
   ``lease_seconds`` are never evicted. A copy reserves its bytes by creating
   its preallocated temp file under the ledger lock, so usage, copies in
   flight included, stays within the cap.
+
+This module holds the hot path (lookup, fetch, warm). The ledger, the tree
+walk and eviction live in :mod:`ucstage._cachespace`; status, verify, clear
+and prune in :mod:`ucstage._cachemaint`. ``LocalCache`` keeps every method
+and delegates to them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import hashlib
 import json
 import os
 import random
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
-from typing import Any
 
 from . import _cachedir as cd
+from . import _cachemaint as maint
+from . import _cachespace as space
+from ._cachespace import free_bytes, unlink_if_exists
 from ._cachetypes import (
     CacheStatus,
     ClearReport,
@@ -147,7 +151,7 @@ class LocalCache:
         return path
 
     def _lock_dir(self, ns_dir: str) -> str:
-        return os.path.join(self._control, "locks", os.path.basename(ns_dir))
+        return space.lock_dir(self._control, ns_dir)
 
     def prepare(self, volume: Volume) -> str:
         """Create the namespace folder and record which source it holds; return it."""
@@ -169,24 +173,10 @@ class LocalCache:
         self._prepared.add(ns_dir)
         return ns_dir
 
-    def _sources(self) -> dict[str, tuple[str, str]]:
-        """namespace -> (source as given, resolved URL), from :meth:`prepare`'s records."""
-        found: dict[str, tuple[str, str]] = {}
-        folder = os.path.join(self._control, "namespaces")
-        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            try:
-                with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                    record = json.load(fh)
-                found[name[:-5]] = (str(record.get("source") or record["url"]), str(record["url"]))
-            except (OSError, ValueError, KeyError, AttributeError):
-                continue
-        return found
-
     def _namespaces(self, volume: Volume | None) -> list[str]:
         if volume is not None:
             return [self.namespace_dir(volume)]
-        return [e.path for e in sorted(os.scandir(self.root), key=lambda e: e.name)
-                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+        return space.namespace_dirs(self.root)
 
     # -- the hot path -------------------------------------------------------
 
@@ -297,10 +287,10 @@ class LocalCache:
             except BaseException as exc:
                 if reserved:
                     with self._ledger() as ledger:
-                        _unlink(tmp)
+                        unlink_if_exists(tmp)
                         ledger.write(ledger.read() - reserved)
                 else:
-                    _unlink(tmp)
+                    unlink_if_exists(tmp)
                 if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise self._disk_full(ns_dir, rel, entry.size) from exc
                 raise
@@ -309,7 +299,7 @@ class LocalCache:
     def _disk_full(self, ns_dir: str, rel: str, need: int) -> CacheFull:
         return CacheFull(
             f"no space left in the cache folder {ns_dir}: {rel} needs {format_bytes(need)}, "
-            f"{format_bytes(_free(ns_dir))} free",
+            f"{format_bytes(free_bytes(ns_dir))} free",
             hint=f"free space or point {CACHE_DIR_ENV} at a larger disk")
 
     def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int = 8,
@@ -374,7 +364,7 @@ class LocalCache:
 
     def _check_room(self, ns_dir: str, todo: Sequence[FileEntry], total: int) -> None:
         need = sum(e.size for e in todo)
-        free = _free(ns_dir)
+        free = free_bytes(ns_dir)
         if need > free:
             raise CacheFull(
                 f"not enough space in the cache folder {ns_dir}: {len(todo):,} files need "
@@ -387,43 +377,14 @@ class LocalCache:
                 f"{format_bytes(self.max_bytes)}",
                 hint="raise --max-bytes, or warm fewer files (--include, --rank)")
 
-    # -- byte ledger and eviction -----------------------------------------------
+    # -- byte ledger and eviction (bodies in _cachespace) ---------------------
 
-    @contextlib.contextmanager
-    def _ledger(self) -> Iterator[_Ledger]:
+    def _ledger(self) -> contextlib.AbstractContextManager[_Ledger]:
         """The byte ledger, locked (one file is both the lock and the value)."""
-        fd = os.open(os.path.join(self._control, "usage"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                     0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield _Ledger(fd, lambda: sum(c.size for c in self._walk(self._namespaces(None))))
-        finally:
-            os.close(fd)
+        return space.ledger(self.root, self._control)
 
     def _walk(self, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
-        for ns_dir in ns_dirs:
-            lock_dir = self._lock_dir(ns_dir)
-            stack = [(ns_dir, "")]
-            while stack:
-                folder, prefix = stack.pop()
-                try:
-                    it = os.scandir(folder)
-                except FileNotFoundError:
-                    continue
-                with it:
-                    for d in it:
-                        if d.is_dir(follow_symlinks=False):
-                            stack.append((d.path, prefix + d.name + "/"))
-                        else:
-                            try:
-                                st = d.stat(follow_symlinks=False)
-                            except FileNotFoundError:
-                                continue
-                            stripe = cd.part_stripe(d.name)
-                            lock = (stripe_path(lock_dir, prefix + d.name) if stripe is None
-                                    else os.path.join(lock_dir, f"{stripe:04d}.lock"))
-                            yield _Cached(st.st_atime_ns, st.st_size, d.path, lock,
-                                          stripe is not None)
+        return space.walk(self._control, ns_dirs)
 
     def _reserve(self, tmp: str, need: int, rel: str, ns_dir: str) -> tuple[int, int]:
         """Create ``tmp`` preallocated to ``need`` bytes; under a cap, evict
@@ -465,7 +426,7 @@ class LocalCache:
                 os.posix_fallocate(fd, 0, need)
         except BaseException as exc:
             os.close(fd)
-            _unlink(tmp)
+            unlink_if_exists(tmp)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise self._disk_full(ns_dir, rel, need) from exc
             raise
@@ -477,91 +438,18 @@ class LocalCache:
         Call with the ledger lock held. Returns the usage after, and resets
         the ledger to it (the walk is the truth).
         """
-        # Copies in flight are their preallocated temp files, created and
-        # renamed only under this lock: the walk counts them exactly. Temp
-        # files of dead runs are deleted on the way (nobody holds their stripe).
-        found = sorted(self._walk(self._namespaces(None)), key=lambda c: c.atime_ns)
-        used = sum(c.size for c in found)
-        for c in found:
-            if c.partial and self._sweep_one(c.path, c.lock):
-                used -= c.size
-        cutoff = time.time_ns() - self.lease_ns
-        for c in found:
-            if used <= target or c.atime_ns > cutoff:
-                break
-            if not c.partial and self._evict(c):
-                used -= c.size
-        ledger.write(used)
-        return used
-
-    def _evict(self, c: _Cached) -> bool:
-        lock = FileLock(c.lock)
-        if not lock.acquire(blocking=False):
-            return False  # being fetched right now
-        try:
-            trash = os.path.join(self._control, "trash")
-            os.makedirs(trash, mode=0o700, exist_ok=True)
-            staged = os.path.join(trash, uuid.uuid4().hex)
-            try:
-                os.rename(c.path, staged)
-            except FileNotFoundError:
-                return True
-            # A reader touches atime before it gets the path; if that happened
-            # after our walk, the file was just handed out: put it back.
-            if os.stat(staged).st_atime_ns != c.atime_ns:
-                os.rename(staged, c.path)
-                return False
-            os.unlink(staged)
-            self._memo.pop(c.path, None)
-            return True
-        finally:
-            lock.release()
-
-    def _sweep_one(self, path: str, lock_path: str) -> bool:
-        lock = FileLock(lock_path)
-        if not lock.acquire(blocking=False):
-            return False  # its copy is running
-        try:
-            _unlink(path)
-            return True
-        finally:
-            lock.release()
+        return space.evict_lru(ledger, target, root=self.root, control=self._control,
+                               lease_ns=self.lease_ns, memo=self._memo)
 
     def _sweep(self, ns_dir: str) -> int:
         """Remove temp files left by killed runs (nobody holds their stripe)."""
-        removed = 0
-        lock_dir = self._lock_dir(ns_dir)
-        for folder, _, names in os.walk(ns_dir):
-            for name in names:
-                stripe = cd.part_stripe(name)
-                if stripe is None:
-                    continue
-                lock = FileLock(os.path.join(lock_dir, f"{stripe:04d}.lock"))
-                if lock.acquire(blocking=False):
-                    try:
-                        _unlink(os.path.join(folder, name))
-                        removed += 1
-                    finally:
-                        lock.release()
-        return removed
+        return space.sweep(self._control, ns_dir)
 
-    # -- maintenance ------------------------------------------------------------
+    # -- maintenance (bodies in _cachemaint) --------------------------------------
 
     def status(self, volume: Volume | None = None) -> CacheStatus:
         """Entries and bytes per namespace (one source, or all), cap and free disk."""
-        sources = self._sources()
-        rows = []
-        for ns_dir in self._namespaces(volume):
-            name = os.path.basename(ns_dir)
-            found = list(self._walk([ns_dir]))
-            files = [c for c in found if not c.partial]
-            given, url = sources.get(name, (volume.source, volume.url) if volume else ("", ""))
-            rows.append(NamespaceStatus(
-                name, given, url, ns_dir,
-                len(files), sum(c.size for c in files), len(found) - len(files)))
-        total = sum(r.bytes for r in rows)
-        return CacheStatus(self.root, sum(r.entries for r in rows), total, self.max_bytes,
-                           _free(self.root), rows)
+        return maint.status(self, volume)
 
     def verify(self, volume: Volume, entries: Sequence[FileEntry] | None = None, *,
                checksum: bool = False) -> VerifyReport:
@@ -572,57 +460,12 @@ class LocalCache:
         ``checksum``) bytes that differ from the source's. Files not cached
         count as missing, which is not an error.
         """
-        if entries is None:
-            from .volumes import list_files
-
-            entries = list_files(volume).entries
-        ns_dir = self.namespace_dir(volume)
-        report = VerifyReport(removed_partial_files=self._sweep(ns_dir))
-        for e in entries:
-            report.checked += 1
-            local = os.path.join(ns_dir, *safe_relpath(e.path).split("/"))
-            try:
-                st = os.stat(local)
-            except FileNotFoundError:
-                report.missing += 1
-                continue
-            stamp = cd.read_stamp(local)
-            if stamp is None:
-                report.corrupt.append((e.path, "no validity stamp"))
-            elif stamp[0] != st.st_size:
-                report.corrupt.append((e.path, f"{st.st_size} bytes on disk, {stamp[0]} copied"))
-            elif stamp != (e.size, e.version):
-                report.stale.append((e.path, f"source is now {e.size} bytes version "
-                                             f"{e.version!r}; cached {stamp[0]} bytes version "
-                                             f"{stamp[1]!r}"))
-            elif checksum and _digest_local(local) != _digest_source(volume, e.path):
-                report.corrupt.append((e.path, "content differs from the source (sha256)"))
-            else:
-                report.ok += 1
-        return report
+        return maint.verify(self, volume, entries, checksum)
 
     def clear(self, volume: Volume | None = None) -> ClearReport:
         """Remove one source's namespace, or every namespace. Files already open
         stay readable to whoever opened them (POSIX unlink semantics)."""
-        ns_dirs = self._namespaces(volume)
-        found = [c for c in self._walk(ns_dirs) if not c.partial]
-        trash = os.path.join(self._control, "trash")
-        os.makedirs(trash, mode=0o700, exist_ok=True)
-        names = []
-        for ns_dir in ns_dirs:
-            if not os.path.isdir(ns_dir):
-                continue
-            staged = os.path.join(trash, uuid.uuid4().hex)
-            os.rename(ns_dir, staged)  # disappears at once, then is deleted
-            shutil.rmtree(staged, ignore_errors=True)
-            names.append(os.path.basename(ns_dir))
-            self._prepared.discard(ns_dir)
-            _unlink(os.path.join(self._control, "namespaces", names[-1] + ".json"))
-        with self._lock:
-            self._memo.clear()
-        with self._ledger() as ledger:
-            ledger.write(sum(c.size for c in self._walk(self._namespaces(None))))
-        return ClearReport(names, len(found), sum(c.size for c in found))
+        return maint.clear(self, volume)
 
     def prune(self, max_bytes: int) -> PruneReport:
         """Evict least recently used files until the cache holds at most ``max_bytes``.
@@ -630,54 +473,10 @@ class LocalCache:
         Files handed to a reader within the lease stay; the report says how
         many bytes that kept.
         """
-        if max_bytes < 0:
-            raise CacheError(f"--max-bytes must be 0 or more, got {max_bytes}")
-        with self._ledger() as ledger:
-            for ns_dir in self._namespaces(None):
-                self._sweep(ns_dir)
-            found = [c for c in self._walk(self._namespaces(None)) if not c.partial]
-            before = sum(c.size for c in found)
-            after = self._evict_lru(ledger, max_bytes)
-            remaining = {c.path for c in self._walk(self._namespaces(None))}
-        removed = [c for c in found if c.path not in remaining]
-        cutoff = time.time_ns() - self.lease_ns
-        in_use = sum(c.size for c in found if c.path in remaining and c.atime_ns > cutoff)
-        return PruneReport(max_bytes, before, after, len(removed),
-                           sum(c.size for c in removed), in_use)
-
-
-def _free(path: str) -> int:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return 0
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+        return maint.prune(self, max_bytes)
 
 
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _digest_local(path: str) -> str:
-    with open(path, "rb") as fh:
-        return _digest_stream(fh)
-
-
-def _digest_source(volume: Volume, relpath: str) -> str:
-    with volume.open(relpath) as fh:
-        return _digest_stream(fh)
-
-
-def _digest_stream(fh: Any) -> str:
-    digest = hashlib.sha256()
-    while True:
-        block = fh.read(8 * 1024 * 1024)
-        if not block:
-            return digest.hexdigest()
-        digest.update(block)

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import EmptySource, ManifestError
+from .errors import EmptySource, InvalidArgument, ManifestError
 from .volumes import FileEntry, Listing, Volume, list_files, resolve
 
-__all__ = ["FORMAT", "Manifest", "fingerprint", "is_manifest_file", "load", "save", "snapshot"]
+__all__ = ["FORMAT", "MANIFEST_SUFFIX", "Manifest", "fingerprint", "is_manifest_file", "load", "save", "snapshot"]
 
 FORMAT = "ucstage.manifest"
 FORMAT_VERSION = 1
@@ -99,8 +99,14 @@ class Manifest:
 def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
     """Write a manifest atomically (temp file + rename); return its path."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise InvalidArgument(f"{path} is a folder; give the manifest a file name, "
+                              f"e.g. {os.path.join(path, 'train.manifest.json')}")
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise InvalidArgument(f"cannot write manifest {path}: {folder} is not a folder") from exc
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -114,10 +120,19 @@ def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
     return path
 
 
+MANIFEST_SUFFIX = ".manifest.json"
+
+
 def is_manifest_file(path: str) -> bool:
-    """True when ``path`` is a local file that starts like a ucstage manifest."""
+    """True when ``path`` is a local file meant as a ucstage manifest.
+
+    A file named ``*.manifest.json`` always is (so a broken one is reported,
+    not read as a one-file dataset); any other file is when it starts like one.
+    """
     if "://" in path or not os.path.isfile(path):
         return False
+    if path.endswith(MANIFEST_SUFFIX):
+        return True
     with open(path, "rb") as fh:
         head = fh.read(64)
     return head.lstrip().startswith(b"{") and FORMAT.encode() in head

@@ -12,7 +12,9 @@ export UCSTAGE_WAREHOUSE="$DEMO/warehouse"      # catalog.schema.table maps here
 mkdir -p "$UCSTAGE_VOLUMES_ROOT"
 VOL=/Volumes/main/ml/train/images
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@" || echo "(exit $?)"; }
+# Print each command so it can be pasted (quoted with %q), run it, show a non-zero exit.
+step() { printf '\n\033[1m$'; printf ' %q' "$@"; printf '\033[0m\n'; "$@" || echo "(exit $?)"; }
+export OMP_NUM_THREADS=1   # torchrun's banner otherwise; the demo's loops are tiny
 
 python scripts/make_sample_volume.py "$UCSTAGE_VOLUMES_ROOT/main/ml/train"
 

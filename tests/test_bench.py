@@ -204,6 +204,7 @@ def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
     (["--sample-bytes", "lots"], "cannot read size 'lots'"),
     (["--max-seconds", "0"], "--max-seconds must be positive"),
     (["--plot", "chart.jpg"], "--plot writes a PNG"),
+    (["--scratch-dir", "/nonexistent/ucstage/x"], "scratch folder /nonexistent/ucstage/x does not exist"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     (tmp_path / "f.bin").write_bytes(b"x" * 10)
@@ -213,6 +214,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     assert lines[0].startswith("error: ") and message in lines[0], result.stderr
     assert "Traceback" not in result.output and result.stdout == ""
     assert not any(name.startswith("ucstage-bench-") for name in os.listdir(tmp_path))
+    assert not os.path.exists("/nonexistent/ucstage")
 
 
 def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch) -> None:

@@ -175,3 +175,73 @@ def test_debug_shows_traceback(tmp_path):
                            str(tmp_path / "nope"), "-w", "1", "-k", "1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_errors_in_json_mode_are_json_too(vol):
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", vol, "-w", "0", "-k",
+                           "1", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)
+    assert doc["error"]["type"] == "InvalidArgument"
+    assert doc["error"]["exit_code"] == 2 and "world size" in doc["error"]["message"]
+
+
+def test_usage_errors_are_one_line_with_a_hint(vol):
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", vol, "-w", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("error:") and "--num-workers" in lines[0]
+    assert lines[1] == "hint: see `ucstage shard-plan --help`"
+
+
+@pytest.mark.parametrize("extra", [["--include", "*.bin"], ["--all"]])
+def test_filters_with_a_manifest_are_refused(vol, tmp_path, extra):
+    path = save(snapshot(vol), tmp_path / "m.json")
+    for args in ([str(path)], ["--manifest", str(path)]):
+        result = run("shard-plan", *args, "-w", "1", "-k", "1", *extra)
+        assert result.exit_code == 2 and "manifest is used as frozen" in result.output
+
+
+def test_source_and_manifest_together_are_refused(vol, tmp_path):
+    path = save(snapshot(vol), tmp_path / "m.json")
+    result = run("shard-plan", vol, "--manifest", str(path), "-w", "1", "-k", "1")
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_broken_pipe_exits_like_shell_tools(tmp_path):
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(4000):
+        (root / f"{i:05d}-a-long-enough-name-to-fill-the-pipe.bin").write_bytes(b"")
+    proc = subprocess.Popen([sys.executable, "-m", "ucstage", "shard-plan", str(root), "-w", "1",
+                             "-k", "1", "--slot", "0:0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves, as `| head -1` does
+    _, stderr = proc.communicate()
+    assert first.startswith(b"00000-")
+    assert proc.returncode == 141, stderr
+    assert b"Traceback" not in stderr
+
+
+def test_unreachable_store_is_one_line(monkeypatch, tmp_path):
+    # Not a live store: an endpoint nothing listens on and no credentials, so
+    # the S3 client fails at once, before any request leaves the machine.
+    env = {**os.environ, "UCSTAGE_VOLUMES_ROOT": "s3://ucstage-nowhere",
+           "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", "/Volumes/c/s/v", "-w",
+                           "1", "-k", "1"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot read s3://ucstage-nowhere/c/s/v" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_dir_lists_the_public_api():
+    import ucstage
+
+    assert {"VolumeDataset", "DataLoader", "LocalCache", "export_table"} <= set(dir(ucstage))

@@ -93,3 +93,23 @@ def test_empty_source(tmp_path):
     with pytest.raises(EmptySource):
         snapshot(str(tmp_path / "e"))
     assert len(snapshot(str(tmp_path / "e"), allow_empty=True).entries) == 0
+
+
+def test_save_refuses_a_folder(vol, tmp_path):
+    from ucstage.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="is a folder"):
+        save(snapshot(str(vol)), tmp_path)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(InvalidArgument, match="not a folder"):
+        save(snapshot(str(vol)), tmp_path / "afile" / "m.json")
+
+
+def test_named_manifest_that_is_broken_is_reported_not_read_as_data(tmp_path):
+    bad = tmp_path / "train.manifest.json"
+    bad.write_text("garbage{")
+    with pytest.raises(ManifestError):
+        snapshot(str(bad))
+    other = tmp_path / "data.json"
+    other.write_text('{"a": 1}')
+    assert [e.path for e in snapshot(str(other)).entries] == ["data.json"]

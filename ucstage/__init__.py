@@ -47,6 +47,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .export import export_table, read_table
 
 
+def __dir__() -> list[str]:
+    # Tab completion should show the public API, lazy names included.
+    return sorted(__all__)
+
+
 def __getattr__(name: str) -> Any:
     # torch and pyspark are optional and slow to import: load on first use.
     module = _LAZY.get(name)

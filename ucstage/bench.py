@@ -298,7 +298,10 @@ def run(
     scratch = None
     if needs_cache:
         parent = scratch_dir or tempfile.gettempdir()
-        os.makedirs(parent, exist_ok=True)
+        if not os.path.isdir(parent):
+            # Creating it would leave a typo'd folder tree behind after the run.
+            raise InvalidArgument(f"scratch folder {parent} does not exist",
+                                  hint="create it first, or leave --scratch-dir out")
         _check_space(parent, total_bytes)
         scratch = tempfile.mkdtemp(prefix="ucstage-bench-", dir=parent)
     try:

@@ -21,6 +21,7 @@ __all__ = [
     "RankMismatch",
     "ShardMismatch",
     "SourceNotFound",
+    "SourceUnreadable",
     "SparkUnavailable",
     "TableNotFound",
     "UcstageError",
@@ -54,6 +55,10 @@ class InvalidArgument(UcstageError):
 
 class SourceNotFound(UcstageError):
     """The source path or URL does not exist."""
+
+
+class SourceUnreadable(UcstageError):
+    """The source's store refused or failed the request (credentials, endpoint, permissions)."""
 
 
 class EmptySource(UcstageError):

@@ -29,7 +29,13 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
-from .errors import InvalidArgument, MissingDependency, SourceNotFound, UnsafePath
+from .errors import (
+    InvalidArgument,
+    MissingDependency,
+    SourceNotFound,
+    SourceUnreadable,
+    UnsafePath,
+)
 
 __all__ = [
     "VOLUMES_ROOT_ENV",
@@ -172,11 +178,20 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
     return volume
 
 
+def _unreadable(volume: Volume, exc: Exception) -> SourceUnreadable:
+    return SourceUnreadable(
+        f"cannot read {volume.url}: {type(exc).__name__}: {exc}",
+        hint="check the credentials, endpoint and permissions for this store",
+    )
+
+
 def _exists(volume: Volume) -> bool:
     try:
         return bool(volume.fs.exists(volume.root))
-    except (PermissionError, OSError):
+    except FileNotFoundError:
         return False
+    except Exception as exc:  # any backend's auth/endpoint error: say which store
+        raise _unreadable(volume, exc) from exc
 
 
 def safe_relpath(relpath: str) -> str:
@@ -285,7 +300,10 @@ def list_files(
                         else os.path.dirname(root))
         single = FileEntry(name, int(info.get("size") or 0), _version(info))
         return Listing(parent, [single] if _keep(name, include, exclude, True) else [])
-    found = fs.find(root, withdirs=False, detail=True)
+    try:
+        found = fs.find(root, withdirs=False, detail=True)
+    except Exception as exc:
+        raise _unreadable(volume, exc) from exc
     prefix = root.rstrip("/") + "/"
     escape = _EscapeCheck(root) if volume.is_local else None
     entries: list[FileEntry] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
@@ -12,9 +13,20 @@ from rich.markup import escape
 
 from .. import __version__
 from ..errors import UcstageError
-from .output import err
+from .output import JSON_META, err
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -> None:
+    """One error line (and a hint line) on stderr; with --json, the same on stdout."""
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    if hint:
+        err.print(f"[dim]hint:[/] {escape(hint)}", markup=True)
+    if ctx.meta.get(JSON_META):
+        doc = {"error": {"type": kind, "message": message, "hint": hint, "exit_code": code}}
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    sys.exit(code)
 
 
 class UcstageGroup(click.Group):
@@ -27,25 +39,35 @@ class UcstageGroup(click.Group):
         except UcstageError as exc:
             if debug:
                 traceback.print_exc()
-            # escape(): messages and hints hold paths and `pip install 'x[extra]'`.
-            err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True)
-            if exc.hint:
-                err.print(f"[dim]hint:[/] {escape(exc.hint)}", markup=True)
-            sys.exit(exc.exit_code)
+            _report(ctx, exc.message, exc.hint, type(exc).__name__, exc.exit_code)
+        except click.exceptions.UsageError as exc:
+            # Same one-line shape as every other error, instead of click's usage block.
+            command = " ".join(exc.ctx.command_path.split()[1:]) if exc.ctx else ""
+            _report(ctx, exc.format_message(), f"see `ucstage {command} --help`".replace("  ", " "),
+                    "UsageError", 2)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except KeyboardInterrupt:
             err.print("[bold red]interrupted[/]", markup=True)
             sys.exit(130)
+        except BrokenPipeError:
+            # `ucstage ... | head`: the reader left; exit as the shell's own tools do.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(141)
+        except OSError as exc:
+            # The environment said no (a file where a folder should be, permissions,
+            # a full disk): the user can fix that, so no "report it".
+            if debug:
+                traceback.print_exc()
+            where = f": {exc.filename}" if exc.filename else ""
+            _report(ctx, f"{exc.strerror or exc}{where}", "", type(exc).__name__, 2)
         except Exception as exc:
             if debug:
                 traceback.print_exc()
-            err.print(f"[bold red]error:[/] unexpected {type(exc).__name__}: {escape(str(exc))}",
-                      markup=True)
-            if not debug:
-                err.print("[dim]hint:[/] rerun with --debug for the traceback, and report it",
-                          markup=True)
-            sys.exit(1)
+            _report(ctx, f"unexpected {type(exc).__name__}: {exc}",
+                    "" if debug else "rerun as `ucstage --debug COMMAND ...` for the traceback, "
+                    "and report it", type(exc).__name__, 1)
 
 
 @click.group(cls=UcstageGroup, context_settings=CONTEXT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -12,15 +13,24 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..manifest import Manifest, snapshot
+from ..manifest import Manifest, is_manifest_file, snapshot
 from ..units import format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # `ucstage ... | head`: the reader left. rich exits 1 here, which would
+        # read as "found a problem"; exit as the shell's own tools do instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141)
+
+
+out = _Console(highlight=False, soft_wrap=True)
+err = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 __all__ = [
+    "JSON_META",
     "emit",
     "err",
     "fail_found",
@@ -34,10 +44,21 @@ __all__ = [
 ]
 
 
+JSON_META = "ucstage.json"
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    # The error handler in app.py reads this to answer errors in JSON too.
+    if value:
+        ctx.meta[JSON_META] = True
+    return value
+
+
 def json_option(func: F) -> F:
     return click.option(
-        "--json", "as_json", is_flag=True,
-        help="Print one JSON document (stable schema, see docs/json.md) instead of tables.",
+        "--json", "as_json", is_flag=True, callback=_remember_json,
+        help="Print one JSON document instead of tables (stable schema: docs/json.md "
+             "lists every command's).",
     )(func)
 
 
@@ -72,6 +93,13 @@ def read_source(
     """Resolve the source options to a manifest; warn on stderr about refused entries."""
     if source is None and manifest_path is None:
         raise click.UsageError("give a SOURCE (path, /Volumes/... or URL) or --manifest FILE")
+    if source is not None and manifest_path is not None:
+        raise click.UsageError("give SOURCE or --manifest FILE, not both (the manifest "
+                               "already names its source)")
+    frozen = manifest_path is not None or (source is not None and is_manifest_file(source))
+    if frozen and (include or exclude or include_hidden):
+        raise click.UsageError("--include/--exclude/--all filter a fresh listing; a "
+                               "manifest is used as frozen (filter when you make it)")
     result = snapshot(source, manifest=manifest_path, include=include, exclude=exclude,
                       include_hidden=include_hidden)
     for path, reason in result.refused[:5]:

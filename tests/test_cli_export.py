@@ -56,6 +56,18 @@ def test_export_json_then_rerun_skips(spark_session: Any, warehouse: Warehouse,
 
     forced = run("main.ml.events", dest, "--files", "3", "--force")
     assert forced.exit_code == 0 and "exported main.ml.events" in forced.output
+    _assert_summary_aligned(forced.output)
+    _assert_summary_aligned(human.output)
+
+
+def _assert_summary_aligned(output: str) -> None:
+    starts = {}
+    for line in output.splitlines():
+        label = line.split(" ", 1)[0]
+        if label in ("rows", "files", "columns", "options", "manifest"):
+            starts[label] = len(line) - len(line[len(label):].lstrip(" "))
+    assert set(starts) == {"rows", "files", "columns", "options", "manifest"}, output
+    assert len(set(starts.values())) == 1, starts
 
 
 def test_files_suggestion_uses_the_slot_rule(spark_session: Any, warehouse: Warehouse,
@@ -88,6 +100,10 @@ def test_options_reach_the_library(spark_session: Any, warehouse: Warehouse,
     (["main.ml.events; DROP"], "invalid table name"),
     (["main.ml.events", "--files", "2", "--max-records-per-file", "5"], "exclude each other"),
     (["main.ml.events", "-w", "2"], "go together"),
+    (["main.ml.events", "-w", "2", "-k", "3,2,1"], "lists 3 values but --world-size is 2"),
+    (["main.ml.events", "-w", "0", "-k", "1"], "world size must be at least 1"),
+    (["main.ml.events", "-w", "2", "-k", "x"], "comma list of integers"),
+    (["main.ml.events", "--partition-by", "year", "--columns", "id"], "not in the output"),
 ])
 def test_usage_errors_exit_2_with_one_line(warehouse: Warehouse, tmp_path: Any,
                                            args: list[str], message: str) -> None:
@@ -106,8 +122,34 @@ def test_bad_where_exits_2_and_keeps_the_export(spark_session: Any, warehouse: W
     before = sorted(os.listdir(dest))
     result = run("main.ml.events", dest, "--where", "id >>> 3")
     assert result.exit_code == 2
-    assert "Spark refused --where" in result.output and "JVM" not in result.output
+    assert "Spark refused where (--where)" in result.output and "JVM" not in result.output
     assert sorted(os.listdir(dest)) == before
+    assert sorted(os.listdir(tmp_path)) == ["events"]  # no lock file or staging left
+
+
+def test_bad_workers_exit_2_before_the_export(spark_session: Any, warehouse: Warehouse,
+                                              tmp_path: Any) -> None:
+    dest = str(tmp_path / "events")
+    assert run("main.ml.events", dest, "--files", "6").exit_code == 0
+    before = {n: os.stat(os.path.join(dest, n)).st_ino for n in os.listdir(dest)}
+    result = run("main.ml.events", dest, "-w", "2", "-k", "3,2,1")
+    assert result.exit_code == 2
+    assert "--num-workers lists 3 values but --world-size is 2" in result.output
+    assert {n: os.stat(os.path.join(dest, n)).st_ino for n in os.listdir(dest)} == before
+    assert sorted(os.listdir(tmp_path)) == ["events"]
+
+
+def test_dest_under_a_file_exits_2_with_one_line(warehouse: Warehouse, tmp_path: Any) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for dest in (afile / "sub", afile / "sub" / "deeper", afile):
+        result = run("main.ml.events", str(dest))
+        assert result.exit_code == 2, result.output
+        assert "not a folder" in result.output and "unexpected" not in result.output
+        assert "Traceback" not in result.output
+        assert result.output.count("error:") == 1
+    assert afile.read_text() == "mine"
+    assert os.listdir(tmp_path) == ["afile"]
 
 
 def test_unsupported_table_is_named(spark_session: Any, warehouse: Warehouse,

@@ -88,6 +88,88 @@ def test_option_conflicts_are_refused(tmp_path: Any, warehouse: Warehouse) -> No
         export_table("main.ml.events", dest, files=2, partition_by="label")
     with pytest.raises(InvalidArgument, match="compression"):
         export_table("main.ml.events", dest, compression="lz4")
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"files": 0}, r"^files must be at least 1 \(--files\), got 0$"),
+    ({"max_records_per_file": 0},
+     r"^max_records_per_file must be at least 1 \(--max-records-per-file\), got 0$"),
+    ({"files": 2, "max_records_per_file": 10},
+     r"^files and max_records_per_file exclude each other \(--files, --max-records-per-file\)$"),
+    ({"compression": "lz4"}, r"^compression must be one of zstd, snappy, none \(--compression\)"),
+    ({"columns": []}, r"^columns is empty \(--columns\)$"),
+    ({"where": " "}, r"^where is empty \(--where\)$"),
+])
+def test_library_errors_name_the_parameter_then_the_flag(
+        tmp_path: Any, warehouse: Warehouse, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        export_table("main.ml.events", str(tmp_path / "out"), **kwargs)
+    assert not os.listdir(tmp_path)
+
+
+def test_partition_by_outside_columns_is_refused_before_spark(
+        tmp_path: Any, warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # nothing listens
+    with pytest.raises(InvalidArgument, match=r"partition_by column\(s\) label not in the output"):
+        export_table("main.ml.events", str(tmp_path / "out"), columns=["id"], partition_by="label")
+    with pytest.raises(InvalidArgument, match="cannot use every column"):
+        export_table("main.ml.events", str(tmp_path / "out"), columns=["ID"], partition_by="id")
+    assert not os.listdir(tmp_path)
+
+
+def test_dest_that_cannot_be_made_is_refused_before_anything(
+        tmp_path: Any, warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # nothing listens
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for dest in (afile / "sub", afile / "sub" / "deeper"):
+        with pytest.raises(InvalidArgument, match=f"{afile} is not a folder"):
+            export_table("main.ml.events", str(dest))
+    with pytest.raises(InvalidArgument, match="exists and is not a folder"):
+        export_table("main.ml.events", str(afile))
+    assert afile.read_text() == "mine" and os.listdir(tmp_path) == ["afile"]
+
+
+def test_dest_in_a_read_only_folder_is_refused(tmp_path: Any, warehouse: Warehouse) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(InvalidArgument, match="no write permission"):
+            export_table("main.ml.events", str(ro / "sub" / "events"))
+        assert os.listdir(ro) == []
+    finally:
+        ro.chmod(0o755)
+
+
+def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> None:
+    # A holds the lock; B waits on A's file; A finishes and removes that file;
+    # C comes next and creates a new one. B must notice and wait for C.
+    from ucstage.export import _dest_lock
+
+    dest = str(tmp_path / "events")
+    spans: dict[str, list[float]] = {}
+
+    def hold(name: str, seconds: float) -> None:
+        with _dest_lock(dest, lambda _m: None):
+            spans[name] = [time.monotonic()]
+            time.sleep(seconds)
+            spans[name].append(time.monotonic())
+
+    b = threading.Thread(target=hold, args=("B", 0.5))
+    with _dest_lock(dest, lambda _m: None):
+        b.start()
+        time.sleep(0.5)  # B is now blocked in flock on A's file
+    c = threading.Thread(target=hold, args=("C", 0.5))
+    c.start()
+    b.join(10)
+    c.join(10)
+    first, second = sorted(spans.values())
+    assert first[1] <= second[0], spans
+    assert os.listdir(tmp_path) == []  # no lock file left
 
 
 def test_no_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +236,7 @@ def _listing(dest: str) -> dict[str, tuple[int, int]]:
 
 def _no_leftovers(dest: str) -> None:
     parent, base = os.path.split(dest)
-    assert [n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage-")] == []
+    assert [n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage")] == []
 
 
 def test_export_equals_the_delta_snapshot(spark_session: Any, warehouse: Warehouse,
@@ -309,12 +391,16 @@ def test_bad_where_keeps_the_previous_export(spark_session: Any, warehouse: Ware
     export_table("main.ml.events", dest)
     before = _listing(dest)
     for where in ("id >", "no_such_column = 1"):
-        with pytest.raises(InvalidArgument, match="Spark refused --where"):
+        with pytest.raises(InvalidArgument, match=r"Spark refused where \(--where\)"):
             export_table("main.ml.events", dest, where=where)
-    with pytest.raises(InvalidArgument, match="Spark refused --columns"):
+    with pytest.raises(InvalidArgument, match=r"Spark refused columns \(--columns\)"):
         export_table("main.ml.events", dest, columns=["id", "nope"])
     assert _listing(dest) == before
     _no_leftovers(dest)
+    # A refused export into a new DEST leaves no folders, lock or staging behind.
+    with pytest.raises(InvalidArgument, match="Spark refused"):
+        export_table("main.ml.events", str(tmp_path / "new" / "deep" / "events"), where="id >")
+    assert not (tmp_path / "new").exists()
 
 
 def test_too_many_files_fails_and_keeps_the_previous_export(

@@ -59,7 +59,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -113,23 +113,39 @@ class ExportOptions:
 
     def validate(self) -> None:
         if self.compression not in COMPRESSIONS:
-            raise InvalidArgument(f"--compression must be one of {', '.join(COMPRESSIONS)}, "
-                                  f"got {self.compression!r}")
+            raise InvalidArgument(f"compression must be one of {', '.join(COMPRESSIONS)} "
+                                  f"(--compression), got {self.compression!r}")
         if self.files is not None and self.max_records_per_file is not None:
-            raise InvalidArgument("--files and --max-records-per-file exclude each other",
-                                  hint="--files N writes exactly N files; choose one")
+            raise InvalidArgument("files and max_records_per_file exclude each other "
+                                  "(--files, --max-records-per-file)",
+                                  hint="files=N (--files N) writes exactly N files; "
+                                       "choose one")
         if self.files is not None and self.files < 1:
-            raise InvalidArgument(f"--files must be at least 1, got {self.files}")
+            raise InvalidArgument(f"files must be at least 1 (--files), got {self.files}")
         if self.max_records_per_file is not None and self.max_records_per_file < 1:
-            raise InvalidArgument("--max-records-per-file must be at least 1")
+            raise InvalidArgument("max_records_per_file must be at least 1 "
+                                  f"(--max-records-per-file), got {self.max_records_per_file}")
         if self.files is not None and self.partition_by:
             raise InvalidArgument(
-                "--files counts the files of one folder and cannot be combined with "
-                "--partition-by", hint="use --max-records-per-file with --partition-by")
+                "files counts the files of one folder and cannot be combined with "
+                "partition_by (--files, --partition-by)",
+                hint="use max_records_per_file (--max-records-per-file) with partition_by")
         if self.columns is not None and not self.columns:
-            raise InvalidArgument("--columns is empty")
+            raise InvalidArgument("columns is empty (--columns)")
         if self.where is not None and not self.where.strip():
-            raise InvalidArgument("--where is empty")
+            raise InvalidArgument("where is empty (--where)")
+        if self.columns is not None and self.partition_by:
+            # The same checks as after Spark's analysis, made before Spark starts
+            # (Spark matches column names without regard to case).
+            chosen = {c.lower() for c in self.columns}
+            missing = [c for c in self.partition_by if c.lower() not in chosen]
+            if missing:
+                raise InvalidArgument(
+                    f"partition_by column(s) {', '.join(missing)} not in the output "
+                    "(--partition-by)", hint=f"columns are: {', '.join(self.columns)}")
+            if len(self.partition_by) >= len(self.columns):
+                raise InvalidArgument("partition_by cannot use every column (--partition-by): "
+                                      "the files would be empty")
 
     def as_dict(self) -> dict[str, Any]:
         return {"columns": self.columns, "where": self.where, "partition_by": self.partition_by,
@@ -279,18 +295,20 @@ def _shape(df: Any, options: ExportOptions) -> Any:
     except Exception as exc:
         if is_connection_error(exc) or not _is_analysis_error(exc):
             raise
-        what = "--where" if options.where is not None else "--columns"
+        what = "where (--where)" if options.where is not None else "columns (--columns)"
         if options.where is not None and options.columns is not None:
-            what = "--where or --columns"
+            what = "where or columns (--where, --columns)"
         raise InvalidArgument(f"Spark refused {what}: {_spark_message(exc)}",
                               hint="nothing was written; fix the expression or column names"
                               ) from exc
     missing = [c for c in options.partition_by if c not in columns]
     if missing:
-        raise InvalidArgument(f"--partition-by column(s) {', '.join(missing)} not in the output",
+        raise InvalidArgument(f"partition_by column(s) {', '.join(missing)} not in the output "
+                              "(--partition-by)",
                               hint=f"columns are: {', '.join(columns)}")
     if options.partition_by and len(options.partition_by) >= len(columns):
-        raise InvalidArgument("--partition-by cannot use every column: the files would be empty")
+        raise InvalidArgument("partition_by cannot use every column (--partition-by): "
+                              "the files would be empty")
     return df
 
 
@@ -326,6 +344,27 @@ def _resolve_dest(dest: str) -> str:
     if path in ("/", os.path.expanduser("~")):
         raise InvalidArgument(f"refusing to export into {path}: it would be replaced")
     return path
+
+
+def _check_dest_writable(dest: str) -> None:
+    """Refuse, before anything is written, a DEST whose folder cannot be made or written.
+
+    The export writes its staging folder and lock file beside DEST and creates
+    the missing folders above it, so the nearest existing folder above DEST
+    must be a folder this process can write in.
+    """
+    parent = os.path.dirname(dest) or os.curdir
+    while not os.path.lexists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if not os.path.isdir(parent):
+        raise InvalidArgument(f"DEST {dest} cannot be created: {parent} is not a folder",
+                              hint="choose a DEST whose parent is a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"DEST {dest} cannot be written: no write permission in {parent}",
+                              hint="choose a DEST in a folder you can write to")
 
 
 def read_manifest(dest: str) -> dict[str, Any] | None:
@@ -395,24 +434,84 @@ def _dest_lock(dest: str, report: StatusCallback) -> Iterator[None]:
     A second ``ucstage export`` of the same table (say, one per rank on a node)
     waits, then finds the export unchanged and skips. flock is not reliable
     across machines on network or FUSE mounts: start the export on one node.
+
+    The lock file exists only while an export runs: the holder unlinks it
+    before releasing the lock, and whoever then gets the lock on the unlinked
+    file sees that the path no longer names the file it locked and starts over
+    (see :func:`_acquire`). Folders created above DEST are removed again when
+    the export wrote nothing (a refused ``where``, say).
     """
     parent, base = os.path.split(dest)
-    os.makedirs(parent, exist_ok=True)
     lock_path = os.path.join(parent, f".{base}.ucstage.lock")
+    created = _missing_folders(parent)
+    fd = _acquire(parent, lock_path, dest, report)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ExportError(f"cannot create the lock file {lock_path}: {exc}") from exc
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            report(f"waiting for another export into {dest}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            report(None)
         yield
     finally:
+        with suppress(OSError):
+            os.unlink(lock_path)  # while holding the lock: see the docstring
         os.close(fd)
+        if not os.path.lexists(dest):
+            for folder in created:  # deepest first; one in use by another export stays
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders of ``path`` that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    return missing
+
+
+def _acquire(parent: str, lock_path: str, dest: str, report: StatusCallback) -> int:
+    """Open and ``flock`` the lock file; return its descriptor once the lock is ours.
+
+    The lock counts only if ``lock_path`` still names the file locked: a
+    previous holder unlinks it before releasing, so a waiter can get the lock
+    on a file no one else will open again. It then closes it and retries with
+    the file now at the path.
+    """
+    waiting = False
+    try:
+        for _attempt in range(1000):
+            try:
+                os.makedirs(parent, exist_ok=True)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # a finishing export removed a folder it had made
+                continue
+            except OSError as exc:
+                raise ExportError(f"cannot create the lock file {lock_path}: {exc}") from exc
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if not waiting:
+                        report(f"waiting for another export into {dest}")
+                        waiting = True
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                held = os.fstat(fd)
+                try:
+                    named = os.stat(lock_path)
+                except FileNotFoundError:
+                    named = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+            os.close(fd)
+        raise ExportError(f"could not lock {lock_path}: it kept being replaced")
+    finally:
+        if waiting:
+            report(None)
 
 
 def _staging_name(dest: str, kind: str) -> str:
@@ -538,7 +637,9 @@ def export_table(
         max_records_per_file=max_records_per_file, compression=compression)
     options.validate()
     dest_path = _resolve_dest(dest)
+    _check_dest_writable(dest_path)
     source = _resolve_source(table)
+    _check_replaceable(dest_path)  # again under the lock; here to refuse before any write
     with _dest_lock(dest_path, report):
         return _export(source, dest_path, options, remote, force, report, started)
 

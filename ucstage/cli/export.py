@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from ..errors import InvalidArgument
 from .output import emit, err, format_bytes, json_option, table
@@ -67,8 +68,8 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
     opts = data["options"]
     shown = {k: v for k, v in opts.items() if v not in (None, [], "")}
     summary.add_row("options", ", ".join(f"{k}={v}" for k, v in shown.items()))
+    summary.add_row("manifest", Text(f"{data['dest']}/_ucstage_export.json"))
     console.print(summary)
-    console.print(f"manifest  {data['dest']}/_ucstage_export.json", markup=False)
     if suggestion:
         console.print(f"[yellow]![/] {suggestion}")
     pattern = "**/*.parquet" if opts.get("partition_by") else "*.parquet"
@@ -129,9 +130,15 @@ def command(
       ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
     """
     from ..export import export_table, suggest_files
+    from ..sharding import parse_num_workers
 
+    # Every check on the arguments alone comes before Spark starts or anything
+    # is written: exit 2 means DEST was not touched.
     if (world_size is None) != (num_workers is None):
         raise InvalidArgument("--world-size and --num-workers go together")
+    if world_size is not None and num_workers is not None:
+        parse_num_workers(num_workers, world_size)
+    column_list, partition_list = _split(columns), _split(partition_by)
     # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     # ...and warns when its bounded retries run out; the error line says that.
@@ -139,8 +146,8 @@ def command(
     status = _Status(enabled=err.is_terminal)
     try:
         result = export_table(
-            table_name, dest, remote=remote, columns=_split(columns), where=where,
-            partition_by=_split(partition_by), files=files,
+            table_name, dest, remote=remote, columns=column_list, where=where,
+            partition_by=partition_list, files=files,
             max_records_per_file=max_records_per_file, compression=compression, force=force,
             status=status)
     finally:

@@ -132,17 +132,23 @@ def test_dest_that_cannot_be_made_is_refused_before_anything(
 
 
 def test_dest_in_a_read_only_folder_is_refused(tmp_path: Any, warehouse: Warehouse) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
     ro = tmp_path / "ro"
     ro.mkdir()
-    ro.chmod(0o555)
+    if os.geteuid() == 0:
+        # Root ignores permission bits, but not a read-only filesystem.
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                              capture_output=True, text=True)
+        require(proc.returncode == 0, f"cannot mount a read-only tmpfs: {proc.stderr.strip()}")
+        undo = ["umount", str(ro)]
+    else:
+        ro.chmod(0o555)
+        undo = ["chmod", "755", str(ro)]
     try:
         with pytest.raises(InvalidArgument, match="no write permission"):
             export_table("main.ml.events", str(ro / "sub" / "events"))
         assert os.listdir(ro) == []
     finally:
-        ro.chmod(0o755)
+        subprocess.run(undo, check=True)
 
 
 def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> None:

@@ -591,3 +591,29 @@ def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
         t.join()
     assert len(results) == 120 and len(set(results)) == 20
     assert sorted(copies) == sorted(e.path for e in entries)
+
+
+# -- verify never leaves a known-corrupt copy to be served ---------------------------
+
+
+def test_verify_deletes_corrupt_copies_so_they_are_refetched(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (src / name).write_bytes(blob(name, 4 * KB))
+    cache = LocalCache(tmp_path / "cache", max_bytes=1 << 20)
+    m = snapshot(str(src))
+    vol = m.volume()
+    cache.warm(vol, m.entries)
+    bad = Path(cache.lookup(vol, m.entries[0]) or "")
+    bad.write_bytes(b"\0" * 4 * KB)  # same size, stamp intact: only a checksum sees it
+    report = cache.verify(vol, m.entries, checksum=True)
+    assert [p for p, _ in report.corrupt] == ["a.bin"] and report.removed == ["a.bin"]
+    assert not bad.exists() and cache.lookup(vol, m.entries[0]) is None
+    assert cache.status().bytes == 4 * KB
+    with cache._ledger() as ledger:  # the cap's byte count dropped with the file
+        assert ledger.read() == 4 * KB
+    again = cache.warm(vol, m.entries)
+    assert (again.fetched, again.already_cached) == (1, 1)
+    assert Path(cache.fetch(vol, m.entries[0])).read_bytes() == blob("a.bin", 4 * KB)
+    assert cache.verify(vol, m.entries, checksum=True).clean

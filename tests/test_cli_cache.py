@@ -74,7 +74,23 @@ def test_lazy_writes_a_manifest_and_copies_nothing(src: Path) -> None:
     assert m.fingerprint == data["fingerprint"] and len(m.entries) == 10
     warmed = run("cache", "warm", data["manifest"], "--json")  # a manifest is a SOURCE too
     assert warmed["fetched"] == 10
-    assert "UCSTAGE_CACHE_DIR=" in run("cache", "lazy", str(src))
+    human = run("cache", "lazy", str(src))
+    assert "UCSTAGE_CACHE_DIR=" in human
+    assert "from ucstage import VolumeDataset" in human
+    assert f"paths = VolumeDataset({data['manifest']!r})" in human
+    assert "LocalCache" not in human and "m.entries[i]" not in human
+
+
+def test_lazy_refuses_a_folder_as_output(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "lazy", str(src),
+                             "-o", str(out)], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "is a folder" in result.stderr and "Traceback" not in result.stderr
+    assert "unexpected" not in result.stderr
+    assert os.listdir(out) == [] and not list(tmp_path.glob(".manifest-*"))
 
 
 def test_rank_and_node_slices_are_the_shard_plan_slots(src: Path) -> None:
@@ -115,6 +131,60 @@ def test_verify_finds_stale_and_corrupt_entries(src: Path) -> None:
     assert run("cache", "verify", str(src), "--json")["clean"]
     bad = run("cache", "verify", str(src), "--checksum", "--json", code=1)
     assert [x["path"] for x in bad["sources"][0]["corrupt"]] == ["d1/f5.bin"]
+    assert bad["sources"][0]["removed"] == ["d1/f5.bin"]
+
+
+def test_verify_removes_corrupt_copies_and_its_hint_is_true(src: Path) -> None:
+    warmed = run("cache", "warm", str(src), "--json")
+    cached = Path(warmed["namespace"], "d1", "f5.bin")
+    cached.write_bytes(b"\0" * 105)  # same size, stamp intact
+    result = CliRunner().invoke(cli, ["cache", "verify", str(src), "--checksum"])
+    assert result.exit_code == 1
+    assert "d1/f5.bin: content differs from the source (sha256); removed" in result.output
+    assert f"1 cached file was corrupt and removed; `ucstage cache warm {src}` refetches " \
+           "them" in result.output
+    assert not cached.exists()  # never served again
+    rewarmed = run("cache", "warm", str(src), "--json")  # the hint holds: warm refetches it
+    assert (rewarmed["fetched"], rewarmed["already_cached"]) == (1, 9)
+    assert cached.read_bytes() == bytes([5]) * 105
+    assert run("cache", "verify", str(src), "--checksum", "--json")["clean"]
+    target = src / "d0" / "f2.bin"  # stale: the source changed; warm refreshes it too
+    target.write_bytes(b"x" * 102)
+    os.utime(target, (time.time() + 5, time.time() + 5))
+    result = CliRunner().invoke(cli, ["cache", "verify", str(src)])
+    assert result.exit_code == 1
+    assert "1 cached file is stale (the source changed);" in result.output
+    assert "cached files are" not in result.output
+    assert run("cache", "warm", str(src), "--json")["fetched"] == 1
+    assert run("cache", "verify", str(src), "--json")["clean"]
+
+
+def test_clear_and_status_refuse_a_typo_but_not_a_deleted_source(src: Path,
+                                                                 tmp_path: Path) -> None:
+    typo = str(tmp_path / "vlo")
+    for cmd in ("clear", "status"):
+        result = CliRunner().invoke(cli, ["cache", cmd, typo])
+        assert result.exit_code == 2, result.output
+        assert f"nothing cached for {typo} (and {typo} does not exist)" in result.output
+    run("cache", "warm", str(src), "--json")
+    for path in sorted(src.rglob("*"), reverse=True):  # the volume is deleted
+        path.rmdir() if path.is_dir() else path.unlink()
+    src.rmdir()
+    status = run("cache", "status", str(src), "--json")
+    assert status["entries"] == 10 and len(status["namespaces"]) == 1
+    assert "10 files" in run("cache", "status", str(src))
+    cleared = run("cache", "clear", str(src), "--json")
+    assert (cleared["files"], len(cleared["namespaces"])) == (10, 1)
+    other = tmp_path / "other"  # exists, nothing cached: still fine
+    other.mkdir()
+    assert "removed 0 files (0 B) from 0 cached sources" in run("cache", "clear", str(other))
+
+
+def test_usage_lines_show_optional_sources() -> None:
+    for name in ("verify", "status", "clear"):
+        assert f"cache {name} [OPTIONS] [SOURCE]\n" in run("cache", name, "--help"), name
+    for name in ("warm", "lazy"):  # SOURCE or --manifest is required there
+        assert f"cache {name} [OPTIONS] SOURCE\n" in run("cache", name, "--help"), name
 
 
 def test_clear_one_source_or_all(src: Path, tmp_path: Path) -> None:
@@ -137,6 +207,15 @@ def test_prune_respects_the_lease_and_the_cap(src: Path) -> None:
     pruned = run("cache", "prune", "--max-bytes", "500", "--lease", "0", "--json")
     assert pruned["bytes_after"] <= 500 and pruned["files_removed"] >= 5
     assert run("cache", "status", "--json")["bytes"] == pruned["bytes_after"]
+
+
+def test_prune_right_after_warm_hints_at_the_lease(src: Path) -> None:
+    run("cache", "warm", str(src), "--json")
+    result = CliRunner().invoke(cli, ["cache", "prune", "--max-bytes", "500"])
+    assert result.exit_code == 1
+    assert "removed 0 files" in result.output
+    assert "a freshly copied file counts as just used" in result.output
+    assert "hint: `--lease 0`" in result.output
 
 
 def test_warm_names_failed_files_and_exits_1(src: Path, tmp_path: Path) -> None:

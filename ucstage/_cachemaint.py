@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import _cachedir as cd
 from ._cachespace import free_bytes, trash_name, unlink_if_exists
 from ._cachetypes import CacheStatus, ClearReport, NamespaceStatus, PruneReport, VerifyReport
+from ._locks import FileLock, stripe_path
 from .errors import CacheError
 from .volumes import FileEntry, Volume, safe_relpath
 
@@ -70,26 +71,57 @@ def verify(cache: LocalCache, volume: Volume, entries: Sequence[FileEntry] | Non
     report = VerifyReport(removed_partial_files=cache._sweep(ns_dir))
     for e in entries:
         report.checked += 1
-        local = os.path.join(ns_dir, *safe_relpath(e.path).split("/"))
+        rel = safe_relpath(e.path)
+        local = os.path.join(ns_dir, *rel.split("/"))
         try:
             st = os.stat(local)
         except FileNotFoundError:
             report.missing += 1
             continue
         stamp = cd.read_stamp(local)
+        problem = ""
         if stamp is None:
-            report.corrupt.append((e.path, "no validity stamp"))
+            problem = "no validity stamp"
         elif stamp[0] != st.st_size:
-            report.corrupt.append((e.path, f"{st.st_size} bytes on disk, {stamp[0]} copied"))
+            problem = f"{st.st_size} bytes on disk, {stamp[0]} copied"
         elif stamp != (e.size, e.version):
             report.stale.append((e.path, f"source is now {e.size} bytes version "
                                          f"{e.version!r}; cached {stamp[0]} bytes version "
                                          f"{stamp[1]!r}"))
         elif checksum and _digest_local(local) != _digest_source(volume, e.path):
-            report.corrupt.append((e.path, "content differs from the source (sha256)"))
+            problem = "content differs from the source (sha256)"
         else:
             report.ok += 1
+        if problem:
+            report.corrupt.append((e.path, problem))
+            # A copy known to be corrupt must not be handed out again; its stamp
+            # may still match the source, so only deleting it makes warm refetch it.
+            if _discard(cache, ns_dir, rel, local, st):
+                report.removed.append(e.path)
     return report
+
+
+def _discard(cache: LocalCache, ns_dir: str, rel: str, local: str, seen: os.stat_result) -> bool:
+    """Delete the cached file ``local`` if it is still the one ``seen``; True when gone.
+
+    Takes the entry's stripe (no copy of it is running) and the ledger lock
+    (renames happen under it, and the byte count drops with the file).
+    """
+    with FileLock(stripe_path(cache._lock_dir(ns_dir), rel)), cache._ledger() as ledger:
+        try:
+            st = os.stat(local)
+        except FileNotFoundError:
+            return True
+        if (st.st_ino, st.st_dev) != (seen.st_ino, seen.st_dev):
+            return False  # refetched meanwhile: a new copy, not the one checked
+        used = ledger.read()  # before the rename: a recount must still see the file
+        staged = trash_name(cache._control)
+        os.rename(local, staged)
+        os.unlink(staged)
+        ledger.write(used - st.st_size)
+    with cache._lock:
+        cache._memo.pop(local, None)
+    return True
 
 
 def clear(cache: LocalCache, volume: Volume | None) -> ClearReport:

@@ -83,6 +83,8 @@ class VerifyReport:
     stale: list[tuple[str, str]] = field(default_factory=list)
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     removed_partial_files: int = 0
+    removed: list[str] = field(default_factory=list)
+    """Corrupt entries deleted from the cache (the next fetch or warm copies them again)."""
 
     @property
     def clean(self) -> bool:

@@ -457,8 +457,10 @@ class LocalCache:
 
         Stale: the source's size or version changed since the copy. Corrupt:
         no stamp, a size on disk that differs from the stamp, or (with
-        ``checksum``) bytes that differ from the source's. Files not cached
-        count as missing, which is not an error.
+        ``checksum``) bytes that differ from the source's. Corrupt copies are
+        deleted (listed in ``removed``) so they are never handed out again and
+        the next fetch or warm copies them afresh. Files not cached count as
+        missing, which is not an error.
         """
         return maint.verify(self, volume, entries, checksum)
 

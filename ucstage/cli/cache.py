@@ -7,10 +7,11 @@ and renders; JSON shapes are documented in docs/json-cache.md.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -27,7 +28,7 @@ from rich.progress import (
 
 from .. import manifest as manifest_mod
 from ..cache import LocalCache, VerifyReport, WarmCallback, WarmReport, rank_entries
-from ..errors import FetchFailed, InvalidArgument
+from ..errors import InvalidArgument, SourceNotFound
 from ..manifest import Manifest
 from ..units import parse_size
 from ..volumes import Volume, resolve
@@ -48,6 +49,19 @@ EXAMPLES = 10
 
 def _size(value: str | None) -> int | None:
     return None if value is None else parse_size(value)
+
+
+def _n(count: int, noun: str, plural: str = "") -> str:
+    """``1 file``, ``2 files``: a count with its noun in the right number."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
+def _fail_after_output(message: str, hint: str) -> NoReturn:
+    """Exit 1 with one error line and a hint on stderr, once the report (with
+    --json, the one JSON document on stdout) is out."""
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    err.print(f"[dim]hint:[/] {escape(hint)}", markup=True)
+    sys.exit(1)
 
 
 def _pairs(items: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
@@ -208,7 +222,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
             f" for rank {ranks[0]}" if ranks else "")
         console.print(
-            f"[bold]Warmed[/] {report.files:,} file{'' if report.files == 1 else 's'} ({format_bytes(report.bytes)}){who} in "
+            f"[bold]Warmed[/] {_n(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "
             f"{report.seconds:.1f} s: fetched {report.fetched:,} "
             f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
             f"{report.already_cached:,}, failed {len(report.failed):,}")
@@ -221,9 +235,9 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     emit(data, as_json, human)
     if report.failed:
         names = ", ".join(p for p, _ in report.failed[:3])
-        raise FetchFailed(f"{len(report.failed):,} of {report.files:,} files failed: {names}"
-                          + (" …" if len(report.failed) > 3 else ""),
-                          hint="rerun to retry just those; the rest are cached")
+        _fail_after_output(f"{len(report.failed):,} of {_n(report.files, 'file')} failed: "
+                           f"{names}" + (" …" if len(report.failed) > 3 else ""),
+                           "rerun to retry just those; the rest are cached")
 
 
 @command.command("lazy", context_settings=CONTEXT)
@@ -252,27 +266,39 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
             "namespace": ns_dir}
 
     def human(console: Console) -> None:
-        console.print(f"[bold]Manifest[/] {escape(path)}: {len(m.entries):,} files "
+        console.print(f"[bold]Manifest[/] {escape(path)}: {_n(len(m.entries), 'file')} "
                       f"({format_bytes(m.total_bytes)}), fingerprint {m.fingerprint[:12]}")
         console.print(f"cache folder: {ns_dir} (files are copied there on first read)",
                       markup=False)
         console.print("\nIn the training job (same node, same user):", markup=False)
         console.print(f"  export UCSTAGE_CACHE_DIR={cache.root}", markup=False)
-        console.print("  from ucstage import manifest, LocalCache\n"
-                      f"  m = manifest.load({data['manifest']!r}); vol = m.volume()\n"
-                      "  cache = LocalCache()\n"
-                      "  path = cache.fetch(vol, m.entries[i])   # copies on first access",
+        console.print("  from ucstage import VolumeDataset\n"
+                      f"  paths = VolumeDataset({data['manifest']!r})"
+                      "   # local paths; each file is copied on first read",
                       markup=False)
 
     emit(data, as_json, human)
 
 
-def _volume_opt(source: str | None) -> Volume | None:
+def _volume_opt(cache: LocalCache, source: str | None) -> Volume | None:
+    """The volume SOURCE names, or None for every source.
+
+    A source that is gone still names its namespace (clearing the cache of a
+    deleted volume works); one that neither exists nor has anything cached is
+    most likely a typo and is refused.
+    """
     if source is None:
         return None
     if manifest_mod.is_manifest_file(source):
         return manifest_mod.load(source).volume()
-    return resolve(source, must_exist=False)
+    volume = resolve(source, must_exist=False)
+    if not os.path.isdir(cache.namespace_dir(volume)):
+        try:
+            resolve(source)
+        except SourceNotFound as exc:
+            raise SourceNotFound(f"nothing cached for {source} (and {source} does not exist)",
+                                 hint="`ucstage cache status` lists the cached sources") from exc
+    return volume
 
 
 @command.command("status", context_settings=CONTEXT)
@@ -286,7 +312,7 @@ def status(source: str | None, as_json: bool) -> None:
       ucstage cache status
     """
     cache = LocalCache()
-    st = cache.status(_volume_opt(source))
+    st = cache.status(_volume_opt(cache, source))
     data = {
         "cache_dir": st.root, "entries": st.entries, "bytes": st.bytes,
         "max_bytes": st.max_bytes, "free_bytes": st.free_bytes,
@@ -295,7 +321,8 @@ def status(source: str | None, as_json: bool) -> None:
 
     def human(console: Console) -> None:
         cap = format_bytes(st.max_bytes) if st.max_bytes else "none"
-        console.print(f"[bold]Cache[/] {escape(st.root)}: {st.entries:,} files, "
+        scope = f" ({escape(source)} only)" if source is not None else ""
+        console.print(f"[bold]Cache[/] {escape(st.root)}{scope}: {_n(st.entries, 'file')}, "
                       f"{format_bytes(st.bytes)}; cap {cap}; {format_bytes(st.free_bytes)} "
                       "free on disk")
         if st.namespaces:
@@ -314,9 +341,41 @@ def status(source: str | None, as_json: bool) -> None:
 def _verify_json(source: str, r: VerifyReport) -> dict[str, Any]:
     return {"source": source, "checked": r.checked, "ok": r.ok, "missing": r.missing,
             "stale": _pairs(r.stale), "corrupt": _pairs(r.corrupt),
-            "removed_partial_files": r.removed_partial_files}
+            "removed_partial_files": r.removed_partial_files, "removed": r.removed}
 
 
+def _optional_source(cmd: click.Command) -> click.Command:
+    """Show SOURCE as optional in the usage line (the shared options say SOURCE)."""
+    for param in cmd.params:
+        if isinstance(param, click.Argument) and param.name == "source":
+            param.metavar = "[SOURCE]"
+    return cmd
+
+
+def _verify_failure(results: list[dict[str, Any]], from_manifest: bool,
+                    source: str | None) -> str:
+    """The closing error line of verify: what was found, what was done, what to run."""
+    stale = sum(len(r["stale"]) for r in results)
+    corrupt = sum(len(r["corrupt"]) for r in results)
+    removed = sum(len(r["removed"]) for r in results)
+    parts = []
+    if stale:
+        parts.append(f"{_n(stale, 'cached file')} {'is' if stale == 1 else 'are'} stale "
+                     "(the source changed)")
+    if corrupt:
+        kept = corrupt - removed
+        parts.append(f"{_n(corrupt, 'cached file')} {'was' if corrupt == 1 else 'were'} corrupt"
+                     + (" and removed" if not kept else f" ({removed:,} removed)"))
+    target = source if source is not None and not from_manifest else "SOURCE"
+    if stale and from_manifest:
+        todo = (f"the manifest predates the change: `ucstage cache warm {target}` "
+                "(listing the source afresh) refreshes them")
+    else:
+        todo = f"`ucstage cache warm {target}` refetches them"
+    return "; ".join(parts) + "; " + todo
+
+
+@_optional_source
 @command.command("verify", context_settings=CONTEXT)
 @source_options
 @click.option("--checksum", is_flag=True,
@@ -326,7 +385,9 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
            exclude: tuple[str, ...], include_hidden: bool, checksum: bool,
            as_json: bool) -> None:
     """Check cached files against SOURCE (or every cached source): exit 1 and
-    list them when any are stale (the source changed) or corrupt.
+    list them when any are stale (the source changed) or corrupt. Corrupt
+    copies are deleted, so they are never served again; `cache warm` then
+    copies them afresh.
 
     \b
     Examples:
@@ -353,10 +414,12 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
             console.print(f"[bold]{escape(r['source'])}[/]: {r['checked']:,} checked, {r['ok']:,} ok, "
                           f"{r['missing']:,} not cached, {len(r['stale']):,} stale, "
                           f"{len(r['corrupt']):,} corrupt")
+            removed = set(r["removed"])
             for kind in ("stale", "corrupt"):
                 for x in r[kind][:EXAMPLES]:
-                    console.print(f"  [red]{kind}[/] {escape(x['path'])}: {escape(x['reason'])}",
-                                  markup=True)
+                    note = "; removed" if kind == "corrupt" and x["path"] in removed else ""
+                    console.print(f"  [red]{kind}[/] {escape(x['path'])}: {escape(x['reason'])}"
+                                  f"{note}", markup=True)
                 if len(r[kind]) > EXAMPLES:
                     console.print(f"  … {len(r[kind]) - EXAMPLES:,} more (--json lists all)")
         if not results:
@@ -364,8 +427,9 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
 
     emit(data, as_json, human)
     if bad:
-        fail_found(f"{len(bad):,} cached files are stale or corrupt; `ucstage cache warm "
-                   "SOURCE` refreshes them")
+        from_manifest = manifest_path is not None or (
+            source is not None and manifest_mod.is_manifest_file(source))
+        fail_found(_verify_failure(results, from_manifest, source))
 
 
 @command.command("clear", context_settings=CONTEXT)
@@ -379,11 +443,12 @@ def clear(source: str | None, as_json: bool) -> None:
     Example:
       ucstage cache clear s3://bucket/train
     """
-    r = LocalCache().clear(_volume_opt(source))
+    cache = LocalCache()
+    r = cache.clear(_volume_opt(cache, source))
     data = {"namespaces": r.namespaces, "files": r.files, "bytes": r.bytes}
     emit(data, as_json, lambda c: c.print(
-        f"removed {r.files:,} files ({format_bytes(r.bytes)}) from "
-        f"{len(r.namespaces)} cached source(s)"))
+        f"removed {_n(r.files, 'file')} ({format_bytes(r.bytes)}) from "
+        f"{_n(len(r.namespaces), 'cached source')}", markup=False))
 
 
 @command.command("prune", context_settings=CONTEXT)
@@ -405,10 +470,13 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
     data = asdict(r)
 
     def human(console: Console) -> None:
-        console.print(f"removed {r.files_removed:,} files ({format_bytes(r.bytes_removed)}); "
+        console.print(f"removed {_n(r.files_removed, 'file')} ({format_bytes(r.bytes_removed)}); "
                       f"cache holds {format_bytes(r.bytes_after)} (cap {format_bytes(cap)})")
 
     emit(data, as_json, human)
     if r.bytes_after > cap:
-        fail_found(f"{format_bytes(r.bytes_after)} remain above {format_bytes(cap)}: "
-                   f"{format_bytes(r.bytes_in_use)} were handed to readers within the lease")
+        _fail_after_output(
+            f"{format_bytes(r.bytes_after)} remain above {format_bytes(cap)}: "
+            f"{format_bytes(r.bytes_in_use)} were handed to readers in the last {lease:g} s "
+            "(a freshly copied file counts as just used)",
+            "`--lease 0` evicts them anyway, if no job is reading from the cache now")

@@ -204,7 +204,7 @@ def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
     (["--sample-bytes", "lots"], "cannot read size 'lots'"),
     (["--max-seconds", "0"], "--max-seconds must be positive"),
     (["--plot", "chart.jpg"], "--plot writes a PNG"),
-    (["--scratch-dir", "/nonexistent/ucstage/x"], "scratch folder /nonexistent/ucstage/x does not exist"),
+    (["--scratch-dir", "/nonexistent/ucstage/x"], "/nonexistent/ucstage does not exist"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     (tmp_path / "f.bin").write_bytes(b"x" * 10)

@@ -296,13 +296,21 @@ def run(
     stopped_early = False
     needs_cache = any(m in ("cold", "warm", "loader") for m in mode_list)
     scratch = None
+    made_parent: str | None = None
     if needs_cache:
         parent = scratch_dir or tempfile.gettempdir()
         if not os.path.isdir(parent):
-            # Creating it would leave a typo'd folder tree behind after the run.
-            raise InvalidArgument(f"scratch folder {parent} does not exist",
-                                  hint="create it first, or leave --scratch-dir out")
-        _check_space(parent, total_bytes)
+            # Make one missing folder (and remove it afterwards), never a tree:
+            # a typo'd path must not leave folders behind.
+            if not os.path.isdir(os.path.dirname(os.path.abspath(parent))):
+                raise InvalidArgument(
+                    f"scratch folder {parent}: {os.path.dirname(os.path.abspath(parent))} "
+                    "does not exist", hint="create it first, or leave --scratch-dir out")
+            _check_space(os.path.dirname(os.path.abspath(parent)), total_bytes)
+            os.mkdir(parent)
+            made_parent = parent
+        else:
+            _check_space(parent, total_bytes)
         scratch = tempfile.mkdtemp(prefix="ucstage-bench-", dir=parent)
     try:
         warm_cache: Any | None = None
@@ -364,6 +372,8 @@ def run(
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if made_parent is not None:
+            shutil.rmtree(made_parent, ignore_errors=True)
     if any(r.seconds < NOISY_SECONDS for r in results):
         notes.append(f"some runs took under {NOISY_SECONDS:g} s, so their rates are noisy; "
                      "bench more files (--files, --sample-bytes)")

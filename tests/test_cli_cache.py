@@ -113,6 +113,8 @@ def test_slice_options_are_validated(src: Path) -> None:
     result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--node-rank", "1", "-w", "2",
                                       "-k", "1", "--nproc-per-node", "2"])
     assert result.exit_code == 2 and "outside --world-size" in result.output
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--shuffle", "--epoch", "2"])
+    assert result.exit_code == 2 and "need --rank or --node-rank" in result.output
 
 
 def test_verify_finds_stale_and_corrupt_entries(src: Path) -> None:

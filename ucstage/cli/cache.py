@@ -202,6 +202,11 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
     """
     ranks = _ranks(rank, node_rank, nproc_per_node, world_size, num_workers)
+    if ranks is None and (shuffle or seed or epoch):
+        # Order does not matter when warming everything; silently ignoring the
+        # flags would suggest otherwise.
+        raise InvalidArgument("--shuffle/--seed/--epoch choose a rank's slice; they need "
+                              "--rank or --node-rank")
     m = read_source(source, manifest_path, include, exclude, include_hidden)
     volume = m.volume()
     cache = LocalCache(max_bytes=_size(max_bytes))

@@ -32,6 +32,10 @@ def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -
 class UcstageGroup(click.Group):
     """Maps errors to one line on stderr; ``--debug`` shows the traceback."""
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # Help lists commands in the order a job uses them, not alphabetically.
+        return list(self.commands)
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug")) or os.environ.get("UCSTAGE_DEBUG") == "1"
         try:
@@ -94,10 +98,10 @@ def cli(debug: bool) -> None:
 # pyspark and deltalake load inside the commands that need them.
 from . import bench, cache, export, shard_plan  # noqa: E402
 
-cli.add_command(shard_plan.shard_plan)
-cli.add_command(cache.command)
-cli.add_command(bench.command)
 cli.add_command(export.command)
+cli.add_command(cache.command)
+cli.add_command(shard_plan.shard_plan)
+cli.add_command(bench.command)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError as exc:
         raise MissingDependency("--plot needs matplotlib",
                                 hint="pip install 'ucstage[plot]'") from exc
@@ -45,9 +46,13 @@ def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
                        label=f"recommended ({rec.mode}): {rec.workers}")
         ax.set_xlabel("workers (concurrent readers)" if "loader" not in report.modes
                       else "workers (reader threads / DataLoader num_workers)")
-        ax.set_ylabel("MB/s")
+        # Warm reads are often 100x direct ones: a linear axis would flatten
+        # the modes the user is choosing between.
+        ax.set_ylabel("MB/s (log scale)")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _pos: ""))
         ax.set_xticks(report.workers)
-        ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend()
         from .units import format_bytes

@@ -30,11 +30,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.ucstage-installed
-want=$(cat pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing Python packages into .venv (a few minutes the first time)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+  # Constraints pin the versions the suite passes with (and keep the resolver fast).
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c scripts/constraints.txt \
+    -e ".[dev]" 2>&1 | grep -v "is ignored" || true
   .venv/bin/python -c "import ucstage, torch, pyspark, s3fs, moto" \
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
   echo "$want" > "$stamp"

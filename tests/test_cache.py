@@ -23,7 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from tests.common.backends import Backend
-from tests.common.parts import rclone_mount, require
+from tests.common.parts import rclone_mount, tmpfs
 from tests.conftest import unique
 from ucstage import manifest as manifest_mod
 from ucstage._cachedir import PART_SUFFIX, STAMP_XATTR, read_stamp
@@ -325,15 +325,8 @@ def test_cap_holds_across_processes(tmp_path: Path) -> None:
 @pytest.fixture
 def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
     """A 2 MiB tmpfs; the cache root is a private folder inside it."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    require(proc.returncode == 0, f"cannot mount a tmpfs: {proc.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with tmpfs(str(tmp_path / "tiny"), "size=2m") as mnt:
+        yield Path(mnt)
 
 
 def test_disk_full_before_warm(tiny_fs: Path, tmp_path: Path) -> None:

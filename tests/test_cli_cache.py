@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import require
+from tests.common.parts import tmpfs
 from tests.conftest import unique
 from ucstage.cli import cli
 from ucstage.cli.cache import command as cache_group
@@ -233,11 +233,7 @@ def test_warm_names_failed_files_and_exits_1(src: Path, tmp_path: Path) -> None:
 
 def test_disk_full_exits_1_naming_the_folder(tmp_path: Path) -> None:
     mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    require(proc.returncode == 0, f"cannot mount a tmpfs: {proc.stderr.strip()}")
-    try:
+    with tmpfs(str(mnt), "size=1m"):
         big = tmp_path / "big"
         big.mkdir()
         for i in range(3):
@@ -249,8 +245,6 @@ def test_disk_full_exits_1_naming_the_folder(tmp_path: Path) -> None:
         assert str(mnt / "cache") in result.stderr and "1.5 MiB" in result.stderr
         leftovers = [p for p in mnt.rglob("*.bin")] + [p for p in mnt.rglob("*ucstage-part")]
         assert leftovers == []
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_foreign_cache_root_exits_2(tmp_path: Path) -> None:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from tests.common.parts import free_port, require
+from tests.common.parts import free_port, require, tmpfs
 from tests.common.spark import (
     Warehouse,
     connect_script_server,
@@ -134,21 +134,20 @@ def test_dest_that_cannot_be_made_is_refused_before_anything(
 def test_dest_in_a_read_only_folder_is_refused(tmp_path: Any, warehouse: Warehouse) -> None:
     ro = tmp_path / "ro"
     ro.mkdir()
-    if os.geteuid() == 0:
-        # Root ignores permission bits, but not a read-only filesystem.
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
-                              capture_output=True, text=True)
-        require(proc.returncode == 0, f"cannot mount a read-only tmpfs: {proc.stderr.strip()}")
-        undo = ["umount", str(ro)]
-    else:
-        ro.chmod(0o555)
-        undo = ["chmod", "755", str(ro)]
-    try:
+    # Root ignores permission bits, but not a read-only filesystem.
+    with (tmpfs(str(ro), "ro,size=1m") if os.geteuid() == 0 else _read_only_bits(ro)):
         with pytest.raises(InvalidArgument, match="no write permission"):
             export_table("main.ml.events", str(ro / "sub" / "events"))
         assert os.listdir(ro) == []
+
+
+@contextlib.contextmanager
+def _read_only_bits(folder: Any) -> Any:
+    folder.chmod(0o555)
+    try:
+        yield folder
     finally:
-        subprocess.run(undo, check=True)
+        folder.chmod(0o755)
 
 
 def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> None:
@@ -518,18 +517,10 @@ def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any,
 @pytest.fixture
 def tiny_disk(tmp_path: Any) -> Any:
     """A 6 MiB tmpfs mounted for this test (needs root), unmounted afterwards."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
     if os.geteuid() != 0:
         require(False, "mounting a tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        require(False, f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
-        yield str(mnt)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with tmpfs(str(tmp_path / "tiny"), "size=6m") as mnt:
+        yield mnt
 
 
 def test_disk_full_keeps_the_previous_export(spark_session: Any, tmp_path: Any,

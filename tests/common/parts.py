@@ -139,3 +139,17 @@ class MotoServer:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+@contextmanager
+def tmpfs(mountpoint: str, options: str) -> Iterator[str]:
+    """Mount a tmpfs (e.g. ``size=2m`` for a full disk, ``ro,size=1m`` for a
+    read-only one) at ``mountpoint`` for the block; needs root."""
+    os.makedirs(mountpoint, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mountpoint],
+                          capture_output=True, text=True)
+    require(proc.returncode == 0, f"cannot mount a tmpfs ({options}): {proc.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", mountpoint], capture_output=True)

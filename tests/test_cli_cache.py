@@ -195,11 +195,16 @@ def test_clear_one_source_or_all(src: Path, tmp_path: Path) -> None:
     (other / "x.bin").write_bytes(b"x" * 50)
     run("cache", "warm", str(src), "--json")
     run("cache", "warm", str(other), "--json")
+    frozen = Path(os.environ["UCSTAGE_CACHE_DIR"], ".ucstage", "manifests")
+    frozen.mkdir(parents=True, exist_ok=True)  # where VolumeDataset freezes listings
+    (frozen / "abc.json").write_text("{}")
     one = run("cache", "clear", str(other), "--json")
     assert (one["files"], one["bytes"], len(one["namespaces"])) == (1, 50, 1)
     assert run("cache", "status", "--json")["entries"] == 10
+    assert (frozen / "abc.json").exists()  # clearing one source keeps shared listings
     everything = run("cache", "clear", "--json")
     assert everything["files"] == 10 and run("cache", "status", "--json")["entries"] == 0
+    assert not frozen.exists()
 
 
 def test_prune_respects_the_lease_and_the_cap(src: Path) -> None:

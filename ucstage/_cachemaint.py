@@ -138,6 +138,10 @@ def clear(cache: LocalCache, volume: Volume | None) -> ClearReport:
         names.append(os.path.basename(ns_dir))
         cache._prepared.discard(ns_dir)
         unlink_if_exists(os.path.join(cache._control, "namespaces", names[-1] + ".json"))
+    if volume is None:
+        # Listings VolumeDataset froze (ucstage.data) belong to the whole cache:
+        # clearing everything must not leave them to pile up.
+        shutil.rmtree(os.path.join(cache._control, "manifests"), ignore_errors=True)
     with cache._lock:
         cache._memo.clear()
     with cache._ledger() as ledger:

@@ -9,20 +9,17 @@ import traceback
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from .. import __version__
 from ..errors import UcstageError
-from .output import JSON_META, err
+from .output import JSON_META, err, print_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -> None:
     """One error line (and a hint line) on stderr; with --json, the same on stdout."""
-    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
-    if hint:
-        err.print(f"[dim]hint:[/] {escape(hint)}", markup=True)
+    print_error(message, hint)
     if ctx.meta.get(JSON_META):
         doc = {"error": {"type": kind, "message": message, "hint": hint, "exit_code": code}}
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")

@@ -7,11 +7,10 @@ and renders; JSON shapes are documented in docs/json-cache.md.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from rich.console import Console
@@ -54,14 +53,6 @@ def _size(value: str | None) -> int | None:
 def _n(count: int, noun: str, plural: str = "") -> str:
     """``1 file``, ``2 files``: a count with its noun in the right number."""
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
-
-
-def _fail_after_output(message: str, hint: str) -> NoReturn:
-    """Exit 1 with one error line and a hint on stderr, once the report (with
-    --json, the one JSON document on stdout) is out."""
-    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
-    err.print(f"[dim]hint:[/] {escape(hint)}", markup=True)
-    sys.exit(1)
 
 
 def _pairs(items: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
@@ -240,7 +231,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     emit(data, as_json, human)
     if report.failed:
         names = ", ".join(p for p, _ in report.failed[:3])
-        _fail_after_output(f"{len(report.failed):,} of {_n(report.files, 'file')} failed: "
+        fail_found(f"{len(report.failed):,} of {_n(report.files, 'file')} failed: "
                            f"{names}" + (" …" if len(report.failed) > 3 else ""),
                            "rerun to retry just those; the rest are cached")
 
@@ -480,7 +471,7 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
 
     emit(data, as_json, human)
     if r.bytes_after > cap:
-        _fail_after_output(
+        fail_found(
             f"{format_bytes(r.bytes_after)} remain above {format_bytes(cap)}: "
             f"{format_bytes(r.bytes_in_use)} were handed to readers in the last {lease:g} s "
             "(a freshly copied file counts as just used)",

@@ -37,6 +37,7 @@ __all__ = [
     "format_bytes",
     "json_option",
     "out",
+    "print_error",
     "read_source",
     "source_options",
     "table",
@@ -118,9 +119,16 @@ def emit(data: dict[str, Any], as_json: bool, human: Callable[[Console], None]) 
         human(out)
 
 
-def fail_found(message: str) -> NoReturn:
-    """The command ran and found a problem: one line on stderr, exit 1."""
+def print_error(message: str, hint: str = "") -> None:
+    """The one shape of every error: an ``error:`` line and an optional ``hint:`` line."""
     err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    if hint:
+        err.print(f"[dim]hint:[/] {escape(hint)}", markup=True)
+
+
+def fail_found(message: str, hint: str = "") -> NoReturn:
+    """The command ran and found a problem (its report is already out): exit 1."""
+    print_error(message, hint)
     sys.exit(1)
 
 

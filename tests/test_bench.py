@@ -16,7 +16,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import rclone_mount
+from tests.common.parts import rclone_mount, wait_synced
 from tests.conftest import unique
 from ucstage import bench, snapshot
 from ucstage.bench import RunResult, recommend, sample
@@ -46,17 +46,8 @@ def fuse_tree(fuse_volume: tuple[str, str]) -> tuple[str, dict[str, int]]:
     key = unique("bench")
     written = _write_tree(os.path.join(backing, key))
     source = os.path.join(mnt, key)
-    deadline = time.monotonic() + 10  # the mount's directory cache lasts about a second
-    while len(snapshot_or_none(source)) < len(written) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_synced(os.path.join(backing, key), source)
     return source, written
-
-
-def snapshot_or_none(source: str) -> list[FileEntry]:
-    try:
-        return list(snapshot(source).entries)
-    except Exception:
-        return []
 
 
 def _leftovers(folder: str) -> list[str]:

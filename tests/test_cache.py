@@ -23,7 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from tests.common.backends import Backend
-from tests.common.parts import rclone_mount, tmpfs
+from tests.common.parts import rclone_mount, tmpfs, wait_synced
 from tests.conftest import unique
 from ucstage import manifest as manifest_mod
 from ucstage._cachedir import PART_SUFFIX, STAMP_XATTR, read_stamp
@@ -406,9 +406,9 @@ def test_symlinks_out_of_a_source_are_refused(fuse_volume: tuple[str, str],
         (root / "ok.bin").write_bytes(b"fine")
         (root / "link.bin").symlink_to(secret / "key.txt")
         (root / "dir").symlink_to(secret)
-    time.sleep(1.2)  # the mount's directory cache lasts a second
     local_src = tmp_path / "local"
     fuse_src = Path(fuse_volume[1]) / root.name
+    wait_synced(str(root), str(fuse_src))
     cache = LocalCache()
     for src in (local_src, fuse_src):
         m = snapshot(str(src))
@@ -499,10 +499,10 @@ def test_transient_errors_are_retried_and_failures_named(fuse_volume: tuple[str,
     os.makedirs(os.path.join(backing, key))
     for name in ("a.bin", "gone.bin"):
         Path(backing, key, name).write_bytes(blob(name, KB))
-    time.sleep(1.2)  # the mount's directory cache lasts a second
+    wait_synced(os.path.join(backing, key), os.path.join(mnt, key))
     listed = snapshot(os.path.join(mnt, key))
     os.unlink(os.path.join(backing, key, "gone.bin"))
-    time.sleep(1.2)
+    wait_synced(os.path.join(backing, key), os.path.join(mnt, key))
     report = cache.warm(listed.volume(), listed.entries)
     assert report.fetched == 1 and [p for p, _ in report.failed] == ["gone.bin"]
 
@@ -520,7 +520,7 @@ def test_copies_bytes_and_mtime_only(fuse_volume: tuple[str, str]) -> None:
     os.chmod(path, 0o755)
     os.setxattr(path, "user.origin", b"source")
     os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_123_456_789))
-    time.sleep(1.2)
+    wait_synced(str(src), os.path.join(mnt, key))
     m = snapshot(os.path.join(mnt, key))
     cache = LocalCache()
     local = cache.fetch(m.volume(), m.entries[0])

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.common.parts import wait_synced
 from tests.conftest import unique
 
 pytestmark = pytest.mark.fuse
@@ -25,6 +26,7 @@ def test_train_images_example_reads_every_image_each_epoch(fuse_volume) -> None:
     assert made.returncode == 0, made.stderr
     with open(os.path.join(backing, key, "README.txt"), "w") as fh:
         fh.write("not an image: the example's include globs skip it")
+    wait_synced(os.path.join(backing, key), os.path.join(mnt, key))
     proc = subprocess.run([sys.executable, EXAMPLE, os.path.join(mnt, key), "--epochs", "2",
                            "--num-workers", "2", "--batch-size", "16", "--json"],
                           capture_output=True, text=True, env=env, timeout=240)

@@ -7,13 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from tests.common.parts import free_port
+from tests.common.parts import free_port, wait_synced
 from tests.conftest import unique
 from ucstage import manifest as mf
 
@@ -34,6 +33,7 @@ def make_volume(fuse_volume: tuple[str, str], n: int = N_FILES) -> tuple[str, li
             fh.write(bytes([i]) * (100 + 37 * i))
     with open(os.path.join(backing, key, "_SUCCESS"), "wb"):
         pass  # hidden: never listed
+    wait_synced(os.path.join(backing, key), os.path.join(mnt, key))
     return os.path.join(mnt, key), sorted(names)
 
 
@@ -79,7 +79,7 @@ def test_two_ranks_two_workers_read_the_shard_plan(fuse_volume, tmp_path) -> Non
     manifest = mf.save(mf.snapshot(source), str(tmp_path / "train.manifest.json"))
     with open(os.path.join(fuse_volume[0], os.path.basename(source), "late.bin"), "wb") as fh:
         fh.write(b"added after the manifest")
-    time.sleep(1.2)  # let the mount's 1 s directory cache see the new file
+    wait_synced(os.path.join(fuse_volume[0], os.path.basename(source)), source)
     proc = torchrun("shard", source, out, manifest)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = results(out)

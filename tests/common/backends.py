@@ -7,7 +7,6 @@ the source string a user would pass to ucstage to read them back.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,8 @@ class Backend:
             self.write(rel, data)
 
     def settle(self) -> None:
-        """Let a FUSE mount's short attribute cache expire after a rewrite."""
+        """Wait until a FUSE mount's directory cache shows what was written."""
         if self.name == "fuse":
-            time.sleep(1.2)
+            from tests.common.parts import wait_synced
+
+            wait_synced(self.store_root, self.url)

@@ -69,6 +69,38 @@ def unmount(mountpoint: str) -> None:
         time.sleep(0.05)
 
 
+def _tree(root: str) -> dict[str, tuple[int, int]]:
+    found = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+                found[os.path.relpath(path, root)] = (st.st_size, int(st.st_mtime))
+            except OSError:
+                pass  # vanished between listing and stat: the next round sees it
+    return found
+
+
+def wait_synced(backing: str, mounted: str, timeout: float = 15.0) -> None:
+    """Wait until the mount shows exactly the backing folder's files and sizes.
+
+    rclone caches directory listings (about a second here), so a tree written
+    to the backing folder appears in the mount a little later. Waiting for the
+    listings to agree, rather than sleeping a fixed time, keeps tests from
+    racing the cache on a loaded machine. rclone hides symlinks, so they are
+    left out of the comparison (os.walk does not descend into linked folders).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        want = {p: s for p, s in _tree(backing).items() if not os.path.islink(os.path.join(backing, p))}
+        if os.path.isdir(mounted) and _tree(mounted) == want:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{mounted} did not show {backing}'s files within {timeout}s")
+        time.sleep(0.1)
+
+
 @contextmanager
 def rclone_mount(source: str, mountpoint: str, *extra: str) -> Iterator[str]:
     """Mount ``source`` (a folder) read-only at ``mountpoint`` with rclone.

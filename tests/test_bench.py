@@ -250,7 +250,10 @@ def test_interrupt_removes_the_temporary_cache(tmp_path) -> None:
 def test_ctrl_c_on_the_command_stops_cleanly(tmp_path) -> None:
     """A real SIGINT to `ucstage bench` reading a throttled FUSE mount."""
     backing, mnt, scratch = tmp_path / "backing", tmp_path / "mnt", tmp_path / "scratch"
-    _write_tree(str(backing), [256 * 1024] * 24)
+    # 16 MiB at 512 KiB/s: rclone's token bucket lets the first 4 MiB through at
+    # once, so the bench needs well over 20 s and is still reading when the
+    # signal comes, however slowly this machine started it.
+    _write_tree(str(backing), [256 * 1024] * 64)
     with rclone_mount(str(backing), str(mnt), "--bwlimit", "512k"):
         proc = subprocess.Popen(
             [sys.executable, "-m", "ucstage", "bench", str(mnt), "-w", "1", "-m", "cold,warm",
@@ -264,12 +267,12 @@ def test_ctrl_c_on_the_command_stops_cleanly(tmp_path) -> None:
                 time.sleep(0.05)
             time.sleep(0.3)
             proc.send_signal(signal.SIGINT)
-            _, stderr = proc.communicate(timeout=30)
+            stdout, stderr = proc.communicate(timeout=30)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, stdout + stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
     assert _leftovers(str(scratch)) == []
 

@@ -57,9 +57,9 @@ def main() -> int:
                         help="alternating seed/ucstage pairs after one warm-up (default 3)")
     args = parser.parse_args()
 
-    from ucstage import spark as ucspark
-    from ucstage.delta import snapshot
+    from ucstage.export import spark as ucspark
     from ucstage.export import export_table
+    from ucstage.export.delta import snapshot
 
     work = args.workdir or tempfile.mkdtemp(prefix="ucstage-bench-export-")
     table = os.path.join(work, "table")

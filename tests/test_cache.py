@@ -26,8 +26,8 @@ from tests.common.backends import Backend
 from tests.common.parts import rclone_mount, tmpfs, wait_synced
 from tests.conftest import unique
 from ucstage import manifest as manifest_mod
-from ucstage._cachedir import PART_SUFFIX, STAMP_XATTR, read_stamp
 from ucstage.cache import LocalCache, WarmCallback, rank_entries
+from ucstage.cache.layout import PART_SUFFIX, STAMP_XATTR, read_stamp
 from ucstage.errors import CacheFull, CacheOwnershipError, FetchFailed, UnsafePath
 from ucstage.manifest import snapshot
 from ucstage.sharding import plan
@@ -448,7 +448,7 @@ def test_root_is_private_and_foreign_roots_are_refused(tmp_path: Path) -> None:
 
 def test_default_root_is_per_user_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("UCSTAGE_CACHE_DIR")
-    from ucstage._cachedir import default_root
+    from ucstage.cache.layout import default_root
 
     assert default_root() == f"/tmp/ucstage-{os.getuid()}"
     monkeypatch.setenv("UCSTAGE_CACHE_DIR", "/x/y")
@@ -558,7 +558,7 @@ def test_lookup_rate_is_counted(tmp_path: Path) -> None:
 
 def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import ucstage.cache as cache_mod
+    import ucstage.cache.local as cache_mod
 
     copies: list[str] = []
     real_copy = cache_mod.copy_to

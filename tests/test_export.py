@@ -21,7 +21,6 @@ from tests.common.spark import (
     rows,
     snapshot_table,
 )
-from ucstage.delta import TableName, is_table_path, parse_table_name
 from ucstage.errors import (
     ExportError,
     InvalidArgument,
@@ -30,6 +29,7 @@ from ucstage.errors import (
     UnsupportedTable,
 )
 from ucstage.export import MANIFEST_NAME, export_table, read_manifest, read_table, suggest_files
+from ucstage.export.delta import TableName, is_table_path, parse_table_name
 
 pytestmark = pytest.mark.spark
 
@@ -153,7 +153,7 @@ def _read_only_bits(folder: Any) -> Any:
 def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> None:
     # A holds the lock; B waits on A's file; A finishes and removes that file;
     # C comes next and creates a new one. B must notice and wait for C.
-    from ucstage.export import _dest_lock
+    from ucstage.export.table import _dest_lock
 
     dest = str(tmp_path / "events")
     spans: dict[str, list[float]] = {}
@@ -178,7 +178,7 @@ def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> Non
 
 
 def test_no_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ucstage.spark import EmbeddedServer
+    from ucstage.export.spark import EmbeddedServer
 
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("JAVA_HOME", raising=False)
@@ -190,7 +190,7 @@ def test_no_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.timeout(60)
 def test_unreachable_remote_fails_in_seconds() -> None:
     require(_spark_importable(), "pyspark is not installed")
-    from ucstage.spark import get_session
+    from ucstage.export.spark import get_session
 
     with pytest.raises(SparkUnavailable, match="cannot reach"):
         get_session(f"sc://127.0.0.1:{free_port()}")
@@ -476,7 +476,7 @@ def _big_table(path: str, n: int) -> None:
 @pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED")
 def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any,
                                                            tmp_path: Any) -> None:
-    from ucstage.spark import EmbeddedServer
+    from ucstage.export.spark import EmbeddedServer
 
     table = str(tmp_path / "big")
     _big_table(table, 3_000_000)

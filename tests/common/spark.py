@@ -1,7 +1,7 @@
 """Real parts for the export tests: Spark Connect servers and a Delta warehouse.
 
 * ``spark_session``: ONE embedded Spark Connect server for the whole test
-  session, started through the library (``ucstage.spark.get_session``), so
+  session, started through the library (``ucstage.export.spark.get_session``), so
   every test, library or CLI, reuses it as a user's process would.
 * ``warehouse``: a temp ``$UCSTAGE_WAREHOUSE`` with Delta tables written by
   deltalake (delta-rs): several commits, a partitioned table, odd names and
@@ -27,7 +27,7 @@ from tests.common.parts import free_port, require, wait_port
 
 
 def java_ok() -> tuple[bool, str]:
-    from ucstage.spark import java_executable
+    from ucstage.export.spark import java_executable
 
     if java_executable() is None:
         return False, "Java 17 is not installed (apt-get install openjdk-17-jre-headless)"
@@ -44,7 +44,7 @@ def spark_session() -> Iterator[Any]:
     """The process's embedded Spark Connect server and a session on it."""
     ok, reason = java_ok()
     require(ok, reason)
-    from ucstage import spark
+    from ucstage.export import spark
 
     saved = os.environ.pop("SPARK_REMOTE", None)
     session = spark.get_session()
@@ -61,7 +61,7 @@ class Warehouse:
     root: str
 
     def path(self, name: str) -> str:
-        from ucstage.delta import parse_table_name
+        from ucstage.export.delta import parse_table_name
 
         return os.path.join(self.root, *parse_table_name(name).parts)
 
@@ -159,7 +159,7 @@ def snapshot_table(path: str) -> Any:
     """
     import pyarrow.dataset as ds
 
-    from ucstage.delta import snapshot
+    from ucstage.export.delta import snapshot
 
     snap = snapshot(path)
     partitioning = None
@@ -194,7 +194,7 @@ def connect_script_server(workdir: str) -> Iterator[str]:
     ``--conf spark.connect.grpc.binding.port`` (default 15002). Private log,
     pid and ident settings keep parallel test runs apart.
     """
-    from ucstage.spark import SERVER_CONF, spark_home
+    from ucstage.export.spark import SERVER_CONF, spark_home
 
     home = spark_home()
     port = free_port()

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from .. import manifest as manifest_mod
-from ..cache import LocalCache, VerifyReport, WarmCallback, WarmReport, rank_entries
+from ..cache.local import LocalCache, VerifyReport, WarmCallback, WarmReport, rank_entries
 from ..errors import InvalidArgument, SourceNotFound
 from ..manifest import Manifest
 from ..units import parse_size

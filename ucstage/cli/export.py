@@ -129,7 +129,7 @@ def command(
       ucstage export ./tables/events out/events --where "day >= '2024-01-01'" --columns id,text
       ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
     """
-    from ..export import export_table, suggest_files
+    from ..export.table import export_table, suggest_files
     from ..sharding import parse_num_workers
 
     # Every check on the arguments alone comes before Spark starts or anything

@@ -1,9 +1,9 @@
 """Disk accounting of a cache folder: the byte ledger, LRU eviction, sweeping.
 
-Everything here works on the folder layout of :mod:`ucstage._cachedir`
+Everything here works on the folder layout of :mod:`ucstage.cache.layout`
 (``root`` and its control folder), not on a :class:`ucstage.cache.LocalCache`,
 so the fetch path and the maintenance commands share one implementation.
-Locks are the stripes of :mod:`ucstage._locks`: a cached file or temp file
+Locks are the stripes of :mod:`ucstage.cache.locks`: a cached file or temp file
 whose stripe is held is being written right now and is left alone.
 """
 
@@ -17,9 +17,9 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from . import _cachedir as cd
-from ._cachetypes import _Cached, _Ledger
-from ._locks import FileLock, stripe_path
+from . import layout as cd
+from .locks import FileLock, stripe_path
+from .reports import _Cached, _Ledger
 
 __all__ = [
     "evict_lru",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from .errors import (
+from ..errors import (
     ExportError,
     InvalidArgument,
     MissingDependency,

@@ -1,6 +1,6 @@
 """``ucstage bench --loader``: the VolumeDataset + DataLoader path, end to end.
 
-Kept apart from :mod:`ucstage.bench` because it imports torch at module level
+Kept apart from :mod:`ucstage.bench.driver` because it imports torch at module level
 (its dataset class must be importable by DataLoader worker processes).
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from ._bench_measure import BUFFER_BYTES
-from .cache import LocalCache
-from .data import DataLoader, VolumeDataset
-from .manifest import Manifest, fingerprint
-from .volumes import FileEntry
+from ..cache.local import LocalCache
+from ..data.dataset import DataLoader, VolumeDataset
+from ..manifest import Manifest, fingerprint
+from ..volumes import FileEntry
+from .measure import BUFFER_BYTES
 
 __all__ = ["ReadEach", "loader_run"]
 

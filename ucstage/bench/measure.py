@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import FetchFailed
-from .volumes import FileEntry, Volume
+from ..errors import FetchFailed
+from ..volumes import FileEntry, Volume
 
 __all__ = ["BUFFER_BYTES", "Reader", "Tally", "measure", "raise_read_error"]
 

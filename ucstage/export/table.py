@@ -64,7 +64,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from . import __version__
+from .. import __version__
+from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
+from ..sharding import effective_workers, parse_num_workers
+from ..volumes import resolve
 from .delta import (
     DeltaSnapshot,
     TableName,
@@ -74,10 +77,7 @@ from .delta import (
     snapshot,
     warehouse_path,
 )
-from .errors import ExportError, InvalidArgument, TableNotFound, UcstageError
-from .sharding import effective_workers, parse_num_workers
 from .spark import StatusCallback, get_session, is_connection_error
-from .volumes import resolve
 
 __all__ = [
     "COMPRESSIONS",

@@ -16,8 +16,8 @@ How it works is documented in docs/cache.md. In short:
   flight included, stays within the cap.
 
 This module holds the hot path (lookup, fetch, warm). The ledger, the tree
-walk and eviction live in :mod:`ucstage._cachespace`; status, verify, clear
-and prune in :mod:`ucstage._cachemaint`. ``LocalCache`` keeps every method
+walk and eviction live in :mod:`ucstage.cache.space`; status, verify, clear
+and prune in :mod:`ucstage.cache.maintenance`. ``LocalCache`` keeps every method
 and delegates to them.
 """
 
@@ -35,11 +35,16 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from datetime import datetime, timezone
 
-from . import _cachedir as cd
-from . import _cachemaint as maint
-from . import _cachespace as space
-from ._cachespace import free_bytes, unlink_if_exists
-from ._cachetypes import (
+from ..errors import CacheError, CacheFull, FetchFailed, UcstageError, UnsafePath
+from ..sharding import effective_workers, read_order, slot_files
+from ..units import format_bytes, parse_size
+from ..volumes import FileEntry, Volume, safe_relpath
+from . import layout as cd
+from . import maintenance as maint
+from . import space as space
+from .copy import copy_to
+from .locks import FileLock, stripe_path
+from .reports import (
     CacheStatus,
     ClearReport,
     NamespaceStatus,
@@ -50,12 +55,7 @@ from ._cachetypes import (
     _Cached,
     _Ledger,
 )
-from ._copy import copy_to
-from ._locks import FileLock, stripe_path
-from .errors import CacheError, CacheFull, FetchFailed, UcstageError, UnsafePath
-from .sharding import effective_workers, read_order, slot_files
-from .units import format_bytes, parse_size
-from .volumes import FileEntry, Volume, safe_relpath
+from .space import free_bytes, unlink_if_exists
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -2,7 +2,7 @@
 
 Sampling, percentiles and the worker-count advice are plain functions of
 their inputs (no threads, no I/O), so they can be tested on hand-made numbers.
-Re-exported from :mod:`ucstage.bench`; import them from there.
+Re-exported from :mod:`ucstage.bench.driver`; import them from there.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import InvalidArgument
-from .volumes import FileEntry
+from ..errors import InvalidArgument
+from ..volumes import FileEntry
 
 __all__ = [
     "MODES",
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 MODES = ("direct", "cold", "warm", "loader")
-"""Every mode, in the order :func:`ucstage.bench.run` measures them (warm needs cold's cache)."""
+"""Every mode, in the order :func:`ucstage.bench.driver` measures them (warm needs cold's cache)."""
 
 WITHIN = 0.10
 """A worker count is "as good as the best" when its MB/s is within this fraction."""

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import MissingDependency, SparkUnavailable
+from ..errors import MissingDependency, SparkUnavailable
 
 __all__ = [
     "REMOTE_ENV",

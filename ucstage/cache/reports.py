@@ -1,7 +1,7 @@
 """The cache's data types: progress callback, reports, and internal records.
 
-Kept apart from :mod:`ucstage.cache` so the cache module holds behaviour only.
-They are re-exported from there; import them from ``ucstage.cache``.
+Kept apart from :mod:`ucstage.cache.local` so the cache module holds behaviour only.
+They are re-exported from there; import them from ``ucstage.cache.local``.
 """
 
 from __future__ import annotations

@@ -16,15 +16,15 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _cachedir as cd
-from ._cachespace import free_bytes, trash_name, unlink_if_exists
-from ._cachetypes import CacheStatus, ClearReport, NamespaceStatus, PruneReport, VerifyReport
-from ._locks import FileLock, stripe_path
-from .errors import CacheError
-from .volumes import FileEntry, Volume, safe_relpath
+from ..errors import CacheError
+from ..volumes import FileEntry, Volume, safe_relpath
+from . import layout as cd
+from .locks import FileLock, stripe_path
+from .reports import CacheStatus, ClearReport, NamespaceStatus, PruneReport, VerifyReport
+from .space import free_bytes, trash_name, unlink_if_exists
 
 if TYPE_CHECKING:
-    from .cache import LocalCache
+    from .local import LocalCache
 
 __all__ = ["clear", "prune", "status", "verify"]
 
@@ -64,7 +64,7 @@ def verify(cache: LocalCache, volume: Volume, entries: Sequence[FileEntry] | Non
            checksum: bool) -> VerifyReport:
     """See :meth:`LocalCache.verify`."""
     if entries is None:
-        from .volumes import list_files
+        from ..volumes import list_files
 
         entries = list_files(volume).entries
     ns_dir = cache.namespace_dir(volume)
@@ -139,7 +139,7 @@ def clear(cache: LocalCache, volume: Volume | None) -> ClearReport:
         cache._prepared.discard(ns_dir)
         unlink_if_exists(os.path.join(cache._control, "namespaces", names[-1] + ".json"))
     if volume is None:
-        # Listings VolumeDataset froze (ucstage.data) belong to the whole cache:
+        # Listings VolumeDataset froze (ucstage.data.dataset) belong to the whole cache:
         # clearing everything must not leave them to pile up.
         shutil.rmtree(os.path.join(cache._control, "manifests"), ignore_errors=True)
     with cache._lock:

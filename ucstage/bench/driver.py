@@ -28,10 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._bench_measure import BUFFER_BYTES as BUFFER_BYTES
-from ._bench_measure import Reader, Tally, measure, raise_read_error
-from ._bench_plot import plot
-from ._bench_stats import (
+from ..errors import InvalidArgument, MissingDependency
+from ..manifest import Manifest
+from ..volumes import FileEntry, Volume
+from .measure import BUFFER_BYTES as BUFFER_BYTES
+from .measure import Reader, Tally, measure, raise_read_error
+from .plot import plot
+from .stats import (
     MODES,
     NOISY_SECONDS,
     Recommendation,
@@ -40,10 +43,7 @@ from ._bench_stats import (
     recommend,
     sample,
 )
-from ._bench_stats import WITHIN as WITHIN
-from .errors import InvalidArgument, MissingDependency
-from .manifest import Manifest
-from .volumes import FileEntry, Volume
+from .stats import WITHIN as WITHIN
 
 __all__ = [
     "FORMAT",
@@ -206,7 +206,7 @@ def _result(mode: str, workers: int, tally: Tally, seconds: float, complete: boo
 
 
 def _new_cache(root: str) -> Any:
-    from .cache import LocalCache
+    from ..cache.local import LocalCache
 
     return LocalCache(root)
 
@@ -214,7 +214,7 @@ def _new_cache(root: str) -> Any:
 def _check_space(scratch: str, needed: int) -> None:
     free = shutil.disk_usage(scratch).free
     if needed > free * 0.9:
-        from .units import format_bytes
+        from ..units import format_bytes
 
         raise InvalidArgument(
             f"the cold and warm modes copy the sample ({format_bytes(needed)}) into {scratch}, "
@@ -229,7 +229,7 @@ def _loader_run(
 ) -> RunResult:
     """The VolumeDataset + DataLoader path end to end, through a fresh private cache."""
     try:
-        from ._bench_loader import loader_run
+        from .loader import loader_run
     except MissingDependency:
         raise
     except ImportError as exc:

@@ -24,7 +24,7 @@ import os
 import re
 import stat
 
-from .errors import CacheError, CacheOwnershipError
+from ..errors import CacheError, CacheOwnershipError
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -35,18 +35,18 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from . import manifest as _manifest
-from ._loader_timing import EpochStats, MlflowSink, TimedIterator
-from .errors import InvalidArgument, ManifestError, MissingDependency, RankMismatch, UcstageError
-from .manifest import Manifest
-from .sharding import (
+from .. import manifest as _manifest
+from ..errors import InvalidArgument, ManifestError, MissingDependency, RankMismatch, UcstageError
+from ..manifest import Manifest
+from ..sharding import (
     EQUAL_LENGTH_MODES,
     effective_workers,
     equal_slot_files,
     read_order,
     slot_files,
 )
-from .volumes import FileEntry, Volume
+from ..volumes import FileEntry, Volume
+from .timing import EpochStats, MlflowSink, TimedIterator
 
 try:
     import torch
@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     ) from exc
 
 if TYPE_CHECKING:
-    from .cache import LocalCache
+    from ..cache.local import LocalCache
 
 __all__ = ["DataLoader", "EpochStats", "VolumeDataset"]
 
@@ -213,7 +213,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def cache(self) -> LocalCache:
         """The local cache this dataset copies files into."""
         if self._cache is None:
-            from .cache import LocalCache
+            from ..cache.local import LocalCache
 
             self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
             if self._cache_dir is None:
@@ -386,7 +386,7 @@ def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Ma
     dist.broadcast_object_list(payload, src=0)
     result = payload[0]
     if result[0] == "error":
-        from . import errors
+        from .. import errors
 
         cls = getattr(errors, result[1], UcstageError)
         raise cls(result[2], result[3])

@@ -1,8 +1,8 @@
 """``ucstage bench --plot``: MB/s against workers as a PNG.
 
-Kept apart from :mod:`ucstage.bench` because it is the only part that needs
+Kept apart from :mod:`ucstage.bench.driver` because it is the only part that needs
 matplotlib (an optional extra), and it only draws a finished report.
-Re-exported from :mod:`ucstage.bench`; import it from there.
+Re-exported from :mod:`ucstage.bench.driver`; import it from there.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from .errors import MissingDependency
+from ..errors import MissingDependency
 
 if TYPE_CHECKING:
-    from .bench import BenchReport
+    from .driver import BenchReport
 
 __all__ = ["plot"]
 
@@ -55,7 +55,7 @@ def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
         ax.set_xticks(report.workers)
         ax.grid(True, alpha=0.3)
         ax.legend()
-        from .units import format_bytes
+        from ..units import format_bytes
 
         ax.set_title(title or f"ucstage bench {report.source}\n{report.sample_files:,} files, "
                      f"{format_bytes(report.sample_bytes)}", fontsize=9)

@@ -18,8 +18,8 @@ import stat
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from .errors import UnsafePath
-from .volumes import Volume, _version
+from ..errors import UnsafePath
+from ..volumes import Volume, _version
 
 __all__ = ["CHUNK", "Copied", "copy_to"]
 

@@ -1,0 +1,33 @@
+"""The local cache: a private, path-mirrored copy of source files on local disk.
+
+``local`` holds :class:`LocalCache` (lookup, fetch, warm), ``space`` the
+on-disk state it shares with ``maintenance`` (status, verify, clear, prune),
+``reports`` what they return; ``layout``, ``copy`` and ``locks`` are the
+pieces below. See docs/cache.md and docs/design.md.
+"""
+
+from .layout import CACHE_DIR_ENV
+from .local import MAX_BYTES_ENV, LocalCache, rank_entries
+from .reports import (
+    CacheStatus,
+    ClearReport,
+    NamespaceStatus,
+    PruneReport,
+    VerifyReport,
+    WarmCallback,
+    WarmReport,
+)
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "MAX_BYTES_ENV",
+    "CacheStatus",
+    "ClearReport",
+    "LocalCache",
+    "NamespaceStatus",
+    "PruneReport",
+    "VerifyReport",
+    "WarmCallback",
+    "WarmReport",
+    "rank_entries",
+]

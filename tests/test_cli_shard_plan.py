@@ -142,10 +142,10 @@ def test_large_plan_stays_readable(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["-w", "0", "-k", "1"], "world size must be at least 1"),
-    (["-w", "2", "-k", "-1"], "num_workers must be 0 or more"),
+    (["-w", "0", "-k", "1"], "--world-size must be at least 1"),
+    (["-w", "2", "-k", "-1"], "--num-workers must be whole numbers >= 0"),
     (["-w", "3", "-k", "1,2"], "lists 2 values but --world-size is 3"),
-    (["-w", "2", "-k", "x"], "comma list of integers"),
+    (["-w", "2", "-k", "x"], "separated by commas"),
     (["-w", "2", "-k", "2", "--slot", "9:0"], "no slot 9:0"),
     (["-w", "2", "-k", "2", "--slot", "zero"], "RANK:WORKER"),
 ])
@@ -183,7 +183,7 @@ def test_errors_in_json_mode_are_json_too(vol):
     assert proc.returncode == 2
     doc = json.loads(proc.stdout)
     assert doc["error"]["type"] == "InvalidArgument"
-    assert doc["error"]["exit_code"] == 2 and "world size" in doc["error"]["message"]
+    assert doc["error"]["exit_code"] == 2 and "--world-size" in doc["error"]["message"]
 
 
 def test_usage_errors_are_one_line_with_a_hint(vol):

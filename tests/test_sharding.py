@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ucstage.cli.args import num_workers_list
 from ucstage.errors import InvalidArgument
-from ucstage.sharding import parse_num_workers, plan, read_order, slot_files
+from ucstage.sharding import node_ranks, plan, read_order, slot_count, slot_files, workers_per_rank
 
 
 def simulate(n: int, world_size: int, workers: list[int], order: list[int]) -> dict:
@@ -86,7 +87,7 @@ PINNED = [9, 2, 4, 7, 8, 0, 1, 6, 3, 5]
 
 def test_known_mismatch_example():
     # 12 files, 2 ranks; rank 0 thinks K=3 (6 slots), rank 1 thinks K=2 (4 slots).
-    p = plan([1] * 12, world_size=2, num_workers="3,2")
+    p = plan([1] * 12, world_size=2, num_workers=[3, 2])
     files = {(s.rank, s.worker): s.files for s in p.slots}
     assert files[(0, 0)] == [0, 6] and files[(0, 2)] == [2, 8]
     assert files[(1, 0)] == [2, 6, 10] and files[(1, 1)] == [3, 7, 11]
@@ -102,9 +103,34 @@ def test_slot_files_matches_plan_for_one_slot():
 
 
 @pytest.mark.parametrize(("value", "world"), [("1,2", 3), ("", 2), ("a", 1), ("-1", 1), ("2", 0)])
-def test_bad_num_workers(value, world):
+def test_bad_num_workers_on_the_command_line(value, world):
     with pytest.raises(InvalidArgument):
-        parse_num_workers(value, world)
+        workers_per_rank(num_workers_list(value), world)
+
+
+@pytest.mark.parametrize("value", ["6,4", "6", 2.0, [], [1, "2"], True])
+def test_library_takes_ints_not_comma_strings(value):
+    """The library speaks Python: comma strings are the CLI's to parse."""
+    with pytest.raises(InvalidArgument, match="num_workers must be an int"):
+        plan([1, 2], world_size=2, num_workers=value)
+
+
+def test_library_errors_name_parameters_not_flags():
+    for call in (lambda: plan([1], world_size=0, num_workers=1),
+                 lambda: plan([1], world_size=1, num_workers=1, batch_size=0),
+                 lambda: plan([1], world_size=2, num_workers=[1, 2, 3]),
+                 lambda: node_ranks(0, 0, 4)):
+        with pytest.raises(InvalidArgument) as info:
+            call()
+        assert "--" not in str(info.value)
+
+
+def test_slot_count_and_node_ranks():
+    assert slot_count(4, 6) == 24
+    assert slot_count(2, [0, 3]) == 4  # num_workers=0: the main process reads
+    assert node_ranks(1, 4, 8) == [4, 5, 6, 7]
+    with pytest.raises(InvalidArgument, match="outside world_size 6"):
+        node_ranks(1, 4, 6)
 
 
 def test_bad_rank_or_worker():

@@ -27,17 +27,40 @@ __all__ = [
     "SlotPlan",
     "effective_workers",
     "equal_slot_files",
-    "parse_num_workers",
+    "node_ranks",
     "plan",
     "read_order",
+    "slot_count",
     "slot_files",
     "slot_indices",
+    "workers_per_rank",
 ]
 
 
 def effective_workers(num_workers: int) -> int:
     """Reading processes per rank: ``num_workers=0`` means the main process reads."""
     return max(1, num_workers)
+
+
+def slot_count(world_size: int, num_workers: int | Sequence[int]) -> int:
+    """How many (rank, worker) slots a job has: ``world_size * max(1, num_workers)``,
+    or, with one ``num_workers`` per rank, the sum of each rank's readers."""
+    return sum(effective_workers(k) for k in workers_per_rank(num_workers, world_size))
+
+
+def node_ranks(node_rank: int, nproc_per_node: int, world_size: int) -> list[int]:
+    """The ranks on node ``node_rank``, as torchrun assigns them: ranks
+    ``node_rank * nproc_per_node`` up to the next node's first rank."""
+    if nproc_per_node < 1:
+        raise InvalidArgument(f"nproc_per_node must be at least 1, got {nproc_per_node}")
+    if node_rank < 0:
+        raise InvalidArgument(f"node_rank must be 0 or more, got {node_rank}")
+    _check_world(world_size)
+    ranks = list(range(node_rank * nproc_per_node, (node_rank + 1) * nproc_per_node))
+    if ranks[-1] >= world_size:
+        raise InvalidArgument(f"node {node_rank} x {nproc_per_node} ranks per node covers rank "
+                              f"{ranks[-1]}, outside world_size {world_size}")
+    return ranks
 
 
 def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Sequence[int]:
@@ -54,9 +77,13 @@ def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) 
     return order
 
 
-def _check(world_size: int, num_workers: int, rank: int, worker: int) -> None:
+def _check_world(world_size: int) -> None:
     if world_size < 1:
-        raise InvalidArgument(f"world size must be at least 1, got {world_size}")
+        raise InvalidArgument(f"world_size must be at least 1, got {world_size}")
+
+
+def _check(world_size: int, num_workers: int, rank: int, worker: int) -> None:
+    _check_world(world_size)
     if num_workers < 0:
         raise InvalidArgument(f"num_workers must be 0 or more, got {num_workers}")
     if not 0 <= rank < world_size:
@@ -71,7 +98,7 @@ def slot_indices(n: int, *, rank: int, world_size: int, num_workers: int, worker
     """Positions in the read order that slot (rank, worker) reads: the slot rule."""
     _check(world_size, num_workers, rank, worker)
     k = effective_workers(num_workers)
-    return range(rank * k + worker, n, world_size * k)
+    return range(rank * k + worker, n, slot_count(world_size, num_workers))
 
 
 def slot_files(
@@ -100,30 +127,28 @@ def slot_files(
     return [order[i] for i in positions]
 
 
-def parse_num_workers(value: str | int | Sequence[int], world_size: int) -> list[int]:
-    """One value for every rank, or exactly ``world_size`` comma-separated values."""
-    if world_size < 1:
-        raise InvalidArgument(f"world size must be at least 1, got {world_size}")
-    if isinstance(value, int):
-        values = [value]
-    elif isinstance(value, str):
-        try:
-            values = [int(v) for v in value.split(",") if v.strip() != ""]
-        except ValueError as exc:
-            raise InvalidArgument(
-                f"--num-workers must be an integer or a comma list of integers, got {value!r}"
-            ) from exc
+def workers_per_rank(num_workers: int | Sequence[int], world_size: int) -> list[int]:
+    """``num_workers`` for every rank: one int for all, or exactly one per rank.
+
+    The library takes ints only; the CLI parses comma lists (``-k 6,4``).
+    """
+    _check_world(world_size)
+    if isinstance(num_workers, int) and not isinstance(num_workers, bool):
+        values = [num_workers]
+    elif isinstance(num_workers, Sequence) and not isinstance(num_workers, str):
+        values = list(num_workers)
     else:
-        values = [int(v) for v in value]
-    if not values:
-        raise InvalidArgument("--num-workers is empty")
+        values = []
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise InvalidArgument(f"num_workers must be an int or a non-empty sequence of ints, "
+                              f"got {num_workers!r}")
     if any(v < 0 for v in values):
         raise InvalidArgument(f"num_workers must be 0 or more, got {min(values)}")
     if len(values) == 1:
         return values * world_size
     if len(values) != world_size:
         raise InvalidArgument(
-            f"--num-workers lists {len(values)} values but --world-size is {world_size}",
+            f"num_workers lists {len(values)} values but world_size is {world_size}",
             hint="give one value for all ranks, or exactly one per rank",
         )
     return values
@@ -217,7 +242,7 @@ def plan(
     sizes: Sequence[int],
     *,
     world_size: int,
-    num_workers: int | str | Sequence[int],
+    num_workers: int | Sequence[int],
     shuffle: bool = False,
     seed: int = 0,
     epoch: int = 0,
@@ -235,9 +260,9 @@ def plan(
         batch_size: when given, per-rank batch counts (a DataLoader over an
             IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
     """
-    workers = parse_num_workers(num_workers, world_size)
+    workers = workers_per_rank(num_workers, world_size)
     if batch_size is not None and batch_size < 1:
-        raise InvalidArgument(f"batch size must be at least 1, got {batch_size}")
+        raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
     n = len(sizes)
     order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
     counts = bytearray(n)
@@ -316,7 +341,7 @@ def equal_slot_files(
                        worker=worker, order=order)
     if n == 0:
         return files
-    slots = world_size * effective_workers(num_workers)
+    slots = slot_count(world_size, num_workers)
     if mode == "drop":
         return files[: n // slots]
     s = rank * effective_workers(num_workers) + worker

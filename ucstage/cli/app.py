@@ -12,7 +12,7 @@ import click
 
 from .. import __version__
 from ..errors import UcstageError
-from .output import JSON_META, err, print_error
+from .output import COMMAND_META, JSON_META, Group, err, flag_names, print_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -26,7 +26,7 @@ def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -
     sys.exit(code)
 
 
-class UcstageGroup(click.Group):
+class UcstageGroup(Group):
     """Maps errors to one line on stderr; ``--debug`` shows the traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -40,7 +40,9 @@ class UcstageGroup(click.Group):
         except UcstageError as exc:
             if debug:
                 traceback.print_exc()
-            _report(ctx, exc.message, exc.hint, type(exc).__name__, exc.exit_code)
+            command = ctx.meta.get(COMMAND_META)
+            _report(ctx, flag_names(exc.message, command), flag_names(exc.hint, command),
+                    type(exc).__name__, exc.exit_code)
         except click.exceptions.UsageError as exc:
             # Same one-line shape as every other error, instead of click's usage block.
             command = " ".join(exc.ctx.command_path.split()[1:]) if exc.ctx else ""

@@ -29,9 +29,11 @@ from .. import manifest as manifest_mod
 from ..cache.local import LocalCache, VerifyReport, WarmCallback, WarmReport, rank_entries
 from ..errors import InvalidArgument, SourceNotFound
 from ..manifest import Manifest
+from ..sharding import node_ranks
 from ..units import parse_size
 from ..volumes import Volume, resolve
 from .output import (
+    Group,
     emit,
     err,
     fail_found,
@@ -112,14 +114,10 @@ def _ranks(rank: int | None, node_rank: int | None, nproc_per_node: int | None,
                               hint="e.g. --rank 3 --world-size 8 --num-workers 6")
     if rank is not None:
         return [rank]
-    if nproc_per_node is None or nproc_per_node < 1:
+    if nproc_per_node is None:
         raise InvalidArgument("--node-rank needs --nproc-per-node P (ranks per node)")
     assert node_rank is not None
-    ranks = list(range(node_rank * nproc_per_node, (node_rank + 1) * nproc_per_node))
-    if ranks[-1] >= world_size:
-        raise InvalidArgument(f"node {node_rank} x {nproc_per_node} ranks per node covers rank "
-                              f"{ranks[-1]}, outside --world-size {world_size}")
-    return ranks
+    return node_ranks(node_rank, nproc_per_node, world_size)
 
 
 def warm_json(cache: LocalCache, volume: Volume, m: Manifest, report: WarmReport,
@@ -143,7 +141,7 @@ def warm_json(cache: LocalCache, volume: Volume, m: Manifest, report: WarmReport
     }
 
 
-@click.group("cache", context_settings=CONTEXT)
+@click.group("cache", cls=Group, context_settings=CONTEXT)
 def command() -> None:
     """Copy a volume into this node's local cache, lazily or up front, and manage it.
 

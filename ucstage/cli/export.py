@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import InvalidArgument
+from .args import num_workers_list
 from .output import emit, err, format_bytes, json_option, table
 
 
@@ -129,15 +130,16 @@ def command(
       ucstage export ./tables/events out/events --where "day >= '2024-01-01'" --columns id,text
       ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
     """
-    from ..export.table import export_table, suggest_files
-    from ..sharding import parse_num_workers
+    from ..export import export_table, suggest_files
+    from ..sharding import slot_count, workers_per_rank
 
     # Every check on the arguments alone comes before Spark starts or anything
     # is written: exit 2 means DEST was not touched.
     if (world_size is None) != (num_workers is None):
         raise InvalidArgument("--world-size and --num-workers go together")
+    workers: list[int] | None = None
     if world_size is not None and num_workers is not None:
-        parse_num_workers(num_workers, world_size)
+        workers = workers_per_rank(num_workers_list(num_workers), world_size)
     column_list, partition_list = _split(columns), _split(partition_by)
     # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
@@ -154,12 +156,12 @@ def command(
         status.close()
     data = {**result.to_json(), "dest": result.dest}
     suggestion = None
-    if world_size is not None and num_workers is not None:
+    if world_size is not None and workers is not None:
         count = len(result.files)
-        suggested = suggest_files(count, world_size, num_workers)
+        suggested = suggest_files(count, world_size, workers)
         data["suggested_files"] = suggested
         if suggested != count:
-            slots = suggest_files(1, world_size, num_workers)
+            slots = slot_count(world_size, workers)
             suggestion = (f"{count} files do not split evenly over {slots} loader slots "
                           f"({world_size} ranks x {num_workers} workers): use --files "
                           f"{suggested} so every (rank, worker) slot reads as many files")

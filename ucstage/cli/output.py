@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
@@ -146,3 +147,39 @@ def truncated_rows(rows: Sequence[Any], head: int = 8, tail: int = 4) -> tuple[l
         return list(rows), 0
     return [*rows[:head], None, *rows[-tail:]], len(rows) - head - tail
 
+
+COMMAND_META = "ucstage.command"
+
+
+class Group(click.Group):
+    """A command group that remembers which command it ran, so the one error
+    mapper in :mod:`ucstage.cli.app` can speak that command's flags."""
+
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None:
+            ctx.meta[COMMAND_META] = cmd
+        return name, cmd, rest
+
+
+def flag_names(message: str, command: click.Command | None) -> str:
+    """Say the library's parameter names in ``message`` as ``command``'s flags.
+
+    The library raises ``max_seconds must be positive``; a person at the
+    terminal typed ``--max-seconds``, so that is what the line says. Only
+    options of the command that ran are translated: a ``snake_case`` name
+    wherever it stands, a one-word name (``files``) only when it opens the
+    message, where it names the parameter and not the thing.
+    """
+    if command is None:
+        return message
+    for param in command.params:
+        longs = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if not isinstance(param, click.Option) or not param.name or not longs:
+            continue
+        if "_" in param.name:
+            message = re.sub(rf"(?<![\w-]){re.escape(param.name)}(?![\w-])", longs[0], message)
+        elif message.startswith(param.name + " "):
+            message = longs[0] + message[len(param.name):]
+    return message

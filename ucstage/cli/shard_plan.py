@@ -11,6 +11,7 @@ from rich.markup import escape
 from ..errors import InvalidArgument
 from ..manifest import Manifest
 from ..sharding import ShardPlan, plan
+from .args import num_workers_list
 from .output import (
     emit,
     err,
@@ -171,7 +172,7 @@ def shard_plan(
     wanted = _parse_slot(slot)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
     p = plan([e.size for e in manifest.entries], world_size=world_size,
-             num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch,
+             num_workers=num_workers_list(num_workers), shuffle=shuffle, seed=seed, epoch=epoch,
              batch_size=batch_size)
     if wanted is not None:
         _print_slot(manifest, p, wanted, as_json)

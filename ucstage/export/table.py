@@ -66,7 +66,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
-from ..sharding import effective_workers, parse_num_workers
+from ..sharding import slot_count
 from ..volumes import resolve
 from .delta import (
     DeltaSnapshot,
@@ -179,14 +179,13 @@ class ExportResult:
                 "seconds": round(self.seconds, 3)}
 
 
-def suggest_files(files: int | None, world_size: int, num_workers: str | int) -> int:
+def suggest_files(files: int | None, world_size: int, num_workers: int | Sequence[int]) -> int:
     """The smallest multiple of the slot count that is at least ``files``.
 
-    Slots are ``sum(effective_workers(k))`` over ranks, the rule in
-    :mod:`ucstage.sharding`: with a multiple of it, every (rank, worker) slot
-    reads the same number of files.
+    With a multiple of :func:`ucstage.sharding.slot_count`, every (rank,
+    worker) slot reads the same number of files.
     """
-    slots = sum(effective_workers(k) for k in parse_num_workers(num_workers, world_size))
+    slots = slot_count(world_size, num_workers)
     wanted = max(files or 1, 1)
     return -(-wanted // slots) * slots
 

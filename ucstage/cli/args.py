@@ -1,0 +1,36 @@
+"""Parsing of the CLI's list-valued flags into what the library takes.
+
+The library speaks Python (``plan(num_workers=[6, 4])``); comma lists are a
+command-line convenience, so they are parsed here and nowhere else. Errors
+name the flag, since the person reading them typed it.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidArgument
+
+__all__ = ["int_list", "num_workers_list"]
+
+
+def int_list(text: str, flag: str, *, minimum: int, example: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``; every value a whole number >= ``minimum``."""
+    tokens = [t.strip() for t in text.split(",")]
+    if not any(tokens):
+        raise InvalidArgument(f"{flag} is empty; give e.g. {example}")
+    values: list[int] = []
+    for token in tokens:
+        try:
+            value = int(token)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or str(value) != token.lstrip("+"):
+            kind = "positive whole numbers" if minimum == 1 else f"whole numbers >= {minimum}"
+            raise InvalidArgument(f"{flag} must be {kind} separated by commas, e.g. {example}; "
+                                  f"got {token!r}")
+        values.append(value)
+    return values
+
+
+def num_workers_list(text: str) -> list[int]:
+    """``-k 6`` or ``-k 6,4``: one value for every rank, or one per rank."""
+    return int_list(text, "--num-workers", minimum=0, example="6 or 6,6,4,6")

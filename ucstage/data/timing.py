@@ -16,7 +16,7 @@ Metric names (``PREFIX`` defaults to ``ucstage``):
                                    batches, logged at every Nth step
 ``PREFIX/epoch_wait_p50_ms``       per epoch (step = epoch index of this
                                    loader, 0-based): median wait
-``PREFIX/epoch_wait_p95_ms``       95th percentile wait
+``PREFIX/epoch_wait_p95_ms``       95th percentile wait (:mod:`ucstage.percentile`)
 ``PREFIX/epoch_wait_max_ms``       longest wait
 ``PREFIX/epoch_batches_per_s``     batches / epoch wall time
 ``PREFIX/epoch_stall_share``       total wait / epoch wall time (0..1)
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 from collections.abc import Iterator
@@ -40,7 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EpochStats", "MlflowSink", "TimedIterator", "percentile", "summarise"]
+from ..percentile import percentile
+
+__all__ = ["EpochStats", "MlflowSink", "TimedIterator", "summarise"]
 
 log = logging.getLogger("ucstage")
 
@@ -68,14 +69,6 @@ class EpochStats:
     """Time spent in ucstage's own timing and logging bookkeeping."""
     complete: bool
     """False when the loop stopped before the loader was exhausted."""
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (``q`` in 0..100)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 def summarise(epoch: int, waits: list[float], wall_s: float, overhead_s: float,

@@ -1,0 +1,202 @@
+""":class:`DataLoader`: torch's DataLoader with ucstage's defaults, timing and rank guard.
+
+Per-batch wait time goes to MLflow (:mod:`ucstage.data.timing`), and when
+``torch.distributed`` is initialised every epoch starts with a guard that
+freezes the :class:`~ucstage.data.dataset.VolumeDataset`'s listing on every
+rank and refuses to start when ranks disagree on ``num_workers`` or on the
+listing. Usage and every argument: docs/training.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch.utils.data as tud
+
+from ..errors import InvalidArgument, RankMismatch
+from ..sharding import effective_workers
+from . import dist as dist_
+from .dataset import VolumeDataset
+from .timing import EpochStats, MlflowSink, TimedIterator
+
+__all__ = ["DataLoader", "find_volume_dataset"]
+
+
+def find_volume_dataset(dataset: Any, depth: int = 3) -> VolumeDataset | None:
+    """The VolumeDataset inside a user's wrapper dataset (its attributes, a few levels deep)."""
+    if isinstance(dataset, VolumeDataset):
+        return dataset
+    if depth == 0:
+        return None
+    children: list[Any] = []
+    attrs = getattr(dataset, "__dict__", None)
+    if isinstance(attrs, dict):
+        children.extend(attrs.values())
+    for child in children:
+        if isinstance(child, (list, tuple)):
+            for item in child[:8]:
+                found = find_volume_dataset(item, depth - 1)
+                if found is not None:
+                    return found
+        elif hasattr(child, "__dict__") and not isinstance(child, type):
+            found = find_volume_dataset(child, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+_TORCH_INIT = inspect.signature(tud.DataLoader.__init__)
+
+
+class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` with ucstage defaults, timing and a rank guard.
+
+    Takes every argument torch's DataLoader takes; the defaults differ:
+    ``num_workers=6`` and, when ``num_workers > 0``, ``prefetch_factor=4``.
+    ucstage's own keyword arguments:
+
+    Args:
+        log_mlflow: log per-batch wait time and an end-of-epoch summary to
+            the MLflow run active in this process, if any (metric names in
+            docs/training.md).
+        mlflow_prefix: prefix of the metric names (default ``ucstage``).
+        mlflow_flush_every: metrics buffered before a background
+            ``log_batch`` (each epoch's end also sends; nothing waits).
+        mlflow_step_every: log the per-step wait every N batches (the mean
+            over those N) instead of every batch, for very fast loops: each
+            logged metric costs the tracking store some CPU in the background.
+        guard: when ``torch.distributed`` is initialised, check at the start
+            of every epoch that all ranks use the same ``num_workers`` and the
+            same listing, and raise :class:`ucstage.errors.RankMismatch` on
+            every rank if not.
+        volume_dataset: the VolumeDataset to freeze and guard, when the
+            wrapper dataset hides it too deep to be found automatically.
+
+    After each epoch, :attr:`epoch_stats` holds an :class:`EpochStats` per
+    epoch (also without MLflow).
+    """
+
+    def __init__(self, dataset: Any, *args: Any, log_mlflow: bool = True,
+                 mlflow_prefix: str = "ucstage", mlflow_flush_every: int = 500,
+                 mlflow_step_every: int = 1,
+                 guard: bool = True, volume_dataset: VolumeDataset | None = None,
+                 **kwargs: Any) -> None:
+        bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments
+        if "num_workers" not in bound:
+            kwargs["num_workers"] = 6
+        num_workers = bound.get("num_workers", kwargs.get("num_workers"))
+        if "prefetch_factor" not in bound and num_workers:
+            kwargs["prefetch_factor"] = 4
+        super().__init__(dataset, *args, **kwargs)
+        self.log_mlflow = log_mlflow
+        self.mlflow_prefix = mlflow_prefix
+        self.mlflow_flush_every = mlflow_flush_every
+        if mlflow_step_every < 1:
+            raise InvalidArgument(f"mlflow_step_every must be 1 or more, got {mlflow_step_every}")
+        self.mlflow_step_every = mlflow_step_every
+        self.guard = guard
+        self.volume_dataset = volume_dataset or find_volume_dataset(dataset)
+        self.epoch_stats: list[EpochStats] = []
+        self._steps = 0
+        self._epochs = 0
+        self._sinks: list[MlflowSink] = []
+
+    def __iter__(self) -> TimedIterator:  # type: ignore[override]
+        self._prepare()
+        sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
+                if self.log_mlflow else None)
+        if sink is not None:
+            self._sinks = [s for s in self._sinks if s.busy] + [sink]
+        epoch = self._epochs
+        self._epochs += 1
+        return TimedIterator(super().__iter__(), epoch=epoch, first_step=self._steps,
+                             sink=sink, on_done=self._epoch_done,
+                             step_every=self.mlflow_step_every)
+
+    def flush_metrics(self) -> None:
+        """Wait until every metric logged so far is in the MLflow tracking store.
+
+        Metrics are written in the background; call this before reading them
+        back in the same process. Python waits for them at exit anyway.
+        """
+        for sink in self._sinks:
+            sink.flush()
+        self._sinks = []
+
+    def _epoch_done(self, stats: EpochStats, next_step: int) -> None:
+        self.epoch_stats.append(stats)
+        self._steps = max(self._steps, next_step)
+
+    def _prepare(self) -> None:
+        """Freeze the listing on every rank and run the rank-consistency guard."""
+        vds = self.volume_dataset
+        dist = dist_.active()
+        if dist is None or dist.get_world_size() == 1:
+            if vds is not None:
+                vds.freeze(broadcast=False)
+            return
+        # Every rank takes the same branches below, because every decision is
+        # made on the same gathered values: no rank waits in a collective alone.
+        sharded = vds is not None or isinstance(self.dataset, tud.IterableDataset)
+        first = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded))
+        if self.guard:
+            _check_workers(first)
+        unfrozen = [g.has_dataset and g.fingerprint is None for g in first]
+        if vds is not None and vds.fingerprint is None:
+            vds.freeze(broadcast=all(unfrozen))
+        if not self.guard:
+            return
+        latest = first
+        if any(unfrozen):
+            latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded))
+        _check_listings(latest)
+
+
+@dataclass(frozen=True)
+class _GuardInfo:
+    num_workers: int
+    fingerprint: str | None
+    files: int | None
+    has_dataset: bool
+    sharded: bool
+    """The dataset shards itself over workers (an IterableDataset): only then
+    does num_workers decide which files a rank reads."""
+
+    @classmethod
+    def of(cls, num_workers: int, vds: VolumeDataset | None, sharded: bool) -> _GuardInfo:
+        if vds is None:
+            return cls(num_workers, None, None, False, sharded)
+        frozen = vds.fingerprint is not None
+        return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True,
+                   sharded)
+
+
+def _check_workers(gathered: list[_GuardInfo]) -> None:
+    if not any(g.sharded for g in gathered):
+        return  # a sampler shards map-style datasets; num_workers does not matter
+    if len({effective_workers(g.num_workers) for g in gathered}) <= 1:
+        return
+    values = ", ".join(f"rank {r}: {g.num_workers}" for r, g in enumerate(gathered))
+    plan_k = ",".join(str(g.num_workers) for g in gathered)
+    raise RankMismatch(
+        f"ranks disagree on DataLoader num_workers ({values}); the slot rule would read "
+        f"some files twice and skip others (see `ucstage shard-plan SOURCE "
+        f"-w {len(gathered)} -k {plan_k}`)",
+        hint="pass the same num_workers to the DataLoader on every rank",
+    )
+
+
+def _check_listings(gathered: list[_GuardInfo]) -> None:
+    if len({g.fingerprint for g in gathered if g.has_dataset}) <= 1:
+        return
+    values = ", ".join(
+        f"rank {r}: fingerprint {(g.fingerprint or 'none')[:12]} ({g.files} files)"
+        for r, g in enumerate(gathered) if g.has_dataset)
+    raise RankMismatch(
+        f"ranks shard different listings ({values}); they would read overlapping or "
+        "missing files",
+        hint="give every rank the same source and filters, or one manifest from "
+             "`ucstage cache lazy`",
+    )

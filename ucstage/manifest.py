@@ -19,12 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .atomic import write_atomic
 from .errors import EmptySource, InvalidArgument, ManifestError
 from .volumes import FileEntry, Listing, Volume, list_files, resolve
 
@@ -97,7 +97,7 @@ class Manifest:
 
 
 def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
-    """Write a manifest atomically (temp file + rename); return its path."""
+    """Write a manifest atomically and durably (:mod:`ucstage.atomic`); return its path."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise InvalidArgument(f"{path} is a folder; give the manifest a file name, "
@@ -107,16 +107,8 @@ def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
         os.makedirs(folder, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
         raise InvalidArgument(f"cannot write manifest {path}: {folder} is not a folder") from exc
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # One dumps() + write is several times faster than dump()'s many small writes.
-            fh.write(json.dumps(manifest.to_json(), ensure_ascii=False, separators=(",", ":")))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # One dumps() + write is several times faster than dump()'s many small writes.
+    write_atomic(path, json.dumps(manifest.to_json(), ensure_ascii=False, separators=(",", ":")))
     return path
 
 

@@ -17,6 +17,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import InvalidArgument
 
@@ -164,6 +165,11 @@ class SlotPlan:
     """Indices into the listing, in read order."""
     bytes: int
 
+    def to_json(self, paths: Sequence[str]) -> dict[str, Any]:
+        """This slot as docs/json.md documents it; ``paths`` is the listing's paths."""
+        return {"rank": self.rank, "worker": self.worker,
+                "files": [paths[i] for i in self.files], "bytes": self.bytes}
+
 
 @dataclass(frozen=True)
 class RankStats:
@@ -226,6 +232,45 @@ class ShardPlan:
         """Largest slot's bytes over the mean (1.0 is perfectly even)."""
         spread = self.bytes_per_slot()
         return spread.max / spread.mean if spread.mean else 1.0
+
+    def to_json(self, paths: Sequence[str], *, source: str, fingerprint: str) -> dict[str, Any]:
+        """The plan as docs/json.md#shard-plan documents it.
+
+        Args:
+            paths: the listing's relative paths, indexed like the plan's files.
+            source, fingerprint: the listing's, echoed so a saved plan names
+                what it was made from.
+        """
+        fps, bps = self.files_per_slot(), self.bytes_per_slot()
+        return {
+            "source": source,
+            "fingerprint": fingerprint,
+            "files": self.n_files,
+            "bytes": self.total_bytes,
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "batch_size": self.batch_size,
+            "consistent": self.consistent,
+            "batches_equal": self.batches_equal,
+            "summary": {
+                "slots": len(self.slots),
+                "files_per_slot": {"min": fps.min, "mean": fps.mean, "max": fps.max},
+                "bytes_per_slot": {"min": bps.min, "mean": bps.mean, "max": bps.max},
+                "imbalance": round(self.imbalance, 4),
+            },
+            "ranks": [
+                {"rank": r.rank, "num_workers": r.num_workers, "files": r.files,
+                 "bytes": r.bytes, "batches": r.batches}
+                for r in self.ranks
+            ],
+            "batches": [r.batches for r in self.ranks] if self.batch_size else None,
+            "slots": [s.to_json(paths) for s in self.slots],
+            "duplicated": [paths[i] for i in self.duplicated],
+            "skipped": [paths[i] for i in self.skipped],
+        }
 
     def readers(self, index: int) -> list[tuple[int, int]]:
         """The (rank, worker) slots that read listing index ``index``."""

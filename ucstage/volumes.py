@@ -1,6 +1,6 @@
 """Resolve a source (volume path, fsspec URL, local path) and list it deterministically.
 
-Path rules (DESIGN.md "Paths"):
+Path rules (docs/design.md, "From SOURCE to listing"):
 
 * ``/Volumes/<catalog>/<schema>/<volume>/...`` and ``dbfs:/Volumes/...`` map to
   ``$UCSTAGE_VOLUMES_ROOT/<catalog>/<schema>/<volume>/...`` when that variable

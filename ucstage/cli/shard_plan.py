@@ -39,41 +39,8 @@ def _parse_slot(value: str | None) -> tuple[int, int] | None:
 
 def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
     """The documented JSON contract (docs/json.md#shard-plan)."""
-    paths = [e.path for e in manifest.entries]
-    fps, bps = p.files_per_slot(), p.bytes_per_slot()
-    return {
-        "source": manifest.source,
-        "fingerprint": manifest.fingerprint,
-        "files": p.n_files,
-        "bytes": p.total_bytes,
-        "world_size": p.world_size,
-        "num_workers": p.num_workers,
-        "shuffle": p.shuffle,
-        "seed": p.seed,
-        "epoch": p.epoch,
-        "batch_size": p.batch_size,
-        "consistent": p.consistent,
-        "batches_equal": p.batches_equal,
-        "summary": {
-            "slots": len(p.slots),
-            "files_per_slot": {"min": fps.min, "mean": fps.mean, "max": fps.max},
-            "bytes_per_slot": {"min": bps.min, "mean": bps.mean, "max": bps.max},
-            "imbalance": round(p.imbalance, 4),
-        },
-        "ranks": [
-            {"rank": r.rank, "num_workers": r.num_workers, "files": r.files, "bytes": r.bytes,
-             "batches": r.batches}
-            for r in p.ranks
-        ],
-        "batches": [r.batches for r in p.ranks] if p.batch_size else None,
-        "slots": [
-            {"rank": s.rank, "worker": s.worker, "files": [paths[i] for i in s.files],
-             "bytes": s.bytes}
-            for s in p.slots
-        ],
-        "duplicated": [paths[i] for i in p.duplicated],
-        "skipped": [paths[i] for i in p.skipped],
-    }
+    return p.to_json([e.path for e in manifest.entries], source=manifest.source,
+                     fingerprint=manifest.fingerprint)
 
 
 def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
@@ -193,7 +160,7 @@ def _print_slot(manifest: Manifest, p: ShardPlan, wanted: tuple[int, int], as_js
         )
     s = match[0]
     files = [manifest.entries[i] for i in s.files]
-    data = {"rank": s.rank, "worker": s.worker, "files": [e.path for e in files], "bytes": s.bytes}
+    data = s.to_json([e.path for e in manifest.entries])
 
     def human(console: Console) -> None:
         err.print(f"slot {s.rank}:{s.worker}: {len(files):,} files, {format_bytes(s.bytes)}")

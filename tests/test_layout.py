@@ -1,0 +1,153 @@
+"""The package's shape: no import cycles, and heavy or CLI-only imports stay in
+their layer (docs/design.md, "Layout")."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "ucstage"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _imports(name: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import in ``name``,
+    including those under ``if TYPE_CHECKING:`` and inside functions."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    top_level = {id(n) for n in tree.body}
+    for node in tree.body:  # module-level `if TYPE_CHECKING:` / `try:` blocks count as top level
+        if isinstance(node, (ast.If, ast.Try)):
+            top_level.update(id(n) for n in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno, id(node) in top_level) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                target = sub if sub in MODULES else module
+                found.append((target, node.lineno, id(node) in top_level))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name in MODULES:
+        for target, _, _ in _imports(name):
+            if target not in MODULES or target == name:
+                continue
+            # A package __init__ re-exporting its own submodules is not a
+            # dependency of theirs: importing a submodule runs the __init__
+            # first, but the __init__ does not need the submodule's importer.
+            if _is_package(name) and target.startswith(name + "."):
+                continue
+            graph[name].add(target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles():
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest",
+        "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile"}
+
+
+@pytest.mark.parametrize("name", sorted(CORE))
+def test_core_imports_nothing_above_it(name):
+    above = [(t, line) for t, line, _ in _imports(name)
+             if t.startswith("ucstage.") and t not in CORE]
+    assert above == [], f"{name} imports from above the core: {above}"
+
+
+def _third_party(prefixes: tuple[str, ...]) -> dict[str, list[tuple[str, int, bool]]]:
+    return {name: [(t, line, top) for t, line, top in _imports(name) if t.startswith(prefixes)]
+            for name in MODULES}
+
+
+def test_torch_only_in_data_and_lazily_in_bench_loader():
+    for name, hits in _third_party(("torch",)).items():
+        if not hits or name.startswith("ucstage.data"):
+            continue
+        assert name == "ucstage.bench.loader", f"{name} imports torch: {hits}"
+    # ...and nothing imports bench.loader at module level.
+    for name in MODULES:
+        eager = [line for t, line, top in _imports(name) if t == "ucstage.bench.loader" and top]
+        assert eager == [], f"{name} imports the torch-only bench.loader eagerly (line {eager})"
+
+
+def test_click_and_rich_only_in_the_cli():
+    for name, hits in _third_party(("click", "rich")).items():
+        assert not hits or name.startswith("ucstage.cli"), f"{name} imports {hits}"
+
+
+def test_pyspark_only_in_export():
+    for name, hits in _third_party(("pyspark", "deltalake")).items():
+        assert not hits or name.startswith("ucstage.export"), f"{name} imports {hits}"
+
+
+def test_nothing_refers_to_documents_outside_the_repository():
+    repo = ROOT.parent
+    offenders = []
+    for path in [*repo.glob("ucstage/**/*.py"), *repo.glob("docs/**/*.md"),
+                 *repo.glob("scripts/*"), *repo.glob("tests/**/*.py"), repo / "README.md"]:
+        if path.is_file() and path != Path(__file__).resolve():
+            text = path.read_text(errors="replace")
+            if "../shared" in text or "DESIGN.md" in text:
+                offenders.append(os.path.relpath(path, repo))
+    assert offenders == []

@@ -92,7 +92,7 @@ def fuse_round(work: str, name: str, backing: str, jobs: int) -> dict[str, float
         "rclone copy": lambda mnt, dest: timed(
             ["rclone", "copy", mnt, dest, "--transfers", "8"]),
     }
-    for rep, tool in _schedule(list(tools), REPEAT):
+    for rep, tool in _schedule(_chosen(tools), REPEAT):
         mnt = os.path.join(work, f"mnt-{name}-{tool.split()[0]}-{rep}")
         dest = os.path.join(work, f"out-{name}-{tool.split()[0]}")
         mount(backing, mnt)
@@ -109,6 +109,11 @@ def fuse_round(work: str, name: str, backing: str, jobs: int) -> dict[str, float
 
 
 REPEAT = 2
+ONLY_UCSTAGE = False
+
+
+def _chosen(tools: dict[str, Any]) -> list[str]:
+    return ["ucstage"] if ONLY_UCSTAGE else list(tools)
 
 
 def _schedule(tools: list[str], repeat: int) -> list[tuple[int, str]]:
@@ -159,7 +164,7 @@ def s3_round(work: str, backing: str, jobs: int) -> dict[str, Any]:
                 ["rclone", "copy", remote, dest, "--transfers", "8"], env=env),
         }
         results: dict[str, Any] = {"upload_seconds": upload}
-        for _, tool in _schedule(list(tools), REPEAT):
+        for _, tool in _schedule(_chosen(tools), REPEAT):
             dest = os.path.join(work, "s3-" + tool.split()[0])
             seconds = tools[tool](dest)
             if du(dest) != expected:
@@ -175,7 +180,8 @@ def s3_round(work: str, backing: str, jobs: int) -> dict[str, Any]:
 
 def lookup_rate(backing: str, seconds: float = 2.0) -> dict[str, float]:
     """Validated warm hits per second against a manifest, in one process."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.environ.get("PYTHONPATH"):  # scripts/ab_compare.py picks the checkout itself
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ucstage.cache import LocalCache
     from ucstage.manifest import snapshot
 
@@ -204,13 +210,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=16, help="ucstage --jobs")
     parser.add_argument("--repeat", type=int, default=2, help="runs per tool (best counts)")
     parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--only-ucstage", action="store_true",
+                        help="time ucstage alone (for scripts/ab_compare.py: before vs after)")
     parser.add_argument("--json", dest="json_out", default=None)
     args = parser.parse_args()
     for tool in ("rclone", "fusermount3", "cp"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is needed (apt-get install rclone fuse3)")
-    global REPEAT
+    global REPEAT, ONLY_UCSTAGE
     REPEAT = max(1, args.repeat)
+    ONLY_UCSTAGE = args.only_ucstage
     out: dict[str, Any] = {"small": args.small, "large": args.large, "jobs": args.jobs,
                            "repeat": REPEAT, "load_average": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as work:

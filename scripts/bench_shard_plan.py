@@ -11,6 +11,7 @@ and the `--slot` path, with peak RSS. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import tempfile
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=1_000_000)
     ap.add_argument("--world-size", type=int, default=128)
     ap.add_argument("--num-workers", type=int, default=8)
+    ap.add_argument("--json", dest="json_out", default=None,
+                    help="also write {step: seconds} and the peak RSS to this file")
     args = ap.parse_args()
     n, w, k = args.files, args.world_size, args.num_workers
     rows: list = []
@@ -58,13 +61,17 @@ def main() -> None:
     p2 = timed(f"plan {w}x{k}, shuffled", rows,
                lambda: plan(sizes, world_size=w, num_workers=k, shuffle=True, seed=1))
     assert p2.consistent
-    mixed = ",".join(str(k if r % 2 else k - 2) for r in range(w))
+    mixed = [k if r % 2 else k - 2 for r in range(w)]
     p3 = timed("plan with mismatched num_workers", rows,
                lambda: plan(sizes, world_size=w, num_workers=mixed))
     timed("one slot (--slot / VolumeDataset)", rows,
           lambda: slot_files(n, rank=w - 1, world_size=w, num_workers=k, worker=k - 1))
     print(f"files={n:,} slots={w * k} manifest={size / 2**20:.1f} MiB "
           f"mismatch: {len(p3.duplicated):,} duplicated, {len(p3.skipped):,} skipped")
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump({"seconds": {label: secs for label, secs, _ in rows},
+                       "peak_rss_mib": max(rss for _, _, rss in rows)}, fh, indent=2)
     print("| step | seconds | peak RSS MiB |\n|---|---:|---:|")
     for label, secs, rss in rows:
         print(f"| {label} | {secs:.2f} | {rss:.0f} |")

@@ -23,21 +23,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
+from ucstage.ports import free_port, wait_port
+
 BIN = os.path.dirname(sys.executable)
 KB, MB = 1024, 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_files(folder: str, count: int, size: int) -> None:
@@ -137,11 +132,7 @@ def s3_round(work: str, backing: str, jobs: int) -> dict[str, Any]:
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
            "AWS_EC2_METADATA_DISABLED": "true"}
     try:
-        deadline = time.monotonic() + 30
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-            if time.monotonic() > deadline:
-                sys.exit("moto did not start")
-            time.sleep(0.1)
+        wait_port(port, 30, proc)
         import s3fs
 
         fs = s3fs.S3FileSystem(key="testing", secret="testing",
@@ -180,8 +171,6 @@ def s3_round(work: str, backing: str, jobs: int) -> dict[str, Any]:
 
 def lookup_rate(backing: str, seconds: float = 2.0) -> dict[str, float]:
     """Validated warm hits per second against a manifest, in one process."""
-    if not os.environ.get("PYTHONPATH"):  # scripts/ab_compare.py picks the checkout itself
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from ucstage.cache import LocalCache
     from ucstage.manifest import snapshot
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Any
 import torch.utils.data as tud
 
 from ucstage import DataLoader, VolumeDataset
+from ucstage.ports import free_port, wait_port
 
 
 class ReadBytes(tud.IterableDataset):  # type: ignore[type-arg]
@@ -105,22 +105,6 @@ def mount(backing: str, mnt: str, args: argparse.Namespace) -> Iterator[str]:
         for proc in procs:
             proc.terminate()
             proc.wait(10)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open")
 
 
 def epoch(loader: Any, n_files: int) -> float:

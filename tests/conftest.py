@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.common.parts import MotoServer, rclone_mount
+from tests.common.parts import MotoServer, rclone_mount, unique, wait_visible
 from tests.common.spark import spark_session, warehouse, warehouse_root  # noqa: F401  (export fixtures)
 
 
@@ -51,19 +49,6 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
             else:
                 os.environ[k] = v
         server.stop()
-
-
-def wait_visible(path: str, timeout: float = 5.0) -> None:
-    """Wait out rclone's directory cache until a new folder shows in the mount."""
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear in the FUSE mount")
-        time.sleep(0.1)
-
-
-def unique(prefix: str = "t") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
 BACKENDS = ["local", "fuse", "s3", "memory"]

@@ -104,7 +104,7 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest",
+CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest", "ucstage.ports",
         "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile"}
 
 

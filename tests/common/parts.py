@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+
+from ucstage.ports import free_port, wait_port
+
+__all__ = [
+    "IN_CI",
+    "MotoServer",
+    "free_port",
+    "rclone_mount",
+    "require",
+    "tmpfs",
+    "unique",
+    "wait_port",
+    "wait_synced",
+    "wait_visible",
+]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -28,25 +43,6 @@ def require(ok: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI needs this real part: {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before port {port} opened")
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} did not open within {timeout}s")
 
 
 def fuse_available() -> tuple[bool, str]:
@@ -185,3 +181,16 @@ def tmpfs(mountpoint: str, options: str) -> Iterator[str]:
         yield mountpoint
     finally:
         subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+
+
+def wait_visible(path: str, timeout: float = 5.0) -> None:
+    """Wait out rclone's directory cache until a new folder shows in the mount."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in the FUSE mount")
+        time.sleep(0.1)
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"

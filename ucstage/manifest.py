@@ -202,7 +202,7 @@ def snapshot(
         result = load(manifest)
     else:
         if source is None:
-            raise ManifestError("give a SOURCE or --manifest FILE")
+            raise ManifestError("give a `source` or a `manifest` file")
         filters = {"include": list(include), "exclude": list(exclude),
                    "include_hidden": include_hidden}
         listing = list_files(source, include=include, exclude=exclude,
@@ -212,6 +212,7 @@ def snapshot(
         where = result.path or result.source
         raise EmptySource(
             f"{where} has no files to read",
-            hint="names starting with _ or . are skipped unless --all; check --include/--exclude",
+            hint="names starting with _ or . are skipped unless include_hidden; "
+                 "check `include`/`exclude`",
         )
     return result

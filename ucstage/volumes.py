@@ -1,6 +1,6 @@
 """Resolve a source (volume path, fsspec URL, local path) and list it deterministically.
 
-Path rules (docs/design.md, "From SOURCE to listing"):
+Path rules (docs/design.md, "2. Data flow"):
 
 * ``/Volumes/<catalog>/<schema>/<volume>/...`` and ``dbfs:/Volumes/...`` map to
   ``$UCSTAGE_VOLUMES_ROOT/<catalog>/<schema>/<volume>/...`` when that variable

@@ -169,8 +169,9 @@ def flag_names(message: str, command: click.Command | None) -> str:
     The library raises ``max_seconds must be positive``; a person at the
     terminal typed ``--max-seconds``, so that is what the line says. Only
     options of the command that ran are translated: a ``snake_case`` name
-    wherever it stands, a one-word name (``files``) only when it opens the
-    message, where it names the parameter and not the thing.
+    wherever it stands; a one-word name (``files``) when it opens the message
+    or is written in backquotes (``check `include`/`exclude` ``), where it
+    names the parameter and not the thing.
     """
     if command is None:
         return message
@@ -178,6 +179,7 @@ def flag_names(message: str, command: click.Command | None) -> str:
         longs = [o for o in getattr(param, "opts", []) if o.startswith("--")]
         if not isinstance(param, click.Option) or not param.name or not longs:
             continue
+        message = message.replace(f"`{param.name}`", longs[0])
         if "_" in param.name:
             message = re.sub(rf"(?<![\w-]){re.escape(param.name)}(?![\w-])", longs[0], message)
         elif message.startswith(param.name + " "):

@@ -10,8 +10,8 @@ server (timing its start-up and first query), then on that one server:
 2. the seed recipe by hand: ``spark.read.parquet(*live_files).write.mode("overwrite")
    .parquet(dest)`` with the live files from delta-rs;
 3. ``export_table(..., compression="snappy", force=True)`` -- the seed's codec,
-   so the ratio is ucstage's overhead: snapshot, schema, staging, footer
-   verification, manifest, swap;
+   so the ratio is ucstage's overhead: reading the Delta log, schema, staging,
+   footer verification, the export record, swap;
    steps 2 and 3 alternate ``--repeat`` times (default 3): run 1 is the
    one-run ratio, the median is the steadier figure;
 4. ``export_table(...)`` with the default zstd, for reference, and a rerun
@@ -57,9 +57,9 @@ def main() -> int:
                         help="alternating seed/ucstage pairs after one warm-up (default 3)")
     args = parser.parse_args()
 
-    from ucstage.export import spark as ucspark
     from ucstage.export import export_table
-    from ucstage.export.delta import snapshot
+    from ucstage.export import spark as ucspark
+    from ucstage.export.delta import table_state
 
     work = args.workdir or tempfile.mkdtemp(prefix="ucstage-bench-export-")
     table = os.path.join(work, "table")
@@ -80,7 +80,7 @@ def main() -> int:
     session.range(1).collect()
     first_query = time.monotonic() - t0
 
-    files = snapshot(table).files
+    files = table_state(table).files
     seed_dest = os.path.join(work, "seed")
 
     def seed() -> float:
@@ -119,9 +119,9 @@ def main() -> int:
               f"ratio {b / a:.2f}x |")
     print(f"| median: seed recipe (snappy) | {seed_med:.2f} | {size(seed_dest) / 1e6:.0f} MB |")
     print(f"| median: ucstage export (snappy) | {ucs_med:.2f} | "
-          f"{res.manifest['bytes'] / 1e6:.0f} MB |")
+          f"{res.record.bytes / 1e6:.0f} MB |")
     print(f"| ucstage export (zstd, the default) | {res_z.seconds:.2f} | "
-          f"{res_z.manifest['bytes'] / 1e6:.0f} MB |")
+          f"{res_z.record.bytes / 1e6:.0f} MB |")
     print(f"| ucstage export rerun, unchanged (skipped) | {skip.seconds:.3f} | |")
     print(f"\nratio ucstage/seed: run 1 {pairs[0][1] / pairs[0][0]:.2f}x, median "
           f"{ucs_med / seed_med:.2f}x (target <= 1.15x)")

@@ -64,9 +64,9 @@ def _assert_summary_aligned(output: str) -> None:
     starts = {}
     for line in output.splitlines():
         label = line.split(" ", 1)[0]
-        if label in ("rows", "files", "columns", "options", "manifest"):
+        if label in ("rows", "files", "columns", "options", "record"):
             starts[label] = len(line) - len(line[len(label):].lstrip(" "))
-    assert set(starts) == {"rows", "files", "columns", "options", "manifest"}, output
+    assert set(starts) == {"rows", "files", "columns", "options", "record"}, output
     assert len(set(starts.values())) == 1, starts
 
 
@@ -115,6 +115,32 @@ def test_usage_errors_exit_2_with_one_line(warehouse: Warehouse, tmp_path: Any,
     assert not os.path.exists(tmp_path / "x")
 
 
+@pytest.mark.parametrize(("args", "error", "hint"), [
+    (["--files", "0"], "--files must be at least 1, got 0", ""),
+    (["--max-records-per-file", "0"], "--max-records-per-file must be at least 1, got 0", ""),
+    (["--files", "2", "--max-records-per-file", "5"],
+     "--files and --max-records-per-file exclude each other",
+     "--files writes exactly that many files, --max-records-per-file caps the rows in each: "
+     "choose one"),
+    (["--files", "2", "--partition-by", "year"],
+     "--files counts the files of one folder and cannot be combined with --partition-by",
+     "use --max-records-per-file with --partition-by"),
+    (["--where", " "], "--where is empty", ""),
+    (["--partition-by", "year", "--columns", "id"],
+     "--partition-by column(s) year not in the output", "the output has the columns id"),
+    (["--partition-by", "id", "--columns", "id"],
+     "--partition-by cannot use every column: the files would be empty", ""),
+])
+def test_library_errors_are_shown_with_the_flags(warehouse: Warehouse, tmp_path: Any,
+                                                 args: list[str], error: str, hint: str) -> None:
+    # The library names its parameters (tests/test_export.py); the CLI's one
+    # error mapper says them as the flags the user typed.
+    result = run("main.ml.events", str(tmp_path / "x"), *args, "--json")
+    assert result.exit_code == 2, result.output
+    doc = json.loads(result.stdout)["error"]
+    assert (doc["type"], doc["message"], doc["hint"]) == ("InvalidArgument", error, hint)
+
+
 def test_bad_where_exits_2_and_keeps_the_export(spark_session: Any, warehouse: Warehouse,
                                                 tmp_path: Any) -> None:
     dest = str(tmp_path / "events")
@@ -122,7 +148,8 @@ def test_bad_where_exits_2_and_keeps_the_export(spark_session: Any, warehouse: W
     before = sorted(os.listdir(dest))
     result = run("main.ml.events", dest, "--where", "id >>> 3")
     assert result.exit_code == 2
-    assert "Spark refused where (--where)" in result.output and "JVM" not in result.output
+    assert "error: --where was refused by Spark: " in result.output
+    assert "JVM" not in result.output
     assert sorted(os.listdir(dest)) == before
     assert sorted(os.listdir(tmp_path)) == ["events"]  # no lock file or staging left
 

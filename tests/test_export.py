@@ -16,10 +16,11 @@ from tests.common.parts import free_port, require, tmpfs
 from tests.common.spark import (
     Warehouse,
     connect_script_server,
+    events_table,
     exported_table,
     odd_table,
+    read_delta,
     rows,
-    snapshot_table,
 )
 from ucstage.errors import (
     ExportError,
@@ -28,8 +29,16 @@ from ucstage.errors import (
     TableNotFound,
     UnsupportedTable,
 )
-from ucstage.export import MANIFEST_NAME, export_table, read_manifest, read_table, suggest_files
+from ucstage.export import (
+    RECORD_NAME,
+    ExportRecord,
+    export_table,
+    read_record,
+    read_table,
+    suggest_files,
+)
 from ucstage.export.delta import TableName, is_table_path, parse_table_name
+from ucstage.progress import NO_PROGRESS, Callback
 
 pytestmark = pytest.mark.spark
 
@@ -84,7 +93,7 @@ def test_option_conflicts_are_refused(tmp_path: Any, warehouse: Warehouse) -> No
     dest = str(tmp_path / "out")
     with pytest.raises(InvalidArgument, match="exclude each other"):
         export_table("main.ml.events", dest, files=2, max_records_per_file=10)
-    with pytest.raises(InvalidArgument, match="partition-by"):
+    with pytest.raises(InvalidArgument, match="cannot be combined with partition_by"):
         export_table("main.ml.events", dest, files=2, partition_by="label")
     with pytest.raises(InvalidArgument, match="compression"):
         export_table("main.ml.events", dest, compression="lz4")
@@ -92,19 +101,23 @@ def test_option_conflicts_are_refused(tmp_path: Any, warehouse: Warehouse) -> No
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"files": 0}, r"^files must be at least 1 \(--files\), got 0$"),
-    ({"max_records_per_file": 0},
-     r"^max_records_per_file must be at least 1 \(--max-records-per-file\), got 0$"),
+    ({"files": 0}, r"^files must be at least 1, got 0$"),
+    ({"max_records_per_file": 0}, r"^max_records_per_file must be at least 1, got 0$"),
     ({"files": 2, "max_records_per_file": 10},
-     r"^files and max_records_per_file exclude each other \(--files, --max-records-per-file\)$"),
-    ({"compression": "lz4"}, r"^compression must be one of zstd, snappy, none \(--compression\)"),
-    ({"columns": []}, r"^columns is empty \(--columns\)$"),
-    ({"where": " "}, r"^where is empty \(--where\)$"),
+     r"^files and max_records_per_file exclude each other$"),
+    ({"compression": "lz4"}, r"^compression must be one of zstd, snappy, none, got 'lz4'$"),
+    ({"columns": []}, r"^columns is empty$"),
+    ({"where": " "}, r"^where is empty$"),
+    ({"files": 2, "partition_by": ["label"]},
+     r"^files counts the files of one folder and cannot be combined with partition_by$"),
 ])
-def test_library_errors_name_the_parameter_then_the_flag(
+def test_library_errors_name_the_parameter_not_the_flag(
         tmp_path: Any, warehouse: Warehouse, kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(InvalidArgument, match=message):
+    # The library speaks Python; the CLI's error mapper says these as its flags
+    # (tests/test_cli_export.py checks that side).
+    with pytest.raises(InvalidArgument, match=message) as info:
         export_table("main.ml.events", str(tmp_path / "out"), **kwargs)
+    assert "--" not in info.value.message and "--" not in info.value.hint
     assert not os.listdir(tmp_path)
 
 
@@ -153,19 +166,20 @@ def _read_only_bits(folder: Any) -> Any:
 def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> None:
     # A holds the lock; B waits on A's file; A finishes and removes that file;
     # C comes next and creates a new one. B must notice and wait for C.
-    from ucstage.export.table import _dest_lock
+    from ucstage.export.dest import dest_lock
 
     dest = str(tmp_path / "events")
     spans: dict[str, list[float]] = {}
+    b_told = Descriptions()
 
-    def hold(name: str, seconds: float) -> None:
-        with _dest_lock(dest, lambda _m: None):
+    def hold(name: str, seconds: float, callback: Callback = NO_PROGRESS) -> None:
+        with dest_lock(dest, callback):
             spans[name] = [time.monotonic()]
             time.sleep(seconds)
             spans[name].append(time.monotonic())
 
-    b = threading.Thread(target=hold, args=("B", 0.5))
-    with _dest_lock(dest, lambda _m: None):
+    b = threading.Thread(target=hold, args=("B", 0.5, b_told))
+    with dest_lock(dest, NO_PROGRESS):
         b.start()
         time.sleep(0.5)  # B is now blocked in flock on A's file
     c = threading.Thread(target=hold, args=("C", 0.5))
@@ -175,6 +189,19 @@ def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> Non
     first, second = sorted(spans.values())
     assert first[1] <= second[0], spans
     assert os.listdir(tmp_path) == []  # no lock file left
+    # The waiter was told why it waits, and the line was cleared once it got the lock.
+    assert b_told.texts[0] == f"waiting for another export into {dest}"
+    assert b_told.texts[-1] == ""
+
+
+class Descriptions(Callback):
+    """Records every description a job sets, in order."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def set_description(self, text: str) -> None:
+        self.texts.append(text)
 
 
 def test_no_java_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,10 +232,12 @@ def _spark_importable() -> bool:
 
 
 def test_suggest_files_is_a_multiple_of_the_slots() -> None:
-    assert suggest_files(10, 2, "3") == 12
+    assert suggest_files(10, 2, 3) == 12
     assert suggest_files(12, 2, 3) == 12
-    assert suggest_files(None, 2, "0") == 2  # num_workers=0: the main process reads
-    assert suggest_files(5, 2, "2,4") == 6
+    assert suggest_files(None, 2, 0) == 2  # num_workers=0: the main process reads
+    assert suggest_files(5, 2, [2, 4]) == 6
+    with pytest.raises(InvalidArgument, match="num_workers must be an int"):
+        suggest_files(5, 2, "2,4")  # type: ignore[arg-type]  # comma lists are the CLI's
 
 
 def test_deletion_vectors_and_column_mapping_are_refused(tmp_path: Any,
@@ -244,24 +273,75 @@ def _no_leftovers(dest: str) -> None:
     assert [n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage")] == []
 
 
-def test_export_equals_the_delta_snapshot(spark_session: Any, warehouse: Warehouse,
+def test_export_equals_the_delta_table(spark_session: Any, warehouse: Warehouse,
                                           tmp_path: Any) -> None:
     dest = str(tmp_path / "vol" / "events")
     result = export_table("main.ml.events", dest)
-    expected = snapshot_table(warehouse.path("main.ml.events"))
+    expected = read_delta(warehouse.path("main.ml.events"))
     assert not result.skipped_unchanged
     assert result.row_count == expected.num_rows == 1600  # 2000 after overwrite+append, -20%
     assert rows(exported_table(dest)) == rows(expected)
-    manifest = read_manifest(dest)
-    assert manifest == result.manifest
-    assert manifest["delta_version"] == 4
-    assert manifest["table"] == "main.ml.events"
-    assert [f["name"] for f in manifest["schema"]["fields"]] == ["id", "text", "score", "label"]
-    assert sum(f["rows"] for f in manifest["files"]) == 1600
+    record = read_record(dest)
+    assert record == result.record
+    assert record is not None and record.delta_version == 4
+    assert record.table == "main.ml.events"
+    assert [f["name"] for f in record.schema["fields"]] == ["id", "text", "score", "label"]
+    assert sum(f["rows"] for f in record.files) == 1600
     listed = sorted(n for n in os.listdir(dest) if n.endswith(".parquet"))
-    assert [f["path"] for f in manifest["files"]] == listed
-    assert sorted(os.listdir(dest)) == sorted([*listed, MANIFEST_NAME])  # no _SUCCESS, .crc
+    assert [f["path"] for f in record.files] == listed
+    assert sorted(os.listdir(dest)) == sorted([*listed, RECORD_NAME])  # no _SUCCESS, .crc
     _no_leftovers(dest)
+
+
+_RECORD_KEYS = ["format", "table", "source", "delta_version", "row_count", "schema", "files",
+                "bytes", "options", "created_at", "ucstage_version"]
+
+
+def test_record_is_read_back_as_an_export_record(spark_session: Any, warehouse: Warehouse,
+                                                 tmp_path: Any) -> None:
+    dest = str(tmp_path / "events")
+    result = export_table("main.ml.events", dest, files=2, where="id >= 0")
+    record = read_record(dest)
+    assert isinstance(record, ExportRecord) and record == result.record
+    assert (record.source_kind, record.source_location) == (
+        "delta", warehouse.path("main.ml.events"))
+    assert record.options["files"] == 2 and record.row_count == 1600
+    assert record.bytes == sum(f["bytes"] for f in record.files)
+    # The file is the documented JSON: keys in order, two-space indent, one newline.
+    with open(os.path.join(dest, RECORD_NAME), encoding="utf-8") as f:
+        text = f.read()
+    assert text == record.dumps() and text.endswith("}\n") and not text.endswith("\n\n")
+    assert text.startswith('{\n  "format": "ucstage-export/1",\n  "table": "main.ml.events",')
+    on_disk = json.loads(text)
+    assert list(on_disk) == _RECORD_KEYS
+    assert on_disk == record.to_json() and ExportRecord.from_json(on_disk) == record
+    assert list(on_disk["files"][0]) == ["path", "bytes", "rows"]
+    # The JSON document is the record plus what the call did.
+    doc = result.to_json(world_size=2, num_workers=[1, 2])
+    assert list(doc) == [*_RECORD_KEYS, "skipped_unchanged", "seconds", "dest",
+                         "suggested_files"]
+    assert doc["dest"] == dest and doc["suggested_files"] == 3
+    assert "suggested_files" not in result.to_json()
+    # Anything that is not this format's record reads as no record.
+    with open(os.path.join(dest, RECORD_NAME), "w", encoding="utf-8") as f:
+        json.dump({**on_disk, "format": "ucstage-export/0"}, f)
+    assert read_record(dest) is None
+    with open(os.path.join(dest, RECORD_NAME), "w", encoding="utf-8") as f:
+        json.dump({**on_disk, "row_count": "1600"}, f)
+    assert read_record(dest) is None
+    assert read_record(str(tmp_path / "nothing-here")) is None
+
+
+def test_progress_callback_hears_each_step(spark_session: Any, warehouse: Warehouse,
+                                           tmp_path: Any) -> None:
+    told = Descriptions()
+    dest = str(tmp_path / "events")
+    export_table("main.ml.events", dest, where="id >= 0", callback=told)
+    assert told.texts == ["counting the source rows", "writing 1,600 rows",
+                          "verifying the written files", ""]
+    again = Descriptions()
+    assert export_table("main.ml.events", dest, where="id >= 0", callback=again).skipped_unchanged
+    assert again.texts == []  # nothing slow happened
 
 
 def test_odd_names_and_types_round_trip(spark_session: Any, warehouse: Warehouse,
@@ -276,12 +356,12 @@ def test_odd_names_and_types_round_trip(spark_session: Any, warehouse: Warehouse
         got_type = str(got.schema.field(name).type).replace("element:", "item:")
         assert got_type == str(want.schema.field(name).type), name
     assert rows(got) == rows(want)
-    assert result.manifest["table"] == "main.`odd-schema`.`weird table`"
+    assert result.record.table == "main.`odd-schema`.`weird table`"
 
 
 def test_partitioned_table_keeps_partition_columns(spark_session: Any, warehouse: Warehouse,
                                                     tmp_path: Any) -> None:
-    expected = snapshot_table(warehouse.path("main.ml.parted"))
+    expected = read_delta(warehouse.path("main.ml.parted"))
     flat = str(tmp_path / "flat")
     export_table("main.ml.parted", flat)
     got = exported_table(flat)
@@ -310,7 +390,7 @@ def test_loads_with_datasets_and_pyarrow(spark_session: Any, warehouse: Warehous
     loaded = datasets.load_dataset("parquet", data_files=dest + "/*.parquet", split="train",
                                    cache_dir=str(tmp_path / "hf"))
     assert loaded.num_rows == 1600
-    assert sorted(loaded["id"]) == sorted(snapshot_table(
+    assert sorted(loaded["id"]) == sorted(read_delta(
         warehouse.path("main.ml.events")).column("id").to_pylist())
     assert ds.dataset(dest, format="parquet").count_rows() == 1600
 
@@ -322,7 +402,7 @@ def test_options_shape_the_output(spark_session: Any, warehouse: Warehouse,
     dest = str(tmp_path / "shaped")
     result = export_table("main.ml.events", dest, columns=["label", "id"], where="id >= 5500",
                           files=4, compression="snappy")
-    expected = [r for r in rows(snapshot_table(warehouse.path("main.ml.events")))
+    expected = [r for r in rows(read_delta(warehouse.path("main.ml.events")))
                 if r["id"] >= 5500]
     assert len(result.files) == 4
     got = exported_table(dest)
@@ -331,7 +411,7 @@ def test_options_shape_the_output(spark_session: Any, warehouse: Warehouse,
     for f in result.files:
         meta = pq.ParquetFile(os.path.join(dest, f["path"])).metadata
         assert meta.row_group(0).column(0).compression == "SNAPPY"
-    assert result.manifest["options"]["where"] == "id >= 5500"
+    assert result.record.options["where"] == "id >= 5500"
 
     capped = export_table("main.ml.events", str(tmp_path / "capped"), max_records_per_file=250,
                           compression="none")
@@ -350,7 +430,7 @@ def test_rerun_does_no_work_and_force_reexports(spark_session: Any, warehouse: W
     monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
     again = export_table("main.ml.events", dest, files=2)
     assert again.skipped_unchanged
-    assert again.manifest == first.manifest
+    assert again.record == first.record
     assert _listing(dest) == before
     monkeypatch.delenv("SPARK_REMOTE")
 
@@ -367,17 +447,15 @@ def test_rerun_does_no_work_and_force_reexports(spark_session: Any, warehouse: W
 def test_new_table_version_is_exported(spark_session: Any, tmp_path: Any) -> None:
     from deltalake import write_deltalake
 
-    from tests.common.spark import _events
-
     table = str(tmp_path / "t")
-    write_deltalake(table, _events(0, 100))
+    write_deltalake(table, events_table(0, 100))
     dest = str(tmp_path / "out")
     assert export_table(table, dest).row_count == 100
     assert export_table(table, dest).skipped_unchanged
-    write_deltalake(table, _events(100, 50), mode="append")
+    write_deltalake(table, events_table(100, 50), mode="append")
     result = export_table(table, dest)
     assert not result.skipped_unchanged
-    assert result.row_count == 150 and result.manifest["delta_version"] == 1
+    assert result.row_count == 150 and result.record.delta_version == 1
 
 
 def test_tampered_export_is_redone(spark_session: Any, warehouse: Warehouse,
@@ -396,14 +474,19 @@ def test_bad_where_keeps_the_previous_export(spark_session: Any, warehouse: Ware
     export_table("main.ml.events", dest)
     before = _listing(dest)
     for where in ("id >", "no_such_column = 1"):
-        with pytest.raises(InvalidArgument, match=r"Spark refused where \(--where\)"):
+        with pytest.raises(InvalidArgument, match=r"^where was refused by Spark"):
             export_table("main.ml.events", dest, where=where)
-    with pytest.raises(InvalidArgument, match=r"Spark refused columns \(--columns\)"):
+    with pytest.raises(InvalidArgument, match=r"^columns was refused by Spark"):
         export_table("main.ml.events", dest, columns=["id", "nope"])
+    # With both given, the message still names the one Spark refused.
+    with pytest.raises(InvalidArgument, match=r"^where was refused by Spark"):
+        export_table("main.ml.events", dest, columns=["id"], where="nope > 1")
+    with pytest.raises(InvalidArgument, match=r"^columns was refused by Spark"):
+        export_table("main.ml.events", dest, columns=["id", "nope"], where="id > 1")
     assert _listing(dest) == before
     _no_leftovers(dest)
     # A refused export into a new DEST leaves no folders, lock or staging behind.
-    with pytest.raises(InvalidArgument, match="Spark refused"):
+    with pytest.raises(InvalidArgument, match="was refused by Spark"):
         export_table("main.ml.events", str(tmp_path / "new" / "deep" / "events"), where="id >")
     assert not (tmp_path / "new").exists()
 
@@ -412,10 +495,8 @@ def test_too_many_files_fails_and_keeps_the_previous_export(
         spark_session: Any, tmp_path: Any) -> None:
     from deltalake import write_deltalake
 
-    from tests.common.spark import _events
-
     table = str(tmp_path / "tiny")
-    write_deltalake(table, _events(0, 3))
+    write_deltalake(table, events_table(0, 3))
     dest = str(tmp_path / "out")
     export_table(table, dest)
     before = _listing(dest)
@@ -430,13 +511,11 @@ def test_table_path_with_glob_characters(spark_session: Any, tmp_path: Any) -> N
     # itself cannot create a table under a folder name with [ ].)
     from deltalake import write_deltalake
 
-    from tests.common.spark import _events
-
     table = str(tmp_path / "we*ird {1}?" / "t")
-    write_deltalake(table, _events(0, 30))
+    write_deltalake(table, events_table(0, 30))
     dest = str(tmp_path / "out")
     assert export_table(table, dest).row_count == 30
-    assert rows(exported_table(dest)) == rows(_events(0, 30))
+    assert rows(exported_table(dest)) == rows(events_table(0, 30))
 
 
 def test_catalog_name_without_warehouse(spark_session: Any, tmp_path: Any,
@@ -449,7 +528,7 @@ def test_catalog_name_without_warehouse(spark_session: Any, tmp_path: Any,
 
 def test_read_table(spark_session: Any, warehouse: Warehouse) -> None:
     table = read_table("main.ml.events")
-    assert rows(table) == rows(snapshot_table(warehouse.path("main.ml.events")))
+    assert rows(table) == rows(read_delta(warehouse.path("main.ml.events")))
     assert read_table("main.ml.events", limit=5).num_rows == 5
 
 
@@ -484,8 +563,11 @@ def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any,
     export_table(table, dest)  # the previous export, through the shared server
     before = _listing(dest)
 
-    server = EmbeddedServer(log_dir=str(tmp_path / "victim")).start()
+    told = Descriptions()
+    server = EmbeddedServer(log_dir=str(tmp_path / "victim")).start(callback=told)
     assert server.proc is not None
+    assert told.texts[0].startswith("starting the embedded Spark Connect server on 127.0.0.1:")
+    assert told.texts[1:] == [""]
     pid = server.proc.pid
     parent = os.path.dirname(dest)
     killed = threading.Event()
@@ -544,7 +626,8 @@ def test_disk_full_keeps_the_previous_export(spark_session: Any, tmp_path: Any,
         export_table(table, dest, compression="none")
     assert "no space left" in str(info.value)
     assert _listing(dest) == before
-    assert read_manifest(dest)["row_count"] == 2000
+    record = read_record(dest)
+    assert record is not None and record.row_count == 2000
     _no_leftovers(dest)
 
 
@@ -556,12 +639,12 @@ def test_remote_server_from_start_connect_script(spark_session: Any, warehouse: 
     with connect_script_server(str(tmp_path / "remote")) as url:
         dest = str(tmp_path / "events")
         result = export_table("main.ml.events", dest, remote=url, files=2)
-        assert rows(exported_table(dest)) == rows(snapshot_table(
+        assert rows(exported_table(dest)) == rows(read_delta(
             warehouse.path("main.ml.events")))
         assert len(result.files) == 2
         logs = os.listdir(tmp_path / "remote" / "logs")
         assert any("SparkConnectServer" in n for n in logs)
-    with open(os.path.join(dest, MANIFEST_NAME)) as f:
+    with open(os.path.join(dest, RECORD_NAME)) as f:
         assert json.load(f)["row_count"] == 1600
 
 
@@ -613,8 +696,9 @@ def test_catalog_table_through_spark_table(spark_session: Any, tmp_path: Any,
                       "USING parquet AS SELECT id, id * 2 AS twice FROM range(25)")
     dest = str(tmp_path / "cat")
     first = export_table("spark_catalog.default.ucstage_t", dest, where="id < 20")
-    assert first.manifest["source"] == {"kind": "catalog", "location": None}
-    assert first.manifest["delta_version"] is None and first.row_count == 20
+    assert (first.record.source_kind, first.record.source_location) == ("catalog", None)
+    assert first.record.to_json()["source"] == {"kind": "catalog", "location": None}
+    assert first.record.delta_version is None and first.row_count == 20
     assert rows(exported_table(dest)) == [{"id": i, "twice": 2 * i} for i in range(20)]
     assert not export_table("spark_catalog.default.ucstage_t", dest,
                             where="id < 20").skipped_unchanged

@@ -6,8 +6,8 @@
 * ``warehouse``: a temp ``$UCSTAGE_WAREHOUSE`` with Delta tables written by
   deltalake (delta-rs): several commits, a partitioned table, odd names and
   types, a deletion-vector table and a column-mapping table.
-* ``start_connect_script``: pyspark's own ``sbin/start-connect-server.sh``, as
-  a user with a cluster would run it; stopped with ``stop-connect-server.sh``.
+* ``connect_script_server``: pyspark's own ``sbin/start-connect-server.sh``,
+  as a user with a cluster would run it; stopped with ``stop-connect-server.sh``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Warehouse:
         return os.path.join(self.root, *parse_table_name(name).parts)
 
 
-def _events(start: int, n: int) -> Any:
+def events_table(start: int, n: int) -> Any:
+    """``n`` rows of the events table's shape, ids from ``start``."""
     import pyarrow as pa
 
     ids = list(range(start, start + n))
@@ -82,10 +83,10 @@ def write_events(path: str) -> None:
     """Five commits: write, append, overwrite, append, delete."""
     from deltalake import DeltaTable, write_deltalake
 
-    write_deltalake(path, _events(0, 1000))
-    write_deltalake(path, _events(1000, 1000), mode="append")
-    write_deltalake(path, _events(5000, 1500), mode="overwrite")
-    write_deltalake(path, _events(7000, 500), mode="append")
+    write_deltalake(path, events_table(0, 1000))
+    write_deltalake(path, events_table(1000, 1000), mode="append")
+    write_deltalake(path, events_table(5000, 1500), mode="overwrite")
+    write_deltalake(path, events_table(7000, 500), mode="append")
     DeltaTable(path).delete("label = 3")
 
 
@@ -138,9 +139,9 @@ def warehouse_root(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
     write_deltalake(parted, parted_table(600, 300), partition_by=["region", "year"],
                     mode="append")
     DeltaTable(parted).delete("id % 10 = 0")
-    write_deltalake(wh.path("main.ml.dv"), _events(0, 10),
+    write_deltalake(wh.path("main.ml.dv"), events_table(0, 10),
                     configuration={"delta.enableDeletionVectors": "true"})
-    write_deltalake(wh.path("main.ml.cm"), _events(0, 10),
+    write_deltalake(wh.path("main.ml.cm"), events_table(0, 10),
                     configuration={"delta.columnMapping.mode": "name"})
     return wh
 
@@ -152,24 +153,23 @@ def warehouse(warehouse_root: Warehouse, monkeypatch: pytest.MonkeyPatch) -> War
     return warehouse_root
 
 
-def snapshot_table(path: str) -> Any:
+def read_delta(path: str) -> Any:
     """The table's current rows, read with pyarrow from delta-rs's live file list.
 
     (Reading through delta-rs's own filesystem can abort the process at exit.)
     """
+    import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from ucstage.export.delta import snapshot
+    from ucstage.export.delta import table_state
 
-    snap = snapshot(path)
+    state = table_state(path)
     partitioning = None
-    if snap.partition_columns:
-        fields = [snap.arrow_schema.field(c) for c in snap.partition_columns]
-        import pyarrow as pa
-
+    if state.partition_columns:
+        fields = [state.arrow_schema.field(c) for c in state.partition_columns]
         partitioning = ds.partitioning(pa.schema(fields), flavor="hive")
-    data = ds.dataset(snap.files, schema=snap.arrow_schema, format="parquet",
-                      partitioning=partitioning, partition_base_dir=snap.path)
+    data = ds.dataset(state.files, schema=state.arrow_schema, format="parquet",
+                      partitioning=partitioning, partition_base_dir=state.path)
     return data.to_table()
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import InvalidArgument
+from ..progress import Callback
 from .args import num_workers_list
 from .output import emit, err, format_bytes, json_option, table
 
@@ -25,32 +26,48 @@ def _split(value: str | None) -> list[str] | None:
     return parts
 
 
-class _Status:
-    """Shows the library's status lines as a rich spinner on stderr."""
+class _Status(Callback):
+    """Shows what the export is doing as a rich spinner on stderr; an empty
+    description (the step is over) removes it."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._status: Any = None
 
-    def __call__(self, message: str | None) -> None:
+    def set_description(self, text: str) -> None:
         if not self.enabled:
             return
-        if message is None:
+        if not text:
             if self._status is not None:
                 self._status.stop()
                 self._status = None
             return
         if self._status is None:
-            self._status = err.status(message)
+            self._status = err.status(text)
             self._status.start()
         else:
-            self._status.update(message)
+            self._status.update(text)
 
     def close(self) -> None:
-        self(None)
+        self.set_description("")
+
+
+def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int] | None,
+                num_workers: str | None) -> str | None:
+    """The --files advice when the file count does not split evenly over the loader slots."""
+    from ..sharding import slot_count
+
+    count, suggested = len(data["files"]), data.get("suggested_files")
+    if world_size is None or workers is None or suggested is None or suggested == count:
+        return None
+    return (f"{count} files do not split evenly over {slot_count(world_size, workers)} loader "
+            f"slots ({world_size} ranks x {num_workers} workers): use --files {suggested} so "
+            "every (rank, worker) slot reads as many files")
 
 
 def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> None:
+    from ..export import RECORD_NAME
+
     files = data["files"]
     if data["skipped_unchanged"]:
         console.print(f"[green]✓[/] {data['table']} is unchanged since the export in "
@@ -69,7 +86,7 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
     opts = data["options"]
     shown = {k: v for k, v in opts.items() if v not in (None, [], "")}
     summary.add_row("options", ", ".join(f"{k}={v}" for k, v in shown.items()))
-    summary.add_row("manifest", Text(f"{data['dest']}/_ucstage_export.json"))
+    summary.add_row("record", Text(f"{data['dest']}/{RECORD_NAME}"))
     console.print(summary)
     if suggestion:
         console.print(f"[yellow]![/] {suggestion}")
@@ -130,8 +147,8 @@ def command(
       ucstage export ./tables/events out/events --where "day >= '2024-01-01'" --columns id,text
       ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
     """
-    from ..export import export_table, suggest_files
-    from ..sharding import slot_count, workers_per_rank
+    from ..export import export_table
+    from ..sharding import workers_per_rank
 
     # Every check on the arguments alone comes before Spark starts or anything
     # is written: exit 2 means DEST was not touched.
@@ -151,18 +168,9 @@ def command(
             table_name, dest, remote=remote, columns=column_list, where=where,
             partition_by=partition_list, files=files,
             max_records_per_file=max_records_per_file, compression=compression, force=force,
-            status=status)
+            callback=status)
     finally:
         status.close()
-    data = {**result.to_json(), "dest": result.dest}
-    suggestion = None
-    if world_size is not None and workers is not None:
-        count = len(result.files)
-        suggested = suggest_files(count, world_size, workers)
-        data["suggested_files"] = suggested
-        if suggested != count:
-            slots = slot_count(world_size, workers)
-            suggestion = (f"{count} files do not split evenly over {slots} loader slots "
-                          f"({world_size} ranks x {num_workers} workers): use --files "
-                          f"{suggested} so every (rank, worker) slot reads as many files")
+    data = result.to_json(world_size=world_size, num_workers=workers)
+    suggestion = _suggestion(data, world_size, workers, num_workers)
     emit(data, as_json, lambda c: _render(c, data, suggestion))

@@ -1,4 +1,4 @@
-"""Delta table names, the local warehouse, and snapshots read with delta-rs.
+"""Delta table names, the local warehouse, and table states read with delta-rs.
 
 Table names are ``catalog.schema.table``. Each part is a plain identifier
 (letters, digits, ``_``, not starting with a digit) or a backtick-quoted one
@@ -10,9 +10,10 @@ A TABLE argument containing ``/`` (or a ``file://`` URL) is a Delta table path.
 
 Where the Spark server cannot read Delta itself (the embedded server: no Delta
 jars here), ``$UCSTAGE_WAREHOUSE/<catalog>/<schema>/<table>`` is the table's
-folder, and :func:`snapshot` reads its transaction log with delta-rs: version,
-live data files, partition columns, schema and row count. Spark is then given
-exactly those files, never the folder (which also holds removed files).
+folder, and :func:`table_state` reads its transaction log with delta-rs: the
+latest version, its live data files, partition columns, schema and row count.
+Spark is then given exactly those files, never the folder (which also holds
+removed files).
 Tables whose reader features this path cannot honour are refused by name:
 deletion vectors (rows deleted in a side file, which plain Parquet reads would
 resurrect) and column mapping (physical column names differ from the logical
@@ -39,11 +40,12 @@ from ..errors import (
 
 __all__ = [
     "WAREHOUSE_ENV",
-    "DeltaSnapshot",
     "TableName",
+    "TableState",
     "is_table_path",
+    "local_table_path",
     "parse_table_name",
-    "snapshot",
+    "table_state",
     "warehouse_path",
 ]
 
@@ -155,8 +157,9 @@ def local_table_path(table: str) -> str:
     if "://" in table:
         raise InvalidArgument(
             f"cannot export {table}: Spark here reads only local or mounted paths",
-            hint="give the table's catalog name to a server that reads Delta (--remote), "
-                 "or export from a local or mounted copy of the table",
+            hint="give the table's catalog name to a Spark Connect server that reads Delta "
+                 "(SPARK_REMOTE=sc://HOST:PORT), or export from a local or mounted copy of "
+                 "the table",
         )
     return os.path.abspath(os.path.expanduser(table))
 
@@ -171,8 +174,8 @@ def warehouse_path(name: TableName) -> str | None:
 
 
 @dataclass(frozen=True)
-class DeltaSnapshot:
-    """One version of a Delta table, as delta-rs reads it."""
+class TableState:
+    """One version of a Delta table, as delta-rs reads it (Delta calls this a snapshot)."""
 
     path: str
     """The table's folder (absolute, local)."""
@@ -183,7 +186,7 @@ class DeltaSnapshot:
     arrow_schema: Any
     """The table schema as a ``pyarrow.Schema`` (partition columns included)."""
     num_records: int | None
-    """Rows in the snapshot from the log's file statistics; None when a file has none."""
+    """Rows in this version from the log's file statistics; None when a file has none."""
 
 
 def _delta() -> Any:
@@ -224,22 +227,25 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str]) ->
         raise UnsupportedTable(
             f"table {label} uses {', '.join(refused)}, which export cannot honour without "
             f"Delta support in Spark ({reasons})",
-            hint="export through a server that reads Delta (--remote sc://...), or rewrite the "
-                 "table without the feature (e.g. REORG TABLE ... APPLY (PURGE) and disable it)",
+            hint="export through a server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or "
+                 "rewrite the table without the feature (e.g. REORG TABLE ... APPLY (PURGE) "
+                 "and disable it)",
         )
     if unknown:
         raise UnsupportedTable(
             f"table {label} needs Delta reader feature(s) {', '.join(unknown)}, "
             "which export does not know how to honour",
-            hint="export through a server that reads Delta (--remote sc://...)",
+            hint="export through a server that reads Delta (SPARK_REMOTE=sc://HOST:PORT)",
         )
     if protocol.min_reader_version > 3:
         raise UnsupportedTable(f"table {label} needs Delta reader version "
                                f"{protocol.min_reader_version}, newer than this supports")
 
 
-def snapshot(path: str, *, label: str | None = None) -> DeltaSnapshot:
-    """Read the latest snapshot of the Delta table in folder ``path``.
+def table_state(path: str, *, label: str | None = None) -> TableState:
+    """Read the latest version of the Delta table in folder ``path``.
+
+    ``label`` names the table in messages (its catalog name); default ``path``.
 
     Raises:
         TableNotFound: no Delta table there.
@@ -272,7 +278,7 @@ def snapshot(path: str, *, label: str | None = None) -> DeltaSnapshot:
         counts = actions.column("num_records").to_pylist()
         if all(c is not None for c in counts):
             num_records = int(sum(counts))
-    return DeltaSnapshot(
+    return TableState(
         path=path,
         version=int(dt.version()),
         files=files,

@@ -2,7 +2,7 @@
 
 Which server (first match wins):
 
-1. ``remote=`` (the CLI's ``--remote sc://HOST:PORT``);
+1. the ``remote`` argument, ``sc://HOST:PORT``;
 2. ``$SPARK_REMOTE``, Spark's own variable;
 3. an embedded server that ucstage starts on this machine.
 
@@ -40,16 +40,15 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MissingDependency, SparkUnavailable
+from ..progress import NO_PROGRESS, Callback
 
 __all__ = [
     "REMOTE_ENV",
     "EmbeddedServer",
-    "StatusCallback",
     "get_session",
     "is_connection_error",
     "java_executable",
@@ -59,12 +58,17 @@ __all__ = [
 
 REMOTE_ENV = "SPARK_REMOTE"
 JAVA_HINT = ("install Java 17 (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set "
-             "JAVA_HOME; or point --remote / SPARK_REMOTE at a running Spark Connect server")
+             "JAVA_HOME; or set SPARK_REMOTE=sc://HOST:PORT to use a running Spark Connect "
+             "server")
 
-StatusCallback = Callable[[str | None], None]
-"""Called with a one-line status while something slow happens, and with None when it is over."""
-
-# Settings that only take effect when the server starts (DESIGN.md, measured facts).
+# Settings given to spark-submit when the embedded server starts. The
+# spark.hadoop.* ones must be here: tried on a running server, they take effect
+# only at start, not when set on a session. Without _SUCCESS markers (the
+# committer flag), .crc side files (the raw local filesystem) and Parquet
+# summary files, the output holds only Parquet files. The rest: no web UI or
+# console bar, 8 shuffle partitions for a one-machine server, and microsecond
+# timestamps (also set per session, for servers ucstage did not start).
+# docs/export.md ("Spark Connect server") says the same for users.
 SERVER_CONF: dict[str, str] = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
@@ -82,10 +86,6 @@ RETRY_POLICY: dict[str, Any] = {
     "max_backoff": 1000,
     "backoff_multiplier": 2.0,
 }
-
-
-def _noop(_message: str | None) -> None:
-    return None
 
 
 def spark_home() -> str:
@@ -171,8 +171,11 @@ class EmbeddedServer:
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, "spark-internal"]
 
-    def start(self, timeout: float = 180.0, status: StatusCallback = _noop) -> EmbeddedServer:
+    def start(self, timeout: float = 180.0, callback: Callback = NO_PROGRESS) -> EmbeddedServer:
         """Start the server and wait until its port accepts connections.
+
+        ``callback.set_description`` says that it is starting, and gets an
+        empty description once the port is open or the start failed.
 
         Raises:
             SparkUnavailable: no Java, or the server exited or did not open its
@@ -195,8 +198,9 @@ class EmbeddedServer:
         env.pop("SPARK_REMOTE", None)
         if "JAVA_HOME" not in env:
             env["JAVA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(java)))
-        status(f"starting the embedded Spark Connect server on 127.0.0.1:{self.port} "
-               "(about 6 s; --remote or SPARK_REMOTE uses a running one)")
+        callback.set_description(
+            f"starting the embedded Spark Connect server on 127.0.0.1:{self.port} "
+            "(about 6 s; SPARK_REMOTE=sc://HOST:PORT uses a running one)")
         started = time.monotonic()
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it
         try:
@@ -219,7 +223,7 @@ class EmbeddedServer:
                         f"within {timeout:.0f} s", hint=f"see its log: {self.log_path}")
                 time.sleep(0.05)
         finally:
-            status(None)
+            callback.set_description("")
         self.startup_seconds = time.monotonic() - started
         return self
 
@@ -303,12 +307,12 @@ def _check(session: Any, url: str) -> None:
         ) from exc
 
 
-def get_session(remote: str | None = None, *, status: StatusCallback | None = None) -> Any:
+def get_session(remote: str | None = None, *, callback: Callback = NO_PROGRESS) -> Any:
     """A Spark Connect session, reused within the process.
 
     Args:
         remote: ``sc://HOST:PORT``; default ``$SPARK_REMOTE``, else the embedded server.
-        status: called with a status line while the embedded server starts.
+        callback: told through ``set_description`` while the embedded server starts.
 
     Raises:
         SparkUnavailable: no Java for the embedded server, or the server cannot be reached.
@@ -319,7 +323,7 @@ def get_session(remote: str | None = None, *, status: StatusCallback | None = No
     with _lock:
         if not url:
             if _embedded is None or not _embedded.running:
-                _embedded = EmbeddedServer().start(status=status or _noop)
+                _embedded = EmbeddedServer().start(callback=callback)
                 atexit.register(stop_embedded)
             url = _embedded.url
         if not url.startswith("sc://"):

@@ -1,0 +1,349 @@
+"""The export's destination: checks, the lock, staging, verification, the swap, the record.
+
+DEST is replaced as a whole, and a reader must see either the old export or
+the new one. So Spark writes into a staging folder beside DEST (same
+filesystem, a name starting with ``.`` so loaders and listings skip it);
+:func:`verify_staged` opens every Parquet footer and checks the rows;
+:func:`publish` writes the record into the staging folder, renames DEST
+aside, renames the staging folder to DEST and deletes the old export. Both
+renames stay within one folder, hence atomic. Any failure before the swap
+removes the staging folder and leaves DEST as it was.
+
+Exports into one DEST are serialised on a machine by :func:`dest_lock`, so
+the second of two concurrent exports finds the first one's record and skips.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from ..atomic import write_atomic
+from ..errors import ExportError, InvalidArgument
+from ..progress import Callback
+from ..volumes import resolve
+from .record import RECORD_NAME, ExportedFile, ExportRecord
+
+__all__ = [
+    "HADOOP_GLOB_CHARS",
+    "check_dest_writable",
+    "check_replaceable",
+    "dest_lock",
+    "load_record",
+    "publish",
+    "read_record",
+    "remove_path",
+    "resolve_dest",
+    "staging_path",
+    "unchanged_export",
+    "verify_staged",
+]
+
+HADOOP_GLOB_CHARS = frozenset("[]{}*?\\")
+"""Characters Hadoop expands in input and output paths."""
+
+
+# -- checks before anything is written ----------------------------------------
+
+def resolve_dest(dest: str) -> str:
+    """The local folder for ``dest`` (``/Volumes/...`` through ``$UCSTAGE_VOLUMES_ROOT``).
+
+    Raises:
+        InvalidArgument: an object-store URL, glob characters, a file, ``/`` or home.
+    """
+    volume = resolve(dest, must_exist=False)
+    if not volume.is_local:
+        raise InvalidArgument(
+            f"cannot export to {volume.url}: export writes only to local or mounted paths",
+            hint="Spark here has no s3a, and an object store has no atomic rename: export to "
+                 "the volume's mount (/Volumes/... on the platform) or a local folder",
+        )
+    path = volume.root.rstrip(os.sep) or volume.root
+    bad = sorted(HADOOP_GLOB_CHARS & set(path))
+    if bad:
+        raise InvalidArgument(
+            f"DEST {path} contains {' '.join(bad)}, which Hadoop reads as glob characters",
+            hint="choose a folder name without [ ] { } * ? \\")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InvalidArgument(f"DEST {path} exists and is not a folder")
+    if path in ("/", os.path.expanduser("~")):
+        raise InvalidArgument(f"refusing to export into {path}: it would be replaced")
+    return path
+
+
+def check_dest_writable(dest: str) -> None:
+    """Refuse, before anything is written, a DEST whose folder cannot be made or written.
+
+    The export writes its staging folder and lock file beside DEST and creates
+    the missing folders above it, so the nearest existing folder above DEST
+    must be a folder this process can write in.
+    """
+    parent = os.path.dirname(dest) or os.curdir
+    while not os.path.lexists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if not os.path.isdir(parent):
+        raise InvalidArgument(f"DEST {dest} cannot be created: {parent} is not a folder",
+                              hint="choose a DEST whose parent is a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"DEST {dest} cannot be written: no write permission in {parent}",
+                              hint="choose a DEST in a folder you can write to")
+
+
+# Spark's own output: data files, markers and checksums, and ucstage's record.
+_SPARK_OUTPUT = re.compile(r"(.*\.parquet|_SUCCESS|\..*\.crc|_committed_.*|_started_.*|"
+                           + re.escape(RECORD_NAME) + ")")
+
+
+def check_replaceable(dest: str) -> None:
+    """Refuse to replace a folder that is not a previous export.
+
+    An export replaces DEST as a whole, so a DEST holding anything but Parquet
+    files, Spark's markers and ``COL=value`` folders (say, a mistyped home
+    folder) is refused. A Spark export made without ucstage passes.
+    """
+    if not os.path.isdir(dest):
+        return
+    for folder, dirs, names in os.walk(dest):
+        sub = os.path.basename(folder)
+        if folder != dest and "=" not in sub and not sub.startswith("_temporary"):
+            raise InvalidArgument(
+                f"DEST {dest} holds a folder {os.path.relpath(folder, dest)!r} that is not part "
+                "of a Parquet export; refusing to replace it", hint="choose another DEST")
+        for name in names:
+            if not _SPARK_OUTPUT.fullmatch(name):
+                raise InvalidArgument(
+                    f"DEST {dest} holds {os.path.relpath(os.path.join(folder, name), dest)!r}, "
+                    "which is not part of a Parquet export; refusing to replace it",
+                    hint="choose another DEST, or move that file away")
+        dirs.sort()
+
+
+# -- the record -----------------------------------------------------------------
+
+def read_record(dest: str) -> ExportRecord | None:
+    """The record of the export in ``dest``, or None if there is none or it is unreadable.
+
+    ``dest`` is given as to :func:`~ucstage.export.export_table` (a
+    ``/Volumes/...`` path or a local folder).
+    """
+    return load_record(resolve_dest(dest))
+
+
+def load_record(folder: str) -> ExportRecord | None:
+    """The record in local ``folder``, or None if there is none or it is unreadable."""
+    try:
+        with open(os.path.join(folder, RECORD_NAME), encoding="utf-8") as f:
+            return ExportRecord.from_json(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def unchanged_export(dest: str, *, table: str, source_kind: str, source_location: str | None,
+                     delta_version: int | None, options: dict[str, Any]) -> ExportRecord | None:
+    """The record in ``dest`` if that export is what this one would write, else None.
+
+    It is when it names the same table, source and Delta version, was made with
+    the same options, and every file it lists is present with its size. An
+    unknown version (None) never matches: such a table is always exported.
+    """
+    if delta_version is None:
+        return None
+    record = load_record(dest)
+    if record is None:
+        return None
+    if (record.table != table or record.source_kind != source_kind
+            or record.source_location != source_location
+            or record.delta_version != delta_version or record.options != options):
+        return None
+    for entry in record.files:
+        try:
+            if os.path.getsize(os.path.join(dest, entry["path"])) != entry["bytes"]:
+                return None
+        except OSError:
+            return None
+    return record
+
+
+# -- the lock ---------------------------------------------------------------------
+
+@contextmanager
+def dest_lock(dest: str, callback: Callback) -> Iterator[None]:
+    """One export into ``dest`` at a time on this machine (``flock`` on a file beside it).
+
+    A second ``ucstage export`` of the same table (say, one per rank on a node)
+    waits, then finds the export unchanged and skips. flock is not reliable
+    across machines on network or FUSE mounts: start the export on one node.
+    While it waits, ``callback.set_description`` says so.
+
+    The lock file exists only while an export runs: the holder unlinks it
+    before releasing the lock, and whoever then gets the lock on the unlinked
+    file sees that the path no longer names the file it locked and starts over
+    (see :func:`_acquire`). Folders created above DEST are removed again when
+    the export wrote nothing (a refused ``where``, say).
+    """
+    parent, base = os.path.split(dest)
+    lock_path = os.path.join(parent, f".{base}.ucstage.lock")
+    created = _missing_folders(parent)
+    fd = _acquire(parent, lock_path, dest, callback)
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            os.unlink(lock_path)  # while holding the lock: see the docstring
+        os.close(fd)
+        if not os.path.lexists(dest):
+            for folder in created:  # deepest first; one in use by another export stays
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders of ``path`` that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        up = os.path.dirname(path)
+        if up == path:
+            break
+        path = up
+    return missing
+
+
+def _acquire(parent: str, lock_path: str, dest: str, callback: Callback) -> int:
+    """Open and ``flock`` the lock file; return its descriptor once the lock is ours.
+
+    The lock counts only if ``lock_path`` still names the file locked: a
+    previous holder unlinks it before releasing, so a waiter can get the lock
+    on a file no one else will open again. It then closes it and retries with
+    the file now at the path.
+    """
+    waiting = False
+    try:
+        for _attempt in range(1000):
+            try:
+                os.makedirs(parent, exist_ok=True)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # a finishing export removed a folder it had made
+                continue
+            except OSError as exc:
+                raise ExportError(f"cannot create the lock file {lock_path}: {exc}") from exc
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if not waiting:
+                        callback.set_description(f"waiting for another export into {dest}")
+                        waiting = True
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                held = os.fstat(fd)
+                try:
+                    named = os.stat(lock_path)
+                except FileNotFoundError:
+                    named = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+            os.close(fd)
+        raise ExportError(f"could not lock {lock_path}: it kept being replaced")
+    finally:
+        if waiting:
+            callback.set_description("")
+
+
+# -- staging, verification, the swap ----------------------------------------------
+
+def staging_path(dest: str, kind: str) -> str:
+    """A fresh hidden path beside ``dest`` (``.<name>.ucstage-<kind>-<id>``)."""
+    parent, base = os.path.split(dest)
+    return os.path.join(parent, f".{base}.ucstage-{kind}-{uuid.uuid4().hex[:12]}")
+
+
+def remove_path(path: str) -> None:
+    """Delete a folder tree or a file; nothing if it is gone."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def verify_staged(staging: str, expected_rows: int, files: int | None) -> list[ExportedFile]:
+    """Open every file's footer; check the rows and, if ``files`` is given, the file count.
+
+    Markers other servers leave (``_SUCCESS``, ``.crc``, committer files) are
+    deleted. Footers, not every page, are read: reading everything back
+    would double the cost of an export.
+
+    Returns:
+        The Parquet files, sorted by path.
+
+    Raises:
+        ExportError: an unreadable or unexpected file, or the counts differ.
+    """
+    import pyarrow.parquet as pq
+
+    written: list[ExportedFile] = []
+    for folder, dirs, names in os.walk(staging):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(folder, name)
+            rel = os.path.relpath(full, staging).replace(os.sep, "/")
+            if name.startswith(("_", ".")):
+                os.unlink(full)
+                continue
+            if not name.endswith(".parquet"):
+                raise ExportError(f"unexpected file {rel} in the Spark output")
+            try:
+                rows = pq.ParquetFile(full).metadata.num_rows
+            except Exception as exc:
+                raise ExportError(f"written file {rel} is not readable Parquet: {exc}") from exc
+            written.append(ExportedFile(path=rel, bytes=os.path.getsize(full), rows=int(rows)))
+    written.sort(key=lambda f: f["path"])
+    total = sum(f["rows"] for f in written)
+    if total != expected_rows:
+        raise ExportError(f"verification failed: the files hold {total:,} rows, the source "
+                          f"has {expected_rows:,}")
+    if files is not None and len(written) != files:
+        raise ExportError(
+            f"Spark wrote {len(written)} files, not the {files} asked for "
+            f"({expected_rows:,} rows: some of the {files} slices were empty)",
+            hint="ask for fewer files than rows")
+    return written
+
+
+def publish(staging: str, dest: str, record: ExportRecord) -> None:
+    """Write ``record`` into ``staging``, then swap ``staging`` in for ``dest``.
+
+    The old export is renamed aside, the staging folder renamed to ``dest``,
+    and the old one deleted. A process killed between the two renames leaves
+    ``dest`` missing and the old export in ``.<name>.ucstage-old-<id>``.
+
+    Raises:
+        OSError: the record or a rename failed; ``dest`` is as it was.
+    """
+    write_atomic(os.path.join(staging, RECORD_NAME), record.dumps())
+    old = None
+    if os.path.lexists(dest):
+        old = staging_path(dest, "old")
+        os.rename(dest, old)
+    try:
+        os.rename(staging, dest)
+    except BaseException:
+        if old is not None:
+            os.rename(old, dest)
+        raise
+    if old is not None:
+        remove_path(old)

@@ -11,17 +11,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import defaultdict
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import rclone_mount, wait_synced
-from tests.conftest import unique
+from tests.common.parts import rclone_mount, tmpfs, unique, wait_synced
 from ucstage import bench, snapshot
 from ucstage.bench import RunResult, recommend, sample
 from ucstage.cli import cli
-from ucstage.errors import FetchFailed
+from ucstage.cli.args import parse_modes, parse_workers
+from ucstage.errors import FetchFailed, InvalidArgument
+from ucstage.progress import Callback
 from ucstage.volumes import FileEntry
 
 SIZES = [0, 1, 4096, 100_000, 300_000, 1_500_000, 5_000_000, 65_536]
@@ -59,13 +63,45 @@ def _user_cache_untouched() -> None:
     assert _leftovers(root) == [], f"bench wrote into the user's cache {root}"
 
 
+class Recorder(Callback):
+    """Every progress call, grouped by the description that opened its phase."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, dict[str, Any]] = {}
+        self.order: list[str] = []
+        self.threads: set[int] = set()
+        self.current: dict[str, Any] | None = None
+
+    def set_description(self, text: str) -> None:
+        self.threads.add(threading.get_ident())
+        assert text not in self.phases, f"phase {text!r} started twice"
+        self.order.append(text)
+        self.current = self.phases[text] = {"size": None, "bytes": 0,
+                                            "items": defaultdict(list)}
+
+    def set_size(self, size: int, items: int | None = None) -> None:
+        self.threads.add(threading.get_ident())
+        assert self.current is not None, "set_size before set_description"
+        self.current["size"] = (size, items)
+
+    def relative_update(self, inc: int = 1) -> None:
+        self.threads.add(threading.get_ident())
+        assert self.current is not None and inc > 0
+        self.current["bytes"] += inc
+
+    def item_done(self, name: str, status: str, error: str = "") -> None:
+        self.threads.add(threading.get_ident())
+        assert self.current is not None
+        self.current["items"][status].append(name)
+
+
 @pytest.mark.fuse
 def test_every_mode_and_worker_count_counts_every_byte(fuse_tree, tmp_path) -> None:
     source, written = fuse_tree
     scratch = str(tmp_path / "scratch")
-    seen: list[bench.Progress] = []
+    seen = Recorder()
     report = bench.run(snapshot(source), workers=[1, 2, 3], modes=["warm", "direct", "cold"],
-                       scratch_dir=scratch, progress=seen.append)
+                       scratch_dir=scratch, callback=seen)
 
     assert report.modes == ["direct", "cold", "warm"]  # warm needs cold's cache: measured last
     assert [(r.mode, r.workers) for r in report.results] == [
@@ -82,9 +118,15 @@ def test_every_mode_and_worker_count_counts_every_byte(fuse_tree, tmp_path) -> N
     assert rec.warm_vs_direct is not None and rec.warm_vs_direct > 0
     timed = any(r.seconds >= bench.NOISY_SECONDS for r in report.results if r.mode == "direct")
     assert (rec.bottleneck in ("volume", "local")) if timed else rec.bottleneck is None
-    # Progress reached the end of every run, from the calling thread.
-    finals = {(p.mode, p.workers): p for p in seen if p.phase == "run"}
-    assert all(p.files_done == p.files_total == len(written) for p in finals.values())
+    # One progress phase per run, in run order, each reaching its end, all
+    # from the calling thread (so what the callback raises stops the bench).
+    assert seen.order == [f"{i + 1}/9 {m} x{k}" for i, (m, k) in
+                          enumerate((m, k) for m in ("direct", "cold", "warm") for k in (1, 2, 3))]
+    for text, phase in seen.phases.items():
+        assert phase["size"] == (total, len(written)), text
+        assert phase["bytes"] == total, text
+        assert sorted(phase["items"]["read"]) == sorted(written), text
+    assert seen.threads == {threading.get_ident()}
     assert _leftovers(scratch) == []
     _user_cache_untouched()
 
@@ -193,7 +235,11 @@ def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
     (["--files", "0"], "--files must be at least 1"),
     (["--files", "2", "--sample-bytes", "1M"], "give --files or --sample-bytes, not both"),
     (["--sample-bytes", "lots"], "cannot read size 'lots'"),
-    (["--max-seconds", "0"], "--max-seconds must be positive"),
+    (["--max-seconds", "0"], "--max-seconds must be positive, got 0"),
+    (["--max-seconds", "-1"], "--max-seconds must be positive, got -1"),
+    (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["--sample-bytes", "0"], "--sample-bytes must be at least 1 byte, got 0"),
+    (["--modes", ","], "--modes is empty; choose from direct, cold, warm, loader"),
     (["--plot", "chart.jpg"], "--plot writes a PNG"),
     (["--scratch-dir", "/nonexistent/ucstage/x"], "/nonexistent/ucstage does not exist"),
 ])
@@ -203,9 +249,71 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "`" not in lines[0], "a parameter name was not said as the flag"
     assert "Traceback" not in result.output and result.stdout == ""
     assert not any(name.startswith("ucstage-bench-") for name in os.listdir(tmp_path))
     assert not os.path.exists("/nonexistent/ucstage")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_seconds": -1}, "max_seconds must be positive, got -1"),
+    ({"max_seconds": 0.0}, "max_seconds must be positive, got 0"),
+    ({"workers": "1,2"}, "workers must be a sequence of ints such as [1, 2, 4, 8], got '1,2'"),
+    ({"workers": 4}, "workers must be a sequence of ints"),
+    ({"workers": [2, 0]}, "workers must be positive ints, got 0"),
+    ({"workers": [1, "2"]}, "workers must be positive ints, got '2'"),
+    ({"workers": []}, "workers is empty"),
+    ({"modes": "direct,warm"}, "modes must be a sequence of names"),
+    ({"modes": ["direct", "fast"]}, "unknown mode 'fast' in `modes`"),
+    ({"modes": [" "]}, "modes is empty"),
+    ({"batch_size": 0}, "batch_size must be at least 1, got 0"),
+    ({"files": 0}, "files must be at least 1, got 0"),
+    ({"sample_bytes": 0}, "sample_bytes must be at least 1 byte, got 0"),
+    ({"files": 1, "sample_bytes": 10}, "give `files` or sample_bytes, not both"),
+])
+def test_library_errors_name_parameters_not_flags(tmp_path, kwargs, message) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(b"x" * 10)
+    listing = snapshot(str(tmp_path / "src"))
+    with pytest.raises(InvalidArgument) as info:
+        bench.run(listing, scratch_dir=str(tmp_path / "scratch"), **kwargs)
+    assert message in info.value.message
+    assert "--" not in info.value.message + info.value.hint
+    assert not (tmp_path / "scratch").exists()  # refused before anything was made
+
+
+def test_sample_names_its_own_parameters() -> None:
+    entries = [FileEntry("a.bin", 10, "v")]
+    with pytest.raises(InvalidArgument, match="give `files` or max_bytes, not both"):
+        sample(entries, files=1, max_bytes=5)
+    with pytest.raises(InvalidArgument, match="max_bytes must be at least 1 byte, got 0"):
+        sample(entries, max_bytes=0)
+
+
+def test_cli_lists_become_what_the_library_takes() -> None:
+    assert parse_workers("4, 1,2,4") == [1, 2, 4]
+    assert parse_modes("warm, Direct,,loader") == ["direct", "warm", "loader"]
+    with pytest.raises(InvalidArgument, match="--workers must be positive whole numbers"):
+        parse_workers("1,-2")
+    with pytest.raises(InvalidArgument, match="--workers is empty"):
+        parse_workers(" ")
+
+
+def test_scratch_disk_too_small_is_refused_in_each_ones_words(tmp_path) -> None:
+    src = tmp_path / "src"
+    _write_tree(str(src))  # 7 MB of files
+    with tmpfs(str(tmp_path / "small"), "size=1m") as small:
+        with pytest.raises(InvalidArgument) as info:
+            bench.run(snapshot(str(src)), workers=[1], modes=["cold"], scratch_dir=small)
+        assert "copy the sample" in info.value.message
+        assert info.value.hint == ("bench a smaller sample with `files` or sample_bytes, "
+                                   "or point scratch_dir at a bigger disk")
+        result = CliRunner().invoke(cli, ["bench", str(src), "-w", "1", "-m", "cold",
+                                          "--scratch-dir", small])
+        assert result.exit_code == 2, result.output
+        assert ("hint: bench a smaller sample with --files or --sample-bytes, or point "
+                "--scratch-dir at a bigger disk") in result.stderr
+        assert os.listdir(small) == []
 
 
 def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch) -> None:
@@ -230,20 +338,42 @@ def test_read_error_removes_the_temporary_cache(tmp_path) -> None:
 
 def test_interrupt_removes_the_temporary_cache(tmp_path) -> None:
     src, scratch = tmp_path / "src", tmp_path / "scratch"
-    _write_tree(str(src))
-    seen: list[str] = []
+    written = _write_tree(str(src))
 
-    def interrupt(p: bench.Progress) -> None:
-        seen.append(p.mode)
-        if p.mode == "cold":
+    class Interrupt(Recorder):
+        def relative_update(self, inc: int = 1) -> None:
+            super().relative_update(inc)
             assert _leftovers(str(scratch)) != []  # the cache exists while it runs
             raise KeyboardInterrupt
 
+    seen = Interrupt()
     with pytest.raises(KeyboardInterrupt):
         bench.run(snapshot(str(src)), workers=[1], modes=["cold", "warm"],
-                  scratch_dir=str(scratch), progress=interrupt)
-    assert seen == ["cold"]
+                  scratch_dir=str(scratch), callback=seen)
+    assert seen.order == ["1/2 cold x1"]
+    assert 0 < seen.phases["1/2 cold x1"]["bytes"] <= sum(written.values())
     assert _leftovers(str(scratch)) == []
+
+
+def test_warm_without_cold_fills_the_cache_first_as_its_own_phase(tmp_path) -> None:
+    src, scratch = tmp_path / "src", tmp_path / "scratch"
+    written = _write_tree(str(src))
+    seen = Recorder()
+    report = bench.run(snapshot(str(src)), workers=[2, 1], modes=["warm"],
+                       scratch_dir=str(scratch), callback=seen)
+    total = sum(written.values())
+    assert [(r.mode, r.workers, r.files, r.bytes) for r in report.results] == [
+        ("warm", 1, len(written), total), ("warm", 2, len(written), total)]
+    # The fill happens once, before the first warm run, with the most workers.
+    assert seen.order == ["1/2 filling warm cache", "1/2 warm x1", "2/2 warm x2"]
+    fill = seen.phases["1/2 filling warm cache"]
+    assert fill["size"] == (total, len(written)) and fill["bytes"] == total
+    assert sorted(fill["items"]["fetched"]) == sorted(written)
+    for text in seen.order[1:]:
+        assert sorted(seen.phases[text]["items"]["read"]) == sorted(written), text
+    assert not any("cached before" in n for n in report.notes)
+    assert _leftovers(str(scratch)) == []
+    _user_cache_untouched()
 
 
 @pytest.mark.fuse

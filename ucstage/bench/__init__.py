@@ -1,39 +1,33 @@
 """Read throughput of a source: direct, through a cold cache, from a warm cache,
 and through the DataLoader, across worker counts, with a recommendation.
 
-``driver`` runs the measurements, ``measure`` times reader threads, ``stats``
-samples the files and turns runs into advice, ``loader`` (torch, imported
-lazily) measures the DataLoader path, ``plot`` draws the chart.
+``driver`` runs the measurements (:func:`run`), one small class per mode in
+``modes``; ``options`` checks what ``run`` is given; ``measure`` times reader
+threads; ``scratch`` holds the private caches; ``stats`` samples the files and
+turns runs into advice; ``report`` holds the result types and builds the JSON;
+``loader`` (torch, imported lazily) measures the DataLoader path; ``plot``
+draws the chart. This package only re-exports.
 """
 
-from .driver import (
-    FORMAT,
-    MODES,
-    NOISY_SECONDS,
-    WITHIN,
-    BenchReport,
-    Progress,
-    Recommendation,
-    RunResult,
-    parse_modes,
-    parse_workers,
-    plot,
-    recommend,
-    run,
-    sample,
-)
+from .driver import run
+from .options import DEFAULT_MODES, DEFAULT_WORKERS, check_modes, check_options, check_workers
+from .plot import plot
+from .report import FORMAT, BenchReport, Recommendation, RunResult
+from .stats import MODES, NOISY_SECONDS, WITHIN, recommend, sample
 
 __all__ = [
+    "DEFAULT_MODES",
+    "DEFAULT_WORKERS",
     "FORMAT",
     "MODES",
     "NOISY_SECONDS",
     "WITHIN",
     "BenchReport",
-    "Progress",
     "Recommendation",
     "RunResult",
-    "parse_modes",
-    "parse_workers",
+    "check_modes",
+    "check_options",
+    "check_workers",
     "plot",
     "recommend",
     "run",

@@ -1,23 +1,24 @@
 """``ucstage bench --loader``: the VolumeDataset + DataLoader path, end to end.
 
-Kept apart from :mod:`ucstage.bench.driver` because it imports torch at module level
-(its dataset class must be importable by DataLoader worker processes).
+Kept apart from :mod:`ucstage.bench.modes`, which imports it only when the
+loader mode runs, because it imports torch at module level (its dataset class
+must be importable by DataLoader worker processes).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch.utils.data as tud
 
 from ..cache.local import LocalCache
-from ..data.dataset import DataLoader, VolumeDataset
+from ..data import DataLoader, VolumeDataset
 from ..manifest import Manifest, fingerprint
 from ..volumes import FileEntry
-from .measure import BUFFER_BYTES
+from .measure import BUFFER_BYTES, Meter, Tally
 
 __all__ = ["ReadEach", "loader_run"]
 
@@ -25,15 +26,16 @@ __all__ = ["ReadEach", "loader_run"]
 class ReadEach(tud.IterableDataset):  # type: ignore[type-arg]
     """Reads every byte of each path a VolumeDataset yields, in the worker.
 
-    Yields ``(bytes read, seconds)`` per file, so only two numbers cross the
-    process boundary; the seconds run from asking the VolumeDataset for the
-    next path (its fetch, possibly already done by read-ahead) to the last byte.
+    Yields ``(bytes read, seconds, path)`` per file, so no file's bytes cross
+    the process boundary; the seconds run from asking the VolumeDataset for
+    the next path (its fetch, possibly already done by read-ahead) to the last
+    byte, and the path names the file for progress.
     """
 
     def __init__(self, dataset: VolumeDataset) -> None:
         self.dataset = dataset
 
-    def __iter__(self) -> Iterator[tuple[int, float]]:
+    def __iter__(self) -> Iterator[tuple[int, float, str]]:
         buf = bytearray(BUFFER_BYTES)
         view = memoryview(buf)
         paths = iter(self.dataset)
@@ -46,34 +48,34 @@ class ReadEach(tud.IterableDataset):  # type: ignore[type-arg]
             with open(path, "rb", buffering=0) as fh:
                 while n := fh.readinto(view):
                     total += n
-            yield total, time.perf_counter() - start
+            yield total, time.perf_counter() - start, path
 
 
 def loader_run(
     manifest: Manifest, entries: Sequence[FileEntry], workers: int, batch_size: int,
-    cache_root: str, deadline: float | None, report: Callable[[int, int], None],
-) -> tuple[int, int, list[float], float, bool]:
+    cache_root: str, deadline: float | None, meter: Meter,
+) -> tuple[Tally, float, bool]:
     """Read ``entries`` through a fresh private cache with ``workers`` DataLoader workers.
 
     Returns:
-        (files, bytes, per-file seconds, wall seconds, complete).
+        (what was counted, wall seconds, complete), as :func:`~ucstage.bench.measure.measure`.
     """
     sample = Manifest(source=manifest.source, entries=list(entries),
                       fingerprint=fingerprint(entries))
     dataset = VolumeDataset(sample, cache=LocalCache(os.path.join(cache_root, "cache")))
     loader = DataLoader(ReadEach(dataset), batch_size=batch_size, num_workers=workers,
                         log_mlflow=False, guard=False, volume_dataset=dataset)
-    files = nbytes = 0
-    latencies: list[float] = []
+    tally = Tally()
     complete = True
     started = time.perf_counter()
     iterator: Any = iter(loader)
     try:
-        for sizes, seconds in iterator:
-            files += len(sizes)
-            nbytes += int(sizes.sum())
-            latencies.extend(float(s) for s in seconds)
-            report(files, nbytes)
+        for sizes, seconds, paths in iterator:
+            tally.files += len(sizes)
+            tally.bytes += int(sizes.sum())
+            tally.latencies.extend(float(s) for s in seconds)
+            tally.done.extend(paths)
+            meter.update(tally.bytes, paths)
             if deadline is not None and time.monotonic() >= deadline:
                 complete = False
                 break
@@ -82,4 +84,4 @@ def loader_run(
         if callable(shutdown):
             shutdown()
     wall = time.perf_counter() - started
-    return files, nbytes, latencies, wall, complete and files >= len(entries)
+    return tally, wall, complete and tally.files >= len(entries)

@@ -2,7 +2,8 @@
 
 Each reader takes the next file, reads it to the end with a large buffer and
 records its latency. A stop flag ends the run early (deadline, first error,
-Ctrl-C); the caller decides what a cut-short run means.
+Ctrl-C); the caller decides what a cut-short run means. A :class:`Meter`
+passes the running totals to the progress callback, from the calling thread.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FetchFailed
+from ..progress import Callback
 from ..volumes import FileEntry, Volume
 
-__all__ = ["BUFFER_BYTES", "Reader", "Tally", "measure", "raise_read_error"]
+__all__ = ["BUFFER_BYTES", "Meter", "Reader", "Tally", "measure", "raise_read_error"]
 
 BUFFER_BYTES = 4 * 1024 * 1024
 """Read size per call: large, so per-call overhead does not hide the volume's speed."""
@@ -69,11 +71,44 @@ class Reader:
             return _drain(fh, buf, stop)
 
 
+class Meter:
+    """One phase of a bench (a timed run, or the warm fill) on a progress callback.
+
+    The timing loops know running totals; the callback takes a description,
+    a size and increments, so this turns one into the other. Bench calls it
+    only from the thread that called :func:`ucstage.bench.run`, so whatever
+    the callback raises (a notebook's interrupt) stops the bench there.
+    """
+
+    def __init__(self, callback: Callback, description: str, entries: Sequence[FileEntry],
+                 status: str = "read") -> None:
+        """Announce the phase: ``set_description``, then ``set_size`` of ``entries``;
+        ``status`` is what :meth:`update` reports each finished file as."""
+        self.callback = callback
+        self.status = status
+        self._bytes = 0
+        callback.set_description(description)
+        callback.set_size(sum(e.size for e in entries), items=len(entries))
+
+    def update(self, nbytes: int, finished: Sequence[str] = ()) -> None:
+        """``nbytes`` done so far in this phase; ``finished`` names the files
+        completed since the last call."""
+        for name in finished:
+            self.callback.item_done(name, self.status)
+        if nbytes > self._bytes:
+            self.callback.relative_update(nbytes - self._bytes)
+            self._bytes = nbytes
+
+
 @dataclass
 class Tally:
+    """What the readers of one run counted."""
+
     files: int = 0
     bytes: int = 0
     latencies: list[float] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    """Paths of the files read completely, in the order they finished."""
     error: BaseException | None = None
     error_path: str = ""
 
@@ -84,7 +119,7 @@ def measure(
     read: Callable[[FileEntry, bytearray, threading.Event], int],
     *,
     deadline: float | None,
-    report: Callable[[int, int], None],
+    meter: Meter,
 ) -> tuple[Tally, float, bool]:
     """Read ``entries`` with ``workers`` threads; return (tally, seconds, complete)."""
     tally = Tally()
@@ -129,6 +164,7 @@ def measure(
                 tally.files += 1
                 tally.bytes += n
                 tally.latencies.append(elapsed)
+                tally.done.append(entry.path)
 
     threads = [threading.Thread(target=work, name=f"ucstage-bench-{i}", daemon=True)
                for i in range(workers)]
@@ -136,26 +172,34 @@ def measure(
     for t in threads:
         t.start()
     timed_out = False
+    sent = 0
+
+    def report() -> None:
+        nonlocal sent
+        with lock:
+            nbytes, newly_done = tally.bytes, tally.done[sent:]
+        sent += len(newly_done)
+        meter.update(nbytes, newly_done)
+
     try:
         while not all_done.wait(_TICK):  # a timed wait lets Ctrl-C reach this thread
             if deadline is not None and time.monotonic() >= deadline and not stop.is_set():
                 timed_out = True
                 stop.set()
-            with lock:
-                done = (tally.files, tally.bytes)
-            report(*done)
+            report()
     finally:
         stop.set()
         for t in threads:
             t.join()
     # The last reader's finish, not this loop's wake-up, ends the run.
     seconds = max(finished or [time.perf_counter()]) - started
-    report(tally.files, tally.bytes)
+    report()
     complete = tally.files == len(entries) and not timed_out
     return tally, seconds, complete
 
 
 def raise_read_error(tally: Tally, mode: str) -> None:
+    """Re-raise the first error a reader met, as FetchFailed unless it was an interrupt."""
     if tally.error is None:
         return
     exc = tally.error
@@ -164,6 +208,5 @@ def raise_read_error(tally: Tally, mode: str) -> None:
     if isinstance(exc, FetchFailed):
         raise exc
     raise FetchFailed(f"{mode} read of {tally.error_path} failed: {type(exc).__name__}: {exc}",
-                      hint="check the volume is reachable; rerun with --debug for the traceback"
-                      ) from exc
+                      hint="check the volume is reachable") from exc
 

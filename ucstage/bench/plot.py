@@ -1,19 +1,17 @@
 """``ucstage bench --plot``: MB/s against workers as a PNG.
 
-Kept apart from :mod:`ucstage.bench.driver` because it is the only part that needs
-matplotlib (an optional extra), and it only draws a finished report.
-Re-exported from :mod:`ucstage.bench.driver`; import it from there.
+Kept apart from the driver because it is the only part that needs
+matplotlib (an optional extra, imported when a chart is drawn), and it only
+draws a finished report. Re-exported as :func:`ucstage.bench.plot`.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from ..errors import MissingDependency
-
-if TYPE_CHECKING:
-    from .driver import BenchReport
+from ..units import format_bytes
+from .report import BenchReport
 
 __all__ = ["plot"]
 
@@ -31,7 +29,7 @@ def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import FuncFormatter
     except ImportError as exc:
-        raise MissingDependency("--plot needs matplotlib",
+        raise MissingDependency("ucstage.bench.plot needs matplotlib",
                                 hint="pip install 'ucstage[plot]'") from exc
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     try:
@@ -55,8 +53,6 @@ def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
         ax.set_xticks(report.workers)
         ax.grid(True, alpha=0.3)
         ax.legend()
-        from ..units import format_bytes
-
         ax.set_title(title or f"ucstage bench {report.source}\n{report.sample_files:,} files, "
                      f"{format_bytes(report.sample_bytes)}", fontsize=9)
         fig.tight_layout()

@@ -1,88 +1,38 @@
 """The pure half of ``ucstage bench``: which files to read, what the timings say.
 
-Sampling, percentiles and the worker-count advice are plain functions of
-their inputs (no threads, no I/O), so they can be tested on hand-made numbers.
-Re-exported from :mod:`ucstage.bench.driver`; import them from there.
+Sampling, a run's rates and percentiles, and the worker-count advice are
+plain functions of their inputs (no threads, no I/O), so they can be tested
+on hand-made numbers. Percentiles are :func:`ucstage.percentile.percentile`,
+the one definition the DataLoader's metrics use too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
 
 from ..errors import InvalidArgument
+from ..percentile import percentile
 from ..volumes import FileEntry
+from .report import Recommendation, RunResult
 
 __all__ = [
     "MODES",
     "NOISY_SECONDS",
     "WITHIN",
-    "Recommendation",
-    "RunResult",
-    "percentile",
+    "check_sample_size",
     "recommend",
+    "run_result",
     "sample",
 ]
 
 MODES = ("direct", "cold", "warm", "loader")
-"""Every mode, in the order :func:`ucstage.bench.driver` measures them (warm needs cold's cache)."""
+"""Every mode, in the order :func:`ucstage.bench.run` measures them (warm needs cold's cache)."""
 
 WITHIN = 0.10
 """A worker count is "as good as the best" when its MB/s is within this fraction."""
 NOISY_SECONDS = 0.5
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One (mode, workers) measurement."""
-
-    mode: str
-    workers: int
-    files: int
-    """Files read completely (a run cut short by ``max_seconds`` reads fewer)."""
-    bytes: int
-    """Bytes of those files."""
-    seconds: float
-    files_per_s: float
-    mb_per_s: float
-    """Throughput in MB/s (10^6 bytes per second)."""
-    p50_ms: float
-    p95_ms: float
-    p99_ms: float
-    complete: bool
-    """False when the time budget stopped the run before every file was read."""
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("seconds", "files_per_s", "mb_per_s", "p50_ms", "p95_ms", "p99_ms"):
-            data[key] = round(float(data[key]), 3)
-        return data
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """What the measurements say to do."""
-
-    workers: int | None
-    """The smallest worker count within 10% of the best MB/s in ``mode``."""
-    mode: str | None
-    """The mode the recommendation is for: loader, else cold, else direct, else warm."""
-    best_workers: int | None
-    best_mb_per_s: float | None
-    by_mode: dict[str, int]
-    """The same rule applied to each measured mode."""
-    warm_vs_direct: float | None
-    """Best warm MB/s / best direct MB/s; None unless both were measured."""
-    cold_vs_direct: float | None
-    """Best cold MB/s / best direct MB/s: the price (or gain) of filling the cache."""
-    bottleneck: str | None
-    """"volume" when a warm cache reads at least 1.5x faster than the volume,
-    "local" when it does not (the volume keeps up; look at the loader or the
-    model), None when warm or direct was not measured or every direct run took
-    under NOISY_SECONDS (too short to tell)."""
+"""Runs shorter than this are too short for their rates to mean much."""
 
 
 # ---------------------------------------------------------------- sampling
@@ -90,6 +40,21 @@ class Recommendation:
 
 def _rank_key(seed: int, path: str) -> bytes:
     return hashlib.sha256(f"{seed}\0{path}".encode()).digest()
+
+
+def check_sample_size(files: int | None, size: int | None, size_name: str) -> None:
+    """Refuse a sample of no files, or one bounded by count and size at once.
+
+    ``size_name`` is the caller's name for the byte bound (``max_bytes`` here,
+    ``sample_bytes`` in :func:`ucstage.bench.run`), so the message names the
+    parameter the caller was given.
+    """
+    if files is not None and size is not None:
+        raise InvalidArgument(f"give `files` or {size_name}, not both")
+    if files is not None and files < 1:
+        raise InvalidArgument(f"files must be at least 1, got {files}")
+    if size is not None and size < 1:
+        raise InvalidArgument(f"{size_name} must be at least 1 byte, got {size}")
 
 
 def sample(
@@ -111,12 +76,7 @@ def sample(
             (at least one file).
         seed: changes which files are chosen.
     """
-    if files is not None and max_bytes is not None:
-        raise InvalidArgument("give --files or --sample-bytes, not both")
-    if files is not None and files < 1:
-        raise InvalidArgument(f"--files must be at least 1, got {files}")
-    if max_bytes is not None and max_bytes < 1:
-        raise InvalidArgument(f"--sample-bytes must be at least 1 byte, got {max_bytes}")
+    check_sample_size(files, max_bytes, "max_bytes")
     if files is None and max_bytes is None:
         return list(entries)
     position = {e.path: i for i, e in enumerate(entries)}
@@ -136,13 +96,18 @@ def sample(
 # ---------------------------------------------------------------- statistics
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method) of sorted values."""
-    if not sorted_values:
-        return 0.0
-    pos = (len(sorted_values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+def run_result(mode: str, workers: int, files: int, nbytes: int, latencies: Sequence[float],
+               seconds: float, complete: bool) -> RunResult:
+    """One run's rates and latency percentiles (ms) from what it counted."""
+    lat = sorted(v * 1000.0 for v in latencies)
+    # A run that read nothing in no time must not divide by zero.
+    secs = max(seconds, 1e-9)
+    return RunResult(
+        mode=mode, workers=workers, files=files, bytes=nbytes, seconds=seconds,
+        files_per_s=files / secs, mb_per_s=nbytes / 1e6 / secs,
+        p50_ms=percentile(lat, 50), p95_ms=percentile(lat, 95), p99_ms=percentile(lat, 99),
+        complete=complete,
+    )
 
 
 # ---------------------------------------------------------------- advice

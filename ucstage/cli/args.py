@@ -2,14 +2,16 @@
 
 The library speaks Python (``plan(num_workers=[6, 4])``); comma lists are a
 command-line convenience, so they are parsed here and nowhere else. Errors
-name the flag, since the person reading them typed it.
+name the flag, since the person reading them typed it: directly, or, where
+the check is the library's (``parse_modes``), through the CLI's error mapper.
 """
 
 from __future__ import annotations
 
+from ..bench import check_modes
 from ..errors import InvalidArgument
 
-__all__ = ["int_list", "num_workers_list"]
+__all__ = ["int_list", "num_workers_list", "parse_modes", "parse_workers"]
 
 
 def int_list(text: str, flag: str, *, minimum: int, example: str) -> list[int]:
@@ -34,3 +36,17 @@ def int_list(text: str, flag: str, *, minimum: int, example: str) -> list[int]:
 def num_workers_list(text: str) -> list[int]:
     """``-k 6`` or ``-k 6,4``: one value for every rank, or one per rank."""
     return int_list(text, "--num-workers", minimum=0, example="6 or 6,6,4,6")
+
+
+def parse_workers(text: str) -> list[int]:
+    """``bench -w 4,1,2`` -> ``[1, 2, 4]``: positive, deduplicated, ascending."""
+    return sorted(set(int_list(text, "--workers", minimum=1, example="1,2,4,8")))
+
+
+def parse_modes(text: str) -> list[str]:
+    """``bench -m warm,direct`` -> ``["direct", "warm"]``, in measuring order.
+
+    The names are checked by the library, the one list of modes; its message
+    says ``modes``, which the CLI's error mapper turns into ``--modes``.
+    """
+    return check_modes(text.split(","))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import click
 from rich.console import Console
@@ -12,6 +12,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TransferSpeedColumn,
@@ -20,7 +21,9 @@ from rich.progress import (
 from .. import bench
 from ..bench import BenchReport
 from ..errors import InvalidArgument
+from ..progress import NO_PROGRESS, Callback
 from ..units import parse_size
+from .args import parse_modes, parse_workers
 from .output import emit, err, json_option, read_source, source_options, table
 
 _VERDICT = {
@@ -33,32 +36,58 @@ _VERDICT = {
 }
 
 
+class RichBenchProgress(Callback):
+    """One rich bar per run: description, bytes, speed, files done, time."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.task: TaskID | None = None
+        self.items: int | None = None
+        self.done = 0
+        self._lock = threading.Lock()  # the protocol allows calls from any thread
+
+    def set_description(self, text: str) -> None:
+        # A new run: the finished one's bar goes, so the screen shows one line.
+        with self._lock:
+            if self.task is not None:
+                self.bar.update(self.task, visible=False)
+            self.task = self.bar.add_task(text, total=None, files="")
+            self.items, self.done = None, 0
+
+    def set_size(self, size: int, items: int | None = None) -> None:
+        with self._lock:
+            self.items, self.done = items, 0
+            if self.task is not None:
+                self.bar.update(self.task, total=size or None, completed=0,
+                                files=self._files())
+
+    def relative_update(self, inc: int = 1) -> None:
+        if self.task is not None:
+            self.bar.advance(self.task, inc)
+
+    def item_done(self, name: str, status: str, error: str = "") -> None:
+        with self._lock:
+            self.done += 1
+            if self.task is not None:
+                self.bar.update(self.task, files=self._files())
+
+    def _files(self) -> str:
+        return "" if self.items is None else f"{self.done:,}/{self.items:,} files"
+
+
 @contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[bench.Progress], None]]:
-    """A rich progress bar on stderr, or a no-op when stderr is not a terminal."""
+def _progress(enabled: bool) -> Iterator[Callback]:
+    """A rich progress bar on stderr, or the no-op when stderr is not a terminal."""
     if not enabled:
-        yield lambda _: None
+        yield NO_PROGRESS
         return
     bar = Progress(
         TextColumn("[bold]{task.description:<16}"), BarColumn(), DownloadColumn(),
         TransferSpeedColumn(), TextColumn("{task.fields[files]}"), TimeElapsedColumn(),
         console=err, transient=True,
     )
-    tasks: dict[tuple[str, int, str], Any] = {}
-
-    def update(p: bench.Progress) -> None:
-        key = (p.mode, p.workers, p.phase)
-        if key not in tasks:
-            for other in tasks.values():
-                bar.update(other, visible=False)
-            label = f"{p.mode} x{p.workers}" if p.phase == "run" else "filling warm"
-            tasks[key] = bar.add_task(f"{p.run_index + 1}/{p.runs_total} {label}",
-                                      total=p.bytes_total or None, files="")
-        bar.update(tasks[key], completed=p.bytes_done,
-                   files=f"{p.files_done:,}/{p.files_total:,} files")
-
     with bar:
-        yield update
+        yield RichBenchProgress(bar)
 
 
 def _render(console: Console, report: BenchReport) -> None:
@@ -106,15 +135,9 @@ def _render(console: Console, report: BenchReport) -> None:
         console.print(f"  warm cache vs direct: {rec.warm_vs_direct:.2f}x; {verdict}")
 
 
-def _positive_float(_: click.Context, __: click.Parameter, value: float | None) -> float | None:
-    if value is not None and value <= 0:
-        raise InvalidArgument(f"--max-seconds must be positive, got {value:g}")
-    return value
-
-
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
 @source_options
-@click.option("-n", "--files", "n_files", type=int, default=None, metavar="N",
+@click.option("-n", "--files", "files", type=int, default=None, metavar="N",
               help="Bench a deterministic sample of N files (same files on every run).")
 @click.option("--sample-bytes", metavar="SIZE", default=None,
               help="Bench a deterministic sample of about SIZE bytes, e.g. 2G.")
@@ -129,9 +152,9 @@ def _positive_float(_: click.Context, __: click.Parameter, value: float | None) 
 @click.option("--loader", is_flag=True, help="Also bench the VolumeDataset + DataLoader path.")
 @click.option("-b", "--batch-size", type=int, default=32, show_default=True,
               help="DataLoader batch size for --loader.")
-@click.option("--max-seconds", type=float, default=None, callback=_positive_float,
-              metavar="S", help="Bound the whole run; each run gets an equal share of the "
-                                "time left, and runs cut short are marked.")
+@click.option("--max-seconds", type=float, default=None, metavar="S",
+              help="Bound the whole run; each run gets an equal share of the time left, "
+                   "and runs cut short are marked.")
 @click.option("--scratch-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Where the private cold/warm cache is made (default: the temp folder). "
                    "It is removed at the end.")
@@ -141,7 +164,7 @@ def _positive_float(_: click.Context, __: click.Parameter, value: float | None) 
 @json_option
 def command(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
-    exclude: tuple[str, ...], include_hidden: bool, n_files: int | None,
+    exclude: tuple[str, ...], include_hidden: bool, files: int | None,
     sample_bytes: str | None, seed: int, workers: str, modes: str, loader: bool,
     batch_size: int, max_seconds: float | None, scratch_dir: str | None,
     plot_path: str | None, as_json: bool,
@@ -158,22 +181,23 @@ def command(
       ucstage bench s3://bucket/data --sample-bytes 2G --workers 1,4,8,16 --plot bench.png
       ucstage bench data/ --loader --batch-size 64 --max-seconds 120 --json
     """
-    worker_counts = bench.parse_workers(workers)
-    mode_list = bench.parse_modes(modes + (",loader" if loader else ""))
+    worker_counts = parse_workers(workers)
+    mode_list = parse_modes(modes + (",loader" if loader else ""))
     size = parse_size(sample_bytes) if sample_bytes is not None else None
-    if n_files is not None and size is not None:
-        raise InvalidArgument("give --files or --sample-bytes, not both")
+    # The library's own check, before listing: a bad value must not wait for
+    # the listing of a large volume to be refused. Its messages name
+    # parameters; the error mapper says them as this command's flags.
+    bench.check_options(files=files, sample_bytes=size, workers=worker_counts,
+                        modes=mode_list, batch_size=batch_size, max_seconds=max_seconds)
     if plot_path is not None:
         _check_plot(plot_path)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
-    with _progress(err.is_terminal) as progress:
-        report = bench.run(manifest, files=n_files, sample_bytes=size, seed=seed,
+    with _progress(err.is_terminal) as callback:
+        report = bench.run(manifest, files=files, sample_bytes=size, seed=seed,
                            workers=worker_counts, modes=mode_list, batch_size=batch_size,
-                           max_seconds=max_seconds, scratch_dir=scratch_dir, progress=progress)
-    data = report.to_json()
-    if plot_path is not None:
-        data["plot"] = bench.plot(report, plot_path)
-    emit(data, as_json, lambda c: _render(c, report))
+                           max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback)
+    chart = bench.plot(report, plot_path) if plot_path is not None else None
+    emit(report.to_json(plot=chart), as_json, lambda c: _render(c, report))
     if plot_path is not None and not as_json:
         err.print(f"[dim]chart written to {plot_path}[/]")
 

@@ -1,0 +1,143 @@
+"""What a bench measured: one :class:`RunResult` per (mode, workers), the
+:class:`Recommendation` drawn from them, and the :class:`BenchReport` that
+holds both and builds the JSON document.
+
+Plain data in a module of its own, so the driver, the advice and the chart
+all import it and none of them imports another for its types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "BenchReport", "Recommendation", "RunResult"]
+
+FORMAT = "ucstage.bench"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One (mode, workers) measurement."""
+
+    mode: str
+    workers: int
+    files: int
+    """Files read completely (a run cut short by ``max_seconds`` reads fewer)."""
+    bytes: int
+    """Bytes of those files."""
+    seconds: float
+    files_per_s: float
+    mb_per_s: float
+    """Throughput in MB/s (10^6 bytes per second)."""
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    complete: bool
+    """False when the time budget stopped the run before every file was read."""
+
+    def to_json(self) -> dict[str, Any]:
+        """One row of the document's ``results`` (docs/bench.md#json)."""
+        data = asdict(self)
+        for key in ("seconds", "files_per_s", "mb_per_s", "p50_ms", "p95_ms", "p99_ms"):
+            data[key] = round(float(data[key]), 3)
+        return data
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What the measurements say to do."""
+
+    workers: int | None
+    """The smallest worker count within 10% of the best MB/s in ``mode``."""
+    mode: str | None
+    """The mode the recommendation is for: loader, else cold, else direct, else warm."""
+    best_workers: int | None
+    best_mb_per_s: float | None
+    by_mode: dict[str, int]
+    """The same rule applied to each measured mode."""
+    warm_vs_direct: float | None
+    """Best warm MB/s / best direct MB/s; None unless both were measured."""
+    cold_vs_direct: float | None
+    """Best cold MB/s / best direct MB/s: the price (or gain) of filling the cache."""
+    bottleneck: str | None
+    """"volume" when a warm cache reads at least 1.5x faster than the volume,
+    "local" when it does not (the volume keeps up; look at the loader or the
+    model), None when warm or direct was not measured or every direct run took
+    under NOISY_SECONDS (too short to tell)."""
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Everything :func:`ucstage.bench.run` measured."""
+
+    source: str
+    sample_files: int
+    sample_bytes: int
+    listed_files: int
+    listed_bytes: int
+    sampled_by: str
+    """"all", "files" or "bytes": how the sample was chosen."""
+    seed: int
+    modes: list[str]
+    workers: list[int]
+    results: list[RunResult]
+    recommendation: Recommendation
+    max_seconds: float | None
+    seconds: float
+    stopped_early: bool
+    """True when ``max_seconds`` cut a run short or skipped one."""
+    batch_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def result(self, mode: str, workers: int) -> RunResult | None:
+        """The run of ``mode`` at ``workers``, or None when it did not run."""
+        for r in self.results:
+            if r.mode == mode and r.workers == workers:
+                return r
+        return None
+
+    def to_json(self, plot: str | None = None) -> dict[str, Any]:
+        """The stable JSON document (docs/bench.md#json); the CLI prints it as is.
+
+        Args:
+            plot: the chart's path, when one was drawn (the ``plot`` key is
+                only present then).
+        """
+        rec = self.recommendation
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "source": self.source,
+            "sample": {
+                "files": self.sample_files,
+                "bytes": self.sample_bytes,
+                "listed_files": self.listed_files,
+                "listed_bytes": self.listed_bytes,
+                "by": self.sampled_by,
+                "seed": self.seed,
+            },
+            "modes": self.modes,
+            "workers": self.workers,
+            "batch_size": self.batch_size,
+            "max_seconds": self.max_seconds,
+            "seconds": round(self.seconds, 3),
+            "stopped_early": self.stopped_early,
+            "results": [r.to_json() for r in self.results],
+            "recommended_workers": rec.workers,
+            "recommended_mode": rec.mode,
+            "recommended_by_mode": rec.by_mode,
+            "best": {"workers": rec.best_workers, "mb_per_s": _round(rec.best_mb_per_s)},
+            "speedup_warm_vs_direct": _round(rec.warm_vs_direct),
+            "speedup_cold_vs_direct": _round(rec.cold_vs_direct),
+            "bottleneck": rec.bottleneck,
+            "notes": self.notes,
+        }
+        if plot is not None:
+            doc["plot"] = plot
+        return doc
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

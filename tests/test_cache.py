@@ -26,10 +26,11 @@ from tests.common.backends import Backend
 from tests.common.parts import rclone_mount, tmpfs, wait_synced
 from tests.conftest import unique
 from ucstage import manifest as manifest_mod
-from ucstage.cache import LocalCache, WarmCallback, rank_entries
+from ucstage.cache import LocalCache, rank_entries
 from ucstage.cache.layout import PART_SUFFIX, STAMP_XATTR, read_stamp
 from ucstage.errors import CacheFull, CacheOwnershipError, FetchFailed, UnsafePath
 from ucstage.manifest import snapshot
+from ucstage.progress import Callback
 from ucstage.sharding import plan
 from ucstage.volumes import FileEntry
 
@@ -230,8 +231,8 @@ def _local_source(tmp_path: Path, n: int, size: int) -> tuple:  # type: ignore[t
 def _usage(cache: LocalCache, ns: str) -> int:
     """Bytes on disk in ``ns``, temp files included, read under the ledger lock
     (renames happen under it, so the walk cannot see a file twice or not at all)."""
-    with cache._ledger():
-        return sum(c.size for c in cache._walk([ns]))
+    found = cache.space.tally([ns])
+    return found.bytes + found.partial_bytes
 
 
 def test_lru_evicts_least_recently_used_first(tmp_path: Path) -> None:
@@ -345,8 +346,8 @@ def test_disk_full_during_warm_leaves_no_partials(tiny_fs: Path, tmp_path: Path)
     vol, entries = _local_source(tmp_path, 3, 600 * KB)
     cache = LocalCache(tiny_fs / "cache")
 
-    class Filler(WarmCallback):
-        def set_size(self, files: int, nbytes: int) -> None:
+    class Filler(Callback):
+        def set_size(self, size: int, items: int | None = None) -> None:
             (tiny_fs / "other-writer").write_bytes(b"\0" * (1200 * KB))
 
     with pytest.raises(CacheFull) as info:
@@ -604,9 +605,161 @@ def test_verify_deletes_corrupt_copies_so_they_are_refetched(tmp_path: Path) -> 
     assert [p for p, _ in report.corrupt] == ["a.bin"] and report.removed == ["a.bin"]
     assert not bad.exists() and cache.lookup(vol, m.entries[0]) is None
     assert cache.status().bytes == 4 * KB
-    with cache._ledger() as ledger:  # the cap's byte count dropped with the file
-        assert ledger.read() == 4 * KB
+    assert cache.space.recorded_bytes() == 4 * KB  # the cap's byte count dropped with the file
     again = cache.warm(vol, m.entries)
     assert (again.fetched, again.already_cached) == (1, 1)
     assert Path(cache.fetch(vol, m.entries[0])).read_bytes() == blob("a.bin", 4 * KB)
     assert cache.verify(vol, m.entries, checksum=True).clean
+
+
+# -- verify without a source, warm's progress, the JSON documents ----------------------
+
+
+def test_verify_without_a_source_checks_every_cached_source(moto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """verify() with no volume covers every source the cache holds, each listed
+    afresh from the URL its namespace record names, labelled as first given."""
+    local = tmp_path / "local"
+    local.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (local / name).write_bytes(blob(name, 2 * KB))
+    prefix = unique("va")
+    fs = moto.filesystem()
+    fs.pipe({f"ucstage-test/{prefix}/x.bin": blob("x", KB),
+             f"ucstage-test/{prefix}/y.bin": blob("y", KB)})
+    cache = LocalCache(tmp_path / "cache")
+    sources = {}
+    for given in (str(local), f"s3://ucstage-test/{prefix}"):
+        m = snapshot(given)
+        cache.warm(m.volume(), m.entries)
+        sources[cache.namespace_dir(m.volume())] = m.volume().source
+    record = json.loads(Path(cache.root, ".ucstage", "namespaces",
+                             os.path.basename(next(iter(sources))) + ".json").read_text())
+    assert set(record) == {"namespace", "url", "source", "created"}
+    clean = cache.verify()
+    assert [s.source for s in clean.sources] == [sources[k] for k in sorted(sources)]
+    assert clean.clean and clean.checked == clean.ok == 4
+    # Break each source a different way: a corrupt copy here, a changed object there.
+    bad = Path(cache.lookup(snapshot(str(local)).volume(), snapshot(str(local)).entries[1]) or "")
+    bad.write_bytes(b"\0" * 2 * KB)
+    fs.pipe_file(f"ucstage-test/{prefix}/y.bin", blob("y2", KB + 1))
+    report = cache.verify(checksum=True)
+    by_source = {s.source: s for s in report.sources}
+    assert set(by_source) == set(sources.values()) and not report.clean
+    assert [p for p, _ in by_source[str(local)].corrupt] == ["b.bin"]
+    assert by_source[str(local)].removed == ["b.bin"] and not bad.exists()
+    assert [p for p, _ in by_source[f"s3://ucstage-test/{prefix}"].stale] == ["y.bin"]
+    assert [p for p, _ in report.stale] == ["y.bin"] and report.removed == ["b.bin"]
+    doc = report.to_json()
+    assert doc["checksum"] is True and doc["clean"] is False
+    assert [s["source"] for s in doc["sources"]] == [s.source for s in report.sources]
+    assert LocalCache(tmp_path / "empty").verify().to_json() == {
+        "clean": True, "checksum": False, "sources": []}
+
+
+class Recorder(Callback):
+    """Every progress call warm makes, in order (it may call from threads)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []  # type: ignore[type-arg]
+        self.lock = threading.Lock()
+
+    def set_size(self, size: int, items: int | None = None) -> None:
+        with self.lock:
+            self.calls.append(("set_size", size, items))
+
+    def relative_update(self, inc: int = 1) -> None:
+        with self.lock:
+            self.calls.append(("update", inc))
+
+    def item_done(self, name: str, status: str, error: str = "") -> None:
+        with self.lock:
+            self.calls.append(("done", name, status, error))
+
+
+def test_warm_reports_progress_through_the_callback(backend: Backend) -> None:
+    """set_size(total bytes, items=total files) first; the updates add up to
+    every byte now valid; one item_done per file, saying what happened to it."""
+    files = {f"d{i % 2}/f{i}.bin": blob(f"p{backend.name}{i}", KB + 7 * i) for i in range(6)}
+    backend.write_many(files)
+    m = snapshot(backend.url)
+    vol = m.volume()
+    cache = LocalCache()
+    cache.fetch(vol, m.entries[0])  # one already valid
+    unsafe = FileEntry("../escape.bin", 5, "x")  # refused before any copy
+    entries = [*m.entries, unsafe]
+    progress = Recorder()
+    report = cache.warm(vol, entries, jobs=3, callback=progress)
+    total = sum(len(b) for b in files.values()) + unsafe.size
+    assert progress.calls[0] == ("set_size", total, len(entries))
+    assert [c for c in progress.calls if c[0] == "set_size"] == [progress.calls[0]]
+    assert sum(c[1] for c in progress.calls if c[0] == "update") == total - unsafe.size
+    done = {c[1]: (c[2], c[3]) for c in progress.calls if c[0] == "done"}
+    assert len([c for c in progress.calls if c[0] == "done"]) == len(entries) == len(done)
+    assert done[m.entries[0].path] == ("cached", "")
+    assert {p: s for p, (s, _) in done.items() if s == "fetched"} == {
+        e.path: "fetched" for e in m.entries[1:]}
+    assert done[unsafe.path][0] == "failed" and "unsafe" in done[unsafe.path][1]
+    assert (report.fetched, report.already_cached, len(report.failed)) == (5, 1, 1)
+
+
+def _documented(command: str) -> dict:  # type: ignore[type-arg]
+    """The example document of ``command`` in docs/json-cache.md."""
+    text = (Path(__file__).parent.parent / "docs" / "json-cache.md").read_text()
+    section = text.split(f"\n## {command}\n", 1)[1]
+    return json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])  # type: ignore[no-any-return]
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    return "number" if isinstance(value, (int, float)) else type(value).__name__
+
+
+def _same_shape(doc: object, got: object, where: str = "$") -> None:
+    """``got`` has ``doc``'s keys at every level and the same kind of values
+    (a documented null stands for "or a value"; lists compare their first item)."""
+    if doc is None:
+        return
+    assert _kind(got) == _kind(doc), f"{where}: {_kind(got)} instead of {_kind(doc)}"
+    if isinstance(doc, dict) and isinstance(got, dict):
+        assert set(got) == set(doc), f"{where}: keys {sorted(set(got) ^ set(doc))} differ"
+        assert list(got) == list(doc), f"{where}: key order differs"
+        for key in doc:
+            _same_shape(doc[key], got[key], f"{where}.{key}")
+    elif isinstance(doc, list) and isinstance(got, list) and doc:
+        assert got, f"{where}: empty, so its items were not checked"
+        _same_shape(doc[0], got[0], f"{where}[0]")
+
+
+def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
+    """to_json() of warm, status, verify, clear and prune has the keys, order,
+    kinds and nesting docs/json-cache.md shows (lists made non-empty to check items)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.bin").write_bytes(blob(f"j{i}", 100 + i))
+    (tmp_path / "secret").write_bytes(b"no")
+    (src / "link.bin").symlink_to(tmp_path / "secret")  # refused by the listing
+    m = snapshot(str(src))
+    assert m.refused
+    vol = m.volume()
+    cache = LocalCache(tmp_path / "cache", lease_seconds=0)
+    entries = rank_entries(m.entries, ranks=[0, 1], world_size=2, num_workers=1)
+    from ucstage.cache import RankSlice
+
+    warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
+    doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1), refused=m.refused)
+    _same_shape(_documented("warm"), doc)
+    assert doc["slice"] == {"ranks": [0, 1], "world_size": 2, "num_workers": 1,
+                            "shuffle": False, "seed": 0, "epoch": 0}
+    assert doc["namespace"] == cache.namespace_dir(vol) and doc["cache_dir"] == cache.root
+    assert warm.to_json()["slice"] is None and warm.to_json()["refused"] == []
+    _same_shape(_documented("status"), cache.status().to_json())
+    Path(cache.lookup(vol, m.entries[0]) or "").write_bytes(b"\0" * 100)
+    (src / "f1.bin").write_bytes(blob("new", 120))
+    verify = cache.verify(vol, checksum=True)
+    _same_shape(_documented("verify"), verify.to_json())
+    _same_shape(_documented("prune"), cache.prune(300).to_json())
+    _same_shape(_documented("clear"), cache.clear().to_json())

@@ -293,3 +293,57 @@ def test_progress_bar_shows_files_and_bytes(src: Path) -> None:
         report = LocalCache().warm(m.volume(), m.entries, callback=RichWarmProgress(bar))
     text = buffer.getvalue()
     assert report.fetched == 10 and "10/10 files" in text and "1.0 kB" in text
+
+
+def test_rerun_progress_counts_files_already_cached(src: Path) -> None:
+    """Files found valid up front are items done too: a rerun ends at 10/10."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ucstage.cache import LocalCache
+    from ucstage.cli.cache import RichWarmProgress, progress_bar
+    from ucstage.manifest import snapshot
+
+    m = snapshot(str(src))
+    LocalCache().warm(m.volume(), m.entries)
+    buffer = StringIO()
+    with progress_bar(True, Console(file=buffer, force_terminal=True, width=150)) as bar:
+        report = LocalCache().warm(m.volume(), m.entries, callback=RichWarmProgress(bar))
+    assert report.already_cached == 10 and "10/10 files" in buffer.getvalue()
+
+
+def test_verify_without_source_lists_every_source(src: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.bin").write_bytes(b"x" * 50)
+    run("cache", "warm", str(src), "--json")
+    run("cache", "warm", str(other), "--json")
+    data = run("cache", "verify", "--json")
+    assert sorted(s["source"] for s in data["sources"]) == sorted([str(src), str(other)])
+    assert data["clean"] and [s["checked"] for s in data["sources"]] in ([10, 1], [1, 10])
+    from ucstage.cache import LocalCache
+
+    assert data == LocalCache().verify().to_json()  # the CLI only renders the library's document
+    human = run("cache", "verify")
+    assert f"{other}: 1 checked, 1 ok" in human and f"{src}: 10 checked, 10 ok" in human
+
+
+def test_library_errors_are_shown_as_this_commands_flags(src: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library says max_bytes; the CLI's one mapper says --max-bytes."""
+    from ucstage.cache import LocalCache
+    from ucstage.errors import CacheError
+
+    with pytest.raises(CacheError, match=r"^max_bytes must be 0 or more, got -1$"):
+        LocalCache().prune(-1)
+    # The size parser refuses "-1" before the library sees it; let it through
+    # to check the library's message on its way out of the CLI.
+    monkeypatch.setattr("ucstage.cli.cache.parse_size", int)
+    result = CliRunner().invoke(cli, ["cache", "prune", "--max-bytes", "-1"])
+    assert result.exit_code == 2
+    assert "error: --max-bytes must be 0 or more, got -1" in result.output
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "500"])
+    assert result.exit_code == 1, result.output
+    assert "more than the cache cap" in result.output
+    assert "hint: raise --max-bytes, or warm fewer files (--include, --rank)" in result.output

@@ -1,9 +1,9 @@
 """The local cache: a private, path-mirrored copy of source files on local disk.
 
 ``local`` holds :class:`LocalCache` (lookup, fetch, warm), ``space`` the
-on-disk state it shares with ``maintenance`` (status, verify, clear, prune),
-``reports`` what they return; ``layout``, ``copy`` and ``locks`` are the
-pieces below. See docs/cache.md and docs/design.md.
+on-disk state (:class:`CacheSpace`) it shares with ``maintenance`` (status,
+verify, clear, prune), ``reports`` what they return; ``layout``, ``copy`` and
+``locks`` are the pieces below. See docs/cache.md and docs/design.md.
 """
 
 from .layout import CACHE_DIR_ENV
@@ -13,21 +13,25 @@ from .reports import (
     ClearReport,
     NamespaceStatus,
     PruneReport,
+    RankSlice,
+    SourceCheck,
     VerifyReport,
-    WarmCallback,
     WarmReport,
 )
+from .space import CacheSpace
 
 __all__ = [
     "CACHE_DIR_ENV",
     "MAX_BYTES_ENV",
+    "CacheSpace",
     "CacheStatus",
     "ClearReport",
     "LocalCache",
     "NamespaceStatus",
     "PruneReport",
+    "RankSlice",
+    "SourceCheck",
     "VerifyReport",
-    "WarmCallback",
     "WarmReport",
     "rank_entries",
 ]

@@ -15,73 +15,44 @@ How it works is documented in docs/cache.md. In short:
   its preallocated temp file under the ledger lock, so usage, copies in
   flight included, stays within the cap.
 
-This module holds the hot path (lookup, fetch, warm). The ledger, the tree
-walk and eviction live in :mod:`ucstage.cache.space`; status, verify, clear
-and prune in :mod:`ucstage.cache.maintenance`. ``LocalCache`` keeps every method
-and delegates to them.
+This module holds the hot path (lookup, fetch, warm). The on-disk state it
+shares with the maintenance commands (the ledger, the stamp memo, the tree
+walk, eviction, the namespace records) is a :class:`ucstage.cache.space.CacheSpace`;
+status, verify, clear and prune are in :mod:`ucstage.cache.maintenance`.
+``LocalCache`` keeps every method and delegates to them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
 import os
 import random
-import threading
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from datetime import datetime, timezone
 
 from ..errors import CacheError, CacheFull, FetchFailed, UcstageError, UnsafePath
+from ..progress import NO_PROGRESS, Callback
 from ..sharding import effective_workers, read_order, slot_files
 from ..units import format_bytes, parse_size
 from ..volumes import FileEntry, Volume, safe_relpath
 from . import layout as cd
 from . import maintenance as maint
-from . import space as space
 from .copy import copy_to
-from .locks import FileLock, stripe_path
-from .reports import (
-    CacheStatus,
-    ClearReport,
-    NamespaceStatus,
-    PruneReport,
-    VerifyReport,
-    WarmCallback,
-    WarmReport,
-    _Cached,
-    _Ledger,
-)
-from .space import free_bytes, unlink_if_exists
+from .locks import FileLock
+from .reports import CacheStatus, ClearReport, PruneReport, VerifyReport, WarmReport
+from .space import CacheSpace, free_bytes, no_room
 
-__all__ = [
-    "CACHE_DIR_ENV",
-    "MAX_BYTES_ENV",
-    "CacheStatus",
-    "ClearReport",
-    "LocalCache",
-    "NamespaceStatus",
-    "PruneReport",
-    "VerifyReport",
-    "WarmCallback",
-    "WarmReport",
-    "rank_entries",
-]
+__all__ = ["CACHE_DIR_ENV", "MAX_BYTES_ENV", "WARM_FEWER", "LocalCache", "rank_entries"]
 
 CACHE_DIR_ENV = cd.CACHE_DIR_ENV
 MAX_BYTES_ENV = "UCSTAGE_CACHE_MAX_BYTES"
 _TOUCH_NS = 1_000_000_000
 """Hand-outs refresh a file's atime at most once a second: the LRU clock has
 one-second resolution, and hot lookups cost one stat, not a stat and a write."""
-_LOW_WATER = 0.95
-"""Eviction goes down to 95% of the cap so a full cache does not walk its
-tree on every fetch."""
-_MEMO_MAX = 1 << 18
-"""Stamps remembered per process; past this the memo starts over (bounded memory
-in every DataLoader worker, at the cost of one xattr read per file)."""
+WARM_FEWER = "warm fewer files"
+"""How a :exc:`CacheFull` hint of :meth:`LocalCache.warm` ends when warming
+fewer files would help; the library cannot name the CLI flags that choose
+them, so the CLI adds them."""
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
 
@@ -131,52 +102,22 @@ class LocalCache:
         self.lease_ns = int(lease_seconds * 1e9)
         self.retries = retries
         self.backoff = backoff
-        self._control = os.path.join(self.root, cd.CONTROL)
-        self._ns_dirs: dict[str, str] = {}
-        self._prepared: set[str] = set()
-        # path -> (ino, ctime_ns, stamped size, stamped version): lets a hot
-        # lookup skip the xattr read; any rewrite changes ino or ctime.
-        self._memo: dict[str, tuple[int, int, int, str]] = {}
-        self._lock = threading.Lock()
+        self.space = CacheSpace(self.root)
+        """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
+        # The last volume looked up and its namespace prefix: one attribute,
+        # replaced whole, so threads never see half of it.
         self._last: tuple[Volume, str] | None = None
 
     # -- layout -----------------------------------------------------------
 
     def namespace_dir(self, volume: Volume) -> str:
         """``<root>/<namespace>`` for a source (not created; see :meth:`prepare`)."""
-        url = volume.url
-        path = self._ns_dirs.get(url)
-        if path is None:
-            path = self._ns_dirs[url] = os.path.join(self.root, cd.namespace_name(url))
-        return path
-
-    def _lock_dir(self, ns_dir: str) -> str:
-        return space.lock_dir(self._control, ns_dir)
+        return self.space.namespace_dir(volume.url)
 
     def prepare(self, volume: Volume) -> str:
         """Create the namespace folder and record which source it holds; return it."""
-        ns_dir = self.namespace_dir(volume)
-        if ns_dir in self._prepared:
-            return ns_dir
-        os.makedirs(ns_dir, mode=0o700, exist_ok=True)
-        os.makedirs(self._lock_dir(ns_dir), mode=0o700, exist_ok=True)
-        record = os.path.join(self._control, "namespaces", os.path.basename(ns_dir) + ".json")
-        if not os.path.exists(record):
-            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
-            tmp = f"{record}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"namespace": os.path.basename(ns_dir), "url": volume.url,
-                           "source": volume.source,
-                           "created": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-                          fh)
-            os.replace(tmp, record)
-        self._prepared.add(ns_dir)
-        return ns_dir
-
-    def _namespaces(self, volume: Volume | None) -> list[str]:
-        if volume is not None:
-            return [self.namespace_dir(volume)]
-        return space.namespace_dirs(self.root)
+        return self.space.prepare(self.namespace_dir(volume), url=volume.url,
+                                  source=volume.source)
 
     # -- the hot path -------------------------------------------------------
 
@@ -198,16 +139,9 @@ class LocalCache:
             st = os.stat(local)
         except OSError:
             return None
-        memo = self._memo.get(local)
-        if memo is None or memo[0] != st.st_ino or memo[1] != st.st_ctime_ns:
-            stamp = cd.read_stamp(local)
-            if stamp is None:
-                return None
-            memo = (st.st_ino, st.st_ctime_ns, stamp[0], stamp[1])
-            if len(self._memo) >= _MEMO_MAX:
-                self._memo.clear()
-            self._memo[local] = memo
-        if memo[2] != entry.size or memo[3] != entry.version or st.st_size != entry.size:
+        stamp = self.space.stamp(local, st)
+        if stamp is None or stamp[0] != entry.size or stamp[1] != entry.version \
+                or st.st_size != entry.size:
             return None
         now = time.time_ns()
         if now - st.st_atime_ns > _TOUCH_NS:
@@ -256,16 +190,21 @@ class LocalCache:
             raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
         ns_dir = self.prepare(volume)
         local = os.path.join(ns_dir, *rel.split("/"))
-        lock_path = stripe_path(self._lock_dir(ns_dir), rel)
-        with FileLock(lock_path):
+        space = self.space
+        lock = space.entry_lock(ns_dir, rel)
+        with FileLock(lock):
             hit = self.lookup(volume, entry)
             if hit is not None:
                 return hit, False
-            folder = os.path.dirname(local)
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            stripe = int(os.path.basename(lock_path)[:4])
-            tmp = os.path.join(folder, cd.part_name(stripe, os.path.basename(local)))
-            fd, reserved = self._reserve(tmp, entry.size, rel, ns_dir)
+            os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
+            tmp = space.temp_path(local, lock)
+            try:
+                fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
+                                             lease_ns=self.lease_ns, name=rel)
+            except OSError as exc:
+                if no_room(exc):
+                    raise self._disk_full(ns_dir, rel, entry.size) from exc
+                raise
             try:
                 try:
                     copied = copy_to(volume, rel, fd)
@@ -274,24 +213,10 @@ class LocalCache:
                 cd.write_stamp(tmp, copied.size, copied.version or entry.version)
                 now = time.time_ns()
                 os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
-                with self._ledger() as ledger:
-                    # Renames happen under the ledger lock, so an eviction walk
-                    # never runs while a file changes its name (readdir could
-                    # miss it under both names).
-                    try:
-                        old = os.stat(local).st_size
-                    except FileNotFoundError:
-                        old = 0
-                    os.replace(tmp, local)
-                    ledger.write(ledger.read() + copied.size - old - reserved)
+                space.commit(tmp, local, copied.size, reserved)
             except BaseException as exc:
-                if reserved:
-                    with self._ledger() as ledger:
-                        unlink_if_exists(tmp)
-                        ledger.write(ledger.read() - reserved)
-                else:
-                    unlink_if_exists(tmp)
-                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                space.abandon(tmp, reserved)
+                if no_room(exc):
                     raise self._disk_full(ns_dir, rel, entry.size) from exc
                 raise
         return local, True
@@ -303,23 +228,32 @@ class LocalCache:
             hint=f"free space or point {CACHE_DIR_ENV} at a larger disk")
 
     def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int = 8,
-             callback: WarmCallback | None = None) -> WarmReport:
+             callback: Callback = NO_PROGRESS) -> WarmReport:
         """Copy every entry not already valid, ``jobs`` at a time (threads).
 
         Files that still fail after retries are listed in the report's
         ``failed``; the rest are cached. Stale temp files of killed runs are
         removed first.
 
+        ``callback`` (a :class:`ucstage.progress.Callback`, called from worker
+        threads) hears, once the files are known to fit,
+        ``set_size(total bytes, items=total files)``, then
+        ``relative_update(nbytes)`` as bytes become valid in the cache (all
+        the already valid ones at once first), and ``item_done(path, status,
+        error)`` once per file with status ``fetched``, ``cached`` or ``failed``.
+
         Raises:
             CacheFull: the files cannot fit on the disk or under the cap; checked
                 before copying, and again if the disk fills up meanwhile.
         """
-        cb = callback or WarmCallback()
+        cb = callback if callback is not None else NO_PROGRESS
         start = time.monotonic()
         ns_dir = self.prepare(volume)
-        self._sweep(ns_dir)
-        report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries))
+        self.space.sweep(ns_dir)
+        report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
+                            source=volume.source, cache_dir=self.root, namespace=ns_dir)
         todo: list[FileEntry] = []
+        valid: list[str] = []
         for e in entries:
             try:
                 hit = self.lookup(volume, e)
@@ -329,11 +263,16 @@ class LocalCache:
             if hit is None:
                 todo.append(e)
             else:
+                valid.append(e.path)
                 report.already_cached += 1
                 report.already_cached_bytes += e.size
         self._check_room(ns_dir, todo, report.bytes)
-        cb.set_size(report.files, report.bytes)
+        cb.set_size(report.bytes, items=report.files)
         cb.relative_update(report.already_cached_bytes)
+        for path in valid:
+            cb.item_done(path, "cached")
+        for path, reason in report.failed:
+            cb.item_done(path, "failed", reason)
         with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ucstage-warm") as pool:
             futures: dict[Future[tuple[str, bool]], FileEntry] = {
                 pool.submit(self._fetch_retrying, volume, e): e for e in todo}
@@ -349,7 +288,7 @@ class LocalCache:
                                     exc.hint) from exc
                 except UcstageError as exc:
                     report.failed.append((e.path, str(exc)))
-                    cb.file_done(e.path, "failed", str(exc))
+                    cb.item_done(e.path, "failed", str(exc))
                     continue
                 if fetched:
                     report.fetched += 1
@@ -358,7 +297,7 @@ class LocalCache:
                     report.already_cached += 1
                     report.already_cached_bytes += e.size
                 cb.relative_update(e.size)
-                cb.file_done(e.path, "fetched" if fetched else "cached")
+                cb.item_done(e.path, "fetched" if fetched else "cached")
         report.seconds = time.monotonic() - start
         return report
 
@@ -369,91 +308,26 @@ class LocalCache:
             raise CacheFull(
                 f"not enough space in the cache folder {ns_dir}: {len(todo):,} files need "
                 f"{format_bytes(need)}, {format_bytes(free)} free",
-                hint=f"free space, point {CACHE_DIR_ENV} at a larger disk, or warm fewer "
-                     "files (--include, --rank)")
+                hint=f"free space, point {CACHE_DIR_ENV} at a larger disk, or {WARM_FEWER}")
         if self.max_bytes is not None and total > self.max_bytes:
             raise CacheFull(
                 f"these files total {format_bytes(total)}, more than the cache cap "
                 f"{format_bytes(self.max_bytes)}",
-                hint="raise --max-bytes, or warm fewer files (--include, --rank)")
+                hint=f"raise max_bytes, or {WARM_FEWER}")
 
-    # -- byte ledger and eviction (bodies in _cachespace) ---------------------
-
-    def _ledger(self) -> contextlib.AbstractContextManager[_Ledger]:
-        """The byte ledger, locked (one file is both the lock and the value)."""
-        return space.ledger(self.root, self._control)
-
-    def _walk(self, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
-        return space.walk(self._control, ns_dirs)
-
-    def _reserve(self, tmp: str, need: int, rel: str, ns_dir: str) -> tuple[int, int]:
-        """Create ``tmp`` preallocated to ``need`` bytes; under a cap, evict
-        first if needed and count it in the ledger. Return the open descriptor
-        and the bytes reserved in the ledger.
-
-        Under a cap this happens under the ledger lock: a reservation *is* its
-        temp file, so every eviction walk sees the bytes in flight in every
-        process, and usage (temp files included) stays within the cap. Without
-        a cap there is nothing to reserve (a capped process's walk still counts
-        the temp file, at worst twice: on the safe side).
-        """
-        cap = self.max_bytes
-        if cap is None:
-            return self._create_tmp(tmp, need, rel, ns_dir), 0
-        if need > cap:
-            raise CacheFull(f"{rel} is {format_bytes(need)}, larger than the whole cache cap "
-                            f"{format_bytes(cap)}", hint="raise --max-bytes / max_bytes")
-        with self._ledger() as ledger:
-            used = ledger.read()
-            if used + need > cap:
-                low = int(cap * _LOW_WATER) - need
-                used = self._evict_lru(ledger, low if low >= 0 else cap - need)
-                if used + need > cap:
-                    raise CacheFull(
-                        f"the cache cap {format_bytes(cap)} is full of files handed to readers "
-                        f"in the last {self.lease_ns / 1e9:g} s ({format_bytes(used)} cached); "
-                        f"{rel} needs {format_bytes(need)}",
-                        hint="raise --max-bytes, or read fewer files at once")
-            fd = self._create_tmp(tmp, need, rel, ns_dir)
-            ledger.write(used + need)
-        return fd, need
-
-    def _create_tmp(self, tmp: str, need: int, rel: str, ns_dir: str) -> int:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            # Preallocating makes a full disk fail here, before any byte is copied.
-            if need:
-                os.posix_fallocate(fd, 0, need)
-        except BaseException as exc:
-            os.close(fd)
-            unlink_if_exists(tmp)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise self._disk_full(ns_dir, rel, need) from exc
-            raise
-        return fd
-
-    def _evict_lru(self, ledger: _Ledger, target: int) -> int:
-        """Evict least recently used, unleased files until usage <= target.
-
-        Call with the ledger lock held. Returns the usage after, and resets
-        the ledger to it (the walk is the truth).
-        """
-        return space.evict_lru(ledger, target, root=self.root, control=self._control,
-                               lease_ns=self.lease_ns, memo=self._memo)
-
-    def _sweep(self, ns_dir: str) -> int:
-        """Remove temp files left by killed runs (nobody holds their stripe)."""
-        return space.sweep(self._control, ns_dir)
-
-    # -- maintenance (bodies in _cachemaint) --------------------------------------
+    # -- maintenance (bodies in ucstage.cache.maintenance) --------------------
 
     def status(self, volume: Volume | None = None) -> CacheStatus:
         """Entries and bytes per namespace (one source, or all), cap and free disk."""
-        return maint.status(self, volume)
+        return maint.status(self.space, volume, max_bytes=self.max_bytes)
 
-    def verify(self, volume: Volume, entries: Sequence[FileEntry] | None = None, *,
-               checksum: bool = False) -> VerifyReport:
+    def verify(self, volume: Volume | None = None, entries: Sequence[FileEntry] | None = None,
+               *, checksum: bool = False) -> VerifyReport:
         """Check cached copies of ``entries`` (default: a fresh listing) against the source.
+
+        Without ``volume``, every source the cache holds is checked against a
+        fresh listing of it (found through the record each namespace keeps of
+        its source), one :class:`~ucstage.cache.reports.SourceCheck` per source.
 
         Stale: the source's size or version changed since the copy. Corrupt:
         no stamp, a size on disk that differs from the stamp, or (with
@@ -461,13 +335,17 @@ class LocalCache:
         deleted (listed in ``removed``) so they are never handed out again and
         the next fetch or warm copies them afresh. Files not cached count as
         missing, which is not an error.
+
+        Raises:
+            SourceNotFound: a cached source (without ``volume``) no longer exists.
+            InvalidArgument: ``entries`` without ``volume``.
         """
-        return maint.verify(self, volume, entries, checksum)
+        return maint.verify(self.space, volume, entries, checksum=checksum)
 
     def clear(self, volume: Volume | None = None) -> ClearReport:
         """Remove one source's namespace, or every namespace. Files already open
         stay readable to whoever opened them (POSIX unlink semantics)."""
-        return maint.clear(self, volume)
+        return maint.clear(self.space, volume)
 
     def prune(self, max_bytes: int) -> PruneReport:
         """Evict least recently used files until the cache holds at most ``max_bytes``.
@@ -475,7 +353,7 @@ class LocalCache:
         Files handed to a reader within the lease stay; the report says how
         many bytes that kept.
         """
-        return maint.prune(self, max_bytes)
+        return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
 
 
 def _reason(exc: BaseException) -> str:

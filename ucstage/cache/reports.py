@@ -1,41 +1,50 @@
-"""The cache's data types: progress callback, reports, and internal records.
+"""What the cache's operations return: one report type per operation.
 
-Kept apart from :mod:`ucstage.cache.local` so the cache module holds behaviour only.
-They are re-exported from there; import them from ``ucstage.cache.local``.
+Kept apart from behaviour so :mod:`ucstage.cache.local` and
+:mod:`ucstage.cache.maintenance` both import them directly. Each report's
+``to_json()`` builds the document ``ucstage cache <command> --json`` prints,
+with the keys, types and nesting docs/json-cache.md documents.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "CacheStatus",
     "ClearReport",
     "NamespaceStatus",
     "PruneReport",
+    "RankSlice",
+    "SourceCheck",
     "VerifyReport",
-    "WarmCallback",
     "WarmReport",
 ]
 
 
-class WarmCallback:
-    """Progress of :meth:`LocalCache.warm`; every method is a no-op here.
+def _pairs(items: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"path": p, "reason": r} for p, r in items]
 
-    Subclass and override (the CLI plugs in a rich progress bar). Methods are
-    called from worker threads.
-    """
 
-    def set_size(self, files: int, nbytes: int) -> None:
-        """Called once: how many files and bytes the warm covers."""
+@dataclass(frozen=True)
+class RankSlice:
+    """The ranks a warm covered and the job shape that chose their files
+    (the arguments :func:`ucstage.cache.rank_entries` was called with)."""
 
-    def relative_update(self, nbytes: int) -> None:
-        """``nbytes`` more of the total are now in the cache (copied or already valid)."""
+    ranks: list[int]
+    world_size: int
+    num_workers: int
+    shuffle: bool = False
+    seed: int = 0
+    epoch: int = 0
 
-    def file_done(self, path: str, status: str, error: str = "") -> None:
-        """One file finished: ``status`` is ``fetched``, ``cached`` or ``failed``."""
+    def to_json(self) -> dict[str, Any]:
+        """The ``slice`` object of docs/json-cache.md#warm."""
+        return {"ranks": list(self.ranks), "world_size": self.world_size,
+                "num_workers": self.num_workers, "shuffle": self.shuffle, "seed": self.seed,
+                "epoch": self.epoch}
 
 
 @dataclass
@@ -50,10 +59,49 @@ class WarmReport:
     already_cached_bytes: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    source: str = ""
+    """The volume's source as given."""
+    cache_dir: str = ""
+    """The cache root."""
+    namespace: str = ""
+    """The folder holding this source's files."""
+
+    @property
+    def mb_per_s(self) -> float:
+        """Copy rate of the fetched bytes, in MB/s (0 when no time passed)."""
+        return round(self.fetched_bytes / 1e6 / self.seconds, 2) if self.seconds else 0
+
+    def to_json(self, *, rank_slice: RankSlice | None = None,
+                refused: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        """The document of ``cache warm --json``.
+
+        Args:
+            rank_slice: the ranks the entries were chosen for, if they were.
+            refused: unsafe entries the listing left out, with the reason
+                (:attr:`ucstage.manifest.Manifest.refused`).
+        """
+        return {
+            "source": self.source,
+            "cache_dir": self.cache_dir,
+            "namespace": self.namespace,
+            "slice": rank_slice.to_json() if rank_slice is not None else None,
+            "files": self.files,
+            "bytes": self.bytes,
+            "fetched": self.fetched,
+            "fetched_bytes": self.fetched_bytes,
+            "already_cached": self.already_cached,
+            "already_cached_bytes": self.already_cached_bytes,
+            "failed": _pairs(self.failed),
+            "refused": _pairs(refused),
+            "seconds": round(self.seconds, 3),
+            "mb_per_s": self.mb_per_s,
+        }
 
 
 @dataclass
 class NamespaceStatus:
+    """One cached source in a :class:`CacheStatus`."""
+
     namespace: str
     source: str
     """The source as it was given (``/Volumes/...``, a URL, a folder)."""
@@ -64,9 +112,17 @@ class NamespaceStatus:
     bytes: int
     partial_files: int
 
+    def to_json(self) -> dict[str, Any]:
+        """One object of the ``namespaces`` list of docs/json-cache.md#status."""
+        return {"namespace": self.namespace, "source": self.source, "url": self.url,
+                "path": self.path, "entries": self.entries, "bytes": self.bytes,
+                "partial_files": self.partial_files}
+
 
 @dataclass
 class CacheStatus:
+    """What the cache holds (docs/json-cache.md#status)."""
+
     root: str
     entries: int
     bytes: int
@@ -74,9 +130,19 @@ class CacheStatus:
     free_bytes: int
     namespaces: list[NamespaceStatus]
 
+    def to_json(self) -> dict[str, Any]:
+        """The document of ``cache status --json``."""
+        return {"cache_dir": self.root, "entries": self.entries, "bytes": self.bytes,
+                "max_bytes": self.max_bytes, "free_bytes": self.free_bytes,
+                "namespaces": [n.to_json() for n in self.namespaces]}
+
 
 @dataclass
-class VerifyReport:
+class SourceCheck:
+    """What verify found for one source."""
+
+    source: str = ""
+    """The source as given (for every cached source: as given when first cached)."""
     checked: int = 0
     ok: int = 0
     missing: int = 0
@@ -90,16 +156,84 @@ class VerifyReport:
     def clean(self) -> bool:
         return not self.stale and not self.corrupt
 
+    def to_json(self) -> dict[str, Any]:
+        """One object of the ``sources`` list of docs/json-cache.md#verify."""
+        return {"source": self.source, "checked": self.checked, "ok": self.ok,
+                "missing": self.missing, "stale": _pairs(self.stale),
+                "corrupt": _pairs(self.corrupt),
+                "removed_partial_files": self.removed_partial_files,
+                "removed": list(self.removed)}
+
+
+@dataclass
+class VerifyReport:
+    """What verify found, one :class:`SourceCheck` per source checked
+    (docs/json-cache.md#verify).
+
+    The counts and lists below add up every source; with one source they are
+    that source's.
+    """
+
+    sources: list[SourceCheck] = field(default_factory=list)
+    checksum: bool = False
+    """Whether bytes were compared with the source's (SHA-256)."""
+
+    @property
+    def clean(self) -> bool:
+        """Nothing stale and nothing corrupt, in any source."""
+        return all(s.clean for s in self.sources)
+
+    @property
+    def checked(self) -> int:
+        return sum(s.checked for s in self.sources)
+
+    @property
+    def ok(self) -> int:
+        return sum(s.ok for s in self.sources)
+
+    @property
+    def missing(self) -> int:
+        return sum(s.missing for s in self.sources)
+
+    @property
+    def stale(self) -> list[tuple[str, str]]:
+        return [x for s in self.sources for x in s.stale]
+
+    @property
+    def corrupt(self) -> list[tuple[str, str]]:
+        return [x for s in self.sources for x in s.corrupt]
+
+    @property
+    def removed_partial_files(self) -> int:
+        return sum(s.removed_partial_files for s in self.sources)
+
+    @property
+    def removed(self) -> list[str]:
+        return [x for s in self.sources for x in s.removed]
+
+    def to_json(self) -> dict[str, Any]:
+        """The document of ``cache verify --json``."""
+        return {"clean": self.clean, "checksum": self.checksum,
+                "sources": [s.to_json() for s in self.sources]}
+
 
 @dataclass
 class ClearReport:
+    """What clear removed (docs/json-cache.md#clear)."""
+
     namespaces: list[str]
     files: int
     bytes: int
 
+    def to_json(self) -> dict[str, Any]:
+        """The document of ``cache clear --json``."""
+        return {"namespaces": list(self.namespaces), "files": self.files, "bytes": self.bytes}
+
 
 @dataclass
 class PruneReport:
+    """What prune evicted (docs/json-cache.md#prune)."""
+
     max_bytes: int
     bytes_before: int
     bytes_after: int
@@ -108,34 +242,8 @@ class PruneReport:
     bytes_in_use: int
     """Bytes that stayed because they were handed to a reader within the lease."""
 
-
-@dataclass(frozen=True)
-class _Cached:
-    atime_ns: int
-    size: int
-    path: str
-    lock: str
-    partial: bool = False
-    """A copy in flight (or left by a killed run): counted, never evicted."""
-
-
-class _Ledger:
-    """Bytes the cache holds (plus reservations), as a fixed-width number in
-    one small file. Rewritten in place: that needs no new disk block (it must
-    work on a full disk), and a torn write fails to parse, which makes the next
-    reader recount from the tree."""
-
-    def __init__(self, fd: int, recount: Callable[[], int]) -> None:
-        self.fd = fd
-        self.recount = recount
-
-    def read(self) -> int:
-        try:
-            return int(os.pread(self.fd, 64, 0).decode("ascii").strip())
-        except (OSError, ValueError, UnicodeDecodeError):
-            total = self.recount()
-            self.write(total)
-            return total
-
-    def write(self, value: int) -> None:
-        os.pwrite(self.fd, b"%20d\n" % max(0, value), 0)
+    def to_json(self) -> dict[str, Any]:
+        """The document of ``cache prune --json``."""
+        return {"max_bytes": self.max_bytes, "bytes_before": self.bytes_before,
+                "bytes_after": self.bytes_after, "files_removed": self.files_removed,
+                "bytes_removed": self.bytes_removed, "bytes_in_use": self.bytes_in_use}

@@ -1,91 +1,429 @@
-"""Disk accounting of a cache folder: the byte ledger, LRU eviction, sweeping.
+"""The cache folder's on-disk state, owned by one object: :class:`CacheSpace`.
 
-Everything here works on the folder layout of :mod:`ucstage.cache.layout`
-(``root`` and its control folder), not on a :class:`ucstage.cache.LocalCache`,
-so the fetch path and the maintenance commands share one implementation.
-Locks are the stripes of :mod:`ucstage.cache.locks`: a cached file or temp file
-whose stripe is held is being written right now and is left alone.
+The byte ledger, the tree walk, eviction, sweeping of dead temp files, the
+namespace records, the trash folder, and the per-process memo of validity
+stamps all live here. :class:`ucstage.cache.local.LocalCache` (the fetch path)
+and :mod:`ucstage.cache.maintenance` (status, verify, clear, prune) both call
+it through its public methods only. The layout it works on is
+:mod:`ucstage.cache.layout`'s; its locks are the stripes of
+:mod:`ucstage.cache.locks`: a cached file or temp file whose stripe is held is
+being written right now and is left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import json
 import os
 import shutil
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import NamedTuple
 
+from ..atomic import write_atomic
+from ..errors import CacheFull
+from ..units import format_bytes
 from . import layout as cd
 from .locks import FileLock, stripe_path
-from .reports import _Cached, _Ledger
 
-__all__ = [
-    "evict_lru",
-    "free_bytes",
-    "ledger",
-    "lock_dir",
-    "namespace_dirs",
-    "sweep",
-    "trash_name",
-    "unlink_if_exists",
-    "walk",
-]
+__all__ = ["CacheSpace", "Eviction", "Tally", "free_bytes", "no_room", "unlink_if_exists"]
+
+_LOW_WATER = 0.95
+"""Eviction goes down to 95% of the cap so a full cache does not walk its
+tree on every fetch."""
+_MEMO_MAX = 1 << 18
+"""Stamps remembered per process; past this the memo starts over (bounded memory
+in every DataLoader worker, at the cost of one xattr read per file)."""
 
 
-def lock_dir(control: str, ns_dir: str) -> str:
-    """The folder of lock stripes for one namespace."""
-    return os.path.join(control, "locks", os.path.basename(ns_dir))
+class Tally(NamedTuple):
+    """What a walk of some namespaces found."""
+
+    files: int
+    """Cached files (temp files not included)."""
+    bytes: int
+    """Bytes of those files."""
+    partial_files: int
+    """Temp files: copies in flight, or left by killed runs."""
+    partial_bytes: int
 
 
-def _part_lock(ns_lock_dir: str, stripe: int) -> str:
-    """The stripe lock a temp file's name points at (see :func:`_cachedir.part_name`)."""
-    return os.path.join(ns_lock_dir, f"{stripe:04d}.lock")
+class Eviction(NamedTuple):
+    """What :meth:`CacheSpace.evict_to` did, in the terms of a prune report."""
+
+    bytes_before: int
+    bytes_after: int
+    files_removed: int
+    bytes_removed: int
+    bytes_in_use: int
+    """Bytes kept because they were handed to a reader within the lease."""
 
 
-def namespace_dirs(root: str) -> list[str]:
-    """Every namespace folder under ``root``, by name (the control folder is hidden)."""
-    return [e.path for e in sorted(os.scandir(root), key=lambda e: e.name)
-            if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+@dataclass(frozen=True)
+class _Cached:
+    atime_ns: int
+    size: int
+    path: str
+    lock: str
+    partial: bool = False
+    """A copy in flight (or left by a killed run): counted, never evicted."""
 
 
-def trash_name(control: str) -> str:
-    """A fresh path in the trash folder: renaming there makes a file or folder
-    disappear at once (same filesystem) before it is deleted."""
-    trash = os.path.join(control, "trash")
-    os.makedirs(trash, mode=0o700, exist_ok=True)
-    return os.path.join(trash, uuid.uuid4().hex)
+class _Ledger:
+    """Bytes the cache holds (plus reservations), as a fixed-width number in
+    one small file. Rewritten in place: that needs no new disk block (it must
+    work on a full disk), and a torn write fails to parse, which makes the next
+    reader recount from the tree."""
+
+    def __init__(self, fd: int, recount: Callable[[], int]) -> None:
+        self.fd = fd
+        self.recount = recount
+
+    def read(self) -> int:
+        try:
+            return int(os.pread(self.fd, 64, 0).decode("ascii").strip())
+        except (OSError, ValueError, UnicodeDecodeError):
+            total = self.recount()
+            self.write(total)
+            return total
+
+    def write(self, value: int) -> None:
+        os.pwrite(self.fd, b"%20d\n" % max(0, value), 0)
 
 
-@contextlib.contextmanager
-def ledger(root: str, control: str) -> Iterator[_Ledger]:
-    """The byte ledger, locked (one file is both the lock and the value)."""
-    fd = os.open(os.path.join(control, "usage"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield _Ledger(fd, lambda: sum(c.size for c in walk(control, namespace_dirs(root))))
-    finally:
-        os.close(fd)
+class CacheSpace:
+    """The on-disk state of one cache root, and this process's memory of it.
 
+    Two locks, two scopes:
 
-def walk(control: str, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
-    """Every file under ``ns_dirs``, cached or temp, with the lock that guards it."""
-    for ns_dir in ns_dirs:
-        ns_lock_dir = lock_dir(control, ns_dir)
-        stack = [(ns_dir, "")]
-        while stack:
-            folder, prefix = stack.pop()
+    * **The ledger lock** (an ``flock`` on ``.ucstage/usage``, shared by every
+      process) guards the byte count and the tree's names: files are renamed
+      into place, evicted, discarded and walked for counting only while it is
+      held, so a walk never sees a file twice or misses one, and copies in
+      flight (their preallocated temp files) are counted exactly.
+    * **The memo lock** (``_memo_lock``, one per object) guards this process's
+      memory: the stamp memo (path -> inode, ctime and stamp, so a hot lookup
+      skips the xattr read) and which namespaces it has named and prepared.
+      Every write (insert, pop, clear) happens under it; reads take no lock,
+      because a ``dict.get`` or a set membership test is atomic in CPython and
+      a read that races a write is harmless: a memo entry is trusted only
+      while the file's inode and ctime still match, which any rewrite changes.
+      The lock makes compound writes (the bound check, then the insert) whole.
+
+    The memo lock is held only for the dictionary update itself, never while
+    waiting for the ledger lock or doing I/O, so the two never nest.
+
+    Args:
+        root: a cache root already opened by :func:`ucstage.cache.layout.open_root`.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._control = os.path.join(root, cd.CONTROL)
+        self._memo: dict[str, tuple[int, int, tuple[int, str]]] = {}
+        self._ns_dirs: dict[str, str] = {}
+        self._prepared: set[str] = set()
+        self._memo_lock = threading.Lock()
+
+    # -- namespaces ---------------------------------------------------------
+
+    def namespace_dir(self, url: str) -> str:
+        """``<root>/<namespace>`` for a source's resolved URL (not created)."""
+        path = self._ns_dirs.get(url)
+        if path is None:
+            path = os.path.join(self.root, cd.namespace_name(url))
+            with self._memo_lock:
+                self._ns_dirs[url] = path
+        return path
+
+    def namespace_dirs(self) -> list[str]:
+        """Every namespace folder under the root, by name (the control folder is hidden)."""
+        return [e.path for e in sorted(os.scandir(self.root), key=lambda e: e.name)
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+
+    def prepare(self, ns_dir: str, *, url: str, source: str) -> str:
+        """Create a namespace folder and its lock folder, and record which
+        source it holds (once; the record is written atomically). Return it."""
+        if ns_dir in self._prepared:
+            return ns_dir
+        os.makedirs(ns_dir, mode=0o700, exist_ok=True)
+        os.makedirs(self._lock_dir(ns_dir), mode=0o700, exist_ok=True)
+        record = self._record(ns_dir)
+        if not os.path.exists(record):
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            write_atomic(record, json.dumps(
+                {"namespace": os.path.basename(ns_dir), "url": url, "source": source,
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
+        with self._memo_lock:
+            self._prepared.add(ns_dir)
+        return ns_dir
+
+    def sources(self) -> dict[str, tuple[str, str]]:
+        """namespace name -> (source as given, resolved URL), from the records
+        :meth:`prepare` wrote. Unreadable records are skipped."""
+        found: dict[str, tuple[str, str]] = {}
+        folder = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue  # a record being written (write_atomic's hidden temp file)
             try:
-                it = os.scandir(folder)
-            except FileNotFoundError:
+                with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                    record = json.load(fh)
+                found[name[:-5]] = (str(record.get("source") or record["url"]),
+                                    str(record["url"]))
+            except (OSError, ValueError, KeyError, AttributeError):
                 continue
-            with it:
-                for d in it:
-                    if d.is_dir(follow_symlinks=False):
-                        stack.append((d.path, prefix + d.name + "/"))
-                    else:
+        return found
+
+    def remove_namespaces(self, ns_dirs: Sequence[str]) -> list[str]:
+        """Delete these namespaces and their records; return the names removed.
+
+        Each folder is renamed into the trash first, so it disappears at once;
+        files already open stay readable (POSIX unlink). The stamp memo is
+        forgotten and the ledger recounted from what is left.
+        """
+        names = []
+        for ns_dir in ns_dirs:
+            if not os.path.isdir(ns_dir):
+                continue
+            staged = self._trash_name()
+            os.rename(ns_dir, staged)
+            shutil.rmtree(staged, ignore_errors=True)
+            names.append(os.path.basename(ns_dir))
+            with self._memo_lock:
+                self._prepared.discard(ns_dir)
+            unlink_if_exists(self._record(ns_dir))
+        with self._memo_lock:
+            self._memo.clear()
+        with self._ledger() as ledger:
+            ledger.write(sum(c.size for c in self._walk(self.namespace_dirs())))
+        return names
+
+    def remove_frozen_listings(self) -> None:
+        """Delete the listings :class:`ucstage.VolumeDataset` froze under the
+        control folder (``.ucstage/manifests``); they belong to the whole cache."""
+        shutil.rmtree(os.path.join(self._control, "manifests"), ignore_errors=True)
+
+    # -- the stamp memo -------------------------------------------------------
+
+    def stamp(self, path: str, st: os.stat_result) -> tuple[int, str] | None:
+        """The ``(size, version)`` stamped on the cached file ``path``, whose
+        ``stat`` is ``st``; None when it has none. Read once per file and
+        process, then remembered while the inode and ctime stay the same."""
+        memo = self._memo.get(path)
+        if memo is None or memo[0] != st.st_ino or memo[1] != st.st_ctime_ns:
+            found = cd.read_stamp(path)
+            if found is None:
+                return None
+            memo = (st.st_ino, st.st_ctime_ns, found)
+            with self._memo_lock:
+                if len(self._memo) >= _MEMO_MAX:
+                    self._memo.clear()
+                self._memo[path] = memo
+        return memo[2]
+
+    def _forget(self, path: str) -> None:
+        with self._memo_lock:
+            self._memo.pop(path, None)
+
+    # -- copies: lock, reserve, commit ---------------------------------------------
+
+    def entry_lock(self, ns_dir: str, rel: str) -> str:
+        """The lock stripe that guards the entry ``rel`` of a namespace."""
+        return stripe_path(self._lock_dir(ns_dir), rel)
+
+    @staticmethod
+    def temp_path(local: str, entry_lock: str) -> str:
+        """Where a copy of ``local`` is written first: beside it, hidden, and
+        named after the stripe of ``entry_lock`` so a later run can tell whether
+        its writer is still alive."""
+        stripe = int(os.path.basename(entry_lock)[:4])
+        return os.path.join(os.path.dirname(local), cd.part_name(stripe, os.path.basename(local)))
+
+    def reserve(self, tmp: str, need: int, *, max_bytes: int | None, lease_ns: int,
+                name: str) -> tuple[int, int]:
+        """Create ``tmp`` preallocated to ``need`` bytes; under a cap, evict
+        first if needed and count it in the ledger. Return the open descriptor
+        and the bytes reserved in the ledger (0 without a cap).
+
+        Under a cap this happens under the ledger lock: a reservation *is* its
+        temp file, so every eviction walk sees the bytes in flight in every
+        process, and usage (temp files included) stays within the cap. Without
+        a cap there is nothing to reserve (a capped process's walk still counts
+        the temp file, at worst twice: on the safe side).
+
+        Raises:
+            CacheFull: ``need`` does not fit under ``max_bytes`` (``name``
+                says which file in the message).
+            OSError: the temp file cannot be created or preallocated
+                (ENOSPC when the disk is full); nothing is left behind.
+        """
+        if max_bytes is None:
+            return _create_tmp(tmp, need), 0
+        if need > max_bytes:
+            raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
+                            f"{format_bytes(max_bytes)}", hint="raise max_bytes")
+        with self._ledger() as ledger:
+            used = ledger.read()
+            if used + need > max_bytes:
+                low = int(max_bytes * _LOW_WATER) - need
+                used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need, lease_ns)
+                if used + need > max_bytes:
+                    raise CacheFull(
+                        f"the cache cap {format_bytes(max_bytes)} is full of files handed to "
+                        f"readers in the last {lease_ns / 1e9:g} s ({format_bytes(used)} "
+                        f"cached); {name} needs {format_bytes(need)}",
+                        hint="raise max_bytes, or read fewer files at once")
+            fd = _create_tmp(tmp, need)
+            ledger.write(used + need)
+        return fd, need
+
+    def commit(self, tmp: str, local: str, size: int, reserved: int) -> None:
+        """Rename the finished temp file over ``local`` and settle the ledger:
+        ``size`` bytes are now cached there instead of the ``reserved`` ones
+        (and instead of whatever ``local`` held before)."""
+        with self._ledger() as ledger:
+            # Renames happen under the ledger lock, so an eviction walk never
+            # runs while a file changes its name (readdir could miss it under
+            # both names).
+            try:
+                old = os.stat(local).st_size
+            except FileNotFoundError:
+                old = 0
+            os.replace(tmp, local)
+            ledger.write(ledger.read() + size - old - reserved)
+
+    def abandon(self, tmp: str, reserved: int) -> None:
+        """Delete an unfinished temp file and give its reservation back."""
+        if not reserved:
+            unlink_if_exists(tmp)
+            return
+        with self._ledger() as ledger:
+            unlink_if_exists(tmp)
+            ledger.write(ledger.read() - reserved)
+
+    def discard(self, ns_dir: str, rel: str, local: str, seen: os.stat_result) -> bool:
+        """Delete the cached file ``local`` (entry ``rel``) if it is still the
+        one ``seen``; True when it is gone.
+
+        Takes the entry's stripe (no copy of it is running) and the ledger lock
+        (renames happen under it, and the byte count drops with the file).
+        """
+        with FileLock(self.entry_lock(ns_dir, rel)), self._ledger() as ledger:
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                return True
+            if (st.st_ino, st.st_dev) != (seen.st_ino, seen.st_dev):
+                return False  # refetched meanwhile: a new copy, not the one checked
+            used = ledger.read()  # before the rename: a recount must still see the file
+            staged = self._trash_name()
+            os.rename(local, staged)
+            os.unlink(staged)
+            ledger.write(used - st.st_size)
+        self._forget(local)
+        return True
+
+    # -- counting, eviction, sweeping -----------------------------------------------
+
+    def tally(self, ns_dirs: Sequence[str]) -> Tally:
+        """Files and bytes under ``ns_dirs``, cached and temp, counted under the
+        ledger lock (so no file is seen twice or missed mid-rename)."""
+        files = size = partial = partial_size = 0
+        with self._ledger():
+            for c in self._walk(ns_dirs):
+                if c.partial:
+                    partial += 1
+                    partial_size += c.size
+                else:
+                    files += 1
+                    size += c.size
+        return Tally(files, size, partial, partial_size)
+
+    def recorded_bytes(self) -> int:
+        """The byte ledger's value: what the cap counts (recounted from the
+        tree when the ledger is unreadable)."""
+        with self._ledger() as ledger:
+            return ledger.read()
+
+    def evict_to(self, target: int, lease_ns: int) -> Eviction:
+        """Sweep dead temp files, then evict least recently used files that were
+        not handed out within ``lease_ns`` until the cache holds at most
+        ``target`` bytes (or nothing evictable is left)."""
+        with self._ledger() as ledger:
+            for ns_dir in self.namespace_dirs():
+                self.sweep(ns_dir)
+            found = [c for c in self._walk(self.namespace_dirs()) if not c.partial]
+            after = self._evict_lru(ledger, target, lease_ns)
+            remaining = {c.path for c in self._walk(self.namespace_dirs())}
+        removed = [c for c in found if c.path not in remaining]
+        cutoff = time.time_ns() - lease_ns
+        in_use = sum(c.size for c in found if c.path in remaining and c.atime_ns > cutoff)
+        return Eviction(sum(c.size for c in found), after, len(removed),
+                        sum(c.size for c in removed), in_use)
+
+    def sweep(self, ns_dir: str) -> int:
+        """Remove temp files left by killed runs (nobody holds their stripe);
+        return how many."""
+        removed = 0
+        ns_lock_dir = self._lock_dir(ns_dir)
+        for folder, _, names in os.walk(ns_dir):
+            for name in names:
+                stripe = cd.part_stripe(name)
+                if stripe is None:
+                    continue
+                if _sweep_one(os.path.join(folder, name), _part_lock(ns_lock_dir, stripe)):
+                    removed += 1
+        return removed
+
+    # -- internals ------------------------------------------------------------
+
+    def _lock_dir(self, ns_dir: str) -> str:
+        return os.path.join(self._control, "locks", os.path.basename(ns_dir))
+
+    def _record(self, ns_dir: str) -> str:
+        return os.path.join(self._control, "namespaces", os.path.basename(ns_dir) + ".json")
+
+    def _trash_name(self) -> str:
+        """A fresh path in the trash folder: renaming there makes a file or folder
+        disappear at once (same filesystem) before it is deleted."""
+        trash = os.path.join(self._control, "trash")
+        os.makedirs(trash, mode=0o700, exist_ok=True)
+        return os.path.join(trash, uuid.uuid4().hex)
+
+    @contextlib.contextmanager
+    def _ledger(self) -> Iterator[_Ledger]:
+        """The byte ledger, locked (one file is both the lock and the value)."""
+        fd = os.open(os.path.join(self._control, "usage"),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield _Ledger(fd, lambda: sum(c.size for c in self._walk(self.namespace_dirs())))
+        finally:
+            os.close(fd)
+
+    def _walk(self, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
+        """Every file under ``ns_dirs``, cached or temp, with the lock that guards it."""
+        for ns_dir in ns_dirs:
+            ns_lock_dir = self._lock_dir(ns_dir)
+            stack = [(ns_dir, "")]
+            while stack:
+                folder, prefix = stack.pop()
+                try:
+                    it = os.scandir(folder)
+                except FileNotFoundError:
+                    continue
+                with it:
+                    for d in it:
+                        if d.is_dir(follow_symlinks=False):
+                            stack.append((d.path, prefix + d.name + "/"))
+                            continue
                         try:
                             st = d.stat(follow_symlinks=False)
                         except FileNotFoundError:
@@ -96,53 +434,54 @@ def walk(control: str, ns_dirs: Sequence[str]) -> Iterator[_Cached]:
                         yield _Cached(st.st_atime_ns, st.st_size, d.path, lock,
                                       stripe is not None)
 
+    def _evict_lru(self, ledger: _Ledger, target: int, lease_ns: int) -> int:
+        """Evict least recently used, unleased files until usage <= target.
 
-def evict_lru(ledger: _Ledger, target: int, *, root: str, control: str, lease_ns: int,
-              memo: dict[str, tuple[int, int, int, str]]) -> int:
-    """Evict least recently used, unleased files until usage <= target.
+        Call with the ledger lock held. Returns the usage after, and resets
+        the ledger to it (the walk is the truth).
+        """
+        # Copies in flight are their preallocated temp files, created and
+        # renamed only under this lock: the walk counts them exactly. Temp
+        # files of dead runs are deleted on the way (nobody holds their stripe).
+        found = sorted(self._walk(self.namespace_dirs()), key=lambda c: c.atime_ns)
+        used = sum(c.size for c in found)
+        for c in found:
+            if c.partial and _sweep_one(c.path, c.lock):
+                used -= c.size
+        cutoff = time.time_ns() - lease_ns
+        for c in found:
+            if used <= target or c.atime_ns > cutoff:
+                break
+            if not c.partial and self._evict(c):
+                used -= c.size
+        ledger.write(used)
+        return used
 
-    Call with the ledger lock held. Returns the usage after, and resets
-    the ledger to it (the walk is the truth). Evicted paths are dropped from
-    ``memo`` (the cache's stamp memo).
-    """
-    # Copies in flight are their preallocated temp files, created and
-    # renamed only under this lock: the walk counts them exactly. Temp
-    # files of dead runs are deleted on the way (nobody holds their stripe).
-    found = sorted(walk(control, namespace_dirs(root)), key=lambda c: c.atime_ns)
-    used = sum(c.size for c in found)
-    for c in found:
-        if c.partial and _sweep_one(c.path, c.lock):
-            used -= c.size
-    cutoff = time.time_ns() - lease_ns
-    for c in found:
-        if used <= target or c.atime_ns > cutoff:
-            break
-        if not c.partial and _evict(c, control, memo):
-            used -= c.size
-    ledger.write(used)
-    return used
-
-
-def _evict(c: _Cached, control: str, memo: dict[str, tuple[int, int, int, str]]) -> bool:
-    lock = FileLock(c.lock)
-    if not lock.acquire(blocking=False):
-        return False  # being fetched right now
-    try:
-        staged = trash_name(control)
+    def _evict(self, c: _Cached) -> bool:
+        lock = FileLock(c.lock)
+        if not lock.acquire(blocking=False):
+            return False  # being fetched right now
         try:
-            os.rename(c.path, staged)
-        except FileNotFoundError:
-            return True
-        # A reader touches atime before it gets the path; if that happened
-        # after our walk, the file was just handed out: put it back.
-        if os.stat(staged).st_atime_ns != c.atime_ns:
-            os.rename(staged, c.path)
-            return False
-        os.unlink(staged)
-        memo.pop(c.path, None)
+            staged = self._trash_name()
+            try:
+                os.rename(c.path, staged)
+            except FileNotFoundError:
+                return True
+            # A reader touches atime before it gets the path; if that happened
+            # after our walk, the file was just handed out: put it back.
+            if os.stat(staged).st_atime_ns != c.atime_ns:
+                os.rename(staged, c.path)
+                return False
+            os.unlink(staged)
+        finally:
+            lock.release()
+        self._forget(c.path)
         return True
-    finally:
-        lock.release()
+
+
+def _part_lock(ns_lock_dir: str, stripe: int) -> str:
+    """The stripe lock a temp file's name points at (see :func:`layout.part_name`)."""
+    return os.path.join(ns_lock_dir, f"{stripe:04d}.lock")
 
 
 def _sweep_one(path: str, lock_path: str) -> bool:
@@ -156,18 +495,22 @@ def _sweep_one(path: str, lock_path: str) -> bool:
         lock.release()
 
 
-def sweep(control: str, ns_dir: str) -> int:
-    """Remove temp files left by killed runs (nobody holds their stripe)."""
-    removed = 0
-    ns_lock_dir = lock_dir(control, ns_dir)
-    for folder, _, names in os.walk(ns_dir):
-        for name in names:
-            stripe = cd.part_stripe(name)
-            if stripe is None:
-                continue
-            if _sweep_one(os.path.join(folder, name), _part_lock(ns_lock_dir, stripe)):
-                removed += 1
-    return removed
+def _create_tmp(tmp: str, need: int) -> int:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        # Preallocating makes a full disk fail here, before any byte is copied.
+        if need:
+            os.posix_fallocate(fd, 0, need)
+    except BaseException:
+        os.close(fd)
+        unlink_if_exists(tmp)
+        raise
+    return fd
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def free_bytes(path: str) -> int:
@@ -179,5 +522,6 @@ def free_bytes(path: str) -> int:
 
 
 def unlink_if_exists(path: str) -> None:
+    """Delete ``path``; a file already gone is what was wanted."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)

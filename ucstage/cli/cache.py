@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
 
 import click
 from rich.console import Console
@@ -26,9 +23,10 @@ from rich.progress import (
 )
 
 from .. import manifest as manifest_mod
-from ..cache.local import LocalCache, VerifyReport, WarmCallback, WarmReport, rank_entries
-from ..errors import InvalidArgument, SourceNotFound
-from ..manifest import Manifest
+from ..cache.local import WARM_FEWER, LocalCache, rank_entries
+from ..cache.reports import RankSlice, VerifyReport
+from ..errors import CacheFull, InvalidArgument, SourceNotFound
+from ..progress import Callback
 from ..sharding import node_ranks
 from ..units import parse_size
 from ..volumes import Volume, resolve
@@ -57,11 +55,7 @@ def _n(count: int, noun: str, plural: str = "") -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
-def _pairs(items: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
-    return [{"path": p, "reason": r} for p, r in items]
-
-
-class RichWarmProgress(WarmCallback):
+class RichWarmProgress(Callback):
     """A rich progress bar: files, bytes, MB/s, ETA (on stderr)."""
 
     def __init__(self, progress: Progress) -> None:
@@ -71,22 +65,23 @@ class RichWarmProgress(WarmCallback):
         self.files = 0
         self._lock = threading.Lock()
 
-    def set_size(self, files: int, nbytes: int) -> None:
-        self.files = files
-        self.task = self.progress.add_task("warming", total=nbytes, files=f"0/{files:,} files")
+    def set_size(self, size: int, items: int | None = None) -> None:
+        self.files = items or 0
+        self.task = self.progress.add_task("warming", total=size,
+                                           files=f"0/{self.files:,} files")
 
-    def relative_update(self, nbytes: int) -> None:
+    def relative_update(self, inc: int = 1) -> None:
         if self.task is not None:
-            self.progress.advance(self.task, nbytes)
+            self.progress.advance(self.task, inc)
 
-    def file_done(self, path: str, status: str, error: str = "") -> None:
+    def item_done(self, name: str, status: str, error: str = "") -> None:
         with self._lock:
             self.done += 1
             text = f"{self.done:,}/{self.files:,} files"
         if self.task is not None:
             self.progress.update(self.task, files=text)
         if status == "failed":
-            self.progress.console.print(f"[red]failed[/] {escape(path)}: {escape(error)}",
+            self.progress.console.print(f"[red]failed[/] {escape(name)}: {escape(error)}",
                                         markup=True)
 
 
@@ -118,27 +113,6 @@ def _ranks(rank: int | None, node_rank: int | None, nproc_per_node: int | None,
         raise InvalidArgument("--node-rank needs --nproc-per-node P (ranks per node)")
     assert node_rank is not None
     return node_ranks(node_rank, nproc_per_node, world_size)
-
-
-def warm_json(cache: LocalCache, volume: Volume, m: Manifest, report: WarmReport,
-              slice_: dict[str, Any] | None) -> dict[str, Any]:
-    """The documented JSON contract (docs/json-cache.md#warm)."""
-    return {
-        "source": m.source,
-        "cache_dir": cache.root,
-        "namespace": cache.namespace_dir(volume),
-        "slice": slice_,
-        "files": report.files,
-        "bytes": report.bytes,
-        "fetched": report.fetched,
-        "fetched_bytes": report.fetched_bytes,
-        "already_cached": report.already_cached,
-        "already_cached_bytes": report.already_cached_bytes,
-        "failed": _pairs(report.failed),
-        "refused": _pairs(m.refused),
-        "seconds": round(report.seconds, 3),
-        "mb_per_s": round(report.fetched_bytes / 1e6 / report.seconds, 2) if report.seconds else 0,
-    }
 
 
 @click.group("cache", cls=Group, context_settings=CONTEXT)
@@ -200,16 +174,20 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     volume = m.volume()
     cache = LocalCache(max_bytes=_size(max_bytes))
     entries = list(m.entries)
-    slice_: dict[str, Any] | None = None
+    rank_slice: RankSlice | None = None
     if ranks is not None:
         assert world_size is not None and num_workers is not None
+        rank_slice = RankSlice(ranks, world_size, num_workers, shuffle, seed, epoch)
         entries = rank_entries(entries, ranks=ranks, world_size=world_size,
                                num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch)
-        slice_ = {"ranks": ranks, "world_size": world_size, "num_workers": num_workers,
-                  "shuffle": shuffle, "seed": seed, "epoch": epoch}
-    with progress_bar(not as_json and err.is_terminal) as progress:
-        report = cache.warm(volume, entries, jobs=jobs, callback=RichWarmProgress(progress))
-    data = warm_json(cache, volume, m, report, slice_)
+    try:
+        with progress_bar(not as_json and err.is_terminal) as progress:
+            report = cache.warm(volume, entries, jobs=jobs, callback=RichWarmProgress(progress))
+    except CacheFull as exc:
+        if exc.hint.endswith(WARM_FEWER):
+            exc.hint += " (--include, --rank)"  # the flags that choose fewer files
+        raise
+    data = report.to_json(rank_slice=rank_slice, refused=m.refused)
 
     def human(console: Console) -> None:
         rate = f", {data['mb_per_s']:.1f} MB/s" if report.fetched_bytes else ""
@@ -307,11 +285,7 @@ def status(source: str | None, as_json: bool) -> None:
     """
     cache = LocalCache()
     st = cache.status(_volume_opt(cache, source))
-    data = {
-        "cache_dir": st.root, "entries": st.entries, "bytes": st.bytes,
-        "max_bytes": st.max_bytes, "free_bytes": st.free_bytes,
-        "namespaces": [asdict(n) for n in st.namespaces],
-    }
+    data = st.to_json()
 
     def human(console: Console) -> None:
         cap = format_bytes(st.max_bytes) if st.max_bytes else "none"
@@ -332,12 +306,6 @@ def status(source: str | None, as_json: bool) -> None:
     emit(data, as_json, human)
 
 
-def _verify_json(source: str, r: VerifyReport) -> dict[str, Any]:
-    return {"source": source, "checked": r.checked, "ok": r.ok, "missing": r.missing,
-            "stale": _pairs(r.stale), "corrupt": _pairs(r.corrupt),
-            "removed_partial_files": r.removed_partial_files, "removed": r.removed}
-
-
 def _optional_source(cmd: click.Command) -> click.Command:
     """Show SOURCE as optional in the usage line (the shared options say SOURCE)."""
     for param in cmd.params:
@@ -346,12 +314,9 @@ def _optional_source(cmd: click.Command) -> click.Command:
     return cmd
 
 
-def _verify_failure(results: list[dict[str, Any]], from_manifest: bool,
-                    source: str | None) -> str:
+def _verify_failure(report: VerifyReport, from_manifest: bool, source: str | None) -> str:
     """The closing error line of verify: what was found, what was done, what to run."""
-    stale = sum(len(r["stale"]) for r in results)
-    corrupt = sum(len(r["corrupt"]) for r in results)
-    removed = sum(len(r["removed"]) for r in results)
+    stale, corrupt, removed = len(report.stale), len(report.corrupt), len(report.removed)
     parts = []
     if stale:
         parts.append(f"{_n(stale, 'cached file')} {'is' if stale == 1 else 'are'} stale "
@@ -389,41 +354,34 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
       ucstage cache verify
     """
     cache = LocalCache()
-    results: list[dict[str, Any]] = []
     if source is None and manifest_path is None:
-        for ns in cache.status().namespaces:
-            if not ns.url:
-                continue
-            vol = resolve(ns.url)
-            results.append(_verify_json(ns.source, cache.verify(vol, checksum=checksum)))
+        report = cache.verify(checksum=checksum)  # every cached source
     else:
         m = read_source(source, manifest_path, include, exclude, include_hidden)
-        results.append(_verify_json(m.source, cache.verify(m.volume(), m.entries,
-                                                           checksum=checksum)))
-    bad = [(r["source"], x) for r in results for x in r["stale"] + r["corrupt"]]
-    data = {"clean": not bad, "checksum": checksum, "sources": results}
+        report = cache.verify(m.volume(), m.entries, checksum=checksum)
+    data = report.to_json()
 
     def human(console: Console) -> None:
-        for r in results:
-            console.print(f"[bold]{escape(r['source'])}[/]: {r['checked']:,} checked, {r['ok']:,} ok, "
-                          f"{r['missing']:,} not cached, {len(r['stale']):,} stale, "
-                          f"{len(r['corrupt']):,} corrupt")
-            removed = set(r["removed"])
-            for kind in ("stale", "corrupt"):
-                for x in r[kind][:EXAMPLES]:
-                    note = "; removed" if kind == "corrupt" and x["path"] in removed else ""
-                    console.print(f"  [red]{kind}[/] {escape(x['path'])}: {escape(x['reason'])}"
-                                  f"{note}", markup=True)
-                if len(r[kind]) > EXAMPLES:
-                    console.print(f"  … {len(r[kind]) - EXAMPLES:,} more (--json lists all)")
-        if not results:
+        for r in report.sources:
+            console.print(f"[bold]{escape(r.source)}[/]: {r.checked:,} checked, {r.ok:,} ok, "
+                          f"{r.missing:,} not cached, {len(r.stale):,} stale, "
+                          f"{len(r.corrupt):,} corrupt")
+            removed = set(r.removed)
+            for kind, found in (("stale", r.stale), ("corrupt", r.corrupt)):
+                for path, reason in found[:EXAMPLES]:
+                    note = "; removed" if kind == "corrupt" and path in removed else ""
+                    console.print(f"  [red]{kind}[/] {escape(path)}: {escape(reason)}{note}",
+                                  markup=True)
+                if len(found) > EXAMPLES:
+                    console.print(f"  … {len(found) - EXAMPLES:,} more (--json lists all)")
+        if not report.sources:
             console.print("nothing cached")
 
     emit(data, as_json, human)
-    if bad:
+    if not report.clean:
         from_manifest = manifest_path is not None or (
             source is not None and manifest_mod.is_manifest_file(source))
-        fail_found(_verify_failure(results, from_manifest, source))
+        fail_found(_verify_failure(report, from_manifest, source))
 
 
 @command.command("clear", context_settings=CONTEXT)
@@ -439,7 +397,7 @@ def clear(source: str | None, as_json: bool) -> None:
     """
     cache = LocalCache()
     r = cache.clear(_volume_opt(cache, source))
-    data = {"namespaces": r.namespaces, "files": r.files, "bytes": r.bytes}
+    data = r.to_json()
     emit(data, as_json, lambda c: c.print(
         f"removed {_n(r.files, 'file')} ({format_bytes(r.bytes)}) from "
         f"{_n(len(r.namespaces), 'cached source')}", markup=False))
@@ -461,7 +419,7 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
     """
     cap = parse_size(max_bytes)
     r = LocalCache(lease_seconds=lease).prune(cap)
-    data = asdict(r)
+    data = r.to_json()
 
     def human(console: Console) -> None:
         console.print(f"removed {_n(r.files_removed, 'file')} ({format_bytes(r.bytes_removed)}); "

@@ -9,6 +9,7 @@ Layout (docs/cache.md)::
       .ucstage/locks/<ns>/NNNN.lock single-flight lock stripes
       .ucstage/usage(.lock)         byte ledger for the cap
       .ucstage/trash/               eviction staging (same filesystem)
+      .ucstage/manifests/           listings VolumeDataset froze (LISTINGS_DIR)
 
 Each cached file carries its validity stamp in the ``user.ucstage.v1`` xattr
 (``size NUL version`` of the source it was copied from). The stamp is set on
@@ -29,6 +30,7 @@ from ..errors import CacheError, CacheOwnershipError
 __all__ = [
     "CACHE_DIR_ENV",
     "CONTROL",
+    "LISTINGS_DIR",
     "PART_SUFFIX",
     "STAMP_XATTR",
     "default_root",
@@ -43,6 +45,9 @@ __all__ = [
 CACHE_DIR_ENV = "UCSTAGE_CACHE_DIR"
 CONTROL = ".ucstage"
 PART_SUFFIX = ".ucstage-part"
+LISTINGS_DIR = os.path.join(CONTROL, "manifests")
+"""Where :class:`ucstage.VolumeDataset` keeps the listings it froze, relative
+to the root; ``clear`` of every source removes them."""
 STAMP_XATTR = "user.ucstage.v1"
 _NAME_MAX = 255
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

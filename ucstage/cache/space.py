@@ -207,8 +207,9 @@ class CacheSpace:
 
     def remove_frozen_listings(self) -> None:
         """Delete the listings :class:`ucstage.VolumeDataset` froze under the
-        control folder (``.ucstage/manifests``); they belong to the whole cache."""
-        shutil.rmtree(os.path.join(self._control, "manifests"), ignore_errors=True)
+        control folder (:data:`ucstage.cache.layout.LISTINGS_DIR`); they belong
+        to the whole cache."""
+        shutil.rmtree(os.path.join(self.root, cd.LISTINGS_DIR), ignore_errors=True)
 
     # -- the stamp memo -------------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from .. import manifest as _manifest
+from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
 from ..sharding import (
@@ -47,13 +48,11 @@ from ..volumes import FileEntry, Volume
 from . import dist as dist_
 
 if TYPE_CHECKING:
-    from ..cache.local import LocalCache
+    from ..cache import LocalCache
 
 __all__ = ["VolumeDataset"]
 
 DEFAULT_READ_AHEAD = 4
-# Frozen listings live in the cache's control folder, beside its own bookkeeping.
-MANIFEST_DIR = os.path.join(".ucstage", "manifests")
 
 
 def _equal_mode(value: bool | str | None) -> str | None:
@@ -193,7 +192,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def cache(self) -> LocalCache:
         """The local cache this dataset copies files into."""
         if self._cache is None:
-            from ..cache.local import LocalCache
+            from ..cache import LocalCache
 
             self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
             if self._cache_dir is None:
@@ -204,7 +203,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         root = getattr(self.cache(), "root", None)
         if not root:
             raise ManifestError("the cache has no root folder to keep the frozen listing in")
-        return os.path.join(os.fspath(root), MANIFEST_DIR, f"{fingerprint}.json")
+        return os.path.join(os.fspath(root), LISTINGS_DIR, f"{fingerprint}.json")
 
     def _save_manifest(self, manifest: Manifest) -> None:
         path = self._manifest_file(manifest.fingerprint)

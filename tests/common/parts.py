@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The repository's root folder, wherever a test file sits below it."""
 
 
 def require(ok: bool, reason: str) -> None:

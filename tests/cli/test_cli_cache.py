@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import tmpfs
-from tests.conftest import unique
+from tests.common.parts import tmpfs, unique
 from ucstage.cli import cli
 from ucstage.cli.cache import command as cache_group
 

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.common.parts import REPO
 from tests.common.spark import Warehouse  # noqa: F401  (fixture type)
 from ucstage.cli.app import cli
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(REPO) / "docs"
 _ANY = object()
 
 

@@ -23,8 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from tests.common.backends import Backend
-from tests.common.parts import rclone_mount, tmpfs, wait_synced
-from tests.conftest import unique
+from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
 from ucstage import manifest as manifest_mod
 from ucstage.cache import LocalCache, rank_entries
 from ucstage.cache.layout import PART_SUFFIX, STAMP_XATTR, read_stamp
@@ -704,7 +703,7 @@ def test_warm_reports_progress_through_the_callback(backend: Backend) -> None:
 
 def _documented(command: str) -> dict:  # type: ignore[type-arg]
     """The example document of ``command`` in docs/json-cache.md."""
-    text = (Path(__file__).parent.parent / "docs" / "json-cache.md").read_text()
+    text = (Path(REPO) / "docs" / "json-cache.md").read_text()
     section = text.split(f"\n## {command}\n", 1)[1]
     return json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])  # type: ignore[no-any-return]
 

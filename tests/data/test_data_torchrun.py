@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.common.parts import free_port, wait_synced
-from tests.conftest import unique
+from tests.common.parts import REPO, free_port, unique, wait_synced
 from ucstage import manifest as mf
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.fuse]
 
-WORKER = os.path.join(os.path.dirname(__file__), "workers", "data_worker.py")
+WORKER = os.path.join(REPO, "tests", "workers", "data_worker.py")
 N_FILES = 23  # not a multiple of the 4 slots, so equal_length has work to do
 
 

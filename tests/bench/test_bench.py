@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import rclone_mount, tmpfs, unique, wait_synced
+from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
 from ucstage import bench, snapshot
 from ucstage.bench import RunResult, recommend, sample
 from ucstage.cli import cli
@@ -470,7 +470,7 @@ def test_remote_volume_script_serves_a_mount_and_tears_everything_down(tmp_path)
     require(shutil.which("ip") is not None and shutil.which("tc") is not None,
             "iproute2 is not installed")
     require(*fuse_available())
-    script = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
+    script = os.path.join(REPO, "scripts",
                           "remote-volume.sh")
     inner = ('echo "NS=$UCSTAGE_REMOTE_NS MNT=$UCSTAGE_REMOTE_MNT" >&2; '
              f'{sys.executable} -m ucstage bench "$UCSTAGE_REMOTE_MNT/small" -m direct,cold '

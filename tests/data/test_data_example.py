@@ -9,12 +9,11 @@ import sys
 
 import pytest
 
-from tests.common.parts import wait_synced
-from tests.conftest import unique
+from tests.common.parts import REPO, unique, wait_synced
 
 pytestmark = pytest.mark.fuse
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "docs", "examples", "train_images.py")
+EXAMPLE = os.path.join(REPO, "docs", "examples", "train_images.py")
 
 
 def test_train_images_example_reads_every_image_each_epoch(fuse_volume) -> None:  # type: ignore[no-untyped-def]

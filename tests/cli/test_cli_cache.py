@@ -283,15 +283,49 @@ def test_progress_bar_shows_files_and_bytes(src: Path) -> None:
     from rich.console import Console
 
     from ucstage.cache import LocalCache
-    from ucstage.cli.cache import RichWarmProgress, progress_bar
+    from ucstage.cli.progress import progress_bar
     from ucstage.manifest import snapshot
 
     buffer = StringIO()
     m = snapshot(str(src))
-    with progress_bar(True, Console(file=buffer, force_terminal=True, width=150)) as bar:
-        report = LocalCache().warm(m.volume(), m.entries, callback=RichWarmProgress(bar))
+    with progress_bar(True, "warming",
+                      console=Console(file=buffer, force_terminal=True, width=150)) as bar:
+        report = LocalCache().warm(m.volume(), m.entries, callback=bar)
     text = buffer.getvalue()
     assert report.fetched == 10 and "10/10 files" in text and "1.0 kB" in text
+
+
+def test_bench_progress_shows_one_line_per_run(src: Path) -> None:
+    """The same bar draws bench: each run is a phase with its own description."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ucstage import bench
+    from ucstage.cli.progress import progress_bar
+    from ucstage.manifest import snapshot
+
+    buffer = StringIO()
+    with progress_bar(True, transient=False,
+                      console=Console(file=buffer, force_terminal=True, width=150)) as bar:
+        bench.run(snapshot(str(src)), workers=[1, 2], modes=["direct"], callback=bar)
+    text = buffer.getvalue()
+    assert "1/2 direct x1" in text and "2/2 direct x2" in text and "10/10 files" in text
+
+
+def test_failed_files_are_printed_even_off_a_terminal() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ucstage.cli.progress import progress_bar
+
+    buffer = StringIO()
+    with progress_bar(False, console=Console(file=buffer, width=150)) as bar:
+        bar.set_size(10, items=2)
+        bar.item_done("a.bin", "fetched")
+        bar.item_done("b.bin", "failed", "Input/output error")
+    assert buffer.getvalue().strip() == "failed b.bin: Input/output error"
 
 
 def test_rerun_progress_counts_files_already_cached(src: Path) -> None:
@@ -301,14 +335,15 @@ def test_rerun_progress_counts_files_already_cached(src: Path) -> None:
     from rich.console import Console
 
     from ucstage.cache import LocalCache
-    from ucstage.cli.cache import RichWarmProgress, progress_bar
+    from ucstage.cli.progress import progress_bar
     from ucstage.manifest import snapshot
 
     m = snapshot(str(src))
     LocalCache().warm(m.volume(), m.entries)
     buffer = StringIO()
-    with progress_bar(True, Console(file=buffer, force_terminal=True, width=150)) as bar:
-        report = LocalCache().warm(m.volume(), m.entries, callback=RichWarmProgress(bar))
+    with progress_bar(True, "warming",
+                      console=Console(file=buffer, force_terminal=True, width=150)) as bar:
+        report = LocalCache().warm(m.volume(), m.entries, callback=bar)
     assert report.already_cached == 10 and "10/10 files" in buffer.getvalue()
 
 

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
 
 from .. import bench
 from ..bench import BenchReport
 from ..errors import InvalidArgument
-from ..progress import NO_PROGRESS, Callback
 from ..units import parse_size
 from .args import parse_modes, parse_workers
 from .output import emit, err, json_option, read_source, source_options, table
+from .progress import progress_bar
 
 _VERDICT = {
     "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "
@@ -34,60 +21,6 @@ _VERDICT = {
              "directly. If training is slow, look at decoding, batch size or the model, not "
              "at storage.",
 }
-
-
-class RichBenchProgress(Callback):
-    """One rich bar per run: description, bytes, speed, files done, time."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-        self.task: TaskID | None = None
-        self.items: int | None = None
-        self.done = 0
-        self._lock = threading.Lock()  # the protocol allows calls from any thread
-
-    def set_description(self, text: str) -> None:
-        # A new run: the finished one's bar goes, so the screen shows one line.
-        with self._lock:
-            if self.task is not None:
-                self.bar.update(self.task, visible=False)
-            self.task = self.bar.add_task(text, total=None, files="")
-            self.items, self.done = None, 0
-
-    def set_size(self, size: int, items: int | None = None) -> None:
-        with self._lock:
-            self.items, self.done = items, 0
-            if self.task is not None:
-                self.bar.update(self.task, total=size or None, completed=0,
-                                files=self._files())
-
-    def relative_update(self, inc: int = 1) -> None:
-        if self.task is not None:
-            self.bar.advance(self.task, inc)
-
-    def item_done(self, name: str, status: str, error: str = "") -> None:
-        with self._lock:
-            self.done += 1
-            if self.task is not None:
-                self.bar.update(self.task, files=self._files())
-
-    def _files(self) -> str:
-        return "" if self.items is None else f"{self.done:,}/{self.items:,} files"
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[Callback]:
-    """A rich progress bar on stderr, or the no-op when stderr is not a terminal."""
-    if not enabled:
-        yield NO_PROGRESS
-        return
-    bar = Progress(
-        TextColumn("[bold]{task.description:<16}"), BarColumn(), DownloadColumn(),
-        TransferSpeedColumn(), TextColumn("{task.fields[files]}"), TimeElapsedColumn(),
-        console=err, transient=True,
-    )
-    with bar:
-        yield RichBenchProgress(bar)
 
 
 def _render(console: Console, report: BenchReport) -> None:
@@ -192,7 +125,7 @@ def command(
     if plot_path is not None:
         _check_plot(plot_path)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
-    with _progress(err.is_terminal) as callback:
+    with progress_bar(err.is_terminal, transient=True) as callback:
         report = bench.run(manifest, files=files, sample_bytes=size, seed=seed,
                            workers=worker_counts, modes=mode_list, batch_size=batch_size,
                            max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback)

@@ -7,26 +7,15 @@ and renders; JSON shapes are documented in docs/json-cache.md.
 from __future__ import annotations
 
 import os
-import threading
 
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from .. import manifest as manifest_mod
 from ..cache.local import WARM_FEWER, LocalCache, rank_entries
 from ..cache.reports import RankSlice, VerifyReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
-from ..progress import Callback
 from ..sharding import node_ranks
 from ..units import parse_size
 from ..volumes import Volume, resolve
@@ -41,6 +30,7 @@ from .output import (
     source_options,
     table,
 )
+from .progress import progress_bar
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
@@ -53,45 +43,6 @@ def _size(value: str | None) -> int | None:
 def _n(count: int, noun: str, plural: str = "") -> str:
     """``1 file``, ``2 files``: a count with its noun in the right number."""
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
-
-
-class RichWarmProgress(Callback):
-    """A rich progress bar: files, bytes, MB/s, ETA (on stderr)."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task: TaskID | None = None
-        self.done = 0
-        self.files = 0
-        self._lock = threading.Lock()
-
-    def set_size(self, size: int, items: int | None = None) -> None:
-        self.files = items or 0
-        self.task = self.progress.add_task("warming", total=size,
-                                           files=f"0/{self.files:,} files")
-
-    def relative_update(self, inc: int = 1) -> None:
-        if self.task is not None:
-            self.progress.advance(self.task, inc)
-
-    def item_done(self, name: str, status: str, error: str = "") -> None:
-        with self._lock:
-            self.done += 1
-            text = f"{self.done:,}/{self.files:,} files"
-        if self.task is not None:
-            self.progress.update(self.task, files=text)
-        if status == "failed":
-            self.progress.console.print(f"[red]failed[/] {escape(name)}: {escape(error)}",
-                                        markup=True)
-
-
-def progress_bar(enabled: bool, console: Console = err) -> Progress:
-    """The warm progress bar: description, bar, files, bytes, MB/s, ETA."""
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[files]}"),
-        DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-        console=console, disable=not enabled, transient=False,
-    )
 
 
 def _ranks(rank: int | None, node_rank: int | None, nproc_per_node: int | None,
@@ -181,8 +132,8 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         entries = rank_entries(entries, ranks=ranks, world_size=world_size,
                                num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch)
     try:
-        with progress_bar(not as_json and err.is_terminal) as progress:
-            report = cache.warm(volume, entries, jobs=jobs, callback=RichWarmProgress(progress))
+        with progress_bar(not as_json and err.is_terminal, "warming") as callback:
+            report = cache.warm(volume, entries, jobs=jobs, callback=callback)
     except CacheFull as exc:
         if exc.hint.endswith(WARM_FEWER):
             exc.hint += " (--include, --rank)"  # the flags that choose fewer files

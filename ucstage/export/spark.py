@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import MissingDependency, SparkUnavailable
+from ..ports import free_port, port_open
 from ..progress import NO_PROGRESS, Callback
 
 __all__ = [
@@ -108,18 +109,6 @@ def java_executable() -> str | None:
         if os.access(candidate, os.X_OK):
             return candidate
     return shutil.which("java")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -187,7 +176,7 @@ class EmbeddedServer:
                                    "needs Java 17", hint=JAVA_HINT)
         home = spark_home()
         if not self.port:
-            self.port = _free_port()
+            self.port = free_port()
         if self.log_dir is None:
             self.log_dir = tempfile.mkdtemp(prefix="ucstage-spark-")
             self._own_dir = True
@@ -210,7 +199,7 @@ class EmbeddedServer:
         finally:
             log.close()
         try:
-            while not _port_open(self.port):
+            while not port_open(self.port):
                 if self.proc.poll() is not None:
                     raise SparkUnavailable(
                         f"the embedded Spark Connect server exited with code "

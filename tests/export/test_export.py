@@ -128,6 +128,10 @@ def test_partition_by_outside_columns_is_refused_before_spark(
         export_table("main.ml.events", str(tmp_path / "out"), columns=["id"], partition_by="label")
     with pytest.raises(InvalidArgument, match="cannot use every column"):
         export_table("main.ml.events", str(tmp_path / "out"), columns=["ID"], partition_by="id")
+    # The library takes no comma lists: a string is one column name.
+    with pytest.raises(InvalidArgument, match=r"partition_by column\(s\) id,label not in"):
+        export_table("main.ml.events", str(tmp_path / "out"), columns="id",
+                     partition_by="id,label")
     assert not os.listdir(tmp_path)
 
 

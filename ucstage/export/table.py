@@ -249,9 +249,10 @@ def export_table(
             table path (anything containing ``/``, or ``file://``).
         dest: ``/Volumes/...`` or a local folder; replaced as a whole.
         remote: ``sc://HOST:PORT``; default ``$SPARK_REMOTE``, else the embedded server.
-        columns: top-level columns to keep, in this order (default: all).
+        columns: top-level columns to keep, in this order (default: all; a string is one
+            column).
         where: a Spark SQL filter expression.
-        partition_by: columns to partition the output folders by.
+        partition_by: columns to partition the output folders by (a string is one column).
         files: write exactly this many files (``repartition(files)``).
         max_records_per_file: cap rows per file (Spark's ``maxRecordsPerFile``).
         compression: ``zstd``, ``snappy`` or ``none``.
@@ -270,8 +271,12 @@ def export_table(
         ExportError: the write or its verification failed; DEST is unchanged.
     """
     started = time.monotonic()
+    # The library speaks Python: a string is one column name, never a comma
+    # list (the CLI splits --columns a,b itself).
+    if isinstance(columns, str):
+        columns = [columns]
     if isinstance(partition_by, str):
-        partition_by = [c.strip() for c in partition_by.split(",") if c.strip()]
+        partition_by = [partition_by]
     options = ExportOptions(
         columns=list(columns) if columns is not None else None, where=where,
         partition_by=list(partition_by or []), files=files,

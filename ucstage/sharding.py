@@ -46,6 +46,9 @@ def effective_workers(num_workers: int) -> int:
 def slot_count(world_size: int, num_workers: int | Sequence[int]) -> int:
     """How many (rank, worker) slots a job has: ``world_size * max(1, num_workers)``,
     or, with one ``num_workers`` per rank, the sum of each rank's readers."""
+    if isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 0:
+        _check_world(world_size)
+        return world_size * effective_workers(num_workers)  # the hot path: one value for all
     return sum(effective_workers(k) for k in workers_per_rank(num_workers, world_size))
 
 

@@ -131,3 +131,9 @@ class UnsupportedTable(UcstageError):
 
 class SparkUnavailable(UcstageError):
     """No Spark Connect server could be reached or started."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so the same clean-up runs (the CLI installs
+    the handler and exits 143 instead of 130). Library code that stops on
+    ``KeyboardInterrupt`` stops on this too."""

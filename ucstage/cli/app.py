@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..errors import UcstageError
+from ..errors import Terminated, UcstageError
 from .output import COMMAND_META, JSON_META, Group, err, flag_names, print_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -50,9 +51,11 @@ class UcstageGroup(Group):
                     "UsageError", 2)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
-        except KeyboardInterrupt:
-            err.print("[bold red]interrupted[/]", markup=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            # 128 + the signal's number, as a shell reports a process it stopped.
+            terminated = isinstance(exc, Terminated)
+            err.print(f"[bold red]{'terminated' if terminated else 'interrupted'}[/]", markup=True)
+            sys.exit(143 if terminated else 130)
         except BrokenPipeError:
             # `ucstage ... | head`: the reader left; exit as the shell's own tools do.
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -103,5 +106,18 @@ cli.add_command(shard_plan.shard_plan)
 cli.add_command(bench.command)
 
 
-def main() -> None:
-    cli(prog_name="ucstage")
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # `ucstage cache warm SRC --debug` is as natural as `ucstage --debug cache ...`:
+    # take the flag wherever it stands (before a `--` that ends the options).
+    end = args.index("--") if "--" in args else len(args)
+    if "--debug" in args[1:end]:
+        args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
+        os.environ["UCSTAGE_DEBUG"] = "1"
+    # SIGTERM (a scheduler, `kill`) stops like Ctrl-C: the same clean-up, exit 143.
+    signal.signal(signal.SIGTERM, _terminate)
+    cli(args=args, prog_name="ucstage")

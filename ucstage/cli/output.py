@@ -20,6 +20,23 @@ from ..units import format_bytes
 F = TypeVar("F", bound=Callable[..., Any])
 
 class _Console(Console):
+    """rich's Console, plus what a log file needs when output is not a terminal:
+    tables at their full width (never cut with "…") and no trailing spaces."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not self.is_terminal:
+            self.width = 10_000  # a log has no width; 80 columns would cut paths
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if self.is_terminal or not any(isinstance(o, Table) for o in objects):
+            super().print(*objects, **kwargs)
+            return
+        with self.capture() as captured:
+            super().print(*objects, **kwargs)
+        self.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        self.file.flush()
+
     def on_broken_pipe(self) -> None:
         # `ucstage ... | head`: the reader left. rich exits 1 here, which would
         # read as "found a problem"; exit as the shell's own tools do instead.

@@ -22,6 +22,16 @@ class Backend:
     """Where ``url``'s files live inside ``store``."""
 
     def write(self, relpath: str, data: bytes) -> None:
+        """Write one file; on FUSE, return once the mount shows it."""
+        self._put(relpath, data)
+        self.settle()
+
+    def write_many(self, files: dict[str, bytes]) -> None:
+        for rel, data in files.items():
+            self._put(rel, data)
+        self.settle()
+
+    def _put(self, relpath: str, data: bytes) -> None:
         path = f"{self.store_root}/{relpath}"
         if self.name in ("local", "fuse"):
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -29,10 +39,6 @@ class Backend:
                 fh.write(data)
         else:
             self.store.pipe_file(path, data)
-
-    def write_many(self, files: dict[str, bytes]) -> None:
-        for rel, data in files.items():
-            self.write(rel, data)
 
     def settle(self) -> None:
         """Wait until a FUSE mount's directory cache shows what was written."""

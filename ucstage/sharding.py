@@ -13,9 +13,8 @@ process reads) counts as one worker.
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from .errors import InvalidArgument
 
 __all__ = [
     "EQUAL_LENGTH_MODES",
+    "EmptySlots",
     "RankStats",
     "ShardPlan",
     "SlotPlan",
@@ -30,10 +30,13 @@ __all__ = [
     "equal_slot_files",
     "node_ranks",
     "plan",
+    "rank_length",
     "read_order",
     "slot_count",
     "slot_files",
     "slot_indices",
+    "slot_length",
+    "slot_plan",
     "workers_per_rank",
 ]
 
@@ -49,7 +52,10 @@ def slot_count(world_size: int, num_workers: int | Sequence[int]) -> int:
     if isinstance(num_workers, int) and not isinstance(num_workers, bool) and num_workers >= 0:
         _check_world(world_size)
         return world_size * effective_workers(num_workers)  # the hot path: one value for all
-    return sum(effective_workers(k) for k in workers_per_rank(num_workers, world_size))
+    spec = _workers_spec(num_workers, world_size)
+    if isinstance(spec, int):
+        return world_size * effective_workers(spec)
+    return sum(effective_workers(k) for k in spec)
 
 
 def node_ranks(node_rank: int, nproc_per_node: int, world_size: int) -> list[int]:
@@ -105,6 +111,18 @@ def slot_indices(n: int, *, rank: int, world_size: int, num_workers: int, worker
     return range(rank * k + worker, n, slot_count(world_size, num_workers))
 
 
+def _take(order: Sequence[int], start: int, n: int, step: int) -> list[int]:
+    """``order[start], order[start + step], ...`` below ``n``: one slot's files.
+
+    Slicing keeps this in C for the two orders :func:`read_order` returns.
+    """
+    if isinstance(order, range):
+        return list(range(start, n, step))
+    if isinstance(order, list) and len(order) == n:
+        return order[start::step]
+    return [order[i] for i in range(start, n, step)]
+
+
 def slot_files(
     n: int,
     *,
@@ -122,19 +140,18 @@ def slot_files(
     Pass ``order`` (from :func:`read_order`) to avoid recomputing a permutation
     for every slot.
     """
-    if order is None:
-        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
     positions = slot_indices(n, rank=rank, world_size=world_size,
                              num_workers=num_workers, worker=worker)
-    if isinstance(order, range):
-        return list(positions)
-    return [order[i] for i in positions]
+    if order is None:
+        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    return _take(order, positions.start, n, positions.step)
 
 
-def workers_per_rank(num_workers: int | Sequence[int], world_size: int) -> list[int]:
-    """``num_workers`` for every rank: one int for all, or exactly one per rank.
+def _workers_spec(num_workers: int | Sequence[int], world_size: int) -> int | list[int]:
+    """Checked ``num_workers``: one int for every rank, or a list of one per rank.
 
-    The library takes ints only; the CLI parses comma lists (``-k 6,4``).
+    One value stays one int, so a plan over a huge ``world_size`` never holds
+    a per-rank list of it.
     """
     _check_world(world_size)
     if isinstance(num_workers, int) and not isinstance(num_workers, bool):
@@ -149,13 +166,22 @@ def workers_per_rank(num_workers: int | Sequence[int], world_size: int) -> list[
     if any(v < 0 for v in values):
         raise InvalidArgument(f"num_workers must be 0 or more, got {min(values)}")
     if len(values) == 1:
-        return values * world_size
+        return values[0]
     if len(values) != world_size:
         raise InvalidArgument(
             f"num_workers lists {len(values)} values but world_size is {world_size}",
             hint="give one value for all ranks, or exactly one per rank",
         )
     return values
+
+
+def workers_per_rank(num_workers: int | Sequence[int], world_size: int) -> list[int]:
+    """``num_workers`` for every rank: one int for all, or exactly one per rank.
+
+    The library takes ints only; the CLI parses comma lists (``-k 6,4``).
+    """
+    spec = _workers_spec(num_workers, world_size)
+    return [spec] * world_size if isinstance(spec, int) else spec
 
 
 @dataclass(frozen=True)
@@ -190,20 +216,91 @@ class Spread:
     max: float
 
 
+MAX_RANGES = 10
+"""Empty-slot ranges a plan keeps (it counts them all)."""
+
+
+@dataclass
+class EmptySlots:
+    """Slots that read no file, as a count and ranges in (rank, worker) order.
+
+    A rank's empty slots are always its last workers (slot ``rank * K +
+    worker`` reads nothing when it is past the file count), so the ranges
+    are few: at most one per rank that has files, plus one more.
+    """
+
+    count: int = 0
+    """Slots that read nothing."""
+    ranks: int = 0
+    """Ranks none of whose workers reads a file."""
+    ranges: list[tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=list)
+    """The first :data:`MAX_RANGES` ranges, each ((rank, worker), (rank, worker)), inclusive."""
+    range_count: int = 0
+    """All ranges, listed or not."""
+    range_sizes: list[int] = field(default_factory=list)
+    """Slots in each listed range."""
+
+    _ends_at: int = field(default=-2, repr=False)
+    """The rank whose last worker the latest range ends at."""
+
+    def add(self, rank: int, first_worker: int, workers: int, *, ranks: int = 1) -> None:
+        """Ranks ``rank`` .. ``rank + ranks - 1``, each with ``workers`` workers,
+        read nothing from worker ``first_worker`` on (0 when ``ranks > 1``)."""
+        per_rank = workers - first_worker
+        if per_rank <= 0 or ranks <= 0:
+            return
+        self.count += per_rank * ranks
+        if first_worker == 0:
+            self.ranks += ranks
+        last = (rank + ranks - 1, workers - 1)
+        if first_worker == 0 and self._ends_at == rank - 1:
+            # Continues the latest range, which ended at the previous rank's last worker.
+            if len(self.ranges) == self.range_count:
+                self.ranges[-1] = (self.ranges[-1][0], last)
+                self.range_sizes[-1] += per_rank * ranks
+        else:
+            self.range_count += 1
+            if self.range_count <= MAX_RANGES:
+                self.ranges.append(((rank, first_worker), last))
+                self.range_sizes.append(per_rank * ranks)
+        self._ends_at = last[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """``empty_slots`` as docs/json.md#shard-plan documents it."""
+        return {
+            "count": self.count,
+            "ranks": self.ranks,
+            "ranges": [{"first": list(a), "last": list(b), "slots": size}
+                       for (a, b), size in zip(self.ranges, self.range_sizes, strict=True)],
+            "ranges_not_listed": self.range_count - len(self.ranges),
+        }
+
+
 @dataclass
 class ShardPlan:
-    """A whole plan: every slot of every rank, and what is wrong with it."""
+    """A whole plan: the slots that read files, and what is wrong with it.
+
+    Sized by the files, not the slots: ``slots`` and ``ranks`` hold only the
+    slots and ranks that read at least one file, and :attr:`empty` describes
+    the rest by count and ranges.
+    """
 
     n_files: int
     total_bytes: int
     world_size: int
-    num_workers: list[int]
+    num_workers: int | list[int]
+    """As given: one int for every rank, or one per rank."""
     shuffle: bool
     seed: int
     epoch: int
     batch_size: int | None
     slots: list[SlotPlan]
+    """Slots that read at least one file, by rank then worker."""
     ranks: list[RankStats]
+    """Ranks that read at least one file, in rank order."""
+    slot_total: int = 0
+    """Every slot of the job, empty or not."""
+    empty: EmptySlots = field(default_factory=EmptySlots)
     duplicated: list[int] = field(default_factory=list)
     """Listing indices read by two or more slots."""
     skipped: list[int] = field(default_factory=list)
@@ -211,24 +308,40 @@ class ShardPlan:
     read_count: bytearray = field(default_factory=bytearray, repr=False)
     """How many slots read each file (capped at 255)."""
 
+    def workers_of(self, rank: int) -> int:
+        """The ``num_workers`` rank ``rank`` runs with."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[rank]
+
     @property
     def consistent(self) -> bool:
+        """No file is read twice or never."""
         return not self.duplicated and not self.skipped
 
     @property
     def batches_equal(self) -> bool:
         counts = {r.batches for r in self.ranks}
+        if self.empty.ranks and self.batch_size:
+            counts.add(0)
         return len(counts) <= 1
 
     @property
     def ok(self) -> bool:
-        return self.consistent and self.batches_equal
+        """Consistent, equal batch counts, and every slot reads something."""
+        return self.consistent and self.batches_equal and not self.empty.count
 
     def files_per_slot(self) -> Spread:
-        return _spread([len(s.files) for s in self.slots])
+        return self._spread([len(s.files) for s in self.slots])
 
     def bytes_per_slot(self) -> Spread:
-        return _spread([s.bytes for s in self.slots])
+        return self._spread([s.bytes for s in self.slots])
+
+    def _spread(self, values: list[int]) -> Spread:
+        """min / mean / max over every slot, the empty ones counted as zeros."""
+        if not values:
+            return Spread(0, 0, 0)
+        total = self.slot_total or len(values)
+        low = 0 if self.empty.count else min(values)
+        return Spread(low, sum(values) / total, max(values))
 
     @property
     def imbalance(self) -> float:
@@ -245,13 +358,13 @@ class ShardPlan:
                 what it was made from.
         """
         fps, bps = self.files_per_slot(), self.bytes_per_slot()
-        return {
+        doc = {
             "source": source,
             "fingerprint": fingerprint,
             "files": self.n_files,
             "bytes": self.total_bytes,
             "world_size": self.world_size,
-            "num_workers": self.num_workers,
+            "num_workers": [r.num_workers for r in self.ranks],
             "shuffle": self.shuffle,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -259,7 +372,7 @@ class ShardPlan:
             "consistent": self.consistent,
             "batches_equal": self.batches_equal,
             "summary": {
-                "slots": len(self.slots),
+                "slots": self.slot_total,
                 "files_per_slot": {"min": fps.min, "mean": fps.mean, "max": fps.max},
                 "bytes_per_slot": {"min": bps.min, "mean": bps.mean, "max": bps.max},
                 "imbalance": round(self.imbalance, 4),
@@ -274,16 +387,27 @@ class ShardPlan:
             "duplicated": [paths[i] for i in self.duplicated],
             "skipped": [paths[i] for i in self.skipped],
         }
+        if self.empty.count:
+            doc["empty_slots"] = self.empty.to_json()
+        return doc
 
     def readers(self, index: int) -> list[tuple[int, int]]:
         """The (rank, worker) slots that read listing index ``index``."""
         return [(s.rank, s.worker) for s in self.slots if index in s.files]
 
 
-def _spread(values: list[int]) -> Spread:
-    if not values:
-        return Spread(0, 0, 0)
-    return Spread(min(values), sum(values) / len(values), max(values))
+def _ranks_to_plan(spec: int | list[int], world_size: int, n: int) -> Iterator[tuple[int, int]]:
+    """(rank, num_workers) of every rank that may read a file.
+
+    With one value for all ranks, rank ``r`` reads nothing once ``r * K >= n``,
+    so the walk stops there: a plan costs O(files), not O(ranks).
+    """
+    if isinstance(spec, int):
+        last = min(world_size, -(-n // effective_workers(spec)))
+        for rank in range(last):
+            yield rank, spec
+    else:
+        yield from enumerate(spec)
 
 
 def plan(
@@ -298,6 +422,10 @@ def plan(
 ) -> ShardPlan:
     """Plan which files every slot reads, as each rank would compute it itself.
 
+    Time and memory grow with the number of files, not of slots: slots that
+    read nothing (more slots than files) are counted and described by ranges
+    in :attr:`ShardPlan.empty`, never listed.
+
     Args:
         sizes: file sizes in listing order.
         world_size: number of ranks.
@@ -308,48 +436,96 @@ def plan(
         batch_size: when given, per-rank batch counts (a DataLoader over an
             IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
     """
-    workers = workers_per_rank(num_workers, world_size)
+    spec = _workers_spec(num_workers, world_size)
     if batch_size is not None and batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
+    sizes = sizes if isinstance(sizes, list) else list(sizes)
     n = len(sizes)
     order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-    counts = bytearray(n)
+    # One effective worker count for all ranks partitions the read order, so
+    # every file is read exactly once; only disagreeing ranks need counting.
+    agree = isinstance(spec, int) or len({effective_workers(k) for k in spec}) == 1
+    counts = bytearray(b"\x01") * n if agree else bytearray(n)
     slots: list[SlotPlan] = []
     ranks: list[RankStats] = []
-    for rank, k in enumerate(workers):
-        rank_files = rank_bytes = 0
-        batches = 0
-        for worker in range(effective_workers(k)):
-            files = slot_files(n, rank=rank, world_size=world_size, num_workers=k,
-                               worker=worker, order=order)
-            nbytes = 0
-            for i in files:
-                nbytes += sizes[i]
-                if counts[i] < 255:
-                    counts[i] += 1
+    empty = EmptySlots()
+    planned_ranks = 0
+    for rank, k in _ranks_to_plan(spec, world_size, n):
+        planned_ranks += 1
+        workers = effective_workers(k)
+        step = world_size * workers
+        first = rank * workers
+        busy = max(0, min(workers, n - first))  # workers with a file: a prefix
+        empty.add(rank, busy, workers)
+        if not busy:
+            continue
+        rank_files = rank_bytes = batches = 0
+        for worker in range(busy):
+            files = _take(order, first + worker, n, step)
+            if isinstance(order, range):
+                nbytes = sum(sizes[first + worker::step])
+            else:
+                nbytes = sum(map(sizes.__getitem__, files))
+            if not agree:
+                for i in files:
+                    if counts[i] < 255:
+                        counts[i] += 1
             slots.append(SlotPlan(rank, worker, files, nbytes))
             rank_files += len(files)
             rank_bytes += nbytes
             if batch_size:
-                batches += math.ceil(len(files) / batch_size)
+                batches += -(-len(files) // batch_size)
         ranks.append(RankStats(rank, k, rank_files, rank_bytes, batches if batch_size else None))
-    duplicated = [i for i in range(n) if counts[i] > 1]
-    skipped = [i for i in range(n) if counts[i] == 0]
+    if isinstance(spec, int):
+        # The ranks past the walk read nothing at all: counted, never visited.
+        empty.add(planned_ranks, 0, effective_workers(spec), ranks=world_size - planned_ranks)
     return ShardPlan(
         n_files=n,
         total_bytes=sum(sizes),
         world_size=world_size,
-        num_workers=workers,
+        num_workers=spec,
         shuffle=shuffle,
         seed=seed,
         epoch=epoch,
         batch_size=batch_size,
         slots=slots,
         ranks=ranks,
-        duplicated=duplicated,
-        skipped=skipped,
+        slot_total=slot_count(world_size, spec),
+        empty=empty,
+        duplicated=[] if agree else [i for i in range(n) if counts[i] > 1],
+        skipped=[] if agree else [i for i in range(n) if counts[i] == 0],
         read_count=counts,
     )
+
+
+def slot_plan(
+    sizes: Sequence[int],
+    *,
+    rank: int,
+    worker: int,
+    world_size: int,
+    num_workers: int | Sequence[int],
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+) -> SlotPlan:
+    """What one slot reads, without planning the others (``shard-plan --slot``).
+
+    Raises:
+        InvalidArgument: no such slot (the message says which ranks and
+            workers there are).
+    """
+    spec = _workers_spec(num_workers, world_size)
+    if not 0 <= rank < world_size:
+        raise InvalidArgument(f"no slot {rank}:{worker}: ranks are 0..{world_size - 1}")
+    k = spec if isinstance(spec, int) else spec[rank]
+    if not 0 <= worker < effective_workers(k):
+        raise InvalidArgument(
+            f"no slot {rank}:{worker}: rank {rank} has workers 0..{effective_workers(k) - 1} "
+            f"(num_workers {k}; 0 means the main process reads, as worker 0)")
+    files = slot_files(len(sizes), rank=rank, world_size=world_size, num_workers=k,
+                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch)
+    return SlotPlan(rank, worker, files, sum(sizes[i] for i in files))
 
 
 EQUAL_LENGTH_MODES = ("pad", "drop")
@@ -396,3 +572,40 @@ def equal_slot_files(
     for i in range(len(files), -(-n // slots)):
         files.append(order[(s + i * slots) % n])
     return files
+
+
+def slot_length(
+    n: int,
+    *,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    worker: int,
+    equal_length: str | None = None,
+) -> int:
+    """How many files slot (rank, worker) reads: ``len`` of :func:`slot_files`
+    (``equal_length=None``) or :func:`equal_slot_files`, without building either."""
+    positions = slot_indices(n, rank=rank, world_size=world_size, num_workers=num_workers,
+                             worker=worker)
+    if equal_length is None:
+        return len(positions)
+    if equal_length not in EQUAL_LENGTH_MODES:
+        raise InvalidArgument(
+            f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {equal_length!r}")
+    if n == 0:
+        return 0
+    return n // positions.step if equal_length == "drop" else -(-n // positions.step)
+
+
+def rank_length(
+    n: int,
+    *,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    equal_length: str | None = None,
+) -> int:
+    """How many files rank ``rank`` reads over all its workers (see :func:`slot_length`)."""
+    return sum(slot_length(n, rank=rank, world_size=world_size, num_workers=num_workers,
+                           worker=w, equal_length=equal_length)
+               for w in range(effective_workers(num_workers)))

@@ -85,6 +85,63 @@ def test_json_contract(vol):
     # files per worker: rank 0 -> 4,4,4 ; rank 1 -> 4,4,3 ; batches of 2
     assert data["batches"] == [6, 6]
     assert data["fingerprint"] == snapshot(vol).fingerprint
+    assert "empty_slots" not in data  # a plan where every slot reads keeps its old shape
+    assert data["summary"]["slots"] == 6
+
+
+def test_more_slots_than_files_warns_and_exits_1(vol):
+    """23 files over 10 ranks x 3 workers: 7 slots read nothing, 2 ranks get no file."""
+    human = run("shard-plan", vol, "-w", "10", "-k", "3")
+    assert human.exit_code == 1, human.output
+    assert "every file is read exactly once" not in human.output
+    assert "7 of 30 slots read nothing" in human.output
+    assert "2 ranks get no file at all" in human.output
+    assert "7:2 .. 9:2" in human.output and "use at most 23 slots" in human.output
+    assert "error: 7 of 30 slots read nothing" in human.stderr
+    result = run("shard-plan", vol, "-w", "10", "-k", "3", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["consistent"] is True and data["summary"]["slots"] == 30
+    assert len(data["slots"]) == 23 and all(s["files"] for s in data["slots"])
+    assert data["empty_slots"] == {"count": 7, "ranks": 2, "ranges_not_listed": 0,
+                                   "ranges": [{"first": [7, 2], "last": [9, 2], "slots": 7}]}
+    assert [r["rank"] for r in data["ranks"]] == list(range(8))
+    assert data["num_workers"] == [3] * 8
+    assert data["summary"]["files_per_slot"]["min"] == 0
+
+
+def test_huge_world_size_plans_by_file(tmp_path):
+    """-w 100000000 -k 100 on 250 files grew to all the RAM; now it plans the 250 files."""
+    root = tmp_path / "small"
+    root.mkdir()
+    for i in range(250):
+        (root / f"{i:03d}.bin").write_bytes(b"x")
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31)); "
+            "from ucstage.cli import main; main(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", code, "shard-plan", str(root), "-w",
+                           "100000000", "-k", "100", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["empty_slots"]["count"] == 10**10 - 250 and len(data["slots"]) == 250
+    assert "slots read nothing" in proc.stderr
+
+
+def test_a_slot_that_reads_nothing_prints_no_files(vol):
+    result = run("shard-plan", vol, "-w", "10", "-k", "3", "--slot", "9:2")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert "slot 9:2: 0 files" in result.stderr
+
+
+@pytest.mark.parametrize("extra", [["--seed", "3"], ["--epoch", "1"], ["--seed", "0"],
+                                   ["--epoch", "2", "--slot", "0:0"]])
+def test_seed_or_epoch_without_shuffle_is_refused(vol, extra):
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "shard-plan", vol, "-w", "2", "-k",
+                           "2", *extra], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "--seed/--epoch only matter with --shuffle" in proc.stderr
+    assert f"leave {extra[0]} out" in proc.stderr
+    assert run("shard-plan", vol, "-w", "2", "-k", "2", "--shuffle", *extra).exit_code == 0
 
 
 def test_mismatch_names_duplicates_and_skips_and_exits_1(vol):
@@ -110,6 +167,7 @@ def test_unequal_batches_warn_and_exit_1(vol):
     result = run("shard-plan", vol, "-w", "4", "-k", "0", "--batch-size", "5")
     assert result.exit_code == 1
     assert "different batch counts" in result.output
+    assert 'VolumeDataset(equal_length="pad")' in result.output
 
 
 def test_slot_prints_files_in_read_order(vol, tmp_path):
@@ -135,7 +193,7 @@ def test_large_plan_stays_readable(tmp_path):
     root.mkdir()
     for i in range(300):
         (root / f"{i:04d}").write_bytes(b"")
-    result = run("shard-plan", str(root), "-w", "64", "-k", "6")
+    result = run("shard-plan", str(root), "-w", "50", "-k", "6")  # 300 slots, 1 file each
     assert result.exit_code == 0
     assert len(result.output.splitlines()) < 40
     assert "more" in result.output

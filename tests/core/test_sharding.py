@@ -8,7 +8,19 @@ from hypothesis import strategies as st
 
 from ucstage.cli.args import num_workers_list
 from ucstage.errors import InvalidArgument
-from ucstage.sharding import node_ranks, plan, read_order, slot_count, slot_files, workers_per_rank
+from ucstage.sharding import (
+    MAX_RANGES,
+    EmptySlots,
+    node_ranks,
+    plan,
+    rank_length,
+    read_order,
+    slot_count,
+    slot_files,
+    slot_length,
+    slot_plan,
+    workers_per_rank,
+)
 
 
 def simulate(n: int, world_size: int, workers: list[int], order: list[int]) -> dict:
@@ -27,6 +39,17 @@ def simulate(n: int, world_size: int, workers: list[int], order: list[int]) -> d
     return reads
 
 
+def expand(empty: EmptySlots, workers: list[int]) -> list[tuple[int, int]]:
+    """Every slot the listed ranges cover, in (rank, worker) order."""
+    slots = [(r, w) for r, k in enumerate(workers) for w in range(max(k, 1))]
+    covered = []
+    for (first, last), size in zip(empty.ranges, empty.range_sizes, strict=True):
+        inside = [s for s in slots if first <= s <= last]
+        assert len(inside) == size
+        covered.extend(inside)
+    return covered
+
+
 sizes_st = st.lists(st.integers(min_value=0, max_value=10_000), max_size=300)
 
 
@@ -38,7 +61,11 @@ def test_agreeing_workers_read_every_file_exactly_once(sizes, world_size, k, shu
     seen = sorted(i for s in p.slots for i in s.files)
     assert seen == list(range(len(sizes)))
     assert p.consistent and not p.duplicated and not p.skipped
-    assert len(p.slots) == world_size * max(k, 1)
+    assert p.slot_total == world_size * max(k, 1)
+    # Only slots that read something are listed; the rest are counted.
+    assert all(s.files for s in p.slots)
+    assert len(p.slots) == min(p.slot_total, len(sizes))
+    assert p.empty.count == p.slot_total - len(p.slots)
     assert sum(s.bytes for s in p.slots) == sum(sizes)
 
 
@@ -52,7 +79,15 @@ def test_plan_equals_brute_force(n, world_size, data, shuffle, seed):
     p = plan(sizes, world_size=world_size, num_workers=workers, shuffle=shuffle, seed=seed,
              epoch=1)
     expected = simulate(n, world_size, workers, order)
-    assert {(s.rank, s.worker): s.files for s in p.slots} == expected
+    assert {(s.rank, s.worker): s.files for s in p.slots} == {
+        slot: files for slot, files in expected.items() if files}
+    empty = sorted(slot for slot, files in expected.items() if not files)
+    assert p.empty.count == len(empty)
+    assert p.empty.ranks == sum(1 for r, k in enumerate(workers)
+                                if all(not expected[(r, w)] for w in range(max(k, 1))))
+    if p.empty.range_count <= MAX_RANGES:
+        assert expand(p.empty, workers) == empty
+    assert [r.rank for r in p.ranks] == sorted({r for (r, _), f in expected.items() if f})
     counts = [0] * n
     for files in expected.values():
         for i in files:
@@ -69,6 +104,9 @@ def test_batches_are_per_worker_ceilings(n, world_size, k, batch):
     for rank in p.ranks:
         mine = [s for s in p.slots if s.rank == rank.rank]
         assert rank.batches == sum(-(-len(s.files) // batch) for s in mine)
+    # A rank with no file has 0 batches: unequal as soon as another has one.
+    assert p.batches_equal == (len({r.batches for r in p.ranks} | ({0} if p.empty.ranks else
+                                                                      set())) <= 1)
 
 
 def test_shuffle_is_deterministic_and_changes_per_epoch():
@@ -140,3 +178,101 @@ def test_bad_rank_or_worker():
         slot_files(10, rank=0, world_size=2, num_workers=0, worker=1)
     with pytest.raises(InvalidArgument):
         plan([1], world_size=1, num_workers=1, batch_size=0)
+
+
+def test_more_slots_than_files_costs_the_files_not_the_slots():
+    """-w 100000 -k 10 on 250 files: 999,750 empty slots, counted and not listed."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        p = plan([7] * 250, world_size=100_000, num_workers=10, batch_size=4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2**20, f"planning 250 files took {peak:,} bytes"
+    assert p.consistent and not p.ok and not p.batches_equal
+    assert p.slot_total == 1_000_000 and len(p.slots) == 250
+    assert p.empty.count == 999_750 and p.empty.ranks == 100_000 - 25
+    assert p.empty.ranges == [((25, 0), (99_999, 9))] and p.empty.range_sizes == [999_750]
+    assert [r.rank for r in p.ranks] == list(range(25))
+    spread = p.files_per_slot()
+    assert (spread.min, spread.max, spread.mean) == (0, 1, 250 / 1_000_000)
+    doc = p.to_json([f"f{i}" for i in range(250)], source="s", fingerprint="x")
+    assert doc["empty_slots"] == {"count": 999_750, "ranks": 99_975, "ranges_not_listed": 0,
+                                  "ranges": [{"first": [25, 0], "last": [99_999, 9],
+                                              "slots": 999_750}]}
+    assert doc["summary"]["slots"] == 1_000_000 and len(doc["slots"]) == 250
+    assert doc["num_workers"] == [10] * 25 and doc["batches"] == [10] * 25  # 10 workers x 1 file, batch 4
+
+
+def test_a_hundred_million_ranks_plan_in_little_memory():
+    """-w 100000000 -k 100 once grew to all the RAM; run it under a 1 GiB address cap."""
+    import subprocess
+    import sys
+
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30)); "
+            "from ucstage.sharding import plan; "
+            "p = plan([1] * 250, world_size=100_000_000, num_workers=100); "
+            "print(p.slot_total, len(p.slots), p.empty.count, p.empty.ranks, p.empty.ranges)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split(" ", 4) == [
+        "10000000000", "250", str(10**10 - 250), str(10**8 - 3),
+        "[((2, 50), (99999999, 99))]\n"]
+
+
+def test_mismatched_ranks_with_empty_slots_keep_their_diagnosis():
+    # 10 files; rank 0 thinks K=4 (8 slots), rank 1 thinks K=8 (16 slots).
+    p = plan([1] * 10, world_size=2, num_workers=[4, 8])
+    files = {(s.rank, s.worker): s.files for s in p.slots}
+    assert files == {(0, 0): [0, 8], (0, 1): [1, 9], (0, 2): [2], (0, 3): [3],
+                     (1, 0): [8], (1, 1): [9]}
+    assert p.skipped == [4, 5, 6, 7] and p.duplicated == [8, 9]
+    assert p.empty.count == 6 and p.empty.ranks == 0
+    assert p.empty.ranges == [((1, 2), (1, 7))]
+    assert p.readers(8) == [(0, 0), (1, 0)]
+
+
+def test_empty_ranges_are_capped_but_all_counted():
+    # Every other rank has many workers and reads 1 file: one range per such rank.
+    workers = [1, 50] * 30
+    p = plan([1] * 200, world_size=60, num_workers=workers)
+    assert p.empty.range_count > MAX_RANGES == len(p.empty.ranges)
+    assert p.empty.to_json()["ranges_not_listed"] == p.empty.range_count - MAX_RANGES
+    assert p.empty.count == p.slot_total - len(p.slots)
+
+
+def test_slot_plan_is_the_plans_slot_without_planning_the_rest():
+    sizes = [i * 3 for i in range(41)]
+    for workers in (3, [3, 1]):
+        p = plan(sizes, world_size=2, num_workers=workers, shuffle=True, seed=4)
+        for s in p.slots:
+            assert slot_plan(sizes, rank=s.rank, worker=s.worker, world_size=2,
+                             num_workers=workers, shuffle=True, seed=4) == s
+    empty = slot_plan([1] * 3, rank=1, worker=0, world_size=4, num_workers=1)
+    assert (empty.files, empty.bytes) == ([1], 1)
+    assert slot_plan([1] * 3, rank=3, worker=0, world_size=4, num_workers=1).files == []
+    with pytest.raises(InvalidArgument, match=r"no slot 4:0: ranks are 0\.\.3"):
+        slot_plan([1], rank=4, worker=0, world_size=4, num_workers=1)
+    with pytest.raises(InvalidArgument, match=r"no slot 1:1: rank 1 has workers 0\.\.0"):
+        slot_plan([1], rank=1, worker=1, world_size=2, num_workers=[3, 0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(0, 120), world=st.integers(1, 5), k=st.integers(0, 4),
+       mode=st.sampled_from([None, "pad", "drop"]))
+def test_lengths_are_the_lengths_of_the_slots(n, world, k, mode):
+    from ucstage.sharding import equal_slot_files
+
+    for rank in range(world):
+        total = 0
+        for w in range(max(1, k)):
+            kw = {"rank": rank, "world_size": world, "num_workers": k, "worker": w}
+            files = (slot_files(n, **kw) if mode is None
+                     else equal_slot_files(n, mode=mode, **kw))
+            assert slot_length(n, equal_length=mode, **kw) == len(files)
+            total += len(files)
+        assert rank_length(n, rank=rank, world_size=world, num_workers=k,
+                           equal_length=mode) == total

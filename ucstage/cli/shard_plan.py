@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InvalidArgument
 from ..manifest import Manifest
-from ..sharding import ShardPlan, plan
+from ..sharding import ShardPlan, SlotPlan, plan, slot_plan
 from .args import num_workers_list
 from .output import (
     emit,
@@ -43,10 +44,18 @@ def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
                      fingerprint=manifest.fingerprint)
 
 
+def _workers_text(p: ShardPlan) -> str:
+    if isinstance(p.num_workers, int):
+        return f"{p.num_workers} on every rank"
+    return ",".join(str(k) for k in p.num_workers)
+
+
+def _slot_range(first: tuple[int, int], last: tuple[int, int]) -> str:
+    return (f"{first[0]}:{first[1]}" if first == last
+            else f"{first[0]}:{first[1]} .. {last[0]}:{last[1]}")
+
+
 def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
-    workers = sorted(set(p.num_workers))
-    workers_text = (f"{workers[0]} on every rank" if len(workers) == 1
-                    else ",".join(str(k) for k in p.num_workers))
     order = f"shuffled (seed {p.seed}, epoch {p.epoch})" if p.shuffle else "listing order"
     fps, bps = p.files_per_slot(), p.bytes_per_slot()
     console.print(f"[bold]Shard plan[/] for {escape(manifest.path or manifest.source)}  "
@@ -54,7 +63,8 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
     summary = table("", "", numeric=False)
     summary.show_header = False
     summary.add_row("files", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
-    summary.add_row("ranks x workers", f"{p.world_size} x {workers_text} = {len(p.slots)} slots")
+    summary.add_row("ranks x workers",
+                    f"{p.world_size:,} x {_workers_text(p)} = {p.slot_total:,} slots")
     summary.add_row("read order", order)
     summary.add_row("files per slot",
                     f"min {fps.min:,.0f} / mean {fps.mean:,.1f} / max {fps.max:,.0f}")
@@ -75,13 +85,15 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
             cells.append(f"{r.batches:,}")
         ranks.add_row(*cells)
     console.print(ranks)
+    if p.empty.ranks:
+        console.print(f"[dim]{p.empty.ranks:,} ranks read no file and are not listed[/]")
     console.print()
     paths = [e.path for e in manifest.entries]
-    if p.consistent:
+    if p.consistent and not p.empty.count:
         console.print("[green]✓[/] every file is read exactly once")
-    else:
+    elif not p.consistent:
         console.print(
-            f"[red]✗[/] ranks disagree on num_workers ({','.join(map(str, p.num_workers))}): "
+            f"[red]✗[/] ranks disagree on num_workers ({_workers_text(p)}): "
             f"[bold]{len(p.duplicated):,}[/] files are read twice or more, "
             f"[bold]{len(p.skipped):,}[/] are never read"
         )
@@ -93,14 +105,40 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
             if len(indices) > EXAMPLES:
                 console.print(f"  {'':<11} [dim]… and {len(indices) - EXAMPLES:,} more (--json lists all)[/]")
         console.print("  fix: pass the same num_workers to the DataLoader on every rank")
+    if p.empty.count:
+        _render_empty(console, p)
     if p.batch_size and not p.batches_equal:
-        counts = sorted({r.batches for r in p.ranks if r.batches is not None})
+        counts = sorted({r.batches for r in p.ranks if r.batches is not None}
+                        | ({0} if p.empty.ranks else set()))
         console.print(
             f"[yellow]![/] ranks get different batch counts ({counts[0]}..{counts[-1]} at batch "
             f"size {p.batch_size}): DDP hangs at the end of the epoch waiting for the rank "
             "with more batches. Make the file count a multiple of the slot count, or use "
-            "VolumeDataset(equal_length=True)."
+            'VolumeDataset(equal_length="pad").'
         )
+
+
+def _render_empty(console: Console, p: ShardPlan) -> None:
+    e = p.empty
+    whole = f"; {e.ranks:,} ranks get no file at all" if e.ranks else ""
+    if p.consistent:
+        console.print(f"[yellow]![/] every file is read once, but [bold]{e.count:,}[/] of "
+                      f"{p.slot_total:,} slots read nothing (more slots than the "
+                      f"{p.n_files:,} files){whole}")
+    else:
+        console.print(f"[yellow]![/] [bold]{e.count:,}[/] of {p.slot_total:,} slots read "
+                      f"nothing{whole}")
+    for (first, last), size in list(zip(e.ranges, e.range_sizes, strict=True))[:EXAMPLES]:
+        console.print(f"  {'no files':<11} {_slot_range(first, last)}  [dim]({size:,} slots, "
+                      "rank:worker)[/]")
+    hidden = e.range_count - min(len(e.ranges), EXAMPLES)
+    if hidden:
+        console.print(f"  {'':<11} [dim]… and {hidden:,} more ranges (--json lists the first "
+                      f"{len(e.ranges)})[/]")
+    if p.consistent:
+        console.print(f"  fix: use at most {p.n_files:,} slots (world size x num_workers), or "
+                      'VolumeDataset(equal_length="pad"), which re-reads files until every '
+                      "slot has one")
 
 
 @click.command("shard-plan", context_settings={"help_option_names": ["-h", "--help"]})
@@ -110,8 +148,10 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
               help="DataLoader workers per rank (0 = the main process reads). A comma list of "
                    "one value per rank simulates ranks that disagree.")
 @click.option("--shuffle", is_flag=True, help="Plan the seeded per-epoch permutation.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
-@click.option("--epoch", type=int, default=0, show_default=True, help="Epoch (changes the permutation).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Shuffle seed (needs --shuffle).")
+@click.option("--epoch", type=int, default=0, show_default=True,
+              help="Epoch: changes the permutation (needs --shuffle).")
 @click.option("-b", "--batch-size", type=int, default=None,
               help="Also count batches per rank, and warn when ranks get different counts.")
 @click.option("--slot", "slot", metavar="RANK:WORKER", default=None,
@@ -128,7 +168,8 @@ def shard_plan(
 
     Slot s = rank * K + worker reads files s, s + W*K, s + 2*W*K, ... of the
     listing (or of its seeded permutation). Exits 1 when files would be read
-    twice or never, or when ranks would get different batch counts.
+    twice or never, when some slots would read no file (more slots than
+    files), or when ranks would get different batch counts.
 
     \b
     Examples:
@@ -137,28 +178,42 @@ def shard_plan(
       ucstage shard-plan manifest.json -w 2 -k 2 --slot 1:0
     """
     wanted = _parse_slot(slot)
+    _check_shuffle_options(shuffle)
+    workers = num_workers_list(num_workers)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
-    p = plan([e.size for e in manifest.entries], world_size=world_size,
-             num_workers=num_workers_list(num_workers), shuffle=shuffle, seed=seed, epoch=epoch,
-             batch_size=batch_size)
+    sizes = [e.size for e in manifest.entries]
     if wanted is not None:
-        _print_slot(manifest, p, wanted, as_json)
+        s = slot_plan(sizes, rank=wanted[0], worker=wanted[1], world_size=world_size,
+                      num_workers=workers, shuffle=shuffle, seed=seed, epoch=epoch)
+        _print_slot(manifest, s, as_json)
         return
+    p = plan(sizes, world_size=world_size, num_workers=workers, shuffle=shuffle, seed=seed,
+             epoch=epoch, batch_size=batch_size)
     emit(plan_json(manifest, p), as_json, lambda c: _render(c, manifest, p))
+    problems = []
     if not p.consistent:
-        fail_found(f"{len(p.duplicated):,} files read twice or more, {len(p.skipped):,} never read")
+        problems.append(f"{len(p.duplicated):,} files read twice or more, "
+                        f"{len(p.skipped):,} never read")
+    if p.empty.count:
+        problems.append(f"{p.empty.count:,} of {p.slot_total:,} slots read nothing")
     if not p.batches_equal:
-        fail_found("ranks would get different batch counts")
+        problems.append("ranks would get different batch counts")
+    if problems:
+        fail_found("; ".join(problems))
 
 
-def _print_slot(manifest: Manifest, p: ShardPlan, wanted: tuple[int, int], as_json: bool) -> None:
-    match = [s for s in p.slots if (s.rank, s.worker) == wanted]
-    if not match:
-        raise InvalidArgument(
-            f"no slot {wanted[0]}:{wanted[1]} in this plan",
-            hint=f"ranks are 0..{p.world_size - 1}; workers 0..K-1 (one worker when K is 0)",
-        )
-    s = match[0]
+def _check_shuffle_options(shuffle: bool) -> None:
+    """--seed and --epoch choose the permutation: without --shuffle they change nothing,
+    and a plan that silently ignores them is not the plan the user meant to check."""
+    ctx = click.get_current_context()
+    given = [f"--{name}" for name in ("seed", "epoch")
+             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+    if given and not shuffle:
+        raise InvalidArgument("--seed/--epoch only matter with --shuffle",
+                              hint=f"add --shuffle, or leave {' and '.join(given)} out")
+
+
+def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
     files = [manifest.entries[i] for i in s.files]
     data = s.to_json([e.path for e in manifest.entries])
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -57,6 +58,9 @@ class Manifest:
     """The manifest file this was loaded from, if any."""
     refused: Sequence[tuple[str, str]] = ()
     """(path, reason) of unsafe entries left out of a fresh listing."""
+    unreadable: Sequence[tuple[str, str]] = ()
+    """(folder, reason) of folders a fresh listing skipped because they could
+    not be read (only with ``skip_unreadable``); paths relative to the source."""
 
     @property
     def total_bytes(self) -> int:
@@ -80,6 +84,7 @@ class Manifest:
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             filters=dict(filters or {}),
             refused=list(listing.refused),
+            unreadable=list(listing.unreadable),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -114,42 +119,95 @@ def save(manifest: Manifest, path: str | os.PathLike[str]) -> str:
 
 MANIFEST_SUFFIX = ".manifest.json"
 
+# How much of each end of a file is searched for the format marker before a
+# ``.json`` file is parsed: a manifest written by ucstage starts with it, one
+# re-serialised with sorted keys ends near it, and a large JSON data file is
+# then refused without being parsed whole.
+_SNIFF = 64 * 1024
+
+
+def _mapped(path: str) -> bool:
+    """Whether ``path`` is read through :func:`ucstage.volumes.resolve` (a URL or
+    a ``/Volumes`` path) rather than opened as written."""
+    return ("://" in path or path.startswith("dbfs:")
+            or path == "/Volumes" or path.startswith("/Volumes/"))
+
 
 def is_manifest_file(path: str) -> bool:
-    """True when ``path`` is a local file meant as a ucstage manifest.
+    """True when the SOURCE ``path`` is read as a ucstage manifest.
 
-    A file named ``*.manifest.json`` always is (so a broken one is reported,
-    not read as a one-file dataset); any other file is when it starts like one.
+    The rule (docs/manifest.md): a name ending in ``.json`` always is, wherever
+    it lives (local, ``/Volumes``, URL), so a JSON file that is not a manifest
+    is refused by :func:`load`, never staged as a one-file dataset; any other
+    local file is when it starts like a manifest.
     """
-    if "://" in path or not os.path.isfile(path):
+    if path.lower().endswith(".json"):
+        return _mapped(path) or not os.path.isdir(path)
+    if _mapped(path) or not os.path.isfile(path):
         return False
-    if path.endswith(MANIFEST_SUFFIX):
-        return True
     with open(path, "rb") as fh:
         head = fh.read(64)
     return head.lstrip().startswith(b"{") and FORMAT.encode() in head
 
 
+def _not_a_manifest(path: str, why: str) -> ManifestError:
+    split = posixpath.split if _mapped(path) else os.path.split
+    folder, name = split(path if _mapped(path) else os.path.abspath(path))
+    if name.endswith(MANIFEST_SUFFIX):
+        hint = "recreate it with `ucstage cache lazy SOURCE` or manifest.save()"
+    else:
+        hint = ("a .json SOURCE is read as a manifest (`ucstage cache lazy` writes one); to "
+                f"stage a JSON data file, give its folder {folder} with `include` {name}")
+    return ManifestError(f"{path} is not a ucstage manifest ({why})", hint=hint)
+
+
+def _read(path: str) -> bytes | None:
+    """The manifest file's bytes; None when a large file lacks the format
+    marker near either end (a data file: refused without reading it whole).
+    URLs and ``/Volumes`` paths are read where they resolve to."""
+    opener: Any = open
+    where = path
+    if _mapped(path):
+        volume = resolve(path)  # a missing file: SourceNotFound says where it looked
+        where = volume.full_path(volume.file) if volume.file else volume.root
+        opener = open if volume.is_local else volume.fs.open
+    with opener(where, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size > 2 * _SNIFF:
+            fh.seek(0)
+            head = fh.read(_SNIFF)
+            fh.seek(size - _SNIFF)
+            if FORMAT.encode() not in head and FORMAT.encode() not in fh.read(_SNIFF):
+                return None
+        fh.seek(0)
+        return bytes(fh.read())
+
+
 def load(path: str | os.PathLike[str]) -> Manifest:
     """Load a manifest and check its fingerprint.
 
+    ``path`` is a local file, or a ``/Volumes`` path or URL read where
+    :func:`ucstage.volumes.resolve` maps it.
+
     Raises:
-        ManifestError: the file is missing, not a ucstage manifest, malformed,
-            or its files do not hash to its fingerprint.
+        SourceNotFound: a ``/Volumes`` path or URL that does not exist (the
+            message says where it was looked up).
+        ManifestError: the file is missing, not a ucstage manifest (not JSON,
+            or no ``"format": "ucstage.manifest"``), malformed, or its files
+            do not hash to its fingerprint.
     """
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        raw = _read(path)
+        if raw is None:
+            raise _not_a_manifest(path, f'no "format": "{FORMAT}"')
+        data = json.loads(raw)
     except FileNotFoundError as exc:
         raise ManifestError(f"manifest {path} does not exist") from exc
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(
-            f"manifest {path} is not valid JSON: {exc}",
-            hint="recreate it with `ucstage cache lazy SOURCE` or manifest.save()",
-        ) from exc
+        raise _not_a_manifest(path, f"not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ManifestError(f"{path} is not a ucstage manifest (no \"format\": \"{FORMAT}\")")
+        raise _not_a_manifest(path, f'no "format": "{FORMAT}"')
     if data.get("format_version") != FORMAT_VERSION:
         raise ManifestError(
             f"manifest {path} has format_version {data.get('format_version')!r}; "
@@ -187,14 +245,18 @@ def snapshot(
     exclude: Sequence[str] = (),
     include_hidden: bool = False,
     allow_empty: bool = False,
+    skip_unreadable: bool = False,
 ) -> Manifest:
     """The one way commands get their file list: a saved manifest, or a fresh listing.
 
-    ``source`` may itself be a manifest file. Filters apply to fresh listings
-    only; a manifest is already filtered and is used as frozen.
+    ``source`` may itself be a manifest file (:func:`is_manifest_file`).
+    Filters and ``skip_unreadable`` apply to fresh listings only (see
+    :func:`ucstage.volumes.list_files`); a manifest is used as frozen.
 
     Raises:
         EmptySource: nothing is left to read (unless ``allow_empty``).
+        UnreadableFolders: folders inside the source cannot be read (unless
+            ``skip_unreadable``, which records them in ``Manifest.unreadable``).
     """
     if manifest is None and source is not None and is_manifest_file(source):
         manifest = source
@@ -206,7 +268,7 @@ def snapshot(
         filters = {"include": list(include), "exclude": list(exclude),
                    "include_hidden": include_hidden}
         listing = list_files(source, include=include, exclude=exclude,
-                             include_hidden=include_hidden)
+                             include_hidden=include_hidden, skip_unreadable=skip_unreadable)
         result = Manifest.from_listing(listing, filters)
     if not result.entries and not allow_empty:
         where = result.path or result.source

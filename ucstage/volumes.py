@@ -12,22 +12,30 @@ Path rules (docs/design.md, "2. Data flow"):
 
 Listing is recursive, sorted by relative POSIX path, and skips names that start
 with ``_`` or ``.`` (``_SUCCESS``, ``_delta_log``, ``.crc``) unless asked not to,
-as Spark and Hadoop do.
+as Spark and Hadoop do. Local folders are walked as ``find -L`` walks them
+(links to folders inside the volume are followed, loops broken), and a folder
+that cannot be read is never dropped silently: it stops the listing
+(:class:`UnreadableFolders`) unless ``skip_unreadable``, which records it.
+A single file is a source too: its listing is that one file.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import posixpath
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import fsspec
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
+from fsspec.spec import AbstractFileSystem
 
 from .errors import (
     InvalidArgument,
@@ -41,6 +49,7 @@ __all__ = [
     "VOLUMES_ROOT_ENV",
     "FileEntry",
     "Listing",
+    "UnreadableFolders",
     "Volume",
     "list_files",
     "matches",
@@ -54,6 +63,26 @@ VOLUMES_ROOT_ENV = "UCSTAGE_VOLUMES_ROOT"
 # changes with the content; an mtime is what local and FUSE files have.
 _VERSION_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "mtime", "LastModified",
                  "last_modified", "updated", "created")
+
+# The pip line that adds a backend: an extra of ucstage where pyproject.toml
+# has one, else the backend's own package.
+_EXTRAS = {"s3": "ucstage[s3]", "s3a": "ucstage[s3]"}
+
+
+class UnreadableFolders(SourceUnreadable):
+    """Folders inside a source could not be listed: the listing is incomplete.
+
+    Exit 1 (the listing ran and found a problem), unlike an unreadable source
+    as a whole (:class:`SourceUnreadable`, exit 2). ``folders`` holds
+    ``(path, reason)`` with each folder's full path or URL.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "",
+                 folders: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message, hint)
+        self.folders = list(folders)
 
 
 class FileEntry(NamedTuple):
@@ -69,21 +98,30 @@ class FileEntry(NamedTuple):
 
 @dataclass(frozen=True)
 class Volume:
-    """A resolved source: a filesystem and the root path inside it."""
+    """A resolved source: a filesystem and the root path inside it.
+
+    A single-file source has ``root`` set to the file's folder and ``file`` to
+    its name, so entries are read exactly as a folder's; its :attr:`url` is
+    the file's own, which makes the file (not its folder) the cache namespace.
+    """
 
     source: str
     """The source as the user wrote it, canonicalised (``dbfs:`` dropped)."""
     fs: Any
     """The fsspec filesystem."""
     root: str
-    """Root path inside ``fs`` (no protocol)."""
+    """Root path inside ``fs`` (no protocol): the folder that listed paths are relative to."""
+    file: str = ""
+    """For a single-file source, the file's name in ``root``; else empty."""
 
     @property
     def url(self) -> str:
-        """The resolved location: an absolute local path or an fsspec URL."""
+        """The resolved location: an absolute local path or an fsspec URL
+        (for a single-file source, the file's)."""
+        where = self.full_path(self.file) if self.file else self.root
         if self.is_local:
-            return self.root
-        return str(self.fs.unstrip_protocol(self.root))
+            return where
+        return str(self.fs.unstrip_protocol(where))
 
     @property
     def is_local(self) -> bool:
@@ -108,7 +146,11 @@ class Listing:
     volume: Volume
     entries: list[FileEntry]
     refused: list[tuple[str, str]] = field(default_factory=list)
-    """(path, reason) for entries that were not listed because they are unsafe."""
+    """(path, reason) for entries that were not listed because they are unsafe
+    (or a folder link that loops back or leaves the volume)."""
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    """(folder, reason) for folders skipped because they could not be read;
+    only ever non-empty with ``skip_unreadable``. Paths relative to the root."""
 
 
 def _strip_dbfs(source: str) -> str:
@@ -116,6 +158,16 @@ def _strip_dbfs(source: str) -> str:
         rest = source[len("dbfs:"):]
         return "/" + rest.lstrip("/")
     return source
+
+
+def _install_hint(protocol: str, err: str) -> str:
+    extra = _EXTRAS.get(protocol)
+    if extra:
+        return f"pip install '{extra}'"
+    package = str(known_implementations.get(protocol, {}).get("class", "")).split(".")[0]
+    if package and package != "fsspec":
+        return f"pip install {package}"
+    return err  # a backend inside fsspec whose own dependency is missing: it names it
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
@@ -126,8 +178,8 @@ def _filesystem(url: str) -> tuple[Any, str]:
         err = known_implementations.get(protocol, {}).get("err")
         if err or isinstance(exc, ImportError):
             raise MissingDependency(
-                f"cannot open {url}: no filesystem for {protocol}://",
-                hint=err or str(exc),
+                f"cannot open {url}: no filesystem for {protocol}:// is installed",
+                hint=_install_hint(protocol, err or str(exc)),
             ) from exc
         raise InvalidArgument(f"cannot open {url}: {exc}") from exc
     return fs, path
@@ -137,12 +189,16 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
     """Resolve a user-given source to a :class:`Volume`.
 
     Args:
-        source: ``/Volumes/...``, ``dbfs:/Volumes/...``, an fsspec URL or a local path.
+        source: ``/Volumes/...``, ``dbfs:/Volumes/...``, an fsspec URL or a
+            local path; a folder (prefix) or a single file.
         must_exist: raise :class:`SourceNotFound` when the location is missing.
+            Without it nothing is looked up, so a file is resolved as a folder
+            would be; its :attr:`Volume.url` (the cache namespace) is the same.
 
     Raises:
         SourceNotFound: the location does not exist; the message names both the
             source and where it resolved to.
+        SourceUnreadable: the store refused to say (credentials, permissions).
         MissingDependency: the URL's protocol needs a package that is not installed.
     """
     if not source or not source.strip():
@@ -164,7 +220,10 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
         fs = LocalFileSystem()
         root = os.path.abspath(os.path.expanduser(local))
     volume = Volume(source=canonical, fs=fs, root=root)
-    if must_exist and not _exists(volume):
+    if not must_exist:
+        return volume
+    kind = _kind(volume)
+    if kind is None:
         if via_env:
             where = f"{VOLUMES_ROOT_ENV}={via_env}, so it was looked up at {volume.url}"
         elif canonical.startswith("/Volumes"):
@@ -175,7 +234,14 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
             f"source {source} does not exist ({where})",
             hint=f"check the path, or set {VOLUMES_ROOT_ENV} to the folder or URL that holds /Volumes",
         )
-    return volume
+    return volume if kind == "directory" else _single_file(volume)
+
+
+def _single_file(volume: Volume) -> Volume:
+    """The same location as a one-file source: its folder as root, its name as file."""
+    split = os.path.split if volume.is_local else posixpath.split
+    parent, name = split(volume.root.rstrip("/") if not volume.is_local else volume.root)
+    return Volume(volume.source, volume.fs, parent, name)
 
 
 def _unreadable(volume: Volume, exc: Exception) -> SourceUnreadable:
@@ -185,13 +251,18 @@ def _unreadable(volume: Volume, exc: Exception) -> SourceUnreadable:
     )
 
 
-def _exists(volume: Volume) -> bool:
+def _kind(volume: Volume) -> str | None:
+    """``"directory"``, ``"file"`` or None (missing), in one stat or info call."""
     try:
-        return bool(volume.fs.exists(volume.root))
-    except FileNotFoundError:
-        return False
+        if volume.is_local:
+            st = os.stat(volume.root)
+            return "directory" if stat.S_ISDIR(st.st_mode) else "file"
+        info = volume.fs.info(volume.root)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
     except Exception as exc:  # any backend's auth/endpoint error: say which store
         raise _unreadable(volume, exc) from exc
+    return "directory" if info.get("type") == "directory" else "file"
 
 
 def safe_relpath(relpath: str) -> str:
@@ -241,31 +312,168 @@ def _keep(relpath: str, include: Sequence[str], exclude: Sequence[str], hidden: 
     return not any(matches(relpath, p) for p in exclude)
 
 
-class _EscapeCheck:
-    """Finds local entries that resolve outside the volume through a symlink.
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}"
 
-    realpath() is cached per folder, so the cost is per directory, not per file.
+
+class _Walk:
+    """What a walk found: files (relative path -> size and version, or an
+    fsspec info dict), refused entries and unreadable folders ("" = the root)."""
+
+    def __init__(self, include_hidden: bool) -> None:
+        self.include_hidden = include_hidden
+        self.entries: list[FileEntry] = []
+        self.found: dict[str, dict[str, Any]] = {}
+        self.refused: list[tuple[str, str]] = []
+        self.unreadable: list[tuple[str, str]] = []
+
+    def enter(self, rel: str, name: str) -> bool:
+        """Whether to look at a child at all: refuse unsafe names (before the
+        hidden filter, so an escaping name is reported, not hidden) and prune
+        hidden ones (so an unreadable ``_delta_log`` never stops a listing)."""
+        try:
+            safe_relpath(rel)
+        except UnsafePath as exc:
+            self.refused.append((rel, str(exc)))
+            return False
+        return self.include_hidden or name[:1] not in ("_", ".")
+
+
+def _walk_local(root: str, walk: _Walk) -> None:
+    """``find -L`` over a local folder (FUSE mounts included).
+
+    Links are followed: a link to a folder inside the volume lists the files
+    under the link's path, so each path is listed once and the same file may
+    appear under two paths, as with ``find -L``. A folder reached again below
+    itself (a loop) is not entered; a link resolving outside the volume, a
+    broken link and anything that is neither a file nor a folder are refused.
+    A folder that cannot be read is recorded in ``walk.unreadable``.
     """
+    real_root = os.path.realpath(root)
+    inside = real_root.rstrip(os.sep) + os.sep
+    top = os.stat(root)
+    stack: list[tuple[str, str, frozenset[tuple[int, int]]]] = [
+        (root, "", frozenset({(top.st_dev, top.st_ino)}))]
+    while stack:
+        folder, prefix, above = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                items = list(it)
+        except FileNotFoundError:
+            continue  # removed while we listed: it holds nothing now
+        except OSError as exc:
+            walk.unreadable.append((prefix.rstrip("/"), _reason(exc)))
+            continue
+        blocked = False
+        for item in items:
+            rel = prefix + item.name
+            if not walk.enter(rel, item.name):
+                continue
+            try:
+                st = item.stat()  # through links, as find -L
+            except OSError as exc:
+                if exc.errno == errno.ENOENT and item.is_symlink():
+                    walk.refused.append((rel, f"broken symlink to {os.readlink(item.path)}"))
+                elif exc.errno == errno.ELOOP:
+                    walk.refused.append((rel, "symlink loop"))
+                elif exc.errno != errno.ENOENT and not blocked:
+                    # Names readable, entries not (a folder without x): the
+                    # folder's content is unknown, as if it could not be read.
+                    blocked = True
+                    walk.unreadable.append((prefix.rstrip("/"), _reason(exc)))
+                continue
+            real = ""
+            if item.is_symlink():
+                real = os.path.realpath(item.path)
+                if real != real_root and not real.startswith(inside):
+                    walk.refused.append((rel, f"symlink to {real}, outside the volume"))
+                    continue
+            if stat.S_ISDIR(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if key in above:
+                    walk.refused.append(
+                        (rel, f"symlink loop: {real or item.path} is a folder above it"))
+                    continue
+                stack.append((item.path, rel + "/", above | {key}))
+            elif stat.S_ISREG(st.st_mode):
+                walk.entries.append(FileEntry(rel, st.st_size, _version({"mtime": st.st_mtime})))
+            else:
+                walk.refused.append((rel, "not a regular file"))
 
-    def __init__(self, root: str) -> None:
-        self.real_root = os.path.realpath(root)
-        self._dirs: dict[str, bool] = {}
 
-    def _inside(self, real: str) -> bool:
-        return real == self.real_root or real.startswith(self.real_root.rstrip(os.sep) + os.sep)
+def _walks_by_ls(fs: Any) -> bool:
+    """Whether ``fs.find`` is fsspec's own walk over ``ls``, which drops every
+    folder it fails to list (``on_error="omit"``). Backends with their own
+    ``find`` list an object store flat in one request, and raise."""
+    cls = type(fs)
+    if cls.find is not AbstractFileSystem.find:
+        return False
+    return not isinstance(fs, AsyncFileSystem) or cls._find is AsyncFileSystem._find
 
-    def reason(self, full: str, info: dict[str, Any]) -> str | None:
-        if info.get("islink"):
-            real = os.path.realpath(full)
-        else:
-            parent = os.path.dirname(full)
-            ok = self._dirs.get(parent)
-            if ok is None:
-                ok = self._dirs[parent] = self._inside(os.path.realpath(parent))
-            if ok:
-                return None
-            real = os.path.realpath(full)
-        return None if self._inside(real) else f"symlink to {real}, outside the volume"
+
+def _walk_fsspec(fs: Any, root: str, walk: _Walk) -> None:
+    """fsspec's walk done here, so that a folder ``ls`` fails on is recorded."""
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            infos = fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            if folder == root:
+                raise
+            continue  # removed while we listed
+        except Exception as exc:
+            if folder == root:
+                raise
+            walk.unreadable.append((folder[len(root.rstrip("/")) + 1:], _reason(exc)))
+            continue
+        for info in infos:
+            name = str(info["name"]).rstrip("/")
+            if name == folder.rstrip("/"):
+                if info.get("type") != "directory":
+                    walk.found[name] = info
+                continue
+            if info.get("type") != "directory":
+                walk.found[name] = info
+                continue
+            rel = name[len(root.rstrip("/")) + 1:] if name.startswith(root.rstrip("/") + "/") else name
+            if walk.enter(rel, posixpath.basename(name)):
+                stack.append(name)
+
+
+def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str]) -> Listing:
+    full = volume.full_path(volume.file)
+    volume.fs.invalidate_cache(volume.root)
+    try:
+        info = volume.fs.info(full)
+    except FileNotFoundError as exc:
+        raise SourceNotFound(f"source {volume.source} does not exist (looked up at "
+                             f"{volume.url})") from exc
+    except Exception as exc:
+        raise _unreadable(volume, exc) from exc
+    if volume.is_local:
+        real, real_root = os.path.realpath(full), os.path.realpath(volume.root)
+        if not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            return Listing(volume, [], [(volume.file, f"symlink to {real}, outside its folder")])
+    entry = FileEntry(volume.file, int(info.get("size") or 0), _version(info))
+    # Named explicitly, so a hidden name is kept; include/exclude still apply.
+    return Listing(volume, [entry] if _keep(volume.file, include, exclude, True) else [])
+
+
+def _folder_message(volume: Volume, unreadable: Sequence[tuple[str, str]]) -> UnreadableFolders:
+    folders = [(volume.full_path(rel) if volume.is_local else
+                volume.fs.unstrip_protocol(volume.full_path(rel)), why) for rel, why in unreadable]
+    names = ", ".join(f"{path} ({why})" for path, why in folders[:3])
+    more = f" and {len(folders) - 3:,} more" if len(folders) > 3 else ""
+    count = f"{len(folders):,} folder{'s' if len(folders) != 1 else ''}"
+    return UnreadableFolders(
+        f"cannot read {count} of {volume.url}: {names}{more}; the listing would miss "
+        "their files",
+        hint="fix their permissions, or pass `skip_unreadable` to list the rest without them",
+        folders=folders,
+    )
 
 
 def list_files(
@@ -274,45 +482,63 @@ def list_files(
     include: Iterable[str] = (),
     exclude: Iterable[str] = (),
     include_hidden: bool = False,
+    skip_unreadable: bool = False,
 ) -> Listing:
     """List every file under a source, recursively, in relative-path order.
 
     Args:
         source: a source string (see :func:`resolve`) or a resolved Volume.
+            A single file lists as itself.
         include: keep only files matching any of these globs (none = keep all).
         exclude: drop files matching any of these globs.
         include_hidden: also list names starting with ``_`` or ``.``.
+        skip_unreadable: list what can be read when folders inside the source
+            cannot be; they are recorded in ``Listing.unreadable``.
 
     Returns:
         A :class:`Listing`; unsafe entries (``..`` keys, symlinks leaving the
-        volume) are left out and recorded in ``Listing.refused``.
+        volume, folder links that loop) are left out and recorded in
+        ``Listing.refused``.
+
+    Raises:
+        UnreadableFolders: folders inside the source cannot be listed (exit 1),
+            unless ``skip_unreadable``.
+        SourceUnreadable: the source itself cannot be listed.
     """
     volume = source if isinstance(source, Volume) else resolve(source)
+    if isinstance(source, Volume) and not source.file and _kind(source) == "file":
+        volume = _single_file(source)
     include, exclude = list(include), list(exclude)
+    if volume.file:
+        return _list_one_file(volume, include, exclude)
     fs, root = volume.fs, volume.root
-    # fsspec instances are cached per process and some (s3fs) keep listings:
-    # a long-lived process must see the store as it is now.
-    fs.invalidate_cache(root)
-    if fs.isfile(root):
-        info = fs.info(root)
-        name = posixpath.basename(root.rstrip("/"))
-        parent = Volume(volume.source, fs, posixpath.dirname(root.rstrip("/")) if not volume.is_local
-                        else os.path.dirname(root))
-        single = FileEntry(name, int(info.get("size") or 0), _version(info))
-        return Listing(parent, [single] if _keep(name, include, exclude, True) else [])
+    walk = _Walk(include_hidden)
     try:
-        found = fs.find(root, withdirs=False, detail=True)
+        if volume.is_local:
+            _walk_local(root, walk)
+        else:
+            # fsspec instances are cached per process and some (s3fs) keep
+            # listings: a long-lived process must see the store as it is now.
+            fs.invalidate_cache(root)
+            if _walks_by_ls(fs):
+                _walk_fsspec(fs, root, walk)
+            else:
+                walk.found = fs.find(root, withdirs=False, detail=True)
     except Exception as exc:
         raise _unreadable(volume, exc) from exc
+    if any(not rel for rel, _ in walk.unreadable):
+        why = next(w for rel, w in walk.unreadable if not rel)
+        raise SourceUnreadable(f"cannot read {volume.url}: {why}",
+                               hint="check its permissions, or the credentials for this store")
+    if walk.unreadable and not skip_unreadable:
+        raise _folder_message(volume, sorted(walk.unreadable))
     prefix = root.rstrip("/") + "/"
-    escape = _EscapeCheck(root) if volume.is_local else None
     entries: list[FileEntry] = []
-    refused: list[tuple[str, str]] = []
-    for full, info in found.items():
+    refused = walk.refused
+    for full, info in walk.found.items():
         if info.get("type") == "directory":
             continue
-        name = full.replace(os.sep, "/") if volume.is_local else full
-        rel = name[len(prefix):] if name.startswith(prefix) else name
+        rel = full[len(prefix):] if full.startswith(prefix) else full
         # Safety before filters: ".." would otherwise pass as a hidden name,
         # silently, and the user should hear about keys that try to escape.
         try:
@@ -320,13 +546,8 @@ def list_files(
         except UnsafePath as exc:
             refused.append((rel, str(exc)))
             continue
-        if not _keep(rel, include, exclude, include_hidden):
-            continue
-        if escape is not None:
-            reason = escape.reason(full, info)
-            if reason:
-                refused.append((rel, reason))
-                continue
-        entries.append(FileEntry(rel, int(info.get("size") or 0), _version(info)))
+        if _keep(rel, include, exclude, include_hidden):
+            entries.append(FileEntry(rel, int(info.get("size") or 0), _version(info)))
+    entries.extend(e for e in walk.entries if _keep(e.path, include, exclude, include_hidden))
     entries.sort(key=lambda e: e.path)
-    return Listing(volume, entries, refused)
+    return Listing(volume, entries, sorted(refused), sorted(walk.unreadable))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ucstage.errors import EmptySource, ManifestError
+from ucstage.errors import EmptySource, ManifestError, SourceNotFound
 from ucstage.manifest import fingerprint, is_manifest_file, load, save, snapshot
 from ucstage.volumes import FileEntry
 
@@ -108,8 +108,69 @@ def test_save_refuses_a_folder(vol, tmp_path):
 def test_named_manifest_that_is_broken_is_reported_not_read_as_data(tmp_path):
     bad = tmp_path / "train.manifest.json"
     bad.write_text("garbage{")
-    with pytest.raises(ManifestError):
+    with pytest.raises(ManifestError, match="not a ucstage manifest") as info:
         snapshot(str(bad))
-    other = tmp_path / "data.json"
-    other.write_text('{"a": 1}')
-    assert [e.path for e in snapshot(str(other)).entries] == ["data.json"]
+    assert "recreate it" in info.value.hint
+
+
+@pytest.mark.parametrize("content", ['{"a": 1}', "[1, 2]", '{"format": "other"}', "not json"])
+def test_a_json_source_that_is_not_a_manifest_is_refused(tmp_path, content):
+    """A .json SOURCE is read as a manifest, never planned as a one-file source;
+    the hint says how to stage a JSON data file instead."""
+    other = tmp_path / "data.JSON"
+    other.write_text(content)
+    assert is_manifest_file(str(other))
+    with pytest.raises(ManifestError, match="is not a ucstage manifest") as info:
+        snapshot(str(other))
+    assert f"give its folder {tmp_path} with `include` data.JSON" in info.value.hint
+
+
+def test_a_large_json_data_file_is_refused_without_parsing_it(tmp_path, monkeypatch):
+    big = tmp_path / "records.json"
+    big.write_text("[" + ",".join(['{"x": 1}'] * 100_000) + "]")
+    for name in ("load", "loads"):
+        monkeypatch.setattr(json, name, lambda *a, **k: pytest.fail("parsed the whole file"))
+    with pytest.raises(ManifestError, match="is not a ucstage manifest"):
+        load(big)
+
+
+def test_a_manifest_with_its_keys_reordered_still_loads(vol, tmp_path):
+    m = snapshot(str(vol))
+    path = save(m, tmp_path / "m.json")
+    with open(path) as fh:
+        data = json.load(fh)
+    # Pad it so the marker is far from the head, as sort_keys puts "format" near the end.
+    data["filters"]["pad"] = "x" * 200_000
+    (tmp_path / "sorted.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    assert snapshot(str(tmp_path / "sorted.json")).fingerprint == m.fingerprint
+    plain = tmp_path / "frozen.listing"  # any name: the marker at its start says what it is
+    plain.write_text((tmp_path / "m.json").read_text())
+    assert is_manifest_file(str(plain)) and snapshot(str(plain)).fingerprint == m.fingerprint
+
+
+def test_json_sources_are_manifests_wherever_they_live(vol, tmp_path, monkeypatch):
+    """The .json rule does not depend on the kind of SOURCE: a manifest on a
+    volume or behind a URL loads, a JSON data file there is refused the same."""
+    import fsspec
+
+    from tests.common.parts import unique
+
+    key = unique()
+    fs = fsspec.filesystem("memory")
+    m = snapshot(str(vol))
+    saved = save(m, tmp_path / "m.json")
+    with open(saved, "rb") as fh:
+        fs.pipe(f"/{key}/train.manifest.json", fh.read())
+    fs.pipe(f"/{key}/coco.json", b'{"images": []}')
+    monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", f"memory://{key}")
+    try:
+        for where in (f"memory://{key}", "/Volumes", "dbfs:/Volumes"):
+            assert is_manifest_file(f"{where}/train.manifest.json")
+            assert snapshot(f"{where}/train.manifest.json").fingerprint == m.fingerprint
+            with pytest.raises(ManifestError, match=r"coco\.json is not a ucstage manifest") as info:
+                snapshot(f"{where}/coco.json")
+            assert f"give its folder {where} with `include` coco.json" in info.value.hint
+        with pytest.raises(SourceNotFound, match=f"memory://{key}/nope.json does not exist"):
+            load(f"memory://{key}/nope.json")
+    finally:
+        fs.rm(f"/{key}", recursive=True)

@@ -4,12 +4,25 @@ a local folder, an rclone FUSE mount, a moto S3 bucket and memory://."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from typing import Any, ClassVar
 
 import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.spec import AbstractFileSystem
 
-from ucstage.errors import InvalidArgument, SourceNotFound, UnsafePath
-from ucstage.volumes import list_files, matches, resolve, safe_relpath
+from tests.common.parts import unique
+from ucstage.errors import (
+    InvalidArgument,
+    MissingDependency,
+    SourceNotFound,
+    SourceUnreadable,
+    UnsafePath,
+)
+from ucstage.manifest import fingerprint, snapshot
+from ucstage.volumes import UnreadableFolders, list_files, matches, resolve, safe_relpath
 
 ODD = ["with space.bin", "ünïcødé.bin", "hash#1.bin", "pct%20.bin", "br[ack]et.bin", "-lead.bin"]
 
@@ -69,11 +82,22 @@ class TestListing:
         assert "does-not-exist" in str(info.value)
 
     def test_single_file_source(self, backend):
-        backend.write("only.bin", b"abc")
-        listing = list_files(backend.url.rstrip("/") + "/only.bin")
+        backend.write_many({"only.bin": b"abc", "other.bin": b"zz"})
+        backend.settle()
+        url = backend.url.rstrip("/") + "/only.bin"
+        listing = list_files(url)
         assert [(e.path, e.size) for e in listing.entries] == [("only.bin", 3)]
         with listing.volume.open("only.bin") as fh:
             assert fh.read() == b"abc"
+        # The volume is the file, not its folder: the cache names its namespace
+        # from this URL, and a manifest re-resolves the same one file.
+        assert listing.volume.url == resolve(url, must_exist=False).url
+        assert listing.volume.url.endswith("/only.bin")
+        m = snapshot(url)
+        assert m.source == listing.volume.url
+        again = list_files(m.volume())
+        assert [e.path for e in again.entries] == ["only.bin"]
+        assert again.volume == m.volume()
 
 
 class TestResolve:
@@ -149,6 +173,168 @@ class TestSafety:
         assert "leak.txt" in refused and "outside the volume" in refused["leak.txt"]
         # A symlinked folder leaving the volume is neither descended nor listed:
         # the exact entry list above has nothing under sub/dirlink.
+
+
+class TestFollowLinks:
+    """A link to a folder inside the volume is walked as find -L walks it."""
+
+    @pytest.fixture
+    def tree(self, tmp_path):
+        vol = tmp_path / "vol"
+        (vol / "real" / "sub").mkdir(parents=True)
+        (vol / "real" / "a.bin").write_bytes(b"a")
+        (vol / "real" / "sub" / "b.bin").write_bytes(b"bb")
+        (vol / "link").symlink_to("real", target_is_directory=True)
+        (vol / "real" / "sub" / "loop").symlink_to("..", target_is_directory=True)
+        (tmp_path / "outside").mkdir()
+        (tmp_path / "outside" / "secret.bin").write_bytes(b"secret")
+        (vol / "out").symlink_to(tmp_path / "outside", target_is_directory=True)
+        (vol / "dangling").symlink_to(vol / "nowhere")
+        return vol
+
+    def test_linked_folders_are_listed_loops_broken_escapes_refused(self, tree):
+        listing = list_files(str(tree))
+        assert [(e.path, e.size) for e in listing.entries] == [
+            ("link/a.bin", 1), ("link/sub/b.bin", 2), ("real/a.bin", 1), ("real/sub/b.bin", 2)]
+        refused = dict(listing.refused)
+        assert set(refused) == {"dangling", "link/sub/loop", "out", "real/sub/loop"}
+        assert "outside the volume" in refused["out"]
+        assert "loop" in refused["real/sub/loop"] and "broken symlink" in refused["dangling"]
+        # Every listed path reads as what it names; the fingerprint is over them.
+        for entry in listing.entries:
+            with listing.volume.open(entry.path) as fh:
+                assert len(fh.read()) == entry.size
+        assert snapshot(str(tree)).fingerprint == fingerprint(listing.entries)
+
+    def test_a_link_cycle_between_folders_ends(self, tmp_path):
+        vol = tmp_path / "vol"
+        (vol / "a").mkdir(parents=True)
+        (vol / "b").mkdir()
+        (vol / "a" / "x.bin").write_bytes(b"x")
+        (vol / "a" / "to_b").symlink_to("../b", target_is_directory=True)
+        (vol / "b" / "to_a").symlink_to("../a", target_is_directory=True)
+        paths = [e.path for e in list_files(str(vol)).entries]
+        assert paths == ["a/x.bin", "b/to_a/x.bin"]
+
+
+class WalkingStore(MemoryFileSystem):
+    """An fsspec store listed folder by folder with fsspec's own ``find`` (as
+    dbfs://, sftp:// and other non-flat backends are), whose ``ls`` refuses
+    the folders in ``denied`` as a store answers without permission."""
+
+    protocol = "ucstage-walk"
+    store: ClassVar[dict[str, Any]] = {}
+    pseudo_dirs: ClassVar[list[str]] = [""]
+    denied: ClassVar[set[str]] = set()
+    find = AbstractFileSystem.find  # fsspec's walk, which omits folders it cannot list
+
+    @classmethod
+    def _strip_protocol(cls, path):  # type: ignore[no-untyped-def]
+        return super()._strip_protocol(str(path).replace("ucstage-walk://", "memory://", 1))
+
+    def ls(self, path, detail=True, **kwargs):  # type: ignore[no-untyped-def]
+        if self._strip_protocol(path) in self.denied:
+            raise PermissionError(13, "Permission denied", path)
+        return super().ls(path, detail=detail, **kwargs)
+
+
+@pytest.fixture
+def walking_store():
+    """A ``ucstage-walk://KEY`` source holding cat/ and dog/, dog/ refused by ls."""
+    fsspec.register_implementation("ucstage-walk", WalkingStore, clobber=True)
+    key = unique()
+    fs = WalkingStore()
+    fs.pipe({f"/{key}/cat/1.jpg": b"c1", f"/{key}/cat/2.jpg": b"c2", f"/{key}/dog/1.jpg": b"d1"})
+    WalkingStore.denied = {f"/{key}/dog"}
+    yield f"ucstage-walk://{key}"
+    WalkingStore.denied = set()
+    fs.rm(f"/{key}", recursive=True)
+
+
+class TestUnreadable:
+    def test_fsspec_walk_does_not_drop_an_unreadable_folder(self, walking_store):
+        with pytest.raises(UnreadableFolders) as info:
+            list_files(walking_store)
+        assert info.value.exit_code == 1
+        assert "dog" in str(info.value) and "Permission denied" in str(info.value)
+        assert [p for p, _ in info.value.folders] == [resolve(walking_store).url + "/dog"]
+        assert "`skip_unreadable`" in info.value.hint
+        listing = list_files(walking_store, skip_unreadable=True)
+        assert [e.path for e in listing.entries] == ["cat/1.jpg", "cat/2.jpg"]
+        assert listing.unreadable == [("dog", "Permission denied")]
+        m = snapshot(walking_store, skip_unreadable=True)
+        assert list(m.unreadable) == [("dog", "Permission denied")] and len(m) == 2
+
+    def test_hidden_unreadable_folders_do_not_stop_a_listing(self, walking_store):
+        WalkingStore.denied = {walking_store.replace("ucstage-walk:/", "") + "/_delta_log"}
+        WalkingStore().pipe(walking_store.replace("ucstage-walk:/", "") + "/_delta_log/0.json",
+                            b"{}")
+        assert len(list_files(walking_store).entries) == 3
+
+    def test_an_s3_403_on_listing_is_an_error(self, moto, monkeypatch):
+        """S3 lists a prefix in one flat request: a 403 there is the source's,
+        raised, never an empty listing."""
+        import s3fs
+        from botocore.exceptions import ClientError
+
+        key = unique()
+        moto.filesystem().pipe({f"ucstage-test/{key}/cat/1.jpg": b"c"})
+        original = s3fs.S3FileSystem._iterdir
+
+        async def denied(self, bucket, *args, prefix="", **kwargs):  # type: ignore[no-untyped-def]
+            if prefix.startswith(key):
+                raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
+                                  "ListObjectsV2")
+            async for item in original(self, bucket, *args, prefix=prefix, **kwargs):
+                yield item
+
+        monkeypatch.setattr(s3fs.S3FileSystem, "_iterdir", denied)
+        with pytest.raises(SourceUnreadable, match="Access Denied"):
+            list_files(f"s3://ucstage-test/{key}", skip_unreadable=True)
+
+    def test_local_unreadable_folder_as_an_unprivileged_user(self, tmp_path):
+        """Root reads anything: the listing runs as nobody (see tests/cli for the CLI)."""
+        import shutil
+        import tempfile
+
+        base = tempfile.mkdtemp(prefix="ucstage-perm-", dir="/tmp")
+        try:
+            os.chmod(base, 0o755)
+            for name in ("cat", "dog"):
+                os.makedirs(os.path.join(base, "vol", name))
+                with open(os.path.join(base, "vol", name, "1.jpg"), "wb") as fh:
+                    fh.write(name.encode())
+            os.chmod(os.path.join(base, "vol", "dog"), 0)
+            code = ("import sys\n"
+                    "from ucstage.volumes import UnreadableFolders, list_files\n"
+                    "try:\n    list_files(sys.argv[1])\n"
+                    "except UnreadableFolders as exc:\n    print('raised', exc.folders)\n"
+                    "print([e.path for e in list_files(sys.argv[1], skip_unreadable=True).entries])")
+            proc = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                 "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c", code,
+                 os.path.join(base, "vol")], capture_output=True, text=True, timeout=120,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            assert proc.returncode == 0, proc.stderr
+            dog = os.path.join(base, "vol", "dog")
+            assert proc.stdout.splitlines() == [f"raised [({dog!r}, 'Permission denied')]",
+                                                "['cat/1.jpg']"]
+        finally:
+            os.chmod(os.path.join(base, "vol", "dog"), 0o755)
+            shutil.rmtree(base)
+
+
+def test_missing_backend_names_what_to_install():
+    code = ("import sys; sys.modules['s3fs'] = None\n"
+            "from ucstage.volumes import resolve\n"
+            "for url in ('s3://b/k', 'gs://b/k'):\n"
+            "    try:\n        resolve(url)\n"
+            "    except Exception as exc:\n        print(type(exc).__name__, '|', exc.hint)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0] == "MissingDependency | pip install 'ucstage[s3]'"
+    assert out[1] == "MissingDependency | pip install gcsfs"
+    assert MissingDependency.exit_code == 2
 
 
 def test_glob_rules():

@@ -81,8 +81,20 @@ def json_option(func: F) -> F:
     )(func)
 
 
+SKIP_UNREADABLE_META = "ucstage.skip_unreadable"
+
+
+def _remember_skip(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    # Kept out of the command's arguments: read_source reads it from here, so
+    # every command taking a SOURCE gets the option without a parameter of its own.
+    if value:
+        ctx.meta[SKIP_UNREADABLE_META] = True
+    return value
+
+
 def source_options(func: F) -> F:
-    """SOURCE plus --manifest/--include/--exclude/--all, the same on every command."""
+    """SOURCE plus --manifest/--include/--exclude/--all/--skip-unreadable, the
+    same on every command."""
     options = [
         click.argument("source", required=False, metavar="SOURCE"),
         click.option("--manifest", "manifest_path", metavar="FILE",
@@ -96,6 +108,11 @@ def source_options(func: F) -> F:
                      help="Skip files matching GLOB (repeatable)."),
         click.option("--all", "include_hidden", is_flag=True,
                      help="Also list names starting with _ or . (skipped by default, as Spark does)."),
+        click.option("--skip-unreadable", "skip_unreadable", is_flag=True, expose_value=False,
+                     callback=_remember_skip,
+                     help="List the rest when folders inside SOURCE cannot be read, with a "
+                          "warning naming them. Without it such a folder stops the command "
+                          "(exit 1), so no files go missing unnoticed."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -108,23 +125,36 @@ def read_source(
     include: Sequence[str],
     exclude: Sequence[str],
     include_hidden: bool,
+    skip_unreadable: bool | None = None,
 ) -> Manifest:
-    """Resolve the source options to a manifest; warn on stderr about refused entries."""
+    """Resolve the source options to a manifest; warn on stderr about refused
+    entries and skipped folders. ``skip_unreadable`` defaults to the running
+    command's ``--skip-unreadable``."""
+    if skip_unreadable is None:
+        ctx = click.get_current_context(silent=True)
+        skip_unreadable = bool(ctx and ctx.meta.get(SKIP_UNREADABLE_META))
     if source is None and manifest_path is None:
         raise click.UsageError("give a SOURCE (path, /Volumes/... or URL) or --manifest FILE")
     if source is not None and manifest_path is not None:
         raise click.UsageError("give SOURCE or --manifest FILE, not both (the manifest "
                                "already names its source)")
     frozen = manifest_path is not None or (source is not None and is_manifest_file(source))
-    if frozen and (include or exclude or include_hidden):
-        raise click.UsageError("--include/--exclude/--all filter a fresh listing; a "
-                               "manifest is used as frozen (filter when you make it)")
+    if frozen and (include or exclude or include_hidden or skip_unreadable):
+        raise click.UsageError("--include/--exclude/--all/--skip-unreadable apply to a fresh "
+                               "listing; a manifest is used as frozen (filter when you make it)")
     result = snapshot(source, manifest=manifest_path, include=include, exclude=exclude,
-                      include_hidden=include_hidden)
+                      include_hidden=include_hidden, skip_unreadable=skip_unreadable)
     for path, reason in result.refused[:5]:
         err.print(f"[yellow]warning:[/] skipped {escape(path)}: {escape(reason)}", markup=True)
     if len(result.refused) > 5:
-        err.print(f"[yellow]warning:[/] skipped {len(result.refused) - 5} more unsafe entries")
+        err.print(f"[yellow]warning:[/] skipped {len(result.refused) - 5} more entries")
+    for folder, reason in result.unreadable[:5]:
+        where = f"{result.source.rstrip('/')}/{folder}"
+        err.print(f"[yellow]warning:[/] skipped unreadable folder {escape(where)} "
+                  f"({escape(reason)}): its files are not listed", markup=True)
+    if len(result.unreadable) > 5:
+        err.print(f"[yellow]warning:[/] skipped {len(result.unreadable) - 5} more unreadable "
+                  "folders")
     return result
 
 

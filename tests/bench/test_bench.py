@@ -6,6 +6,7 @@ what was counted, what was left on disk, and what the user sees.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -117,7 +118,8 @@ def test_every_mode_and_worker_count_counts_every_byte(fuse_tree, tmp_path) -> N
     assert set(rec.by_mode) == {"direct", "cold", "warm"}
     assert rec.warm_vs_direct is not None and rec.warm_vs_direct > 0
     timed = any(r.seconds >= bench.NOISY_SECONDS for r in report.results if r.mode == "direct")
-    assert (rec.bottleneck in ("volume", "local")) if timed else rec.bottleneck is None
+    told = timed and not rec.direct_page_cache
+    assert (rec.bottleneck in ("volume", "local")) if told else rec.bottleneck is None
     # One progress phase per run, in run order, each reaching its end, all
     # from the calling thread (so what the callback raises stops the bench).
     assert seen.order == [f"{i + 1}/9 {m} x{k}" for i, (m, k) in
@@ -159,15 +161,16 @@ def test_cli_json_schema_and_plot(fuse_tree, tmp_path) -> None:
     data = json.loads(result.stdout)
     for key in ("format", "format_version", "source", "sample", "modes", "workers", "results",
                 "recommended_workers", "recommended_mode", "recommended_by_mode", "best",
-                "speedup_warm_vs_direct", "speedup_cold_vs_direct", "bottleneck",
+                "speedup_warm_vs_direct", "speedup_cold_vs_direct", "bottleneck", "caching",
                 "stopped_early", "max_seconds", "seconds", "notes", "plot"):
         assert key in data, key
     assert data["format"] == "ucstage.bench" and data["format_version"] == 1
-    assert data["sample"]["files"] == len(written) and data["sample"]["by"] == "all"
+    # Fewer files than the default sample's 500: it takes them all.
+    assert data["sample"]["files"] == len(written) and data["sample"]["by"] == "default"
     assert len(data["results"]) == 6
     for row in data["results"]:
         assert set(row) >= {"mode", "workers", "files", "bytes", "seconds", "files_per_s",
-                            "mb_per_s", "p50_ms", "p95_ms", "p99_ms", "complete"}
+                            "mb_per_s", "p50_ms", "p95_ms", "p99_ms", "complete", "page_cache"}
         assert row["bytes"] == sum(written.values())
     assert data["recommended_workers"] in (1, 2)
     raw = png.read_bytes()
@@ -186,8 +189,9 @@ def test_cli_table_and_recommendation(fuse_tree, tmp_path) -> None:
                                       "--scratch-dir", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "mode" in out and "MB/s" in out and "p99 ms" in out
-    assert "→ use" in out and "(direct)" in out and "warm cache vs direct" in out
+    assert "mode" in out and "MiB/s" in out and "p99 ms" in out and "MB/s" not in out
+    assert "→ use" in out and "DataLoader worker" in out and "warm cache vs direct" in out
+    assert "reading the source directly" in out
     assert _leftovers(str(tmp_path)) == []
 
 
@@ -206,7 +210,8 @@ def test_files_sample_is_deterministic_and_in_listing_order() -> None:
     assert sum(e.size for e in by_bytes) >= 50_000
     assert sum(e.size for e in by_bytes) - max(e.size for e in by_bytes) < 50_000 or \
         len(by_bytes) == 1
-    assert sample(entries) == entries
+    assert sample(entries) == entries  # the default sample: 500 files or fewer
+    assert sample(entries, files="all") == entries
 
 
 @pytest.mark.fuse
@@ -228,9 +233,12 @@ def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--workers", "0"], "--workers must be positive whole numbers"),
-    (["--workers", "a"], "--workers must be positive whole numbers"),
-    (["--workers", "1,,2"], "--workers must be positive whole numbers"),
+    (["--workers", "0"], "--workers 0 is DataLoader num_workers=0"),
+    (["--workers", "0,2", "-m", "direct,cold"], "only the loader mode measures"),
+    (["--workers", "a"], "--workers must be whole numbers >= 0"),
+    (["--workers", "1,,2"], "--workers must be whole numbers >= 0"),
+    (["--workers", "-1"], "--workers must be whole numbers >= 0"),
+    (["--files", "some"], "takes a number of files or 'all'"),
     (["--modes", "direct,fast"], "unknown mode 'fast'"),
     (["--files", "0"], "--files must be at least 1"),
     (["--files", "2", "--sample-bytes", "1M"], "give --files or --sample-bytes, not both"),
@@ -260,7 +268,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     ({"max_seconds": 0.0}, "max_seconds must be positive, got 0"),
     ({"workers": "1,2"}, "workers must be a sequence of ints such as [1, 2, 4, 8], got '1,2'"),
     ({"workers": 4}, "workers must be a sequence of ints"),
-    ({"workers": [2, 0]}, "workers must be positive ints, got 0"),
+    ({"workers": [2, 0]}, "workers 0 is DataLoader num_workers=0"),
+    ({"workers": [2, -1], "modes": ["loader"]}, "workers must be ints >= 0, got -1"),
+    ({"files": "some"}, "files must be a number of files or 'all', got 'some'"),
     ({"workers": [1, "2"]}, "workers must be positive ints, got '2'"),
     ({"workers": []}, "workers is empty"),
     ({"modes": "direct,warm"}, "modes must be a sequence of names"),
@@ -293,7 +303,8 @@ def test_sample_names_its_own_parameters() -> None:
 def test_cli_lists_become_what_the_library_takes() -> None:
     assert parse_workers("4, 1,2,4") == [1, 2, 4]
     assert parse_modes("warm, Direct,,loader") == ["direct", "warm", "loader"]
-    with pytest.raises(InvalidArgument, match="--workers must be positive whole numbers"):
+    assert parse_workers("2,0") == [0, 2]  # 0: the loader's num_workers=0
+    with pytest.raises(InvalidArgument, match="--workers must be whole numbers >= 0"):
         parse_workers("1,-2")
     with pytest.raises(InvalidArgument, match="--workers is empty"):
         parse_workers(" ")
@@ -488,3 +499,170 @@ def test_remote_volume_script_serves_a_mount_and_tears_everything_down(tmp_path)
     assert ns not in netns
     assert not os.path.ismount(mnt) and not os.path.exists(os.path.dirname(mnt))
     assert _leftovers(str(tmp_path / "scratch")) == []
+
+
+# ---------------------------------------------------------------- the default sample
+
+
+def _listing(n: int, size: int, folders: int = 100) -> list[FileEntry]:
+    per = -(-n // folders)
+    return [FileEntry(f"d{i // per:03d}/{i:06d}.jpg", size, "v") for i in range(n)]
+
+
+def test_default_sample_is_spread_over_the_whole_listing() -> None:
+    entries = _listing(48_112, 100_000)
+    chosen = sample(entries)
+    assert len(chosen) == bench.DEFAULT_SAMPLE_FILES == 500
+    assert chosen == sample(entries, seed=0) != sample(entries, seed=1)
+    assert chosen == sorted(chosen, key=lambda e: e.path) and len(set(chosen)) == 500
+    # Every folder in proportion, not the first folder: ~5 files from each of 100.
+    per_folder = defaultdict(int)
+    for e in chosen:
+        per_folder[e.path.split("/")[0]] += 1
+    assert len(per_folder) == 100 and set(per_folder.values()) <= {4, 5, 6}
+    # Evenly spaced: one stride apart (48112 / 500 = 96.2 listing positions).
+    where = [entries.index(e) for e in chosen[:50]]
+    assert {b - a for a, b in itertools.pairwise(where)} <= {96, 97}
+
+
+def test_default_sample_stops_at_2_gib_and_stays_spread() -> None:
+    entries = _listing(10_000, 64 * 2**20)  # 625 GiB: 2 GiB is 32 files
+    chosen = sample(entries, seed=3)
+    assert len(chosen) == 32 and sum(e.size for e in chosen) <= bench.DEFAULT_SAMPLE_BYTES
+    folders = {e.path.split("/")[0] for e in chosen}
+    assert "d000" in folders or "d001" in folders or "d002" in folders
+    assert any(f >= "d095" for f in folders)  # the end of the listing too
+    mixed = [FileEntry(f"m/{i:04d}", (3 * 2**30 if i == 7 else 2**20), "v") for i in range(20)]
+    assert sum(e.size for e in sample(mixed)) <= bench.DEFAULT_SAMPLE_BYTES
+    assert len(sample([FileEntry("big", 5 * 2**30, "v")])) == 1  # one file, whatever its size
+    assert sample([]) == []
+
+
+def _flat_tree(root: str, n: int, size: int = 2000) -> None:
+    for i in range(n):
+        folder = os.path.join(root, f"d{i // 100:02d}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"f{i:04d}.bin"), "wb") as fh:
+            fh.write(b"x" * size)
+
+
+def test_cli_without_a_sample_option_reads_the_default_sample(tmp_path) -> None:
+    src = tmp_path / "src"
+    _flat_tree(str(src), 640)
+    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-w", "1", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["sample"]["by"] == "default" and data["sample"]["files"] == 500
+    assert data["sample"]["listed_files"] == 640 and data["results"][0]["files"] == 500
+    human = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-w", "1"],
+                               catch_exceptions=False)
+    assert "sampled 500 of 640 files" in human.stdout
+    assert "at most 500 files or 2.0 GiB" in human.stdout and "--files all" in human.stdout
+    every = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-w", "1", "--files",
+                                     "all", "--json"], catch_exceptions=False)
+    data = json.loads(every.stdout)
+    assert data["sample"]["by"] == "all" and data["results"][0]["files"] == 640
+    helptext = CliRunner().invoke(cli, ["bench", "--help"]).output
+    assert "500 files or 2 GiB" in " ".join(helptext.split())
+
+
+# ---------------------------------------------------------------- advice and its words
+
+
+def test_loader_takes_zero_workers_and_thread_modes_skip_it(tmp_path) -> None:
+    pytest.importorskip("torch")
+    src = tmp_path / "src"
+    _flat_tree(str(src), 12)
+    report = bench.run(snapshot(str(src)), workers=[0, 2], modes=["direct", "loader"],
+                       batch_size=4, scratch_dir=str(tmp_path / "scratch"))
+    assert [(r.mode, r.workers, r.files) for r in report.results] == [
+        ("direct", 2, 12), ("loader", 0, 12), ("loader", 2, 12)]
+    assert any("0 workers ran in loader mode only" in n for n in report.notes)
+    result = CliRunner().invoke(cli, ["bench", str(src), "--loader", "-m", "direct", "-w",
+                                      "0,2", "-b", "4", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert [(r["mode"], r["workers"]) for r in json.loads(result.stdout)["results"]] == [
+        ("direct", 2), ("loader", 0), ("loader", 2)]
+
+
+def _report(results: list[RunResult]) -> bench.BenchReport:
+    return bench.BenchReport(
+        source="src", sample_files=10, sample_bytes=1000, listed_files=10, listed_bytes=1000,
+        sampled_by="default", seed=0, modes=sorted({r.mode for r in results}),
+        workers=sorted({r.workers for r in results}), results=results,
+        recommendation=recommend(results), max_seconds=None, seconds=1.0, stopped_early=False)
+
+
+def _human(report: bench.BenchReport) -> str:
+    from rich.console import Console
+
+    from ucstage.cli.bench import _render
+
+    console = Console(width=400, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    _render(console, report)
+    return console.export_text()
+
+
+def test_recommendation_speaks_of_dataloader_workers_and_what_caching_does() -> None:
+    slow_cold = [_r("direct", 1, 50), _r("direct", 4, 100), _r("cold", 1, 30), _r("cold", 4, 60),
+                 _r("warm", 1, 105), _r("warm", 4, 110)]
+    rec = recommend(slow_cold)
+    assert (rec.mode, rec.workers, rec.bottleneck, rec.caching) == ("cold", 4, "local", "no_help")
+    text = _human(_report(slow_cold))
+    assert "→ use 4 DataLoader workers (num_workers=4)" in text
+    assert "worker (cold)" not in text and "workers (cold)" not in text
+    assert "caching will not help this source" in text
+    assert "57.2 MiB/s at 4" in text  # 60 MB/s, said in MiB/s
+    # The volume is the bottleneck, but the first epoch pays for the copy.
+    later = [_r("direct", 1, 50), _r("cold", 1, 30), _r("warm", 1, 900)]
+    assert recommend(later).caching == "later_epochs"
+    assert "caching will not help the first epoch" in _human(_report(later))
+    assert recommend([_r("direct", 1, 50), _r("cold", 1, 60), _r("warm", 1, 900)]).caching == \
+        "helps"
+    one = _human(_report([_r("direct", 1, 50)]))
+    assert "use 1 DataLoader worker (num_workers=1)" in one
+    zero = _human(_report([_r("loader", 0, 50), _r("loader", 2, 40)]))
+    assert "use num_workers=0 (the main process reads)" in zero
+
+
+def test_direct_reads_from_the_page_cache_are_called_so(tmp_path) -> None:
+    """The first direct run reads the disk; the second finds the files in memory."""
+    from ucstage.bench.pagecache import resident_share
+
+    src = tmp_path / "src"
+    _flat_tree(str(src), 40, size=256 * 1024)
+    paths = [str(p) for p in src.rglob("*.bin")]
+    for path in paths:  # write back, then ask the kernel to drop the clean pages
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    share = resident_share(paths)
+    if share is None or share >= bench.report.PAGE_CACHED:
+        pytest.skip(f"this filesystem keeps the pages in memory ({share})")
+    report = bench.run(snapshot(str(src)), workers=[1, 2], modes=["direct"], files="all")
+    first, second = report.results
+    assert first.page_cache is not None and not first.page_cached
+    assert second.page_cached and second.page_cache == pytest.approx(1.0)
+    assert any(n.startswith("direct x2 read files that were already in the OS page cache")
+               for n in report.notes)
+    assert _report([first, second]).results[1].to_json()["page_cache"] == 1.0
+    text = _human(report)
+    assert "† read from the OS page cache" in text
+
+
+def test_a_page_cached_best_direct_run_gives_no_bottleneck_verdict() -> None:
+    cached = RunResult("direct", 2, 10, 10**9, 1.0, 10.0, 1000.0, 1.0, 2.0, 3.0, True, 1.0)
+    rec = recommend([_r("direct", 1, 100), cached, _r("warm", 1, 1100)])
+    assert rec.direct_page_cache and rec.bottleneck is None
+    assert "says nothing about the volume" in _human(_report([_r("direct", 1, 100), cached,
+                                                              _r("warm", 1, 1100)]))
+
+
+def test_log_axis_is_labelled_at_1_2_5_steps() -> None:
+    from ucstage.bench.plot import log_ticks
+
+    assert log_ticks(11.3, 4965) == [10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+    assert log_ticks(100, 100) == [50, 100, 200]
+    assert log_ticks(0.03, 0.04) == pytest.approx([0.02, 0.05])

@@ -23,9 +23,9 @@ from ..progress import NO_PROGRESS, Callback
 from .measure import Meter
 from .modes import MODE_TYPES, Job
 from .options import DEFAULT_MODES, DEFAULT_WORKERS, check_options
-from .report import BenchReport, RunResult
+from .report import PAGE_CACHED, BenchReport, RunResult
 from .scratch import scratch_folder
-from .stats import NOISY_SECONDS, recommend, run_result, sample
+from .stats import ALL, NOISY_SECONDS, recommend, run_result, sample
 
 __all__ = ["run"]
 
@@ -33,7 +33,7 @@ __all__ = ["run"]
 def run(
     manifest: Manifest,
     *,
-    files: int | None = None,
+    files: int | str | None = None,
     sample_bytes: int | None = None,
     seed: int = 0,
     workers: Sequence[int] = DEFAULT_WORKERS,
@@ -52,9 +52,14 @@ def run(
     Args:
         manifest: the listing to sample (from :func:`ucstage.snapshot`).
         files, sample_bytes, seed: see :func:`~ucstage.bench.stats.sample`
-            (``sample_bytes`` is its ``max_bytes``); neither means every file.
+            (``sample_bytes`` is its ``max_bytes``). Neither means the default
+            sample: every k-th file from a seeded offset, at most 500 files
+            or 2 GiB (:func:`~ucstage.bench.stats.spread_sample`);
+            ``files="all"`` reads every listed file.
         workers: reader thread counts, e.g. ``[1, 2, 4]`` (DataLoader
             ``num_workers`` in loader mode); measured in ascending order.
+            0 is allowed with the loader mode (``num_workers=0``: the main
+            process reads), which alone runs it.
         modes: any of ``"direct"``, ``"cold"``, ``"warm"``, ``"loader"``; always
             measured in that order, because warm reuses the last cold run's cache.
         batch_size: DataLoader batch size in loader mode.
@@ -98,7 +103,12 @@ def run(
         job = Job(manifest=manifest, volume=volume, files=chosen,
                   batch_size=batch_size, fill_workers=max(worker_counts), deadline=deadline,
                   callback=callback, scratch=scratch, notes=notes)
-        runs = [(mode, k) for mode in [t(job) for t in mode_types] for k in worker_counts]
+        # 0 workers is a DataLoader's main process reading: the loader's alone.
+        runs = [(mode, k) for mode in [t(job) for t in mode_types] for k in worker_counts
+                if k > 0 or not mode.threads]
+        if 0 in worker_counts and any(t.threads for t in mode_types):
+            notes.append("0 workers ran in loader mode only: it is DataLoader num_workers=0 "
+                         "(the main process reads); direct, cold and warm need a reader thread")
         for index, (mode, k) in enumerate(runs):
             run_deadline = None
             if deadline is not None:
@@ -111,22 +121,35 @@ def run(
             label = f"{index + 1}/{len(runs)}"
             try:
                 targets = mode.prepare(k, label)
+                mode.probe_page_cache(targets)
                 meter = Meter(callback, f"{label} {mode.name} x{k}", targets)
                 tally, seconds, complete = mode.measure(k, targets, run_deadline, meter)
             finally:
                 mode.cleanup()
             result = run_result(mode.name, k, tally.files, tally.bytes, tally.latencies,
-                                seconds, complete and len(targets) == len(chosen))
+                                seconds, complete and len(targets) == len(chosen),
+                                page_cache=mode.page_cache)
             stopped_early = stopped_early or not result.complete
             results.append(result)
     if any(r.seconds < NOISY_SECONDS for r in results):
         notes.append(f"some runs took under {NOISY_SECONDS:g} s, so their rates are noisy; "
                      "bench more files (--files, --sample-bytes)")
+    cached = [r for r in results if r.page_cached]
+    if cached:
+        by_mode: dict[str, list[str]] = {}
+        for r in cached:
+            by_mode.setdefault(r.mode, []).append(f"x{r.workers}")
+        runs_text = " and ".join(f"{m} {', '.join(ks)}" for m, ks in by_mode.items())
+        notes.append(
+            f"{runs_text} read files that were already in the OS page cache (at least "
+            f"{PAGE_CACHED:.0%} of their bytes, asked of the kernel before each run): those "
+            "rates show memory, not the source. Bench files not read recently (another "
+            "--seed) to measure the source itself")
     return BenchReport(
         source=manifest.source, sample_files=len(chosen), sample_bytes=total_bytes,
         listed_files=len(manifest.entries), listed_bytes=manifest.total_bytes,
-        sampled_by="files" if files is not None else "bytes" if sample_bytes is not None
-        else "all",
+        sampled_by=("all" if files == ALL else "files" if files is not None
+                    else "bytes" if sample_bytes is not None else "default"),
         seed=seed, modes=mode_list, workers=worker_counts, results=results,
         recommendation=recommend(results), max_seconds=max_seconds,
         seconds=time.monotonic() - started, stopped_early=stopped_early,

@@ -22,11 +22,15 @@ from ..manifest import Manifest
 from ..progress import Callback
 from ..volumes import FileEntry, Volume
 from .measure import Meter, Reader, Tally, measure, raise_read_error
+from .pagecache import resident_share
 
 if TYPE_CHECKING:
     from ..cache.local import LocalCache
 
 __all__ = ["MODE_TYPES", "Cold", "Direct", "Job", "Loader", "Mode", "Threads", "Timing", "Warm"]
+
+PROBE_FILES = 200
+"""Files whose page-cache residency is asked before a run that reads the source."""
 
 Timing = tuple[Tally, float, bool]
 """What a timed run counted, its seconds, and whether it read every file."""
@@ -74,9 +78,26 @@ class Mode:
     name: ClassVar[str]
     needs_scratch: ClassVar[bool] = False
     """Whether the mode makes caches under the job's scratch folder."""
+    threads: ClassVar[bool] = False
+    """Whether its workers are reader threads (which need at least one)."""
+    reads_source: ClassVar[bool] = False
+    """Whether each run reads the source itself (not a cache filled earlier)."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
+        self.page_cache: float | None = None
+        """Share of the sample's bytes in the OS page cache before the run."""
+
+    def probe_page_cache(self, files: Sequence[FileEntry]) -> None:
+        """Before a run that reads a local or mounted source: how much of it is in memory."""
+        volume = self.job.volume
+        if not (self.reads_source and volume.is_local and files):
+            self.page_cache = None
+            return
+        # An even spread of at most PROBE_FILES files tells the share well
+        # enough; opening every file of a large sample on a mount would not be free.
+        step = -(-len(files) // PROBE_FILES)
+        self.page_cache = resident_share([volume.full_path(e.path) for e in files[::step]])
 
     def prepare(self, workers: int, label: str) -> Sequence[FileEntry]:
         """Untimed setup before a run; return the files the run reads.
@@ -98,6 +119,8 @@ class Threads(Mode):
     """A mode whose workers are reader threads in this process, each reading
     through :meth:`cache` (None: straight from the source)."""
 
+    threads = True
+
     def cache(self) -> LocalCache | None:
         return None
 
@@ -113,6 +136,7 @@ class Direct(Threads):
     """Read every file from the source; no cache."""
 
     name = "direct"
+    reads_source = True
 
 
 class Cold(Threads):
@@ -120,6 +144,7 @@ class Cold(Threads):
 
     name = "cold"
     needs_scratch = True
+    reads_source = True
 
     def prepare(self, workers: int, label: str) -> Sequence[FileEntry]:
         self.job.fresh_cache(f"cold-{workers}")

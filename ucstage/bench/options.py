@@ -21,8 +21,11 @@ DEFAULT_WORKERS = (1, 2, 4, 6, 8)
 DEFAULT_MODES = ("direct", "cold", "warm")
 
 
-def check_workers(workers: Sequence[int]) -> list[int]:
-    """Positive ints -> deduplicated and ascending, the order runs are made in."""
+def check_workers(workers: Sequence[int], *, allow_zero: bool = False) -> list[int]:
+    """Positive ints -> deduplicated and ascending, the order runs are made in.
+
+    ``allow_zero``: 0 is accepted too (the loader mode's ``num_workers=0``).
+    """
     if isinstance(workers, (str, bytes)) or not isinstance(workers, Sequence):
         # A comma string is the CLI's spelling; iterating it would read digits.
         raise InvalidArgument(
@@ -30,8 +33,14 @@ def check_workers(workers: Sequence[int]) -> list[int]:
     if not workers:
         raise InvalidArgument("workers is empty; give e.g. [1, 2, 4, 8]")
     for value in workers:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidArgument(f"workers must be positive ints, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            kind = "ints >= 0" if allow_zero else "positive ints"
+            raise InvalidArgument(f"workers must be {kind}, got {value!r}")
+        if value == 0 and not allow_zero:
+            raise InvalidArgument(
+                "workers 0 is DataLoader num_workers=0 (the main process reads), which only "
+                "the loader mode measures; direct, cold and warm need at least 1 reader thread",
+                hint="measure the loader mode too, or leave 0 out of `workers`")
     return sorted(set(workers))
 
 
@@ -54,7 +63,7 @@ def check_modes(modes: Sequence[str]) -> list[str]:
 
 def check_options(
     *,
-    files: int | None = None,
+    files: int | str | None = None,
     sample_bytes: int | None = None,
     workers: Sequence[int] = DEFAULT_WORKERS,
     modes: Sequence[str] = DEFAULT_MODES,
@@ -69,8 +78,8 @@ def check_options(
     """
     if max_seconds is not None and max_seconds <= 0:
         raise InvalidArgument(f"max_seconds must be positive, got {max_seconds:g}")
-    worker_counts = check_workers(workers)
     mode_list = check_modes(modes)
+    worker_counts = check_workers(workers, allow_zero="loader" in mode_list)
     if batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
     check_sample_size(files, sample_bytes, "sample_bytes")

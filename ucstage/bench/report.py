@@ -11,10 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "BenchReport", "Recommendation", "RunResult"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "PAGE_CACHED", "BenchReport", "Recommendation", "RunResult"]
 
 FORMAT = "ucstage.bench"
 FORMAT_VERSION = 1
+
+PAGE_CACHED = 0.5
+"""A run whose files had at least this share of their bytes in the OS page
+cache before it started measured memory, not the source."""
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,24 @@ class RunResult:
     p99_ms: float
     complete: bool
     """False when the time budget stopped the run before every file was read."""
+    page_cache: float | None = None
+    """Share (0..1) of the run's bytes that were in the OS page cache when it
+    started; None for runs that do not read a local or mounted source, or
+    when the kernel cannot tell."""
 
     def to_json(self) -> dict[str, Any]:
         """One row of the document's ``results`` (docs/bench.md#json)."""
         data = asdict(self)
-        for key in ("seconds", "files_per_s", "mb_per_s", "p50_ms", "p95_ms", "p99_ms"):
-            data[key] = round(float(data[key]), 3)
+        for key in ("seconds", "files_per_s", "mb_per_s", "p50_ms", "p95_ms", "p99_ms",
+                    "page_cache"):
+            if data[key] is not None:
+                data[key] = round(float(data[key]), 3)
         return data
+
+    @property
+    def page_cached(self) -> bool:
+        """Most of what this run read came from memory, not from the source."""
+        return self.page_cache is not None and self.page_cache >= PAGE_CACHED
 
 
 @dataclass(frozen=True)
@@ -64,8 +79,18 @@ class Recommendation:
     bottleneck: str | None
     """"volume" when a warm cache reads at least 1.5x faster than the volume,
     "local" when it does not (the volume keeps up; look at the loader or the
-    model), None when warm or direct was not measured or every direct run took
-    under NOISY_SECONDS (too short to tell)."""
+    model), None when warm or direct was not measured, every direct run took
+    under NOISY_SECONDS (too short to tell), or the best direct run read from
+    the OS page cache (it measured memory)."""
+    caching: str | None = None
+    """What the cache does for this source: "helps" (the volume is the
+    bottleneck and the cold cache is no slower than direct reads),
+    "later_epochs" (the volume is the bottleneck but the cold cache is slower:
+    the first epoch pays for the copy), "no_help" (a warm cache is not 1.5x
+    faster, or the cold cache is slower and no warm run says otherwise), or
+    None when too little was measured."""
+    direct_page_cache: bool = False
+    """The best direct run read files that were mostly in the OS page cache."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +103,7 @@ class BenchReport:
     listed_files: int
     listed_bytes: int
     sampled_by: str
-    """"all", "files" or "bytes": how the sample was chosen."""
+    """"default", "files", "bytes" or "all": how the sample was chosen."""
     seed: int
     modes: list[str]
     workers: list[int]
@@ -132,6 +157,7 @@ class BenchReport:
             "speedup_warm_vs_direct": _round(rec.warm_vs_direct),
             "speedup_cold_vs_direct": _round(rec.cold_vs_direct),
             "bottleneck": rec.bottleneck,
+            "caching": rec.caching,
             "notes": self.notes,
         }
         if plot is not None:

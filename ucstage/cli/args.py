@@ -39,8 +39,12 @@ def num_workers_list(text: str) -> list[int]:
 
 
 def parse_workers(text: str) -> list[int]:
-    """``bench -w 4,1,2`` -> ``[1, 2, 4]``: positive, deduplicated, ascending."""
-    return sorted(set(int_list(text, "--workers", minimum=1, example="1,2,4,8")))
+    """``bench -w 4,1,2`` -> ``[1, 2, 4]``: whole numbers, deduplicated, ascending.
+
+    0 parses (DataLoader ``num_workers=0`` in loader mode); the library refuses
+    it for the thread modes, knowing which modes run.
+    """
+    return sorted(set(int_list(text, "--workers", minimum=0, example="1,2,4,8")))
 
 
 def parse_modes(text: str) -> list[str]:

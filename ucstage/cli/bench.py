@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from .. import bench
 from ..bench import BenchReport
 from ..errors import InvalidArgument
-from ..units import parse_size
+from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import parse_modes, parse_workers
 from .output import emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
@@ -22,62 +23,124 @@ _VERDICT = {
              "at storage.",
 }
 
+_MODE_TEXT = {
+    "loader": "through VolumeDataset and the DataLoader",
+    "cold": "through a cold cache (the first epoch)",
+    "direct": "reading the source directly",
+    "warm": "from a warm cache",
+}
+
+
+def _sample_text(report: BenchReport) -> str:
+    files, listed = report.sample_files, report.listed_files
+    size = format_bytes(report.sample_bytes)
+    if report.sampled_by == "all":
+        return f"all {listed:,} files, {size}"
+    head = f"sampled {files:,} of {listed:,} files, {size}"
+    if report.sampled_by != "default":
+        return f"{head}  [dim](deterministic sample by {report.sampled_by}, seed {report.seed})[/]"
+    stride = (f"1 in ~{listed / files:,.0f} files, evenly spaced from a seeded offset "
+              f"(seed {report.seed})" if files < listed else "every file")
+    return (f"{head}\n  [dim]the default sample: {stride}, at most "
+            f"{bench.DEFAULT_SAMPLE_FILES} files or {format_bytes(bench.DEFAULT_SAMPLE_BYTES)}; "
+            "choose with --files N, --sample-bytes SIZE or --files all[/]")
+
+
+def _workers_text(k: int) -> str:
+    if k == 0:
+        return "[bold]num_workers=0[/] (the main process reads)"
+    return f"[bold]{k}[/] DataLoader worker{'s' if k != 1 else ''} (num_workers={k})"
+
 
 def _render(console: Console, report: BenchReport) -> None:
-    console.print(f"[bold]Bench[/] {report.source}: {report.sample_files:,} of "
-                  f"{report.listed_files:,} files, {report.sample_bytes / 1e6:,.1f} MB"
-                  + ("" if report.sampled_by == "all"
-                     else f"  [dim](deterministic sample by {report.sampled_by}, "
-                          f"seed {report.seed})[/]"))
+    console.print(f"[bold]Bench[/] {report.source}: {_sample_text(report)}")
     rec = report.recommendation
-    t = table("mode", "workers", "files", "MB", "s", "files/s", "MB/s", "p50", "p95", "p99 ms")
+    t = table("mode", "workers", "files", "size", "s", "files/s", "rate", "p50", "p95", "p99 ms")
     for r in report.results:
         mark = "" if r.complete else "[yellow]*[/]"
         best = rec.by_mode.get(r.mode) == r.workers
+        rate = format_rate(r.mb_per_s * 1e6) + ("[yellow]†[/]" if r.page_cached else "")
         t.add_row(
             r.mode, f"[bold]{r.workers}[/]" if best else str(r.workers), f"{r.files}{mark}",
-            f"{r.bytes / 1e6:.1f}", f"{r.seconds:.2f}", f"{r.files_per_s:.1f}",
-            f"[bold]{r.mb_per_s:.1f}[/]" if best else f"{r.mb_per_s:.1f}",
+            format_bytes(r.bytes), f"{r.seconds:.2f}", f"{r.files_per_s:.1f}",
+            f"[bold]{rate}[/]" if best else rate,
             f"{r.p50_ms:.1f}", f"{r.p95_ms:.1f}", f"{r.p99_ms:.1f}",
         )
     console.print(t)
     if any(not r.complete for r in report.results):
         console.print("[yellow]*[/] [dim]cut short by --max-seconds: rates are over the files "
                       "read in time[/]")
+    if any(r.page_cached for r in report.results):
+        console.print("[yellow]†[/] [dim]read from the OS page cache (memory), not from the "
+                      "source: faster than the source's disk or network can deliver[/]")
     if "loader" in report.modes:
         console.print("[dim]loader latencies are per file, inside a DataLoader worker "
                       "(wait for the fetched path + read)[/]")
     for note in report.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(note)}[/]")
     console.print()
-    if rec.workers is None:
+    if rec.workers is None or rec.mode is None or rec.best_mb_per_s is None:
         console.print("[yellow]![/] nothing was measured; raise --max-seconds")
         return
     others = ", ".join(f"{m} {k}" for m, k in rec.by_mode.items() if m != rec.mode)
     console.print(
-        f"[green]→[/] use [bold]{rec.workers}[/] worker{'s' if rec.workers != 1 else ''} "
-        f"({rec.mode}): the fewest within "
-        f"{bench.WITHIN:.0%} of the best, {rec.best_mb_per_s:,.1f} MB/s at {rec.best_workers}"
-        + (f"  [dim](per mode: {others})[/]" if others else ""))
+        f"[green]→[/] use {_workers_text(rec.workers)}: the fewest within {bench.WITHIN:.0%} "
+        f"of the best rate {_MODE_TEXT[rec.mode]}, {format_rate(rec.best_mb_per_s * 1e6)} at "
+        f"{rec.best_workers}" + (f"  [dim](per mode: {others})[/]" if others else ""))
+    _render_verdicts(console, rec)
+
+
+def _render_verdicts(console: Console, rec: bench.Recommendation) -> None:
     if rec.cold_vs_direct is not None:
-        console.print(f"  cold cache vs direct: {rec.cold_vs_direct:.2f}x")
+        line = f"  cold cache vs direct: {rec.cold_vs_direct:.2f}x"
+        if rec.cold_vs_direct < 1 and rec.caching == "later_epochs":
+            line += ("; caching will not help the first epoch (copying costs more than it "
+                     "saves), but every later epoch reads the warm cache")
+        elif rec.cold_vs_direct < 1 and rec.caching == "no_help":
+            line += "; the cold cache is slower than direct reads: caching will not help this source"
+        elif rec.cold_vs_direct < 1:
+            line += "; the cold cache is slower than direct reads: the first epoch pays for the copy"
+        console.print(line)
     if rec.warm_vs_direct is not None:
-        verdict = (_VERDICT[rec.bottleneck].format(x=rec.warm_vs_direct) if rec.bottleneck
-                   else f"direct runs took under {bench.NOISY_SECONDS:g} s, too short to say "
-                        "whether the volume is the bottleneck; bench more files")
+        if rec.bottleneck:
+            verdict = _VERDICT[rec.bottleneck].format(x=rec.warm_vs_direct)
+        elif rec.direct_page_cache:
+            verdict = ("the best direct run read from the OS page cache, so it says nothing "
+                       "about the volume: no verdict on the bottleneck")
+        else:
+            verdict = (f"direct runs took under {bench.NOISY_SECONDS:g} s, too short to say "
+                       "whether the volume is the bottleneck; bench more files")
         console.print(f"  warm cache vs direct: {rec.warm_vs_direct:.2f}x; {verdict}")
+
+
+class _Files(click.ParamType):
+    """--files N or --files all."""
+
+    name = "N|all"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == bench.ALL:
+            return value  # type: ignore[return-value]
+        try:
+            return int(str(value))
+        except ValueError:
+            self.fail(f"takes a number of files or 'all', got {value!r}", param, ctx)
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
 @source_options
-@click.option("-n", "--files", "files", type=int, default=None, metavar="N",
-              help="Bench a deterministic sample of N files (same files on every run).")
+@click.option("-n", "--files", "files", type=_Files(), default=None, metavar="N|all",
+              help="Bench a deterministic sample of N files (same files on every run), or "
+                   "'all' to read every listed file. Default: every k-th file from a seeded "
+                   "offset, at most 500 files or 2 GiB, whichever is smaller.")
 @click.option("--sample-bytes", metavar="SIZE", default=None,
-              help="Bench a deterministic sample of about SIZE bytes, e.g. 2G.")
+              help=f"Bench a deterministic sample of about SIZE bytes, e.g. 2G ({SIZE_HELP}).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Changes which files the sample takes.")
 @click.option("-w", "--workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",
-              help="Concurrent readers to try (DataLoader num_workers with --loader).")
+              help="Concurrent readers to try (DataLoader num_workers with --loader; 0, the "
+                   "main process reading, runs in loader mode only).")
 @click.option("-m", "--modes", default="direct,cold,warm", show_default=True,
               metavar="MODE,...",
               help="direct: read from the source; cold: through a fresh private cache; "
@@ -92,21 +155,25 @@ def _render(console: Console, report: BenchReport) -> None:
               help="Where the private cold/warm cache is made (default: the temp folder). "
                    "It is removed at the end.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              metavar="FILE.png", help="Write a chart of MB/s against workers, one line per "
+              metavar="FILE.png", help="Write a chart of MiB/s against workers, one line per "
                                        "mode (needs matplotlib: pip install 'ucstage[plot]').")
 @json_option
 def command(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
-    exclude: tuple[str, ...], include_hidden: bool, files: int | None,
+    exclude: tuple[str, ...], include_hidden: bool, files: int | str | None,
     sample_bytes: str | None, seed: int, workers: str, modes: str, loader: bool,
     batch_size: int, max_seconds: float | None, scratch_dir: str | None,
     plot_path: str | None, as_json: bool,
 ) -> None:
     """Measure read throughput from SOURCE directly, through a cold cache and
-    through a warm cache, for each worker count, and say how many workers to use.
+    through a warm cache, for each worker count, and say how many DataLoader
+    workers to use.
 
-    The cold and warm modes use a private cache in a temporary folder, never
-    your cache; it is removed at the end, on error and on Ctrl-C.
+    By default it reads a sample spread over the whole listing: every k-th
+    file from a seeded offset, at most 500 files or 2 GiB, whichever is
+    smaller (--files N, --sample-bytes SIZE or --files all to choose). The
+    cold and warm modes use a private cache in a temporary folder, never your
+    cache; it is removed at the end, on error and on Ctrl-C.
 
     \b
     Examples:

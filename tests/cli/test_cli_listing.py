@@ -76,7 +76,7 @@ def test_an_unreadable_folder_stops_every_command_unless_skipped(shared_tree: Pa
     home, dog = shared_tree.parent / "home", str(shared_tree / "dog")
     commands = [["shard-plan", str(shared_tree), "-w", "2", "-k", "1"],
                 ["cache", "warm", str(shared_tree)], ["cache", "lazy", str(shared_tree)],
-                ["cache", "verify", str(shared_tree)]]
+                ["cache", "verify", str(shared_tree)], ["bench", str(shared_tree), "--files", "2"]]
     for args in commands:
         proc = _as_nobody(*args, home=home)
         assert proc.returncode == 1, (args, proc.stderr)

@@ -7,6 +7,8 @@ an optional hint and an exit code: 2 for "you asked for something wrong",
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "CacheCorrupt",
     "CacheError",
@@ -25,6 +27,7 @@ __all__ = [
     "SparkUnavailable",
     "TableNotFound",
     "UcstageError",
+    "UnreadableFolders",
     "UnsafePath",
     "UnsupportedTable",
 ]
@@ -59,6 +62,22 @@ class SourceNotFound(UcstageError):
 
 class SourceUnreadable(UcstageError):
     """The source's store refused or failed the request (credentials, endpoint, permissions)."""
+
+
+class UnreadableFolders(SourceUnreadable):
+    """Folders inside a source could not be listed: the listing is incomplete.
+
+    Exit 1 (the listing ran and found a problem), unlike an unreadable source
+    as a whole (:class:`SourceUnreadable`, exit 2). ``folders`` holds
+    ``(path, reason)`` with each folder's full path or URL.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "",
+                 folders: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message, hint)
+        self.folders = list(folders)
 
 
 class EmptySource(UcstageError):

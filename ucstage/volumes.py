@@ -42,6 +42,7 @@ from .errors import (
     MissingDependency,
     SourceNotFound,
     SourceUnreadable,
+    UnreadableFolders,
     UnsafePath,
 )
 
@@ -67,22 +68,6 @@ _VERSION_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c", "mtime", "LastModif
 # The pip line that adds a backend: an extra of ucstage where pyproject.toml
 # has one, else the backend's own package.
 _EXTRAS = {"s3": "ucstage[s3]", "s3a": "ucstage[s3]"}
-
-
-class UnreadableFolders(SourceUnreadable):
-    """Folders inside a source could not be listed: the listing is incomplete.
-
-    Exit 1 (the listing ran and found a problem), unlike an unreadable source
-    as a whole (:class:`SourceUnreadable`, exit 2). ``folders`` holds
-    ``(path, reason)`` with each folder's full path or URL.
-    """
-
-    exit_code = 1
-
-    def __init__(self, message: str, hint: str = "",
-                 folders: Sequence[tuple[str, str]] = ()) -> None:
-        super().__init__(message, hint)
-        self.folders = list(folders)
 
 
 class FileEntry(NamedTuple):

@@ -94,6 +94,8 @@ def train(args: argparse.Namespace) -> tuple[list[dict[str, float]], DataLoader]
     # never waits at the end of an epoch for a rank with one more.
     paths = VolumeDataset(args.source, include=IMAGE_GLOBS, shuffle=True, seed=0,
                           equal_length="pad" if distributed else False)
+    # num_workers is part of the shard plan: pass the same value on every rank
+    # (never the machine's CPU count), or leave it out for ucstage's default 6.
     loader = DataLoader(ImageDataset(paths), batch_size=args.batch_size,
                         num_workers=args.num_workers)
     report = []

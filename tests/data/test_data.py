@@ -7,11 +7,13 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ucstage import manifest as mf
 from ucstage.data import DataLoader, VolumeDataset
@@ -252,3 +254,158 @@ def test_importing_the_library_and_cli_leaves_torch_and_mlflow_alone() -> None:
             "print('mlflow' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+# ---------------------------------------------------------------- len()
+
+
+class _Counted(IterableDataset):  # type: ignore[type-arg]
+    """A user's wrapper: yields (len(paths) in this process, worker id) per file."""
+
+    def __init__(self, paths: VolumeDataset) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        for _ in self.paths:
+            yield len(self.paths), worker
+
+
+def test_len_needs_the_frozen_listing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "vol")
+    write_files(src, 7)
+    ds = VolumeDataset(src)
+    with pytest.raises(TypeError, match=r"needs the frozen listing: call freeze\(\) first"):
+        len(ds)
+    assert ds  # truthy before freezing: `ds or default` never calls len()
+    assert len(list(ds)) == 7  # list() asks for a length hint, and takes the TypeError as none
+    assert len(ds) == 7  # one process, one slot: frozen by the first iteration
+    fresh = VolumeDataset(src)
+    fresh.freeze()
+    assert len(fresh) == 7
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", [False, "pad", "drop"])
+def test_len_is_the_slot_in_a_worker_and_the_rank_in_the_main_process(tmp_path, workers,
+                                                                       mode) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "vol")
+    write_files(src, 7)
+    ds = VolumeDataset(src, equal_length=mode)
+    loader = DataLoader(_Counted(ds), batch_size=None, num_workers=workers)
+    got = list(loader)
+    per_worker: dict[int, list[int]] = {}
+    for length, worker in got:
+        per_worker.setdefault(int(worker), []).append(int(length))
+    for worker, lengths in per_worker.items():
+        # Inside a worker, len() is that worker's slot: exactly what it yields.
+        assert set(lengths) == {len(lengths)}, (worker, lengths)
+    # In the main process, len() is the rank's files over the loader's workers.
+    expected = {(False, 0): 7, (False, 2): 7, ("pad", 0): 7, ("pad", 2): 8, ("drop", 0): 7,
+                ("drop", 2): 6}[(mode, workers)]
+    assert len(ds) == len(got) == expected
+    assert len(loader) == expected  # torch asks the wrapper, which asks the VolumeDataset
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_len_follows_the_loader_that_uses_the_dataset(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = str(tmp_path / "vol")
+    write_files(src, 7)
+    ds = VolumeDataset(src, equal_length="pad")
+    ds.freeze()
+    assert ds.num_workers == 6 and len(ds) == 6 * 2  # the default: 6 slots of ceil(7/6)
+    DataLoader(ds, num_workers=0)
+    assert len(ds) == 7
+    DataLoader(ds, num_workers=3)
+    assert len(ds) == 9  # 3 slots of ceil(7/3)
+
+
+# ---------------------------------------------------------------- stopping read-ahead
+
+
+def _read_ahead_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ucstage-read-ahead")]
+
+
+def _cache_files(root: str) -> tuple[list[str], list[str]]:
+    """(cached data files, temp files) under a cache root, its control folder left out."""
+    data, temp = [], []
+    for _folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".ucstage"]
+        for name in files:
+            (temp if name.endswith(".ucstage-part") else data).append(name)
+    return data, temp
+
+
+@pytest.fixture
+def slow_volume(tmp_path):  # type: ignore[no-untyped-def]
+    """24 files of 1 MiB behind a FUSE mount limited to 512 KiB/s (after a 4 MiB burst)."""
+    from tests.common.parts import rclone_mount
+
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    write_files(str(backing), 24, size=1024 * 1024)
+    with rclone_mount(str(backing), str(mnt), "--bwlimit", "512k"):
+        yield str(mnt)
+
+
+def _settled(cache: str) -> tuple[list[str], list[str]]:
+    """The cache's files once every read-ahead thread has ended (polled, with a deadline)."""
+    deadline = time.monotonic() + 120
+    while _read_ahead_threads():
+        assert time.monotonic() < deadline, f"read-ahead threads never ended: {_read_ahead_threads()}"
+        time.sleep(0.05)
+    return _cache_files(cache)
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("how", ["close", "break", "interrupt"])
+def test_read_ahead_stops_when_the_iterator_is_dropped(slow_volume, tmp_path, how) -> None:  # type: ignore[no-untyped-def]
+    cache = str(tmp_path / f"cache-{how}")
+    ds = VolumeDataset(slow_volume, read_ahead=4, cache_dir=cache)
+    if how == "break":
+        for i, _ in enumerate(DataLoader(ds, batch_size=None, num_workers=0)):
+            if i == 1:
+                break
+    else:
+        it = iter(ds)
+        next(it), next(it)
+        if how == "close":
+            it.close()
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                it.throw(KeyboardInterrupt)
+    # What the cache holds the moment the iterator is gone is final: no copy
+    # of it completes later, and none is left half-written.
+    at_close, temp = _cache_files(cache)
+    assert temp == []
+    assert 2 <= len(at_close) < 24  # it stopped: the rest of the slot was never fetched
+    assert _settled(cache) == (at_close, [])
+
+
+def _cache_can_stop_copies() -> bool:
+    import inspect
+
+    from ucstage.cache import LocalCache
+
+    return "run" in inspect.signature(LocalCache.fetch).parameters
+
+
+@pytest.mark.fuse
+@pytest.mark.xfail(not _cache_can_stop_copies(), strict=False,
+                   reason="needs LocalCache.fetch(..., run=) to stop a copy in flight")
+def test_loader_workers_stop_their_read_ahead_at_shutdown(slow_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """torch gives a worker 5 s to exit before it kills it: a copy still in
+    flight then would leave its temp file behind, so copies must stop, not finish."""
+    cache = str(tmp_path / "cache")
+    ds = VolumeDataset(slow_volume, read_ahead=4, cache_dir=cache)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    it = iter(loader)
+    next(it), next(it)
+    it._shutdown_workers()  # what torch does when the loop breaks out
+    assert not any(w.is_alive() for w in it._workers)
+    data, temp = _cache_files(cache)
+    assert temp == [] and len(data) < 24

@@ -121,6 +121,10 @@ def test_two_ranks_two_workers_read_the_shard_plan(fuse_volume, tmp_path) -> Non
     for key in ("pad", "drop"):
         per_rank = [sum(len(v) for v in r[key].values()) for r in ranks]
         assert per_rank[0] == per_rank[1]
+    # len() in each rank's main process is what that rank's workers yielded.
+    for r in ranks:
+        for key in ("plain", "pad", "drop"):
+            assert r[f"len_{key}"] == sum(len(v) for v in r[key].values()), (r["rank"], key)
 
     # num_workers=0: each rank's main process reads its one slot.
     main = yielded(ranks, "main_process")

@@ -55,6 +55,7 @@ def shard(source: str, manifest: str | None) -> dict[str, Any]:
     plain = VolumeDataset(source)
     loader = DataLoader(Tagged(plain), batch_size=None, num_workers=2)
     result["plain"] = by_worker(loader, 2)
+    result["len_plain"] = len(plain)  # the main process: this rank's files over 2 workers
     result["fingerprint"] = plain.fingerprint
     result["manifest_in_cache"] = os.path.exists(plain._manifest_path or "")
 
@@ -70,6 +71,7 @@ def shard(source: str, manifest: str | None) -> dict[str, Any]:
         ds = VolumeDataset(source, equal_length=mode)
         loader = DataLoader(Tagged(ds), batch_size=None, num_workers=2)
         result[mode] = by_worker(loader, 2)
+        result[f"len_{mode}"] = len(ds)
 
     # num_workers=0: the main process reads, as worker 0 of 1.
     ds = VolumeDataset(source)

@@ -26,10 +26,7 @@ is worker 0 of 1.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
@@ -41,11 +38,14 @@ from ..manifest import Manifest
 from ..sharding import (
     EQUAL_LENGTH_MODES,
     equal_slot_files,
+    rank_length,
     read_order,
     slot_files,
+    slot_length,
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
+from .readahead import ReadAhead, cache_fetcher
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["VolumeDataset"]
 
 DEFAULT_READ_AHEAD = 4
+DEFAULT_NUM_WORKERS = 6
+"""The ucstage DataLoader's default ``num_workers``. A constant, never the
+machine's CPU count: every rank must shard with the same value."""
 
 
 def _equal_mode(value: bool | str | None) -> str | None:
@@ -96,7 +99,18 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     Building one lists nothing and pickles to a few hundred bytes: the
     listing is frozen into a manifest file on first use and only its path
     and fingerprint are pickled.
+
+    ``len(dataset)`` needs the frozen listing (:meth:`freeze`, which the
+    ucstage DataLoader calls, or a first iteration); before that it raises
+    ``TypeError``. Inside a DataLoader worker it is that worker's slot count;
+    in the main process it is this rank's count over all its workers, for
+    :attr:`num_workers` workers (both follow ``equal_length``).
     """
+
+    num_workers: int = DEFAULT_NUM_WORKERS
+    """The DataLoader ``num_workers`` that ``len()`` assumes in the main
+    process: the ucstage DataLoader sets it to its own; with torch's
+    DataLoader, set it to the value you pass there."""
 
     def __init__(
         self,
@@ -181,6 +195,28 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        """Files this process yields per epoch: a worker's slot, or the rank's
+        files in the main process (see the class docstring)."""
+        if self._fingerprint is None:
+            # TypeError is what len() of a length-less object raises, so
+            # operator.length_hint and list() pass over it as they should.
+            raise TypeError(
+                "len(VolumeDataset) needs the frozen listing: call freeze() first (the "
+                "ucstage DataLoader does it before its workers start), or iterate once")
+        n = len(self._entries())
+        rank, world, num_workers, worker = self.slot()
+        if tud.get_worker_info() is not None:
+            return slot_length(n, rank=rank, world_size=world, num_workers=num_workers,
+                               worker=worker, equal_length=self.equal_length)
+        return rank_length(n, rank=rank, world_size=world, num_workers=self.num_workers,
+                           equal_length=self.equal_length)
+
+    def __bool__(self) -> bool:
+        # Without this, `dataset or default` would call __len__ (and raise
+        # before freezing, or be False for an empty slot).
+        return True
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
@@ -322,23 +358,16 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             return
         # A window of fetches runs ahead of the consumer; results come back in
         # slot order. Fetches of one file by several processes are single-flight
-        # in the cache, so read-ahead never copies a file twice.
-        pool = ThreadPoolExecutor(max_workers=self.read_ahead,
-                                  thread_name_prefix="ucstage-read-ahead")
-        todo = iter(entries)
-        window: deque[Future[str]] = deque(
-            pool.submit(cache.fetch, volume, e) for e in islice(todo, self.read_ahead))
+        # in the cache, so read-ahead never copies a file twice. Closing this
+        # generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
+        # before it returns: nothing is copied for an iterator that is gone.
+        fetch, stop, abandon = cache_fetcher(cache, volume)
+        ahead = ReadAhead(fetch, entries, self.read_ahead, stop=stop, abandon=abandon)
         try:
-            while window:
-                current = window.popleft()
-                following = next(todo, None)
-                if following is not None:
-                    window.append(pool.submit(cache.fetch, volume, following))
-                yield current.result()
+            for index in range(len(entries)):
+                yield ahead.take(index)
         finally:
-            for future in window:
-                future.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
+            ahead.close()
 
 
 def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:

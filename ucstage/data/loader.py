@@ -18,7 +18,7 @@ import torch.utils.data as tud
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
-from .dataset import VolumeDataset
+from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
@@ -55,6 +55,9 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
 
     Takes every argument torch's DataLoader takes; the defaults differ:
     ``num_workers=6`` and, when ``num_workers > 0``, ``prefetch_factor=4``.
+    The 6 is a constant, not the machine's CPU count, because every rank must
+    shard with the same value; on a machine with fewer cores torch warns that
+    it "will create 6 worker processes" (pass ``num_workers`` to choose).
     ucstage's own keyword arguments:
 
     Args:
@@ -85,7 +88,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
                  **kwargs: Any) -> None:
         bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments
         if "num_workers" not in bound:
-            kwargs["num_workers"] = 6
+            # A constant, not the machine's CPU count: every rank must agree.
+            kwargs["num_workers"] = DEFAULT_NUM_WORKERS
         num_workers = bound.get("num_workers", kwargs.get("num_workers"))
         if "prefetch_factor" not in bound and num_workers:
             kwargs["prefetch_factor"] = 4
@@ -97,13 +101,19 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             raise InvalidArgument(f"mlflow_step_every must be 1 or more, got {mlflow_step_every}")
         self.mlflow_step_every = mlflow_step_every
         self.guard = guard
-        self.volume_dataset = volume_dataset or find_volume_dataset(dataset)
+        self.volume_dataset = (volume_dataset if volume_dataset is not None
+                               else find_volume_dataset(dataset))
+        if self.volume_dataset is not None:
+            # len(dataset) in this process counts the rank's files over these workers.
+            self.volume_dataset.num_workers = self.num_workers
         self.epoch_stats: list[EpochStats] = []
         self._steps = 0
         self._epochs = 0
         self._sinks: list[MlflowSink] = []
 
     def __iter__(self) -> TimedIterator:  # type: ignore[override]
+        if self.volume_dataset is not None:
+            self.volume_dataset.num_workers = self.num_workers  # another loader may share it
         self._prepare()
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)

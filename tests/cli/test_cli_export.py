@@ -41,7 +41,7 @@ def test_export_json_then_rerun_skips(spark_session: Any, warehouse: Warehouse,
     dest = str(tmp_path / "events")
     first = run("main.ml.events", dest, "--files", "3", "--json")
     assert first.exit_code == 0, first.output
-    data = json.loads(first.output)
+    data = json.loads(first.stdout)
     assert data["skipped_unchanged"] is False
     assert data["row_count"] == 1600 and data["delta_version"] == 4
     assert len(data["files"]) == 3 and isinstance(data["seconds"], float)
@@ -49,7 +49,7 @@ def test_export_json_then_rerun_skips(spark_session: Any, warehouse: Warehouse,
     assert exported_table(dest).num_rows == 1600
 
     again = run("main.ml.events", dest, "--files", "3", "--json")
-    assert json.loads(again.output)["skipped_unchanged"] is True
+    assert json.loads(again.stdout)["skipped_unchanged"] is True
     human = run("main.ml.events", dest, "--files", "3")
     assert human.exit_code == 0
     assert "unchanged" in human.output and "nothing to do" in human.output
@@ -74,7 +74,7 @@ def test_files_suggestion_uses_the_slot_rule(spark_session: Any, warehouse: Ware
                                              tmp_path: Any) -> None:
     result = run("main.ml.events", str(tmp_path / "e"), "--files", "3", "-w", "2", "-k", "2",
                  "--json")
-    assert json.loads(result.output)["suggested_files"] == 4
+    assert json.loads(result.stdout)["suggested_files"] == 4
     human = run("main.ml.events", str(tmp_path / "e"), "--files", "3", "-w", "2", "-k", "2")
     assert "--files 4" in human.output
     fine = run("main.ml.events", str(tmp_path / "f"), "--files", "4", "-w", "2", "-k", "2")
@@ -87,7 +87,7 @@ def test_options_reach_the_library(spark_session: Any, warehouse: Warehouse,
     result = run("main.ml.parted", dest, "--partition-by", "year", "--columns",
                  "id,year,region", "--where", "id < 100", "--compression", "snappy", "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["options"] == {"columns": ["id", "year", "region"], "where": "id < 100",
                                "partition_by": ["year"], "files": None,
                                "max_records_per_file": None, "compression": "snappy"}
@@ -184,3 +184,145 @@ def test_unsupported_table_is_named(spark_session: Any, warehouse: Warehouse,
     result = run("main.ml.dv", str(tmp_path / "dv"))
     assert result.exit_code == 2
     assert "deletionVectors" in result.output
+
+
+# -- the load hint keeps partition columns (item 17) ----------------------------
+
+def _load_line(output: str) -> str:
+    [line] = [ln for ln in output.splitlines() if ln.startswith("load: ")]
+    return line[len("load: "):]
+
+
+def _columns(expression: str, tmp_path: Any) -> set[str]:
+    """Run the printed load command and return the columns it gives."""
+    import pyarrow.dataset
+
+    namespace: dict[str, Any] = {"pyarrow": __import__("pyarrow")}
+    namespace["pyarrow"].dataset = pyarrow.dataset
+    if expression.startswith("datasets."):
+        datasets = pytest.importorskip("datasets")
+        namespace["datasets"] = datasets
+        loaded = eval(expression, namespace)
+        return set(loaded["train"].column_names)
+    return set(eval(expression, namespace).to_table().column_names)
+
+
+@pytest.mark.parametrize("partition_by", ["year", "year,region"])
+def test_load_hint_keeps_partition_columns(spark_session: Any, warehouse: Warehouse,
+                                           tmp_path: Any, partition_by: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    dest = str(tmp_path / "p")
+    result = run("main.ml.parted", dest, "--partition-by", partition_by)
+    assert result.exit_code == 0, result.output
+    hint = _load_line(result.stdout)
+    assert "partitioning='hive'" in hint
+    assert _columns(hint, tmp_path) == {"id", "region", "year", "value"}
+
+
+def test_load_hint_without_partitions_loads_every_column(
+        spark_session: Any, warehouse: Warehouse, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    result = run("main.ml.events", str(tmp_path / "e"))
+    assert result.exit_code == 0, result.output
+    assert _columns(_load_line(result.stdout), tmp_path) == {"id", "text", "score", "label"}
+
+
+# -- zero rows selected (item 15) -----------------------------------------------
+
+@pytest.mark.parametrize("partition_by", [None, "year"])
+def test_where_selecting_no_rows_warns(spark_session: Any, warehouse: Warehouse,
+                                       tmp_path: Any, partition_by: str | None) -> None:
+    dest = str(tmp_path / "none")
+    extra = ["--partition-by", partition_by] if partition_by else []
+    result = run("main.ml.parted", dest, "--where", "id < 0", *extra, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    want = "--where selected 0 of the table's 810 rows ('id < 0'): the export holds no rows"
+    assert data["warnings"] == [want]
+    assert f"warning: {want}" in result.stderr
+    assert data["row_count"] == 0 and not data["skipped_unchanged"]
+    assert os.path.exists(os.path.join(dest, "_ucstage_export.json"))
+    # The rerun skips, and says so again: the export is still empty.
+    again = run("main.ml.parted", dest, "--where", "id < 0", *extra)
+    assert again.exit_code == 0 and "unchanged" in again.stdout
+    assert f"warning: {want}" in again.stderr
+    fine = run("main.ml.parted", str(tmp_path / "some"), "--where", "id < 5", "--json")
+    assert json.loads(fine.stdout)["warnings"] == [] and "warning" not in fine.stderr
+
+
+def test_no_export_message_suggests_rm_rf() -> None:
+    # Nothing ucstage says about an export may tell a person to delete a folder
+    # by hand: DEST and the folders around it are the user's.
+    from tests.common.parts import REPO
+
+    folders = [os.path.join(REPO, "ucstage", "export"), os.path.join(REPO, "ucstage", "cli")]
+    sources = [os.path.join(d, n) for d in folders for n in os.listdir(d) if n.endswith(".py")]
+    sources = [p for p in sources if "export" in os.path.basename(p) or "/export/" in p]
+    assert len(sources) > 5
+    for path in sources:
+        with open(path, encoding="utf-8") as f:
+            assert "rm -r" not in f.read(), path
+
+
+# -- progress off a terminal (item 11) ------------------------------------------
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _log_console() -> Any:
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), force_terminal=False, width=200)
+
+
+def test_status_prints_steps_and_a_line_every_interval_in_a_log() -> None:
+    import time
+
+    from ucstage.cli.export import _Status
+
+    console, clock = _log_console(), _Clock()
+    status = _Status(console, interval=0.01, clock=clock)
+    status.set_description("starting the embedded Spark Connect server")
+    clock.now += 6
+    status.set_description("writing 1,600 rows")
+    clock.now += 20
+    deadline = time.monotonic() + 30
+    while "so far" not in console.file.getvalue():
+        assert time.monotonic() < deadline, console.file.getvalue()
+        time.sleep(0.01)
+    status.set_description("")
+    status.close()
+    lines = console.file.getvalue().splitlines()
+    assert lines[:2] == ["export: starting the embedded Spark Connect server",
+                         "export: writing 1,600 rows"]
+    assert "export: writing 1,600 rows: 0:00:20 so far, 0:00:26 elapsed" in lines
+    assert set(lines[2:]) == {"export: writing 1,600 rows: 0:00:20 so far, 0:00:26 elapsed"}
+
+
+def test_status_on_a_terminal_draws_a_spinner_not_lines() -> None:
+    import io
+
+    from rich.console import Console
+
+    from ucstage.cli.export import _Status
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    status = _Status(console, interval=0.01)
+    status.set_description("writing 1,600 rows")
+    assert status._status is not None
+    status.close()
+    assert status._status is None
+    assert "export: writing" not in console.file.getvalue()

@@ -218,3 +218,90 @@ def connect_script_server(workdir: str) -> Iterator[str]:
     finally:
         subprocess.run([os.path.join(home, "sbin", "stop-connect-server.sh")], env=env,
                        capture_output=True, timeout=120)
+
+
+BIG_ROWS = 3_000_000
+"""Rows of ``big_table``: enough that Spark is still writing seconds after it starts."""
+
+
+def write_big_table(path: str, n: int = BIG_ROWS) -> None:
+    """A one-commit Delta table of ``n`` rows (id, text, x), about 7 MiB as Parquet."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import write_deltalake
+
+    ids = pa.array(range(n), pa.int64())
+    write_deltalake(path, pa.table({"id": ids, "text": pc.cast(ids, pa.string()),
+                                    "x": pc.multiply(ids, 3)}))
+
+
+@pytest.fixture(scope="session")
+def big_table(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The path of a ``BIG_ROWS``-row Delta table; treat it as read-only."""
+    ok, reason = java_ok()
+    require(ok, reason)
+    path = str(tmp_path_factory.mktemp("big") / "big")
+    write_big_table(path)
+    return path
+
+
+def export_process(table: str, dest: str, tmpdir: str, *args: str) -> subprocess.Popen[str]:
+    """``python -m ucstage export TABLE DEST ARGS`` as a user runs it, with its own $TMPDIR
+    (so its embedded server's folder is the only one there) and stderr as a log."""
+    import sys
+
+    env = dict(os.environ, TMPDIR=tmpdir)
+    env.pop("SPARK_REMOTE", None)
+    os.makedirs(tmpdir, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "ucstage", "export", table, dest, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+
+
+def wait_writing(proc: subprocess.Popen[str], dest: str, timeout: float = 300) -> None:
+    """Wait until Spark writes into the export's staging folder beside ``dest``."""
+    import time
+
+    parent, base = os.path.split(dest)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the export ended (exit {proc.returncode}) before it wrote: "
+                                 f"{proc.stderr.read() if proc.stderr else ''}")
+        names = os.listdir(parent) if os.path.isdir(parent) else []
+        for name in names:
+            if name.startswith(f".{base}.ucstage-staging-") and \
+                    os.path.isdir(os.path.join(parent, name, "_temporary")):
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"no staging folder appeared beside {dest} within {timeout} s")
+
+
+def server_folders(tmpdir: str) -> list[str]:
+    """The embedded servers' folders in ``tmpdir``."""
+    from ucstage.export.embedded import FOLDER_PREFIX
+
+    return sorted(os.path.join(tmpdir, n) for n in os.listdir(tmpdir)
+                  if n.startswith(FOLDER_PREFIX))
+
+
+def server_pids(folder: str) -> list[int]:
+    """The processes working in ``folder``: an embedded server runs there (its cwd)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd") == os.path.realpath(folder):
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

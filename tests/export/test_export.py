@@ -322,8 +322,9 @@ def test_record_is_read_back_as_an_export_record(spark_session: Any, warehouse: 
     assert list(on_disk["files"][0]) == ["path", "bytes", "rows"]
     # The JSON document is the record plus what the call did.
     doc = result.to_json(world_size=2, num_workers=[1, 2])
-    assert list(doc) == [*_RECORD_KEYS, "skipped_unchanged", "seconds", "dest",
+    assert list(doc) == [*_RECORD_KEYS, "skipped_unchanged", "seconds", "dest", "warnings",
                          "suggested_files"]
+    assert doc["warnings"] == []
     assert doc["dest"] == dest and doc["suggested_files"] == 3
     assert "suggested_files" not in result.to_json()
     # Anything that is not this format's record reads as no record.
@@ -658,13 +659,10 @@ def test_dest_that_is_not_an_export_is_not_replaced(spark_session: Any, warehous
     dest = tmp_path / "project"
     dest.mkdir()
     (dest / "notes.txt").write_text("mine")
-    with pytest.raises(InvalidArgument, match="not part of a Parquet export"):
-        export_table("main.ml.events", str(dest))
+    for force in (False, True):  # force replaces Parquet exports only
+        with pytest.raises(InvalidArgument, match=r"is not a Parquet export: it holds 'notes\.txt'"):
+            export_table("main.ml.events", str(dest), force=force)
     assert (dest / "notes.txt").read_text() == "mine"
-    # A plain Spark export made without ucstage (the seed recipe) is replaced.
-    seed = tmp_path / "seed"
-    spark_session.range(5).write.parquet(str(seed))
-    assert export_table("main.ml.events", str(seed)).row_count == 1600
 
 
 def test_concurrent_exports_do_the_work_once(spark_session: Any, warehouse: Warehouse,
@@ -706,3 +704,14 @@ def test_catalog_table_through_spark_table(spark_session: Any, tmp_path: Any,
     assert rows(exported_table(dest)) == [{"id": i, "twice": 2 * i} for i in range(20)]
     assert not export_table("spark_catalog.default.ucstage_t", dest,
                             where="id < 20").skipped_unchanged
+
+
+def test_where_selecting_no_rows_is_a_warning(spark_session: Any, warehouse: Warehouse,
+                                              tmp_path: Any) -> None:
+    dest = str(tmp_path / "none")
+    result = export_table("main.ml.events", dest, where="id < 0")
+    assert result.row_count == 0 and read_record(dest) is not None
+    assert result.warnings == ["where selected 0 of the table's 1,600 rows ('id < 0'): the "
+                               "export holds no rows"]
+    assert result.to_json()["warnings"] == result.warnings
+    assert export_table("main.ml.events", str(tmp_path / "all")).warnings == []

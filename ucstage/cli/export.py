@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -13,7 +16,7 @@ from rich.text import Text
 from ..errors import InvalidArgument
 from ..progress import Callback
 from .args import num_workers_list
-from .output import emit, err, format_bytes, json_option, table
+from .output import emit, err, flag_names, format_bytes, json_option, table
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -26,30 +29,86 @@ def _split(value: str | None) -> list[str] | None:
     return parts
 
 
-class _Status(Callback):
-    """Shows what the export is doing as a rich spinner on stderr; an empty
-    description (the step is over) removes it."""
+INTERVAL = 10.0
+"""Seconds between two progress lines off a terminal."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+
+class _Status(Callback):
+    """What the export is doing, on stderr.
+
+    On a terminal, a rich spinner with the step; an empty description (the
+    step is over) removes it. Off a terminal (a log), a line when a step
+    starts, then every ``interval`` seconds one that says how long it has
+    run, as ``rclone --stats`` does, so a long export's log shows it is alive.
+    """
+
+    def __init__(self, console: Console, *, interval: float = INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self.terminal = console.is_terminal
+        self.interval = interval
+        self.clock = clock
+        self.step = ""
+        self.started = clock()
+        self._step_started = self.started
         self._status: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def set_description(self, text: str) -> None:
-        if not self.enabled:
+        with self._lock:
+            if text == self.step:
+                return
+            self.step, self._step_started = text, self.clock()
+        if self.terminal:
+            self._spin(text)
             return
+        if text:
+            self.console.print(f"export: {text}", markup=False, highlight=False)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="ucstage-export-status",
+                                                daemon=True)
+                self._thread.start()
+
+    def _spin(self, text: str) -> None:
         if not text:
             if self._status is not None:
                 self._status.stop()
                 self._status = None
-            return
-        if self._status is None:
-            self._status = err.status(text)
+        elif self._status is None:
+            self._status = self.console.status(text)
             self._status.start()
         else:
             self._status.update(text)
 
+    def line(self) -> str | None:
+        """The periodic line for now; None between steps."""
+        with self._lock:
+            if not self.step:
+                return None
+            now = self.clock()
+            return (f"export: {self.step}: {_clock(now - self._step_started)} so far, "
+                    f"{_clock(now - self.started)} elapsed")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            text = self.line()
+            if text is not None:
+                self.console.print(text, markup=False, highlight=False)
+
     def close(self) -> None:
-        self.set_description("")
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.terminal:
+            self._spin("")
+
+
+def _clock(seconds: float) -> str:
+    """``0:01:05``: hours, minutes, seconds."""
+    total = int(seconds + 0.5)
+    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
 
 
 def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int] | None,
@@ -90,9 +149,20 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
     console.print(summary)
     if suggestion:
         console.print(f"[yellow]![/] {suggestion}")
-    pattern = "**/*.parquet" if opts.get("partition_by") else "*.parquet"
-    console.print(f"[dim]load: datasets.load_dataset(\"parquet\", "
-                  f"data_files=\"{data['dest']}/{pattern}\")[/]")
+    console.print(Text(f"load: {load_hint(data['dest'], bool(opts.get('partition_by')))}",
+                       style="dim"))
+
+
+def load_hint(dest: str, partitioned: bool) -> str:
+    """A Python expression that loads every column of the export in ``dest``.
+
+    Partition columns live only in the ``COL=value`` folder names, which
+    ``datasets``' Parquet loader does not read back; pyarrow's hive
+    partitioning does.
+    """
+    if partitioned:
+        return f"pyarrow.dataset.dataset({dest!r}, format='parquet', partitioning='hive')"
+    return f"datasets.load_dataset('parquet', data_files={dest + '/*.parquet'!r})"
 
 
 @click.command("export", context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,7 +185,10 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
 @click.option("--compression", type=click.Choice(["zstd", "snappy", "none"]), default="zstd",
               show_default=True, help="Parquet compression codec.")
 @click.option("--force", is_flag=True,
-              help="Export even if the table version and options match the last export.")
+              help="Export even if the table version and options match the last export. "
+                   "Also replaces a DEST of Parquet files that ucstage did not write, and "
+                   "files added to a previous export (a DEST holding anything else is "
+                   "never replaced).")
 @click.option("-w", "--world-size", type=int, default=None,
               help="With --num-workers: check that the file count suits this many ranks.")
 @click.option("-k", "--num-workers", default=None, metavar="K|K0,K1,...",
@@ -162,15 +235,26 @@ def command(
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     # ...and warns when its bounded retries run out; the error line says that.
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
-    status = _Status(enabled=err.is_terminal)
+    status = _Status(err)
     try:
         result = export_table(
             table_name, dest, remote=remote, columns=column_list, where=where,
             partition_by=partition_list, files=files,
             max_records_per_file=max_records_per_file, compression=compression, force=force,
             callback=status)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what was done, then exit 130/143
+        from ..export.interrupt import notes
+
+        status.close()
+        for note in notes(exc):
+            err.print(f"stopped: {note}", markup=False, highlight=False)
+        raise
     finally:
         status.close()
     data = result.to_json(world_size=world_size, num_workers=workers)
+    command_ = click.get_current_context().command
+    data["warnings"] = [flag_names(w, command_) for w in data["warnings"]]
+    for warning in data["warnings"]:
+        err.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
     suggestion = _suggestion(data, world_size, workers, num_workers)
     emit(data, as_json, lambda c: _render(c, data, suggestion))

@@ -35,6 +35,7 @@ __all__ = [
     "HADOOP_GLOB_CHARS",
     "check_dest_writable",
     "check_replaceable",
+    "check_unlisted",
     "dest_lock",
     "load_record",
     "publish",
@@ -42,6 +43,7 @@ __all__ = [
     "remove_path",
     "resolve_dest",
     "staging_path",
+    "sweep_leftovers",
     "unchanged_export",
     "verify_staged",
 ]
@@ -104,28 +106,87 @@ _SPARK_OUTPUT = re.compile(r"(.*\.parquet|_SUCCESS|\..*\.crc|_committed_.*|_star
                            + re.escape(RECORD_NAME) + ")")
 
 
-def check_replaceable(dest: str) -> None:
-    """Refuse to replace a folder that is not a previous export.
+def check_replaceable(dest: str, force: bool = False) -> None:
+    """Refuse to replace a DEST that is not a previous ucstage export.
 
-    An export replaces DEST as a whole, so a DEST holding anything but Parquet
-    files, Spark's markers and ``COL=value`` folders (say, a mistyped home
-    folder) is refused. A Spark export made without ucstage passes.
+    An export replaces DEST as a whole. Refused:
+
+    * a DEST holding anything but Parquet files, Spark's markers and
+      ``COL=value`` folders (say, a mistyped project folder), even with
+      ``force``: it is not an export of any kind;
+    * without ``force``, a DEST holding Parquet output but no export record
+      (``_ucstage_export.json``): ucstage did not write it.
+
+    Each message names what is there (the first few paths). Files added to
+    a previous export are :func:`check_unlisted`'s business.
+
+    Raises:
+        InvalidArgument: one of the above; nothing has been touched.
     """
-    if not os.path.isdir(dest):
+    if not os.path.isdir(dest) or load_record(dest) is not None:
         return
+    files, foreign = _dest_contents(dest)
+    if foreign:
+        raise InvalidArgument(
+            f"DEST {dest} is not a Parquet export: it holds {_names(foreign)}; refusing to "
+            "replace it", hint="choose another DEST, or move those files away "
+                               "(`force` replaces only Parquet exports)")
+    if files and not force:
+        raise InvalidArgument(
+            f"DEST {dest} holds Parquet output ({_names(files)}) but no {RECORD_NAME}: "
+            "ucstage did not write it; refusing to replace it",
+            hint="choose another DEST, or pass `force` to replace it (its files are deleted)")
+
+
+def check_unlisted(dest: str, force: bool = False) -> None:
+    """Refuse, without ``force``, to replace an export holding files its record does not list.
+
+    Files someone added to a previous export (notes, extra Parquet files)
+    would be deleted by the swap. Checked only when the export is about to be
+    replaced: an unchanged export is skipped and touches nothing.
+
+    Raises:
+        InvalidArgument: naming the first few such files; nothing has been touched.
+    """
+    record = load_record(dest) if os.path.isdir(dest) else None
+    if record is None or force:
+        return
+    files, foreign = _dest_contents(dest)
+    listed = {f["path"] for f in record.files} | {RECORD_NAME}
+    unlisted = [p for p in files + foreign if p not in listed]
+    if unlisted:
+        raise InvalidArgument(
+            f"DEST {dest} holds files that its export record does not list: "
+            f"{_names(sorted(unlisted))}; the new export would delete them",
+            hint="move them out of DEST, or pass `force` to replace DEST with them")
+
+
+def _dest_contents(dest: str) -> tuple[list[str], list[str]]:
+    """(Spark-output files, everything else) in ``dest``, as sorted relative paths.
+
+    "Everything else" is files that no Spark write makes and folders that
+    are not ``COL=value`` partitions (``_temporary`` is Spark's too).
+    """
+    files: list[str] = []
+    foreign: list[str] = []
     for folder, dirs, names in os.walk(dest):
+        dirs.sort()
+        rel = os.path.relpath(folder, dest)
         sub = os.path.basename(folder)
         if folder != dest and "=" not in sub and not sub.startswith("_temporary"):
-            raise InvalidArgument(
-                f"DEST {dest} holds a folder {os.path.relpath(folder, dest)!r} that is not part "
-                "of a Parquet export; refusing to replace it", hint="choose another DEST")
-        for name in names:
-            if not _SPARK_OUTPUT.fullmatch(name):
-                raise InvalidArgument(
-                    f"DEST {dest} holds {os.path.relpath(os.path.join(folder, name), dest)!r}, "
-                    "which is not part of a Parquet export; refusing to replace it",
-                    hint="choose another DEST, or move that file away")
-        dirs.sort()
+            foreign.append(rel.replace(os.sep, "/") + "/")
+            dirs[:] = []  # named as a whole
+            continue
+        for name in sorted(names):
+            path = os.path.relpath(os.path.join(folder, name), dest).replace(os.sep, "/")
+            (files if _SPARK_OUTPUT.fullmatch(name) else foreign).append(path)
+    return files, foreign
+
+
+def _names(paths: list[str], shown: int = 5) -> str:
+    """The first ``shown`` paths, quoted, and how many more."""
+    text = ", ".join(repr(p) for p in paths[:shown])
+    return text + (f" and {len(paths) - shown:,} more" if len(paths) > shown else "")
 
 
 # -- the record -----------------------------------------------------------------
@@ -262,6 +323,47 @@ def _acquire(parent: str, lock_path: str, dest: str, callback: Callback) -> int:
     finally:
         if waiting:
             callback.set_description("")
+
+
+# -- leftovers of killed exports ---------------------------------------------------
+
+def sweep_leftovers(dest: str) -> str | None:
+    """Clean up after killed exports into ``dest``; call only while holding :func:`dest_lock`.
+
+    Holding the lock means no other export into ``dest`` runs on this machine,
+    so the staging folders and set-aside old exports beside it belong to runs
+    that were killed. Staging folders are deleted. A set-aside export is put
+    back when DEST is missing (the run died between the two renames of the
+    swap), and deleted otherwise. (The lock file such a run leaves is the one
+    the caller now holds, and goes when it is released.)
+
+    Returns:
+        The folder an export was restored from, or None.
+    """
+    parent, base = os.path.split(dest)
+    pattern = re.compile(r"\." + re.escape(base) + r"\.ucstage-(staging|old)-[0-9a-f]{12}")
+    try:
+        names = sorted(os.listdir(parent or os.curdir))
+    except OSError:
+        return None
+    olds = []
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None:
+            continue
+        path = os.path.join(parent, name)
+        if match.group(1) == "old":
+            olds.append(path)
+        else:
+            remove_path(path)
+    restored = None
+    if olds and not os.path.lexists(dest):
+        restored = max(olds, key=lambda p: os.lstat(p).st_ctime)  # the last one set aside
+        os.rename(restored, dest)
+        olds.remove(restored)
+    for path in olds:
+        remove_path(path)
+    return restored
 
 
 # -- staging, verification, the swap ----------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .options import suggest_files
@@ -136,6 +136,9 @@ class ExportResult:
     skipped_unchanged: bool
     """True when nothing was written because table version and options matched."""
     seconds: float
+    warnings: list[str] = field(default_factory=list)
+    """What a person should know although the export succeeded, one sentence each
+    (``where`` selected no rows). Messages name the parameters, as errors do."""
 
     @property
     def files(self) -> list[ExportedFile]:
@@ -149,13 +152,14 @@ class ExportResult:
                 num_workers: int | Sequence[int] | None = None) -> dict[str, Any]:
         """The documented JSON document of an export (``ucstage export --json``).
 
-        The record's fields, then ``skipped_unchanged``, ``seconds`` and
-        ``dest``; with ``world_size`` and ``num_workers`` (one int for every
-        rank, or one per rank) also ``suggested_files``, the file count
+        The record's fields, then ``skipped_unchanged``, ``seconds``, ``dest``
+        and ``warnings``; with ``world_size`` and ``num_workers`` (one int for
+        every rank, or one per rank) also ``suggested_files``, the file count
         :func:`~ucstage.export.suggest_files` proposes for that job.
         """
         data = {**self.record.to_json(), "skipped_unchanged": self.skipped_unchanged,
-                "seconds": round(self.seconds, 3), "dest": self.dest}
+                "seconds": round(self.seconds, 3), "dest": self.dest,
+                "warnings": list(self.warnings)}
         if world_size is not None and num_workers is not None:
             data["suggested_files"] = suggest_files(len(self.record.files), world_size,
                                                     num_workers)

@@ -63,17 +63,20 @@ from .dest import (
     HADOOP_GLOB_CHARS,
     check_dest_writable,
     check_replaceable,
+    check_unlisted,
     dest_lock,
     publish,
     remove_path,
     resolve_dest,
     staging_path,
+    sweep_leftovers,
     unchanged_export,
     verify_staged,
 )
+from .interrupt import add_note, notes, signals_deferred
 from .options import ExportOptions, check_partition_by
 from .record import ExportRecord, ExportResult
-from .spark import get_session, is_connection_error
+from .spark import abandon, get_session, is_connection_error
 
 __all__ = ["export_table", "read_table"]
 
@@ -285,42 +288,53 @@ def export_table(
     dest_path = resolve_dest(dest)
     check_dest_writable(dest_path)
     source = _resolve_source(table)
-    check_replaceable(dest_path)  # again under the lock; here to refuse before any write
-    with dest_lock(dest_path, callback):
-        return _export(source, dest_path, options, remote, force, callback, started)
+    check_replaceable(dest_path, force)  # again under the lock; here to refuse before any write
+    try:
+        with dest_lock(dest_path, callback):
+            sweep_leftovers(dest_path)
+            return _export(source, dest_path, options, remote, force, callback, started)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI's handler
+        if not notes(exc):
+            add_note(exc, f"nothing was written: {dest_path} is as it was")
+        raise
 
 
 def _export(source: _Source, dest_path: str, options: ExportOptions, remote: str | None,
             force: bool, callback: Callback, started: float) -> ExportResult:
     if not force and (previous := _unchanged(dest_path, source, options)) is not None:
-        return ExportResult(dest_path, previous, True, time.monotonic() - started)
-    check_replaceable(dest_path)
+        return _result(dest_path, previous, True, started, source)
+    check_replaceable(dest_path, force)
+    check_unlisted(dest_path, force)
 
     spark = get_session(remote, callback=callback)
-    try:
-        _session_conf(spark)
-        df = _shape(_dataframe(spark, source), options)
-        if source.kind == "catalog":
-            source.version = _version_from_server(spark, source)
-            if not force and (previous := _unchanged(dest_path, source, options)) is not None:
-                return ExportResult(dest_path, previous, True, time.monotonic() - started)
-        schema_json = df.schema.jsonValue()
-        if options.where is None and source.state is not None and \
-                source.state.num_records is not None:
-            expected = source.state.num_records
-        else:
-            callback.set_description("counting the source rows")
-            expected = int(df.count())
-    except UcstageError:
-        raise
-    except Exception as exc:
-        raise _spark_failure(exc, "reading the table") from exc
-
     staging = staging_path(dest_path, "staging")
+    step, published = "reading the table", False
     try:
-        callback.set_description(f"writing {expected:,} rows")
+        try:
+            _session_conf(spark)
+            df = _shape(_dataframe(spark, source), options)
+            if source.kind == "catalog":
+                source.version = _version_from_server(spark, source)
+                if not force and (previous := _unchanged(dest_path, source, options)) is not None:
+                    return _result(dest_path, previous, True, started, source)
+            schema_json = df.schema.jsonValue()
+            if options.where is None and source.state is not None and \
+                    source.state.num_records is not None:
+                expected = source.state.num_records
+            else:
+                step = "counting the source rows"
+                callback.set_description(step)
+                expected = int(df.count())
+        except UcstageError:
+            raise
+        except Exception as exc:
+            raise _spark_failure(exc, "reading the table") from exc
+
+        step = f"writing {expected:,} rows"
+        callback.set_description(step)
         _write(df, staging, options)
-        callback.set_description("verifying the written files")
+        step = "verifying the written files"
+        callback.set_description(step)
         written = verify_staged(staging, expected, options.files)
         record = ExportRecord(
             table=source.label, source_kind=source.kind, source_location=source.location,
@@ -329,15 +343,44 @@ def _export(source: _Source, dest_path: str, options: ExportOptions, remote: str
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             ucstage_version=__version__)
         try:
-            publish(staging, dest_path, record)
+            with signals_deferred():  # the swap's two renames are never cut apart
+                publish(staging, dest_path, record)
+                published = True
         except OSError as exc:
             raise ExportError(f"could not publish the export into {dest_path}: {exc}") from exc
+    except KeyboardInterrupt as exc:
+        _stopped(exc, spark, staging, dest_path, step, published, callback)
+        raise
     except BaseException:
         remove_path(staging)
         raise
     finally:
         callback.set_description("")
-    return ExportResult(dest_path, record, False, time.monotonic() - started)
+    return _result(dest_path, record, False, started, source)
+
+
+def _stopped(exc: KeyboardInterrupt, spark: Any, staging: str, dest: str, step: str,
+             published: bool, callback: Callback) -> None:
+    """Undo a stopped export: first stop Spark's writing, then remove the staging folder."""
+    if published:
+        add_note(exc, f"stopped after the export was published: {dest} holds the new export")
+        return
+    callback.set_description("stopping Spark")
+    stopped = abandon(spark)
+    remove_path(staging)
+    add_note(exc, f"the export was abandoned while {step}; {stopped}, nothing was published "
+                  f"and the staging folder was removed: {dest} is as it was")
+
+
+def _result(dest: str, record: ExportRecord, skipped: bool, started: float,
+            source: _Source) -> ExportResult:
+    warnings = []
+    where = record.options.get("where")
+    if where is not None and record.row_count == 0:
+        total = source.state.num_records if source.state is not None else None
+        of = f" of the table's {total:,}" if total else ""
+        warnings.append(f"where selected 0{of} rows ({where!r}): the export holds no rows")
+    return ExportResult(dest, record, skipped, time.monotonic() - started, warnings)
 
 
 def _unchanged(dest: str, source: _Source, options: ExportOptions) -> ExportRecord | None:

@@ -135,7 +135,7 @@ class _Files(click.ParamType):
                    "'all' to read every listed file. Default: every k-th file from a seeded "
                    "offset, at most 500 files or 2 GiB, whichever is smaller.")
 @click.option("--sample-bytes", metavar="SIZE", default=None,
-              help=f"Bench a deterministic sample of about SIZE bytes, e.g. 2G ({SIZE_HELP}).")
+              help=f"Bench a deterministic sample of about SIZE bytes, e.g. 2G; {SIZE_HELP}.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Changes which files the sample takes.")
 @click.option("-w", "--workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",

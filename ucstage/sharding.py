@@ -5,7 +5,9 @@ This module is the only place the slot rule lives. ``ucstage shard-plan``,
 :func:`slot_files`, so what the plan prints is what training reads.
 
 The rule (the platform's documented one): files in listing order, or in a
-permutation seeded by ``seed`` and ``epoch`` that is the same on every rank;
+permutation seeded by ``seed`` and ``epoch`` that is the same on every rank
+(:class:`Permutation`: a keyed bijection, so one slot's files cost only that
+slot's arithmetic, never a list of every file);
 ``slots = world_size * num_workers``; slot ``s = rank * num_workers + worker``
 reads files ``s, s + slots, s + 2 * slots, ...``. ``num_workers = 0`` (the main
 process reads) counts as one worker.
@@ -13,16 +15,20 @@ process reads) counts as one worker.
 
 from __future__ import annotations
 
-import random
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from .errors import InvalidArgument
 
 __all__ = [
     "EQUAL_LENGTH_MODES",
     "EmptySlots",
+    "Permutation",
     "RankStats",
     "ShardPlan",
     "SlotPlan",
@@ -32,6 +38,7 @@ __all__ = [
     "plan",
     "rank_length",
     "read_order",
+    "slot_array",
     "slot_count",
     "slot_files",
     "slot_indices",
@@ -73,18 +80,100 @@ def node_ranks(node_rank: int, nproc_per_node: int, world_size: int) -> list[int
     return ranks
 
 
-def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Sequence[int]:
-    """File indices in read order: listing order, or a permutation of it.
+_ROUNDS = 6
+_M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
-    The permutation depends only on ``(n, seed, epoch)``; Python's ``random``
-    with a string seed is stable across platforms and versions, so every rank
-    on every node computes the same order.
+
+class Permutation(Sequence[int]):
+    """The shuffled read order of ``n`` files for ``(seed, epoch)``: a keyed bijection.
+
+    Position ``p`` reads file ``self[p]``, computed by arithmetic alone: a
+    6-round Feistel network over the smallest even-bit domain that holds
+    ``n``, keyed by SHA-512 of ``ucstage:{seed}:{epoch}``, with cycle walking
+    to stay below ``n``. Pure 64-bit integer arithmetic in numpy, so every
+    rank on every node, with any numpy or Python version, computes the same
+    order, and one slot's files (:meth:`take`) cost that slot, not ``n``.
+    """
+
+    def __init__(self, n: int, *, seed: int = 0, epoch: int = 0) -> None:
+        if n < 0:
+            raise InvalidArgument(f"n must be 0 or more, got {n}")
+        self.n, self.seed, self.epoch = n, int(seed), int(epoch)
+        digest = hashlib.sha512(f"ucstage:{seed}:{epoch}".encode()).digest()
+        self._keys = [int.from_bytes(digest[8 * i:8 * i + 8], "little") for i in range(_ROUNDS)]
+        self._half = max(1, ((n - 1).bit_length() + 1) // 2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        import numpy as np
+
+        half = np.uint64(self._half)
+        mask = np.uint64((1 << self._half) - 1)
+        left, right = x >> half, x & mask
+        for key in self._keys:
+            z = (right + np.uint64(key)) * np.uint64(_M1)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(_M2)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(_M3)
+            z ^= z >> np.uint64(31)
+            left, right = right, left ^ (z & mask)
+        return (left << half) | right
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The file indices at read-order ``positions`` (an int64 array)."""
+        import numpy as np
+
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= self.n):
+            raise IndexError("read-order position out of range")
+        out = self._feistel(pos.astype(np.uint64))
+        outside = np.flatnonzero(out >= np.uint64(self.n))
+        while outside.size:  # cycle walking: a permutation of the domain stays one below n
+            out[outside] = self._feistel(out[outside])
+            outside = outside[out[outside] >= np.uint64(self.n)]
+        return out.astype(np.int64)
+
+    def array(self) -> np.ndarray:
+        """The whole read order as an int64 array."""
+        import numpy as np
+
+        return self.take(np.arange(self.n, dtype=np.int64))
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [int(i) for i in self.take(range(self.n)[index])]
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError("read-order position out of range")
+        return int(self.take([index])[0])
+
+    def __iter__(self) -> Iterator[int]:
+        step = 1 << 16
+        for start in range(0, self.n, step):
+            yield from (int(i) for i in self.take(range(start, min(self.n, start + step))))
+
+    def __repr__(self) -> str:
+        return f"Permutation({self.n}, seed={self.seed}, epoch={self.epoch})"
+
+
+def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Sequence[int]:
+    """File indices in read order: listing order (a ``range``), or a
+    :class:`Permutation` of it that depends only on ``(n, seed, epoch)``.
+
+    Neither holds a Python object per file: index it, or take a slot's
+    positions with :func:`slot_array`.
     """
     if not shuffle:
         return range(n)
-    order = list(range(n))
-    random.Random(f"ucstage:{seed}:{epoch}").shuffle(order)
-    return order
+    return Permutation(n, seed=seed, epoch=epoch)
 
 
 def _check_world(world_size: int) -> None:
@@ -111,16 +200,57 @@ def slot_indices(n: int, *, rank: int, world_size: int, num_workers: int, worker
     return range(rank * k + worker, n, slot_count(world_size, num_workers))
 
 
-def _take(order: Sequence[int], start: int, n: int, step: int) -> list[int]:
-    """``order[start], order[start + step], ...`` below ``n``: one slot's files.
+def _take(order: Sequence[int], start: int, n: int, step: int) -> np.ndarray:
+    """``order[start], order[start + step], ...`` below ``n``: one slot's files,
+    as an int64 array, computed for that slot's positions only."""
+    import numpy as np
 
-    Slicing keeps this in C for the two orders :func:`read_order` returns.
-    """
     if isinstance(order, range):
-        return list(range(start, n, step))
-    if isinstance(order, list) and len(order) == n:
-        return order[start::step]
-    return [order[i] for i in range(start, n, step)]
+        r = order[start:n:step]
+        return np.arange(r.start, r.stop, r.step, dtype=np.int64)
+    if isinstance(order, Permutation):
+        return order.take(np.arange(start, n, step, dtype=np.int64))
+    if isinstance(order, np.ndarray):
+        return order[start:n:step].astype(np.int64, copy=False)
+    return np.asarray([order[i] for i in range(start, n, step)], dtype=np.int64)
+
+
+def slot_array(
+    n: int,
+    *,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    worker: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    equal_length: str | None = None,
+    order: Sequence[int] | None = None,
+) -> np.ndarray:
+    """:func:`slot_files` (or, with ``equal_length``, :func:`equal_slot_files`)
+    as an int64 numpy array: no Python object per file, and with a shuffle
+    only this slot's positions are permuted."""
+    import numpy as np
+
+    positions = slot_indices(n, rank=rank, world_size=world_size,
+                             num_workers=num_workers, worker=worker)
+    if equal_length is not None and equal_length not in EQUAL_LENGTH_MODES:
+        raise InvalidArgument(
+            f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {equal_length!r}")
+    if order is None:
+        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    if equal_length is None or n == 0:
+        return _take(order, positions.start, n, positions.step)
+    slots = positions.step
+    count = n // slots if equal_length == "drop" else -(-n // slots)
+    # "pad" continues the rule past the end, position p reading order[p % n].
+    wanted = (positions.start + slots * np.arange(count, dtype=np.int64)) % n
+    if isinstance(order, range):
+        return wanted
+    if isinstance(order, Permutation):
+        return order.take(wanted)
+    return np.asarray([order[int(p)] for p in wanted], dtype=np.int64)
 
 
 def slot_files(
@@ -140,11 +270,9 @@ def slot_files(
     Pass ``order`` (from :func:`read_order`) to avoid recomputing a permutation
     for every slot.
     """
-    positions = slot_indices(n, rank=rank, world_size=world_size,
-                             num_workers=num_workers, worker=worker)
-    if order is None:
-        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-    return _take(order, positions.start, n, positions.step)
+    return slot_array(n, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
+                      order=order).tolist()
 
 
 def _workers_spec(num_workers: int | Sequence[int], world_size: int) -> int | list[int]:
@@ -184,20 +312,39 @@ def workers_per_rank(num_workers: int | Sequence[int], world_size: int) -> list[
     return [spec] * world_size if isinstance(spec, int) else spec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SlotPlan:
     """What one (rank, worker) slot reads."""
 
     rank: int
     worker: int
-    files: list[int]
-    """Indices into the listing, in read order."""
+    indices: np.ndarray
+    """Indices into the listing, in read order (int64; often a view into the
+    plan's read order, so a plan holds no Python object per file)."""
     bytes: int
+
+    @property
+    def files(self) -> list[int]:
+        """:attr:`indices` as a list of ints."""
+        return [int(i) for i in self.indices]
+
+    @property
+    def count(self) -> int:
+        """Files this slot reads."""
+        return len(self.indices)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SlotPlan):
+            return NotImplemented
+        return ((self.rank, self.worker, self.bytes) == (other.rank, other.worker, other.bytes)
+                and self.files == other.files)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def to_json(self, paths: Sequence[str]) -> dict[str, Any]:
         """This slot as docs/json.md documents it; ``paths`` is the listing's paths."""
         return {"rank": self.rank, "worker": self.worker,
-                "files": [paths[i] for i in self.files], "bytes": self.bytes}
+                "files": [paths[int(i)] for i in self.indices], "bytes": self.bytes}
 
 
 @dataclass(frozen=True)
@@ -330,7 +477,7 @@ class ShardPlan:
         return self.consistent and self.batches_equal and not self.empty.count
 
     def files_per_slot(self) -> Spread:
-        return self._spread([len(s.files) for s in self.slots])
+        return self._spread([s.count for s in self.slots])
 
     def bytes_per_slot(self) -> Spread:
         return self._spread([s.bytes for s in self.slots])
@@ -393,7 +540,7 @@ class ShardPlan:
 
     def readers(self, index: int) -> list[tuple[int, int]]:
         """The (rank, worker) slots that read listing index ``index``."""
-        return [(s.rank, s.worker) for s in self.slots if index in s.files]
+        return [(s.rank, s.worker) for s in self.slots if bool((s.indices == index).any())]
 
 
 def _ranks_to_plan(spec: int | list[int], world_size: int, n: int) -> Iterator[tuple[int, int]]:
@@ -411,7 +558,7 @@ def _ranks_to_plan(spec: int | list[int], world_size: int, n: int) -> Iterator[t
 
 
 def plan(
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     *,
     world_size: int,
     num_workers: int | Sequence[int],
@@ -427,7 +574,8 @@ def plan(
     in :attr:`ShardPlan.empty`, never listed.
 
     Args:
-        sizes: file sizes in listing order.
+        sizes: file sizes in listing order (a numpy array costs no Python
+            object per file; :meth:`ucstage.Manifest.sizes` gives one).
         world_size: number of ranks.
         num_workers: one value, or one per rank; rank ``r`` applies the slot rule
             with its own value, exactly as a rank given that value would, so a
@@ -436,16 +584,30 @@ def plan(
         batch_size: when given, per-rank batch counts (a DataLoader over an
             IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
     """
+    import numpy as np
+
     spec = _workers_spec(num_workers, world_size)
     if batch_size is not None and batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
-    sizes = sizes if isinstance(sizes, list) else list(sizes)
-    n = len(sizes)
+    size_arr = np.asarray(sizes, dtype=np.int64)
+    n = len(size_arr)
     order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    # The read order as one int64 array: each slot's files are a strided view of it.
+    order_arr = order.array() if isinstance(order, Permutation) else np.arange(n, dtype=np.int64)
+    in_order = size_arr[order_arr] if shuffle else size_arr
     # One effective worker count for all ranks partitions the read order, so
     # every file is read exactly once; only disagreeing ranks need counting.
     agree = isinstance(spec, int) or len({effective_workers(k) for k in spec}) == 1
-    counts = bytearray(b"\x01") * n if agree else bytearray(n)
+    counts = None if agree else np.zeros(n, dtype=np.int32)
+    slot_bytes = None
+    if agree:
+        step = world_size * effective_workers(spec if isinstance(spec, int) else spec[0])
+        if step <= n:  # bytes of every slot at once: the read order as rows of `step` slots
+            padded = np.zeros(-(-n // step) * step, dtype=np.int64)
+            padded[:n] = in_order
+            slot_bytes = padded.reshape(-1, step).sum(axis=0)
+        else:
+            slot_bytes = in_order
     slots: list[SlotPlan] = []
     ranks: list[RankStats] = []
     empty = EmptySlots()
@@ -461,15 +623,13 @@ def plan(
             continue
         rank_files = rank_bytes = batches = 0
         for worker in range(busy):
-            files = _take(order, first + worker, n, step)
-            if isinstance(order, range):
-                nbytes = sum(sizes[first + worker::step])
+            files = order_arr[first + worker::step]
+            if slot_bytes is not None:
+                nbytes = int(slot_bytes[first + worker])
             else:
-                nbytes = sum(map(sizes.__getitem__, files))
-            if not agree:
-                for i in files:
-                    if counts[i] < 255:
-                        counts[i] += 1
+                nbytes = int(in_order[first + worker::step].sum())
+            if counts is not None:
+                counts[files] += 1
             slots.append(SlotPlan(rank, worker, files, nbytes))
             rank_files += len(files)
             rank_bytes += nbytes
@@ -479,9 +639,11 @@ def plan(
     if isinstance(spec, int):
         # The ranks past the walk read nothing at all: counted, never visited.
         empty.add(planned_ranks, 0, effective_workers(spec), ranks=world_size - planned_ranks)
+    read_count = (bytearray(b"\x01") * n if counts is None
+                  else bytearray(np.minimum(counts, 255).astype(np.uint8).tobytes()))
     return ShardPlan(
         n_files=n,
-        total_bytes=sum(sizes),
+        total_bytes=int(size_arr.sum()),
         world_size=world_size,
         num_workers=spec,
         shuffle=shuffle,
@@ -492,14 +654,14 @@ def plan(
         ranks=ranks,
         slot_total=slot_count(world_size, spec),
         empty=empty,
-        duplicated=[] if agree else [i for i in range(n) if counts[i] > 1],
-        skipped=[] if agree else [i for i in range(n) if counts[i] == 0],
-        read_count=counts,
+        duplicated=[] if counts is None else np.flatnonzero(counts > 1).tolist(),
+        skipped=[] if counts is None else np.flatnonzero(counts == 0).tolist(),
+        read_count=read_count,
     )
 
 
 def slot_plan(
-    sizes: Sequence[int],
+    sizes: Sequence[int] | np.ndarray,
     *,
     rank: int,
     worker: int,
@@ -523,9 +685,13 @@ def slot_plan(
         raise InvalidArgument(
             f"no slot {rank}:{worker}: rank {rank} has workers 0..{effective_workers(k) - 1} "
             f"(num_workers {k}; 0 means the main process reads, as worker 0)")
-    files = slot_files(len(sizes), rank=rank, world_size=world_size, num_workers=k,
+    files = slot_array(len(sizes), rank=rank, world_size=world_size, num_workers=k,
                        worker=worker, shuffle=shuffle, seed=seed, epoch=epoch)
-    return SlotPlan(rank, worker, files, sum(sizes[i] for i in files))
+    if hasattr(sizes, "take"):  # a numpy array: no Python object per file
+        nbytes = int(sizes.take(files).sum())
+    else:
+        nbytes = sum(sizes[int(i)] for i in files)
+    return SlotPlan(rank, worker, files, nbytes)
 
 
 EQUAL_LENGTH_MODES = ("pad", "drop")
@@ -559,19 +725,9 @@ def equal_slot_files(
     """
     if mode not in EQUAL_LENGTH_MODES:
         raise InvalidArgument(f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {mode!r}")
-    if order is None:
-        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-    files = slot_files(n, rank=rank, world_size=world_size, num_workers=num_workers,
-                       worker=worker, order=order)
-    if n == 0:
-        return files
-    slots = slot_count(world_size, num_workers)
-    if mode == "drop":
-        return files[: n // slots]
-    s = rank * effective_workers(num_workers) + worker
-    for i in range(len(files), -(-n // slots)):
-        files.append(order[(s + i * slots) % n])
-    return files
+    return slot_array(n, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
+                      equal_length=mode, order=order).tolist()
 
 
 def slot_length(

@@ -10,7 +10,11 @@ files of its slot in the background. The DataLoader that runs it lives in
 Usage and every argument: docs/training.md.
 
 How every rank gets the same listing: the listing is frozen once into a
-manifest file (under the cache root, ``.ucstage/manifests/<fingerprint>.json``). When
+columnar manifest file (under the cache root,
+``.ucstage/manifests/<fingerprint>.manifest.arrow``), which every process
+opens memory-mapped: a node holds one copy in its page cache. The main
+process verifies its fingerprint once; workers check only its header
+(fingerprint, row count, byte size) and make only their slot's rows. When
 ``torch.distributed`` is initialised, :meth:`VolumeDataset.freeze` lists on
 rank 0 only and broadcasts the manifest to the other ranks; the ucstage
 DataLoader calls it on every rank before starting workers. Or pass a
@@ -35,14 +39,7 @@ from .. import manifest as _manifest
 from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
-from ..sharding import (
-    EQUAL_LENGTH_MODES,
-    equal_slot_files,
-    rank_length,
-    read_order,
-    slot_files,
-    slot_length,
-)
+from ..sharding import EQUAL_LENGTH_MODES, rank_length, slot_array, slot_length
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 from .readahead import ReadAhead, cache_fetcher
@@ -144,6 +141,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self._max_bytes = max_bytes
         self._manifest_path: str | None = None
         self._fingerprint: str | None = None
+        self._manifest_size: int | None = None
         self._dist_rank_world: tuple[int, int] | None = None
         # Not pickled: rebuilt on demand in each process.
         self._cache: LocalCache | None = cache
@@ -239,13 +237,15 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         root = getattr(self.cache(), "root", None)
         if not root:
             raise ManifestError("the cache has no root folder to keep the frozen listing in")
-        return os.path.join(os.fspath(root), LISTINGS_DIR, f"{fingerprint}.json")
+        return os.path.join(os.fspath(root), LISTINGS_DIR,
+                            f"{fingerprint}{_manifest.ARROW_SUFFIX}")
 
     def _save_manifest(self, manifest: Manifest) -> None:
         path = self._manifest_file(manifest.fingerprint)
         if not os.path.exists(path):
-            _manifest.save(manifest, path)
+            _manifest.save(manifest, path, format="arrow")
         self._manifest_path = path
+        self._manifest_size = os.path.getsize(path)
 
     def _adopt(self, manifest: Manifest) -> Manifest:
         self._manifest = manifest
@@ -254,6 +254,15 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         # exist on this node: keep a local copy then.
         if manifest.path is not None and os.path.exists(manifest.path):
             self._manifest_path = manifest.path
+            self._manifest_size = os.path.getsize(manifest.path)
+        elif not isinstance(manifest.entries, _manifest.ArrowEntries):
+            # Swap the Python listing for the mapped columns just written: the
+            # list is freed and workers forked later share the page cache.
+            self._save_manifest(manifest)
+            assert self._manifest_path is not None
+            manifest = _manifest.load(self._manifest_path, verify=False,
+                                      expect_fingerprint=manifest.fingerprint)
+            self._manifest = manifest
         else:
             self._save_manifest(manifest)
         return manifest
@@ -265,7 +274,13 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def _load_frozen(self) -> Manifest:
         assert self._manifest_path is not None and self._fingerprint is not None
         if os.path.exists(self._manifest_path):
-            loaded = _manifest.load(self._manifest_path)
+            if tud.get_worker_info() is not None:
+                # A worker: its main process verified this file; check the header only.
+                loaded = _manifest.load(self._manifest_path, verify=False,
+                                        expect_fingerprint=self._fingerprint,
+                                        expect_size=self._manifest_size)
+            else:
+                loaded = _manifest.load(self._manifest_path)
         else:
             # Unpickled on another node: re-list and insist on the same listing.
             loaded = self._snapshot()
@@ -332,25 +347,23 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         Computed with :func:`ucstage.sharding.slot_files` (or its equal-length
         variant), the rule ``ucstage shard-plan`` prints.
         """
-        entries = self._entries()
-        n = len(entries)
-        order = read_order(n, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
-        if self.equal_length is None:
-            indices = slot_files(n, rank=rank, world_size=world_size, num_workers=num_workers,
-                                 worker=worker, order=order)
-        else:
-            indices = equal_slot_files(n, rank=rank, world_size=world_size,
-                                       num_workers=num_workers, worker=worker,
-                                       mode=self.equal_length, order=order)
-        return [entries[i] for i in indices]
+        return self._slot_rows(rank=rank, world_size=world_size, num_workers=num_workers,
+                               worker=worker).take_all()
+
+    def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
+                   worker: int) -> _SlotRows:
+        manifest = self.freeze()
+        indices = slot_array(len(manifest.entries), rank=rank, world_size=world_size,
+                             num_workers=num_workers, worker=worker, shuffle=self.shuffle,
+                             seed=self.seed, epoch=self.epoch, equal_length=self.equal_length)
+        return _SlotRows(manifest, indices)
 
     def __iter__(self) -> Iterator[str]:
         rank, world, num_workers, worker = self.slot()
-        entries = self.slot_entries(rank=rank, world_size=world, num_workers=num_workers,
-                                    worker=worker)
-        return self._fetch_all(entries)
+        return self._fetch_all(self._slot_rows(rank=rank, world_size=world,
+                                               num_workers=num_workers, worker=worker))
 
-    def _fetch_all(self, entries: list[FileEntry]) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[FileEntry]) -> Iterator[str]:
         cache, volume = self.cache(), self._get_volume()
         if self.read_ahead == 0:
             for entry in entries:
@@ -368,6 +381,38 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
                 yield ahead.take(index)
         finally:
             ahead.close()
+
+
+class _SlotRows(Sequence[FileEntry]):
+    """A slot's entries, made from the manifest a block at a time as they are
+    read: a worker never holds a FileEntry per file of its slot."""
+
+    BLOCK = 1024
+
+    def __init__(self, manifest: Manifest, indices: Any) -> None:
+        self._manifest = manifest
+        self._indices = indices
+        # One (block, rows) tuple, replaced whole: read-ahead threads index
+        # concurrently and must never see one block's number with another's rows.
+        self._cached: tuple[int, list[FileEntry]] = (-1, [])
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self._manifest.take(self._indices[index])
+        if not 0 <= index < len(self._indices):
+            raise IndexError("slot index out of range")
+        block, start = index // self.BLOCK, index // self.BLOCK * self.BLOCK
+        cached_block, rows = self._cached
+        if cached_block != block:  # read-ahead threads read near one another, in order
+            rows = self._manifest.take(self._indices[start:start + self.BLOCK])
+            self._cached = (block, rows)
+        return rows[index - start]
+
+    def take_all(self) -> list[FileEntry]:
+        return self._manifest.take(self._indices)
 
 
 def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import InvalidArgument
-from ..manifest import Manifest
+from ..manifest import ArrowEntries, Manifest
 from ..sharding import ShardPlan, SlotPlan, plan, slot_plan
 from .args import num_workers_list
 from .output import (
@@ -40,8 +40,24 @@ def _parse_slot(value: str | None) -> tuple[int, int] | None:
 
 def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
     """The documented JSON contract (docs/json.md#shard-plan)."""
-    return p.to_json([e.path for e in manifest.entries], source=manifest.source,
-                     fingerprint=manifest.fingerprint)
+    entries = manifest.entries
+    paths: list[str] = (entries.table.column(0).to_pylist()
+                        if isinstance(entries, ArrowEntries) else [e.path for e in entries])
+    return p.to_json(paths, source=manifest.source, fingerprint=manifest.fingerprint)
+
+
+class _Paths:
+    """``paths[i]`` of a manifest, made per access: the human plan names only
+    a few files, and a columnar manifest then makes no object per file."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self._manifest = manifest
+
+    def __getitem__(self, index: int) -> str:  # only for a few example files
+        return self._manifest.entries[int(index)].path
+
+    def __len__(self) -> int:
+        return len(self._manifest.entries)
 
 
 def _workers_text(p: ShardPlan) -> str:
@@ -88,7 +104,7 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
     if p.empty.ranks:
         console.print(f"[dim]{p.empty.ranks:,} ranks read no file and are not listed[/]")
     console.print()
-    paths = [e.path for e in manifest.entries]
+    paths = _Paths(manifest)
     if p.consistent and not p.empty.count:
         console.print("[green]✓[/] every file is read exactly once")
     elif not p.consistent:
@@ -181,7 +197,7 @@ def shard_plan(
     _check_shuffle_options(shuffle)
     workers = num_workers_list(num_workers)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
-    sizes = [e.size for e in manifest.entries]
+    sizes = manifest.sizes()  # a numpy array for a columnar manifest
     if wanted is not None:
         s = slot_plan(sizes, rank=wanted[0], worker=wanted[1], world_size=world_size,
                       num_workers=workers, shuffle=shuffle, seed=seed, epoch=epoch)
@@ -189,7 +205,8 @@ def shard_plan(
         return
     p = plan(sizes, world_size=world_size, num_workers=workers, shuffle=shuffle, seed=seed,
              epoch=epoch, batch_size=batch_size)
-    emit(plan_json(manifest, p), as_json, lambda c: _render(c, manifest, p))
+    # The JSON names every file; the human plan names a few, so it never builds the list.
+    emit(plan_json(manifest, p) if as_json else {}, as_json, lambda c: _render(c, manifest, p))
     problems = []
     if not p.consistent:
         problems.append(f"{len(p.duplicated):,} files read twice or more, "
@@ -214,8 +231,9 @@ def _check_shuffle_options(shuffle: bool) -> None:
 
 
 def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
-    files = [manifest.entries[i] for i in s.files]
-    data = s.to_json([e.path for e in manifest.entries])
+    files = manifest.take(s.indices)  # only this slot's rows
+    data = {"rank": s.rank, "worker": s.worker, "files": [e.path for e in files],
+            "bytes": s.bytes}
 
     def human(console: Console) -> None:
         err.print(f"slot {s.rank}:{s.worker}: {len(files):,} files, {format_bytes(s.bytes)}")

@@ -174,9 +174,18 @@ class ArrowEntries(Sequence[FileEntry]):
             return []
         if idx.min() < 0 or idx.max() >= len(self):
             raise IndexError("manifest entry index out of range")
-        rows = self.table.take(idx)
-        return list(map(FileEntry, rows.column(0).to_pylist(), rows.column(1).to_pylist(),
-                        rows.column(2).to_pylist()))
+        # Chunk by chunk: a take on the whole chunked table would first copy
+        # every column into one array, touching all of the mapped file.
+        starts = np.asarray(self._starts, dtype=np.int64)
+        chunk_of = np.searchsorted(starts, idx, side="right") - 1
+        out: list[Any] = [None] * len(idx)
+        for chunk in np.unique(chunk_of).tolist():
+            where = np.flatnonzero(chunk_of == chunk)
+            local = idx[where] - starts[chunk]
+            cols = [self.table.column(i).chunk(chunk).take(local).to_pylist() for i in range(3)]
+            for slot, entry in zip(where.tolist(), map(FileEntry, *cols), strict=True):
+                out[slot] = entry
+        return out
 
     def paths(self, indices: Sequence[int] | np.ndarray) -> list[str]:
         """The relative paths at ``indices``."""

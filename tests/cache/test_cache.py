@@ -563,9 +563,9 @@ def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
     copies: list[str] = []
     real_copy = cache_mod.copy_to
 
-    def counting_copy(volume, relpath, dst):  # type: ignore[no-untyped-def]
+    def counting_copy(volume, relpath, dst, run=None):  # type: ignore[no-untyped-def]
         copies.append(relpath)
-        return real_copy(volume, relpath, dst)
+        return real_copy(volume, relpath, dst, run)
 
     monkeypatch.setattr(cache_mod, "copy_to", counting_copy)
     vol, entries = _local_source(tmp_path, 20, 4 * KB)
@@ -744,11 +744,17 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
     m = snapshot(str(src))
     assert m.refused
     vol = m.volume()
-    cache = LocalCache(tmp_path / "cache", lease_seconds=0)
+    other = tmp_path / "other"  # cached first, then evicted: evicted_sources has an item
+    other.mkdir()
+    (other / "o.bin").write_bytes(blob("o", 1000))
+    o = snapshot(str(other))
+    LocalCache(tmp_path / "cache").warm(o.volume(), o.entries)
+    cache = LocalCache(tmp_path / "cache", lease_seconds=0, max_bytes=1000)
     entries = rank_entries(m.entries, ranks=[0, 1], world_size=2, num_workers=1)
     from ucstage.cache import RankSlice
 
     warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
+    assert warm.evicted_files == 1
     doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1), refused=m.refused)
     _same_shape(_documented("warm"), doc)
     assert doc["slice"] == {"ranks": [0, 1], "world_size": 2, "num_workers": 1,

@@ -19,7 +19,7 @@ from ucstage.cli.cache import command as cache_group
 
 WARM_KEYS = {"source", "cache_dir", "namespace", "slice", "files", "bytes", "fetched",
              "fetched_bytes", "already_cached", "already_cached_bytes", "failed", "refused",
-             "seconds", "mb_per_s"}
+             "seconds", "mb_per_s", "evicted_files", "evicted_bytes", "evicted_sources"}
 
 
 def run(*args: str, code: int = 0) -> Any:
@@ -114,6 +114,13 @@ def test_slice_options_are_validated(src: Path) -> None:
     assert result.exit_code == 2 and "outside --world-size" in result.output
     result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--shuffle", "--epoch", "2"])
     assert result.exit_code == 2 and "need --rank or --node-rank" in result.output
+    # --seed/--epoch without --shuffle change nothing: refused, as shard-plan does.
+    for extra in (["--seed", "3"], ["--epoch", "1"], ["--seed", "0"],
+                  ["--rank", "0", "-w", "2", "-k", "1", "--epoch", "2"]):
+        result = CliRunner().invoke(cli, ["cache", "warm", str(src), *extra])
+        assert result.exit_code == 2, (extra, result.output)
+        assert "error: --seed/--epoch only matter with --shuffle" in result.output, extra
+        assert not list(Path(os.environ["UCSTAGE_CACHE_DIR"]).glob("*/d0"))  # nothing copied
 
 
 def test_verify_finds_stale_and_corrupt_entries(src: Path) -> None:
@@ -232,7 +239,12 @@ def test_warm_names_failed_files_and_exits_1(src: Path, tmp_path: Path) -> None:
     assert result.returncode == 1
     summary = json.loads(result.stdout)
     assert [f["path"] for f in summary["failed"]] == ["d1/f7.bin"] and summary["fetched"] == 9
+    assert summary["failed"][0]["retryable"] is False
     assert "d1/f7.bin" in result.stderr and "Traceback" not in result.stderr
+    # A missing file fails the same way on a rerun: no "rerun to retry" (item 15).
+    assert "rerun to retry" not in result.stderr
+    assert ("hint: they are missing, unreadable or not regular files at the source, so a "
+            "rerun fails the same way until the source is fixed") in result.stderr
 
 
 def test_disk_full_exits_1_naming_the_folder(tmp_path: Path) -> None:
@@ -292,7 +304,9 @@ def test_progress_bar_shows_files_and_bytes(src: Path) -> None:
                       console=Console(file=buffer, force_terminal=True, width=150)) as bar:
         report = LocalCache().warm(m.volume(), m.entries, callback=bar)
     text = buffer.getvalue()
-    assert report.fetched == 10 and "10/10 files" in text and "1.0 kB" in text
+    assert report.fetched == 10 and "10/10 files" in text
+    # IEC units, as in every summary (rich's own columns say kB and MB/s).
+    assert "1.0 KiB/1.0 KiB" in text and "KiB/s" in text and "kB" not in text
 
 
 def test_bench_progress_shows_one_line_per_run(src: Path) -> None:
@@ -313,7 +327,10 @@ def test_bench_progress_shows_one_line_per_run(src: Path) -> None:
     assert "1/2 direct x1" in text and "2/2 direct x2" in text and "10/10 files" in text
 
 
-def test_failed_files_are_printed_even_off_a_terminal() -> None:
+def test_off_a_terminal_progress_is_a_line_every_interval() -> None:
+    """Item 11: in a log, a line with files, bytes, rate and time left every
+    interval (here 0.02 s instead of 10 s), whatever the command's bar setting;
+    no bar drawing, and failures are counted, not listed (the report lists them)."""
     from io import StringIO
 
     from rich.console import Console
@@ -321,11 +338,64 @@ def test_failed_files_are_printed_even_off_a_terminal() -> None:
     from ucstage.cli.progress import progress_bar
 
     buffer = StringIO()
-    with progress_bar(False, console=Console(file=buffer, width=150)) as bar:
-        bar.set_size(10, items=2)
+    log = Console(file=buffer, width=150)  # not a terminal
+    with progress_bar(False, "warming", console=log, interval=0.02) as bar:
+        bar.set_size(4 * 1024 * 1024, items=4)
+        bar.relative_update(1024 * 1024)
         bar.item_done("a.bin", "fetched")
         bar.item_done("b.bin", "failed", "Input/output error")
-    assert buffer.getvalue().strip() == "failed b.bin: Input/output error"
+        deadline = time.monotonic() + 30
+        while "warming: 2/4 files, 1 failed, 1.0 MiB/4.0 MiB (25%)" not in buffer.getvalue():
+            assert time.monotonic() < deadline, buffer.getvalue()
+            time.sleep(0.01)
+    text = buffer.getvalue()
+    assert "\x1b" not in text and "\r" not in text  # plain lines, no bar
+    assert "b.bin" not in text and "Input/output error" not in text
+    assert bar.statuses == {"fetched": 1, "failed": 1} and bar.bytes_done == 1024 * 1024
+
+
+def test_progress_line_says_rate_and_time_left() -> None:
+    """The line's rate is over the last interval; ETA from it (a fake clock)."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from ucstage.cli.progress import LogLines
+
+    now = [100.0]
+    lines = LogLines(Console(file=StringIO()), "warming", clock=lambda: now[0])
+    assert lines.line() is None  # nothing to say before the total is known
+    lines.set_size(10 * 1024 * 1024, items=10)
+    lines.relative_update(3 * 1024 * 1024)  # e.g. files already cached
+    for name in ("a", "b", "c"):
+        lines.item_done(name, "cached")
+    now[0] += 10
+    assert lines.line() == ("warming: 3/10 files, 3.0 MiB/10.0 MiB (30%), 307.2 KiB/s, "
+                            "ETA 0:00:23")
+    lines.relative_update(1024 * 1024)
+    lines.item_done("d", "fetched")
+    now[0] += 10  # 1 MiB in the last 10 s: the ETA follows the recent rate
+    assert lines.line() == ("warming: 4/10 files, 4.0 MiB/10.0 MiB (40%), 102.4 KiB/s, "
+                            "ETA 0:01:00")
+    now[0] += 10
+    assert lines.line().endswith("0 B/s, ETA -")  # type: ignore[union-attr]
+    lines.relative_update(6 * 1024 * 1024)
+    now[0] += 10
+    assert lines.line().endswith("(100%), 614.4 KiB/s, done")  # type: ignore[union-attr]
+
+
+def test_each_failed_file_is_printed_once(src: Path) -> None:
+    """Item 15: the report lists a failed file; the progress display does not
+    repeat it (on a terminal or in a log), whether stdout and stderr are one
+    stream or two."""
+    data = run("cache", "lazy", str(src), "--json")
+    (src / "d1" / "f7.bin").unlink()
+    result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm",
+                             data["manifest"]], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    both = result.stdout + result.stderr
+    assert both.count("failed d1/f7.bin: cannot copy d1/f7.bin") == 1, both
+    assert "1 of 10 files failed: d1/f7.bin" in result.stderr
 
 
 def test_rerun_progress_counts_files_already_cached(src: Path) -> None:
@@ -381,3 +451,220 @@ def test_library_errors_are_shown_as_this_commands_flags(src: Path,
     assert result.exit_code == 1, result.output
     assert "more than the cache cap" in result.output
     assert "hint: raise --max-bytes, or warm fewer files (--include, --rank)" in result.output
+
+
+def test_transient_failures_suggest_a_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only failures a rerun can fix (retries ran out on I/O errors) hint at one."""
+    import errno
+
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Flaky(MemoryFileSystem):
+        protocol = "flakycli"
+
+        @classmethod
+        def _strip_protocol(cls, path):  # type: ignore[no-untyped-def]
+            if isinstance(path, str) and path.startswith("flakycli://"):
+                path = path[len("flakycli://"):]
+            return super()._strip_protocol(path)
+
+        def _open(self, path, mode="rb", **kwargs):  # type: ignore[no-untyped-def]
+            if os.path.basename(path).startswith("eio"):
+                raise OSError(errno.EIO, "Input/output error (injected)")
+            if os.path.basename(path).startswith("gone"):
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory (injected)")
+            return super()._open(path, mode, **kwargs)
+
+    fsspec.register_implementation("flakycli", Flaky, clobber=True)
+    from ucstage.cache import LocalCache
+
+    # No 0.2 s backoff doubling three times in a test.
+    monkeypatch.setitem(LocalCache.__init__.__kwdefaults__, "backoff", 0.001)  # type: ignore[index]
+    key = unique("flaky")
+    store = MemoryFileSystem()
+    for name in ("ok.bin", "eio.bin"):
+        store.pipe_file(f"/{key}/{name}", b"x" * 10)
+    result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}"])
+    assert result.exit_code == 1
+    assert "hint: rerun to retry just those; the rest are cached" in result.output
+    store.pipe_file(f"/{key}/gone.bin", b"x" * 10)
+    result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}"])
+    assert result.exit_code == 1
+    assert "hint: rerun to retry the 1 that failed on transient errors; the others" \
+        in result.output
+
+
+def test_warm_says_what_it_evicted(src: Path, tmp_path: Path) -> None:
+    """Item 5: --max-bytes evicts other sources' files; the summary and --json say so."""
+    other = tmp_path / "other"
+    other.mkdir()
+    for i in range(8):
+        (other / f"o{i}.bin").write_bytes(b"o" * 1000)
+    run("cache", "warm", str(other), "--json")
+    past = time.time() - 600  # handed out long ago: out of the lease, first to go
+    for p in Path(os.environ["UCSTAGE_CACHE_DIR"]).rglob("o*.bin"):
+        os.utime(p, (past, past))
+    data = run("cache", "warm", str(src), "--max-bytes", "8000", "--json")
+    assert data["fetched"] == 10 and data["evicted_files"] >= 2
+    assert data["evicted_bytes"] == 1000 * data["evicted_files"]
+    left = len(list(Path(os.environ["UCSTAGE_CACHE_DIR"]).rglob("o*.bin")))
+    assert data["evicted_files"] == 8 - left
+    assert data["evicted_sources"] == [{"source": str(other), "namespace": data[
+        "evicted_sources"][0]["namespace"], "files": 8 - left, "bytes": 1000 * (8 - left)}]
+    run("cache", "clear")
+    run("cache", "warm", str(other), "--json")
+    for p in Path(os.environ["UCSTAGE_CACHE_DIR"]).rglob("o*.bin"):
+        os.utime(p, (past, past))
+    human = run("cache", "warm", str(src), "--max-bytes", "8000")
+    evicted = 8 - len(list(Path(os.environ["UCSTAGE_CACHE_DIR"]).rglob("o*.bin")))
+    kib = f"{evicted * 1000 / 1024:.1f} KiB"
+    assert f"evicted {evicted} cached files ({kib}) to stay under the cap of 7.8 KiB:" in human
+    assert f"  {other}: {evicted} files ({kib})" in human
+
+
+def _pty_run(args: list[str], answer: bytes | None, env: dict[str, str]) -> tuple[int, str]:
+    """Run ucstage with stdin (and stderr) on a pseudo-terminal, as a person
+    would; type ``answer`` once asked. Returns the exit code and what showed."""
+    import pty
+    import select
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "ucstage", *args], stdin=child,
+                            stdout=subprocess.PIPE, stderr=child, env=env)
+    os.close(child)
+    seen = b""
+    deadline = time.monotonic() + 60
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, seen
+            if select.select([main], [], [], 0.05)[0]:
+                try:
+                    seen += os.read(main, 4096)
+                except OSError:
+                    break
+            if answer is not None and b"[y/N]" in seen:
+                os.write(main, answer)
+                answer = None
+        out = proc.stdout.read().decode() if proc.stdout else ""
+        proc.wait(60)
+        while select.select([main], [], [], 0)[0]:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+    return proc.returncode, seen.decode(errors="replace") + out
+
+
+def test_clear_everything_asks_on_a_terminal(src: Path) -> None:
+    """Item 6: no SOURCE on a terminal: ask; --yes or a script: go ahead."""
+    env = dict(os.environ)
+    run("cache", "warm", str(src), "--json")
+    code, shown = _pty_run(["cache", "clear"], b"n\n", env)
+    assert code == 0, shown
+    assert "Remove 10 cached files (1.0 KiB) of 1 source from" in shown and "[y/N]" in shown
+    assert "nothing removed" in shown
+    assert run("cache", "status", "--json")["entries"] == 10
+    code, shown = _pty_run(["cache", "clear"], b"y\n", env)
+    assert code == 0 and "removed 10 files (1.0 KiB) from 1 cached source" in shown, shown
+    run("cache", "warm", str(src), "--json")
+    code, shown = _pty_run(["cache", "clear", "--yes"], None, env)  # never asks
+    assert code == 0 and "[y/N]" not in shown and "removed 10 files" in shown, shown
+    run("cache", "warm", str(src), "--json")
+    code, shown = _pty_run(["cache", "clear", str(src)], None, env)  # one source: no question
+    assert code == 0 and "[y/N]" not in shown and "removed 10 files" in shown, shown
+    run("cache", "warm", str(src), "--json")
+    assert "removed 10 files" in run("cache", "clear")  # stdin not a terminal: as before
+    locks = Path(os.environ["UCSTAGE_CACHE_DIR"], ".ucstage", "locks")
+    assert list(locks.iterdir()) == []  # the lock files went with their namespaces
+
+
+def test_a_volumes_source_is_found_after_its_root_changed(tmp_path: Path) -> None:
+    """Item 7: status, verify and clear find `/Volumes/...` as status shows it,
+    whatever UCSTAGE_VOLUMES_ROOT says now."""
+    first = tmp_path / "first"
+    vol = first / "main" / "ml" / "imgs"
+    vol.mkdir(parents=True)
+    for i in range(5):
+        (vol / f"{i}.jpg").write_bytes(bytes([i]) * 100)
+    env = {**os.environ, "UCSTAGE_VOLUMES_ROOT": str(first)}
+
+    def ucstage(*args: str, code: int = 0, root: str = str(tmp_path / "second")) -> str:
+        result = subprocess.run([sys.executable, "-m", "ucstage", *args], capture_output=True,
+                                text=True, timeout=60,
+                                env={**env, "UCSTAGE_VOLUMES_ROOT": root})
+        assert result.returncode == code, result.stdout + result.stderr
+        return result.stdout
+
+    ucstage("cache", "warm", "/Volumes/main/ml/imgs", root=str(first))
+    status = json.loads(ucstage("cache", "status", "--json"))
+    assert [n["source"] for n in status["namespaces"]] == ["/Volumes/main/ml/imgs"]
+    one = json.loads(ucstage("cache", "status", "/Volumes/main/ml/imgs", "--json"))
+    assert one["entries"] == 5 and one["namespaces"][0]["url"] == str(vol)
+    checked = json.loads(ucstage("cache", "verify", "/Volumes/main/ml/imgs", "--json"))
+    assert checked["clean"] and [(s["source"], s["ok"]) for s in checked["sources"]] == [
+        ("/Volumes/main/ml/imgs", 5)]
+    cleared = json.loads(ucstage("cache", "clear", "dbfs:/Volumes/main/ml/imgs", "--json"))
+    assert (cleared["files"], len(cleared["namespaces"])) == (5, 1)
+    assert json.loads(ucstage("cache", "status", "--json"))["entries"] == 0
+
+
+def test_lazy_recipe_names_every_variable_the_job_needs(tmp_path: Path) -> None:
+    """Item 7: run the printed recipe in an environment holding only what it
+    names: the job finds the files, through the same cache."""
+    pytest.importorskip("torch")
+    root = tmp_path / "volumes"
+    vol = root / "c" / "s" / "v"
+    vol.mkdir(parents=True)
+    for i in range(4):
+        (vol / f"{i}.bin").write_bytes(bytes([i]) * 10)
+    cache_dir = tmp_path / "mycache"
+    env = {**os.environ, "UCSTAGE_VOLUMES_ROOT": str(root), "UCSTAGE_CACHE_DIR": str(cache_dir),
+           "UCSTAGE_CACHE_MAX_BYTES": "1G"}
+    shown = subprocess.run([sys.executable, "-m", "ucstage", "cache", "lazy", "/Volumes/c/s/v"],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert shown.returncode == 0, shown.stderr
+    recipe = shown.stdout.split("In the training job (same node, same user):\n", 1)[1]
+    exports = [line.strip() for line in recipe.splitlines() if line.strip().startswith("export ")]
+    code = "\n".join(line.strip() for line in recipe.splitlines()
+                     if line.strip() and not line.strip().startswith(("export ", "#")))
+    assert exports == [f"export UCSTAGE_VOLUMES_ROOT={root}",
+                       f"export UCSTAGE_CACHE_DIR={cache_dir}",
+                       "export UCSTAGE_CACHE_MAX_BYTES=1G"]
+    job = code + "\nprint(sorted(open(p, 'rb').read() for p in paths))\n"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("UCSTAGE_")}
+    for line in exports:
+        name, value = line[len("export "):].split("=", 1)
+        clean[name] = value
+    ran = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True,
+                         timeout=120, env=clean)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(sorted(bytes([i]) * 10 for i in range(4)))
+    assert len(list(cache_dir.rglob("*.bin"))) == 4  # through the cache the recipe named
+    data = json.loads(subprocess.run(
+        [sys.executable, "-m", "ucstage", "cache", "lazy", "/Volumes/c/s/v", "--json"],
+        capture_output=True, text=True, timeout=60, env=env).stdout)
+    assert data["env"] == {"UCSTAGE_VOLUMES_ROOT": str(root),
+                           "UCSTAGE_CACHE_DIR": str(cache_dir),
+                           "UCSTAGE_CACHE_MAX_BYTES": "1G"}
+
+
+def test_a_bad_cap_variable_is_named(src: Path) -> None:
+    """Item 15: `UCSTAGE_CACHE_MAX_BYTES='garbage'` says which setting is bad."""
+    env = {**os.environ, "UCSTAGE_CACHE_MAX_BYTES": "garbage"}
+    for args in (["cache", "warm", str(src)], ["cache", "status"]):
+        result = subprocess.run([sys.executable, "-m", "ucstage", *args], capture_output=True,
+                                text=True, timeout=60, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "error: UCSTAGE_CACHE_MAX_BYTES='garbage' is not a size" in result.stderr
+        assert "hint: set it to e.g. 500M or 20G, or unset it" in result.stderr
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "lots"])
+    assert result.exit_code == 2 and "error: --max-bytes: cannot read size 'lots'" in \
+        result.output

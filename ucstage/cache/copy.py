@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from ..errors import UnsafePath
 from ..volumes import Volume, _version
+from .inflight import Inflight
 
 __all__ = ["CHUNK", "Copied", "copy_to"]
 
@@ -66,10 +67,12 @@ def _open_local(volume: Volume, relpath: str) -> int:
     return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _pump(src: int, dst: int) -> int:
+def _pump(src: int, dst: int, run: Inflight | None) -> int:
     total = 0
     try:
         while True:
+            if run is not None:
+                run.check()
             n = os.sendfile(dst, src, None, CHUNK)
             if n == 0:
                 return total
@@ -79,6 +82,8 @@ def _pump(src: int, dst: int) -> int:
         if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or total:
             raise
     while True:
+        if run is not None:
+            run.check()
         block = os.read(src, 1024 * 1024)
         if not block:
             return total
@@ -88,13 +93,13 @@ def _pump(src: int, dst: int) -> int:
         total += len(block)
 
 
-def _copy_local(volume: Volume, relpath: str, dst: int) -> Copied:
+def _copy_local(volume: Volume, relpath: str, dst: int, run: Inflight | None) -> Copied:
     src = _open_local(volume, relpath)
     try:
         before = os.fstat(src)
         if not stat.S_ISREG(before.st_mode):
             raise UnsafePath(f"{relpath}: not a regular file")
-        size = _pump(src, dst)
+        size = _pump(src, dst, run)
         os.ftruncate(dst, size)  # the caller may have preallocated more
         after = os.fstat(src)
     finally:
@@ -115,7 +120,7 @@ def _mtime_ns(info: dict[str, Any]) -> int | None:
     return None
 
 
-def _copy_remote(volume: Volume, relpath: str, dst: int) -> Copied:
+def _copy_remote(volume: Volume, relpath: str, dst: int, run: Inflight | None) -> Copied:
     path = volume.full_path(relpath)
     with volume.fs.open(path, "rb") as src:
         # s3fs and friends attach the object's info to the open file (served
@@ -123,6 +128,8 @@ def _copy_remote(volume: Volume, relpath: str, dst: int) -> Copied:
         info = getattr(src, "details", None) or volume.fs.info(path)
         size = 0
         while True:
+            if run is not None:
+                run.check()
             block = src.read(CHUNK)
             if not block:
                 break
@@ -138,15 +145,19 @@ def _copy_remote(volume: Volume, relpath: str, dst: int) -> Copied:
     return Copied(size, version, _mtime_ns(info))
 
 
-def copy_to(volume: Volume, relpath: str, dst: int) -> Copied:
+def copy_to(volume: Volume, relpath: str, dst: int, run: Inflight | None = None) -> Copied:
     """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
     a preallocated file is overwritten and cut to the copied size).
 
+    With ``run`` (a warm's :class:`~ucstage.cache.inflight.Inflight`), the copy
+    checks between chunks whether the warm stopped.
+
     Raises:
+        Stopped: ``run`` stopped.
         UnsafePath: the entry is a symlink or folder link leaving the volume.
         OSError: from the source or the local disk (ENOSPC included); the
             caller removes the temp file.
     """
     if volume.is_local:
-        return _copy_local(volume, relpath, dst)
-    return _copy_remote(volume, relpath, dst)
+        return _copy_local(volume, relpath, dst, run)
+    return _copy_remote(volume, relpath, dst, run)

@@ -39,6 +39,7 @@ __all__ = [
     "part_name",
     "part_stripe",
     "read_stamp",
+    "user_root",
     "write_stamp",
 ]
 
@@ -54,10 +55,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def default_root() -> str:
-    """``$UCSTAGE_CACHE_DIR``, else a private per-user folder under /tmp."""
+    """``$UCSTAGE_CACHE_DIR``, else :func:`user_root`."""
     env = os.environ.get(CACHE_DIR_ENV, "").strip()
     if env:
         return os.path.abspath(os.path.expanduser(env))
+    return user_root()
+
+
+def user_root() -> str:
+    """The root without ``$UCSTAGE_CACHE_DIR``: a private per-user folder under /tmp."""
     return f"/tmp/ucstage-{os.getuid()}"
 
 

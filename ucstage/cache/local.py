@@ -24,23 +24,40 @@ status, verify, clear and prune are in :mod:`ucstage.cache.maintenance`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import random
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 
-from ..errors import CacheError, CacheFull, FetchFailed, UcstageError, UnsafePath
+from ..errors import (
+    CacheError,
+    CacheFull,
+    FetchFailed,
+    InvalidArgument,
+    UcstageError,
+    UnsafePath,
+)
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import effective_workers, read_order, slot_files
-from ..units import format_bytes, parse_size
+from ..units import SIZE_HELP, format_bytes, parse_size
 from ..volumes import FileEntry, Volume, safe_relpath
 from . import layout as cd
 from . import maintenance as maint
 from .copy import copy_to
+from .inflight import Inflight, Stopped
 from .locks import FileLock
-from .reports import CacheStatus, ClearReport, PruneReport, VerifyReport, WarmReport
-from .space import CacheSpace, free_bytes, no_room
+from .reports import (
+    CacheStatus,
+    ClearReport,
+    EvictedSource,
+    PruneReport,
+    VerifyReport,
+    WarmReport,
+)
+from .space import CacheSpace, Evicted, free_bytes, no_room
 
 __all__ = ["CACHE_DIR_ENV", "MAX_BYTES_ENV", "WARM_FEWER", "LocalCache", "rank_entries"]
 
@@ -55,6 +72,8 @@ fewer files would help; the library cannot name the CLI flags that choose
 them, so the CLI adds them."""
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
+_GRACE = 1.0
+"""Seconds a stopping warm lets its copies in flight finish before abandoning them."""
 
 
 def rank_entries(
@@ -84,7 +103,7 @@ class LocalCache:
             ``/tmp/ucstage-<uid>``. Created 0700; refused when it is a
             symlink, owned by someone else, or writable by others.
         max_bytes: byte cap for the whole root; default ``$UCSTAGE_CACHE_MAX_BYTES``
-            (``500M``, ``20G``), else no cap.
+            (``500M``, ``20G``; powers of 1024), else no cap.
         lease_seconds: a file handed to a reader is not evicted for this long.
         retries: extra attempts for transient source errors.
         backoff: first retry delay in seconds (doubles each attempt, jittered).
@@ -94,10 +113,10 @@ class LocalCache:
                  max_bytes: int | None = None, lease_seconds: float = 60.0,
                  retries: int = 3, backoff: float = 0.2) -> None:
         self.root: str = cd.open_root(os.fspath(root) if root is not None else cd.default_root())
-        if max_bytes is None and os.environ.get(MAX_BYTES_ENV, "").strip():
-            max_bytes = parse_size(os.environ[MAX_BYTES_ENV])
-        if max_bytes is not None and max_bytes < 1:
-            raise CacheError(f"the byte cap must be positive, got {max_bytes}")
+        if max_bytes is None:
+            max_bytes = _env_max_bytes()
+        elif max_bytes < 1:
+            raise CacheError(f"max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
         self.lease_ns = int(lease_seconds * 1e9)
         self.retries = retries
@@ -118,6 +137,17 @@ class LocalCache:
         """Create the namespace folder and record which source it holds; return it."""
         return self.space.prepare(self.namespace_dir(volume), url=volume.url,
                                   source=volume.source)
+
+    def find(self, source: str) -> list[Volume]:
+        """The cached volumes that hold ``source``, by the records the cache keeps.
+
+        A ``/Volumes/...`` source (``dbfs:`` dropped) matches every namespace
+        cached under that string, whatever ``$UCSTAGE_VOLUMES_ROOT`` was then
+        or is now, and each returned volume reads from where its files were
+        cached from; any source also matches the namespace of where it
+        resolves now. Empty when nothing is cached for it.
+        """
+        return maint.find(self.space, source)
 
     # -- the hot path -------------------------------------------------------
 
@@ -167,11 +197,14 @@ class LocalCache:
         """
         return self.lookup(volume, entry) or self._fetch_retrying(volume, entry)[0]
 
-    def _fetch_retrying(self, volume: Volume, entry: FileEntry) -> tuple[str, bool]:
+    def _fetch_retrying(self, volume: Volume, entry: FileEntry, run: Inflight | None = None,
+                        evicted: Evicted | None = None) -> tuple[str, bool]:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                return self._fetch_once(volume, entry)
+                return self._fetch_once(volume, entry, run, evicted)
+            except Stopped:
+                raise
             except _PERMANENT as exc:
                 if isinstance(exc, UcstageError):
                     raise
@@ -180,11 +213,18 @@ class LocalCache:
                 if attempt == self.retries:
                     raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
                                       f"{_reason(exc)}") from exc
-                time.sleep(delay * (1 + random.random() / 4))
+                pause = delay * (1 + random.random() / 4)
+                if run is not None:
+                    run.sleep(pause)  # a stopping warm does not wait out the backoff
+                else:
+                    time.sleep(pause)
                 delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _fetch_once(self, volume: Volume, entry: FileEntry) -> tuple[str, bool]:
+    def _fetch_once(self, volume: Volume, entry: FileEntry, run: Inflight | None = None,
+                    evicted: Evicted | None = None) -> tuple[str, bool]:
+        """One copy attempt. With ``run`` (a warm), no copy starts once it has
+        stopped, and a copy it abandons is left to it (see :mod:`.inflight`)."""
         rel = safe_relpath(entry.path)
         if cd.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
             raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
@@ -192,34 +232,55 @@ class LocalCache:
         local = os.path.join(ns_dir, *rel.split("/"))
         space = self.space
         lock = space.entry_lock(ns_dir, rel)
+        if run is not None:
+            run.check()
         with FileLock(lock):
             hit = self.lookup(volume, entry)
             if hit is not None:
                 return hit, False
-            os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
-            tmp = space.temp_path(local, lock)
+            token = run.begin() if run is not None else -1
             try:
-                fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
-                                             lease_ns=self.lease_ns, name=rel)
-            except OSError as exc:
-                if no_room(exc):
-                    raise self._disk_full(ns_dir, rel, entry.size) from exc
-                raise
-            try:
-                try:
-                    copied = copy_to(volume, rel, fd)
-                finally:
-                    os.close(fd)
-                cd.write_stamp(tmp, copied.size, copied.version or entry.version)
-                now = time.time_ns()
-                os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
-                space.commit(tmp, local, copied.size, reserved)
-            except BaseException as exc:
-                space.abandon(tmp, reserved)
-                if no_room(exc):
-                    raise self._disk_full(ns_dir, rel, entry.size) from exc
-                raise
+                self._copy_locked(volume, entry, rel, ns_dir, local, lock, run, token, evicted)
+            finally:
+                if run is not None:
+                    run.release(token)
         return local, True
+
+    def _copy_locked(self, volume: Volume, entry: FileEntry, rel: str, ns_dir: str, local: str,
+                     lock: str, run: Inflight | None, token: int,
+                     evicted: Evicted | None) -> None:
+        """Copy ``entry`` to ``local`` through a temp file; its stripe is held."""
+        space = self.space
+        os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
+        tmp = space.temp_path(local, lock)
+        try:
+            fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
+                                         lease_ns=self.lease_ns, name=rel, evicted=evicted)
+        except OSError as exc:
+            if no_room(exc):
+                raise self._disk_full(ns_dir, rel, entry.size) from exc
+            raise
+        if run is not None and not run.copying(token, tmp, reserved):
+            os.close(fd)  # stopped while reserving: copy nothing
+            space.abandon(tmp, reserved)
+            raise Stopped()
+        try:
+            try:
+                copied = copy_to(volume, rel, fd, run)
+            finally:
+                os.close(fd)
+            if run is not None and not run.claim(token):
+                raise Stopped()  # abandoned: the temp file was removed, the path is not ours
+            cd.write_stamp(tmp, copied.size, copied.version or entry.version)
+            now = time.time_ns()
+            os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
+            space.commit(tmp, local, copied.size, reserved)
+        except BaseException as exc:
+            if run is None or run.release(token):  # else the warm removed it already
+                space.abandon(tmp, reserved)
+            if no_room(exc):
+                raise self._disk_full(ns_dir, rel, entry.size) from exc
+            raise
 
     def _disk_full(self, ns_dir: str, rel: str, need: int) -> CacheFull:
         return CacheFull(
@@ -233,14 +294,22 @@ class LocalCache:
 
         Files that still fail after retries are listed in the report's
         ``failed``; the rest are cached. Stale temp files of killed runs are
-        removed first.
+        removed first. Files evicted to stay under the byte cap are counted,
+        per source, in the report's ``evicted``.
 
-        ``callback`` (a :class:`ucstage.progress.Callback`, called from worker
-        threads) hears, once the files are known to fit,
+        ``callback`` (a :class:`ucstage.progress.Callback`, called from the
+        calling thread) hears, once the files are known to fit,
         ``set_size(total bytes, items=total files)``, then
         ``relative_update(nbytes)`` as bytes become valid in the cache (all
         the already valid ones at once first), and ``item_done(path, status,
         error)`` once per file with status ``fetched``, ``cached`` or ``failed``.
+
+        Stopping: when ``KeyboardInterrupt`` (Ctrl-C, or
+        :exc:`ucstage.errors.Terminated`) reaches the calling thread, no copy
+        starts any more, copies in flight get about a second to finish, the
+        rest are abandoned (their temp files removed, their bytes given back
+        to the ledger), and the exception goes on. Files finished before
+        that are cached; ``callback`` has heard of each.
 
         Raises:
             CacheFull: the files cannot fit on the disk or under the cap; checked
@@ -273,31 +342,11 @@ class LocalCache:
             cb.item_done(path, "cached")
         for path, reason in report.failed:
             cb.item_done(path, "failed", reason)
-        with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="ucstage-warm") as pool:
-            futures: dict[Future[tuple[str, bool]], FileEntry] = {
-                pool.submit(self._fetch_retrying, volume, e): e for e in todo}
-            for fut in as_completed(futures):
-                e = futures[fut]
-                try:
-                    _, fetched = fut.result()
-                except CacheFull as exc:
-                    left = sum(x.size for f, x in futures.items() if not f.done() or f is fut)
-                    for other in futures:
-                        other.cancel()
-                    raise CacheFull(f"{exc.message}; this warm still needs {format_bytes(left)}",
-                                    exc.hint) from exc
-                except UcstageError as exc:
-                    report.failed.append((e.path, str(exc)))
-                    cb.item_done(e.path, "failed", str(exc))
-                    continue
-                if fetched:
-                    report.fetched += 1
-                    report.fetched_bytes += e.size
-                else:
-                    report.already_cached += 1
-                    report.already_cached_bytes += e.size
-                cb.relative_update(e.size)
-                cb.item_done(e.path, "fetched" if fetched else "cached")
+        evicted = Evicted()
+        _Warm(self, volume, todo, report, cb, evicted).run(jobs)
+        sources = self.space.sources()
+        report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
+                          for name, (files, nbytes) in evicted.by_namespace().items()]
         report.seconds = time.monotonic() - start
         return report
 
@@ -317,8 +366,9 @@ class LocalCache:
 
     # -- maintenance (bodies in ucstage.cache.maintenance) --------------------
 
-    def status(self, volume: Volume | None = None) -> CacheStatus:
-        """Entries and bytes per namespace (one source, or all), cap and free disk."""
+    def status(self, volume: maint.Volumes = None) -> CacheStatus:
+        """Entries and bytes per namespace (of one volume, of a list of them such
+        as :meth:`find` returns, or of every source), cap and free disk."""
         return maint.status(self.space, volume, max_bytes=self.max_bytes)
 
     def verify(self, volume: Volume | None = None, entries: Sequence[FileEntry] | None = None,
@@ -342,9 +392,12 @@ class LocalCache:
         """
         return maint.verify(self.space, volume, entries, checksum=checksum)
 
-    def clear(self, volume: Volume | None = None) -> ClearReport:
-        """Remove one source's namespace, or every namespace. Files already open
-        stay readable to whoever opened them (POSIX unlink semantics)."""
+    def clear(self, volume: maint.Volumes = None) -> ClearReport:
+        """Remove the namespaces of one volume, of a list of them (such as
+        :meth:`find` returns), or every namespace, with their lock files.
+        Clearing everything also removes the frozen listings and whatever
+        earlier clears left of namespaces. Files already open stay readable to
+        whoever opened them (POSIX unlink semantics)."""
         return maint.clear(self.space, volume)
 
     def prune(self, max_bytes: int) -> PruneReport:
@@ -354,6 +407,136 @@ class LocalCache:
         many bytes that kept.
         """
         return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
+
+
+class _Warm:
+    """One warm's copy phase: ``jobs`` daemon threads copy, the calling thread
+    waits for their results and reports them (the report and the callback are
+    touched by the calling thread only).
+
+    Daemon threads, not a ``ThreadPoolExecutor``: leaving an executor waits for
+    every queued copy, and the interpreter joins its threads at exit, so a
+    thread stuck in a slow read would hold up Ctrl-C. On any exception in the
+    calling thread (Ctrl-C, SIGTERM, a full cache) the warm stops: see
+    :meth:`_stop`.
+    """
+
+    def __init__(self, cache: LocalCache, volume: Volume, todo: Sequence[FileEntry],
+                 report: WarmReport, cb: Callback, evicted: Evicted) -> None:
+        self.cache, self.volume, self.todo = cache, volume, todo
+        self.report, self.cb, self.evicted = report, cb, evicted
+        self.inflight = Inflight()
+        self.results: queue.SimpleQueue[tuple[FileEntry, bool | BaseException]] = \
+            queue.SimpleQueue()
+        self._pending = iter(todo)
+        self._take = threading.Lock()
+        self.taken = 0
+        self.received = 0
+        self.done_bytes = 0
+
+    def run(self, jobs: int) -> None:
+        if not self.todo:
+            return
+        for i in range(min(max(1, jobs), len(self.todo))):
+            threading.Thread(target=self._work, name=f"ucstage-warm-{i}", daemon=True).start()
+        try:
+            while self.received < len(self.todo):
+                self._record(*self.results.get())
+        except BaseException as exc:
+            self._stop()
+            if isinstance(exc, CacheFull):
+                left = sum(e.size for e in self.todo) - self.done_bytes
+                raise CacheFull(f"{exc.message}; this warm still needs {format_bytes(left)}",
+                                exc.hint) from exc
+            raise
+
+    def _work(self) -> None:
+        while True:
+            with self._take:
+                entry = None if self.inflight.stopped else next(self._pending, None)
+                if entry is None:
+                    return
+                self.taken += 1
+            outcome: bool | BaseException
+            try:
+                outcome = self.cache._fetch_retrying(self.volume, entry, self.inflight,
+                                                     self.evicted)[1]
+            except BaseException as exc:
+                outcome = exc
+            self.results.put((entry, outcome))
+
+    def _record(self, e: FileEntry, outcome: bool | BaseException) -> None:
+        self.received += 1
+        report, cb = self.report, self.cb
+        if isinstance(outcome, Stopped):
+            return
+        if isinstance(outcome, UcstageError) and not isinstance(outcome, CacheFull):
+            report.failed.append((e.path, str(outcome)))
+            if _retryable(outcome):
+                report.retryable.add(e.path)
+            cb.item_done(e.path, "failed", str(outcome))
+            return
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome:
+            report.fetched += 1
+            report.fetched_bytes += e.size
+        else:
+            report.already_cached += 1
+            report.already_cached_bytes += e.size
+        self.done_bytes += e.size
+        cb.relative_update(e.size)
+        cb.item_done(e.path, "fetched" if outcome else "cached")
+
+    def _stop(self) -> None:
+        """Start no copy; give copies in flight :data:`_GRACE` seconds to finish
+        (reporting the ones that do), then abandon the rest."""
+        self.inflight.stop()
+        deadline = time.monotonic() + _GRACE
+        try:
+            while True:
+                with self._take:
+                    running = self.taken - self.received
+                left = deadline - time.monotonic()
+                if running <= 0 or left <= 0:
+                    break
+                try:
+                    entry, outcome = self.results.get(timeout=left)
+                except queue.Empty:
+                    break
+                # Stopping already: the first error is the one raised.
+                with contextlib.suppress(BaseException):
+                    self._record(entry, outcome)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, but still clean up
+        # A second Ctrl-C here leaves temp files that the next warm sweeps
+        # (nobody holds their stripes once this process is gone).
+        with contextlib.suppress(KeyboardInterrupt):
+            self.inflight.abandon(self.cache.space.abandon)
+
+
+def _retryable(exc: UcstageError) -> bool:
+    """Whether a failed copy may succeed on a rerun: the source gave a transient
+    error until retries ran out (not a missing file, a permission, an unsafe path)."""
+    return isinstance(exc, FetchFailed) and exc.__cause__ is not None \
+        and not isinstance(exc.__cause__, _PERMANENT)
+
+
+def _env_max_bytes() -> int | None:
+    """The cap ``$UCSTAGE_CACHE_MAX_BYTES`` sets, or None; a bad value names the variable."""
+    raw = os.environ.get(MAX_BYTES_ENV, "")
+    if not raw.strip():
+        return None
+    try:
+        value = parse_size(raw)
+    except InvalidArgument:
+        raise InvalidArgument(f"{MAX_BYTES_ENV}={raw!r} is not a size",
+                              hint=f"set it to e.g. 500M or 20G, or unset it; "
+                                   f"{SIZE_HELP}") from None
+    if value < 1:
+        raise InvalidArgument(f"{MAX_BYTES_ENV}={raw!r}: the byte cap must be positive",
+                              hint="set it to e.g. 500M or 20G, or unset it for no cap")
+    return value
 
 
 def _reason(exc: BaseException) -> str:

@@ -9,8 +9,10 @@ methods.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,21 +29,51 @@ from .reports import (
 )
 from .space import CacheSpace, free_bytes
 
-__all__ = ["clear", "prune", "status", "verify"]
+__all__ = ["Volumes", "clear", "find", "prune", "status", "verify"]
+
+Volumes = Volume | Sequence[Volume] | None
+"""What status and clear cover: one volume, several (:func:`find`'s), or every
+cached source (None)."""
 
 
-def _namespaces(space: CacheSpace, volume: Volume | None) -> list[str]:
-    """One source's namespace folder, or every one."""
-    if volume is not None:
-        return [space.namespace_dir(volume.url)]
-    return space.namespace_dirs()
+def _namespaces(space: CacheSpace, volumes: Volumes) -> dict[str, Volume | None]:
+    """namespace folder -> its volume: the given volumes' folders, or every one."""
+    if volumes is None:
+        return dict.fromkeys(space.namespace_dirs())
+    if isinstance(volumes, Volume):
+        volumes = [volumes]
+    return {space.namespace_dir(v.url): v for v in volumes}
 
 
-def status(space: CacheSpace, volume: Volume | None, *, max_bytes: int | None) -> CacheStatus:
+def find(space: CacheSpace, source: str) -> list[Volume]:
+    """See :meth:`ucstage.cache.LocalCache.find`."""
+    current = resolve(source, must_exist=False)
+    here = space.namespace_dir(current.url)
+    # Only a /Volumes path means different places under different settings of
+    # $UCSTAGE_VOLUMES_ROOT; any other string resolves alike every time (a
+    # relative path recorded as given would match the wrong folder elsewhere).
+    wanted = posixpath.normpath(current.source) if _is_volumes(current.source) else None
+    records = space.sources()
+    found: list[Volume] = []
+    for ns_dir in space.namespace_dirs():
+        given, url = records.get(os.path.basename(ns_dir), ("", ""))
+        if ns_dir == here:
+            found.append(current)
+        elif wanted is not None and url and _is_volumes(given) \
+                and posixpath.normpath(given) == wanted:
+            found.append(dataclasses.replace(resolve(url, must_exist=False), source=given))
+    return found
+
+
+def _is_volumes(source: str) -> bool:
+    return source == "/Volumes" or source.startswith("/Volumes/")
+
+
+def status(space: CacheSpace, volumes: Volumes, *, max_bytes: int | None) -> CacheStatus:
     """See :meth:`ucstage.cache.LocalCache.status`; ``max_bytes`` is the cache's cap."""
     sources = space.sources()
     rows = []
-    for ns_dir in _namespaces(space, volume):
+    for ns_dir, volume in _namespaces(space, volumes).items():
         name = os.path.basename(ns_dir)
         found = space.tally([ns_dir])
         given, url = sources.get(name, (volume.source, volume.url) if volume else ("", ""))
@@ -110,15 +142,17 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
     return report
 
 
-def clear(space: CacheSpace, volume: Volume | None) -> ClearReport:
+def clear(space: CacheSpace, volumes: Volumes) -> ClearReport:
     """See :meth:`ucstage.cache.LocalCache.clear`."""
-    ns_dirs = _namespaces(space, volume)
+    ns_dirs = list(_namespaces(space, volumes))
     found = space.tally(ns_dirs)
     names = space.remove_namespaces(ns_dirs)
-    if volume is None:
-        # Listings VolumeDataset froze belong to the whole cache: clearing
-        # everything must not leave them to pile up.
+    if volumes is None:
+        # Listings VolumeDataset froze belong to the whole cache, and so do the
+        # lock folders and records older clears left: clearing everything must
+        # not leave them to pile up.
         space.remove_frozen_listings()
+        space.remove_orphans()
     return ClearReport(names, found.files, found.bytes)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "CacheStatus",
     "ClearReport",
+    "EvictedSource",
     "NamespaceStatus",
     "PruneReport",
     "RankSlice",
@@ -47,6 +48,23 @@ class RankSlice:
                 "epoch": self.epoch}
 
 
+@dataclass(frozen=True)
+class EvictedSource:
+    """Files of one cached source that a warm evicted to stay under the byte cap."""
+
+    namespace: str
+    """The namespace folder's name."""
+    source: str
+    """The source as it was given when it was cached ('' when its record is gone)."""
+    files: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """One object of the ``evicted_sources`` list of docs/json-cache.md#warm."""
+        return {"source": self.source, "namespace": self.namespace, "files": self.files,
+                "bytes": self.bytes}
+
+
 @dataclass
 class WarmReport:
     """What a warm did (docs/json-cache.md#warm)."""
@@ -58,6 +76,11 @@ class WarmReport:
     already_cached: int = 0
     already_cached_bytes: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
+    """(path, reason) of every file that could not be copied."""
+    retryable: set[str] = field(default_factory=set)
+    """The paths in ``failed`` whose error was transient (retries ran out): a
+    rerun may copy them. The others (not found, permission denied, not a
+    file, unsafe) fail the same way until the source changes."""
     seconds: float = 0.0
     source: str = ""
     """The volume's source as given."""
@@ -65,6 +88,19 @@ class WarmReport:
     """The cache root."""
     namespace: str = ""
     """The folder holding this source's files."""
+    evicted: list[EvictedSource] = field(default_factory=list)
+    """What this warm's copies evicted to stay under the byte cap, per source
+    (this source included: files it cached earlier count too)."""
+
+    @property
+    def evicted_files(self) -> int:
+        """Cached files this warm evicted, all sources together."""
+        return sum(e.files for e in self.evicted)
+
+    @property
+    def evicted_bytes(self) -> int:
+        """Bytes of the files this warm evicted."""
+        return sum(e.bytes for e in self.evicted)
 
     @property
     def mb_per_s(self) -> float:
@@ -91,10 +127,14 @@ class WarmReport:
             "fetched_bytes": self.fetched_bytes,
             "already_cached": self.already_cached,
             "already_cached_bytes": self.already_cached_bytes,
-            "failed": _pairs(self.failed),
+            "failed": [{"path": p, "reason": r, "retryable": p in self.retryable}
+                       for p, r in self.failed],
             "refused": _pairs(refused),
             "seconds": round(self.seconds, 3),
             "mb_per_s": self.mb_per_s,
+            "evicted_files": self.evicted_files,
+            "evicted_bytes": self.evicted_bytes,
+            "evicted_sources": [e.to_json() for e in self.evicted],
         }
 
 

@@ -32,7 +32,8 @@ from ..units import format_bytes
 from . import layout as cd
 from .locks import FileLock, stripe_path
 
-__all__ = ["CacheSpace", "Eviction", "Tally", "free_bytes", "no_room", "unlink_if_exists"]
+__all__ = ["CacheSpace", "Evicted", "Eviction", "Tally", "free_bytes", "no_room",
+           "unlink_if_exists"]
 
 _LOW_WATER = 0.95
 """Eviction goes down to 95% of the cap so a full cache does not walk its
@@ -65,6 +66,27 @@ class Eviction(NamedTuple):
     """Bytes kept because they were handed to a reader within the lease."""
 
 
+class Evicted:
+    """Files and bytes that evictions removed, per namespace: what one caller's
+    copies pushed out (a warm passes one to every :meth:`CacheSpace.reserve`).
+    Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_namespace: dict[str, tuple[int, int]] = {}
+
+    def add(self, namespace: str, size: int) -> None:
+        """One file of ``size`` bytes was evicted from ``namespace`` (a folder name)."""
+        with self._lock:
+            files, nbytes = self._by_namespace.get(namespace, (0, 0))
+            self._by_namespace[namespace] = (files + 1, nbytes + size)
+
+    def by_namespace(self) -> dict[str, tuple[int, int]]:
+        """namespace name -> (files, bytes), namespaces by name."""
+        with self._lock:
+            return dict(sorted(self._by_namespace.items()))
+
+
 @dataclass(frozen=True)
 class _Cached:
     atime_ns: int
@@ -73,6 +95,8 @@ class _Cached:
     lock: str
     partial: bool = False
     """A copy in flight (or left by a killed run): counted, never evicted."""
+    namespace: str = ""
+    """The namespace folder's name."""
 
 
 class _Ledger:
@@ -182,7 +206,8 @@ class CacheSpace:
         return found
 
     def remove_namespaces(self, ns_dirs: Sequence[str]) -> list[str]:
-        """Delete these namespaces and their records; return the names removed.
+        """Delete these namespaces, their records and their lock files; return
+        the names removed.
 
         Each folder is renamed into the trash first, so it disappears at once;
         files already open stay readable (POSIX unlink). The stamp memo is
@@ -199,11 +224,46 @@ class CacheSpace:
             with self._memo_lock:
                 self._prepared.discard(ns_dir)
             unlink_if_exists(self._record(ns_dir))
+            self._remove_locks(os.path.basename(ns_dir))
         with self._memo_lock:
             self._memo.clear()
         with self._ledger() as ledger:
             ledger.write(sum(c.size for c in self._walk(self.namespace_dirs())))
         return names
+
+    def remove_orphans(self) -> None:
+        """Delete lock folders and records of namespaces whose folder is gone
+        (left by clears of older versions, or by a clear that was killed)."""
+        def gone(name: str) -> bool:  # asked just before each removal: a warm may start now
+            return not os.path.isdir(os.path.join(self.root, name))
+
+        locks = os.path.join(self._control, "locks")
+        for name in sorted(os.listdir(locks)) if os.path.isdir(locks) else []:
+            if gone(name):
+                self._remove_locks(name)
+        records = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(records)) if os.path.isdir(records) else []:
+            if name.endswith(".json") and not name.startswith(".") and gone(name[:-5]):
+                unlink_if_exists(os.path.join(records, name))
+
+    def _remove_locks(self, namespace: str) -> None:
+        """Delete a namespace's lock stripes. Each is taken before it is unlinked
+        (waiting for a copy that holds it), so no two holders ever share one:
+        see :mod:`ucstage.cache.locks`."""
+        folder = os.path.join(self._control, "locks", namespace)
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            return
+        for name in names:
+            lock = FileLock(os.path.join(folder, name))
+            lock.acquire()
+            try:
+                lock.unlink()
+            finally:
+                lock.release()
+        with contextlib.suppress(FileNotFoundError, OSError):
+            os.rmdir(folder)  # not empty: a new copy of this source started meanwhile
 
     def remove_frozen_listings(self) -> None:
         """Delete the listings :class:`ucstage.VolumeDataset` froze under the
@@ -248,16 +308,17 @@ class CacheSpace:
         return os.path.join(os.path.dirname(local), cd.part_name(stripe, os.path.basename(local)))
 
     def reserve(self, tmp: str, need: int, *, max_bytes: int | None, lease_ns: int,
-                name: str) -> tuple[int, int]:
-        """Create ``tmp`` preallocated to ``need`` bytes; under a cap, evict
-        first if needed and count it in the ledger. Return the open descriptor
-        and the bytes reserved in the ledger (0 without a cap).
+                name: str, evicted: Evicted | None = None) -> tuple[int, int]:
+        """Create ``tmp`` preallocated to ``need`` bytes and count it in the
+        ledger; under a cap, evict first if needed. Return the open descriptor
+        and the bytes reserved in the ledger (``need``). Files evicted to make
+        room are counted in ``evicted``.
 
-        Under a cap this happens under the ledger lock: a reservation *is* its
-        temp file, so every eviction walk sees the bytes in flight in every
-        process, and usage (temp files included) stays within the cap. Without
-        a cap there is nothing to reserve (a capped process's walk still counts
-        the temp file, at worst twice: on the safe side).
+        This happens under the ledger lock: a reservation *is* its temp file,
+        so every eviction walk sees the bytes in flight in every process, and
+        usage (temp files included) stays within the cap. Copies reserve with
+        or without a cap, so that the ledger always counts what a recount from
+        the tree counts (temp files included) and the two never disagree.
 
         Raises:
             CacheFull: ``need`` does not fit under ``max_bytes`` (``name``
@@ -265,16 +326,15 @@ class CacheSpace:
             OSError: the temp file cannot be created or preallocated
                 (ENOSPC when the disk is full); nothing is left behind.
         """
-        if max_bytes is None:
-            return _create_tmp(tmp, need), 0
-        if need > max_bytes:
+        if max_bytes is not None and need > max_bytes:
             raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(max_bytes)}", hint="raise max_bytes")
         with self._ledger() as ledger:
             used = ledger.read()
-            if used + need > max_bytes:
+            if max_bytes is not None and used + need > max_bytes:
                 low = int(max_bytes * _LOW_WATER) - need
-                used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need, lease_ns)
+                used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need, lease_ns,
+                                       evicted)
                 if used + need > max_bytes:
                     raise CacheFull(
                         f"the cache cap {format_bytes(max_bytes)} is full of files handed to "
@@ -413,6 +473,7 @@ class CacheSpace:
         """Every file under ``ns_dirs``, cached or temp, with the lock that guards it."""
         for ns_dir in ns_dirs:
             ns_lock_dir = self._lock_dir(ns_dir)
+            namespace = os.path.basename(ns_dir)
             stack = [(ns_dir, "")]
             while stack:
                 folder, prefix = stack.pop()
@@ -433,10 +494,12 @@ class CacheSpace:
                         lock = (stripe_path(ns_lock_dir, prefix + d.name) if stripe is None
                                 else _part_lock(ns_lock_dir, stripe))
                         yield _Cached(st.st_atime_ns, st.st_size, d.path, lock,
-                                      stripe is not None)
+                                      stripe is not None, namespace)
 
-    def _evict_lru(self, ledger: _Ledger, target: int, lease_ns: int) -> int:
-        """Evict least recently used, unleased files until usage <= target.
+    def _evict_lru(self, ledger: _Ledger, target: int, lease_ns: int,
+                   evicted: Evicted | None = None) -> int:
+        """Evict least recently used, unleased files until usage <= target,
+        counting each in ``evicted``.
 
         Call with the ledger lock held. Returns the usage after, and resets
         the ledger to it (the walk is the truth).
@@ -455,6 +518,8 @@ class CacheSpace:
                 break
             if not c.partial and self._evict(c):
                 used -= c.size
+                if evicted is not None:
+                    evicted.add(c.namespace, c.size)
         ledger.write(used)
         return used
 

@@ -6,19 +6,26 @@ and renders; JSON shapes are documented in docs/json-cache.md.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
 from .. import manifest as manifest_mod
-from ..cache.local import WARM_FEWER, LocalCache, rank_entries
-from ..cache.reports import RankSlice, VerifyReport
+from ..cache.layout import CACHE_DIR_ENV, user_root
+from ..cache.local import MAX_BYTES_ENV, WARM_FEWER, LocalCache, rank_entries
+from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
+from ..manifest import Manifest
 from ..sharding import node_ranks
-from ..units import parse_size
-from ..volumes import Volume, resolve
+from ..units import SIZE_HELP, format_rate, parse_size
+from ..volumes import VOLUMES_ROOT_ENV, FileEntry, Volume, resolve
 from .output import (
     Group,
     emit,
@@ -30,14 +37,35 @@ from .output import (
     source_options,
     table,
 )
-from .progress import progress_bar
+from .progress import Counting, progress_bar
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
 
 
-def _size(value: str | None) -> int | None:
-    return None if value is None else parse_size(value)
+def _size(value: str | None, flag: str) -> int | None:
+    """Parse a size flag; a bad value names the flag."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{flag}: {exc.message}", exc.hint) from None
+
+
+def _is_volumes(source: str) -> bool:
+    return source == "/Volumes" or source.startswith("/Volumes/")
+
+
+@contextmanager
+def _listing(source: str | None) -> Iterator[None]:
+    """Say what was done when Ctrl-C or SIGTERM stops a listing (nothing yet)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(f"stopped while listing {source or 'the manifest'}: nothing written or "
+                  "copied", markup=False)
+        raise
 
 
 def _n(count: int, noun: str, plural: str = "") -> str:
@@ -84,8 +112,9 @@ def command() -> None:
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Files copied at once (threads).")
 @click.option("--max-bytes", metavar="SIZE", default=None,
-              help="Byte cap for the whole cache (500M, 20G); least recently used files are "
-                   "evicted. Default $UCSTAGE_CACHE_MAX_BYTES, else no cap.")
+              help="Byte cap for the whole cache; least recently used files are evicted "
+                   "(of any source; the summary says which). Default "
+                   f"$UCSTAGE_CACHE_MAX_BYTES, else no cap. {SIZE_HELP}.")
 @click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
 @click.option("--node-rank", type=int, default=None,
               help="Warm the files of every rank on node N (ranks N*P .. N*P+P-1).")
@@ -94,20 +123,25 @@ def command() -> None:
 @click.option("-k", "--num-workers", type=int, default=None,
               help="DataLoader workers per rank (0 = the main process reads).")
 @click.option("--shuffle", is_flag=True, help="Slice the seeded per-epoch permutation.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Shuffle seed.")
-@click.option("--epoch", type=int, default=0, show_default=True, help="Epoch of the permutation.")
+@click.option("--seed", type=int, default=None,
+              help="Shuffle seed (with --shuffle; default 0).")
+@click.option("--epoch", type=int, default=None,
+              help="Epoch of the permutation (with --shuffle; default 0).")
 @json_option
 def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, jobs: int, max_bytes: str | None,
          rank: int | None, node_rank: int | None, nproc_per_node: int | None,
-         world_size: int | None, num_workers: int | None, shuffle: bool, seed: int, epoch: int,
-         as_json: bool) -> None:
+         world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
+         epoch: int | None, as_json: bool) -> None:
     """Copy SOURCE's files into the local cache now, in parallel; files already
     cached and unchanged are skipped, so a rerun resumes.
 
     With --rank (or --node-rank), warm only the files those ranks' DataLoader
     workers read under the slot rule, the same files `shard-plan` prints.
     Exits 1 when files fail after retries (they are listed) or do not fit.
+    Off a terminal, a progress line is printed every 10 s. Ctrl-C (or SIGTERM)
+    stops within about 2 s: copies in flight finish or are removed, and the
+    files already copied stay cached (a rerun resumes).
 
     \b
     Examples:
@@ -116,51 +150,99 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
     """
     ranks = _ranks(rank, node_rank, nproc_per_node, world_size, num_workers)
-    if ranks is None and (shuffle or seed or epoch):
-        # Order does not matter when warming everything; silently ignoring the
-        # flags would suggest otherwise.
+    if (seed is not None or epoch is not None) and not shuffle:
+        # Without --shuffle the slice is in listing order: a seed or epoch
+        # would change nothing, and silently ignoring it would suggest otherwise.
+        raise InvalidArgument("--seed/--epoch only matter with --shuffle",
+                              hint="add --shuffle, or drop --seed/--epoch")
+    if ranks is None and shuffle:
+        # Order does not matter when warming everything.
         raise InvalidArgument("--shuffle/--seed/--epoch choose a rank's slice; they need "
                               "--rank or --node-rank")
-    m = read_source(source, manifest_path, include, exclude, include_hidden)
+    cap = _size(max_bytes, "--max-bytes")
+    cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
+    with _listing(source):
+        m = read_source(source, manifest_path, include, exclude, include_hidden)
     volume = m.volume()
-    cache = LocalCache(max_bytes=_size(max_bytes))
     entries = list(m.entries)
     rank_slice: RankSlice | None = None
     if ranks is not None:
         assert world_size is not None and num_workers is not None
-        rank_slice = RankSlice(ranks, world_size, num_workers, shuffle, seed, epoch)
+        rank_slice = RankSlice(ranks, world_size, num_workers, shuffle, seed or 0, epoch or 0)
         entries = rank_entries(entries, ranks=ranks, world_size=world_size,
-                               num_workers=num_workers, shuffle=shuffle, seed=seed, epoch=epoch)
+                               num_workers=num_workers, shuffle=shuffle, seed=seed or 0,
+                               epoch=epoch or 0)
+    callback: Counting | None = None
     try:
-        with progress_bar(not as_json and err.is_terminal, "warming") as callback:
+        with progress_bar(not as_json, "warming") as callback:
             report = cache.warm(volume, entries, jobs=jobs, callback=callback)
     except CacheFull as exc:
         if exc.hint.endswith(WARM_FEWER):
             exc.hint += " (--include, --rank)"  # the flags that choose fewer files
         raise
+    except KeyboardInterrupt:
+        err.print(_stopped(callback, entries), markup=False)
+        raise
     data = report.to_json(rank_slice=rank_slice, refused=m.refused)
-
-    def human(console: Console) -> None:
-        rate = f", {data['mb_per_s']:.1f} MB/s" if report.fetched_bytes else ""
-        who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
-            f" for rank {ranks[0]}" if ranks else "")
-        console.print(
-            f"[bold]Warmed[/] {_n(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "
-            f"{report.seconds:.1f} s: fetched {report.fetched:,} "
-            f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
-            f"{report.already_cached:,}, failed {len(report.failed):,}")
-        console.print(f"cache folder: {data['namespace']}", markup=False)
-        for path, reason in report.failed[:EXAMPLES]:
-            console.print(f"  [red]failed[/] {escape(path)}: {escape(reason)}", markup=True)
-        if len(report.failed) > EXAMPLES:
-            console.print(f"  … and {len(report.failed) - EXAMPLES:,} more (--json lists all)")
-
-    emit(data, as_json, human)
+    emit(data, as_json, lambda console: _warm_summary(console, report, ranks, cache.max_bytes))
     if report.failed:
         names = ", ".join(p for p, _ in report.failed[:3])
         fail_found(f"{len(report.failed):,} of {_n(report.files, 'file')} failed: "
-                           f"{names}" + (" …" if len(report.failed) > 3 else ""),
-                           "rerun to retry just those; the rest are cached")
+                   f"{names}" + (" …" if len(report.failed) > 3 else ""), _failed_hint(report))
+
+
+def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:
+    """What an interrupted warm did: ``stopped: 120 of 2,000 files copied ...``."""
+    done = callback.statuses if callback is not None else {}
+    copied, cached, failed = (done.get(k, 0) for k in ("fetched", "cached", "failed"))
+    left = len(entries) - copied - cached - failed
+    now = callback.bytes_done if callback is not None else 0
+    return (f"stopped: {copied:,} of {_n(len(entries), 'file')} copied"
+            + (f", {cached:,} already cached" if cached else "")
+            + (f", {failed:,} failed" if failed else "")
+            + f", {left:,} not copied; {format_bytes(now)} of "
+              f"{format_bytes(sum(e.size for e in entries))} now cached; rerun to copy the rest")
+
+
+def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
+                  cap: int | None) -> None:
+    rate = (f", {format_rate(report.fetched_bytes / report.seconds)}"
+            if report.fetched_bytes and report.seconds else "")
+    who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
+        f" for rank {ranks[0]}" if ranks else "")
+    console.print(
+        f"[bold]Warmed[/] {_n(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "
+        f"{report.seconds:.1f} s: fetched {report.fetched:,} "
+        f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
+        f"{report.already_cached:,}, failed {len(report.failed):,}")
+    console.print(f"cache folder: {report.namespace}", markup=False)
+    # The one place failed files are listed for people (the progress display
+    # only counts them), so each shows once.
+    for path, reason in report.failed[:EXAMPLES]:
+        console.print(f"  [red]failed[/] {escape(path)}: {escape(reason)}", markup=True)
+    if len(report.failed) > EXAMPLES:
+        console.print(f"  … and {len(report.failed) - EXAMPLES:,} more (--json lists all)")
+    if report.evicted:
+        under = f" to stay under the cap of {format_bytes(cap)}" if cap else ""
+        console.print(f"[yellow]evicted[/] {_n(report.evicted_files, 'cached file')} "
+                      f"({format_bytes(report.evicted_bytes)}){escape(under)}:", markup=True)
+        for e in report.evicted:
+            mine = " (this source)" if e.namespace == os.path.basename(report.namespace) else ""
+            console.print(f"  {e.source or e.namespace}{mine}: {_n(e.files, 'file')} "
+                          f"({format_bytes(e.bytes)})", markup=False)
+
+
+def _failed_hint(report: WarmReport) -> str:
+    """Suggest a rerun only for failures a rerun can fix (transient errors)."""
+    retryable = len(report.retryable)
+    if retryable == len(report.failed):
+        return "rerun to retry just those; the rest are cached"
+    if retryable:
+        return (f"rerun to retry the {retryable:,} that failed on transient errors; the "
+                "others (missing, unreadable or not a file) fail again until the source "
+                "is fixed; the rest are cached")
+    return ("they are missing, unreadable or not regular files at the source, so a rerun "
+            "fails the same way until the source is fixed; the rest are cached")
 
 
 @command.command("lazy", context_settings=CONTEXT)
@@ -173,20 +255,23 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
          as_json: bool) -> None:
     """Freeze SOURCE's listing into a manifest and prepare its cache folder
     without copying anything; training code then fetches each file on first
-    read. Prints how to use it.
+    read. Prints how to use it, with every environment variable the training
+    job needs to find the same files and the same cache.
 
     \b
     Example:
       ucstage cache lazy /Volumes/main/ml/train/images
     """
-    m = read_source(source, manifest_path, include, exclude, include_hidden)
+    cache = LocalCache()  # before listing: a bad setting fails fast
+    with _listing(source):
+        m = read_source(source, manifest_path, include, exclude, include_hidden)
     volume = m.volume()
-    cache = LocalCache()
     ns_dir = cache.prepare(volume)
     path = os.path.abspath(manifest_mod.save(m, output or f"{ns_dir}.manifest.json"))
+    env = _job_env(m, cache)
     data = {"source": m.source, "manifest": path, "fingerprint": m.fingerprint,
             "files": len(m.entries), "bytes": m.total_bytes, "cache_dir": cache.root,
-            "namespace": ns_dir}
+            "namespace": ns_dir, "env": env}
 
     def human(console: Console) -> None:
         console.print(f"[bold]Manifest[/] {escape(path)}: {_n(len(m.entries), 'file')} "
@@ -194,7 +279,12 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         console.print(f"cache folder: {ns_dir} (files are copied there on first read)",
                       markup=False)
         console.print("\nIn the training job (same node, same user):", markup=False)
-        console.print(f"  export UCSTAGE_CACHE_DIR={cache.root}", markup=False)
+        for name, value in env.items():
+            console.print(f"  export {name}={shlex.quote(value)}", markup=False)
+        if "://" in volume.url and not volume.url.startswith("file://"):
+            scheme = volume.url.split("://", 1)[0]
+            console.print(f"  # and the credentials and endpoint settings this shell uses "
+                          f"for {scheme}://", markup=False)
         console.print("  from ucstage import VolumeDataset\n"
                       f"  paths = VolumeDataset({data['manifest']!r})"
                       "   # local paths; each file is copied on first read",
@@ -203,25 +293,41 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     emit(data, as_json, human)
 
 
-def _volume_opt(cache: LocalCache, source: str | None) -> Volume | None:
-    """The volume SOURCE names, or None for every source.
+def _job_env(m: Manifest, cache: LocalCache) -> dict[str, str]:
+    """The variables a training job needs to read ``m`` through ``cache``: the
+    ones this process used that differ from the defaults."""
+    env = {}
+    root = os.environ.get(VOLUMES_ROOT_ENV, "")
+    if _is_volumes(m.source) and root:
+        env[VOLUMES_ROOT_ENV] = root  # the manifest names /Volumes/...; this maps it
+    if cache.root != user_root():
+        env[CACHE_DIR_ENV] = cache.root
+    if os.environ.get(MAX_BYTES_ENV, "").strip():
+        env[MAX_BYTES_ENV] = os.environ[MAX_BYTES_ENV].strip()
+    return env
 
-    A source that is gone still names its namespace (clearing the cache of a
-    deleted volume works); one that neither exists nor has anything cached is
-    most likely a typo and is refused.
+
+def _volumes_opt(cache: LocalCache, source: str | None) -> list[Volume] | None:
+    """The cached volumes SOURCE names, or None for every source.
+
+    Found as the cache recorded them (:meth:`LocalCache.find`): a source that
+    is gone still names its namespace (clearing the cache of a deleted volume
+    works), and a ``/Volumes/...`` path is found whatever
+    $UCSTAGE_VOLUMES_ROOT says now. One that neither exists nor has anything
+    cached is most likely a typo and is refused.
     """
     if source is None:
         return None
     if manifest_mod.is_manifest_file(source):
-        return manifest_mod.load(source).volume()
-    volume = resolve(source, must_exist=False)
-    if not os.path.isdir(cache.namespace_dir(volume)):
-        try:
-            resolve(source)
-        except SourceNotFound as exc:
-            raise SourceNotFound(f"nothing cached for {source} (and {source} does not exist)",
-                                 hint="`ucstage cache status` lists the cached sources") from exc
-    return volume
+        source = manifest_mod.load(source).source
+    found = cache.find(source)
+    if found:
+        return found
+    try:
+        return [resolve(source)]
+    except SourceNotFound as exc:
+        raise SourceNotFound(f"nothing cached for {source} (and {source} does not exist)",
+                             hint="`ucstage cache status` lists the cached sources") from exc
 
 
 @command.command("status", context_settings=CONTEXT)
@@ -235,7 +341,7 @@ def status(source: str | None, as_json: bool) -> None:
       ucstage cache status
     """
     cache = LocalCache()
-    st = cache.status(_volume_opt(cache, source))
+    st = cache.status(_volumes_opt(cache, source))
     data = st.to_json()
 
     def human(console: Console) -> None:
@@ -305,8 +411,20 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
       ucstage cache verify
     """
     cache = LocalCache()
+    found = (cache.find(source) if source is not None and manifest_path is None
+             and not manifest_mod.is_manifest_file(source) else [])
     if source is None and manifest_path is None:
         report = cache.verify(checksum=checksum)  # every cached source
+    elif found:
+        # Check what the cache holds for SOURCE against where it was cached
+        # from: a /Volumes path may map elsewhere now.
+        report = VerifyReport([], checksum)
+        for volume in found:
+            m = read_source(volume.url, None, include, exclude, include_hidden)
+            label = volume.source if _is_volumes(volume.source) else m.source
+            checked = cache.verify(dataclasses.replace(m.volume(), source=label), m.entries,
+                                   checksum=checksum)
+            report.sources.extend(checked.sources)
     else:
         m = read_source(source, manifest_path, include, exclude, include_hidden)
         report = cache.verify(m.volume(), m.entries, checksum=checksum)
@@ -337,21 +455,45 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
 
 @command.command("clear", context_settings=CONTEXT)
 @click.argument("source", required=False, metavar="[SOURCE]")
+@click.option("-y", "--yes", is_flag=True,
+              help="Clear every source without asking. Without SOURCE, clear asks first "
+                   "when run on a terminal; a script (stdin not a terminal) is never asked.")
 @json_option
-def clear(source: str | None, as_json: bool) -> None:
-    """Delete the cached files of SOURCE, or of every source. Processes that
-    already opened a file keep reading it.
+def clear(source: str | None, yes: bool, as_json: bool) -> None:
+    """Delete the cached files of SOURCE, or of every source (asking first on a
+    terminal), with their lock files. Processes that already opened a file
+    keep reading it.
 
     \b
-    Example:
+    Examples:
       ucstage cache clear s3://bucket/train
+      ucstage cache clear --yes
     """
     cache = LocalCache()
-    r = cache.clear(_volume_opt(cache, source))
+    if source is None and not yes and sys.stdin.isatty() and not _confirm_clear_all(cache):
+        emit({"namespaces": [], "files": 0, "bytes": 0}, as_json,
+             lambda c: c.print("nothing removed", markup=False))
+        return
+    r = cache.clear(_volumes_opt(cache, source))
     data = r.to_json()
     emit(data, as_json, lambda c: c.print(
         f"removed {_n(r.files, 'file')} ({format_bytes(r.bytes)}) from "
         f"{_n(len(r.namespaces), 'cached source')}", markup=False))
+
+
+def _confirm_clear_all(cache: LocalCache) -> bool:
+    """Ask on the terminal before clearing every source; True to go ahead.
+    An empty cache needs no question."""
+    st = cache.status()
+    if not st.namespaces:
+        return True
+    try:
+        answer = err.input(
+            f"Remove {_n(st.entries, 'cached file')} ({format_bytes(st.bytes)}) of "
+            f"{_n(len(st.namespaces), 'source')} from {st.root}? [y/N] ", markup=False)
+    except EOFError:
+        answer = ""
+    return answer.strip().lower() in ("y", "yes")
 
 
 @command.command("prune", context_settings=CONTEXT)
@@ -368,7 +510,8 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
     Example:
       ucstage cache prune --max-bytes 20G
     """
-    cap = parse_size(max_bytes)
+    cap = _size(max_bytes, "--max-bytes")
+    assert cap is not None  # the option is required
     r = LocalCache(lease_seconds=lease).prune(cap)
     data = r.to_json()
 

@@ -1,0 +1,132 @@
+"""Stopping a warm: the stop flag and the copies in flight, shared by its threads.
+
+A warm's worker threads copy one file each at a time. When the warm must stop
+(Ctrl-C or SIGTERM reached the thread that waits for them, or the cache is
+full), no thread may start another copy, and every copy still in flight is
+either finished by its thread or abandoned by the waiting thread: its temp
+file removed and its byte reservation given back, exactly once.
+
+Why abandon at all: a thread blocked in ``sendfile`` on a slow or hung mount
+cannot be interrupted from Python, and the caller (a person at Ctrl-C) should
+not wait for it. The copy's thread may wake up later; it then finds its copy
+abandoned and only closes its file, never touching a path that by then may
+name another copy's temp file.
+
+Each copy goes through these states (one lock guards them all)::
+
+    reserve() ── reserving ──> copying ──claim()──> committing ──> done
+                   │              └── abandon() by the waiting thread: temp file removed
+                   └── stopped meanwhile: the copy's thread cleans up itself
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["Inflight", "Stopped"]
+
+
+class Stopped(Exception):
+    """Raised inside a copy's thread once the warm stops: the copy must not go on."""
+
+
+_RESERVING, _COPYING, _COMMITTING = "reserving", "copying", "committing"
+
+
+class Inflight:
+    """The stop flag of one warm and the registry of its copies in flight."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Condition()
+        self._state: dict[int, str] = {}
+        self._copies: dict[int, tuple[str, int]] = {}
+        self._tokens = itertools.count()
+
+    # -- the stop flag --------------------------------------------------------
+
+    def stop(self) -> None:
+        """No copy starts after this; copies in flight stop at their next chunk."""
+        self._event.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        """Raise :exc:`Stopped` once the warm has stopped."""
+        if self._event.is_set():
+            raise Stopped()
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (a retry's backoff), or less if the warm stops; then check."""
+        self._event.wait(seconds)
+        self.check()
+
+    # -- one copy's life ----------------------------------------------------------
+
+    def begin(self) -> int:
+        """A copy is about to reserve its temp file; returns its token.
+
+        Raises:
+            Stopped: the warm has stopped; start no copy.
+        """
+        with self._lock:
+            self.check()
+            token = next(self._tokens)
+            self._state[token] = _RESERVING
+            return token
+
+    def copying(self, token: int, tmp: str, reserved: int) -> bool:
+        """The temp file exists and ``reserved`` bytes are counted for it.
+        False when the warm stopped meanwhile: the caller removes it itself."""
+        with self._lock:
+            if self._event.is_set():
+                self._state.pop(token, None)
+                self._lock.notify_all()
+                return False
+            self._state[token] = _COPYING
+            self._copies[token] = (tmp, reserved)
+            return True
+
+    def claim(self, token: int) -> bool:
+        """The bytes are copied; take the copy back to finish it (stamp, rename).
+        False when it was abandoned: the temp file is no longer the caller's."""
+        with self._lock:
+            if token not in self._copies:
+                return False
+            del self._copies[token]
+            self._state[token] = _COMMITTING
+            return True
+
+    def release(self, token: int) -> bool:
+        """The copy ends (done or failed). True when its temp file is still the
+        caller's to remove; False when :meth:`abandon` already did."""
+        with self._lock:
+            mine = self._state.pop(token, None) is not None
+            self._copies.pop(token, None)
+            self._lock.notify_all()
+            return mine
+
+    # -- the waiting thread -----------------------------------------------------------
+
+    def abandon(self, remove: Callable[[str, int], None], *, wait: float = 5.0) -> int:
+        """Stop, then remove every copy still copying (``remove(tmp, reserved)``),
+        and wait up to ``wait`` seconds for copies that are reserving or being
+        committed (short steps) to end. Returns how many copies were abandoned."""
+        self.stop()
+        with self._lock:
+            taken = list(self._copies.items())
+            for token, _ in taken:
+                del self._copies[token]
+                del self._state[token]
+        for _, (tmp, reserved) in taken:
+            remove(tmp, reserved)
+        deadline = time.monotonic() + wait
+        with self._lock:
+            while self._state and time.monotonic() < deadline:
+                self._lock.wait(max(0.0, min(0.1, deadline - time.monotonic())))
+        return len(taken)

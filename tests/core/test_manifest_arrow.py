@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_format_is_chosen_by_name_or_argument(vol, tmp_path):
     assert is_manifest_file(str(tmp_path / "named.lst"))  # sniffed by its header
     with pytest.raises(InvalidArgument, match="format must be one of"):
         save(m, tmp_path / "y.manifest.arrow", format="csv")
-    with pytest.raises(InvalidArgument, match=".json name"):
+    with pytest.raises(InvalidArgument, match=r"\.json name"):
         save(m, tmp_path / "y.json", format="arrow")
 
 
@@ -123,7 +124,7 @@ def test_an_edited_file_fails_the_full_check_and_a_header_mismatch_the_cheap_one
 
 def test_truncated_arrow_file_is_refused(vol, tmp_path):
     good = save(snapshot(str(vol)), tmp_path / "m.manifest.arrow")
-    data = open(good, "rb").read()
+    data = Path(good).read_bytes()
     bad = tmp_path / "cut.manifest.arrow"
     bad.write_bytes(data[: len(data) // 2])
     with pytest.raises(ManifestError, match="not a readable Arrow file"):

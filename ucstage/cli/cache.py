@@ -63,8 +63,8 @@ def _listing(source: str | None) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        err.print(f"stopped while listing {source or 'the manifest'}: nothing written or "
-                  "copied", markup=False)
+        what = f"listing {source}" if source is not None else "reading the manifest"
+        err.print(f"stopped while {what}: nothing written or copied", markup=False)
         raise
 
 

@@ -263,3 +263,44 @@ def test_keyboard_interrupt_stops_the_library_warm(tmp_path: Path) -> None:
         assert _cached(cache_dir) == at_return  # nothing was committed after the return
         assert _partials(cache_dir) == []
         assert cache.space.recorded_bytes() == sum(at_return.values())
+
+
+@pytest.mark.fuse
+def test_fetch_with_a_run_can_be_stopped_and_abandoned(tmp_path: Path) -> None:
+    """LocalCache.fetch(run=): what a dataset's read-ahead stops its copies with.
+    A copy blocked in a read of a hung mount is given up at once by abandon();
+    its thread then leaves the cache alone; a stopped run copies nothing more."""
+    from ucstage.cache import Inflight, Stopped
+
+    backing, mnt, cache_dir = tmp_path / "backing", tmp_path / "mnt", tmp_path / "cache"
+    _write(backing, n=4)
+    with rclone_mount(str(backing), str(mnt), "--bwlimit", BWLIMIT):
+        m = snapshot(str(mnt))
+        vol, entries = m.volume(), list(m.entries)
+        cache = LocalCache(cache_dir, max_bytes=1 << 30)
+        run = Inflight()
+        first = cache.fetch(vol, entries[0], run=run)  # an ordinary fetch until stopped
+        outcome: list[BaseException | str] = []
+
+        def fetch_second() -> None:
+            try:
+                outcome.append(cache.fetch(vol, entries[1], run=run))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        with _hung(backing, mnt):
+            thread = threading.Thread(target=fetch_second, daemon=True)
+            thread.start()
+            _poll("a copy in flight", lambda: bool(_partials(cache_dir)))
+            run.stop()
+            assert cache.abandon(run) == 1
+            assert _partials(cache_dir) == []  # while the read still hangs
+            assert cache.space.recorded_bytes() == SIZE  # the first file only
+        thread.join(60)
+        assert not thread.is_alive() and isinstance(outcome[0], Stopped)
+        assert _cached(cache_dir) == {entries[0].path: SIZE} and _partials(cache_dir) == []
+        assert cache.space.recorded_bytes() == SIZE
+        assert cache.fetch(vol, entries[0], run=run) == first  # cached: still handed out
+        with pytest.raises(Stopped):
+            cache.fetch(vol, entries[2], run=run)  # stopped: no new copy
+        assert _cached(cache_dir) == {entries[0].path: SIZE}

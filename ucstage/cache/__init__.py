@@ -2,15 +2,18 @@
 
 ``local`` holds :class:`LocalCache` (lookup, fetch, warm), ``space`` the
 on-disk state (:class:`CacheSpace`) it shares with ``maintenance`` (status,
-verify, clear, prune), ``reports`` what they return; ``layout``, ``copy`` and
-``locks`` are the pieces below. See docs/cache.md and docs/design.md.
+verify, clear, prune), ``reports`` what they return, ``inflight`` how a job
+stops its copies (:class:`Inflight`); ``layout``, ``copy`` and ``locks`` are
+the pieces below. See docs/cache.md and docs/design.md.
 """
 
+from .inflight import Inflight, Stopped
 from .layout import CACHE_DIR_ENV
 from .local import MAX_BYTES_ENV, LocalCache, rank_entries
 from .reports import (
     CacheStatus,
     ClearReport,
+    EvictedSource,
     NamespaceStatus,
     PruneReport,
     RankSlice,
@@ -26,11 +29,14 @@ __all__ = [
     "CacheSpace",
     "CacheStatus",
     "ClearReport",
+    "EvictedSource",
+    "Inflight",
     "LocalCache",
     "NamespaceStatus",
     "PruneReport",
     "RankSlice",
     "SourceCheck",
+    "Stopped",
     "VerifyReport",
     "WarmReport",
     "rank_entries",

@@ -1,10 +1,12 @@
-"""Stopping a warm: the stop flag and the copies in flight, shared by its threads.
+"""Stopping copies: the stop flag and the copies in flight, shared by a job's threads.
 
-A warm's worker threads copy one file each at a time. When the warm must stop
-(Ctrl-C or SIGTERM reached the thread that waits for them, or the cache is
-full), no thread may start another copy, and every copy still in flight is
-either finished by its thread or abandoned by the waiting thread: its temp
-file removed and its byte reservation given back, exactly once.
+A warm's worker threads (or a dataset's read-ahead threads, through
+``LocalCache.fetch(..., run=)``) copy one file each at a time. When the job
+must stop (Ctrl-C or SIGTERM reached the thread that waits for them, the
+cache is full, the loader shuts down), no thread may start another copy, and
+every copy still in flight is either ended by its thread or abandoned by the
+waiting thread (:meth:`ucstage.cache.LocalCache.abandon`): its temp file
+removed and its byte reservation given back, exactly once.
 
 Why abandon at all: a thread blocked in ``sendfile`` on a slow or hung mount
 cannot be interrupted from Python, and the caller (a person at Ctrl-C) should
@@ -37,7 +39,8 @@ _RESERVING, _COPYING, _COMMITTING = "reserving", "copying", "committing"
 
 
 class Inflight:
-    """The stop flag of one warm and the registry of its copies in flight."""
+    """The stop flag of one job (a warm, a read-ahead) and the registry of its
+    copies in flight. Thread-safe; create one per job."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -113,7 +116,7 @@ class Inflight:
 
     # -- the waiting thread -----------------------------------------------------------
 
-    def abandon(self, remove: Callable[[str, int], None], *, wait: float = 5.0) -> int:
+    def abandon(self, remove: Callable[[str, int], None], *, wait: float = 2.0) -> int:
         """Stop, then remove every copy still copying (``remove(tmp, reserved)``),
         and wait up to ``wait`` seconds for copies that are reserving or being
         committed (short steps) to end. Returns how many copies were abandoned."""

@@ -183,19 +183,33 @@ class LocalCache:
 
     # -- fetching -----------------------------------------------------------
 
-    def fetch(self, volume: Volume, entry: FileEntry) -> str:
+    def fetch(self, volume: Volume, entry: FileEntry, *, run: Inflight | None = None) -> str:
         """A valid local path for ``entry``, copying it on a miss.
 
         Concurrent callers (threads or processes) wait for one copy. If the
         source changed since it was listed, the current bytes are cached and
         returned, stamped with what was actually copied.
 
+        ``run`` (a :class:`ucstage.cache.inflight.Inflight` shared by the
+        fetches of one job) lets the job stop them: once ``run.stop()`` is
+        called no copy starts, copies in flight end at their next chunk and
+        remove their temp files, and :meth:`abandon` removes those of copies
+        still blocked in a read.
+
         Raises:
             FetchFailed: the source could not be read after retries.
             CacheFull: no room on disk or under the cap.
             UnsafePath: the entry points outside the volume or the cache.
+            Stopped: ``run`` was stopped (a valid cached copy is still returned).
         """
-        return self.lookup(volume, entry) or self._fetch_retrying(volume, entry)[0]
+        return self.lookup(volume, entry) or self._fetch_retrying(volume, entry, run)[0]
+
+    def abandon(self, run: Inflight) -> int:
+        """Stop ``run`` and give up its copies still in flight (blocked in a
+        read): remove their temp files and give their bytes back to the ledger
+        now; their threads find out when the read returns and leave the cache
+        alone. Returns how many copies were given up."""
+        return run.abandon(self.space.abandon)
 
     def _fetch_retrying(self, volume: Volume, entry: FileEntry, run: Inflight | None = None,
                         evicted: Evicted | None = None) -> tuple[str, bool]:
@@ -512,7 +526,7 @@ class _Warm:
         # A second Ctrl-C here leaves temp files that the next warm sweeps
         # (nobody holds their stripes once this process is gone).
         with contextlib.suppress(KeyboardInterrupt):
-            self.inflight.abandon(self.cache.space.abandon)
+            self.cache.abandon(self.inflight)
 
 
 def _retryable(exc: UcstageError) -> bool:

@@ -114,7 +114,7 @@ def command() -> None:
 @click.option("--max-bytes", metavar="SIZE", default=None,
               help="Byte cap for the whole cache; least recently used files are evicted "
                    "(of any source; the summary says which). Default "
-                   f"$UCSTAGE_CACHE_MAX_BYTES, else no cap ({SIZE_HELP}).")
+                   f"$UCSTAGE_CACHE_MAX_BYTES, else no cap; {SIZE_HELP}.")
 @click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
 @click.option("--node-rank", type=int, default=None,
               help="Warm the files of every rank on node N (ranks N*P .. N*P+P-1).")
@@ -498,8 +498,8 @@ def _confirm_clear_all(cache: LocalCache) -> bool:
 
 @command.command("prune", context_settings=CONTEXT)
 @click.option("--max-bytes", metavar="SIZE", required=True,
-              help="Evict least recently used files until the cache holds at most SIZE "
-                   f"({SIZE_HELP}).")
+              help="Evict least recently used files until the cache holds at most SIZE; "
+                   f"{SIZE_HELP}.")
 @click.option("--lease", "lease", type=click.FloatRange(0), default=60.0, show_default=True,
               metavar="SECONDS", help="Keep files handed to a reader within this many seconds.")
 @json_option

@@ -385,27 +385,3 @@ def test_read_ahead_stops_when_the_iterator_is_dropped(slow_volume, tmp_path, ho
     assert 2 <= len(at_close) < 24  # it stopped: the rest of the slot was never fetched
     assert _settled(cache) == (at_close, [])
 
-
-def _cache_can_stop_copies() -> bool:
-    import inspect
-
-    from ucstage.cache import LocalCache
-
-    return "run" in inspect.signature(LocalCache.fetch).parameters
-
-
-@pytest.mark.fuse
-@pytest.mark.xfail(not _cache_can_stop_copies(), strict=False,
-                   reason="needs LocalCache.fetch(..., run=) to stop a copy in flight")
-def test_loader_workers_stop_their_read_ahead_at_shutdown(slow_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """torch gives a worker 5 s to exit before it kills it: a copy still in
-    flight then would leave its temp file behind, so copies must stop, not finish."""
-    cache = str(tmp_path / "cache")
-    ds = VolumeDataset(slow_volume, read_ahead=4, cache_dir=cache)
-    loader = DataLoader(ds, batch_size=None, num_workers=2)
-    it = iter(loader)
-    next(it), next(it)
-    it._shutdown_workers()  # what torch does when the loop breaks out
-    assert not any(w.is_alive() for w in it._workers)
-    data, temp = _cache_files(cache)
-    assert temp == [] and len(data) < 24

@@ -44,7 +44,8 @@ def cache_fetcher(cache: Any, volume: Any) -> tuple[Callable[[FileEntry], str],
     """``(fetch, stop, abandon)`` for a :class:`ReadAhead` over ``cache``.
 
     When ``cache.fetch`` takes a ``run`` (the stop handle ``cache warm`` stops
-    its copies with: :class:`ucstage.cache.inflight.Inflight`), ``stop`` makes
+    its copies with: :class:`ucstage.cache.inflight.Inflight`; LocalCache does,
+    a cache object of the user's own may not), ``stop`` makes
     copies in flight end at their next chunk and remove their temp files, and
     ``abandon`` (``cache.abandon(run)``) removes the temp files of copies
     still blocked in a read. Otherwise both are None and a copy in flight is

@@ -129,8 +129,13 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
         # Kill points: during start-up, then 0 s, 0.3 s and 0.8 s after a copy
-        # is seen in progress (polling, so a slow machine still hits mid-copy).
-        for after_partial in (None, 0.0, 0.3, 0.8):
+        # is seen in progress (polling, so a slow machine still hits mid-copy);
+        # then more kills right after a copy shows, until one has landed
+        # mid-copy (on a loaded machine a kill can miss the window).
+        attempts = [None, 0.0, 0.3, 0.8, *[0.0] * 6]
+        for n, after_partial in enumerate(attempts):
+            if n >= 4 and saw_partial:
+                break
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
             if after_partial is None:

@@ -95,6 +95,9 @@ def test_an_unreadable_folder_stops_every_command_unless_skipped(shared_tree: Pa
     summary = json.loads(warm.stdout)
     assert (summary["files"], summary["fetched"]) == (3, 3)
     assert f"skipped unreadable folder {dog}" in warm.stderr
+    assert [u["path"] for u in summary["unreadable"]] == ["dog"]  # and in the JSON
+    refused = run("cache", "verify", "--skip-unreadable", code=2)
+    assert "--skip-unreadable needs a SOURCE" in refused.stderr
     assert Path(summary["namespace"], "cat", "00002.jpg").read_bytes() == b"cat2"
 
 

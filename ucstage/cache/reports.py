@@ -108,13 +108,16 @@ class WarmReport:
         return round(self.fetched_bytes / 1e6 / self.seconds, 2) if self.seconds else 0
 
     def to_json(self, *, rank_slice: RankSlice | None = None,
-                refused: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+                refused: Sequence[tuple[str, str]] = (),
+                unreadable: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
         """The document of ``cache warm --json``.
 
         Args:
             rank_slice: the ranks the entries were chosen for, if they were.
             refused: unsafe entries the listing left out, with the reason
                 (:attr:`ucstage.manifest.Manifest.refused`).
+            unreadable: folders ``skip_unreadable`` left out, with the reason
+                (:attr:`ucstage.manifest.Manifest.unreadable`).
         """
         return {
             "source": self.source,
@@ -130,6 +133,7 @@ class WarmReport:
             "failed": [{"path": p, "reason": r, "retryable": p in self.retryable}
                        for p, r in self.failed],
             "refused": _pairs(refused),
+            "unreadable": _pairs(unreadable),
             "seconds": round(self.seconds, 3),
             "mb_per_s": self.mb_per_s,
             "evicted_files": self.evicted_files,

@@ -27,6 +27,7 @@ from ..sharding import node_ranks
 from ..units import SIZE_HELP, format_rate, parse_size
 from ..volumes import VOLUMES_ROOT_ENV, FileEntry, Volume, resolve
 from .output import (
+    SKIP_UNREADABLE_META,
     Group,
     emit,
     err,
@@ -183,7 +184,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     except KeyboardInterrupt:
         err.print(_stopped(callback, entries), markup=False)
         raise
-    data = report.to_json(rank_slice=rank_slice, refused=m.refused)
+    data = report.to_json(rank_slice=rank_slice, refused=m.refused, unreadable=m.unreadable)
     emit(data, as_json, lambda console: _warm_summary(console, report, ranks, cache.max_bytes))
     if report.failed:
         names = ", ".join(p for p, _ in report.failed[:3])
@@ -414,6 +415,11 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
     found = (cache.find(source) if source is not None and manifest_path is None
              and not manifest_mod.is_manifest_file(source) else [])
     if source is None and manifest_path is None:
+        ctx = click.get_current_context()
+        if ctx.meta.get(SKIP_UNREADABLE_META):
+            # Skipping would make verify pass over folders it never looked at.
+            raise click.UsageError("--skip-unreadable needs a SOURCE: without one, verify "
+                                   "re-lists every cached source in full")
         report = cache.verify(checksum=checksum)  # every cached source
     elif found:
         # Check what the cache holds for SOURCE against where it was cached

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.common.backends import walking_store  # noqa: F401  (a fixture for every test)
 from tests.common.parts import MotoServer, rclone_mount, unique, wait_visible
 from tests.common.spark import spark_session, warehouse, warehouse_root  # noqa: F401  (export fixtures)
 

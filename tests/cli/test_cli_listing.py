@@ -19,7 +19,6 @@ import pytest
 from click.testing import CliRunner
 
 from tests.common.parts import unique
-from tests.core.test_volumes import walking_store  # noqa: F401  (a fixture)
 from ucstage.cli import cli
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
@@ -101,7 +100,7 @@ def test_an_unreadable_folder_stops_every_command_unless_skipped(shared_tree: Pa
     assert Path(summary["namespace"], "cat", "00002.jpg").read_bytes() == b"cat2"
 
 
-def test_an_unreadable_folder_of_a_walked_fsspec_store(walking_store: str) -> None:  # noqa: F811
+def test_an_unreadable_folder_of_a_walked_fsspec_store(walking_store: str) -> None:
     result = run("shard-plan", walking_store, "-w", "1", "-k", "1", code=1)
     assert "cannot read 1 folder" in result.stderr and "/dog (Permission denied)" in result.stderr
     assert "or pass --skip-unreadable to list the rest" in result.stderr

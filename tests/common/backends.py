@@ -7,8 +7,16 @@ the source string a user would pass to ucstage to read them back.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.spec import AbstractFileSystem
+
+from tests.common.parts import unique
 
 
 @dataclass
@@ -46,3 +54,37 @@ class Backend:
             from tests.common.parts import wait_synced
 
             wait_synced(self.store_root, self.url)
+
+
+class WalkingStore(MemoryFileSystem):
+    """An fsspec store listed folder by folder with fsspec's own ``find`` (as
+    dbfs://, sftp:// and other non-flat backends are), whose ``ls`` refuses
+    the folders in ``denied`` as a store answers without permission."""
+
+    protocol = "ucstage-walk"
+    store: ClassVar[dict[str, Any]] = {}
+    pseudo_dirs: ClassVar[list[str]] = [""]
+    denied: ClassVar[set[str]] = set()
+    find = AbstractFileSystem.find  # fsspec's walk, which omits folders it cannot list
+
+    @classmethod
+    def _strip_protocol(cls, path):  # type: ignore[no-untyped-def]
+        return super()._strip_protocol(str(path).replace("ucstage-walk://", "memory://", 1))
+
+    def ls(self, path, detail=True, **kwargs):  # type: ignore[no-untyped-def]
+        if self._strip_protocol(path) in self.denied:
+            raise PermissionError(13, "Permission denied", path)
+        return super().ls(path, detail=detail, **kwargs)
+
+
+@pytest.fixture
+def walking_store() -> Iterator[str]:
+    """A ``ucstage-walk://KEY`` source holding cat/ and dog/, dog/ refused by ls."""
+    fsspec.register_implementation("ucstage-walk", WalkingStore, clobber=True)
+    key = unique()
+    fs = WalkingStore()
+    fs.pipe({f"/{key}/cat/1.jpg": b"c1", f"/{key}/cat/2.jpg": b"c2", f"/{key}/dog/1.jpg": b"d1"})
+    WalkingStore.denied = {f"/{key}/dog"}
+    yield f"ucstage-walk://{key}"
+    WalkingStore.denied = set()
+    fs.rm(f"/{key}", recursive=True)

@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any, ClassVar
 
 import fsspec
 import pytest
-from fsspec.implementations.memory import MemoryFileSystem
-from fsspec.spec import AbstractFileSystem
 
+from tests.common.backends import WalkingStore
 from tests.common.parts import unique
 from ucstage.errors import (
     InvalidArgument,
@@ -215,40 +213,6 @@ class TestFollowLinks:
         (vol / "b" / "to_a").symlink_to("../a", target_is_directory=True)
         paths = [e.path for e in list_files(str(vol)).entries]
         assert paths == ["a/x.bin", "b/to_a/x.bin"]
-
-
-class WalkingStore(MemoryFileSystem):
-    """An fsspec store listed folder by folder with fsspec's own ``find`` (as
-    dbfs://, sftp:// and other non-flat backends are), whose ``ls`` refuses
-    the folders in ``denied`` as a store answers without permission."""
-
-    protocol = "ucstage-walk"
-    store: ClassVar[dict[str, Any]] = {}
-    pseudo_dirs: ClassVar[list[str]] = [""]
-    denied: ClassVar[set[str]] = set()
-    find = AbstractFileSystem.find  # fsspec's walk, which omits folders it cannot list
-
-    @classmethod
-    def _strip_protocol(cls, path):  # type: ignore[no-untyped-def]
-        return super()._strip_protocol(str(path).replace("ucstage-walk://", "memory://", 1))
-
-    def ls(self, path, detail=True, **kwargs):  # type: ignore[no-untyped-def]
-        if self._strip_protocol(path) in self.denied:
-            raise PermissionError(13, "Permission denied", path)
-        return super().ls(path, detail=detail, **kwargs)
-
-
-@pytest.fixture
-def walking_store():
-    """A ``ucstage-walk://KEY`` source holding cat/ and dog/, dog/ refused by ls."""
-    fsspec.register_implementation("ucstage-walk", WalkingStore, clobber=True)
-    key = unique()
-    fs = WalkingStore()
-    fs.pipe({f"/{key}/cat/1.jpg": b"c1", f"/{key}/cat/2.jpg": b"c2", f"/{key}/dog/1.jpg": b"d1"})
-    WalkingStore.denied = {f"/{key}/dog"}
-    yield f"ucstage-walk://{key}"
-    WalkingStore.denied = set()
-    fs.rm(f"/{key}", recursive=True)
 
 
 class TestUnreadable:

@@ -385,3 +385,15 @@ def test_read_ahead_stops_when_the_iterator_is_dropped(slow_volume, tmp_path, ho
     assert 2 <= len(at_close) < 24  # it stopped: the rest of the slot was never fetched
     assert _settled(cache) == (at_close, [])
 
+
+
+def test_skip_unreadable_lists_around_an_unreadable_folder(walking_store, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """VolumeDataset never loses a folder silently: it raises, or with
+    skip_unreadable lists the rest and says so."""
+    from ucstage.errors import UnreadableFolders
+
+    with pytest.raises(UnreadableFolders):
+        VolumeDataset(walking_store, cache_dir=str(tmp_path / "c")).freeze()
+    ds = VolumeDataset(walking_store, cache_dir=str(tmp_path / "c"), skip_unreadable=True)
+    assert len(ds.freeze()) == 2
+    assert [os.path.basename(p) for p in ds] == ["1.jpg", "2.jpg"]

@@ -29,6 +29,7 @@ is worker 0 of 1.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from ..cache import LocalCache
 
 __all__ = ["VolumeDataset"]
+
+_log = logging.getLogger("ucstage")
 
 DEFAULT_READ_AHEAD = 4
 DEFAULT_NUM_WORKERS = 6
@@ -77,6 +80,9 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             matches names at any depth; a glob with ``/`` matches the path).
         exclude: drop files matching any of these globs.
         include_hidden: also list names starting with ``_`` or ``.``.
+        skip_unreadable: list around folders that cannot be read (each is
+            warned about through the ``ucstage`` logger) instead of raising
+            :class:`ucstage.errors.UnreadableFolders`.
         shuffle: read in a permutation seeded by ``seed`` and the epoch (see
             :meth:`set_epoch`), identical on every rank.
         seed: shuffle seed.
@@ -116,6 +122,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         include_hidden: bool = False,
+        skip_unreadable: bool = False,
         shuffle: bool = False,
         seed: int = 0,
         read_ahead: int = DEFAULT_READ_AHEAD,
@@ -137,6 +144,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
+        self.skip_unreadable = bool(skip_unreadable)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._max_bytes = max_bytes
         self._manifest_path: str | None = None
@@ -268,8 +276,13 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         return manifest
 
     def _snapshot(self) -> Manifest:
-        return _manifest.snapshot(self._source, include=self.include, exclude=self.exclude,
-                                  include_hidden=self.include_hidden)
+        manifest = _manifest.snapshot(self._source, include=self.include, exclude=self.exclude,
+                                      include_hidden=self.include_hidden,
+                                      skip_unreadable=self.skip_unreadable)
+        for path, reason in manifest.unreadable:
+            _log.warning("skipped unreadable folder %s (%s): its files are not listed",
+                         path, reason)
+        return manifest
 
     def _load_frozen(self) -> Manifest:
         assert self._manifest_path is not None and self._fingerprint is not None
@@ -313,7 +326,8 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             broadcast = dist is not None and tud.get_worker_info() is None
         if not broadcast or dist is None or dist.get_world_size() == 1:
             return self._adopt(self._snapshot())
-        request = (self._source, self.include, self.exclude, self.include_hidden)
+        request = (self._source, self.include, self.exclude, self.include_hidden,
+                   self.skip_unreadable)
         return self._adopt(_broadcast_listing(dist, request, self._snapshot))
 
     def _entries(self) -> Sequence[FileEntry]:
@@ -450,7 +464,7 @@ def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Ma
 
 
 def _describe_request(request: tuple[Any, ...]) -> str:
-    source, include, exclude, hidden = request
+    source, include, exclude, hidden, skip = request
     parts = [repr(source)]
     if include:
         parts.append(f"include={list(include)}")
@@ -458,4 +472,6 @@ def _describe_request(request: tuple[Any, ...]) -> str:
         parts.append(f"exclude={list(exclude)}")
     if hidden:
         parts.append("include_hidden=True")
+    if skip:
+        parts.append("skip_unreadable=True")
     return " ".join(parts)

@@ -18,6 +18,7 @@ import fsspec
 import pytest
 from click.testing import CliRunner
 
+from tests.common.backends import deny_s3_listing
 from tests.common.parts import unique
 from ucstage.cli import cli
 
@@ -119,21 +120,9 @@ def test_a_manifest_is_not_listed_so_skip_unreadable_is_refused(tmp_path: Path) 
 
 
 def test_an_s3_403_on_listing_is_reported(moto, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import s3fs
-    from botocore.exceptions import ClientError
-
     key = unique()
     moto.filesystem().pipe({f"ucstage-test/{key}/cat/1.jpg": b"c"})
-    original = s3fs.S3FileSystem._iterdir
-
-    async def denied(self, bucket, *args, prefix="", **kwargs):  # type: ignore[no-untyped-def]
-        if prefix.startswith(key):
-            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
-                              "ListObjectsV2")
-        async for item in original(self, bucket, *args, prefix=prefix, **kwargs):
-            yield item
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_iterdir", denied)
+    deny_s3_listing(monkeypatch, key)
     result = run("cache", "warm", f"s3://ucstage-test/{key}", "--skip-unreadable", code=2)
     assert f"cannot read s3://ucstage-test/{key}: PermissionError" in result.stderr
     assert "Access Denied" in result.stderr

@@ -88,3 +88,22 @@ def walking_store() -> Iterator[str]:
     yield f"ucstage-walk://{key}"
     WalkingStore.denied = set()
     fs.rm(f"/{key}", recursive=True)
+
+
+def deny_s3_listing(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    """Make s3fs's listing of keys under ``prefix`` fail as a bucket policy
+    would (403 AccessDenied on ListObjectsV2); other prefixes list as usual."""
+    import s3fs
+    from botocore.exceptions import ClientError
+
+    original = s3fs.S3FileSystem._iterdir
+
+    async def denied(self, bucket, *args, prefix="", **kwargs):  # type: ignore[no-untyped-def]
+        if prefix.startswith(key):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
+                              "ListObjectsV2")
+        async for item in original(self, bucket, *args, prefix=prefix, **kwargs):
+            yield item
+
+    key = prefix
+    monkeypatch.setattr(s3fs.S3FileSystem, "_iterdir", denied)

@@ -305,3 +305,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def dest_listing(dest: str) -> dict[str, tuple[int, int]]:
+    """Every file under an export DEST with its inode and mtime: equal before
+    and after means DEST was not touched."""
+    out = {}
+    for folder, _dirs, names in os.walk(dest):
+        for name in names:
+            st = os.stat(os.path.join(folder, name))
+            out[os.path.relpath(os.path.join(folder, name), dest)] = (st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def beside_dest(dest: str) -> list[str]:
+    """ucstage's hidden names beside DEST (staging, old export, lock file)."""
+    parent, base = os.path.split(dest)
+    return sorted(n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage"))

@@ -10,7 +10,7 @@ import sys
 import fsspec
 import pytest
 
-from tests.common.backends import WalkingStore
+from tests.common.backends import WalkingStore, deny_s3_listing
 from tests.common.parts import unique
 from ucstage.errors import (
     InvalidArgument,
@@ -238,21 +238,9 @@ class TestUnreadable:
     def test_an_s3_403_on_listing_is_an_error(self, moto, monkeypatch):
         """S3 lists a prefix in one flat request: a 403 there is the source's,
         raised, never an empty listing."""
-        import s3fs
-        from botocore.exceptions import ClientError
-
         key = unique()
         moto.filesystem().pipe({f"ucstage-test/{key}/cat/1.jpg": b"c"})
-        original = s3fs.S3FileSystem._iterdir
-
-        async def denied(self, bucket, *args, prefix="", **kwargs):  # type: ignore[no-untyped-def]
-            if prefix.startswith(key):
-                raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
-                                  "ListObjectsV2")
-            async for item in original(self, bucket, *args, prefix=prefix, **kwargs):
-                yield item
-
-        monkeypatch.setattr(s3fs.S3FileSystem, "_iterdir", denied)
+        deny_s3_listing(monkeypatch, key)
         with pytest.raises(SourceUnreadable, match="Access Denied"):
             list_files(f"s3://ucstage-test/{key}", skip_unreadable=True)
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.common.parts import free_port
-from tests.common.spark import Warehouse, exported_table
+from tests.common.spark import Warehouse, beside_dest, dest_listing, exported_table
 from ucstage.cli.app import cli
 from ucstage.errors import InvalidArgument
 from ucstage.export import RECORD_NAME, export_table, read_record
@@ -20,18 +20,6 @@ from ucstage.progress import NO_PROGRESS
 pytestmark = pytest.mark.spark
 
 
-def _listing(dest: str) -> dict[str, tuple[int, int]]:
-    out = {}
-    for folder, _dirs, names in os.walk(dest):
-        for name in names:
-            st = os.stat(os.path.join(folder, name))
-            out[os.path.relpath(os.path.join(folder, name), dest)] = (st.st_ino, st.st_mtime_ns)
-    return out
-
-
-def _beside(dest: str) -> list[str]:
-    parent, base = os.path.split(dest)
-    return sorted(n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage"))
 
 
 def _no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +37,7 @@ def seed_export(spark_session: Any, tmp_path: Any) -> str:
 
 def test_parquet_files_ucstage_did_not_write_are_not_replaced(
         seed_export: str, warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = _listing(seed_export)
+    before = dest_listing(seed_export)
     part = sorted(n for n in before if n.endswith(".parquet"))[0]
     with monkeypatch.context() as m:
         _no_spark(m)
@@ -58,7 +46,7 @@ def test_parquet_files_ucstage_did_not_write_are_not_replaced(
     assert info.value.message.startswith(f"DEST {seed_export} holds Parquet output ('")
     assert repr(part) in info.value.message and RECORD_NAME in info.value.message
     assert "`force`" in info.value.hint
-    assert _listing(seed_export) == before and _beside(seed_export) == []
+    assert dest_listing(seed_export) == before and beside_dest(seed_export) == []
     # Asked to, it replaces them.
     assert export_table("main.ml.events", seed_export, force=True).row_count == 1600
     assert exported_table(seed_export).num_rows == 1600 and part not in os.listdir(seed_export)
@@ -73,7 +61,7 @@ def test_files_added_to_an_export_are_not_deleted(
     os.mkdir(os.path.join(dest, "label=9"))
     with open(os.path.join(dest, "label=9", "notes.txt"), "w") as f:
         f.write("mine")
-    before = _listing(dest)
+    before = dest_listing(dest)
     # Unchanged: skipped, nothing touched, nothing to refuse.
     assert export_table("main.ml.events", dest, files=2).skipped_unchanged
     # Changed: the swap would delete the added files, so it is refused, before Spark.
@@ -85,7 +73,7 @@ def test_files_added_to_an_export_are_not_deleted(
         f"DEST {dest} holds files that its export record does not list: 'label=9/notes.txt', "
         "'mine.parquet'; the new export would delete them")
     assert "`force`" in info.value.hint
-    assert _listing(dest) == before and _beside(dest) == []
+    assert dest_listing(dest) == before and beside_dest(dest) == []
     forced = export_table("main.ml.events", dest, files=3, force=True)
     assert sorted(os.listdir(dest)) == sorted([*(f["path"] for f in forced.files), RECORD_NAME])
 
@@ -103,7 +91,7 @@ def test_many_files_are_named_with_a_count(seed_export: str, warehouse: Warehous
 def test_cli_refuses_with_exit_2_and_hints_force(seed_export: str, warehouse: Warehouse,
                                                  tmp_path: Any,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    before = _listing(seed_export)
+    before = dest_listing(seed_export)
     _no_spark(monkeypatch)
     result = CliRunner().invoke(cli, ["export", "main.ml.events", seed_export],
                                 catch_exceptions=False)
@@ -113,7 +101,7 @@ def test_cli_refuses_with_exit_2_and_hints_force(seed_export: str, warehouse: Wa
     assert "ucstage did not write it; refusing to replace it" in lines[0]
     assert lines[1] == ("hint: choose another DEST, or pass --force to replace it (its files "
                         "are deleted)")
-    assert _listing(seed_export) == before and _beside(seed_export) == []
+    assert dest_listing(seed_export) == before and beside_dest(seed_export) == []
 
 
 # -- leftovers of killed exports, cleaned under the lock -------------------------
@@ -150,4 +138,4 @@ def test_a_killed_exports_staging_is_removed_by_the_next_export(
     open(lock, "w").close()  # a kill -9 leaves the lock file too
     assert read_record(dest) is not None
     export_table("main.ml.events", dest, force=True)
-    assert _beside(dest) == []
+    assert beside_dest(dest) == []

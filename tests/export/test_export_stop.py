@@ -19,6 +19,8 @@ import pytest
 from tests.common import spark as spark_parts
 from tests.common.spark import (
     BIG_ROWS,
+    beside_dest,
+    dest_listing,
     export_process,
     exported_table,
     pid_alive,
@@ -34,18 +36,6 @@ pytestmark = pytest.mark.spark
 big_table = spark_parts.big_table  # the fixture, for the tests below
 
 
-def _listing(dest: str) -> dict[str, tuple[int, int]]:
-    out = {}
-    for folder, _dirs, names in os.walk(dest):
-        for name in names:
-            st = os.stat(os.path.join(folder, name))
-            out[os.path.relpath(os.path.join(folder, name), dest)] = (st.st_ino, st.st_mtime_ns)
-    return out
-
-
-def _beside(dest: str) -> list[str]:
-    parent, base = os.path.split(dest)
-    return sorted(n for n in os.listdir(parent) if n.startswith(f".{base}.ucstage"))
 
 
 def _wait(condition: Any, what: str, timeout: float = 60) -> None:
@@ -65,7 +55,7 @@ def test_signal_mid_write_stops_spark_and_keeps_dest(
         word: str) -> None:
     dest = str(tmp_path / "vol" / "big")
     export_table(big_table, dest, files=2)  # the previous export
-    before = _listing(dest)
+    before = dest_listing(dest)
     tmpdir = str(tmp_path / "tmp")
 
     proc = export_process(big_table, dest, tmpdir, "--files", "3")
@@ -86,9 +76,9 @@ def test_signal_mid_write_stops_spark_and_keeps_dest(
     assert "stopped: the export was abandoned while writing 3,000,000 rows; the embedded " \
            "Spark server was stopped, nothing was published" in err, err
     assert err.rstrip().endswith(word)
-    assert _listing(dest) == before
+    assert dest_listing(dest) == before
     assert read_record(dest) is not None and read_record(dest).options["files"] == 2  # type: ignore[union-attr]
-    assert _beside(dest) == []  # no staging folder, no lock file
+    assert beside_dest(dest) == []  # no staging folder, no lock file
     assert server_folders(tmpdir) == []
     assert [p for p in pids if pid_alive(p)] == []
 
@@ -108,8 +98,8 @@ def test_kill_9_leftovers_are_removed_by_the_next_export(
             proc.kill()
             proc.wait()
     # What a kill -9 leaves: the staging folder and lock beside DEST, the server's folder.
-    assert any(".ucstage-staging-" in n for n in _beside(dest))
-    assert ".big.ucstage.lock" in _beside(dest)
+    assert any(".ucstage-staging-" in n for n in beside_dest(dest))
+    assert ".big.ucstage.lock" in beside_dest(dest)
     # The server dies with its parent (PR_SET_PDEATHSIG), and then holds its lock no more.
     _wait(lambda: not _locked(os.path.join(folder, LOCK_NAME)), "the killed server's lock "
           "was not released")
@@ -119,7 +109,7 @@ def test_kill_9_leftovers_are_removed_by_the_next_export(
     assert again.returncode == 0, err
     assert not os.path.exists(folder)
     assert server_folders(tmpdir) == []
-    assert _beside(dest) == []
+    assert beside_dest(dest) == []
     assert exported_table(dest).num_rows == BIG_ROWS
 
 

@@ -274,6 +274,18 @@ def test_foreign_cache_root_exits_2(tmp_path: Path) -> None:
     assert "chmod 700" in result.stderr and os.listdir(shared) == []
 
 
+def test_a_refused_root_is_never_suggested_for_deletion(tmp_path: Path) -> None:
+    """The root may be the user's own data (a mistyped variable): no `rm`."""
+    data = tmp_path / "my-photos.jpg"
+    data.write_bytes(b"not a folder")
+    env = {**os.environ, "UCSTAGE_CACHE_DIR": str(data)}
+    result = subprocess.run([sys.executable, "-m", "ucstage", "cache", "status"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 2 and "is not a folder" in result.stderr
+    assert "rm " not in result.stderr and "UCSTAGE_CACHE_DIR" in result.stderr
+    assert data.read_bytes() == b"not a folder"
+
+
 def test_unsafe_keys_are_refused_with_a_warning(moto) -> None:  # type: ignore[no-untyped-def]
     prefix = unique("cli")
     moto.filesystem().pipe({f"ucstage-test/{prefix}/ok.bin": b"ok",

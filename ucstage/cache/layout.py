@@ -68,8 +68,10 @@ def user_root() -> str:
 
 
 def _check_private(root: str, st: os.stat_result) -> None:
-    hint = (f"use a folder only you can write, e.g. `rm -rf {root}` and let ucstage "
-            f"recreate it, or set {CACHE_DIR_ENV}")
+    # Never suggest deleting it: the folder may be the user's own data (a
+    # mistyped $UCSTAGE_CACHE_DIR) or another user's cache.
+    hint = (f"set {CACHE_DIR_ENV} to a folder only you can write (a new one: ucstage "
+            "creates it private)")
     if stat.S_ISLNK(st.st_mode):
         raise CacheOwnershipError(f"cache root {root} is a symlink; refusing to follow it", hint)
     if not stat.S_ISDIR(st.st_mode):

@@ -760,7 +760,8 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
 
     warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
     assert warm.evicted_files == 1
-    doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1), refused=m.refused)
+    doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1), refused=m.refused,
+                       unreadable=[("dog", "Permission denied")])
     _same_shape(_documented("warm"), doc)
     assert doc["slice"] == {"ranks": [0, 1], "world_size": 2, "num_workers": 1,
                             "shuffle": False, "seed": 0, "epoch": 0}

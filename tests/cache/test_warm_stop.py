@@ -225,7 +225,7 @@ def test_ctrl_c_stops_the_listing(tmp_path: Path, command: str) -> None:
     assert proc.returncode == 130, out + err
     assert f"stopped while listing {mnt}: nothing written or copied" in err, err
     assert "interrupted" in err and "Traceback" not in err
-    assert list(cache_dir.glob("*.manifest.json")) == [] and _cached(cache_dir) == {}
+    assert list(cache_dir.glob("*.manifest.*")) == [] and _cached(cache_dir) == {}
 
 
 class _SignalAfter(Callback):

@@ -80,6 +80,21 @@ def test_lazy_writes_a_manifest_and_copies_nothing(src: Path) -> None:
     assert "LocalCache" not in human and "m.entries[i]" not in human
 
 
+def test_lazy_writes_columnar_by_default_and_json_on_request(src: Path, tmp_path: Path) -> None:
+    from ucstage import manifest
+
+    columnar = run("cache", "lazy", str(src), "--json")["manifest"]
+    assert columnar.endswith(".manifest.arrow")
+    with open(columnar, "rb") as fh:
+        assert fh.read(6) == b"ARROW1"  # an Arrow IPC file, memory-mapped by every reader
+    as_json = run("cache", "lazy", str(src), "--format", "json", "--json")["manifest"]
+    assert as_json.endswith(".manifest.json")
+    with open(as_json, encoding="utf-8") as fh:
+        assert json.load(fh)["fingerprint"] == manifest.load(columnar).fingerprint
+    named = run("cache", "lazy", str(src), "-o", str(tmp_path / "t.manifest.arrow"), "--json")
+    assert named["manifest"] == str(tmp_path / "t.manifest.arrow")
+
+
 def test_lazy_refuses_a_folder_as_output(src: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

@@ -249,10 +249,15 @@ def _failed_hint(report: WarmReport) -> str:
 @command.command("lazy", context_settings=CONTEXT)
 @source_options
 @click.option("-o", "--output", metavar="FILE", default=None,
-              help="Where to write the manifest (default <cache>/<namespace>.manifest.json).")
+              help="Where to write the manifest (default <cache>/<namespace>.manifest.arrow, "
+                   "or .manifest.json with --format json).")
+@click.option("--format", "fmt", type=click.Choice(["arrow", "json"]), default=None,
+              help="Manifest format: arrow (columnar, memory-mapped by every process; the "
+                   "default) or json (for people and scripts). Default with -o: by the "
+                   "file name (.arrow is columnar, anything else JSON).")
 @json_option
 def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...],
-         exclude: tuple[str, ...], include_hidden: bool, output: str | None,
+         exclude: tuple[str, ...], include_hidden: bool, output: str | None, fmt: str | None,
          as_json: bool) -> None:
     """Freeze SOURCE's listing into a manifest and prepare its cache folder
     without copying anything; training code then fetches each file on first
@@ -268,7 +273,9 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         m = read_source(source, manifest_path, include, exclude, include_hidden)
     volume = m.volume()
     ns_dir = cache.prepare(volume)
-    path = os.path.abspath(manifest_mod.save(m, output or f"{ns_dir}.manifest.json"))
+    # Columnar by default: every DataLoader process of the job maps one copy.
+    default = f"{ns_dir}{'.manifest.json' if fmt == 'json' else manifest_mod.ARROW_SUFFIX}"
+    path = os.path.abspath(manifest_mod.save(m, output or default, format=fmt))
     env = _job_env(m, cache)
     data = {"source": m.source, "manifest": path, "fingerprint": m.fingerprint,
             "files": len(m.entries), "bytes": m.total_bytes, "cache_dir": cache.root,

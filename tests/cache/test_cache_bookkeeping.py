@@ -102,12 +102,18 @@ def test_clear_removes_the_lock_files_of_what_it_clears(tmp_path: Path) -> None:
     left.mkdir()
     (left / "0001.lock").touch()
     Path(cache.root, ".ucstage", "namespaces", "gone-1a2b3c4d.json").write_text("{}")
+    # What a clear or eviction killed between its rename into the trash and the delete left.
+    killed = Path(cache.root, ".ucstage", "trash", "0123abcd")
+    (killed / "sub").mkdir(parents=True)
+    (killed / "sub" / "x.bin").write_bytes(b"x" * 100)
+    Path(cache.root, ".ucstage", "trash", "4567ef01").write_bytes(b"y")
     cache.clear(vols["a"])
     assert set(_locks(cache)) == {os.path.basename(cache.namespace_dir(vols["b"])),
                                   "gone-1a2b3c4d"}
     cache.clear()
     assert _locks(cache) == {}
     assert list(Path(cache.root, ".ucstage", "namespaces").iterdir()) == []
+    assert list(Path(cache.root, ".ucstage", "trash").iterdir()) == []
     m = snapshot(str(tmp_path / "a"))  # the cache works on after a clear
     assert cache.warm(m.volume(), m.entries).fetched == 30
 

@@ -233,7 +233,18 @@ class CacheSpace:
 
     def remove_orphans(self) -> None:
         """Delete lock folders and records of namespaces whose folder is gone
-        (left by clears of older versions, or by a clear that was killed)."""
+        (left by clears of older versions, or by a clear that was killed), and
+        whatever a killed clear, verify or eviction left in the trash."""
+        trash = os.path.join(self._control, "trash")
+        # Everything in the trash was renamed there to be deleted; a process
+        # deleting one right now and this one both ignore what the other took.
+        for name in sorted(os.listdir(trash)) if os.path.isdir(trash) else []:
+            path = os.path.join(trash, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                unlink_if_exists(path)
+
         def gone(name: str) -> bool:  # asked just before each removal: a warm may start now
             return not os.path.isdir(os.path.join(self.root, name))
 

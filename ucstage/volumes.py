@@ -56,6 +56,7 @@ __all__ = [
     "matches",
     "resolve",
     "safe_relpath",
+    "version_of",
 ]
 
 VOLUMES_ROOT_ENV = "UCSTAGE_VOLUMES_ROOT"
@@ -276,7 +277,12 @@ def _hidden(relpath: str) -> bool:
     return any(part[:1] in ("_", ".") for part in relpath.split("/"))
 
 
-def _version(info: dict[str, Any]) -> str:
+def version_of(info: dict[str, Any]) -> str:
+    """A file's change marker from an fsspec ``info`` dict: the first of
+    :data:`_VERSION_KEYS` present (ETag or hash on object stores, the mtime on
+    local folders and mounts), as a string; ``""`` when there is none. The
+    listing and the cache's copy both use it, so a copied file's stamp and its
+    listing entry always agree."""
     for key in _VERSION_KEYS:
         value = info.get(key)
         if value is None or value == "":
@@ -383,7 +389,7 @@ def _walk_local(root: str, walk: _Walk) -> None:
                     continue
                 stack.append((item.path, rel + "/", above | {key}))
             elif stat.S_ISREG(st.st_mode):
-                walk.entries.append(FileEntry(rel, st.st_size, _version({"mtime": st.st_mtime})))
+                walk.entries.append(FileEntry(rel, st.st_size, version_of({"mtime": st.st_mtime})))
             else:
                 walk.refused.append((rel, "not a regular file"))
 
@@ -442,7 +448,7 @@ def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str
         real, real_root = os.path.realpath(full), os.path.realpath(volume.root)
         if not real.startswith(real_root.rstrip(os.sep) + os.sep):
             return Listing(volume, [], [(volume.file, f"symlink to {real}, outside its folder")])
-    entry = FileEntry(volume.file, int(info.get("size") or 0), _version(info))
+    entry = FileEntry(volume.file, int(info.get("size") or 0), version_of(info))
     # Named explicitly, so a hidden name is kept; include/exclude still apply.
     return Listing(volume, [entry] if _keep(volume.file, include, exclude, True) else [])
 
@@ -532,7 +538,7 @@ def list_files(
             refused.append((rel, str(exc)))
             continue
         if _keep(rel, include, exclude, include_hidden):
-            entries.append(FileEntry(rel, int(info.get("size") or 0), _version(info)))
+            entries.append(FileEntry(rel, int(info.get("size") or 0), version_of(info)))
     entries.extend(e for e in walk.entries if _keep(e.path, include, exclude, include_hidden))
     entries.sort(key=lambda e: e.path)
     return Listing(volume, entries, sorted(refused), sorted(walk.unreadable))

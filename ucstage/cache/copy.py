@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from ..errors import UnsafePath
-from ..volumes import Volume, _version
+from ..volumes import Volume, version_of
 from .inflight import Inflight
 
 __all__ = ["CHUNK", "Copied", "copy_to"]
@@ -107,7 +107,7 @@ def _copy_local(volume: Volume, relpath: str, dst: int, run: Inflight | None) ->
     if (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
         # Rewritten while we read it: the bytes may mix two versions.
         raise InterruptedError(f"{relpath} changed while it was copied")
-    return Copied(size, _version({"mtime": before.st_mtime}), before.st_mtime_ns)
+    return Copied(size, version_of({"mtime": before.st_mtime}), before.st_mtime_ns)
 
 
 def _mtime_ns(info: dict[str, Any]) -> int | None:
@@ -141,7 +141,7 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, run: Inflight | None) -
     # Only a content hash is comparable across calls: fsspec backends format
     # timestamps differently in info() and find() (memory gives a datetime in
     # one and a float in the other), so those fall back to the listing's.
-    version = _version(info) if any(k in info for k in _HASH_KEYS) else ""
+    version = version_of(info) if any(k in info for k in _HASH_KEYS) else ""
     return Copied(size, version, _mtime_ns(info))
 
 

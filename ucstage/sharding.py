@@ -200,19 +200,18 @@ def slot_indices(n: int, *, rank: int, world_size: int, num_workers: int, worker
     return range(rank * k + worker, n, slot_count(world_size, num_workers))
 
 
-def _take(order: Sequence[int], start: int, n: int, step: int) -> np.ndarray:
-    """``order[start], order[start + step], ...`` below ``n``: one slot's files,
-    as an int64 array, computed for that slot's positions only."""
+def _pick(order: Sequence[int], positions: np.ndarray) -> np.ndarray:
+    """``order[p]`` for each read-order position in ``positions``, as int64,
+    computed for those positions only (a permutation is never materialised)."""
     import numpy as np
 
     if isinstance(order, range):
-        r = order[start:n:step]
-        return np.arange(r.start, r.stop, r.step, dtype=np.int64)
+        return order.start + positions * order.step
     if isinstance(order, Permutation):
-        return order.take(np.arange(start, n, step, dtype=np.int64))
+        return order.take(positions)
     if isinstance(order, np.ndarray):
-        return order[start:n:step].astype(np.int64, copy=False)
-    return np.asarray([order[i] for i in range(start, n, step)], dtype=np.int64)
+        return order[positions].astype(np.int64, copy=False)
+    return np.asarray([order[int(p)] for p in positions], dtype=np.int64)
 
 
 def slot_array(
@@ -241,16 +240,13 @@ def slot_array(
     if order is None:
         order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
     if equal_length is None or n == 0:
-        return _take(order, positions.start, n, positions.step)
-    slots = positions.step
-    count = n // slots if equal_length == "drop" else -(-n // slots)
-    # "pad" continues the rule past the end, position p reading order[p % n].
-    wanted = (positions.start + slots * np.arange(count, dtype=np.int64)) % n
-    if isinstance(order, range):
-        return wanted
-    if isinstance(order, Permutation):
-        return order.take(wanted)
-    return np.asarray([order[int(p)] for p in wanted], dtype=np.int64)
+        wanted = np.arange(positions.start, n, positions.step, dtype=np.int64)
+    else:
+        slots = positions.step
+        count = n // slots if equal_length == "drop" else -(-n // slots)
+        # "pad" continues the rule past the end, position p reading order[p % n].
+        wanted = (positions.start + slots * np.arange(count, dtype=np.int64)) % n
+    return _pick(order, wanted)
 
 
 def slot_files(

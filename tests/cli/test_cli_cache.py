@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import tmpfs, unique
+from tests.common.parts import small_tree, tmpfs, unique
 from ucstage.cli import cli
 from ucstage.cli.cache import command as cache_group
 
@@ -31,12 +31,7 @@ def run(*args: str, code: int = 0) -> Any:
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
-    root = tmp_path / "vol"
-    for i in range(10):
-        path = root / f"d{i % 2}" / f"f{i}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(bytes([i]) * (100 + i))
-    return root
+    return Path(small_tree(tmp_path / "vol", files=10, folders=2))
 
 
 def test_every_cache_command_has_help_with_an_example() -> None:

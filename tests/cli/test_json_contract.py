@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import REPO
+from tests.common.parts import REPO, small_tree
 from tests.common.spark import Warehouse  # noqa: F401  (fixture type)
 from ucstage.cli.app import cli
 
@@ -100,12 +100,7 @@ def assert_matches(doc: str, heading: str, actual: Any) -> None:
 
 @pytest.fixture
 def source(tmp_path: Path) -> str:
-    root = tmp_path / "vol"
-    for i in range(12):
-        path = root / f"d{i % 3}" / f"f{i:02d}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(bytes([i]) * (100 + i))
-    return str(root)
+    return small_tree(tmp_path / "vol", files=12, folders=3, name="f{i:02d}.bin")
 
 
 def test_shard_plan(source: str) -> None:

@@ -22,10 +22,12 @@ from ucstage.ports import free_port, wait_port
 
 __all__ = [
     "IN_CI",
+    "REPO",
     "MotoServer",
     "free_port",
     "rclone_mount",
     "require",
+    "small_tree",
     "tmpfs",
     "unique",
     "wait_port",
@@ -196,3 +198,15 @@ def wait_visible(path: str, timeout: float = 5.0) -> None:
 
 def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def small_tree(root: str | os.PathLike[str], files: int, folders: int,
+               name: str = "f{i}.bin") -> str:
+    """``files`` small distinct files spread over ``folders`` folders
+    (``d0/``, ``d1/``...; file ``i`` holds byte ``i`` repeated 100 + i times)."""
+    for i in range(files):
+        path = os.path.join(root, f"d{i % folders}", name.format(i=i))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(bytes([i]) * (100 + i))
+    return os.fspath(root)

@@ -48,6 +48,7 @@ ARROW_MAGIC = b"ARROW1"
 BATCH_ROWS = 65536
 """Rows per record batch of an Arrow manifest: verifying streams one batch at
 a time, so a process that checks a large manifest never holds all of it."""
+HASH_ROWS = 8192
 
 
 def fingerprint(entries: Iterable[FileEntry]) -> str:
@@ -68,9 +69,10 @@ def _arrow_fingerprint(batches: Iterable[Any]) -> str:
 
     digest = hashlib.sha256()
     lf = pa.scalar("\n", pa.large_string())
-    for batch in batches:
-        if not batch.num_rows:
-            continue
+    # Hashed in slices of HASH_ROWS: the joined records of one slice are the
+    # only large buffer alive, so a full check of a huge manifest stays small.
+    slices = (b.slice(at, HASH_ROWS) for b in batches for at in range(0, b.num_rows, HASH_ROWS))
+    for batch in slices:
         path, size, version = (batch.column(i) for i in range(3))
         joined = pc.binary_join_element_wise(
             pc.cast(path, pa.large_string()), pc.cast(size, pa.large_string()),
@@ -167,32 +169,56 @@ class ArrowEntries(Sequence[FileEntry]):
 
     def take(self, indices: Sequence[int] | np.ndarray) -> list[FileEntry]:
         """The entries at ``indices`` (any order, repeats allowed), made in one go."""
-        import numpy as np
-
-        idx = np.asarray(indices, dtype=np.int64)
-        if not len(idx):
-            return []
-        if idx.min() < 0 or idx.max() >= len(self):
-            raise IndexError("manifest entry index out of range")
-        # Chunk by chunk: a take on the whole chunked table would first copy
-        # every column into one array, touching all of the mapped file.
-        starts = np.asarray(self._starts, dtype=np.int64)
-        chunk_of = np.searchsorted(starts, idx, side="right") - 1
-        out: list[Any] = [None] * len(idx)
-        for chunk in np.unique(chunk_of).tolist():
-            where = np.flatnonzero(chunk_of == chunk)
-            local = idx[where] - starts[chunk]
-            cols = [self.table.column(i).chunk(chunk).take(local).to_pylist() for i in range(3)]
-            for slot, entry in zip(where.tolist(), map(FileEntry, *cols), strict=True):
-                out[slot] = entry
-        return out
+        paths, versions = self._strings(0, indices), self._strings(2, indices)
+        sizes = self._ints(1, indices)
+        return list(map(FileEntry, paths, sizes, versions))
 
     def paths(self, indices: Sequence[int] | np.ndarray) -> list[str]:
         """The relative paths at ``indices``."""
+        return self._strings(0, indices)
+
+    def _locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk, row within the chunk) of each of ``indices``, checked."""
         import numpy as np
 
-        return [str(p) for p in self.table.column(0).take(np.asarray(indices, dtype=np.int64))
-                .to_pylist()]
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError("manifest entry index out of range")
+        starts = np.asarray(self._starts, dtype=np.int64)
+        chunk = np.searchsorted(starts, idx, side="right") - 1
+        return chunk, idx - starts[chunk]
+
+    # Rows are read straight from the column buffers with numpy: only the pages
+    # holding the asked-for rows are touched, and no Arrow compute kernel (tens
+    # of MiB of library pages per process) is loaded.
+    def _ints(self, column: int, indices: Sequence[int] | np.ndarray) -> list[int]:
+        import numpy as np
+
+        chunk, row = self._locate(indices)
+        out = np.empty(len(row), dtype=np.int64)
+        for c in np.unique(chunk).tolist():
+            where = chunk == c
+            array = self.table.column(column).chunk(c)
+            values = np.frombuffer(array.buffers()[1], dtype=np.int64)
+            out[where] = values[row[where] + array.offset]
+        return [int(v) for v in out]
+
+    def _strings(self, column: int, indices: Sequence[int] | np.ndarray) -> list[str]:
+        import numpy as np
+
+        chunk, row = self._locate(indices)
+        out: list[str] = [""] * len(row)
+        for c in np.unique(chunk).tolist():
+            where = np.flatnonzero(chunk == c)
+            array = self.table.column(column).chunk(c)
+            _, offsets_buf, data_buf = array.buffers()
+            offsets = np.frombuffer(offsets_buf, dtype=np.int64)
+            data = memoryview(data_buf)
+            local = row[where] + array.offset
+            begins, ends = offsets[local].tolist(), offsets[local + 1].tolist()
+            for slot, begin, end in zip(where.tolist(), begins, ends, strict=True):
+                out[slot] = str(data[begin:end], "utf-8")
+        return out
 
     def sizes(self) -> np.ndarray:
         """Every file's size, in listing order (int64; no per-file Python objects)."""
@@ -523,11 +549,16 @@ def _load_arrow(path: str, fh: Any, local: bool, *, verify: bool,
         raise ManifestError(f"manifest {path} fails its header check "
                             f"({table.num_rows} rows, header says {rows})",
                             hint="recreate it from the source")
-    if verify and _arrow_fingerprint(_batches(path, local, reader)) != expected:
-        raise ManifestError(
-            f"manifest {path} fails its fingerprint check (file edited or truncated)",
-            hint="recreate it from the source",
-        )
+    if verify:
+        matches = _arrow_fingerprint(_batches(path, local, reader)) == expected
+        # The check's buffers are freed; hand their pages back now rather than
+        # keep them in the allocator for the life of a long training process.
+        pa.default_memory_pool().release_unused()
+        if not matches:
+            raise ManifestError(
+                f"manifest {path} fails its fingerprint check (file edited or truncated)",
+                hint="recreate it from the source",
+            )
     return Manifest(
         source=str(_header_value(meta, "source", path)),
         entries=ArrowEntries(table),

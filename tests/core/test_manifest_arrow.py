@@ -156,3 +156,26 @@ def test_many_batches_index_and_fingerprint_like_a_list(tmp_path):
     assert a.take([69_999, 65_536, 3]) == [entries[69_999], entries[65_536], entries[3]]
     assert a.sizes().tolist()[65_530:65_540] == list(range(65_530, 65_540))
     assert fingerprint(a.entries) == m.fingerprint
+
+
+def test_take_reads_rows_across_chunks_and_sliced_buffers():
+    """Rows are read from the column buffers: several chunks, chunks that are
+    slices of a larger buffer (non-zero offset), any order, repeats."""
+    import pyarrow as pa
+
+    from ucstage.manifest import ArrowEntries, _schema
+
+    rows = [(f"d{i % 7}/f{i:05d}.bin", i * 3, f"v{i}") for i in range(500)]
+    whole = pa.Table.from_pylist([dict(zip(("path", "size", "version"), r, strict=True)) for r in rows],
+                                 schema=_schema())
+    # Chunks 0:130, 130:400, 400:500, each a zero-copy slice of the one buffer.
+    chunked = pa.concat_tables([whole.slice(0, 130), whole.slice(130, 270), whole.slice(400)])
+    assert chunked.column(0).num_chunks == 3
+    entries = ArrowEntries(chunked)
+    picks = [499, 0, 130, 129, 400, 399, 250, 250, 7]
+    assert [tuple(e) for e in entries.take(picks)] == [rows[i] for i in picks]
+    assert entries.paths(picks) == [rows[i][0] for i in picks]
+    assert [tuple(entries[i]) for i in (-1, 131)] == [rows[-1], rows[131]]
+    assert entries.take([]) == []
+    with pytest.raises(IndexError):
+        entries.take([500])

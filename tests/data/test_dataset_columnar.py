@@ -54,3 +54,39 @@ def test_workers_read_every_file_once(tmp_path):
     ds.freeze()
     got = [os.path.basename(p) for p in tud.DataLoader(ds, num_workers=2, batch_size=None)]
     assert sorted(got) == [f"f{i:04d}.bin" for i in range(25)]
+
+
+
+def _record_loads(worker_id):
+    """worker_init_fn: log, from inside the worker, every manifest load and
+    every full fingerprint pass (a spawned worker imports ucstage afresh)."""
+    log = os.environ["UCSTAGE_TEST_LOAD_LOG"]
+    real_load, real_hash = mf.load, mf._arrow_fingerprint
+
+    def load(*args, **kwargs):
+        with open(log, "a") as fh:
+            fh.write(f"load verify={kwargs.get('verify', True)}\n")
+        return real_load(*args, **kwargs)
+
+    def hashing(batches):
+        with open(log, "a") as fh:
+            fh.write("full fingerprint\n")
+        return real_hash(batches)
+
+    mf.load, mf._arrow_fingerprint = load, hashing
+
+
+def test_workers_check_the_header_only(tmp_path, monkeypatch):
+    """Hashing the whole manifest happens once, in the main process: a worker
+    that loads the frozen listing checks its header (size, fingerprint, rows)."""
+    _files(tmp_path / "vol", 40)
+    log = tmp_path / "loads"
+    monkeypatch.setenv("UCSTAGE_TEST_LOAD_LOG", str(log))
+    ds = VolumeDataset(str(tmp_path / "vol"), cache_dir=str(tmp_path / "cache"), read_ahead=0)
+    ds.freeze()
+    # Spawned workers unpickle the dataset and load the frozen file themselves.
+    loader = tud.DataLoader(ds, num_workers=2, batch_size=None, multiprocessing_context="spawn",
+                            worker_init_fn=_record_loads)
+    got = sorted(os.path.basename(p) for p in loader)
+    assert got == [f"f{i:04d}.bin" for i in range(40)]
+    assert log.read_text().splitlines() == ["load verify=False"] * 2

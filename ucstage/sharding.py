@@ -54,6 +54,7 @@ __all__ = [
     "node_count",
     "node_order",
     "node_ranks",
+    "node_share",
     "plan",
     "rank_length",
     "read_order",
@@ -298,6 +299,21 @@ class NodeOrder(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"
+
+
+def node_share(n: int, *, node: int, world_size: int, nproc_per_node: int | None = None,
+               seed: int = 0) -> np.ndarray:
+    """The files (sorted listing rows) node ``node`` reads under the ``"node"``
+    scope with ``shuffle``: the same in every epoch, so warming them serves
+    every epoch. With one node, every file."""
+    import numpy as np
+
+    nodes = node_count(world_size, nproc_per_node)
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    if nodes == 1:
+        return np.arange(n, dtype=np.int64)
+    return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
 
 
 def _node_scoped(shuffle: bool, shuffle_scope: str, nodes: int) -> bool:

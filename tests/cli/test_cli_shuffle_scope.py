@@ -4,6 +4,7 @@ forecast from the shell."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -85,3 +86,22 @@ def test_slot_json_names_its_node(vol) -> None:  # type: ignore[no-untyped-def]
     plan = json.loads(run("shard-plan", vol, *JOB, "--json").stdout)
     assert doc["files"] == next(s["files"] for s in plan["slots"]
                                 if (s["rank"], s["worker"]) == (3, 1))
+
+
+def test_forecast_warns_when_a_share_exceeds_this_machines_cache_disk(tmp_path,
+                                                                        monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tests.common.parts import tmpfs
+
+    src = tmp_path / "big"
+    src.mkdir()
+    for i in range(40):
+        (src / f"f{i:02d}.bin").write_bytes(b"x" * 10_000)
+    with tmpfs(str(tmp_path / "small"), "size=64k") as small:
+        monkeypatch.setenv("UCSTAGE_CACHE_DIR", os.path.join(small, "c"))
+        result = run("shard-plan", str(src), *JOB, "--epochs", "2")
+        assert result.exit_code == 0, result.output
+        assert "the largest share does not fit in the" in result.output
+        doc = json.loads(run("shard-plan", str(src), *JOB, "--epochs", "2", "--json").stdout)
+        assert doc["forecast"]["disk_free"] <= 64 * 1024
+        assert doc["forecast"]["cache_dir"] == os.path.join(small, "c")
+    assert "does not fit" not in run("shard-plan", str(src), *JOB, "--epochs", "2").output

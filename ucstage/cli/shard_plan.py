@@ -10,7 +10,9 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 
+from ..cache.layout import default_root
 from ..cache.local import MAX_BYTES_ENV
+from ..cache.space import free_bytes
 from ..errors import InvalidArgument
 from ..manifest import ArrowEntries, Manifest
 from ..sharding import SHUFFLE_SCOPES, Forecast, ShardPlan, SlotPlan, forecast, plan, slot_plan
@@ -337,12 +339,22 @@ def _over_cap(f: Forecast | None, cap: int | None) -> list[int]:
     return [node for node, nbytes in enumerate(f.share_bytes) if nbytes > cap]
 
 
+def _disk_free() -> tuple[str, int]:
+    """This machine's cache folder (or its nearest existing parent) and its free bytes:
+    the disk a node's share lands on, if this is one of the job's nodes."""
+    path = default_root()
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return default_root(), free_bytes(path)
+
+
 def _forecast_json(forecasts: dict[str, Forecast], scope: str,
                    cap: int | None) -> dict[str, Any]:
     """``forecast`` of docs/json.md#the-network-forecast---epochs."""
     first = forecasts[scope]
+    root, free = _disk_free()
     return {"epochs": len(first.epochs), "first_epoch": first.epochs[0],
-            "shuffle_scope": scope, "max_bytes": cap,
+            "shuffle_scope": scope, "max_bytes": cap, "cache_dir": root, "disk_free": free,
             "scopes": {name: f.to_json(cap) for name, f in forecasts.items()}}
 
 
@@ -393,3 +405,8 @@ def _render_forecast(console: Console, forecasts: dict[str, Forecast], scope: st
     elif cap is not None:
         console.print(f"  [green]✓[/] every node's share fits under the cap of "
                       f"{format_bytes(cap)}")
+    root, free = _disk_free()
+    if biggest[1] > free:
+        console.print(f"  [yellow]![/] the largest share does not fit in the "
+                      f"{format_bytes(free)} free here ({escape(root)}); if this machine is "
+                      "one of the job's nodes, give its cache a larger disk")

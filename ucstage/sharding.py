@@ -11,6 +11,14 @@ slot's arithmetic, never a list of every file);
 ``slots = world_size * num_workers``; slot ``s = rank * num_workers + worker``
 reads files ``s, s + slots, s + 2 * slots, ...``. ``num_workers = 0`` (the main
 process reads) counts as one worker.
+
+Shuffle scope (with ``shuffle``): under ``"global"`` every rank deals from the
+one permutation above. Under ``"node"`` (the default) the job is cut into nodes
+of ``nproc_per_node`` ranks (``node = rank // nproc_per_node``, as torchrun
+numbers ranks); files are assigned to nodes once per seed, in balanced blocks
+of a seeded permutation, and each epoch permutes each node's block and deals it
+over that node's ranks x workers with the same rule. With one node (no
+``nproc_per_node``) both scopes are exactly the rule above.
 """
 
 from __future__ import annotations
@@ -26,20 +34,33 @@ if TYPE_CHECKING:
 from .errors import InvalidArgument
 
 __all__ = [
+    "DEFAULT_SHUFFLE_SCOPE",
     "EQUAL_LENGTH_MODES",
+    "SHUFFLE_SCOPES",
+    "Dealing",
     "EmptySlots",
+    "Forecast",
+    "ForecastRow",
+    "NodeOrder",
+    "NodeStats",
     "Permutation",
     "RankStats",
     "ShardPlan",
     "SlotPlan",
     "effective_workers",
     "equal_slot_files",
+    "forecast",
+    "node_block",
+    "node_count",
+    "node_order",
     "node_ranks",
+    "node_share",
     "plan",
     "rank_length",
     "read_order",
     "slot_array",
     "slot_count",
+    "slot_dealing",
     "slot_files",
     "slot_indices",
     "slot_length",
@@ -95,11 +116,14 @@ class Permutation(Sequence[int]):
     order, and one slot's files (:meth:`take`) cost that slot, not ``n``.
     """
 
-    def __init__(self, n: int, *, seed: int = 0, epoch: int = 0) -> None:
+    def __init__(self, n: int, *, seed: int = 0, epoch: int = 0, stream: str = "") -> None:
         if n < 0:
             raise InvalidArgument(f"n must be 0 or more, got {n}")
-        self.n, self.seed, self.epoch = n, int(seed), int(epoch)
-        digest = hashlib.sha512(f"ucstage:{seed}:{epoch}".encode()).digest()
+        self.n, self.seed, self.epoch, self.stream = n, int(seed), int(epoch), stream
+        # ``stream`` names an independent permutation of the same (seed, epoch)
+        # (a node's block, the node assignment); "" is the whole-job order.
+        label = f"ucstage:{seed}:{epoch}" + (f":{stream}" if stream else "")
+        digest = hashlib.sha512(label.encode()).digest()
         self._keys = [int.from_bytes(digest[8 * i:8 * i + 8], "little") for i in range(_ROUNDS)]
         self._half = max(1, ((n - 1).bit_length() + 1) // 2)
 
@@ -161,7 +185,8 @@ class Permutation(Sequence[int]):
             yield from (int(i) for i in self.take(range(start, min(self.n, start + step))))
 
     def __repr__(self) -> str:
-        return f"Permutation({self.n}, seed={self.seed}, epoch={self.epoch})"
+        stream = f", stream={self.stream!r}" if self.stream else ""
+        return f"Permutation({self.n}, seed={self.seed}, epoch={self.epoch}{stream})"
 
 
 def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Sequence[int]:
@@ -174,6 +199,204 @@ def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) 
     if not shuffle:
         return range(n)
     return Permutation(n, seed=seed, epoch=epoch)
+
+
+SHUFFLE_SCOPES = ("node", "global")
+DEFAULT_SHUFFLE_SCOPE = "node"
+"""Shuffling keeps each node's files by default: its cache serves every epoch."""
+
+
+def _check_scope(shuffle_scope: str) -> None:
+    if shuffle_scope not in SHUFFLE_SCOPES:
+        raise InvalidArgument(
+            f"shuffle_scope must be one of {SHUFFLE_SCOPES}, got {shuffle_scope!r}")
+
+
+def node_count(world_size: int, nproc_per_node: int | None) -> int:
+    """How many nodes a job of ``world_size`` ranks has: ``world_size //
+    nproc_per_node``, or 1 when ``nproc_per_node`` is None (the whole job is one node).
+
+    Raises:
+        InvalidArgument: ``nproc_per_node`` is below 1 or does not divide ``world_size``.
+    """
+    _check_world(world_size)
+    if nproc_per_node is None:
+        return 1
+    if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) \
+            or nproc_per_node < 1:
+        raise InvalidArgument(f"nproc_per_node must be an int of at least 1, "
+                              f"got {nproc_per_node!r}")
+    if world_size % nproc_per_node:
+        raise InvalidArgument(
+            f"world_size {world_size} is not a multiple of nproc_per_node {nproc_per_node}",
+            hint="every node runs nproc_per_node ranks (torchrun's --nproc-per-node)")
+    return world_size // nproc_per_node
+
+
+def node_block(n: int, node: int, nodes: int) -> range:
+    """Positions ``node``'s files take in the node assignment order: balanced
+    blocks, the first ``n % nodes`` nodes one file more, so node sizes differ
+    by at most one and the nodes with files are a prefix."""
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    q, r = divmod(n, nodes)
+    start = node * q + min(node, r)
+    return range(start, start + q + (1 if node < r else 0))
+
+
+class NodeOrder(Sequence[int]):
+    """One node's read order in one epoch under the ``"node"`` scope, with
+    several nodes: position ``p`` reads listing row ``self[p]``.
+
+    The node's files are block :func:`node_block` of the assignment
+    permutation (``Permutation(n, seed, stream="nodes")``: independent of the
+    epoch, so the node keeps its files); the epoch permutes them with
+    ``Permutation(len(block), seed, epoch, stream=f"node{node}")``. Arithmetic
+    only, like :class:`Permutation`: a slot costs its own positions.
+    """
+
+    def __init__(self, n: int, *, node: int, nodes: int, seed: int = 0, epoch: int = 0) -> None:
+        self.n, self.node, self.nodes = n, node, nodes
+        self.block = node_block(n, node, nodes)
+        self._assign = Permutation(n, seed=seed, stream="nodes")
+        self._within = Permutation(len(self.block), seed=seed, epoch=epoch,
+                                   stream=f"node{node}")
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The listing rows at the node's read-order ``positions`` (int64)."""
+        return self._assign.take(self.block.start + self._within.take(positions))
+
+    def array(self) -> np.ndarray:
+        """The node's whole read order for the epoch."""
+        import numpy as np
+
+        return self.take(np.arange(len(self), dtype=np.int64))
+
+    def members(self) -> np.ndarray:
+        """The node's files (sorted listing rows): the same in every epoch."""
+        import numpy as np
+
+        return np.sort(self._assign.take(np.arange(self.block.start, self.block.stop,
+                                                   dtype=np.int64)))
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [int(i) for i in self.take(range(len(self))[index])]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("read-order position out of range")
+        return int(self.take([index])[0])
+
+    def __repr__(self) -> str:
+        return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"
+
+
+def node_share(n: int, *, node: int, world_size: int, nproc_per_node: int | None = None,
+               seed: int = 0) -> np.ndarray:
+    """The files (sorted listing rows) node ``node`` reads under the ``"node"``
+    scope with ``shuffle``: the same in every epoch, so warming them serves
+    every epoch. With one node, every file."""
+    import numpy as np
+
+    nodes = node_count(world_size, nproc_per_node)
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    if nodes == 1:
+        return np.arange(n, dtype=np.int64)
+    return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
+
+
+def _node_scoped(shuffle: bool, shuffle_scope: str, nodes: int) -> bool:
+    """Whether nodes deal from their own orders (else every rank deals from one)."""
+    _check_scope(shuffle_scope)
+    return shuffle and shuffle_scope == "node" and nodes > 1
+
+
+def node_order(
+    n: int,
+    *,
+    node: int,
+    world_size: int,
+    nproc_per_node: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+) -> Sequence[int]:
+    """The read order node ``node``'s slots deal from in one epoch.
+
+    Under the ``"node"`` scope with several nodes and ``shuffle``, the node's
+    own :class:`NodeOrder`; otherwise (``"global"``, no shuffle, one node) the
+    whole job's :func:`read_order`, which every node deals from.
+    """
+    nodes = node_count(world_size, nproc_per_node)
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    if _node_scoped(shuffle, shuffle_scope, nodes):
+        return NodeOrder(n, node=node, nodes=nodes, seed=seed, epoch=epoch)
+    return read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+
+
+@dataclass(frozen=True)
+class Dealing:
+    """How one slot reads in one epoch: positions ``start``, ``start + step``,
+    ... (below ``len(order)``) of ``order``, the read order its node deals from."""
+
+    order: Sequence[int]
+    start: int
+    step: int
+    node: int
+    nodes: int
+
+    @property
+    def length(self) -> int:
+        """Files the slot reads (without ``equal_length``)."""
+        return len(range(self.start, len(self.order), self.step))
+
+
+def slot_dealing(
+    n: int,
+    *,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    worker: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
+    order: Sequence[int] | None = None,
+) -> Dealing:
+    """Where slot (rank, worker) reads from in one epoch: the slot rule with the scope.
+
+    A slot's file at step ``i`` is ``order[start + i * step]``; a resumed
+    epoch can skip the first steps by arithmetic alone. Pass ``order`` (from
+    :func:`node_order`) to reuse it for the node's slots.
+    """
+    _check(world_size, num_workers, rank, worker)
+    nodes = node_count(world_size, nproc_per_node)
+    k = effective_workers(num_workers)
+    node = rank // nproc_per_node if nproc_per_node is not None else 0
+    if _node_scoped(shuffle, shuffle_scope, nodes):
+        assert nproc_per_node is not None
+        start, step = (rank - node * nproc_per_node) * k + worker, nproc_per_node * k
+    else:
+        start, step = rank * k + worker, world_size * k
+    if order is None:
+        order = node_order(n, node=node, world_size=world_size, nproc_per_node=nproc_per_node,
+                           shuffle=shuffle, seed=seed, epoch=epoch, shuffle_scope=shuffle_scope)
+    return Dealing(order, start, step, node, nodes)
 
 
 def _check_world(world_size: int) -> None:
@@ -207,11 +430,17 @@ def _pick(order: Sequence[int], positions: np.ndarray) -> np.ndarray:
 
     if isinstance(order, range):
         return order.start + positions * order.step
-    if isinstance(order, Permutation):
+    if isinstance(order, (Permutation, NodeOrder)):
         return order.take(positions)
     if isinstance(order, np.ndarray):
         return order[positions].astype(np.int64, copy=False)
     return np.asarray([order[int(p)] for p in positions], dtype=np.int64)
+
+
+def _equal_count(n: int, slots: int, equal_length: str) -> int:
+    """Files every slot reads with ``equal_length``: counted over the whole
+    job's slots, so every rank of every node gets the same count."""
+    return n // slots if equal_length == "drop" else -(-n // slots)
 
 
 def slot_array(
@@ -226,27 +455,34 @@ def slot_array(
     epoch: int = 0,
     equal_length: str | None = None,
     order: Sequence[int] | None = None,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> np.ndarray:
     """:func:`slot_files` (or, with ``equal_length``, :func:`equal_slot_files`)
     as an int64 numpy array: no Python object per file, and with a shuffle
     only this slot's positions are permuted."""
     import numpy as np
 
-    positions = slot_indices(n, rank=rank, world_size=world_size,
-                             num_workers=num_workers, worker=worker)
     if equal_length is not None and equal_length not in EQUAL_LENGTH_MODES:
         raise InvalidArgument(
             f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {equal_length!r}")
-    if order is None:
-        order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    deal = slot_dealing(n, rank=rank, world_size=world_size, num_workers=num_workers,
+                        worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
+                        shuffle_scope=shuffle_scope, nproc_per_node=nproc_per_node,
+                        order=order)
+    m = len(deal.order)
     if equal_length is None or n == 0:
-        wanted = np.arange(positions.start, n, positions.step, dtype=np.int64)
+        wanted = np.arange(deal.start, m, deal.step, dtype=np.int64)
     else:
-        slots = positions.step
-        count = n // slots if equal_length == "drop" else -(-n // slots)
-        # "pad" continues the rule past the end, position p reading order[p % n].
-        wanted = (positions.start + slots * np.arange(count, dtype=np.int64)) % n
-    return _pick(order, wanted)
+        count = _equal_count(n, slot_count(world_size, num_workers), equal_length)
+        if count and not m:
+            raise InvalidArgument(
+                f'equal_length="pad" needs a file on every node: {n} files, {deal.nodes} nodes',
+                hint='use fewer nodes, or equal_length="drop"')
+        # "pad" continues the rule past the end, position p reading order[p % m]
+        # (m: the files the slot's node deals; the whole job's with one node).
+        wanted = (deal.start + deal.step * np.arange(count, dtype=np.int64)) % max(m, 1)
+    return _pick(deal.order, wanted)
 
 
 def slot_files(
@@ -260,15 +496,18 @@ def slot_files(
     seed: int = 0,
     epoch: int = 0,
     order: Sequence[int] | None = None,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> list[int]:
     """File indices (into the listing) that slot (rank, worker) reads, in read order.
 
-    Pass ``order`` (from :func:`read_order`) to avoid recomputing a permutation
-    for every slot.
+    Pass ``order`` (from :func:`node_order` for the slot's node) to avoid
+    recomputing a permutation for every slot.
     """
     return slot_array(n, rank=rank, world_size=world_size, num_workers=num_workers,
                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
-                      order=order).tolist()
+                      order=order, shuffle_scope=shuffle_scope,
+                      nproc_per_node=nproc_per_node).tolist()
 
 
 def _workers_spec(num_workers: int | Sequence[int], world_size: int) -> int | list[int]:
@@ -318,6 +557,8 @@ class SlotPlan:
     """Indices into the listing, in read order (int64; often a view into the
     plan's read order, so a plan holds no Python object per file)."""
     bytes: int
+    node: int = 0
+    """The node the slot's rank runs on (``rank // nproc_per_node``; 0 with one node)."""
 
     @property
     def files(self) -> list[int]:
@@ -332,14 +573,15 @@ class SlotPlan:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SlotPlan):
             return NotImplemented
-        return ((self.rank, self.worker, self.bytes) == (other.rank, other.worker, other.bytes)
+        return ((self.rank, self.worker, self.bytes, self.node)
+                == (other.rank, other.worker, other.bytes, other.node)
                 and self.files == other.files)
 
     __hash__ = None  # type: ignore[assignment]
 
     def to_json(self, paths: Sequence[str]) -> dict[str, Any]:
         """This slot as docs/json.md documents it; ``paths`` is the listing's paths."""
-        return {"rank": self.rank, "worker": self.worker,
+        return {"rank": self.rank, "worker": self.worker, "node": self.node,
                 "files": [paths[int(i)] for i in self.indices], "bytes": self.bytes}
 
 
@@ -350,6 +592,23 @@ class RankStats:
     files: int
     bytes: int
     batches: int | None
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """What one node's ranks read in the planned epoch."""
+
+    node: int
+    first_rank: int
+    last_rank: int
+    files: int
+    """Files its slots read (a file read by two of its slots counts twice)."""
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """One object of ``nodes`` in docs/json.md#shard-plan."""
+        return {"node": self.node, "ranks": [self.first_rank, self.last_rank],
+                "files": self.files, "bytes": self.bytes}
 
 
 @dataclass(frozen=True)
@@ -450,6 +709,12 @@ class ShardPlan:
     """Listing indices no slot reads."""
     read_count: bytearray = field(default_factory=bytearray, repr=False)
     """How many slots read each file (capped at 255)."""
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE
+    nproc_per_node: int | None = None
+    """Ranks per node, or None: the whole job is one node."""
+    node_count: int = 1
+    nodes: list[NodeStats] = field(default_factory=list)
+    """Nodes that read at least one file, in node order."""
 
     def workers_of(self, rank: int) -> int:
         """The ``num_workers`` rank ``rank`` runs with."""
@@ -509,6 +774,9 @@ class ShardPlan:
             "world_size": self.world_size,
             "num_workers": [r.num_workers for r in self.ranks],
             "shuffle": self.shuffle,
+            "shuffle_scope": self.shuffle_scope,
+            "nproc_per_node": self.nproc_per_node,
+            "node_count": self.node_count,
             "seed": self.seed,
             "epoch": self.epoch,
             "batch_size": self.batch_size,
@@ -526,6 +794,7 @@ class ShardPlan:
                 for r in self.ranks
             ],
             "batches": [r.batches for r in self.ranks] if self.batch_size else None,
+            "nodes": [nd.to_json() for nd in self.nodes],
             "slots": [s.to_json(paths) for s in self.slots],
             "duplicated": [paths[i] for i in self.duplicated],
             "skipped": [paths[i] for i in self.skipped],
@@ -539,18 +808,21 @@ class ShardPlan:
         return [(s.rank, s.worker) for s in self.slots if bool((s.indices == index).any())]
 
 
-def _ranks_to_plan(spec: int | list[int], world_size: int, n: int) -> Iterator[tuple[int, int]]:
-    """(rank, num_workers) of every rank that may read a file.
+def _ranks_to_plan(spec: int | list[int], first: int, count: int,
+                   n: int) -> Iterator[tuple[int, int]]:
+    """(rank, num_workers) of every rank of ranks ``first .. first + count - 1``
+    that may read a file of an order of ``n``.
 
-    With one value for all ranks, rank ``r`` reads nothing once ``r * K >= n``,
-    so the walk stops there: a plan costs O(files), not O(ranks).
+    With one value for all ranks, the group's ``i``-th rank reads nothing once
+    ``i * K >= n``, so the walk stops there: a plan costs O(files), not O(ranks).
     """
     if isinstance(spec, int):
-        last = min(world_size, -(-n // effective_workers(spec)))
-        for rank in range(last):
-            yield rank, spec
+        last = min(count, -(-n // effective_workers(spec)))
+        for i in range(last):
+            yield first + i, spec
     else:
-        yield from enumerate(spec)
+        for rank in range(first, first + count):
+            yield rank, spec[rank]
 
 
 def plan(
@@ -562,6 +834,8 @@ def plan(
     seed: int = 0,
     epoch: int = 0,
     batch_size: int | None = None,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> ShardPlan:
     """Plan which files every slot reads, as each rank would compute it itself.
 
@@ -579,62 +853,92 @@ def plan(
         shuffle, seed, epoch: the read order (see :func:`read_order`).
         batch_size: when given, per-rank batch counts (a DataLoader over an
             IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
+        shuffle_scope, nproc_per_node: with ``shuffle``, ``"node"`` keeps each
+            node's files across epochs (see the module docstring); ``"global"``
+            deals one permutation over the whole job. ``nproc_per_node=None``
+            makes the whole job one node.
     """
     import numpy as np
 
     spec = _workers_spec(num_workers, world_size)
     if batch_size is not None and batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
+    nodes = node_count(world_size, nproc_per_node)
+    scoped = _node_scoped(shuffle, shuffle_scope, nodes)
     size_arr = np.asarray(sizes, dtype=np.int64)
     n = len(size_arr)
-    order = read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-    # The read order as one int64 array: each slot's files are a strided view of it.
-    order_arr = order.array() if isinstance(order, Permutation) else np.arange(n, dtype=np.int64)
-    in_order = size_arr[order_arr] if shuffle else size_arr
-    # One effective worker count for all ranks partitions the read order, so
-    # every file is read exactly once; only disagreeing ranks need counting.
+    # Groups of ranks that deal one read order: each node under the node
+    # scope, else the whole job. (first rank, ranks, node of a group's order)
+    per_node = nproc_per_node if nproc_per_node is not None else world_size
+    groups: Iterator[tuple[int, int, int]]
+    if scoped:
+        # Nodes with files are a prefix (node_block); the rest are counted at the end.
+        groups = ((j * per_node, per_node, j) for j in range(min(nodes, n)))
+    else:
+        groups = iter([(0, world_size, 0)])
+    # One effective worker count for all ranks partitions each group's order,
+    # so every file is read exactly once; only disagreeing ranks need counting.
     agree = isinstance(spec, int) or len({effective_workers(k) for k in spec}) == 1
     counts = None if agree else np.zeros(n, dtype=np.int32)
-    slot_bytes = None
-    if agree:
-        step = world_size * effective_workers(spec if isinstance(spec, int) else spec[0])
-        if step <= n:  # bytes of every slot at once: the read order as rows of `step` slots
-            padded = np.zeros(-(-n // step) * step, dtype=np.int64)
-            padded[:n] = in_order
-            slot_bytes = padded.reshape(-1, step).sum(axis=0)
-        else:
-            slot_bytes = in_order
     slots: list[SlotPlan] = []
     ranks: list[RankStats] = []
     empty = EmptySlots()
     planned_ranks = 0
-    for rank, k in _ranks_to_plan(spec, world_size, n):
-        planned_ranks += 1
-        workers = effective_workers(k)
-        step = world_size * workers
-        first = rank * workers
-        busy = max(0, min(workers, n - first))  # workers with a file: a prefix
-        empty.add(rank, busy, workers)
-        if not busy:
-            continue
-        rank_files = rank_bytes = batches = 0
-        for worker in range(busy):
-            files = order_arr[first + worker::step]
-            if slot_bytes is not None:
-                nbytes = int(slot_bytes[first + worker])
+    for first_rank, group_ranks, node in groups:
+        order = node_order(n, node=node, world_size=world_size, nproc_per_node=nproc_per_node,
+                           shuffle=shuffle, seed=seed, epoch=epoch, shuffle_scope=shuffle_scope)
+        # The group's read order as one int64 array: each slot's files are a strided view.
+        order_arr = (order.array() if isinstance(order, (Permutation, NodeOrder))
+                     else np.arange(n, dtype=np.int64))
+        m = len(order_arr)
+        in_order = size_arr[order_arr] if shuffle else size_arr
+        slot_bytes = None
+        if agree:
+            step = group_ranks * effective_workers(spec if isinstance(spec, int) else spec[0])
+            if step <= m:  # bytes of every slot at once: the read order as rows of `step` slots
+                padded = np.zeros(-(-m // step) * step, dtype=np.int64)
+                padded[:m] = in_order
+                slot_bytes = padded.reshape(-1, step).sum(axis=0)
             else:
-                nbytes = int(in_order[first + worker::step].sum())
-            if counts is not None:
-                counts[files] += 1
-            slots.append(SlotPlan(rank, worker, files, nbytes))
-            rank_files += len(files)
-            rank_bytes += nbytes
-            if batch_size:
-                batches += -(-len(files) // batch_size)
-        ranks.append(RankStats(rank, k, rank_files, rank_bytes, batches if batch_size else None))
-    if isinstance(spec, int):
-        # The ranks past the walk read nothing at all: counted, never visited.
-        empty.add(planned_ranks, 0, effective_workers(spec), ranks=world_size - planned_ranks)
+                slot_bytes = in_order
+        walked = 0
+        for rank, k in _ranks_to_plan(spec, first_rank, group_ranks, m):
+            walked += 1
+            workers = effective_workers(k)
+            step = group_ranks * workers
+            first = (rank - first_rank) * workers
+            busy = max(0, min(workers, m - first))  # workers with a file: a prefix
+            empty.add(rank, busy, workers)
+            if not busy:
+                continue
+            rank_files = rank_bytes = batches = 0
+            for worker in range(busy):
+                files = order_arr[first + worker::step]
+                if slot_bytes is not None:
+                    nbytes = int(slot_bytes[first + worker])
+                else:
+                    nbytes = int(in_order[first + worker::step].sum())
+                if counts is not None:
+                    counts[files] += 1
+                slots.append(SlotPlan(rank, worker, files, nbytes, _node_of(rank, nproc_per_node)))
+                rank_files += len(files)
+                rank_bytes += nbytes
+                if batch_size:
+                    batches += -(-len(files) // batch_size)
+            ranks.append(RankStats(rank, k, rank_files, rank_bytes,
+                                   batches if batch_size else None))
+        if isinstance(spec, int):
+            # The group's ranks past the walk read nothing at all: counted, never visited.
+            empty.add(first_rank + walked, 0, effective_workers(spec),
+                      ranks=group_ranks - walked)
+        planned_ranks = first_rank + group_ranks
+    if planned_ranks < world_size:  # whole nodes without a file (more nodes than files)
+        if isinstance(spec, int):
+            empty.add(planned_ranks, 0, effective_workers(spec),
+                      ranks=world_size - planned_ranks)
+        else:
+            for rank in range(planned_ranks, world_size):
+                empty.add(rank, 0, effective_workers(spec[rank]))
     read_count = (bytearray(b"\x01") * n if counts is None
                   else bytearray(np.minimum(counts, 255).astype(np.uint8).tobytes()))
     return ShardPlan(
@@ -653,7 +957,32 @@ def plan(
         duplicated=[] if counts is None else np.flatnonzero(counts > 1).tolist(),
         skipped=[] if counts is None else np.flatnonzero(counts == 0).tolist(),
         read_count=read_count,
+        shuffle_scope=shuffle_scope,
+        nproc_per_node=nproc_per_node,
+        node_count=nodes,
+        nodes=_node_stats(ranks, nproc_per_node, world_size),
     )
+
+
+def _node_of(rank: int, nproc_per_node: int | None) -> int:
+    return rank // nproc_per_node if nproc_per_node is not None else 0
+
+
+def _node_stats(ranks: list[RankStats], nproc_per_node: int | None,
+                world_size: int) -> list[NodeStats]:
+    """Per-node sums of the ranks that read files (in rank order, so nodes come in order)."""
+    per_node = nproc_per_node if nproc_per_node is not None else world_size
+    out: list[NodeStats] = []
+    for r in ranks:
+        node = _node_of(r.rank, nproc_per_node)
+        if out and out[-1].node == node:
+            last = out[-1]
+            out[-1] = NodeStats(node, last.first_rank, last.last_rank, last.files + r.files,
+                                last.bytes + r.bytes)
+        else:
+            out.append(NodeStats(node, node * per_node, (node + 1) * per_node - 1, r.files,
+                                 r.bytes))
+    return out
 
 
 def slot_plan(
@@ -666,6 +995,8 @@ def slot_plan(
     shuffle: bool = False,
     seed: int = 0,
     epoch: int = 0,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> SlotPlan:
     """What one slot reads, without planning the others (``shard-plan --slot``).
 
@@ -682,12 +1013,13 @@ def slot_plan(
             f"no slot {rank}:{worker}: rank {rank} has workers 0..{effective_workers(k) - 1} "
             f"(num_workers {k}; 0 means the main process reads, as worker 0)")
     files = slot_array(len(sizes), rank=rank, world_size=world_size, num_workers=k,
-                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch)
+                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
+                       shuffle_scope=shuffle_scope, nproc_per_node=nproc_per_node)
     if hasattr(sizes, "take"):  # a numpy array: no Python object per file
         nbytes = int(sizes.take(files).sum())
     else:
         nbytes = sum(sizes[int(i)] for i in files)
-    return SlotPlan(rank, worker, files, nbytes)
+    return SlotPlan(rank, worker, files, nbytes, _node_of(rank, nproc_per_node))
 
 
 EQUAL_LENGTH_MODES = ("pad", "drop")
@@ -705,6 +1037,8 @@ def equal_slot_files(
     seed: int = 0,
     epoch: int = 0,
     order: Sequence[int] | None = None,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> list[int]:
     """:func:`slot_files`, trimmed or padded so that every slot reads the same count.
 
@@ -718,12 +1052,16 @@ def equal_slot_files(
       continues the slot rule past the end of the read order, wrapping around
       (position ``p`` reads ``order[p % n]``), so a few files from the start of
       the read order are read twice, as ``DistributedSampler`` pads.
+
+    Under the ``"node"`` scope with several nodes, ``slots`` still counts the
+    whole job's, and the read order is the node's (``n`` its file count).
     """
     if mode not in EQUAL_LENGTH_MODES:
         raise InvalidArgument(f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {mode!r}")
     return slot_array(n, rank=rank, world_size=world_size, num_workers=num_workers,
                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
-                      equal_length=mode, order=order).tolist()
+                      equal_length=mode, order=order, shuffle_scope=shuffle_scope,
+                      nproc_per_node=nproc_per_node).tolist()
 
 
 def slot_length(
@@ -734,19 +1072,26 @@ def slot_length(
     num_workers: int,
     worker: int,
     equal_length: str | None = None,
+    shuffle: bool = False,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> int:
     """How many files slot (rank, worker) reads: ``len`` of :func:`slot_files`
     (``equal_length=None``) or :func:`equal_slot_files`, without building either."""
-    positions = slot_indices(n, rank=rank, world_size=world_size, num_workers=num_workers,
-                             worker=worker)
-    if equal_length is None:
-        return len(positions)
-    if equal_length not in EQUAL_LENGTH_MODES:
+    _check(world_size, num_workers, rank, worker)
+    if equal_length is not None and equal_length not in EQUAL_LENGTH_MODES:
         raise InvalidArgument(
             f"equal_length must be one of {EQUAL_LENGTH_MODES}, got {equal_length!r}")
-    if n == 0:
-        return 0
-    return n // positions.step if equal_length == "drop" else -(-n // positions.step)
+    if equal_length is not None:
+        return _equal_count(n, slot_count(world_size, num_workers), equal_length) if n else 0
+    nodes = node_count(world_size, nproc_per_node)
+    k = effective_workers(num_workers)
+    if _node_scoped(shuffle, shuffle_scope, nodes):
+        assert nproc_per_node is not None
+        node, local = divmod(rank, nproc_per_node)
+        return len(range(local * k + worker, len(node_block(n, node, nodes)),
+                         nproc_per_node * k))
+    return len(range(rank * k + worker, n, world_size * k))
 
 
 def rank_length(
@@ -756,8 +1101,123 @@ def rank_length(
     world_size: int,
     num_workers: int,
     equal_length: str | None = None,
+    shuffle: bool = False,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
 ) -> int:
     """How many files rank ``rank`` reads over all its workers (see :func:`slot_length`)."""
     return sum(slot_length(n, rank=rank, world_size=world_size, num_workers=num_workers,
-                           worker=w, equal_length=equal_length)
+                           worker=w, equal_length=equal_length, shuffle=shuffle,
+                           shuffle_scope=shuffle_scope, nproc_per_node=nproc_per_node)
                for w in range(effective_workers(num_workers)))
+
+
+@dataclass(frozen=True)
+class ForecastRow:
+    """What one node reads in one epoch, and how much of it crosses the network."""
+
+    epoch: int
+    node: int
+    files: int
+    """Distinct files the node's slots read this epoch."""
+    bytes: int
+    new_files: int
+    """Of those, files the node read in no earlier epoch of the forecast:
+    what its cache must fetch (the rest it already holds, cap permitting)."""
+    new_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "node": self.node, "files": self.files,
+                "bytes": self.bytes, "new_files": self.new_files, "new_bytes": self.new_bytes}
+
+
+@dataclass
+class Forecast:
+    """Network traffic of a multi-epoch job, per epoch and node (:func:`forecast`)."""
+
+    shuffle_scope: str
+    node_count: int
+    epochs: list[int]
+    rows: list[ForecastRow]
+    """One per (epoch, node), epochs in order, nodes in order."""
+    share_files: list[int]
+    """Per node: distinct files it reads over all the epochs (what its cache
+    must hold to serve every epoch without fetching again)."""
+    share_bytes: list[int]
+
+    @property
+    def new_files(self) -> int:
+        """Fetches over the whole job, every node counted."""
+        return sum(r.new_files for r in self.rows)
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(r.new_bytes for r in self.rows)
+
+    def epoch_new(self, epoch: int) -> tuple[int, int]:
+        """(files, bytes) every node together fetches in ``epoch``."""
+        rows = [r for r in self.rows if r.epoch == epoch]
+        return sum(r.new_files for r in rows), sum(r.new_bytes for r in rows)
+
+    def to_json(self, max_bytes: int | None = None) -> dict[str, Any]:
+        """One scope's forecast as docs/json.md#shard-plan documents it;
+        ``max_bytes``, when given, decides each node's ``fits``."""
+        return {
+            "shuffle_scope": self.shuffle_scope,
+            "new_files": self.new_files,
+            "new_bytes": self.new_bytes,
+            "epochs": [r.to_json() for r in self.rows],
+            "shares": [{"node": i, "files": f, "bytes": b,
+                        "fits": None if max_bytes is None else b <= max_bytes}
+                       for i, (f, b) in enumerate(zip(self.share_files, self.share_bytes,
+                                                      strict=True))],
+        }
+
+
+def forecast(
+    sizes: Sequence[int] | np.ndarray,
+    *,
+    world_size: int,
+    num_workers: int | Sequence[int],
+    epochs: int,
+    first_epoch: int = 0,
+    shuffle: bool = True,
+    seed: int = 0,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
+) -> Forecast:
+    """For each epoch and node, the files and bytes the node reads that it read
+    in no earlier epoch: what crosses the network when every node caches.
+
+    Computed from :func:`plan` of each epoch (the one rule), so it counts what
+    the job would read, mismatched ``num_workers`` included. Holds one byte
+    per file per node while it runs.
+    """
+    import numpy as np
+
+    if epochs < 1:
+        raise InvalidArgument(f"epochs must be at least 1, got {epochs}")
+    size_arr = np.asarray(sizes, dtype=np.int64)
+    n = len(size_arr)
+    nodes = node_count(world_size, nproc_per_node)
+    seen = [np.zeros(n, dtype=bool) for _ in range(nodes)]
+    rows: list[ForecastRow] = []
+    epoch_list = list(range(first_epoch, first_epoch + epochs))
+    for epoch in epoch_list:
+        p = plan(size_arr, world_size=world_size, num_workers=num_workers, shuffle=shuffle,
+                 seed=seed, epoch=epoch, shuffle_scope=shuffle_scope,
+                 nproc_per_node=nproc_per_node)
+        by_node: dict[int, list[np.ndarray]] = {}
+        for s in p.slots:
+            by_node.setdefault(s.node, []).append(s.indices)
+        for node in range(nodes):
+            parts = by_node.get(node)
+            read = np.zeros(n, dtype=bool)
+            if parts:
+                read[np.concatenate(parts)] = True
+            new = read & ~seen[node]
+            seen[node] |= read
+            rows.append(ForecastRow(epoch, node, int(read.sum()), int(size_arr[read].sum()),
+                                    int(new.sum()), int(size_arr[new].sum())))
+    return Forecast(shuffle_scope, nodes, epoch_list, rows,
+                    [int(s.sum()) for s in seen], [int(size_arr[s].sum()) for s in seen])

@@ -666,3 +666,33 @@ def test_log_axis_is_labelled_at_1_2_5_steps() -> None:
     assert log_ticks(11.3, 4965) == [10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
     assert log_ticks(100, 100) == [50, 100, 200]
     assert log_ticks(0.03, 0.04) == pytest.approx([0.02, 0.05])
+
+
+def test_loader_takes_the_shuffle_scope_options(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+    from ucstage.bench import loader as loader_mod
+
+    src = tmp_path / "src"
+    _flat_tree(str(src), 6)
+    made: list[tuple[bool, int, str, int | None]] = []
+    real = loader_mod.VolumeDataset
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        ds = real(*args, **kwargs)
+        made.append((ds.shuffle, ds.seed, ds.shuffle_scope, ds.nproc_per_node))
+        return ds
+
+    monkeypatch.setattr(loader_mod, "VolumeDataset", recording)
+    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "loader", "-w", "0", "--seed", "5",
+                                      "--shuffle", "--shuffle-scope", "global",
+                                      "--nproc-per-node", "1", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert made == [(True, 5, "global", 1)]
+    for extra, message in ((["-m", "loader", "--nproc-per-node", "2"],
+                            "--nproc-per-node must be 1 here, got 2"),
+                           (["-m", "direct", "--shuffle"], "they need --loader"),
+                           (["-m", "loader", "--shuffle-scope", "node"],
+                            "--shuffle-scope only matters with --shuffle")):
+        result = CliRunner().invoke(cli, ["bench", str(src), *extra])
+        assert result.exit_code == 2 and message in result.output, (extra, result.output)

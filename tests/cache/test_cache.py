@@ -542,12 +542,30 @@ def test_copies_bytes_and_mtime_only(fuse_volume: tuple[str, str]) -> None:
 
 def test_rank_entries_match_the_shard_plan(tmp_path: Path) -> None:
     _, entries = _local_source(tmp_path, 37, 10)
-    p = plan([e.size for e in entries], world_size=4, num_workers=3, shuffle=True, seed=7)
+    p = plan([e.size for e in entries], world_size=4, num_workers=3, shuffle=True, seed=7,
+             shuffle_scope="global", epoch=2)
     for rank in range(4):
         mine = rank_entries(entries, ranks=[rank], world_size=4, num_workers=3,
-                            shuffle=True, seed=7)
+                            shuffle=True, seed=7, shuffle_scope="global", epoch=2)
         want = sorted(i for s in p.slots if s.rank == rank for i in s.files)
         assert [e.path for e in mine] == [entries[i].path for i in want]
+
+
+def test_rank_entries_under_the_node_scope_are_the_nodes_share(tmp_path: Path) -> None:
+    """A node's files are the same every epoch: the share of the rank's node, whole."""
+    _, entries = _local_source(tmp_path, 37, 10)
+    sizes = [e.size for e in entries]
+    for rank in range(4):
+        mine = rank_entries(entries, ranks=[rank], world_size=4, num_workers=3, shuffle=True,
+                            seed=7, epoch=5, nproc_per_node=2)
+        for epoch in range(3):
+            p = plan(sizes, world_size=4, num_workers=3, shuffle=True, seed=7, epoch=epoch,
+                     nproc_per_node=2)
+            want = sorted(i for s in p.slots if s.node == rank // 2 for i in s.files)
+            assert [e.path for e in mine] == [entries[i].path for i in want]
+    # One node (no nproc_per_node): its share is every file.
+    assert rank_entries(entries, ranks=[3], world_size=4, num_workers=3, shuffle=True) == \
+        list(entries)
 
 
 def test_lookup_rate_is_counted(tmp_path: Path) -> None:
@@ -760,11 +778,14 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
 
     warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
     assert warm.evicted_files == 1
-    doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1), refused=m.refused,
+    doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1, True, 0, 0, "node", 2, [0]),
+                       refused=m.refused,
                        unreadable=[("dog", "Permission denied")])
     _same_shape(_documented("warm"), doc)
     assert doc["slice"] == {"ranks": [0, 1], "world_size": 2, "num_workers": 1,
-                            "shuffle": False, "seed": 0, "epoch": 0}
+                            "shuffle": True, "seed": 0, "epoch": 0, "shuffle_scope": "node",
+                            "nproc_per_node": 2, "node_share": True, "nodes": [0]}
+    assert RankSlice([0], 2, 1).to_json()["node_share"] is False
     assert doc["namespace"] == cache.namespace_dir(vol) and doc["cache_dir"] == cache.root
     assert warm.to_json()["slice"] is None and warm.to_json()["refused"] == []
     _same_shape(_documented("status"), cache.status().to_json())

@@ -103,12 +103,13 @@ def test_lazy_refuses_a_folder_as_output(src: Path, tmp_path: Path) -> None:
 
 
 def test_rank_and_node_slices_are_the_shard_plan_slots(src: Path) -> None:
-    plan = run("shard-plan", str(src), "-w", "4", "-k", "2", "--shuffle", "--seed", "3", "--json")
+    plan = run("shard-plan", str(src), "-w", "4", "-k", "2", "--shuffle", "--seed", "3",
+               "--shuffle-scope", "global", "--nproc-per-node", "2", "--json")
     for args, ranks in ((["--rank", "1"], [1]),
                         (["--node-rank", "1", "--nproc-per-node", "2"], [2, 3])):
         run("cache", "clear")
         warmed = run("cache", "warm", str(src), *args, "-w", "4", "-k", "2", "--shuffle",
-                     "--seed", "3", "--json")
+                     "--seed", "3", "--shuffle-scope", "global", "--json")
         want = sorted({f for s in plan["slots"] if s["rank"] in ranks for f in s["files"]})
         ns = Path(warmed["namespace"])
         got = sorted(str(p.relative_to(ns)) for p in ns.rglob("*.bin"))
@@ -690,3 +691,45 @@ def test_a_bad_cap_variable_is_named(src: Path) -> None:
     result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "lots"])
     assert result.exit_code == 2 and "error: --max-bytes: cannot read size 'lots'" in \
         result.output
+
+
+def test_node_scope_warms_the_nodes_whole_share_and_says_so(src: Path) -> None:
+    """Under --shuffle and the node scope, --node-rank and --rank warm the node's
+    files of every epoch: those of every epoch's shard-plan, whatever --epoch."""
+    job = ["-w", "4", "-k", "2", "--nproc-per-node", "2", "--shuffle", "--seed", "3"]
+    share = set()
+    for epoch in range(3):
+        plan = run("shard-plan", str(src), *job, "--epoch", str(epoch), "--json")
+        files = {f for s in plan["slots"] if s["node"] == 1 for f in s["files"]}
+        assert not share or files == share
+        share = files
+    for args in (["--node-rank", "1"], ["--rank", "3"]):
+        run("cache", "clear")
+        result = CliRunner().invoke(cli, ["cache", "warm", str(src), *args, *job, "--epoch",
+                                          "4", "--json"], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "note: --epoch is ignored under the node shuffle scope" in result.stderr
+        assert "warming node 1's whole share (ranks 2..3): 5 files" in result.stderr
+        warmed = json.loads(result.stdout)
+        ns = Path(warmed["namespace"])
+        assert sorted(str(p.relative_to(ns)) for p in ns.rglob("*.bin")) == sorted(share)
+        assert warmed["slice"]["node_share"] is True and warmed["slice"]["nodes"] == [1]
+        assert warmed["slice"]["shuffle_scope"] == "node"
+        assert warmed["slice"]["nproc_per_node"] == 2
+    run("cache", "clear")
+    out = run("cache", "warm", str(src), "--node-rank", "0", *job)
+    assert "node 0's whole share (ranks 0..1), which serves every epoch" in out
+
+
+def test_a_node_share_over_the_cap_is_refused_before_copying(src: Path) -> None:
+    job = ["-w", "4", "-k", "2", "--nproc-per-node", "2", "--shuffle"]
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--node-rank", "0", *job,
+                                      "--max-bytes", "200"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert "node 0's whole share (ranks 0..1) does not fit" in result.output
+    assert "more than the cache cap" in result.output
+    assert "every epoch" in result.output
+    assert not list(Path(os.environ["UCSTAGE_CACHE_DIR"]).rglob("*.bin"))  # nothing copied
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--rank", "0", "-w", "3", "-k",
+                                      "1", "--nproc-per-node", "2", "--shuffle"])
+    assert result.exit_code == 2 and "not a multiple of --nproc-per-node 2" in result.output

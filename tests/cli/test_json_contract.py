@@ -110,7 +110,11 @@ def test_shard_plan(source: str) -> None:
     doc = run_json("shard-plan", source, "-w", "2", "-k", "3")
     assert doc["batch_size"] is None and doc["batches"] is None
     slot = run_json("shard-plan", source, "-w", "2", "-k", "3", "--slot", "1:2")
-    assert set(slot) == {"rank", "worker", "files", "bytes"}
+    assert set(slot) == {"rank", "worker", "node", "files", "bytes"}
+    doc = run_json("shard-plan", source, "-w", "4", "-k", "1", "--nproc-per-node", "2",
+                   "--shuffle", "--epochs", "2", "--max-bytes", "1G")
+    assert_matches("json.md", "`ucstage shard-plan`", doc)
+    assert_matches("json.md", "The network forecast (`--epochs`)", {"forecast": doc["forecast"]})
 
 
 def test_error_document(source: str) -> None:

@@ -108,6 +108,19 @@ def test_two_ranks_two_workers_read_the_shard_plan(fuse_volume, tmp_path) -> Non
     assert yielded(ranks, "shuffle_epoch0") != yielded(ranks, "shuffle_epoch1")
     assert yielded(ranks, "shuffle_epoch0_again") == yielded(ranks, "shuffle_epoch0")
 
+    # Node scope, one rank per node: each rank keeps its files every epoch, in
+    # another order, exactly as `shard-plan --nproc-per-node 1` plans it.
+    for epoch in (0, 1):
+        got = yielded(ranks, f"nodes_epoch{epoch}")
+        assert sorted(f for files in got.values() for f in files) == names
+        assert got == planned(shard_plan(source, "--shuffle", "--seed", "7", "--epoch",
+                                         str(epoch), "--nproc-per-node", "1"))
+    for rank in (0, 1):
+        mine = [[f for w in (0, 1) for f in yielded(ranks, f"nodes_epoch{e}")[(rank, w)]]
+                for e in (0, 1)]
+        assert sorted(mine[0]) == sorted(mine[1]) and mine[0] != mine[1]
+        assert ranks[rank]["len_nodes"] == len(mine[0])
+
     # Equal length: 23 files over 4 slots. pad -> 6 per slot, every file read,
     # 1 read twice; drop -> 5 per slot, no file twice, 3 skipped.
     pad = yielded(ranks, "pad")
@@ -156,4 +169,8 @@ def test_guard_stops_every_rank_when_ranks_disagree(fuse_volume, tmp_path) -> No
         # Different num_workers: both values named, with the shard-plan to inspect.
         assert "num_workers (rank 0: 2, rank 1: 1)" in r["workers"]
         assert "-k 2,1" in r["workers"]
+        # Different shuffle scopes: named per rank.
+        assert "ranks disagree on the shuffle or its node layout" in r["scope"]
+        assert "rank 0: shuffle=True shuffle_scope=node" in r["scope"]
+        assert "rank 1: shuffle=True shuffle_scope=global" in r["scope"]
     assert ranks[0]["workers"] == ranks[1]["workers"]

@@ -5,7 +5,7 @@
 
 ``shard``: 2 DataLoader workers per rank over SOURCE; records which relative
 paths each (rank, worker) yields, in order, for several configurations.
-``guard``: ranks disagree (on the listing, then on num_workers); records the
+``guard``: ranks disagree (on the listing, num_workers, the shuffle scope); records the
 RankMismatch each rank raised and exits 1.
 """
 
@@ -67,6 +67,14 @@ def shard(source: str, manifest: str | None) -> dict[str, Any]:
     shuffled.set_epoch(0)
     result["shuffle_epoch0_again"] = by_worker(loader, 2)
 
+    # Each rank its own "node" (nproc_per_node=1): the node scope keeps a rank's files.
+    nodes = VolumeDataset(source, shuffle=True, seed=7, nproc_per_node=1)
+    loader = DataLoader(Tagged(nodes), batch_size=None, num_workers=2)
+    for epoch in (0, 1):
+        nodes.set_epoch(epoch)
+        result[f"nodes_epoch{epoch}"] = by_worker(loader, 2)
+    result["len_nodes"] = len(nodes)
+
     for mode in ("pad", "drop"):
         ds = VolumeDataset(source, equal_length=mode)
         loader = DataLoader(Tagged(ds), batch_size=None, num_workers=2)
@@ -102,6 +110,13 @@ def guard(source: str) -> dict[str, Any]:
         list(DataLoader(ds, batch_size=None, num_workers=2 if rank == 0 else 1))
     except RankMismatch as exc:
         result["workers"] = str(exc)
+    # Different shuffle scopes (or nproc_per_node): refused too.
+    ds = VolumeDataset(source, shuffle=True, shuffle_scope="node" if rank == 0 else "global",
+                       nproc_per_node=1)
+    try:
+        list(DataLoader(ds, batch_size=None, num_workers=2))
+    except RankMismatch as exc:
+        result["scope"] = str(exc)
     return result
 
 
@@ -119,7 +134,7 @@ def main() -> int:
     # rank that is still writing.
     dist.barrier()
     dist.destroy_process_group()
-    return 1 if mode == "guard" and result.keys() & {"filters", "listing", "workers"} else 0
+    return 1 if mode == "guard" and result.keys() & {"filters", "listing", "workers", "scope"} else 0
 
 
 if __name__ == "__main__":

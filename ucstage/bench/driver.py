@@ -42,6 +42,9 @@ def run(
     max_seconds: float | None = None,
     scratch_dir: str | None = None,
     callback: Callback = NO_PROGRESS,
+    shuffle: bool = False,
+    shuffle_scope: str = "node",
+    nproc_per_node: int | None = None,
 ) -> BenchReport:
     """Measure read throughput for every mode and worker count.
 
@@ -67,6 +70,10 @@ def run(
             share of the remaining time, so every mode and worker count is
             measured on part of the sample rather than some not at all; runs
             cut short are marked ``complete=False``.
+        shuffle, shuffle_scope, nproc_per_node: the loader mode's
+            ``VolumeDataset`` arguments (it runs one rank, so
+            ``nproc_per_node`` may only be 1: a job of one node, where both
+            scopes read the same order).
         scratch_dir: where the private cache folder is made (default: the
             system temp folder, the node's local disk on the platform).
         callback: progress, called from this thread about ten times a second.
@@ -84,7 +91,8 @@ def run(
     started = time.monotonic()
     worker_counts, mode_list = check_options(
         files=files, sample_bytes=sample_bytes, workers=workers, modes=modes,
-        batch_size=batch_size, max_seconds=max_seconds)
+        batch_size=batch_size, max_seconds=max_seconds, shuffle_scope=shuffle_scope,
+        nproc_per_node=nproc_per_node)
     deadline = None if max_seconds is None else started + max_seconds
     chosen = sample(manifest.entries, files=files, max_bytes=sample_bytes, seed=seed)
     total_bytes = sum(e.size for e in chosen)
@@ -102,7 +110,8 @@ def run(
             scratch = stack.enter_context(scratch_folder(scratch_dir, total_bytes))
         job = Job(manifest=manifest, volume=volume, files=chosen,
                   batch_size=batch_size, fill_workers=max(worker_counts), deadline=deadline,
-                  callback=callback, scratch=scratch, notes=notes)
+                  callback=callback, scratch=scratch, notes=notes,
+                  shuffle=(shuffle, seed, shuffle_scope, nproc_per_node))
         # 0 workers is a DataLoader's main process reading: the loader's alone.
         runs = [(mode, k) for mode in [t(job) for t in mode_types] for k in worker_counts
                 if k > 0 or not mode.threads]

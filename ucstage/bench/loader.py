@@ -54,6 +54,7 @@ class ReadEach(tud.IterableDataset):  # type: ignore[type-arg]
 def loader_run(
     manifest: Manifest, entries: Sequence[FileEntry], workers: int, batch_size: int,
     cache_root: str, deadline: float | None, meter: Meter,
+    shuffle: tuple[bool, int, str, int | None] = (False, 0, "node", None),
 ) -> tuple[Tally, float, bool]:
     """Read ``entries`` through a fresh private cache with ``workers`` DataLoader workers.
 
@@ -62,7 +63,9 @@ def loader_run(
     """
     sample = Manifest(source=manifest.source, entries=list(entries),
                       fingerprint=fingerprint(entries))
-    dataset = VolumeDataset(sample, cache=LocalCache(os.path.join(cache_root, "cache")))
+    on, seed, scope, nproc = shuffle
+    dataset = VolumeDataset(sample, cache=LocalCache(os.path.join(cache_root, "cache")),
+                            shuffle=on, seed=seed, shuffle_scope=scope, nproc_per_node=nproc)
     loader = DataLoader(ReadEach(dataset), batch_size=batch_size, num_workers=workers,
                         log_mlflow=False, guard=False, volume_dataset=dataset)
     tally = Tally()

@@ -53,6 +53,8 @@ class Job:
     scratch: str | None
     """The private folder for caches; None when no mode needs one."""
     notes: list[str] = field(default_factory=list)
+    shuffle: tuple[bool, int, str, int | None] = (False, 0, "node", None)
+    """The loader mode's (shuffle, seed, shuffle_scope, nproc_per_node)."""
     cache: LocalCache | None = None
     """The last cold run's cache, which warm runs reuse."""
     cache_root: str | None = None
@@ -215,7 +217,7 @@ class Loader(Mode):
                                          "(on a CPU machine: pip install torch==2.13.0)") from exc
         assert self.root is not None
         return loader_run(self.job.manifest, files, workers, self.job.batch_size, self.root,
-                          deadline, meter)
+                          deadline, meter, shuffle=self.job.shuffle)
 
     def cleanup(self) -> None:
         if self.root is not None:

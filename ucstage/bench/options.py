@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import InvalidArgument
+from ..sharding import SHUFFLE_SCOPES
 from .stats import MODES, check_sample_size
 
 __all__ = ["DEFAULT_MODES", "DEFAULT_WORKERS", "check_modes", "check_options", "check_workers"]
@@ -69,6 +70,8 @@ def check_options(
     modes: Sequence[str] = DEFAULT_MODES,
     batch_size: int = 32,
     max_seconds: float | None = None,
+    shuffle_scope: str = "node",
+    nproc_per_node: int | None = None,
 ) -> tuple[list[int], list[str]]:
     """Check :func:`ucstage.bench.run`'s options; return (worker counts, modes) normalised.
 
@@ -83,4 +86,13 @@ def check_options(
     if batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
     check_sample_size(files, sample_bytes, "sample_bytes")
+    if shuffle_scope not in SHUFFLE_SCOPES:
+        raise InvalidArgument(
+            f"shuffle_scope must be one of {SHUFFLE_SCOPES}, got {shuffle_scope!r}")
+    if nproc_per_node is not None and nproc_per_node != 1:
+        # The loader mode is one rank: its job is one node of one rank.
+        raise InvalidArgument(
+            f"nproc_per_node must be 1 here, got {nproc_per_node}: the loader mode runs one "
+            "rank, a job of one node",
+            hint="plan a multi-node job with `ucstage shard-plan --nproc-per-node P --epochs E`")
     return worker_counts, mode_list

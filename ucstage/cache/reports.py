@@ -40,12 +40,19 @@ class RankSlice:
     shuffle: bool = False
     seed: int = 0
     epoch: int = 0
+    shuffle_scope: str = "node"
+    nproc_per_node: int | None = None
+    nodes: list[int] | None = None
+    """The nodes whose whole share was warmed (the node scope with shuffle:
+    the same files every epoch), or None: the ranks' files of ``epoch``."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``slice`` object of docs/json-cache.md#warm."""
         return {"ranks": list(self.ranks), "world_size": self.world_size,
                 "num_workers": self.num_workers, "shuffle": self.shuffle, "seed": self.seed,
-                "epoch": self.epoch}
+                "epoch": self.epoch,
+                "shuffle_scope": self.shuffle_scope, "nproc_per_node": self.nproc_per_node,
+                "node_share": self.nodes is not None, "nodes": self.nodes}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import parse_modes, parse_workers
 from .output import emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
+from .scope import nproc_option, scope_of, shuffle_scope_option
 
 _VERDICT = {
     "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "
@@ -148,6 +149,11 @@ class _Files(click.ParamType):
 @click.option("--loader", is_flag=True, help="Also bench the VolumeDataset + DataLoader path.")
 @click.option("-b", "--batch-size", type=int, default=32, show_default=True,
               help="DataLoader batch size for --loader.")
+@click.option("--shuffle", is_flag=True,
+              help="The loader mode reads the sample as VolumeDataset(shuffle=True) does "
+                   "(seeded by --seed).")
+@shuffle_scope_option
+@nproc_option
 @click.option("--max-seconds", type=float, default=None, metavar="S",
               help="Bound the whole run; each run gets an equal share of the time left, "
                    "and runs cut short are marked.")
@@ -162,7 +168,8 @@ def command(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
     exclude: tuple[str, ...], include_hidden: bool, files: int | str | None,
     sample_bytes: str | None, seed: int, workers: str, modes: str, loader: bool,
-    batch_size: int, max_seconds: float | None, scratch_dir: str | None,
+    batch_size: int, shuffle: bool, shuffle_scope: str | None, nproc_per_node: int | None,
+    max_seconds: float | None, scratch_dir: str | None,
     plot_path: str | None, as_json: bool,
 ) -> None:
     """Measure read throughput from SOURCE directly, through a cold cache and
@@ -187,15 +194,21 @@ def command(
     # The library's own check, before listing: a bad value must not wait for
     # the listing of a large volume to be refused. Its messages name
     # parameters; the error mapper says them as this command's flags.
+    scope = scope_of(shuffle_scope, shuffle)
     bench.check_options(files=files, sample_bytes=size, workers=worker_counts,
-                        modes=mode_list, batch_size=batch_size, max_seconds=max_seconds)
+                        modes=mode_list, batch_size=batch_size, max_seconds=max_seconds,
+                        shuffle_scope=scope, nproc_per_node=nproc_per_node)
+    if (shuffle or nproc_per_node is not None) and "loader" not in mode_list:
+        raise InvalidArgument("--shuffle/--shuffle-scope/--nproc-per-node set the loader "
+                              "mode's dataset; they need --loader")
     if plot_path is not None:
         _check_plot(plot_path)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
     with progress_bar(err.is_terminal, transient=True) as callback:
         report = bench.run(manifest, files=files, sample_bytes=size, seed=seed,
                            workers=worker_counts, modes=mode_list, batch_size=batch_size,
-                           max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback)
+                           max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback,
+                           shuffle=shuffle, shuffle_scope=scope, nproc_per_node=nproc_per_node)
     chart = bench.plot(report, plot_path) if plot_path is not None else None
     emit(report.to_json(plot=chart), as_json, lambda c: _render(c, report))
     if plot_path is not None and not as_json:

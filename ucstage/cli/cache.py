@@ -39,6 +39,7 @@ from .output import (
     table,
 )
 from .progress import Counting, progress_bar
+from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
@@ -119,26 +120,36 @@ def command() -> None:
 @click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
 @click.option("--node-rank", type=int, default=None,
               help="Warm the files of every rank on node N (ranks N*P .. N*P+P-1).")
-@click.option("--nproc-per-node", type=int, default=None, help="Ranks per node (P).")
+@click.option("--nproc-per-node", type=int, default=None, metavar="P",
+              help=NPROC_HELP + " Needed by --node-rank.")
 @click.option("-w", "--world-size", type=int, default=None, help="Number of ranks.")
 @click.option("-k", "--num-workers", type=int, default=None,
               help="DataLoader workers per rank (0 = the main process reads).")
-@click.option("--shuffle", is_flag=True, help="Slice the seeded per-epoch permutation.")
+@click.option("--shuffle", is_flag=True,
+              help="The job shuffles: under the node scope, warm the whole share of the "
+                   "ranks' node (the same files every epoch); under --shuffle-scope global, "
+                   "the ranks' files of --epoch's permutation.")
 @click.option("--seed", type=int, default=None,
               help="Shuffle seed (with --shuffle; default 0).")
 @click.option("--epoch", type=int, default=None,
-              help="Epoch of the permutation (with --shuffle; default 0).")
+              help="Epoch of the permutation (with --shuffle --shuffle-scope global; "
+                   "default 0). Ignored under the node scope, whose share serves every epoch.")
+@shuffle_scope_option
 @json_option
 def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, jobs: int, max_bytes: str | None,
          rank: int | None, node_rank: int | None, nproc_per_node: int | None,
          world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
-         epoch: int | None, as_json: bool) -> None:
+         epoch: int | None, shuffle_scope: str | None, as_json: bool) -> None:
     """Copy SOURCE's files into the local cache now, in parallel; files already
     cached and unchanged are skipped, so a rerun resumes.
 
     With --rank (or --node-rank), warm only the files those ranks' DataLoader
-    workers read under the slot rule, the same files `shard-plan` prints.
+    workers read under the slot rule, the same files `shard-plan` prints. With
+    --shuffle under the default node scope, that is the whole share of their
+    node, which serves every epoch (the whole source when the job is one node,
+    i.e. without --nproc-per-node); it is checked against --max-bytes and the
+    free disk before anything is copied.
     Exits 1 when files fail after retries (they are listed) or do not fit.
     Off a terminal, a progress line is printed every 10 s. Ctrl-C (or SIGTERM)
     stops within about 2 s: copies in flight finish or are removed, and the
@@ -149,6 +160,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm /Volumes/main/ml/train/images
       ucstage cache warm s3://bucket/train --jobs 32 --max-bytes 200G
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
+      ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
     """
     ranks = _ranks(rank, node_rank, nproc_per_node, world_size, num_workers)
     if (seed is not None or epoch is not None) and not shuffle:
@@ -156,10 +168,15 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         # would change nothing, and silently ignoring it would suggest otherwise.
         raise InvalidArgument("--seed/--epoch only matter with --shuffle",
                               hint="add --shuffle, or drop --seed/--epoch")
+    scope = scope_of(shuffle_scope, shuffle)
     if ranks is None and shuffle:
         # Order does not matter when warming everything.
         raise InvalidArgument("--shuffle/--seed/--epoch choose a rank's slice; they need "
                               "--rank or --node-rank")
+    share = shuffle and scope == "node"
+    if share and epoch is not None:
+        err.print("note: --epoch is ignored under the node shuffle scope: the node's share "
+                  "is the same every epoch, so it is warmed whole", markup=False)
     cap = _size(max_bytes, "--max-bytes")
     cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
     with _listing(source):
@@ -169,10 +186,18 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     rank_slice: RankSlice | None = None
     if ranks is not None:
         assert world_size is not None and num_workers is not None
-        rank_slice = RankSlice(ranks, world_size, num_workers, shuffle, seed or 0, epoch or 0)
         entries = rank_entries(entries, ranks=ranks, world_size=world_size,
                                num_workers=num_workers, shuffle=shuffle, seed=seed or 0,
-                               epoch=epoch or 0)
+                               epoch=epoch or 0, shuffle_scope=scope,
+                               nproc_per_node=nproc_per_node)
+        per_node = nproc_per_node or world_size
+        nodes = sorted({r // per_node for r in ranks}) if share else None
+        rank_slice = RankSlice(ranks, world_size, num_workers, shuffle, seed or 0, epoch or 0,
+                               scope, nproc_per_node, nodes)
+        if nodes is not None:
+            err.print(f"warming {_share_text(nodes, per_node, world_size)}: "
+                      f"{_n(len(entries), 'file')} ({format_bytes(sum(e.size for e in entries))}"
+                      "), the same files every epoch", markup=False)
     callback: Counting | None = None
     try:
         with progress_bar(not as_json, "warming") as callback:
@@ -180,16 +205,35 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     except CacheFull as exc:
         if exc.hint.endswith(WARM_FEWER):
             exc.hint += " (--include, --rank)"  # the flags that choose fewer files
+        if rank_slice is not None and rank_slice.nodes is not None:
+            # Nothing was copied when the up-front check refuses: say what did not fit.
+            exc.message = (f"{_share_text(rank_slice.nodes, nproc_per_node or world_size or 1, world_size or 1)}"
+                           f" does not fit: {exc.message}")
+            exc.hint = ("the node reads these files every epoch; give it a cache that holds "
+                        "them (raise --max-bytes, a larger disk) or run on more nodes; "
+                        "--shuffle-scope global needs one epoch's slice but fetches again "
+                        "every epoch")
         raise
     except KeyboardInterrupt:
         err.print(_stopped(callback, entries), markup=False)
         raise
     data = report.to_json(rank_slice=rank_slice, refused=m.refused, unreadable=m.unreadable)
-    emit(data, as_json, lambda console: _warm_summary(console, report, ranks, cache.max_bytes))
+    emit(data, as_json, lambda console: _warm_summary(console, report, ranks, cache.max_bytes,
+                                                      rank_slice))
     if report.failed:
         names = ", ".join(p for p, _ in report.failed[:3])
         fail_found(f"{len(report.failed):,} of {_n(report.files, 'file')} failed: "
                    f"{names}" + (" …" if len(report.failed) > 3 else ""), _failed_hint(report))
+
+
+def _share_text(nodes: list[int], per_node: int, world_size: int) -> str:
+    """``node 1's whole share (ranks 8..15)``."""
+    if per_node >= world_size:
+        return "the whole share of the job's one node (every file)"
+    ranks = ", ".join(f"{n * per_node}..{(n + 1) * per_node - 1}" for n in nodes)
+    which = f"node {nodes[0]}'s" if len(nodes) == 1 else \
+        "nodes " + ", ".join(str(n) for n in nodes) + "'"
+    return f"{which} whole share (ranks {ranks})"
 
 
 def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:
@@ -206,11 +250,16 @@ def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:
 
 
 def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
-                  cap: int | None) -> None:
+                  cap: int | None, rank_slice: RankSlice | None = None) -> None:
     rate = (f", {format_rate(report.fetched_bytes / report.seconds)}"
             if report.fetched_bytes and report.seconds else "")
     who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
         f" for rank {ranks[0]}" if ranks else "")
+    if rank_slice is not None and rank_slice.nodes is not None:
+        who = (" for " + _share_text(rank_slice.nodes,
+                                     rank_slice.nproc_per_node or rank_slice.world_size,
+                                     rank_slice.world_size)
+               + ", which serves every epoch")
     console.print(
         f"[bold]Warmed[/] {_n(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "
         f"{report.seconds:.1f} s: fetched {report.fetched:,} "

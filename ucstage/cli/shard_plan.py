@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -9,9 +10,13 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 
+from ..cache.layout import default_root
+from ..cache.local import MAX_BYTES_ENV
+from ..cache.space import free_bytes
 from ..errors import InvalidArgument
 from ..manifest import ArrowEntries, Manifest
-from ..sharding import ShardPlan, SlotPlan, plan, slot_plan
+from ..sharding import SHUFFLE_SCOPES, Forecast, ShardPlan, SlotPlan, forecast, plan, slot_plan
+from ..units import SIZE_HELP, parse_size
 from .args import num_workers_list
 from .output import (
     emit,
@@ -24,6 +29,7 @@ from .output import (
     table,
     truncated_rows,
 )
+from .scope import nproc_option, scope_of, shuffle_scope_option
 
 EXAMPLES = 5
 
@@ -71,8 +77,20 @@ def _slot_range(first: tuple[int, int], last: tuple[int, int]) -> str:
             else f"{first[0]}:{first[1]} .. {last[0]}:{last[1]}")
 
 
+def _order_text(p: ShardPlan) -> str:
+    if not p.shuffle:
+        return "listing order"
+    if p.node_count == 1:
+        return f"shuffled (seed {p.seed}, epoch {p.epoch}; one node)"
+    if p.shuffle_scope == "node":
+        return (f"shuffled within each node (seed {p.seed}, epoch {p.epoch}): each node keeps "
+                "its files every epoch")
+    return (f"shuffled over the whole job (seed {p.seed}, epoch {p.epoch}): nodes get other "
+            "files every epoch")
+
+
 def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
-    order = f"shuffled (seed {p.seed}, epoch {p.epoch})" if p.shuffle else "listing order"
+    order = _order_text(p)
     fps, bps = p.files_per_slot(), p.bytes_per_slot()
     console.print(f"[bold]Shard plan[/] for {escape(manifest.path or manifest.source)}  "
                   f"[dim]fingerprint {manifest.fingerprint[:12]}[/]")
@@ -81,6 +99,8 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
     summary.add_row("files", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
     summary.add_row("ranks x workers",
                     f"{p.world_size:,} x {_workers_text(p)} = {p.slot_total:,} slots")
+    if p.nproc_per_node is not None:
+        summary.add_row("nodes", f"{p.node_count:,} x {p.nproc_per_node:,} ranks per node")
     summary.add_row("read order", order)
     summary.add_row("files per slot",
                     f"min {fps.min:,.0f} / mean {fps.mean:,.1f} / max {fps.max:,.0f}")
@@ -103,6 +123,20 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
     console.print(ranks)
     if p.empty.ranks:
         console.print(f"[dim]{p.empty.ranks:,} ranks read no file and are not listed[/]")
+    if p.node_count > 1:
+        console.print()
+        nodes = table("node", "ranks", "files", "bytes")
+        node_rows, node_cut = truncated_rows(p.nodes)
+        for nd in node_rows:
+            if nd is None:
+                nodes.add_row(f"… {node_cut} more", "", "", "")
+                continue
+            nodes.add_row(str(nd.node), f"{nd.first_rank}..{nd.last_rank}", f"{nd.files:,}",
+                          format_bytes(nd.bytes))
+        console.print(nodes)
+        if len(p.nodes) < p.node_count:
+            console.print(f"[dim]{p.node_count - len(p.nodes):,} nodes read no file and are "
+                          "not listed[/]")
     console.print()
     paths = _Paths(manifest)
     if p.consistent and not p.empty.count:
@@ -168,6 +202,15 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
               help="Shuffle seed (needs --shuffle).")
 @click.option("--epoch", type=int, default=0, show_default=True,
               help="Epoch: changes the permutation (needs --shuffle).")
+@shuffle_scope_option
+@nproc_option
+@click.option("--epochs", type=click.IntRange(min=1), default=None, metavar="E",
+              help="Also forecast the network over E epochs from --epoch: per epoch and "
+                   "node, the files and bytes the node reads that it did not read in an "
+                   "earlier epoch, for both shuffle scopes.")
+@click.option("--max-bytes", metavar="SIZE", default=None,
+              help="With --epochs: each node's cache cap, to check that the node's share "
+                   f"fits. Default ${MAX_BYTES_ENV}, else not checked; {SIZE_HELP}.")
 @click.option("-b", "--batch-size", type=int, default=None,
               help="Also count batches per rank, and warn when ranks get different counts.")
 @click.option("--slot", "slot", metavar="RANK:WORKER", default=None,
@@ -176,37 +219,68 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
 def shard_plan(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
     exclude: tuple[str, ...], include_hidden: bool, world_size: int, num_workers: str,
-    shuffle: bool, seed: int, epoch: int, batch_size: int | None, slot: str | None,
-    as_json: bool,
+    shuffle: bool, seed: int, epoch: int, shuffle_scope: str | None,
+    nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
+    batch_size: int | None, slot: str | None, as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
     num_workers mismatch between ranks duplicates or skips.
 
     Slot s = rank * K + worker reads files s, s + W*K, s + 2*W*K, ... of the
-    listing (or of its seeded permutation). Exits 1 when files would be read
-    twice or never, when some slots would read no file (more slots than
-    files), or when ranks would get different batch counts.
+    listing (or of its seeded permutation; with --shuffle and --nproc-per-node,
+    under the default node scope, of the node's own files, dealt over the
+    node's slots). Exits 1 when files would be read twice or never, when some
+    slots would read no file (more slots than files), when ranks would get
+    different batch counts, or when a node's share exceeds --max-bytes.
 
     \b
     Examples:
       ucstage shard-plan /Volumes/main/ml/train --world-size 8 --num-workers 6
       ucstage shard-plan data/ -w 4 -k 6,6,4,6 --batch-size 32
       ucstage shard-plan manifest.json -w 2 -k 2 --slot 1:0
+      ucstage shard-plan data/ -w 16 -k 4 --nproc-per-node 8 --shuffle --epochs 3
     """
     wanted = _parse_slot(slot)
     _check_shuffle_options(shuffle)
+    scope = scope_of(shuffle_scope, shuffle)
+    if wanted is not None and epochs is not None:
+        raise InvalidArgument("--epochs forecasts the whole job; it does not combine with --slot")
+    if max_bytes is not None and epochs is None:
+        raise InvalidArgument("--max-bytes checks the forecast's node shares; it needs --epochs")
+    cap = _cap(max_bytes) if epochs is not None else None
     workers = num_workers_list(num_workers)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
     sizes = manifest.sizes()  # a numpy array for a columnar manifest
     if wanted is not None:
         s = slot_plan(sizes, rank=wanted[0], worker=wanted[1], world_size=world_size,
-                      num_workers=workers, shuffle=shuffle, seed=seed, epoch=epoch)
+                      num_workers=workers, shuffle=shuffle, seed=seed, epoch=epoch,
+                      shuffle_scope=scope, nproc_per_node=nproc_per_node)
         _print_slot(manifest, s, as_json)
         return
     p = plan(sizes, world_size=world_size, num_workers=workers, shuffle=shuffle, seed=seed,
-             epoch=epoch, batch_size=batch_size)
+             epoch=epoch, batch_size=batch_size, shuffle_scope=scope,
+             nproc_per_node=nproc_per_node)
+    forecasts: dict[str, Forecast] = {}
+    if epochs is not None:
+        # Both scopes, the chosen one first: the forecast shows what the other costs.
+        for name in sorted(SHUFFLE_SCOPES, key=lambda x: x != scope):
+            forecasts[name] = forecast(sizes, world_size=world_size, num_workers=workers,
+                                       epochs=epochs, first_epoch=epoch, shuffle=shuffle,
+                                       seed=seed, shuffle_scope=name,
+                                       nproc_per_node=nproc_per_node)
     # The JSON names every file; the human plan names a few, so it never builds the list.
-    emit(plan_json(manifest, p) if as_json else {}, as_json, lambda c: _render(c, manifest, p))
+    data: dict[str, Any] = {}
+    if as_json:
+        data = plan_json(manifest, p)
+        if forecasts:
+            data["forecast"] = _forecast_json(forecasts, scope, cap)
+
+    def human(console: Console) -> None:
+        _render(console, manifest, p)
+        if forecasts:
+            _render_forecast(console, forecasts, scope, cap)
+
+    emit(data, as_json, human)
     problems = []
     if not p.consistent:
         problems.append(f"{len(p.duplicated):,} files read twice or more, "
@@ -215,6 +289,9 @@ def shard_plan(
         problems.append(f"{p.empty.count:,} of {p.slot_total:,} slots read nothing")
     if not p.batches_equal:
         problems.append("ranks would get different batch counts")
+    over = _over_cap(forecasts.get(scope), cap)
+    if over:
+        problems.append(f"{len(over):,} node shares exceed --max-bytes {format_bytes(cap or 0)}")
     if problems:
         fail_found("; ".join(problems))
 
@@ -232,8 +309,8 @@ def _check_shuffle_options(shuffle: bool) -> None:
 
 def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
     files = manifest.take(s.indices)  # only this slot's rows
-    data = {"rank": s.rank, "worker": s.worker, "files": [e.path for e in files],
-            "bytes": s.bytes}
+    data = {"rank": s.rank, "worker": s.worker, "node": s.node,
+            "files": [e.path for e in files], "bytes": s.bytes}
 
     def human(console: Console) -> None:
         err.print(f"slot {s.rank}:{s.worker}: {len(files):,} files, {format_bytes(s.bytes)}")
@@ -241,3 +318,95 @@ def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
             console.print(e.path, markup=False)
 
     emit(data, as_json, human)
+
+
+def _cap(max_bytes: str | None) -> int | None:
+    """--max-bytes, else $UCSTAGE_CACHE_MAX_BYTES, else None (not checked)."""
+    text, flag = (max_bytes, "--max-bytes") if max_bytes is not None else (
+        os.environ.get(MAX_BYTES_ENV) or None, f"${MAX_BYTES_ENV}")
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{flag}: {exc.message}", exc.hint) from None
+
+
+def _over_cap(f: Forecast | None, cap: int | None) -> list[int]:
+    """Nodes whose share (every file they read over the forecast) exceeds the cap."""
+    if f is None or cap is None:
+        return []
+    return [node for node, nbytes in enumerate(f.share_bytes) if nbytes > cap]
+
+
+def _disk_free() -> tuple[str, int]:
+    """This machine's cache folder (or its nearest existing parent) and its free bytes:
+    the disk a node's share lands on, if this is one of the job's nodes."""
+    path = default_root()
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return default_root(), free_bytes(path)
+
+
+def _forecast_json(forecasts: dict[str, Forecast], scope: str,
+                   cap: int | None) -> dict[str, Any]:
+    """``forecast`` of docs/json.md#the-network-forecast---epochs."""
+    first = forecasts[scope]
+    root, free = _disk_free()
+    return {"epochs": len(first.epochs), "first_epoch": first.epochs[0],
+            "shuffle_scope": scope, "max_bytes": cap, "cache_dir": root, "disk_free": free,
+            "scopes": {name: f.to_json(cap) for name, f in forecasts.items()}}
+
+
+def _render_forecast(console: Console, forecasts: dict[str, Forecast], scope: str,
+                     cap: int | None) -> None:
+    f = forecasts[scope]
+    other_name = next(name for name in forecasts if name != scope)
+    other = forecasts[other_name]
+    console.print()
+    console.print(f"[bold]Network forecast[/] over {len(f.epochs)} epochs "
+                  f"({f.epochs[0]}..{f.epochs[-1]}): files a node reads that it did not read "
+                  "in an earlier epoch")
+    cols = ["epoch", "node", "reads", f"new ({scope})", "new bytes", f"new ({other_name})",
+            "new bytes "]
+    t = table(*cols)
+    rows, cut = truncated_rows(list(zip(f.rows, other.rows, strict=True)))
+    for pair in rows:
+        if pair is None:
+            t.add_row(f"… {cut} more", *[""] * (len(cols) - 1))
+            continue
+        mine, theirs = pair
+        t.add_row(str(mine.epoch), str(mine.node), f"{mine.files:,}", f"{mine.new_files:,}",
+                  format_bytes(mine.new_bytes), f"{theirs.new_files:,}",
+                  format_bytes(theirs.new_bytes))
+    console.print(t)
+    later = [e for e in f.epochs[1:]]
+    for name, g in ((scope, f), (other_name, other)):
+        after = sum(g.epoch_new(e)[0] for e in later)
+        after_bytes = sum(g.epoch_new(e)[1] for e in later)
+        tail = (f"; after epoch {f.epochs[0]}: {after:,} files ({format_bytes(after_bytes)})"
+                if later else "")
+        console.print(f"  {name + ' scope:':<14} the job fetches {g.new_files:,} files "
+                      f"({format_bytes(g.new_bytes)}){tail}")
+    if f.node_count > 1 and f.epochs and scope == "node":
+        console.print("  [green]✓[/] under the node scope each node reads the same files "
+                      "every epoch: its cache serves every epoch after the first")
+    shares = [(i, b) for i, b in enumerate(f.share_bytes)]
+    biggest = max(shares, key=lambda x: x[1]) if shares else (0, 0)
+    console.print(f"  cache a node needs for every epoch: up to "
+                  f"{format_bytes(biggest[1])} (node {biggest[0]}, {f.share_files[biggest[0]]:,} "
+                  "files)")
+    over = _over_cap(f, cap)
+    if over:
+        names = ", ".join(str(i) for i in over[:8]) + (" …" if len(over) > 8 else "")
+        console.print(f"  [red]✗[/] node shares over the cap of {format_bytes(cap or 0)} "
+                      f"(nodes {names}): those nodes evict and fetch again every epoch; "
+                      "raise the cap or add nodes")
+    elif cap is not None:
+        console.print(f"  [green]✓[/] every node's share fits under the cap of "
+                      f"{format_bytes(cap)}")
+    root, free = _disk_free()
+    if biggest[1] > free:
+        console.print(f"  [yellow]![/] the largest share does not fit in the "
+                      f"{format_bytes(free)} free here ({escape(root)}); if this machine is "
+                      "one of the job's nodes, give its cache a larger disk")

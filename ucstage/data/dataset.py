@@ -40,7 +40,15 @@ from .. import manifest as _manifest
 from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
-from ..sharding import EQUAL_LENGTH_MODES, rank_length, slot_array, slot_length
+from ..sharding import (
+    DEFAULT_SHUFFLE_SCOPE,
+    EQUAL_LENGTH_MODES,
+    SHUFFLE_SCOPES,
+    node_count,
+    rank_length,
+    slot_array,
+    slot_length,
+)
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 from .readahead import ReadAhead, cache_fetcher
@@ -56,6 +64,22 @@ DEFAULT_READ_AHEAD = 4
 DEFAULT_NUM_WORKERS = 6
 """The ucstage DataLoader's default ``num_workers``. A constant, never the
 machine's CPU count: every rank must shard with the same value."""
+LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
+"""Set by torchrun on every rank: its ranks per node."""
+
+
+def _env_nproc() -> int | None:
+    text = os.environ.get(LOCAL_WORLD_SIZE_ENV)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidArgument(f"${LOCAL_WORLD_SIZE_ENV} must be a whole number of at least 1, "
+                              f"got {text!r}", hint="pass nproc_per_node explicitly")
+    return value
 
 
 def _equal_mode(value: bool | str | None) -> str | None:
@@ -86,6 +110,14 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         shuffle: read in a permutation seeded by ``seed`` and the epoch (see
             :meth:`set_epoch`), identical on every rank.
         seed: shuffle seed.
+        shuffle_scope: with ``shuffle``, ``"node"`` (default) assigns files to
+            nodes once per seed and shuffles within each node every epoch, so a
+            node's cache serves every epoch; ``"global"`` deals one permutation
+            over the whole job (every epoch hands each node other files).
+        nproc_per_node: ranks per node (node = rank // nproc_per_node); default
+            ``$LOCAL_WORLD_SIZE`` (set by torchrun) when a process group is
+            running, else the whole job is one node, where both scopes read
+            exactly the same. ``world_size`` must be a multiple of it.
         read_ahead: how many files of this slot to fetch in the background
             ahead of the one being consumed (0 fetches synchronously).
         equal_length: ``False`` (default) reads exactly the shard plan;
@@ -125,6 +157,8 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         skip_unreadable: bool = False,
         shuffle: bool = False,
         seed: int = 0,
+        shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+        nproc_per_node: int | None = None,
         read_ahead: int = DEFAULT_READ_AHEAD,
         equal_length: bool | str | None = False,
         cache: LocalCache | None = None,
@@ -138,6 +172,16 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        if shuffle_scope not in SHUFFLE_SCOPES:
+            raise InvalidArgument(
+                f"shuffle_scope must be one of {SHUFFLE_SCOPES}, got {shuffle_scope!r}")
+        if nproc_per_node is not None and (isinstance(nproc_per_node, bool)
+                                           or not isinstance(nproc_per_node, int)
+                                           or nproc_per_node < 1):
+            raise InvalidArgument(f"nproc_per_node must be an int of at least 1, "
+                                  f"got {nproc_per_node!r}")
+        self.shuffle_scope = shuffle_scope
+        self.nproc_per_node = nproc_per_node
         self.epoch = 0
         self.read_ahead = int(read_ahead)
         self.equal_length = _equal_mode(equal_length)
@@ -213,11 +257,15 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
                 "ucstage DataLoader does it before its workers start), or iterate once")
         n = len(self._entries())
         rank, world, num_workers, worker = self.slot()
+        nproc = self.nodes_of(world)
         if tud.get_worker_info() is not None:
             return slot_length(n, rank=rank, world_size=world, num_workers=num_workers,
-                               worker=worker, equal_length=self.equal_length)
+                               worker=worker, equal_length=self.equal_length,
+                               shuffle=self.shuffle, shuffle_scope=self.shuffle_scope,
+                               nproc_per_node=nproc)
         return rank_length(n, rank=rank, world_size=world, num_workers=self.num_workers,
-                           equal_length=self.equal_length)
+                           equal_length=self.equal_length, shuffle=self.shuffle,
+                           shuffle_scope=self.shuffle_scope, nproc_per_node=nproc)
 
     def __bool__(self) -> bool:
         # Without this, `dataset or default` would call __len__ (and raise
@@ -227,7 +275,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         return (f"VolumeDataset({self._source!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"epoch={self.epoch}, {frozen})")
+                f"shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, {frozen})")
 
     # -- the listing -----------------------------------------------------------
 
@@ -354,6 +402,25 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             return rank, world, 0, 0
         return rank, world, info.num_workers, info.id
 
+    def nodes_of(self, world_size: int) -> int | None:
+        """The ``nproc_per_node`` this dataset shards with in a job of
+        ``world_size`` ranks: the one given, else ``$LOCAL_WORLD_SIZE`` when
+        the job has several ranks, else None (one node).
+
+        Raises:
+            InvalidArgument: ``world_size`` is not a multiple of it.
+        """
+        nproc = self.nproc_setting(world_size)
+        node_count(world_size, nproc)  # refuses a world size that is not a multiple
+        return nproc
+
+    def nproc_setting(self, world_size: int) -> int | None:
+        """:meth:`nodes_of` without checking it against ``world_size`` (the
+        DataLoader's guard compares it across ranks first)."""
+        if self.nproc_per_node is None and world_size > 1:
+            return _env_nproc()
+        return self.nproc_per_node
+
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
                      worker: int) -> list[FileEntry]:
         """The files slot (rank, worker) reads this epoch, in read order.
@@ -369,7 +436,9 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         manifest = self.freeze()
         indices = slot_array(len(manifest.entries), rank=rank, world_size=world_size,
                              num_workers=num_workers, worker=worker, shuffle=self.shuffle,
-                             seed=self.seed, epoch=self.epoch, equal_length=self.equal_length)
+                             seed=self.seed, epoch=self.epoch, equal_length=self.equal_length,
+                             shuffle_scope=self.shuffle_scope,
+                             nproc_per_node=self.nodes_of(world_size))
         return _SlotRows(manifest, indices)
 
     def __iter__(self) -> Iterator[str]:

@@ -3,8 +3,8 @@
 Per-batch wait time goes to MLflow (:mod:`ucstage.data.timing`), and when
 ``torch.distributed`` is initialised every epoch starts with a guard that
 freezes the :class:`~ucstage.data.dataset.VolumeDataset`'s listing on every
-rank and refuses to start when ranks disagree on ``num_workers`` or on the
-listing. Usage and every argument: docs/training.md.
+rank and refuses to start when ranks disagree on ``num_workers``, on the
+shuffle scope and ``nproc_per_node``, or on the listing. Usage and every argument: docs/training.md.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             over those N) instead of every batch, for very fast loops: each
             logged metric costs the tracking store some CPU in the background.
         guard: when ``torch.distributed`` is initialised, check at the start
-            of every epoch that all ranks use the same ``num_workers`` and the
+            of every epoch that all ranks use the same ``num_workers``, the
+            same shuffle, ``shuffle_scope`` and ``nproc_per_node``, and the
             same listing, and raise :class:`ucstage.errors.RankMismatch` on
             every rank if not.
         volume_dataset: the VolumeDataset to freeze and guard, when the
@@ -150,9 +151,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         # Every rank takes the same branches below, because every decision is
         # made on the same gathered values: no rank waits in a collective alone.
         sharded = vds is not None or isinstance(self.dataset, tud.IterableDataset)
-        first = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded))
+        first = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded,
+                                                     dist.get_world_size()))
         if self.guard:
             _check_workers(first)
+            _check_scope(first)
         unfrozen = [g.has_dataset and g.fingerprint is None for g in first]
         if vds is not None and vds.fingerprint is None:
             vds.freeze(broadcast=all(unfrozen))
@@ -160,7 +163,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return
         latest = first
         if any(unfrozen):
-            latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded))
+            latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded,
+                                                          dist.get_world_size()))
         _check_listings(latest)
 
 
@@ -173,14 +177,43 @@ class _GuardInfo:
     sharded: bool
     """The dataset shards itself over workers (an IterableDataset): only then
     does num_workers decide which files a rank reads."""
+    shuffle: bool = False
+    shuffle_scope: str = ""
+    nproc_per_node: int | str | None = None
+    """The dataset's ranks per node (given or $LOCAL_WORLD_SIZE); a string
+    when that setting is invalid on this rank, so the ranks still compare."""
 
     @classmethod
-    def of(cls, num_workers: int, vds: VolumeDataset | None, sharded: bool) -> _GuardInfo:
+    def of(cls, num_workers: int, vds: VolumeDataset | None, sharded: bool,
+           world_size: int) -> _GuardInfo:
         if vds is None:
             return cls(num_workers, None, None, False, sharded)
         frozen = vds.fingerprint is not None
+        nproc: int | str | None
+        try:
+            nproc = vds.nproc_setting(world_size)
+        except InvalidArgument as exc:  # raised on every rank after the comparison
+            nproc = f"invalid ({exc.message})"
         return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True,
-                   sharded)
+                   sharded, vds.shuffle, vds.shuffle_scope, nproc)
+
+
+def _check_scope(gathered: list[_GuardInfo]) -> None:
+    """Ranks must agree on shuffling, its scope and nproc_per_node: each decides
+    which node order it deals from, so a disagreement reads files twice or never."""
+    datasets = [(r, g) for r, g in enumerate(gathered) if g.has_dataset]
+    seen = {(g.shuffle, g.shuffle_scope, g.nproc_per_node) for _, g in datasets}
+    if len(seen) <= 1:
+        return
+    values = ", ".join(f"rank {r}: shuffle={g.shuffle} shuffle_scope={g.shuffle_scope} "
+                       f"nproc_per_node={g.nproc_per_node}" for r, g in datasets)
+    raise RankMismatch(
+        f"ranks disagree on the shuffle or its node layout ({values}); their slots would "
+        "read some files twice and skip others",
+        hint="pass the same shuffle, shuffle_scope and nproc_per_node to VolumeDataset on "
+             "every rank (under torchrun, nproc_per_node defaults to $LOCAL_WORLD_SIZE, "
+             "which differs between nodes of unequal size)",
+    )
 
 
 def _check_workers(gathered: list[_GuardInfo]) -> None:

@@ -4,7 +4,9 @@ resumed on other layouts. Across both runs every file is delivered once."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +112,52 @@ def test_a_state_for_another_seed_or_listing_is_refused(volume, tmp_path) -> Non
         paths = RankedDataset(source, shuffle=True, seed=1)
         paths.load_state_dict(merged)
         paths.set_epoch(1)
+
+
+def shard_plan_resume(source: str, state: Path, *args: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from ucstage.cli.app import cli
+
+    result = CliRunner().invoke(cli, ["shard-plan", source, "--resume", str(state), *args])
+    return result.exit_code, result.output
+
+
+def test_shard_plan_resume_prints_what_the_resumed_ranks_read(volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    source, _ = volume
+    _, states = first_run(source, 5, shuffle=True, seed=2)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(merge_states(states)))
+    code, out = shard_plan_resume(source, path, "-w", "3", "-k", "0", "--json")
+    assert code == 0, out
+    plan = json.loads(out)
+    assert plan["mode"] == "resplit" and plan["resumed_files"] == 40
+    for rank in range(3):  # what each resumed rank reads, in order, is what the plan says
+        got, _, _ = run_rank(source, rank=rank, world=3, workers=0,
+                             state=merge_states(states), shuffle=True, seed=2)
+        assert got == plan["slots"][rank]["files"]
+    # A list of per-rank states is merged on the way; same layout: slots continue.
+    path_list = tmp_path / "states.json"
+    path_list.write_text(json.dumps(states))
+    code, out = shard_plan_resume(source, path_list, "-w", "2", "-k", "2", "--json")
+    assert code == 0 and json.loads(out)["mode"] == "continue"
+
+
+def test_shard_plan_resume_refuses_a_state_that_does_not_fit(volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    source, _ = volume
+    _, states = first_run(source, 2, shuffle=True)
+    merged = merge_states(states)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(dict(merged, fingerprint="f" * 64)))
+    code, out = shard_plan_resume(source, path, "-w", "1", "-k", "0")
+    assert code == 2 and "cannot resume epoch 0" in out and "listing ffffffffffff" in out
+    beyond = json.loads(json.dumps(merged))
+    beyond["segments"][0]["delivered"][0] = 60  # slot 0:0 reads 51 of 203 files
+    path.write_text(json.dumps(beyond))
+    code, out = shard_plan_resume(source, path, "-w", "1", "-k", "0")
+    assert code == 2 and "slot 0:0 delivered 60 files but reads only 51" in out
+    path.write_text(json.dumps(states[0]))  # one rank's state, on another layout
+    code, out = shard_plan_resume(source, path, "-w", "3", "-k", "1")
+    assert code == 2 and "does not say what slot 1:0 delivered" in out
+    code, out = shard_plan_resume(source, path, "-w", "2", "-k", "2", "--seed", "4")
+    assert code == 2 and "--resume takes shuffle, seed and epoch from the state" in out

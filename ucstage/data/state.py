@@ -112,8 +112,10 @@ class SlotTracker:
         vds._resume = None  # applies to this one iteration of this process
         slot = rank * effective_workers(num_workers) + worker
         if pending is None:
-            return cls(vds, indices, rank=rank, world_size=world_size, num_workers=num_workers,
-                       worker=worker, start=0, done=[])
+            tracker = cls(vds, indices, rank=rank, world_size=world_size,
+                          num_workers=num_workers, worker=worker, start=0, done=[])
+            vds._tracker = tracker
+            return tracker
         check_fits(vds, pending)
         chain, rest = resume_plan(vds, pending, world_size, num_workers)
         mine = rest[slot]
@@ -124,11 +126,12 @@ class SlotTracker:
         start = 0
         if len(chain) == len(pending.segments):  # the same layout: continue the slot
             start = chain[-1].delivered[slot] or 0
-        return cls(vds, mine, rank=rank, world_size=world_size, num_workers=num_workers,
-                   worker=worker, start=start, done=chain[:-1])
+        tracker = cls(vds, mine, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, start=start, done=chain[:-1])
+        vds._tracker = tracker  # state_dict() may be asked before the first item
+        return tracker
 
     def wrap(self, paths: Iterator[str]) -> Iterator[str]:
-        self.vds._tracker = self
         for path in paths:
             self.position += 1  # pulled by the consumer: part of its next batch
             yield path

@@ -31,11 +31,12 @@ __all__ = [
     "EpochOrder",
     "Permutation",
     "RankStats",
-    "ShardPlan",
     "Segment",
+    "ShardPlan",
     "SlotPlan",
     "SlotRun",
     "effective_workers",
+    "epoch_slot_length",
     "equal_slot_files",
     "node_ranks",
     "plan",
@@ -819,13 +820,23 @@ class SlotRun:
 
 
 def _epoch_slot(order: EpochOrder, layout: Segment, rank: int, worker: int) -> SlotRun:
-    """A slot's files for a whole epoch by the slot rule (the resume's only call to it)."""
+    """A slot's files for a whole epoch by the slot rule. With
+    :func:`epoch_slot_length`, the resume's only call to the rule."""
     files = slot_array(order.n, rank=rank, world_size=layout.world_size,
                        num_workers=layout.num_workers, worker=worker, shuffle=order.shuffle,
                        seed=order.seed, epoch=order.epoch, equal_length=order.equal_length)
+    return SlotRun(files, min(epoch_slot_length(order, layout, rank, worker)[1], len(files)))
+
+
+def epoch_slot_length(order: EpochOrder, layout: Segment, rank: int, worker: int
+                      ) -> tuple[int, int]:
+    """(files, of which its real share) a slot reads in a whole epoch, by arithmetic."""
+    length = slot_length(order.n, rank=rank, world_size=layout.world_size,
+                         num_workers=layout.num_workers, worker=worker,
+                         equal_length=order.equal_length)
     real = slot_length(order.n, rank=rank, world_size=layout.world_size,
                        num_workers=layout.num_workers, worker=worker)
-    return SlotRun(files, min(real, len(files)))
+    return length, min(length, real)
 
 
 def resume_nodes(layout: Segment, order: EpochOrder) -> int:
@@ -961,7 +972,7 @@ def same_layout(a: Segment, b: Segment, order: EpochOrder) -> bool:
     """Whether a resume on layout ``b`` continues segment ``a`` slot for slot."""
     return (a.world_size == b.world_size
             and effective_workers(a.num_workers) == effective_workers(b.num_workers)
-            and (resume_nodes(a, order) == 1 and resume_nodes(b, order) == 1
+            and ((resume_nodes(a, order) == 1 and resume_nodes(b, order) == 1)
                  or a.nproc_per_node == b.nproc_per_node))
 
 

@@ -47,7 +47,7 @@ def test_resume_on_every_layout_delivers_each_file_once(volume, shuffle, k) -> N
     for world, workers in LAYOUTS:
         after = []
         for rank in range(world):
-            got, state, _ = run_rank(source, rank=rank, world=world, workers=workers,
+            got, _, _ = run_rank(source, rank=rank, world=world, workers=workers,
                                      state=merged, shuffle=shuffle, seed=7)
             after += got
         assert Counter(before + after) == Counter(names), (world, workers)

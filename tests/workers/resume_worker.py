@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tests.common.resume import Decode  # noqa: E402
-from ucstage import DataLoader, VolumeDataset  # noqa: E402
-from ucstage.errors import ResumeMismatch  # noqa: E402
+from tests.common.resume import Decode
+from ucstage import DataLoader, VolumeDataset
+from ucstage.errors import ResumeMismatch
 
 
 class Warnings(logging.Handler):

@@ -13,7 +13,6 @@ from ..errors import InvalidArgument
 from ..manifest import ArrowEntries, Manifest
 from ..sharding import ShardPlan, SlotPlan, plan, slot_plan
 from .args import num_workers_list
-from .resume_plan import resume_plan
 from .output import (
     emit,
     err,
@@ -25,6 +24,7 @@ from .output import (
     table,
     truncated_rows,
 )
+from .resume_plan import resume_plan
 
 EXAMPLES = 5
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..sharding import Segment, effective_workers, segment_runs
+from ..sharding import Segment, effective_workers, epoch_slot_length, segment_runs
 
 if TYPE_CHECKING:
     from .state import LoaderProgress
@@ -71,21 +71,30 @@ class EpochAudit:
         self.counts = np.zeros(n, dtype=np.uint16)
         k = effective_workers(progress.num_workers)
         start = [progress.counts.get(s) for s in range(progress.world_size * k)]
+        self.prior = self.prior_real = self.prior_pad = 0
+        self.planned_real = self.planned_pad = 0
+        progress.listeners.append(self.add)
+        if not progress.done and not any(start):
+            # An epoch from its start: the rank's own slot lengths are arithmetic.
+            layout = Segment(progress.world_size, progress.num_workers, tuple(start),
+                             state.last.nproc_per_node)
+            for s in progress.own:
+                length, real = epoch_slot_length(state.order, layout, s // k, s % k)
+                self.planned_real += real
+                self.planned_pad += length - real
+            return
         current = Segment(progress.world_size, progress.num_workers, tuple(start),
                           state.last.nproc_per_node)
         runs = segment_runs(state.order, [*progress.done, current])
-        self.prior = self.prior_real = self.prior_pad = 0
         if progress.rank == 0:  # earlier segments are complete: one rank counts them
             for seg, seg_runs in zip(progress.done, runs, strict=False):
                 for run, d in zip(seg_runs, seg.delivered, strict=True):
                     self._prior(run.files[:d or 0], run.real)
-        self.planned_real = self.planned_pad = 0
         for s in progress.own:
             run, d = runs[-1][s], start[s] or 0
             self._prior(run.files[:d], run.real)
             self.planned_real += max(0, run.real - d)
             self.planned_pad += len(run.files) - max(d, run.real)
-        progress.listeners.append(self.add)
 
     def _prior(self, rows: np.ndarray, real: int) -> None:
         np.add.at(self.counts, rows, 1)
@@ -107,9 +116,8 @@ class EpochAudit:
     def finish(self, complete: bool, dist: Any = None, group: Any = None) -> AuditResult | None:
         """Gather every rank's deliveries and count; None when skipped (warned)."""
         mine = self.payload(complete)
-        if dist is None:
-            gathered = [mine]
-        else:
+        gathered: list[Any] = [mine]
+        if dist is not None:
             gathered = [None] * dist.get_world_size()
             try:
                 dist.all_gather_object(gathered, mine, group=group)

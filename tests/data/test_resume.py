@@ -161,3 +161,23 @@ def test_shard_plan_resume_refuses_a_state_that_does_not_fit(volume, tmp_path) -
     assert code == 2 and "does not say what slot 1:0 delivered" in out
     code, out = shard_plan_resume(source, path, "-w", "2", "-k", "2", "--seed", "4")
     assert code == 2 and "--resume takes shuffle, seed and epoch from the state" in out
+
+
+def test_a_state_saved_between_epochs_starts_the_next_one(volume) -> None:  # type: ignore[no-untyped-def]
+    from tests.common.resume import Decode, RankedDataset
+    from ucstage.data import DataLoader
+
+    source, names = volume
+    paths = RankedDataset(source, shuffle=True)
+    loader = DataLoader(Decode(paths), batch_size=50, num_workers=0, audit=False)
+    assert sum(len(b) for b in loader) == N
+    done = loader.state_dict()
+    assert done["finished"] and done["epoch"] == 0
+    paths.set_epoch(1)  # and before epoch 1 starts: its state is at its start
+    fresh = loader.state_dict()
+    assert not fresh["finished"] and fresh["epoch"] == 1
+    assert fresh["segments"][0]["delivered"] == [0]
+    resumed = RankedDataset(source, shuffle=True)
+    resumed.load_state_dict(done)
+    assert resumed.epoch == 1
+    assert sorted(Path(p).read_text() for p in resumed) == names

@@ -99,6 +99,7 @@ class SlotTracker:
         self.slot = rank * effective_workers(num_workers) + worker
         self.start = start
         self.position = start
+        self.epoch = vds.epoch
         self.done = done
         """Segments of the epoch before the one this iterator runs."""
         self.finished = False
@@ -150,14 +151,14 @@ class SlotTracker:
         current = Segment(self.world_size, self.num_workers, tuple(counts),
                           nproc_per_node(self.vds))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
-                         finished=self.finished and self.world_size * k == 1)
+                         finished=self.finished and self.world_size * k == 1, epoch=self.epoch)
 
 
 def _state_of(vds: VolumeDataset, segments: list[Segment], *, rank: int | None,
-              finished: bool) -> LoaderState:
+              finished: bool, epoch: int) -> LoaderState:
     manifest = vds.freeze()
     return LoaderState(fingerprint=manifest.fingerprint, files=len(manifest.entries),
-                       seed=vds.seed, epoch=vds.epoch, shuffle=vds.shuffle,
+                       seed=vds.seed, epoch=epoch, shuffle=vds.shuffle,
                        shuffle_scope=shuffle_scope(vds), equal_length=vds.equal_length,
                        segments=tuple(segments), rank=rank, finished=finished)
 
@@ -167,9 +168,11 @@ def dataset_state(vds: VolumeDataset) -> dict[str, Any]:
     else this process's own iteration, else a state at the start of the epoch."""
     tracker: SlotTracker | None = vds._tracker
     progress: LoaderProgress | None = vds._progress
-    if tud.get_worker_info() is None and progress is not None:
+    # A tracker or progress of an earlier epoch (set_epoch was called since)
+    # says nothing about this one: the state is then at the epoch's start.
+    if tud.get_worker_info() is None and progress is not None and progress.epoch == vds.epoch:
         return progress.state().to_dict()
-    if tracker is not None and tracker.vds.epoch == vds.epoch:
+    if tracker is not None and tracker.epoch == vds.epoch:
         return tracker.state().to_dict()
     if vds._resume is not None:
         return vds._resume.to_dict()  # loaded, not started: save what was loaded
@@ -179,7 +182,7 @@ def dataset_state(vds: VolumeDataset) -> dict[str, Any]:
     k = effective_workers(num_workers)
     counts = tuple(0 if s // k == rank else None for s in range(world * k))
     seg = Segment(world, num_workers, counts, nproc_per_node(vds))
-    return _state_of(vds, [seg], rank=rank, finished=False).to_dict()
+    return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
 
 
 class Tagged:
@@ -219,6 +222,7 @@ class LoaderProgress:
     def __init__(self, vds: VolumeDataset, *, rank: int, world_size: int, num_workers: int,
                  resume: LoaderState | None) -> None:
         self.vds = vds
+        self.epoch = vds.epoch
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         k = effective_workers(num_workers)
         self.own = range(rank * k, (rank + 1) * k)
@@ -254,7 +258,7 @@ class LoaderProgress:
         current = Segment(self.world_size, self.num_workers, tuple(counts),
                           nproc_per_node(self.vds))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
-                         finished=self.finished)
+                         finished=self.finished, epoch=self.epoch)
 
 
 class Untagging:

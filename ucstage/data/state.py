@@ -39,14 +39,18 @@ def shuffle_scope(vds: VolumeDataset) -> str:
     return str(getattr(vds, "shuffle_scope", "global"))
 
 
-def nproc_per_node(vds: VolumeDataset) -> int | None:
-    value = getattr(vds, "nproc_per_node", None)
+def nproc_per_node(vds: VolumeDataset, world_size: int) -> int | None:
+    """The ranks per node the dataset shards with (None: the job is one node)."""
+    nodes_of = getattr(vds, "nodes_of", None)  # resolves $LOCAL_WORLD_SIZE where it exists
+    value = nodes_of(world_size) if nodes_of is not None else getattr(vds, "nproc_per_node",
+                                                                       None)
     return None if value is None else int(value)
 
 
 def _layout(vds: VolumeDataset, world_size: int, num_workers: int) -> Segment:
     k = effective_workers(num_workers)
-    return Segment(world_size, num_workers, (0,) * (world_size * k), nproc_per_node(vds))
+    return Segment(world_size, num_workers, (0,) * (world_size * k),
+                   nproc_per_node(vds, world_size))
 
 
 def check_fits(vds: VolumeDataset, state: LoaderState) -> None:
@@ -149,7 +153,7 @@ class SlotTracker:
         counts: list[int | None] = [None] * (self.world_size * k)
         counts[self.slot] = self.position
         current = Segment(self.world_size, self.num_workers, tuple(counts),
-                          nproc_per_node(self.vds))
+                          nproc_per_node(self.vds, self.world_size))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
                          finished=self.finished and self.world_size * k == 1, epoch=self.epoch)
 
@@ -181,7 +185,7 @@ def dataset_state(vds: VolumeDataset) -> dict[str, Any]:
     num_workers = info.num_workers if info is not None else vds.num_workers
     k = effective_workers(num_workers)
     counts = tuple(0 if s // k == rank else None for s in range(world * k))
-    seg = Segment(world, num_workers, counts, nproc_per_node(vds))
+    seg = Segment(world, num_workers, counts, nproc_per_node(vds, world))
     return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
 
 
@@ -256,7 +260,7 @@ class LoaderProgress:
         for s, d in self.counts.items():
             counts[s] = d
         current = Segment(self.world_size, self.num_workers, tuple(counts),
-                          nproc_per_node(self.vds))
+                          nproc_per_node(self.vds, self.world_size))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
                          finished=self.finished, epoch=self.epoch)
 

@@ -822,6 +822,8 @@ class SlotRun:
 def _epoch_slot(order: EpochOrder, layout: Segment, rank: int, worker: int) -> SlotRun:
     """A slot's files for a whole epoch by the slot rule. With
     :func:`epoch_slot_length`, the resume's only call to the rule."""
+    # Where the rule takes shuffle scopes, both calls here and the two in
+    # epoch_slot_length pass shuffle, order.shuffle_scope and layout.nproc_per_node.
     files = slot_array(order.n, rank=rank, world_size=layout.world_size,
                        num_workers=layout.num_workers, worker=worker, shuffle=order.shuffle,
                        seed=order.seed, epoch=order.epoch, equal_length=order.equal_length)

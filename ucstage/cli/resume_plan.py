@@ -17,8 +17,10 @@ EXAMPLES = 3
 
 
 def resume_plan(manifest: Manifest, state_path: str, *, world_size: int, num_workers: list[int],
-                slot: tuple[int, int] | None, batch_size: int | None, as_json: bool) -> None:
-    """Print (or emit as JSON) the remaining files of every slot of the new layout."""
+                slot: tuple[int, int] | None, batch_size: int | None, as_json: bool,
+                nproc_per_node: int | None = None) -> None:
+    """Print (or emit as JSON) the remaining files of every slot of the new layout
+    (``nproc_per_node`` ranks per node; None: the job is one node)."""
     if len(num_workers) != 1:
         raise InvalidArgument("--resume takes one num_workers for every rank",
                               hint="a resumed epoch is planned for one layout, e.g. -k 2")
@@ -27,8 +29,7 @@ def resume_plan(manifest: Manifest, state_path: str, *, world_size: int, num_wor
                      seed=state.seed, shuffle=state.shuffle, equal_length=state.equal_length,
                      shuffle_scope=state.shuffle_scope)
     k = num_workers[0]
-    layout = Segment(world_size, k, (0,) * (world_size * effective_workers(k)),
-                     state.last.nproc_per_node)
+    layout = Segment(world_size, k, (0,) * (world_size * effective_workers(k)), nproc_per_node)
     chain, rest = resume_slots(state.order, state.segments, layout)
     continued = len(chain) == len(state.segments)
     import numpy as np

@@ -62,3 +62,24 @@ def test_a_resumed_epoch_counts_what_was_delivered_before(tmp_path) -> None:  # 
     assert len([x for batch in loader for x in batch]) == 41 - 24
     (audit,) = loader.audits
     assert audit.coverage_ok and audit.files == 41 and audit.resumed_files == 24
+
+
+def test_audit_metrics_go_to_the_loader_prefix() -> None:
+    from ucstage.data.audit import AuditResult, log_result
+
+    class Sink:
+        def __init__(self) -> None:
+            self.added: list[tuple[str, float, int]] = []
+
+        def add(self, name: str, value: float, step: int) -> None:
+            self.added.append((name, value, step))
+
+        def send(self) -> None:
+            pass
+
+    sink = Sink()
+    log_result(sink, AuditResult(epoch=0, files=10, duplicates=0, gaps=0, expected_duplicates=0,
+                                 expected_gaps=0, resumed_files=4), 3)
+    assert sink.added == [("epoch_files", 10, 3), ("epoch_coverage_ok", 1, 3),
+                          ("epoch_duplicates", 0, 3), ("epoch_gaps", 0, 3),
+                          ("resumed_files", 4, 3)]

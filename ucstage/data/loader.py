@@ -204,11 +204,13 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         dist = dist_.active()
         state_.check_across_ranks(dist, vds)
         distributed = dist is not None and dist.get_world_size() > 1
-        if self.audit and distributed and self._audit_group is None:
+        iterable = isinstance(self.dataset, tud.IterableDataset)
+        if self.audit and iterable and distributed and self._audit_group is None:
             self._audit_group = audit_.side_group(dist, self.audit_timeout)
         progress = state_.start_epoch(self, vds)
         audit = None
-        if self.audit and self._audit_group is not False:
+        # Only a dataset that iterates the VolumeDataset (its batches carry tags).
+        if self.audit and self._audit_group is not False and iterable:
             audit = audit_.EpochAudit(progress)
         return progress, audit
 

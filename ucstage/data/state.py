@@ -66,20 +66,29 @@ def load(vds: VolumeDataset, state: Any, *, check: bool = True) -> None:
     parsed = LoaderState.from_dict(state)
     if check:
         check_fits(vds, parsed)
-    if parsed.finished:
-        vds._resume = None
-        vds.epoch = parsed.epoch + 1  # the saved epoch was over: the next one starts fresh
-        return
+    # Kept even when the saved epoch was over (the next one then starts fresh),
+    # so that the ranks still check it together before they start.
     vds._resume = parsed
-    vds.epoch = parsed.epoch
+    vds.epoch = _resumes_epoch(parsed)
+
+
+def _resumes_epoch(state: LoaderState) -> int:
+    return state.epoch + 1 if state.finished else state.epoch
+
+
+def _pending(vds: VolumeDataset) -> LoaderState | None:
+    """The loaded state, if it has an epoch's rest to deliver."""
+    pending: LoaderState | None = vds._resume
+    return None if pending is None or pending.finished else pending
 
 
 def on_set_epoch(vds: VolumeDataset, epoch: int) -> None:
     pending: LoaderState | None = vds._resume
-    if pending is not None and epoch != pending.epoch:
+    if pending is not None and epoch != _resumes_epoch(pending):
+        wanted = _resumes_epoch(pending)
         raise InvalidArgument(
-            f"the loaded state resumes epoch {pending.epoch}; set_epoch({epoch}) would restart "
-            "or skip it", hint=f"call set_epoch({pending.epoch}) (after load_state_dict the "
+            f"the loaded state resumes epoch {wanted}; set_epoch({epoch}) would restart "
+            "or skip it", hint=f"call set_epoch({wanted}) (after load_state_dict the "
                                "dataset's epoch is already set), or load no state")
 
 
@@ -113,15 +122,17 @@ class SlotTracker:
     def begin(cls, vds: VolumeDataset, indices: np.ndarray, *, rank: int, world_size: int,
               num_workers: int, worker: int) -> SlotTracker:
         """Start tracking an iteration; a pending resume picks the slot's rest."""
-        pending: LoaderState | None = vds._resume
+        loaded: LoaderState | None = vds._resume
         vds._resume = None  # applies to this one iteration of this process
+        if loaded is not None:
+            check_fits(vds, loaded)
+        pending = None if loaded is None or loaded.finished else loaded
         slot = rank * effective_workers(num_workers) + worker
         if pending is None:
             tracker = cls(vds, indices, rank=rank, world_size=world_size,
                           num_workers=num_workers, worker=worker, start=0, done=[])
             vds._tracker = tracker
             return tracker
-        check_fits(vds, pending)
         chain, rest = resume_plan(vds, pending, world_size, num_workers)
         mine = rest[slot]
         if mine is None:
@@ -298,7 +309,7 @@ def start_epoch(loader: Any, vds: VolumeDataset) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
     rank, world, _, _ = vds.slot()
     progress = LoaderProgress(vds, rank=rank, world_size=world, num_workers=loader.num_workers,
-                              resume=vds._resume)
+                              resume=_pending(vds))
     vds._progress = progress
     return progress
 

@@ -220,11 +220,16 @@ class TaggingCollate:
     def __init__(self, collate_fn: Callable[[Any], Any], vds: VolumeDataset,
                  find: Callable[[Any], VolumeDataset | None]) -> None:
         self.collate_fn, self.vds, self.find = collate_fn, vds, find
+        self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, its vds)
 
     def __call__(self, data: Any) -> Any:
         batch = self.collate_fn(data)
         info = tud.get_worker_info()
-        vds = self.find(info.dataset) if info is not None else self.vds
+        vds = self.vds
+        if info is not None:  # a worker: its own copy of the dataset, found once
+            if self._found[0] != id(info.dataset):
+                self._found = (id(info.dataset), self.find(info.dataset))
+            vds = self._found[1]
         tracker: SlotTracker | None = getattr(vds, "_tracker", None)
         if tracker is None:
             return batch

@@ -17,10 +17,9 @@ import torch.utils.data as tud
 
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
-from . import audit as audit_
 from . import dist as dist_
-from . import state as state_
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
+from .hooks import LoaderHooks
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
@@ -120,16 +119,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             # len(dataset) in this process counts the rank's files over these workers.
             self.volume_dataset.num_workers = self.num_workers
         self.epoch_stats: list[EpochStats] = []
-        # Checkpoint/resume and the audit (data/state.py, data/audit.py).
-        if audit_timeout <= 0:
-            raise InvalidArgument(f"audit_timeout must be positive, got {audit_timeout}")
-        self.audit, self.audit_timeout = audit, audit_timeout
-        self.audits: list[audit_.AuditResult] = []
-        self._audit_group: Any = None
-        if self.volume_dataset is not None:
-            # Each batch carries its worker's position, stripped before the loop sees it.
-            self.collate_fn = state_.TaggingCollate(self.collate_fn, self.volume_dataset,
-                                                    find_volume_dataset)
+        # Checkpoint/resume and the audit (data/hooks.py).
+        self._hooks = LoaderHooks(self, self.volume_dataset, audit=audit,
+                                  audit_timeout=audit_timeout, find=find_volume_dataset)
+        self.audits = self._hooks.audits
+        self.collate_fn = self._hooks.collate(self.collate_fn)
         self._steps = 0
         self._epochs = 0
         self._sinks: list[MlflowSink] = []
@@ -144,18 +138,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             self._sinks = [s for s in self._sinks if s.busy] + [sink]
         epoch = self._epochs
         self._epochs += 1
-        progress, audit = self._start_tracking()
-        inner: Any = super().__iter__()
-        on_done = self._epoch_done
-        if progress is not None and self.num_workers > 0:
-            progress.vds._resume = None  # the workers just started hold their copies
-        if progress is not None:
-            inner, on_done = self._tracked(inner, progress, audit, sink)
+        self._hooks.before_workers()
+        inner, on_done = self._hooks.after_workers(super().__iter__(), sink, self._epoch_done)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every)
-
-    # -- checkpoint and resume (data/state.py), the audit (data/audit.py) -------
 
     def state_dict(self, gather: bool = False) -> dict[str, Any]:
         """Where this epoch stands: small JSON-serialisable data, no file list.
@@ -169,14 +156,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
                 so every rank must call it. Without it, merge the ranks' states
                 with ``ucstage.merge_states`` before resuming on another layout.
         """
-        vds = self._vds_for("state_dict")
-        state = vds.state_dict()
-        dist = dist_.active()
-        if not gather:
-            return state
-        if dist is None or dist.get_world_size() == 1:
-            return state_.merge_states([state])
-        return state_.gather_state(dist, state)
+        return self._hooks.state_dict(gather)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the state's epoch when this loader is next iterated.
@@ -188,49 +168,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         raises ``ResumeMismatch`` on every rank when iteration starts (at
         once without ``torch.distributed``).
         """
-        vds = self._vds_for("load_state_dict")
-        state_.load(vds, state, check=dist_.active() is None)
-
-    def _vds_for(self, what: str) -> VolumeDataset:
-        if self.volume_dataset is None:
-            raise InvalidArgument(f"{what} needs a VolumeDataset inside the loader's dataset",
-                                  hint="pass volume_dataset= to the DataLoader")
-        return self.volume_dataset
-
-    def _start_tracking(self) -> tuple[Any, Any]:
-        vds = self.volume_dataset
-        if vds is None:
-            return None, None
-        dist = dist_.active()
-        state_.check_across_ranks(dist, vds)
-        distributed = dist is not None and dist.get_world_size() > 1
-        iterable = isinstance(self.dataset, tud.IterableDataset)
-        if self.audit and iterable and distributed and self._audit_group is None:
-            self._audit_group = audit_.side_group(dist, self.audit_timeout)
-        progress = state_.start_epoch(self, vds)
-        audit = None
-        # Only a dataset that iterates the VolumeDataset (its batches carry tags).
-        if self.audit and self._audit_group is not False and iterable:
-            audit = audit_.EpochAudit(progress)
-        return progress, audit
-
-    def _tracked(self, inner: Any, progress: Any, audit: Any, sink: Any) -> tuple[Any, Any]:
-        def done(stats: EpochStats, next_step: int) -> None:
-            self._epoch_done(stats, next_step)
-            if audit is None:
-                return
-            dist = dist_.active()
-            group = self._audit_group if dist is not None else None
-            try:
-                result = audit.finish(stats.complete, dist if group else None, group)
-            except audit_.AuditTimeout:
-                self._audit_group = False  # a timed-out group is spent: audit no more
-                return
-            if result is not None:
-                self.audits.append(result)
-                audit_.log_result(sink, result, stats.epoch)
-
-        return state_.Untagging(inner, progress), done
+        self._hooks.load_state_dict(state)
 
     def flush_metrics(self) -> None:
         """Wait until every metric logged so far is in the MLflow tracking store.

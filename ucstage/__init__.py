@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import UcstageError
 from .manifest import Manifest, snapshot
+from .resume import merge_states
 from .sharding import plan, slot_files
 from .volumes import FileEntry, list_files, resolve
 
@@ -26,6 +27,7 @@ __all__ = [
     "__version__",
     "export_table",
     "list_files",
+    "merge_states",
     "plan",
     "read_table",
     "resolve",

@@ -21,6 +21,7 @@ __all__ = [
     "ManifestError",
     "MissingDependency",
     "RankMismatch",
+    "ResumeMismatch",
     "ShardMismatch",
     "SourceNotFound",
     "SourceUnreadable",
@@ -132,6 +133,10 @@ class RankMismatch(UcstageError):
     """Distributed ranks disagree on num_workers or on the listing they shard."""
 
     exit_code = 1
+
+
+class ResumeMismatch(UcstageError):
+    """A saved loader state cannot be honoured: another listing, seed or shuffle."""
 
 
 class ExportError(UcstageError):

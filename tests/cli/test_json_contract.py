@@ -117,6 +117,25 @@ def test_shard_plan(source: str) -> None:
     assert_matches("json.md", "The network forecast (`--epochs`)", {"forecast": doc["forecast"]})
 
 
+def test_shard_plan_resume(source: str, tmp_path: Path) -> None:
+    from ucstage import manifest as mf
+    from ucstage.resume import LoaderState
+    from ucstage.sharding import Segment
+
+    listing = mf.snapshot(source)
+    state = LoaderState(fingerprint=listing.fingerprint, files=12, seed=3, epoch=0, shuffle=True,
+                        shuffle_scope="global", equal_length=None,
+                        segments=(Segment(2, 2, (2, 1, 2, 1)),))
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state.to_dict()))
+    doc = run_json("shard-plan", source, "-w", "3", "-k", "1", "-b", "2", "--resume", str(path))
+    assert_matches("json.md", "`ucstage shard-plan --resume`", doc)
+    assert doc["mode"] == "resplit" and doc["remaining_files"] == 6
+    slot = run_json("shard-plan", source, "-w", "3", "-k", "1", "--slot", "2:0",
+                    "--resume", str(path))
+    assert set(slot) == {"rank", "worker", "files", "bytes"}
+
+
 def test_error_document(source: str) -> None:
     doc = run_json("shard-plan", source, "-w", "0", "-k", "1", codes=(2,))
     assert_matches("json.md", "JSON output", doc)

@@ -229,7 +229,11 @@ def test_mlflow_metrics_land_in_a_sqlite_tracking_store(tmp_path) -> None:  # ty
     prefix = "ucstage/"
     assert got["names"] == sorted(prefix + n for n in (
         "batch_wait_ms", "epoch_batches", "epoch_batches_per_s", "epoch_stall_share",
-        "epoch_wait_max_ms", "epoch_wait_p50_ms", "epoch_wait_p95_ms"))
+        "epoch_wait_max_ms", "epoch_wait_p50_ms", "epoch_wait_p95_ms",
+        # the exactly-once audit (tests/data/test_resume.py tests it further)
+        "epoch_files", "epoch_coverage_ok", "epoch_duplicates", "epoch_gaps"))
+    assert [v for _, v in got["history"]["ucstage/epoch_files"]] == [12, 12]
+    assert [v for _, v in got["history"]["ucstage/epoch_coverage_ok"]] == [1, 1]
     # 12 files, 2 workers x 6 files, batch 2 -> 6 batches per epoch, 2 epochs.
     waits = got["history"]["ucstage/batch_wait_ms"]
     assert sorted(step for step, _ in waits) == list(range(12))

@@ -29,6 +29,7 @@ from .output import (
     table,
     truncated_rows,
 )
+from .resume_plan import resume_plan
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
 EXAMPLES = 5
@@ -215,13 +216,18 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
               help="Also count batches per rank, and warn when ranks get different counts.")
 @click.option("--slot", "slot", metavar="RANK:WORKER", default=None,
               help="Print only this slot's files, one per line, in read order.")
+@click.option("--resume", "resume", metavar="STATE.json", default=None,
+              help="Plan the rest of an interrupted epoch from a saved loader state "
+                   "(DataLoader.state_dict(), merged; or a JSON list of per-rank states): "
+                   "the files each slot of -w x -k still reads. Shuffle, seed and epoch "
+                   "come from the state.")
 @json_option
 def shard_plan(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
     exclude: tuple[str, ...], include_hidden: bool, world_size: int, num_workers: str,
     shuffle: bool, seed: int, epoch: int, shuffle_scope: str | None,
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
-    batch_size: int | None, slot: str | None, as_json: bool,
+    batch_size: int | None, slot: str | None, resume: str | None, as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
     num_workers mismatch between ranks duplicates or skips.
@@ -239,8 +245,11 @@ def shard_plan(
       ucstage shard-plan data/ -w 4 -k 6,6,4,6 --batch-size 32
       ucstage shard-plan manifest.json -w 2 -k 2 --slot 1:0
       ucstage shard-plan data/ -w 16 -k 4 --nproc-per-node 8 --shuffle --epochs 3
+      ucstage shard-plan manifest.json -w 3 -k 1 --resume state.json
     """
     wanted = _parse_slot(slot)
+    if resume is not None:
+        _check_resume_options(shuffle)
     _check_shuffle_options(shuffle)
     scope = scope_of(shuffle_scope, shuffle)
     if wanted is not None and epochs is not None:
@@ -250,6 +259,12 @@ def shard_plan(
     cap = _cap(max_bytes) if epochs is not None else None
     workers = num_workers_list(num_workers)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
+    if resume is not None:
+        # What a resumed epoch reads (cli/resume_plan.py); exit 2 for a state
+        # that does not fit this listing.
+        resume_plan(manifest, resume, world_size=world_size, num_workers=workers, slot=wanted,
+                    batch_size=batch_size, as_json=as_json, nproc_per_node=nproc_per_node)
+        return
     sizes = manifest.sizes()  # a numpy array for a columnar manifest
     if wanted is not None:
         s = slot_plan(sizes, rank=wanted[0], worker=wanted[1], world_size=world_size,
@@ -305,6 +320,17 @@ def _check_shuffle_options(shuffle: bool) -> None:
     if given and not shuffle:
         raise InvalidArgument("--seed/--epoch only matter with --shuffle",
                               hint=f"add --shuffle, or leave {' and '.join(given)} out")
+
+
+def _check_resume_options(shuffle: bool) -> None:
+    """The state decides the read order: a --shuffle/--seed/--epoch beside it would
+    plan another epoch than the one being resumed."""
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in ("seed", "epoch", "shuffle_scope", "epochs")
+             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+    if shuffle or given:
+        raise InvalidArgument("--resume takes shuffle, its scope, seed and epoch from the state",
+                              hint=f"leave {' and '.join(['--shuffle'] * shuffle + given)} out")
 
 
 def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:

@@ -51,6 +51,7 @@ from ..sharding import (
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
+from . import state as _state
 from .readahead import ReadAhead, cache_fetcher
 
 if TYPE_CHECKING:
@@ -147,6 +148,12 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     process: the ucstage DataLoader sets it to its own; with torch's
     DataLoader, set it to the value you pass there."""
 
+    # Checkpoint and resume (data/state.py): a loaded state waiting for the next
+    # iteration, this process's iteration, and the ucstage loader's deliveries.
+    _resume: Any = None
+    _tracker: Any = None
+    _progress: Any = None
+
     def __init__(
         self,
         source: str | os.PathLike[str] | Manifest,
@@ -220,7 +227,27 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         With ``persistent_workers=True`` the workers keep the epoch they
         started with, as with torch's ``DistributedSampler``; leave it False.
         """
+        _state.on_set_epoch(self, int(epoch))
         self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands, as small JSON-serialisable data (no file list).
+
+        In a DataLoader worker (torchdata's ``StatefulDataLoader`` calls it
+        there) it is the worker's slot; in the main process of a ucstage
+        ``DataLoader``, every slot of this rank, counting only files whose
+        batch the loader returned. See docs/training.md, "Checkpoint and resume".
+        """
+        return _state.dataset_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the state's epoch at the next iteration (same or another layout).
+
+        Raises:
+            ResumeMismatch: the state is for another listing, seed, shuffle or
+                equal_length.
+        """
+        _state.load(self, state)
 
     @property
     def fingerprint(self) -> str | None:
@@ -235,7 +262,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         if self._manifest is not None and self._manifest_path is None:
             self._save_manifest(self._manifest)
         state = dict(self.__dict__)
-        for key in ("_cache", "_manifest", "_volume"):
+        for key in ("_cache", "_manifest", "_volume", "_tracker", "_progress"):
             state[key] = None
         dist = dist_.active()
         if dist is not None:
@@ -443,8 +470,15 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[str]:
         rank, world, num_workers, worker = self.slot()
-        return self._fetch_all(self._slot_rows(rank=rank, world_size=world,
-                                               num_workers=num_workers, worker=worker))
+        rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
+                               worker=worker)
+        # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
+        # the slot, or its share of the re-split remainder; deliveries are counted.
+        tracker = _state.SlotTracker.begin(self, rows._indices, rank=rank, world_size=world,
+                                           num_workers=num_workers, worker=worker)
+        if tracker.indices is not rows._indices:
+            rows = _SlotRows(rows._manifest, tracker.indices)
+        return tracker.wrap(self._fetch_all(rows))
 
     def _fetch_all(self, entries: Sequence[FileEntry]) -> Iterator[str]:
         cache, volume = self.cache(), self._get_volume()

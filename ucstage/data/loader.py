@@ -19,6 +19,7 @@ from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
+from .hooks import LoaderHooks
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
@@ -77,15 +78,26 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             every rank if not.
         volume_dataset: the VolumeDataset to freeze and guard, when the
             wrapper dataset hides it too deep to be found automatically.
+        audit: at the end of each epoch, count over every rank which files
+            were delivered, and warn about duplicates or gaps (see
+            docs/training.md, "The exactly-once audit").
+        audit_timeout: seconds the audit waits for the other ranks before it
+            is skipped with a warning (it never stops training).
 
     After each epoch, :attr:`epoch_stats` holds an :class:`EpochStats` per
-    epoch (also without MLflow).
+    epoch (also without MLflow), and :attr:`audits` an ``AuditResult`` per
+    audited epoch.
+
+    :meth:`state_dict` and :meth:`load_state_dict` checkpoint and resume an
+    epoch, also on another number of ranks or workers (docs/training.md,
+    "Checkpoint and resume").
     """
 
     def __init__(self, dataset: Any, *args: Any, log_mlflow: bool = True,
                  mlflow_prefix: str = "ucstage", mlflow_flush_every: int = 500,
                  mlflow_step_every: int = 1,
                  guard: bool = True, volume_dataset: VolumeDataset | None = None,
+                 audit: bool = True, audit_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments
         if "num_workers" not in bound:
@@ -108,6 +120,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             # len(dataset) in this process counts the rank's files over these workers.
             self.volume_dataset.num_workers = self.num_workers
         self.epoch_stats: list[EpochStats] = []
+        # Checkpoint/resume and the audit (data/hooks.py).
+        self._hooks = LoaderHooks(self, self.volume_dataset, audit=audit,
+                                  audit_timeout=audit_timeout, find=find_volume_dataset)
+        self.audits = self._hooks.audits
+        self.collate_fn = self._hooks.collate(self.collate_fn)
         self._steps = 0
         self._epochs = 0
         self._sinks: list[MlflowSink] = []
@@ -122,9 +139,37 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             self._sinks = [s for s in self._sinks if s.busy] + [sink]
         epoch = self._epochs
         self._epochs += 1
-        return TimedIterator(super().__iter__(), epoch=epoch, first_step=self._steps,
-                             sink=sink, on_done=self._epoch_done,
+        self._hooks.before_workers()
+        inner, on_done = self._hooks.after_workers(super().__iter__(), sink, self._epoch_done)
+        return TimedIterator(inner, epoch=epoch, first_step=self._steps,
+                             sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every)
+
+    def state_dict(self, gather: bool = False) -> dict[str, Any]:
+        """Where this epoch stands: small JSON-serialisable data, no file list.
+
+        Counts, per slot of this rank, the files whose batches ``__next__``
+        has returned (prefetched batches do not count).
+
+        Args:
+            gather: under ``torch.distributed``, gather every rank's state and
+                return the merged (global) state on every rank; a collective,
+                so every rank must call it. Without it, merge the ranks' states
+                with ``ucstage.merge_states`` before resuming on another layout.
+        """
+        return self._hooks.state_dict(gather)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the state's epoch when this loader is next iterated.
+
+        Pass the merged state (``ucstage.merge_states`` or
+        ``state_dict(gather=True)``) on every rank, whatever the new layout;
+        on the same layout a rank may also load its own state. Sets the
+        dataset's epoch to the state's. A state for another listing or seed
+        raises ``ResumeMismatch`` on every rank when iteration starts (at
+        once without ``torch.distributed``).
+        """
+        self._hooks.load_state_dict(state)
 
     def flush_metrics(self) -> None:
         """Wait until every metric logged so far is in the MLflow tracking store.

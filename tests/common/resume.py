@@ -1,0 +1,75 @@
+"""Helpers for the resume tests: a volume whose files hold their own names, a
+decoding wrapper (one item per path), and a VolumeDataset with explicit ranks
+so a whole layout matrix runs in one process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from tests.common.parts import unique, wait_synced
+from ucstage.data import DataLoader, VolumeDataset
+
+__all__ = ["Decode", "RankedDataset", "make_named_volume", "run_rank"]
+
+
+def make_named_volume(fuse_volume: tuple[str, str], n: int) -> tuple[str, list[str]]:
+    """``n`` files on the FUSE volume, each holding its own relative path."""
+    backing, mnt = fuse_volume
+    key = unique("resume")
+    names = [f"d{i % 4}/f{i:03d}.txt" for i in range(n)]
+    for name in names:
+        path = os.path.join(backing, key, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(name)
+    wait_synced(os.path.join(backing, key), os.path.join(mnt, key))
+    return os.path.join(mnt, key), sorted(names)
+
+
+class Decode(IterableDataset):  # type: ignore[type-arg]
+    """The user's decoding wrapper: one item (the file's text) per path."""
+
+    def __init__(self, paths: VolumeDataset) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[str]:
+        for local in self.paths:
+            with open(local, encoding="utf-8") as fh:
+                yield fh.read()
+
+
+class RankedDataset(VolumeDataset):
+    """A VolumeDataset that is rank ``rank`` of ``world`` without a process group."""
+
+    def __init__(self, *args: Any, rank: int = 0, world: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank, self.world = rank, world
+
+    def slot(self) -> tuple[int, int, int, int]:
+        info = get_worker_info()
+        if info is None:
+            return self.rank, self.world, 0, 0
+        return self.rank, self.world, info.num_workers, info.id
+
+
+def run_rank(source: str, *, rank: int, world: int, workers: int, state: dict[str, Any] | None,
+             stop_after: int | None = None, batch_size: int = 4, **options: Any
+             ) -> tuple[list[str], dict[str, Any], int]:
+    """One rank's loader: (items delivered, its state after them, batches)."""
+    paths = RankedDataset(source, rank=rank, world=world, read_ahead=1, **options)
+    loader = DataLoader(Decode(paths), batch_size=batch_size, num_workers=workers, audit=False)
+    if state is not None:
+        loader.load_state_dict(state)
+    paths.set_epoch(paths.epoch)
+    items: list[str] = []
+    batches = 0
+    for batch in loader:
+        items += batch
+        batches += 1
+        if stop_after is not None and batches == stop_after:
+            break
+    return items, loader.state_dict(), batches

@@ -1,0 +1,170 @@
+"""The exactly-once audit: at the end of an epoch, which listing rows each
+rank delivered, gathered and counted.
+
+Each rank counts the rows of the batches its loader returned (the batch tags
+of :mod:`ucstage.data.state`) and, for a resumed epoch, the rows delivered
+before the restart that it is responsible for. At the end of the epoch the
+ranks exchange a bitmap (one bit per file) plus the few rows they delivered
+more than once, on a gloo side group with a timeout, so the audit can never
+hang training: a rank that does not arrive in time, or that left the epoch
+early, makes the others skip it with a warning.
+
+Expected duplicates (``equal_length="pad"``) and gaps (``"drop"``) come from
+the slot rule: only what goes beyond them is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..sharding import Segment, effective_workers, epoch_slot_length, segment_runs
+
+if TYPE_CHECKING:
+    from .state import LoaderProgress
+
+__all__ = ["AuditResult", "EpochAudit", "side_group"]
+
+log = logging.getLogger("ucstage")
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One epoch's delivery, counted over every rank (and across a restart)."""
+
+    epoch: int
+    """The dataset's epoch."""
+    files: int
+    """Distinct files delivered at least once."""
+    duplicates: int
+    """Deliveries beyond the first of a file."""
+    gaps: int
+    """Files of the listing never delivered."""
+    expected_duplicates: int
+    """Re-reads ``equal_length="pad"`` plans."""
+    expected_gaps: int
+    """Files ``equal_length="drop"`` leaves out."""
+    resumed_files: int
+    """Files delivered before the restart (0 for an epoch run in one go)."""
+
+    @property
+    def coverage_ok(self) -> bool:
+        return self.duplicates <= self.expected_duplicates and self.gaps <= self.expected_gaps
+
+
+def side_group(dist: Any, timeout_s: float) -> Any:
+    """A gloo group for the audit (a collective: every rank calls it)."""
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+class EpochAudit:
+    """Counts one rank's deliveries in one epoch; :meth:`finish` gathers them."""
+
+    def __init__(self, progress: LoaderProgress) -> None:
+        state = progress.state()
+        n = state.files
+        self.epoch = state.epoch
+        self.counts = np.zeros(n, dtype=np.uint16)
+        k = effective_workers(progress.num_workers)
+        start = [progress.counts.get(s) for s in range(progress.world_size * k)]
+        self.prior = self.prior_real = self.prior_pad = 0
+        self.planned_real = self.planned_pad = 0
+        progress.listeners.append(self.add)
+        if not progress.done and not any(start):
+            # An epoch from its start: the rank's own slot lengths are arithmetic.
+            layout = Segment(progress.world_size, progress.num_workers, tuple(start),
+                             state.last.nproc_per_node)
+            for s in progress.own:
+                length, real = epoch_slot_length(state.order, layout, s // k, s % k)
+                self.planned_real += real
+                self.planned_pad += length - real
+            return
+        current = Segment(progress.world_size, progress.num_workers, tuple(start),
+                          state.last.nproc_per_node)
+        runs = segment_runs(state.order, [*progress.done, current])
+        if progress.rank == 0:  # earlier segments are complete: one rank counts them
+            for seg, seg_runs in zip(progress.done, runs, strict=False):
+                for run, d in zip(seg_runs, seg.delivered, strict=True):
+                    self._prior(run.files[:d or 0], run.real)
+        for s in progress.own:
+            run, d = runs[-1][s], start[s] or 0
+            self._prior(run.files[:d], run.real)
+            self.planned_real += max(0, run.real - d)
+            self.planned_pad += len(run.files) - max(d, run.real)
+
+    def _prior(self, rows: np.ndarray, real: int) -> None:
+        np.add.at(self.counts, rows, 1)
+        self.prior += len(rows)
+        self.prior_real += min(len(rows), real)
+        self.prior_pad += max(0, len(rows) - real)
+
+    def add(self, rows: Any) -> None:
+        if len(rows):
+            np.add.at(self.counts, np.asarray(rows, dtype=np.int64), 1)
+
+    def payload(self, complete: bool) -> tuple[Any, ...]:
+        extra = np.flatnonzero(self.counts > 1)
+        return (complete, np.packbits(self.counts > 0).tobytes(),
+                {int(i): int(self.counts[i]) - 1 for i in extra},
+                self.prior, self.prior_real + self.planned_real,
+                self.prior_pad + self.planned_pad)
+
+    def finish(self, complete: bool, dist: Any = None, group: Any = None) -> AuditResult | None:
+        """Gather every rank's deliveries and count; None when skipped (warned)."""
+        mine = self.payload(complete)
+        gathered: list[Any] = [mine]
+        if dist is not None:
+            gathered = [None] * dist.get_world_size()
+            try:
+                dist.all_gather_object(gathered, mine, group=group)
+            except Exception as exc:  # a rank never came: never hang or fail training
+                log.warning("ucstage: exactly-once audit of epoch %d skipped: not every rank "
+                            "reached the end of the epoch in time (%s)", self.epoch,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                raise AuditTimeout from exc
+        early = [r for r, g in enumerate(gathered) if not g[0]]
+        if early:
+            log.warning("ucstage: exactly-once audit of epoch %d skipped: rank%s %s left the "
+                        "epoch early", self.epoch, "s" if len(early) > 1 else "",
+                        ", ".join(map(str, early)))
+            return None
+        n = len(self.counts)
+        total = np.zeros(n, dtype=np.int64)
+        for g in gathered:
+            total += np.unpackbits(np.frombuffer(g[1], dtype=np.uint8), count=n)
+            for i, extra in g[2].items():
+                total[i] += extra
+        files = int(np.count_nonzero(total))
+        result = AuditResult(
+            epoch=self.epoch, files=files, duplicates=int(total.sum()) - files,
+            gaps=n - files, expected_duplicates=sum(g[5] for g in gathered),
+            expected_gaps=max(0, n - sum(g[4] for g in gathered)),
+            resumed_files=sum(g[3] for g in gathered))
+        if not result.coverage_ok:
+            log.warning("ucstage: epoch %d was not delivered exactly once: %d duplicate "
+                        "deliveries and %d files never delivered, beyond equal_length's "
+                        "%d and %d", self.epoch, result.duplicates, result.gaps,
+                        result.expected_duplicates, result.expected_gaps)
+        return result
+
+
+class AuditTimeout(Exception):
+    """The side group timed out: the loader stops auditing (the group is spent)."""
+
+
+def log_result(sink: Any, result: AuditResult, step: int) -> None:
+    """The audit's metrics under the loader's MLflow prefix."""
+    if sink is None:
+        return
+    for name, value in (("epoch_files", result.files),
+                        ("epoch_coverage_ok", int(result.coverage_ok)),
+                        ("epoch_duplicates", result.duplicates),
+                        ("epoch_gaps", result.gaps)):
+        sink.add(name, value, step)
+    if result.resumed_files:
+        sink.add("resumed_files", result.resumed_files, step)
+    sink.send()

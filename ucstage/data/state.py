@@ -1,0 +1,356 @@
+"""Checkpoint and resume for :class:`VolumeDataset` and :class:`DataLoader`.
+
+What counts as delivered: a file whose item the loader's ``__next__`` has
+returned. Each batch is tagged, where it is collated (in its worker), with
+that worker's position in its slot and the listing rows it consumed; the
+loader's iterator strips the tag when it returns the batch and only then
+counts it, so batches prefetched into worker queues are not counted (as
+torchdata's ``StatefulDataLoader`` does). This assumes the pattern the docs
+use: the decoding dataset yields one item per path, pulling the next path
+only when asked for the next item.
+
+The state format, merging and the re-split rule are torch-free
+(:mod:`ucstage.resume`, :func:`ucstage.sharding.resume_slots`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data as tud
+
+from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
+from ..resume import LoaderState, merge_states
+from ..sharding import Segment, effective_workers, resume_slots
+from . import dist as dist_
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# The VolumeDataset is passed in, never imported (dataset.py imports this module).
+VolumeDataset = Any
+
+__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate"]
+
+
+def shuffle_scope(vds: VolumeDataset) -> str:
+    """The dataset's shuffle scope (one global permutation until scopes exist)."""
+    return str(getattr(vds, "shuffle_scope", "global"))
+
+
+def nproc_per_node(vds: VolumeDataset, world_size: int) -> int | None:
+    """The ranks per node the dataset shards with (None: the job is one node)."""
+    nodes_of = getattr(vds, "nodes_of", None)  # resolves $LOCAL_WORLD_SIZE where it exists
+    value = nodes_of(world_size) if nodes_of is not None else getattr(vds, "nproc_per_node",
+                                                                       None)
+    return None if value is None else int(value)
+
+
+def _layout(vds: VolumeDataset, world_size: int, num_workers: int) -> Segment:
+    k = effective_workers(num_workers)
+    return Segment(world_size, num_workers, (0,) * (world_size * k),
+                   nproc_per_node(vds, world_size))
+
+
+def check_fits(vds: VolumeDataset, state: LoaderState) -> None:
+    """Refuse a state for another listing, seed or read order (ResumeMismatch)."""
+    manifest = vds.freeze()
+    state.check_fits(fingerprint=manifest.fingerprint, files=len(manifest.entries),
+                     seed=vds.seed, shuffle=vds.shuffle, equal_length=vds.equal_length,
+                     shuffle_scope=shuffle_scope(vds))
+
+
+def load(vds: VolumeDataset, state: Any, *, check: bool = True) -> None:
+    """Arm ``vds`` to resume the state's epoch at its next iteration."""
+    parsed = LoaderState.from_dict(state)
+    if check:
+        check_fits(vds, parsed)
+    # Kept even when the saved epoch was over (the next one then starts fresh),
+    # so that the ranks still check it together before they start.
+    vds._resume = parsed
+    vds.epoch = _resumes_epoch(parsed)
+
+
+def _resumes_epoch(state: LoaderState) -> int:
+    return state.epoch + 1 if state.finished else state.epoch
+
+
+def _pending(vds: VolumeDataset) -> LoaderState | None:
+    """The loaded state, if it has an epoch's rest to deliver."""
+    pending: LoaderState | None = vds._resume
+    return None if pending is None or pending.finished else pending
+
+
+def on_set_epoch(vds: VolumeDataset, epoch: int) -> None:
+    pending: LoaderState | None = vds._resume
+    if pending is not None and epoch != _resumes_epoch(pending):
+        wanted = _resumes_epoch(pending)
+        raise InvalidArgument(
+            f"the loaded state resumes epoch {wanted}; set_epoch({epoch}) would restart "
+            "or skip it", hint=f"call set_epoch({wanted}) (after load_state_dict the "
+                               "dataset's epoch is already set), or load no state")
+
+
+def resume_plan(vds: VolumeDataset, state: LoaderState, world_size: int, num_workers: int
+                ) -> tuple[list[Segment], list[np.ndarray | None]]:
+    """The epoch's segments from now on, and what each slot still reads."""
+    if state.epoch != vds.epoch:
+        raise InvalidArgument(f"the loaded state resumes epoch {state.epoch}, but the dataset "
+                              f"is at epoch {vds.epoch}")
+    return resume_slots(state.order, state.segments, _layout(vds, world_size, num_workers))
+
+
+class SlotTracker:
+    """Counts what one slot's iterator hands out, in the process that iterates it."""
+
+    def __init__(self, vds: VolumeDataset, indices: np.ndarray, *, rank: int, world_size: int,
+                 num_workers: int, worker: int, start: int, done: list[Segment]) -> None:
+        self.vds = vds
+        self.indices = indices
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.slot = rank * effective_workers(num_workers) + worker
+        self.start = start
+        self.position = start
+        self.epoch = vds.epoch
+        self.done = done
+        """Segments of the epoch before the one this iterator runs."""
+        self.finished = False
+        self._taken = 0
+
+    @classmethod
+    def begin(cls, vds: VolumeDataset, indices: np.ndarray, *, rank: int, world_size: int,
+              num_workers: int, worker: int) -> SlotTracker:
+        """Start tracking an iteration; a pending resume picks the slot's rest."""
+        loaded: LoaderState | None = vds._resume
+        vds._resume = None  # applies to this one iteration of this process
+        if loaded is not None:
+            check_fits(vds, loaded)
+        pending = None if loaded is None or loaded.finished else loaded
+        slot = rank * effective_workers(num_workers) + worker
+        if pending is None:
+            tracker = cls(vds, indices, rank=rank, world_size=world_size,
+                          num_workers=num_workers, worker=worker, start=0, done=[])
+            vds._tracker = tracker
+            return tracker
+        chain, rest = resume_plan(vds, pending, world_size, num_workers)
+        mine = rest[slot]
+        if mine is None:
+            raise ResumeMismatch(
+                f"the state does not hold what slot {rank}:{worker} delivered",
+                hint="merge every rank's state with ucstage.merge_states and load the result")
+        start = 0
+        if len(chain) == len(pending.segments):  # the same layout: continue the slot
+            start = chain[-1].delivered[slot] or 0
+        tracker = cls(vds, mine, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, start=start, done=chain[:-1])
+        vds._tracker = tracker  # state_dict() may be asked before the first item
+        return tracker
+
+    def wrap(self, paths: Iterator[str]) -> Iterator[str]:
+        for path in paths:
+            self.position += 1  # pulled by the consumer: part of its next batch
+            yield path
+        self.finished = True
+
+    def take(self) -> tuple[int, int, Any]:
+        """(slot, position, listing rows consumed since the last take): a batch's tag."""
+        rows = self.indices[self._taken:self.position - self.start]
+        self._taken = self.position - self.start
+        return self.slot, self.position, rows
+
+    def state(self) -> LoaderState:
+        k = effective_workers(self.num_workers)
+        counts: list[int | None] = [None] * (self.world_size * k)
+        counts[self.slot] = self.position
+        current = Segment(self.world_size, self.num_workers, tuple(counts),
+                          nproc_per_node(self.vds, self.world_size))
+        return _state_of(self.vds, [*self.done, current], rank=self.rank,
+                         finished=self.finished and self.world_size * k == 1, epoch=self.epoch)
+
+
+def _state_of(vds: VolumeDataset, segments: list[Segment], *, rank: int | None,
+              finished: bool, epoch: int) -> LoaderState:
+    manifest = vds.freeze()
+    return LoaderState(fingerprint=manifest.fingerprint, files=len(manifest.entries),
+                       seed=vds.seed, epoch=epoch, shuffle=vds.shuffle,
+                       shuffle_scope=shuffle_scope(vds), equal_length=vds.equal_length,
+                       segments=tuple(segments), rank=rank, finished=finished)
+
+
+def dataset_state(vds: VolumeDataset) -> dict[str, Any]:
+    """``VolumeDataset.state_dict()``: the loader's view in its main process,
+    else this process's own iteration, else a state at the start of the epoch."""
+    tracker: SlotTracker | None = vds._tracker
+    progress: LoaderProgress | None = vds._progress
+    # A tracker or progress of an earlier epoch (set_epoch was called since)
+    # says nothing about this one: the state is then at the epoch's start.
+    if tud.get_worker_info() is None and progress is not None and progress.epoch == vds.epoch:
+        return progress.state().to_dict()
+    if tracker is not None and tracker.epoch == vds.epoch:
+        return tracker.state().to_dict()
+    if vds._resume is not None:
+        return vds._resume.to_dict()  # loaded, not started: save what was loaded
+    rank, world, _, _ = vds.slot()
+    info = tud.get_worker_info()
+    num_workers = info.num_workers if info is not None else vds.num_workers
+    k = effective_workers(num_workers)
+    counts = tuple(0 if s // k == rank else None for s in range(world * k))
+    seg = Segment(world, num_workers, counts, nproc_per_node(vds, world))
+    return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
+
+
+class Tagged:
+    """A batch and the position of the worker that collated it (stripped by the loader)."""
+
+    __slots__ = ("batch", "tag")
+
+    def __init__(self, batch: Any, tag: tuple[int, int, Any]) -> None:
+        self.batch, self.tag = batch, tag
+
+    def pin_memory(self, *args: Any) -> Tagged:
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return Tagged(pin_memory(self.batch, *args), self.tag)
+
+
+class TaggingCollate:
+    """Wraps the loader's ``collate_fn``: tags each batch with its worker's position."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any], vds: VolumeDataset,
+                 find: Callable[[Any], VolumeDataset | None]) -> None:
+        self.collate_fn, self.vds, self.find = collate_fn, vds, find
+        self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, its vds)
+
+    def __call__(self, data: Any) -> Any:
+        batch = self.collate_fn(data)
+        info = tud.get_worker_info()
+        vds = self.vds
+        if info is not None:  # a worker: its own copy of the dataset, found once
+            if self._found[0] != id(info.dataset):
+                self._found = (id(info.dataset), self.find(info.dataset))
+            vds = self._found[1]
+        tracker: SlotTracker | None = getattr(vds, "_tracker", None)
+        if tracker is None:
+            return batch
+        return Tagged(batch, tracker.take())
+
+
+class LoaderProgress:
+    """What one rank's loader has delivered in the current epoch (main process)."""
+
+    def __init__(self, vds: VolumeDataset, *, rank: int, world_size: int, num_workers: int,
+                 resume: LoaderState | None) -> None:
+        self.vds = vds
+        self.epoch = vds.epoch
+        self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        k = effective_workers(num_workers)
+        self.own = range(rank * k, (rank + 1) * k)
+        self.resume = resume
+        self.done: list[Segment] = []
+        self.counts = dict.fromkeys(self.own, 0)
+        if resume is not None:
+            chain, _ = resume_plan(vds, resume, world_size, num_workers)
+            self.done = chain[:-1]
+            if len(chain) == len(resume.segments):  # same layout: slots continue
+                for s in self.own:
+                    d = chain[-1].delivered[s]
+                    if d is None:
+                        raise ResumeMismatch(
+                            f"the state does not hold what rank {rank}'s slots delivered",
+                            hint="merge every rank's state with ucstage.merge_states")
+                    self.counts[s] = d
+        self.finished = False
+        self.listeners: list[Callable[[Any], None]] = []
+
+    def record(self, tag: tuple[int, int, Any]) -> None:
+        slot, position, rows = tag
+        if slot in self.counts:
+            self.counts[slot] = max(self.counts[slot], position)
+        for listener in self.listeners:
+            listener(rows)
+
+    def state(self) -> LoaderState:
+        k = effective_workers(self.num_workers)
+        counts: list[int | None] = [None] * (self.world_size * k)
+        for s, d in self.counts.items():
+            counts[s] = d
+        current = Segment(self.world_size, self.num_workers, tuple(counts),
+                          nproc_per_node(self.vds, self.world_size))
+        return _state_of(self.vds, [*self.done, current], rank=self.rank,
+                         finished=self.finished, epoch=self.epoch)
+
+
+class Untagging:
+    """The loader's iterator seen by the loop: strips tags and counts deliveries."""
+
+    def __init__(self, inner: Iterator[Any], progress: LoaderProgress) -> None:
+        self._inner, self._progress = inner, progress
+
+    def __iter__(self) -> Untagging:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self._inner)
+        except StopIteration:
+            self._progress.finished = True
+            raise
+        if isinstance(item, Tagged):
+            self._progress.record(item.tag)
+            return item.batch
+        return item
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def start_epoch(loader: Any, vds: VolumeDataset) -> LoaderProgress:
+    """Called by the loader before its workers start: the rank's progress tracker."""
+    rank, world, _, _ = vds.slot()
+    progress = LoaderProgress(vds, rank=rank, world_size=world, num_workers=loader.num_workers,
+                              resume=_pending(vds))
+    vds._progress = progress
+    return progress
+
+
+def check_across_ranks(dist: Any, vds: VolumeDataset) -> None:
+    """Every rank checks the loaded state; if any fails, every rank raises."""
+    pending: LoaderState | None = vds._resume
+    if dist is None or dist.get_world_size() == 1:
+        if pending is not None:
+            check_fits(vds, pending)
+        return
+    error = ""
+    if pending is not None:
+        try:
+            check_fits(vds, pending)
+        except ResumeMismatch as exc:
+            error = exc.message
+    digest = None if pending is None else (pending.epoch, pending.segments[:-1],
+                                           pending.last.world_size, pending.last.num_workers)
+    gathered = dist_.all_gather(dist, (error, digest))
+    failed = [(r, e) for r, (e, _) in enumerate(gathered) if e]
+    if failed:
+        rank, message = failed[0]
+        raise ResumeMismatch(f"rank {rank}: {message}" if len(failed) < len(gathered)
+                             else message,
+                             hint="resume with the listing and options the state was saved "
+                                  "with, or start without the state")
+    if len({d is None for _, d in gathered}) > 1 or len({repr(d) for _, d in gathered}) > 1:
+        loaded = ", ".join(f"rank {r}: {'epoch ' + str(d[0]) if d else 'none'}"
+                           for r, (_, d) in enumerate(gathered))
+        raise RankMismatch(f"ranks loaded different states ({loaded})",
+                           hint="load one merged state (ucstage.merge_states) on every rank")
+
+
+def gather_state(dist: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's state merged, on every rank (a collective)."""
+    states = dist_.all_gather(dist, state)
+    return merge_states(states)
+

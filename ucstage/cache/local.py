@@ -123,6 +123,7 @@ class LocalCache:
         self.backoff = backoff
         self.space = CacheSpace(self.root)
         """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
+        self._memo = self.space.memo
         # The last volume looked up and its namespace prefix: one attribute,
         # replaced whole, so threads never see half of it.
         self._last: tuple[Volume, str] | None = None
@@ -160,16 +161,22 @@ class LocalCache:
         if last is None or last[0] is not volume:
             last = self._last = (volume, self.namespace_dir(volume) + "/")
         rel = entry.path
-        # Cheap screen first; only paths that might be unsafe pay for the full check.
-        if rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel or "\\" in rel \
-                or "\0" in rel or rel[-1:] == "/":
-            safe_relpath(rel)
         local = last[1] + rel
+        # A path the memo knows passed this check before (the memo only holds
+        # paths of lookups); others get the cheap screen first, and only
+        # paths that might be unsafe pay for the full check.
+        memo = self._memo.get(local)
+        if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
+                             or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
+            safe_relpath(rel)
         try:
             st = os.stat(local)
         except OSError:
             return None
-        stamp = self.space.stamp(local, st)
+        if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
+            stamp: tuple[int, str] | None = memo[2]
+        else:
+            stamp = self.space.stamp(local, st)
         if stamp is None or stamp[0] != entry.size or stamp[1] != entry.version \
                 or st.st_size != entry.size:
             return None

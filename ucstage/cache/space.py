@@ -21,7 +21,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NamedTuple
@@ -299,6 +299,14 @@ class CacheSpace:
                     self._memo.clear()
                 self._memo[path] = memo
         return memo[2]
+
+    @property
+    def memo(self) -> Mapping[str, tuple[int, int, tuple[int, str]]]:
+        """The stamp memo, read-only: path -> (inode, ctime_ns, (size, version)).
+        For a lookup's hot path, which reads it without a call per file; an
+        entry is trusted only while the file's inode and ctime match, and
+        every path in it passed a lookup's path-safety check."""
+        return self._memo
 
     def _forget(self, path: str) -> None:
         with self._memo_lock:

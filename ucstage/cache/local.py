@@ -72,6 +72,8 @@ fewer files would help; the library cannot name the CLI flags that choose
 them, so the CLI adds them."""
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
+_FOLDERS_MAX = 1 << 16
+"""Cache folders remembered as existing per process."""
 _GRACE = 1.0
 """Seconds a stopping warm lets its copies in flight finish before abandoning them."""
 
@@ -124,6 +126,8 @@ class LocalCache:
         self.space = CacheSpace(self.root)
         """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
         self._memo = self.space.memo
+        self._folders: set[str] = set()
+        """Cache folders this process made or found (no ``makedirs`` per copy)."""
         # The last volume looked up and its namespace prefix: one attribute,
         # replaced whole, so threads never see half of it.
         self._last: tuple[Volume, str] | None = None
@@ -272,15 +276,26 @@ class LocalCache:
                      evicted: Evicted | None) -> None:
         """Copy ``entry`` to ``local`` through a temp file; its stripe is held."""
         space = self.space
-        os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
+        folder = os.path.dirname(local)
+        if folder not in self._folders:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            self._remember_folder(folder)
         tmp = space.temp_path(local, lock)
-        try:
-            fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
-                                         lease_ns=self.lease_ns, name=rel, evicted=evicted)
-        except OSError as exc:
-            if no_room(exc):
-                raise self._disk_full(ns_dir, rel, entry.size) from exc
-            raise
+        for attempt in (1, 2):
+            try:
+                fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
+                                             lease_ns=self.lease_ns, name=rel, evicted=evicted)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # The folder was removed since we made it (a clear): make it again.
+                self._folders.discard(folder)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                if no_room(exc):
+                    raise self._disk_full(ns_dir, rel, entry.size) from exc
+                raise
         if run is not None and not run.copying(token, tmp, reserved):
             os.close(fd)  # stopped while reserving: copy nothing
             space.abandon(tmp, reserved)
@@ -302,6 +317,11 @@ class LocalCache:
             if no_room(exc):
                 raise self._disk_full(ns_dir, rel, entry.size) from exc
             raise
+
+    def _remember_folder(self, folder: str) -> None:
+        if len(self._folders) >= _FOLDERS_MAX:
+            self._folders.clear()  # bounded memory; the next copies just ask again
+        self._folders.add(folder)
 
     def _disk_full(self, ns_dir: str, rel: str, need: int) -> CacheFull:
         return CacheFull(

@@ -91,3 +91,39 @@ def test_a_cache_folder_removed_behind_the_cache_is_made_again(tmp_path: Path) -
     cache.fetch(vol, first)
     shutil.rmtree(os.path.join(cache.namespace_dir(vol), "a"))
     assert Path(cache.fetch(vol, second)).read_bytes() == second.path.encode() * 100
+
+
+def test_the_temp_file_is_created_outside_the_ledger_lock(tmp_path: Path) -> None:
+    """Creating the temp file (the slowest step on a busy disk) does not wait
+    for the ledger lock; the preallocation and the ledger update do."""
+    import fcntl
+    import threading
+    import time
+
+    src = _tree(tmp_path / "src")
+    m = snapshot(str(src))
+    cache = LocalCache(tmp_path / "cache")
+    vol = m.volume()
+    entry = m.entries[0]
+    cache.prepare(vol)
+    folder = os.path.join(cache.namespace_dir(vol), *entry.path.split("/")[:-1])
+    fd = os.open(os.path.join(cache.root, ".ucstage", "usage"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as another process in the middle of a reservation
+    result: list[str] = []
+    worker = threading.Thread(target=lambda: result.append(cache.fetch(vol, entry)))
+    try:
+        worker.start()
+        deadline = time.monotonic() + 10
+        temp: list[str] = []
+        while not temp and time.monotonic() < deadline:
+            temp = [n for n in os.listdir(folder)] if os.path.isdir(folder) else []
+            time.sleep(0.01)
+        assert [n for n in temp if n.endswith(".ucstage-part")], temp
+        # Empty until the ledger lock is ours: it counts 0 bytes in any walk meanwhile.
+        assert os.path.getsize(os.path.join(folder, temp[0])) == 0
+        assert not result
+    finally:
+        os.close(fd)  # releases the lock
+        worker.join(30)
+    assert result and Path(result[0]).read_bytes() == entry.path.encode() * 100
+    assert cache.space.recorded_bytes() == entry.size

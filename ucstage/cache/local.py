@@ -190,6 +190,9 @@ class LocalCache:
                 os.utime(local, ns=(now, st.st_mtime_ns))
             except OSError:  # evicted between the stat and the touch
                 return None
+            # The touch moved the ctime: remember the new one, or the next
+            # hand-out would read the stamp again.
+            self.space.touched(local, st, stamp)
         return local
 
     # -- fetching -----------------------------------------------------------

@@ -300,6 +300,21 @@ class CacheSpace:
                 self._memo[path] = memo
         return memo[2]
 
+    def touched(self, path: str, before: os.stat_result, stamp: tuple[int, str]) -> None:
+        """``path`` (whose ``stat`` was ``before`` and stamp ``stamp``) just had
+        its atime set by this process, which moved its ctime: remember the new
+        ctime with the same stamp, if ``path`` still names the same file (a
+        touch changes no stamp; a replacement is a new inode)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if st.st_ino == before.st_ino and st.st_dev == before.st_dev:
+            with self._memo_lock:
+                if len(self._memo) >= _MEMO_MAX:
+                    self._memo.clear()
+                self._memo[path] = (st.st_ino, st.st_ctime_ns, stamp)
+
     @property
     def memo(self) -> Mapping[str, tuple[int, int, tuple[int, str]]]:
         """The stamp memo, read-only: path -> (inode, ctime_ns, (size, version)).

@@ -127,3 +127,32 @@ def test_the_temp_file_is_created_outside_the_ledger_lock(tmp_path: Path) -> Non
         worker.join(30)
     assert result and Path(result[0]).read_bytes() == entry.path.encode() * 100
     assert cache.space.recorded_bytes() == entry.size
+
+
+def test_a_touched_file_keeps_its_stamp_in_the_memo(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handing a file out touches its atime, which moves its ctime; the memo
+    follows, so the next hand-out costs a stat and no stamp read."""
+    from ucstage.cache import layout
+
+    src = _tree(tmp_path / "src")
+    m = snapshot(str(src))
+    cache = LocalCache(tmp_path / "cache")
+    vol = m.volume()
+    entry = m.entries[0]
+    path = cache.fetch(vol, entry)
+    mtime = os.stat(path).st_mtime_ns
+    past = mtime - 60 * 10**9
+    os.utime(path, ns=(past, mtime))  # last handed out long ago: the next lookup touches it
+    reads: list[str] = []
+    read_stamp = layout.read_stamp
+
+    def counted(p: str):  # type: ignore[no-untyped-def]
+        reads.append(p)
+        return read_stamp(p)
+
+    monkeypatch.setattr(layout, "read_stamp", counted)
+    assert cache.lookup(vol, entry) == path  # touches (ctime moves)
+    assert os.stat(path).st_atime_ns > past
+    assert cache.lookup(vol, entry) == path
+    assert reads == [path] or reads == []  # at most the first lookup read it

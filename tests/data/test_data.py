@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -401,3 +401,79 @@ def test_skip_unreadable_lists_around_an_unreadable_folder(walking_store, tmp_pa
     ds = VolumeDataset(walking_store, cache_dir=str(tmp_path / "c"), skip_unreadable=True)
     assert len(ds.freeze()) == 2
     assert [os.path.basename(p) for p in ds] == ["1.jpg", "2.jpg"]
+
+
+# ---------------------------------------------------------------- the warm-hit path
+
+
+def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Over a warm cache every path comes from a lookup in the consumer's
+    thread: no fetch, no read-ahead thread started."""
+    src = str(tmp_path / "vol")
+    write_files(src, 20)
+    ds = VolumeDataset(src, read_ahead=4, cache_dir=str(tmp_path / "cache"))
+    first = list(ds)  # cold: fetched through the read-ahead threads
+    _settled(str(tmp_path / "cache"))
+    cache = ds.cache()
+    calls: list[tuple[str, str]] = []
+    lookup, fetch = cache.lookup, cache.fetch
+
+    def traced_lookup(volume, entry):  # type: ignore[no-untyped-def]
+        calls.append(("lookup", threading.current_thread().name))
+        return lookup(volume, entry)
+
+    def traced_fetch(volume, entry, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(("fetch", threading.current_thread().name))
+        return fetch(volume, entry, **kwargs)
+
+    cache.lookup, cache.fetch = traced_lookup, traced_fetch  # type: ignore[method-assign]
+    started: list[str] = []
+    it = iter(ds)
+    for _ in it:
+        started.extend(_read_ahead_threads())
+    assert list(ds) == first
+    assert calls and set(calls) == {("lookup", threading.current_thread().name)}
+    assert started == []
+
+
+@given(hits=st.lists(st.booleans(), max_size=40), depth=st.integers(1, 5),
+       failing=st.sets(st.integers(0, 39), max_size=3))
+@settings(max_examples=60, deadline=None)
+def test_read_ahead_mixes_hits_and_misses_in_order(hits, depth, failing) -> None:  # type: ignore[no-untyped-def]
+    """Hits from the consumer's lookups and misses fetched by the threads come
+    back in slot order, errors in their turn, and no fetch runs beyond the window."""
+    from ucstage.data.readahead import ReadAhead
+
+    entries = [FileEntry(f"f{i}", i, "v") for i in range(len(hits))]
+    asked = [0]
+    beyond: list[tuple[int, int]] = []
+
+    def lookup(entry: FileEntry) -> str | None:
+        return f"hit:{entry.size}" if hits[entry.size] else None
+
+    def fetch(entry: FileEntry) -> str:
+        if entry.size > asked[0] + depth:
+            beyond.append((entry.size, asked[0]))
+        if entry.size in failing:
+            raise OSError(f"boom {entry.size}")
+        return f"fetched:{entry.size}"
+
+    ahead = ReadAhead(fetch, entries, depth, lookup=lookup)
+    paths = iter(ahead)
+    try:
+        for i, hit in enumerate(hits):
+            if not hit and i in failing:
+                with pytest.raises(OSError, match=f"boom {i}$"):
+                    next(paths)
+                break  # the first error ends the iteration, as it ends the dataset's
+            assert next(paths) == (f"hit:{i}" if hit else f"fetched:{i}")
+            asked[0] = i + 1  # the consumer asks for the next one
+        else:
+            assert list(paths) == []
+    finally:
+        ahead.close()
+    assert beyond == []
+    assert ahead.alive == 0
+    stopped_at = min((i for i in failing if i < len(hits) and not hits[i]), default=len(hits))
+    if all(hits[:stopped_at + depth + 1]):
+        assert ahead._threads == []  # no miss came into the window: no thread started

@@ -160,7 +160,10 @@ def test_shard_plan_resume_refuses_a_state_that_does_not_fit(volume, tmp_path) -
     code, out = shard_plan_resume(source, path, "-w", "3", "-k", "1")
     assert code == 2 and "does not say what slot 1:0 delivered" in out
     code, out = shard_plan_resume(source, path, "-w", "2", "-k", "2", "--seed", "4")
-    assert code == 2 and "--resume takes shuffle, seed and epoch from the state" in out
+    assert code == 2 and "--resume takes shuffle, its scope, seed and epoch from the state" in out
+    assert "leave --seed out" in out
+    code, out = shard_plan_resume(source, path, "-w", "2", "-k", "2", "--shuffle-scope", "node")
+    assert code == 2 and "leave --shuffle-scope out" in out
 
 
 def test_a_state_saved_between_epochs_starts_the_next_one(volume) -> None:  # type: ignore[no-untyped-def]

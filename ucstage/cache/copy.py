@@ -48,13 +48,30 @@ def _real_root(root: str) -> str:
     return os.path.realpath(root)
 
 
+def _folders_inside(volume: Volume, relpath: str, full: str, real_root: str) -> bool:
+    """Whether the folders of ``relpath`` resolve inside the volume.
+
+    One ``lstat`` per folder below the root (the root's own real path is
+    known): a path of plain folders stays inside by construction, and only a
+    symlinked folder on the way costs a full ``realpath``. On a mount every
+    ``lstat`` of the root's own ancestors, which ``realpath`` would redo for
+    every file, can be a round trip.
+    """
+    folder = volume.root
+    for part in relpath.split("/")[:-1]:
+        folder = os.path.join(folder, part)
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            return _inside(os.path.realpath(os.path.dirname(full)), real_root)
+    return True
+
+
 def _open_local(volume: Volume, relpath: str) -> int:
     """Open a local source file without following a symlink out of the volume."""
     full = volume.full_path(relpath)
     real_root = _real_root(volume.root)
     # The folders on the way must resolve inside the volume; O_NOFOLLOW then
     # refuses a last component that is a symlink, which we resolve ourselves.
-    if not _inside(os.path.realpath(os.path.dirname(full)), real_root):
+    if not _folders_inside(volume, relpath, full, real_root):
         raise UnsafePath(f"{relpath}: a folder on its path links outside the volume")
     try:
         return os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -67,16 +84,20 @@ def _open_local(volume: Volume, relpath: str) -> int:
     return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
 
 
-def _pump(src: int, dst: int, run: Inflight | None) -> int:
+def _pump(src: int, dst: int, run: Inflight | None, size: int) -> int:
+    """Copy ``src`` to ``dst``; stop at EOF or once ``size`` bytes (the size
+    ``fstat`` gave) are copied, which saves the read that would find EOF (a
+    round trip on some mounts). A file that grew meanwhile is caught by the
+    caller's second ``fstat``."""
     total = 0
     try:
         while True:
             if run is not None:
                 run.check()
             n = os.sendfile(dst, src, None, CHUNK)
-            if n == 0:
-                return total
             total += n
+            if n == 0 or total >= size > 0:
+                return total
     except OSError as exc:
         # Some filesystems cannot splice; fall back before anything was written.
         if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or total:
@@ -99,7 +120,7 @@ def _copy_local(volume: Volume, relpath: str, dst: int, run: Inflight | None) ->
         before = os.fstat(src)
         if not stat.S_ISREG(before.st_mode):
             raise UnsafePath(f"{relpath}: not a regular file")
-        size = _pump(src, dst, run)
+        size = _pump(src, dst, run, before.st_size)
         os.ftruncate(dst, size)  # the caller may have preallocated more
         after = os.fstat(src)
     finally:

@@ -79,6 +79,8 @@ fewer files would help; the library cannot name the CLI flags that choose
 them, so the CLI adds them."""
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
+_FOLDERS_MAX = 1 << 16
+"""Cache folders remembered as existing per process."""
 _GRACE = 1.0
 """Seconds a stopping warm lets its copies in flight finish before abandoning them."""
 
@@ -146,6 +148,9 @@ class LocalCache:
         self.backoff = backoff
         self.space = CacheSpace(self.root)
         """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
+        self._memo = self.space.memo
+        self._folders: set[str] = set()
+        """Cache folders this process made or found (no ``makedirs`` per copy)."""
         # The last volume looked up and its namespace prefix: one attribute,
         # replaced whole, so threads never see half of it.
         self._last: tuple[Volume, str] | None = None
@@ -183,16 +188,22 @@ class LocalCache:
         if last is None or last[0] is not volume:
             last = self._last = (volume, self.namespace_dir(volume) + "/")
         rel = entry.path
-        # Cheap screen first; only paths that might be unsafe pay for the full check.
-        if rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel or "\\" in rel \
-                or "\0" in rel or rel[-1:] == "/":
-            safe_relpath(rel)
         local = last[1] + rel
+        # A path the memo knows passed this check before (the memo only holds
+        # paths of lookups); others get the cheap screen first, and only
+        # paths that might be unsafe pay for the full check.
+        memo = self._memo.get(local)
+        if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
+                             or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
+            safe_relpath(rel)
         try:
             st = os.stat(local)
         except OSError:
             return None
-        stamp = self.space.stamp(local, st)
+        if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
+            stamp: tuple[int, str] | None = memo[2]
+        else:
+            stamp = self.space.stamp(local, st)
         if stamp is None or stamp[0] != entry.size or stamp[1] != entry.version \
                 or st.st_size != entry.size:
             return None
@@ -202,6 +213,9 @@ class LocalCache:
                 os.utime(local, ns=(now, st.st_mtime_ns))
             except OSError:  # evicted between the stat and the touch
                 return None
+            # The touch moved the ctime: remember the new one, or the next
+            # hand-out would read the stamp again.
+            self.space.touched(local, st, stamp)
         return local
 
     # -- fetching -----------------------------------------------------------
@@ -288,15 +302,26 @@ class LocalCache:
                      evicted: Evicted | None) -> None:
         """Copy ``entry`` to ``local`` through a temp file; its stripe is held."""
         space = self.space
-        os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
+        folder = os.path.dirname(local)
+        if folder not in self._folders:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            self._remember_folder(folder)
         tmp = space.temp_path(local, lock)
-        try:
-            fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
-                                         lease_ns=self.lease_ns, name=rel, evicted=evicted)
-        except OSError as exc:
-            if no_room(exc):
-                raise self._disk_full(ns_dir, rel, entry.size) from exc
-            raise
+        for attempt in (1, 2):
+            try:
+                fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
+                                             lease_ns=self.lease_ns, name=rel, evicted=evicted)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # The folder was removed since we made it (a clear): make it again.
+                self._folders.discard(folder)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                if no_room(exc):
+                    raise self._disk_full(ns_dir, rel, entry.size) from exc
+                raise
         if run is not None and not run.copying(token, tmp, reserved):
             os.close(fd)  # stopped while reserving: copy nothing
             space.abandon(tmp, reserved)
@@ -318,6 +343,11 @@ class LocalCache:
             if no_room(exc):
                 raise self._disk_full(ns_dir, rel, entry.size) from exc
             raise
+
+    def _remember_folder(self, folder: str) -> None:
+        if len(self._folders) >= _FOLDERS_MAX:
+            self._folders.clear()  # bounded memory; the next copies just ask again
+        self._folders.add(folder)
 
     def _disk_full(self, ns_dir: str, rel: str, need: int) -> CacheFull:
         return CacheFull(

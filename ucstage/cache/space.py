@@ -21,7 +21,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import NamedTuple
@@ -300,6 +300,29 @@ class CacheSpace:
                 self._memo[path] = memo
         return memo[2]
 
+    def touched(self, path: str, before: os.stat_result, stamp: tuple[int, str]) -> None:
+        """``path`` (whose ``stat`` was ``before`` and stamp ``stamp``) just had
+        its atime set by this process, which moved its ctime: remember the new
+        ctime with the same stamp, if ``path`` still names the same file (a
+        touch changes no stamp; a replacement is a new inode)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if st.st_ino == before.st_ino and st.st_dev == before.st_dev:
+            with self._memo_lock:
+                if len(self._memo) >= _MEMO_MAX:
+                    self._memo.clear()
+                self._memo[path] = (st.st_ino, st.st_ctime_ns, stamp)
+
+    @property
+    def memo(self) -> Mapping[str, tuple[int, int, tuple[int, str]]]:
+        """The stamp memo, read-only: path -> (inode, ctime_ns, (size, version)).
+        For a lookup's hot path, which reads it without a call per file; an
+        entry is trusted only while the file's inode and ctime match, and
+        every path in it passed a lookup's path-safety check."""
+        return self._memo
+
     def _forget(self, path: str) -> None:
         with self._memo_lock:
             self._memo.pop(path, None)
@@ -330,6 +353,10 @@ class CacheSpace:
         usage (temp files included) stays within the cap. Copies reserve with
         or without a cap, so that the ledger always counts what a recount from
         the tree counts (temp files included) and the two never disagree.
+        The temp file is created empty before the lock is taken (creating a
+        file is the slowest step, and an empty one counts 0 bytes in any
+        walk); it grows to ``need`` and the ledger by ``need`` together,
+        under the lock. Its stripe is held, so no sweep removes it meanwhile.
 
         Raises:
             CacheFull: ``need`` does not fit under ``max_bytes`` (``name``
@@ -340,20 +367,28 @@ class CacheSpace:
         if max_bytes is not None and need > max_bytes:
             raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(max_bytes)}", hint="raise max_bytes")
-        with self._ledger() as ledger:
-            used = ledger.read()
-            if max_bytes is not None and used + need > max_bytes:
-                low = int(max_bytes * _LOW_WATER) - need
-                used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need, lease_ns,
-                                       evicted)
-                if used + need > max_bytes:
-                    raise CacheFull(
-                        f"the cache cap {format_bytes(max_bytes)} is full of files handed to "
-                        f"readers in the last {lease_ns / 1e9:g} s ({format_bytes(used)} "
-                        f"cached); {name} needs {format_bytes(need)}",
-                        hint="raise max_bytes, or read fewer files at once")
-            fd = _create_tmp(tmp, need)
-            ledger.write(used + need)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            with self._ledger() as ledger:
+                used = ledger.read()
+                if max_bytes is not None and used + need > max_bytes:
+                    low = int(max_bytes * _LOW_WATER) - need
+                    used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need,
+                                           lease_ns, evicted)
+                    if used + need > max_bytes:
+                        raise CacheFull(
+                            f"the cache cap {format_bytes(max_bytes)} is full of files handed "
+                            f"to readers in the last {lease_ns / 1e9:g} s "
+                            f"({format_bytes(used)} cached); {name} needs {format_bytes(need)}",
+                            hint="raise max_bytes, or read fewer files at once")
+                # Preallocating makes a full disk fail here, before any byte is copied.
+                if need:
+                    os.posix_fallocate(fd, 0, need)
+                ledger.write(used + need)
+        except BaseException:
+            os.close(fd)
+            unlink_if_exists(tmp)
+            raise
         return fd, need
 
     def commit(self, tmp: str, local: str, size: int, reserved: int) -> None:
@@ -570,19 +605,6 @@ def _sweep_one(path: str, lock_path: str) -> bool:
         return True
     finally:
         lock.release()
-
-
-def _create_tmp(tmp: str, need: int) -> int:
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        # Preallocating makes a full disk fail here, before any byte is copied.
-        if need:
-            os.posix_fallocate(fd, 0, need)
-    except BaseException:
-        os.close(fd)
-        unlink_if_exists(tmp)
-        raise
-    return fd
 
 
 def no_room(exc: BaseException) -> bool:

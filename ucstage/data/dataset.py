@@ -52,7 +52,7 @@ from ..sharding import (
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 from . import state as _state
-from .readahead import ReadAhead, cache_fetcher
+from .readahead import ReadAhead, cache_fetcher, cache_lookup
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -491,11 +491,12 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         # in the cache, so read-ahead never copies a file twice. Closing this
         # generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
         # before it returns: nothing is copied for an iterator that is gone.
+        # Hits are looked up in this thread; only misses are handed to threads.
         fetch, stop, abandon = cache_fetcher(cache, volume)
-        ahead = ReadAhead(fetch, entries, self.read_ahead, stop=stop, abandon=abandon)
+        ahead = ReadAhead(fetch, entries, self.read_ahead, stop=stop, abandon=abandon,
+                          lookup=cache_lookup(cache, volume))
         try:
-            for index in range(len(entries)):
-                yield ahead.take(index)
+            yield from ahead
         finally:
             ahead.close()
 

@@ -1,9 +1,12 @@
 """Fetching the next few files of a slot in the background, and stopping cleanly.
 
-:class:`ReadAhead` runs ``depth`` threads that fetch a slot's entries into the
-cache ahead of the consumer, and hands the local paths back in slot order.
-While the consumer holds item ``i``, items up to ``i + depth`` may be fetched,
-never more.
+:class:`ReadAhead` fetches a slot's entries into the cache ahead of the
+consumer and hands the local paths back in slot order. While the consumer
+holds item ``i``, items up to ``i + depth`` may be fetched, never more. Each
+entry is first looked up in the consumer's own thread as it enters that
+window (a cache hit costs a ``stat`` and a dictionary lookup, and no thread
+hand-off); only misses go to up to ``depth`` threads, started at the first
+miss, so an epoch over a warm cache starts none.
 
 **Stopping.** :meth:`ReadAhead.close` (called when the dataset's iterator is
 closed: the loop broke out, a ``KeyboardInterrupt`` went through it, the
@@ -19,16 +22,17 @@ each copy in flight is finished first: at most one file per thread, within
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..volumes import FileEntry
 
-__all__ = ["ReadAhead"]
+__all__ = ["ReadAhead", "cache_fetcher", "cache_lookup"]
 
 GRACE_SECONDS = 2.0
 """How long :meth:`ReadAhead.close` lets stopped copies reach their next
@@ -61,6 +65,14 @@ def cache_fetcher(cache: Any, volume: Any) -> tuple[Callable[[FileEntry], str],
             functools.partial(abandon, run) if callable(abandon) else None)
 
 
+def cache_lookup(cache: Any, volume: Any) -> Callable[[FileEntry], str | None] | None:
+    """``lookup(entry)`` for a :class:`ReadAhead` over ``cache``: the cache's own
+    ``lookup`` (a hit's path, or None; it never copies), or None when the
+    cache object has none (every entry then goes through ``fetch``)."""
+    lookup = getattr(cache, "lookup", None)
+    return functools.partial(lookup, volume) if callable(lookup) else None
+
+
 def _takes(func: Callable[..., Any], name: str) -> bool:
     try:
         return name in inspect.signature(func).parameters
@@ -69,7 +81,7 @@ def _takes(func: Callable[..., Any], name: str) -> bool:
 
 
 class ReadAhead:
-    """Fetch ``entries`` with ``depth`` threads; :meth:`take` returns them in order.
+    """Fetch ``entries`` with up to ``depth`` threads; iterating returns their paths in order.
 
     Args:
         fetch: ``fetch(entry)`` -> local path.
@@ -79,40 +91,58 @@ class ReadAhead:
             fetcher can (see :func:`cache_fetcher`).
         abandon: called by :meth:`close` when stopped copies have not ended
             within :data:`GRACE_SECONDS`: removes what they left.
+        lookup: ``lookup(entry)`` -> the local path of a valid cached copy,
+            or None; never copies (see :func:`cache_lookup`). With it, the
+            consumer's thread looks each entry up as it enters the window and
+            only misses go to the threads, which start at the first miss: an
+            epoch over a warm cache pays no thread hand-off and starts none.
     """
 
     def __init__(self, fetch: Callable[[FileEntry], str], entries: Sequence[FileEntry],
                  depth: int, *, stop: Callable[[], None] | None = None,
-                 abandon: Callable[[], None] | None = None) -> None:
+                 abandon: Callable[[], None] | None = None,
+                 lookup: Callable[[FileEntry], str | None] | None = None) -> None:
         self._fetch = fetch
+        self._lookup = lookup
         self._stop_copies = stop
         self._abandon = abandon
         self._entries = entries
         self._depth = depth
+        self._count = len(entries)
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._next = 0
-        """The next index a thread takes."""
-        self._asked = 0
-        """The index the consumer asked for last: items up to it + depth may be fetched."""
+        self._window = 0
+        """The threads may end once this reaches the entry count and no miss
+        is queued; only the consumer's thread moves it."""
+        self._misses: collections.deque[int] = collections.deque()
+        """Indices for the threads to fetch, in order (guarded by ``_cond``)."""
         self._results: dict[int, tuple[bool, Any]] = {}
-        self._threads = [threading.Thread(target=self._work, name=f"ucstage-read-ahead-{i}",
-                                          daemon=True)
-                         for i in range(min(depth, len(entries)))]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+
+    def _queue(self, index: int) -> None:
+        """Hand entry ``index`` to the threads (started at the first miss)."""
+        with self._cond:
+            # The window moves with the queue, under the lock: a thread that
+            # saw the window at the end and nothing queued would end for good.
+            self._window = index + 1
+            self._misses.append(index)
+            self._cond.notify_all()
+            if not self._threads:
+                self._threads = [
+                    threading.Thread(target=self._work, name=f"ucstage-read-ahead-{i}",
+                                     daemon=True)
+                    for i in range(max(1, min(self._depth, self._count)))]
+                for thread in self._threads:
+                    thread.start()
 
     def _claim(self) -> int | None:
-        """The next index to fetch, once the window allows it; None when done."""
+        """The next index to fetch; None once stopped or every entry is handed out."""
         with self._cond:
-            while (not self._stop.is_set() and self._next < len(self._entries)
-                   and self._next > self._asked + self._depth):
+            while not self._stop.is_set() and not self._misses and self._window < self._count:
                 self._cond.wait()
-            if self._stop.is_set() or self._next >= len(self._entries):
+            if self._stop.is_set() or not self._misses:
                 return None
-            index = self._next
-            self._next += 1
-            return index
+            return self._misses.popleft()
 
     def _work(self) -> None:
         while (index := self._claim()) is not None:
@@ -124,15 +154,9 @@ class ReadAhead:
                 self._results[index] = result
                 self._cond.notify_all()
 
-    def take(self, index: int) -> str:
-        """The local path of entry ``index`` (0, 1, 2, ... in turn), waiting for its fetch.
-
-        Raises:
-            whatever its fetch raised (``FetchFailed``, ``CacheFull``, ...).
-        """
+    def _fetched(self, index: int) -> str:
+        """Wait for a thread's fetch of entry ``index``; raise what it raised."""
         with self._cond:
-            self._asked = index
-            self._cond.notify_all()
             while index not in self._results:
                 self._cond.wait()
             ok, value = self._results.pop(index)
@@ -140,16 +164,52 @@ class ReadAhead:
             raise value
         return str(value)
 
+    def __iter__(self) -> Iterator[str]:
+        """The local paths of the entries, in order, each once its fetch is done.
+
+        While the consumer holds entry ``i``, entries up to ``i + depth`` may
+        be fetched, never more. The first fetch that fails raises here, in its
+        turn (``FetchFailed``, ``CacheFull``, ...).
+        """
+        # The hot loop of a warm epoch: locals only, one lookup per entry,
+        # no lock unless there is a miss.
+        entries, lookup, depth, count = self._entries, self._lookup, self._depth, self._count
+        hits: dict[int, str] = {}
+        queue = self._queue
+        for index in range(-depth, count):
+            ahead = index + depth  # the entry that enters the window now
+            if 0 <= ahead < count:
+                path = None
+                if lookup is not None:
+                    try:
+                        path = lookup(entries[ahead])
+                    except Exception:  # the fetch raises it again, in its turn
+                        path = None
+                if path is None:
+                    queue(ahead)
+                else:
+                    hits[ahead] = path
+                if ahead + 1 == count and self._window < count:
+                    with self._cond:
+                        self._window = count
+                        self._cond.notify_all()  # nothing more to come: idle threads end
+            if index >= 0:
+                path = hits.pop(index, None)
+                yield path if path is not None else self._fetched(index)
+
     def close(self) -> None:
         """Start no new fetch; stop (or finish) the copies in flight; wait for the threads."""
         with self._cond:
             self._stop.set()
             self._cond.notify_all()
+            threads = list(self._threads)
+        if not threads:
+            return  # nothing was ever copied by this iterator
         if self._stop_copies is not None:
             self._stop_copies()
         wait = GRACE_SECONDS if self._abandon is not None else JOIN_SECONDS
         deadline = time.monotonic() + wait
-        for thread in self._threads:
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self._abandon is not None and self.alive:
             # Threads blocked in a read on a slow or hung mount: their copies

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Benchmark: `ucstage cache warm` through the FUSE mount of a remote volume vs a bare
+N-thread Python copy at the same N, and `cp -r`.
+
+Runs inside scripts/remote-volume.sh (it reads UCSTAGE_REMOTE_* and the
+RCLONE_S3_* settings that script exports) and copies the SET folder (small/
+by default) of the bucket. Each round runs, in alternating order and each on a
+*fresh* rclone mount (so no run reads pages an earlier one left in the
+mount's page cache), for every N in --jobs:
+
+* ``ucstage cache warm MNT/SET --jobs N`` into an empty cache folder (the
+  whole command: interpreter start-up, listing, copying);
+* a bare N-thread Python copy (``open``/``read``/``write`` in a thread pool,
+  the whole command too): no lock, stamp, ledger or temp file;
+
+and, with --cp, ``cp -r MNT/SET`` once per round. Prints median seconds per
+tool, the median of the per-round ratios bare / ucstage at each N, and
+ucstage's best N against the best bare N and against cp.
+
+    scripts/remote-volume.sh --delay 20ms --small 1000x256K --large 0 -- \\
+        .venv/bin/python scripts/bench_warm_fuse.py --jobs 8 16 32 64 --rounds 3 --cp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+BIN = os.path.dirname(sys.executable)
+
+BARE_COPY = """
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+src, dst, jobs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files = []
+for folder, _, names in os.walk(src):
+    for name in names:
+        files.append(os.path.relpath(os.path.join(folder, name), src))
+def copy(rel):
+    out = os.path.join(dst, rel)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(os.path.join(src, rel), "rb") as fi, open(out, "wb") as fo:
+        while True:
+            block = fi.read(8 << 20)
+            if not block:
+                break
+            fo.write(block)
+with ThreadPoolExecutor(jobs) as pool:
+    list(pool.map(copy, files))
+"""
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        sys.exit(f"bench_warm_fuse.py: {name} is not set; run it inside scripts/remote-volume.sh")
+    return value
+
+
+def fresh_mount(work: str, label: str) -> str:
+    mnt = tempfile.mkdtemp(prefix=f"mnt-{label}-", dir=work)
+    subprocess.run(["rclone", "mount", _env("UCSTAGE_REMOTE_RCLONE"), mnt, "--daemon",
+                    "--read-only", "--use-server-modtime", "--dir-cache-time", "5m",
+                    "--log-file", mnt + ".log"], check=True,
+                   # A CA bundle for plain http makes rclone's S3 client fail to start.
+                   env={k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"})
+    deadline = time.monotonic() + 15
+    while not os.path.ismount(mnt):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rclone mount did not appear at {mnt}")
+        time.sleep(0.05)
+    return mnt
+
+
+def count(path: str) -> tuple[int, int]:
+    files = nbytes = 0
+    for folder, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if not name.startswith("."):
+                files += 1
+                nbytes += os.path.getsize(os.path.join(folder, name))
+    return files, nbytes
+
+
+def run_tool(tool: str, jobs: int, work: str, set_name: str, want: tuple[int, int]) -> float:
+    mnt = fresh_mount(work, tool.replace(" ", "-"))
+    out = tempfile.mkdtemp(prefix="out-", dir=work)
+    src = os.path.join(mnt, set_name)
+    try:
+        if tool == "ucstage":
+            cmd = [os.path.join(BIN, "ucstage"), "cache", "warm", src, "--jobs", str(jobs)]
+            env = dict(os.environ, UCSTAGE_CACHE_DIR=out)
+        elif tool == "bare":
+            cmd, env = [sys.executable, "-c", BARE_COPY, src, out, str(jobs)], None
+        else:
+            cmd, env = ["cp", "-r", src, os.path.join(out, set_name)], None
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"{tool} failed: {proc.stderr.strip()[-300:]}")
+        got = count(out)
+        if got != want:
+            raise RuntimeError(f"{tool} copied {got}, expected {want}")
+        return seconds
+    finally:
+        subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", dest="set_name", default="small")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cp", action="store_true", help="also time cp -r once per round")
+    parser.add_argument("--json", dest="json_out", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ucstage-bench-warm-fuse-") as work:
+        mnt = fresh_mount(work, "count")
+        try:
+            want = count(os.path.join(mnt, args.set_name))
+        finally:
+            subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+        runs: list[dict[str, Any]] = []
+        for rnd in range(args.rounds):
+            order: list[tuple[str, int]] = []
+            for n in args.jobs:
+                pair = [("ucstage", n), ("bare", n)]
+                order.extend(pair if (rnd + n) % 2 == 0 else pair[::-1])
+            if args.cp:
+                order.insert(len(order) // 2, ("cp -r", 0))
+            for tool, n in order:
+                seconds = run_tool(tool, n, work, args.set_name, want)
+                runs.append({"round": rnd, "tool": tool, "jobs": n, "seconds": seconds})
+                print(f"round {rnd + 1}: {tool} {n or ''}: {seconds:.2f} s", file=sys.stderr,
+                      flush=True)
+
+    def med(tool: str, n: int) -> float:
+        return statistics.median(r["seconds"] for r in runs if r["tool"] == tool
+                                 and r["jobs"] == n)
+
+    def ratio(n: int) -> list[float]:
+        return [next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == "bare"
+                     and r["jobs"] == n)
+                / next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == "ucstage"
+                       and r["jobs"] == n) for k in range(args.rounds)]
+
+    print(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount; "
+          f"{args.rounds} rounds, tools alternating, a fresh mount per run")
+    print("| N | ucstage cache warm s (median) | bare N-thread copy s (median) | "
+          "bare / ucstage (median of rounds) | rounds |")
+    print("|---:|---:|---:|---:|---|")
+    for n in args.jobs:
+        ratios = ratio(n)
+        print(f"| {n} | {med('ucstage', n):.2f} | {med('bare', n):.2f} | "
+              f"{statistics.median(ratios):.2f}x | {', '.join(f'{x:.2f}x' for x in ratios)} |")
+    best_u = min(args.jobs, key=lambda n: med("ucstage", n))
+    best_b = min(args.jobs, key=lambda n: med("bare", n))
+    print(f"\nbest ucstage: --jobs {best_u} {med('ucstage', best_u):.2f} s; best bare: "
+          f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
+          f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
+    if args.cp:
+        cp = med("cp -r", 0)
+        print(f"cp -r: {cp:.2f} s; cp / ucstage(best) = {cp / med('ucstage', best_u):.1f}x")
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump({"args": vars(args), "files": want, "runs": runs}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,7 +19,13 @@ from rich.markup import escape
 
 from .. import manifest as manifest_mod
 from ..cache.layout import CACHE_DIR_ENV, user_root
-from ..cache.local import MAX_BYTES_ENV, WARM_FEWER, LocalCache, rank_entries
+from ..cache.local import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_BYTES_ENV,
+    WARM_FEWER,
+    LocalCache,
+    rank_entries,
+)
 from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
 from ..manifest import Manifest
@@ -342,7 +348,8 @@ def _volumes_opt(cache: LocalCache, source: str | None) -> list[Volume] | None:
 @click.argument("source", required=False, metavar="[SOURCE]")
 @json_option
 def status(source: str | None, as_json: bool) -> None:
-    """Entries and bytes cached per source (one, or all), the cap and free disk.
+    """Entries and bytes cached per source (one, or all), the cap and free disk,
+    and the hits, misses and evictions of the last training run.
 
     \b
     Example:
@@ -367,6 +374,15 @@ def status(source: str | None, as_json: bool) -> None:
             console.print(t)
             for n in st.namespaces:
                 console.print(f"  {n.source or '?'} -> {n.path}", markup=False)
+        run = st.last_run
+        if run is not None:
+            rate = f"{run.hit_rate:.0%}" if run.hit_rate is not None else "-"
+            console.print(
+                f"Last run {run.run} ({data['last_run']['updated']}): "
+                f"{run.hits:,} hits ({format_bytes(run.hit_bytes)}), "
+                f"{run.misses:,} misses ({format_bytes(run.miss_bytes)}), hit rate {rate}; "
+                f"{run.evictions:,} evictions ({format_bytes(run.evicted_bytes)}); "
+                f"waited {run.wait_s:.1f} s for room", markup=False)
 
     emit(data, as_json, human)
 
@@ -513,7 +529,8 @@ def _confirm_clear_all(cache: LocalCache) -> bool:
 @click.option("--max-bytes", metavar="SIZE", required=True,
               help="Evict least recently used files until the cache holds at most SIZE; "
                    f"{SIZE_HELP}.")
-@click.option("--lease", "lease", type=click.FloatRange(0), default=60.0, show_default=True,
+@click.option("--lease", "lease", type=click.FloatRange(0), default=DEFAULT_LEASE_SECONDS,
+              show_default=True,
               metavar="SECONDS", help="Keep files handed to a reader within this many seconds.")
 @json_option
 def prune(max_bytes: str, lease: float, as_json: bool) -> None:

@@ -29,6 +29,7 @@ is worker 0 of 1.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -38,11 +39,13 @@ import torch.utils.data as tud
 
 from .. import manifest as _manifest
 from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
+from ..cache.runstats import job_id
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
 from ..sharding import EQUAL_LENGTH_MODES, rank_length, slot_array, slot_length
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
+from . import holding
 from .readahead import ReadAhead, cache_fetcher
 
 if TYPE_CHECKING:
@@ -151,6 +154,8 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self._fingerprint: str | None = None
         self._manifest_size: int | None = None
         self._dist_rank_world: tuple[int, int] | None = None
+        self.run = job_id()
+        """The run its cache counters belong to (``cache status``'s last run)."""
         # Not pickled: rebuilt on demand in each process.
         self._cache: LocalCache | None = cache
         self._manifest: Manifest | None = None
@@ -374,14 +379,17 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[str]:
         rank, world, num_workers, worker = self.slot()
+        holding.check_window(self, self.cache(), num_workers)
         return self._fetch_all(self._slot_rows(rank=rank, world_size=world,
-                                               num_workers=num_workers, worker=worker))
+                                               num_workers=num_workers, worker=worker), rank)
 
-    def _fetch_all(self, entries: Sequence[FileEntry]) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[FileEntry], rank: int = 0) -> Iterator[str]:
         cache, volume = self.cache(), self._get_volume()
+        # Each path stays held until the consumer moves past it (cache/leases.py).
+        reader = holding.open_reader(self, cache, rank)
         if self.read_ahead == 0:
-            for entry in entries:
-                yield cache.fetch(volume, entry)
+            fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+            yield from holding.follow((fetch(entry) for entry in entries), reader)
             return
         # A window of fetches runs ahead of the consumer; results come back in
         # slot order. Fetches of one file by several processes are single-flight
@@ -389,10 +397,11 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         # generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
         # before it returns: nothing is copied for an iterator that is gone.
         fetch, stop, abandon = cache_fetcher(cache, volume)
-        ahead = ReadAhead(fetch, entries, self.read_ahead, stop=stop, abandon=abandon)
+        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, self.read_ahead,
+                          stop=stop, abandon=abandon)
         try:
-            for index in range(len(entries)):
-                yield ahead.take(index)
+            yield from holding.follow((ahead.take(index) for index in range(len(entries))),
+                                      reader)
         finally:
             ahead.close()
 

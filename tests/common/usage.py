@@ -14,9 +14,9 @@ from tests.common.parts import REPO
 
 _SAMPLER = r"""
 import json, os, sys, time
-from ucstage.cache.space import CacheSpace
+from ucstage.cache import LocalCache
 root, stop, out = sys.argv[1:4]
-space = CacheSpace(root)
+space = LocalCache(root).space
 peak = samples = 0
 while not os.path.exists(stop):
     # Under the ledger lock (renames happen under it): every byte on disk,

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.parts import REPO
-from ucstage.cache import LocalCache
-from ucstage.cache import runstats
+from ucstage.cache import LocalCache, runstats
 from ucstage.cache.leases import Reader, check_window
 from ucstage.cache.policy import charging, is_scan
 from ucstage.errors import CacheFull
@@ -55,7 +54,7 @@ def test_a_held_file_is_never_evicted_and_a_full_cap_waits_for_the_reader(tmp_pa
         try:
             with charging(waiter):
                 done.append(cache.fetch(vol, c))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+        except BaseException as exc:
             done.append(exc)
 
     thread = threading.Thread(target=third, daemon=True)

@@ -2,7 +2,7 @@
 
 Every process that reads through a :class:`ucstage.VolumeDataset` (the main
 process of each rank, each DataLoader worker) counts into one small file of
-its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.bin``: eight fixed-width
+its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.counters``: eight fixed-width
 integers rewritten in place after each file handed out (one ``pwrite``; no
 lock is shared between processes). Readers sum the files: ``cache status``
 the last run's (the run whose files changed last), the DataLoader its own
@@ -97,7 +97,7 @@ def counters(root: str, run: str, rank: int) -> Counters | None:
             os.makedirs(folder, mode=0o700, exist_ok=True)
             if fresh:
                 _prune(root, keep=run)
-            found = _open[key] = Counters(os.path.join(folder, f"r{rank}-{os.getpid()}.bin"))
+            found = _open[key] = Counters(os.path.join(folder, f"r{rank}-{os.getpid()}.counters"))
         except OSError:
             return None
         return found
@@ -188,7 +188,7 @@ def read_run(root: str, run: str, rank: int | None = None) -> RunStats:
         entries = []
     prefix = f"r{rank}-" if rank is not None else "r"
     for e in entries:
-        if not (e.name.startswith(prefix) and e.name.endswith(".bin")):
+        if not (e.name.startswith(prefix) and e.name.endswith(".counters")):
             continue
         try:
             with open(e.path, "rb") as fh:

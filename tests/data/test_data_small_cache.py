@@ -9,6 +9,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,8 @@ import torch.utils.data as tud
 from tests.common.parts import REPO
 from tests.common.usage import sampled_usage
 from ucstage import DataLoader, VolumeDataset
-from ucstage.cache import LocalCache
+from ucstage.cache import LocalCache, runstats
+from ucstage.cache.leases import Reader
 from ucstage.errors import CacheFull
 
 N_FILES = 400
@@ -131,3 +134,32 @@ def test_a_window_that_can_never_fit_names_the_cap_it_needs(tmp_path: Path) -> N
     small = DataLoader(VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=1),
                        batch_size=None, num_workers=2, log_mlflow=False)
     assert len(list(small)) == 40  # 2 x 4 x 4 KiB fits under 40 KiB
+
+
+def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: Path) -> None:
+    """Another reader holds most of the cap: the loader waits for it to move
+    on instead of failing, and the epoch's stats (what MLflow gets as
+    epoch_cache_wait_s) show the wait."""
+    digests = make_source(tmp_path / "src", n=12, size=SIZE)
+    cache = LocalCache(tmp_path / "cache", max_bytes=6 * SIZE, lease_seconds=0,
+                       wait_seconds=120)
+    paths = VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=0)
+    volume = paths.freeze().volume()
+    other = Reader()
+    fetch = other.fetcher(cache, volume, lambda e: cache.fetch(volume, e))
+    for entry in paths.freeze().entries[6:11]:
+        fetch(entry)  # 5 of the 6 files the cap holds
+    loader = DataLoader(Decode(paths), batch_size=None, num_workers=0, log_mlflow=False)
+    seen: list[tuple[str, str]] = []
+    thread = threading.Thread(target=lambda: seen.extend(loader), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while runstats.read_run(str(cache.root), paths.run).waits == 0:
+        assert thread.is_alive() and time.monotonic() < deadline, "the loader never waited"
+        time.sleep(0.01)
+    other.close()  # the other reader moves on
+    thread.join(60)
+    assert sorted(name for name, _ in seen) == sorted(digests)
+    assert all(digests[name] == digest for name, digest in seen)
+    stats = loader.epoch_stats[0]
+    assert stats.cache_wait_s > 0 and stats.complete

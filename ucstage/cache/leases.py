@@ -86,6 +86,10 @@ class Reader:
         if self.counters is not None:
             self.counters.add(evictions=files, evicted_bytes=nbytes)
 
+    def waiting(self) -> None:
+        if self.counters is not None:
+            self.counters.add(waits=1)
+
     def waited(self, seconds: float) -> None:
         if self.counters is not None:
             self.counters.add(wait_ns=int(seconds * 1e9))

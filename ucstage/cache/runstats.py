@@ -30,7 +30,7 @@ __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run"
 
 KEEP_RUNS = 8
 _FIELDS = ("hits", "misses", "hit_bytes", "miss_bytes", "evictions", "evicted_bytes",
-           "wait_ns", "spare")
+           "wait_ns", "waits")
 _RECORD = struct.Struct("<8q")
 _job: str | None = None
 
@@ -146,6 +146,8 @@ class RunStats:
     evicted_bytes: int = 0
     wait_s: float = 0.0
     """Time fetches waited for room under the cap (readers holding files)."""
+    waits: int = 0
+    """Fetches that had to wait for room."""
     updated: float = 0.0
     """When a counter last changed (Unix time)."""
     processes: int = 0
@@ -162,7 +164,8 @@ class RunStats:
                         self.hit_bytes - before.hit_bytes, self.miss_bytes - before.miss_bytes,
                         self.evictions - before.evictions,
                         self.evicted_bytes - before.evicted_bytes,
-                        self.wait_s - before.wait_s, self.updated, self.processes)
+                        self.wait_s - before.wait_s, self.waits - before.waits, self.updated,
+                        self.processes)
 
     def to_json(self) -> dict[str, Any]:
         """The ``last_run`` object of docs/json-cache.md#status."""
@@ -171,7 +174,7 @@ class RunStats:
                 "hit_rate": round(rate, 4) if rate is not None else None,
                 "hit_bytes": self.hit_bytes, "miss_bytes": self.miss_bytes,
                 "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
-                "wait_s": round(self.wait_s, 3),
+                "waits": self.waits, "wait_s": round(self.wait_s, 3),
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.updated)),
                 "processes": self.processes}
 
@@ -203,7 +206,8 @@ def read_run(root: str, run: str, rank: int | None = None) -> RunStats:
             totals[i] += value
     v = dict(zip(_FIELDS, totals, strict=True))
     return RunStats(run, v["hits"], v["misses"], v["hit_bytes"], v["miss_bytes"],
-                    v["evictions"], v["evicted_bytes"], v["wait_ns"] / 1e9, newest / 1e9, count)
+                    v["evictions"], v["evicted_bytes"], v["wait_ns"] / 1e9, v["waits"],
+                    newest / 1e9, count)
 
 
 def last_run(root: str) -> RunStats | None:

@@ -370,6 +370,9 @@ class CacheSpace:
             now = time.monotonic()
             if started is None:
                 started = now
+                charge = policy.reader()
+                if charge is not None:
+                    charge.waiting()
             if now - started >= wait_s:
                 _charge_wait(now - started)
                 raise CacheFull(

@@ -14,9 +14,9 @@ How it works is documented in docs/cache.md. In short:
   ``lease_seconds`` are never evicted. Files a :class:`ucstage.VolumeDataset`
   reads are held while its reader needs them and, once consumed, evicted
   most recently consumed first (:mod:`ucstage.cache.policy`,
-  :mod:`ucstage.cache.leases`); a full cache makes a copy wait for room. A copy reserves its bytes by creating
-  its preallocated temp file under the ledger lock, so usage, copies in
-  flight included, stays within the cap.
+  :mod:`ucstage.cache.leases`); a full cap makes a copy wait for room. A
+  copy reserves its bytes by creating its preallocated temp file under the
+  ledger lock, so usage, copies in flight included, stays within the cap.
 
 This module holds the hot path (lookup, fetch, warm). The on-disk state it
 shares with the maintenance commands (the ledger, the stamp memo, the tree
@@ -434,10 +434,11 @@ class LocalCache:
         return maint.clear(self.space, volume)
 
     def prune(self, max_bytes: int) -> PruneReport:
-        """Evict least recently used files until the cache holds at most ``max_bytes``.
+        """Evict files, in the eviction order of :mod:`ucstage.cache.policy`,
+        until the cache holds at most ``max_bytes``.
 
-        Files handed to a reader within the lease stay; the report says how
-        many bytes that kept.
+        Files handed to a reader within the lease, and files a dataset reader
+        holds, stay; the report says how many bytes that kept.
         """
         return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
 

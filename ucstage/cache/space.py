@@ -461,9 +461,10 @@ class CacheSpace:
             return ledger.read()
 
     def evict_to(self, target: int, lease_ns: int) -> Eviction:
-        """Sweep dead temp files, then evict least recently used files that were
-        not handed out within ``lease_ns`` until the cache holds at most
-        ``target`` bytes (or nothing evictable is left)."""
+        """Sweep dead temp files, then evict files in the eviction order
+        (:mod:`ucstage.cache.policy`), none handed out within ``lease_ns`` nor
+        held by a reader, until the cache holds at most ``target`` bytes (or
+        nothing evictable is left)."""
         kept: list[_Cached] = []
         with self._ledger() as ledger:
             for ns_dir in self.namespace_dirs():

@@ -527,15 +527,17 @@ def _confirm_clear_all(cache: LocalCache) -> bool:
 
 @command.command("prune", context_settings=CONTEXT)
 @click.option("--max-bytes", metavar="SIZE", required=True,
-              help="Evict least recently used files until the cache holds at most SIZE; "
+              help="Evict files (least recently used first; files a training job consumed, "
+                   "most recently consumed first) until the cache holds at most SIZE; "
                    f"{SIZE_HELP}.")
 @click.option("--lease", "lease", type=click.FloatRange(0), default=DEFAULT_LEASE_SECONDS,
               show_default=True,
               metavar="SECONDS", help="Keep files handed to a reader within this many seconds.")
 @json_option
 def prune(max_bytes: str, lease: float, as_json: bool) -> None:
-    """Evict least recently used files down to a byte cap. Files handed to a
-    reader within --lease seconds stay; exits 1 if they keep the cache above SIZE.
+    """Evict files down to a byte cap (the cap's eviction order, docs/cache.md).
+    Files handed to a reader within --lease seconds, and files a running
+    training job holds, stay; exits 1 if they keep the cache above SIZE.
 
     \b
     Example:
@@ -555,5 +557,6 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
         fail_found(
             f"{format_bytes(r.bytes_after)} remain above {format_bytes(cap)}: "
             f"{format_bytes(r.bytes_in_use)} were handed to readers in the last {lease:g} s "
-            "(a freshly copied file counts as just used)",
+            "or are held by a running training job (a freshly copied file counts as just "
+            "used)",
             "`--lease 0` evicts them anyway, if no job is reading from the cache now")

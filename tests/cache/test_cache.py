@@ -774,6 +774,7 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
     counters = runstats.counters(cache.root, "job", 0)
     assert counters is not None
     counters.add(hits=1, hit_bytes=100)
+    counters.flush()
     _same_shape(_documented("status"), cache.status().to_json())
     Path(cache.lookup(vol, m.entries[0]) or "").write_bytes(b"\0" * 100)
     (src / "f1.bin").write_bytes(blob("new", 120))

@@ -158,6 +158,7 @@ c = runstats.counters(sys.argv[1], "job", int(sys.argv[2]))
 for _ in range(int(sys.argv[3])):
     c.add(hits=1, hit_bytes=10)
 c.add(misses=2, miss_bytes=30, evictions=1, evicted_bytes=7)
+c.flush()
 """
 
 
@@ -190,6 +191,7 @@ def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:
         c = runstats.counters(root, f"run{i:02d}", 0)
         assert c is not None
         c.add(hits=1)
+        c.flush()
         os.utime(c.path, ns=(i * 10**9 + 10**18, i * 10**9 + 10**18))
     kept = sorted(os.listdir(os.path.join(root, ".ucstage", "runs")))
     assert len(kept) == runstats.KEEP_RUNS + 1 and "run10" in kept  # the newest, and this run

@@ -10,8 +10,10 @@ How a hold works, across processes: the reader opens the cached file and
 takes a shared ``flock`` on it; an eviction takes an exclusive ``flock``
 without waiting (:func:`take_exclusive`) and skips the file when it cannot.
 The kernel drops a dead reader's locks, so a killed job holds nothing. The
-hold is checked after the lock is granted: if the path no longer names the
-opened file (evicted in between), the hold fails and the reader fetches again.
+hold is checked after the lock is granted: an eviction keeps its exclusive
+lock from before its rename until after its unlink, so a file that is still
+linked then is still at its path; an unlinked one (evicted between the open
+and the lock) fails the hold, and the reader fetches again.
 
 When the reader moves past a file it marks it consumed
 (:func:`ucstage.cache.policy.mark_consumed`: the scan clock that makes
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import inspect
 import os
 import threading
 from collections.abc import Callable
@@ -40,6 +44,13 @@ __all__ = ["DEFAULT_SLACK", "Reader", "check_window", "take_exclusive"]
 DEFAULT_SLACK = 2
 """Files handed out before the current one that stay held: wrappers that look
 ahead one or two items before opening still find their files."""
+
+
+def _takes(func: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def take_exclusive(path: str) -> int | None:
@@ -77,7 +88,7 @@ class Reader:
         self.holding = holding
         self._lock = threading.Lock()
         self._held: dict[str, list[int]] = {}
-        """path -> [descriptor, holds]: one file can be handed out twice (padding)."""
+        """path -> [descriptor, holds, mtime]: one file can be handed out twice (padding)."""
         self._closed = False
 
     # -- policy.Charge: what the cache did for this reader -----------------
@@ -89,10 +100,12 @@ class Reader:
     def waiting(self) -> None:
         if self.counters is not None:
             self.counters.add(waits=1)
+            self.counters.flush()  # seen at once by whoever watches the run
 
     def waited(self, seconds: float) -> None:
         if self.counters is not None:
             self.counters.add(wait_ns=int(seconds * 1e9))
+            self.counters.flush()
 
     # -- fetching ----------------------------------------------------------
 
@@ -102,31 +115,31 @@ class Reader:
         taken as a hit, anything else goes through ``fetch`` (the cache's,
         with the job's stop handle); both are counted."""
 
+        # A hit is not touched (no LRU time): the hold protects it, and the
+        # consumed mark replaces the time once the reader moves on.
+        lookup = functools.partial(cache.lookup, volume, touch=False) \
+            if _takes(cache.lookup, "touch") else functools.partial(cache.lookup, volume)
+        counters = self.counters
+
         def held_fetch(entry: Any) -> str:
-            with policy.charging(self):
-                path = ""
-                for _ in range(3):
-                    path = cache.lookup(volume, entry)
-                    hit = path is not None
-                    if path is None:
+            path = ""
+            for _ in range(3):
+                path = lookup(entry)
+                hit = path is not None
+                if path is None:
+                    with policy.charging(self):  # evictions and waits happen here only
                         path = fetch(entry)
-                    if self.hold(path):
-                        self._count(hit, entry.size)
-                        return path
-                # Evicted three times between its copy and the hold (only
-                # possible with lease_seconds=0): hand it out unheld.
-                self._count(False, entry.size)
-                return path
+                if self.hold(path):
+                    if counters is not None:
+                        counters.count(hit, entry.size)
+                    return path
+            # Evicted three times between its copy and the hold (only
+            # possible with lease_seconds=0): hand it out unheld.
+            if counters is not None:
+                counters.count(False, entry.size)
+            return path
 
         return held_fetch
-
-    def _count(self, hit: bool, size: int) -> None:
-        if self.counters is None:
-            return
-        if hit:
-            self.counters.add(hits=1, hit_bytes=size)
-        else:
-            self.counters.add(misses=1, miss_bytes=size)
 
     # -- holds -------------------------------------------------------------
 
@@ -148,10 +161,14 @@ class Reader:
         except OSError:
             return False
         try:
-            # Blocks only while an eviction holds the file exclusively (a rename).
+            # Blocks only while an eviction holds the file exclusively: from
+            # before its rename until after its unlink (or its putting back).
             fcntl.flock(fd, fcntl.LOCK_SH)
-            mine, now = os.fstat(fd), os.stat(path)
-            ok = (mine.st_ino, mine.st_dev) == (now.st_ino, now.st_dev)
+            mine = os.fstat(fd)
+            # Still linked: no eviction (nor a replacing copy, nor verify's
+            # delete) took this file between the open and the lock, so the
+            # path still names it, and now nothing can evict it.
+            ok = mine.st_nlink > 0
         except OSError:
             ok = False
         if not ok:
@@ -164,7 +181,7 @@ class Reader:
                 if found is not None:
                     found[1] += 1
                 return True
-            self._held[path] = [fd, 1]
+            self._held[path] = [fd, 1, mine.st_mtime_ns]
         return True
 
     def release(self, path: str, *, consumed: bool = True) -> None:
@@ -183,7 +200,7 @@ class Reader:
                 with contextlib.suppress(OSError):
                     # Marked while still held, so an eviction that sees it
                     # unheld also sees it as consumed.
-                    policy.mark_consumed(path, os.fstat(fd).st_mtime_ns)
+                    policy.mark_consumed(fd, found[2])
         finally:
             os.close(fd)
 
@@ -192,9 +209,11 @@ class Reader:
         with self._lock:
             self._closed = True
             held, self._held = self._held, {}
-        for fd, _ in held.values():
+        for fd, *_ in held.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self.counters is not None:
+            self.counters.flush()
 
     @property
     def held(self) -> int:

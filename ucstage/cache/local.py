@@ -167,10 +167,11 @@ class LocalCache:
 
     # -- the hot path -------------------------------------------------------
 
-    def lookup(self, volume: Volume, entry: FileEntry) -> str | None:
+    def lookup(self, volume: Volume, entry: FileEntry, *, touch: bool = True) -> str | None:
         """The cached file's path if it is valid for ``entry``, else None. Never copies.
 
-        Handing out a path refreshes its LRU time (and so its lease).
+        Handing out a path refreshes its LRU time (and so its lease), unless
+        ``touch`` is False (a dataset reader, which holds the file instead).
         """
         last = self._last
         if last is None or last[0] is not volume:
@@ -192,7 +193,7 @@ class LocalCache:
         now = time.time_ns()
         # An atime in the future is a dataset's consumed mark (cache/policy.py):
         # handing the file to anyone else turns it back into an LRU file.
-        if not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
+        if touch and not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
             try:
                 os.utime(local, ns=(now, st.st_mtime_ns))
             except OSError:  # evicted between the stat and the touch

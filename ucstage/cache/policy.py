@@ -85,9 +85,10 @@ def eviction_order(found: Iterable[Any], now_ns: int, lease_ns: int) -> list[Any
     return ordinary + scanned
 
 
-def mark_consumed(path: str, mtime_ns: int) -> None:
-    """Stamp ``path`` as just consumed by a scan reader (atime = now + offset)."""
-    os.utime(path, ns=(time.time_ns() + SCAN_OFFSET_NS, mtime_ns))
+def mark_consumed(file: int | str, mtime_ns: int) -> None:
+    """Stamp ``file`` (a path, or a descriptor open on it) as just consumed by
+    a scan reader: atime = now + offset, mtime kept."""
+    os.utime(file, ns=(time.time_ns() + SCAN_OFFSET_NS, mtime_ns))
 
 
 class Charge(Protocol):

@@ -53,14 +53,22 @@ def _runs_dir(root: str) -> str:
     return os.path.join(root, cd.CONTROL, "runs")
 
 
+_FLUSH_NS = 500_000_000
+"""Counters are written out at most twice a second (and when a reader ends)."""
+_HITS, _MISSES, _HIT_BYTES, _MISS_BYTES = 0, 1, 2, 3
+
+
 class Counters:
     """One process's counters for one run and rank. Thread-safe (read-ahead
-    threads count concurrently)."""
+    threads count concurrently). Written out at most every half second and
+    on :meth:`flush`: a reader flushes when it ends, so an epoch's counts are
+    on disk before its DataLoader worker reports the end of its data."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._values = [0] * len(_FIELDS)
         self._lock = threading.Lock()
+        self._written = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             raw = os.pread(self._fd, _RECORD.size, 0)
@@ -70,10 +78,32 @@ class Counters:
             pass
 
     def add(self, **values: int) -> None:
-        """Add to named counters (``hits=1, hit_bytes=size``) and write them out."""
+        """Add to named counters (``evictions=1, evicted_bytes=size``)."""
         with self._lock:
             for name, value in values.items():
                 self._values[_FIELDS.index(name)] += int(value)
+        self._maybe_flush()
+
+    def count(self, hit: bool, size: int) -> None:
+        """One file handed out: a hit (already cached) or a miss (copied)."""
+        with self._lock:
+            values = self._values
+            if hit:
+                values[_HITS] += 1
+                values[_HIT_BYTES] += size
+            else:
+                values[_MISSES] += 1
+                values[_MISS_BYTES] += size
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic_ns() - self._written >= _FLUSH_NS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the counters out now."""
+        with self._lock:
+            self._written = time.monotonic_ns()
             with contextlib.suppress(OSError):  # counting must never stop a training run
                 os.pwrite(self._fd, _RECORD.pack(*self._values), 0)
 

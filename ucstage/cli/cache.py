@@ -119,8 +119,9 @@ def command() -> None:
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Files copied at once (threads).")
 @click.option("--max-bytes", metavar="SIZE", default=None,
-              help="Byte cap for the whole cache; least recently used files are evicted "
-                   "(of any source; the summary says which). Default "
+              help="Byte cap for the whole cache; files are evicted, least recently used "
+                   "first, then files a training job consumed (of any source; the summary "
+                   "says which; files a running job holds stay). Default "
                    f"$UCSTAGE_CACHE_MAX_BYTES, else no cap; {SIZE_HELP}.")
 @click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
 @click.option("--node-rank", type=int, default=None,

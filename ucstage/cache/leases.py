@@ -115,10 +115,11 @@ class Reader:
         taken as a hit, anything else goes through ``fetch`` (the cache's,
         with the job's stop handle); both are counted."""
 
-        # A hit is not touched (no LRU time): the hold protects it, and the
-        # consumed mark replaces the time once the reader moves on.
+        # A held hit is not touched (no LRU time): the hold protects it, and
+        # the consumed mark replaces the time once the reader moves on.
         lookup = functools.partial(cache.lookup, volume, touch=False) \
-            if _takes(cache.lookup, "touch") else functools.partial(cache.lookup, volume)
+            if self.holding and _takes(cache.lookup, "touch") \
+            else functools.partial(cache.lookup, volume)
         counters = self.counters
 
         def held_fetch(entry: Any) -> str:

@@ -254,9 +254,10 @@ def test_lru_evicts_least_recently_used_first(tmp_path: Path) -> None:
 
 
 def test_file_handed_to_reader_is_not_evicted(tmp_path: Path) -> None:
-    """Guarantee 4: files handed out within the lease stay; a clear error instead."""
+    """Guarantee 4: files handed out within the lease stay; a clear error
+    instead, once the (bounded) wait for room is over."""
     vol, (a, b, c) = _local_source(tmp_path, 3, 1000)
-    cache = LocalCache(max_bytes=2500, lease_seconds=3600)
+    cache = LocalCache(max_bytes=2500, lease_seconds=3600, wait_seconds=0.2)
     pa, pb = cache.fetch(vol, a), cache.fetch(vol, b)
     with pytest.raises(CacheFull, match="handed to readers"):
         cache.fetch(vol, c)
@@ -788,6 +789,13 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
     assert RankSlice([0], 2, 1).to_json()["node_share"] is False
     assert doc["namespace"] == cache.namespace_dir(vol) and doc["cache_dir"] == cache.root
     assert warm.to_json()["slice"] is None and warm.to_json()["refused"] == []
+    assert cache.status().to_json()["last_run"] is None  # no training run read through it
+    from ucstage.cache import runstats
+
+    counters = runstats.counters(cache.root, "job", 0)
+    assert counters is not None
+    counters.add(hits=1, hit_bytes=100)
+    counters.flush()
     _same_shape(_documented("status"), cache.status().to_json())
     Path(cache.lookup(vol, m.entries[0]) or "").write_bytes(b"\0" * 100)
     (src / "f1.bin").write_bytes(blob("new", 120))

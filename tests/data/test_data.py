@@ -189,6 +189,7 @@ paths = VolumeDataset(src, shuffle=True)
 loader = DataLoader(paths, batch_size=2, num_workers=2, mlflow_flush_every=4)
 idle = DataLoader(paths, batch_size=2, num_workers=0)
 list(idle)  # no active run: nothing logged, stats still kept
+cold_rate = idle.epoch_stats[0].cache_hit_rate
 mlflow.set_experiment("ucstage-test")
 coarse = DataLoader(paths, batch_size=2, num_workers=0, mlflow_prefix="coarse",
                     mlflow_step_every=4)
@@ -206,7 +207,7 @@ coarse_steps = [m.step for m in client.get_metric_history(run.info.run_id, "coar
 history = {n: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, n)]
            for n in names}
 json.dump({"names": names, "coarse_steps": sorted(coarse_steps), "history": history, "idle_stats": len(idle.epoch_stats),
-           "stats": [s.batches for s in loader.epoch_stats],
+           "stats": [s.batches for s in loader.epoch_stats], "cold_rate": cold_rate,
            "runs": len(client.search_runs([run.info.experiment_id]))}, open(out, "w"))
 """
 
@@ -228,12 +229,16 @@ def test_mlflow_metrics_land_in_a_sqlite_tracking_store(tmp_path) -> None:  # ty
         got = json.load(fh)
     prefix = "ucstage/"
     assert got["names"] == sorted(prefix + n for n in (
-        "batch_wait_ms", "epoch_batches", "epoch_batches_per_s", "epoch_stall_share",
+        "batch_wait_ms", "epoch_batches", "epoch_batches_per_s", "epoch_cache_evictions",
+        "epoch_cache_hit_rate", "epoch_cache_wait_s", "epoch_stall_share",
         "epoch_wait_max_ms", "epoch_wait_p50_ms", "epoch_wait_p95_ms",
         # the exactly-once audit (tests/data/test_resume.py tests it further)
         "epoch_files", "epoch_coverage_ok", "epoch_duplicates", "epoch_gaps"))
     assert [v for _, v in got["history"]["ucstage/epoch_files"]] == [12, 12]
     assert [v for _, v in got["history"]["ucstage/epoch_coverage_ok"]] == [1, 1]
+    # The idle loader cached every file first: both epochs hit every read.
+    assert sorted(got["history"]["ucstage/epoch_cache_hit_rate"]) == [[0, 1.0], [1, 1.0]]
+    assert got["cold_rate"] == 0.0  # a cold first epoch (recorded without a run)
     # 12 files, 2 workers x 6 files, batch 2 -> 6 batches per epoch, 2 epochs.
     waits = got["history"]["ucstage/batch_wait_ms"]
     assert sorted(step for step, _ in waits) == list(range(12))

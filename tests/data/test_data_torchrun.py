@@ -3,6 +3,7 @@ reading an rclone FUSE volume. Checked against `ucstage shard-plan --json`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.common.parts import REPO, free_port, unique, wait_synced
+from tests.common.usage import sampled_usage
 from ucstage import manifest as mf
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.fuse]
@@ -36,12 +38,13 @@ def make_volume(fuse_volume: tuple[str, str], n: int = N_FILES) -> tuple[str, li
     return os.path.join(mnt, key), sorted(names)
 
 
-def torchrun(mode: str, source: str, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def torchrun(mode: str, source: str, out: str, *extra: str,
+             env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
            "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={port}",
            WORKER, mode, source, out, *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), **(env_extra or {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
 
@@ -174,3 +177,51 @@ def test_guard_stops_every_rank_when_ranks_disagree(fuse_volume, tmp_path) -> No
         assert "rank 0: shuffle=True shuffle_scope=node" in r["scope"]
         assert "rank 1: shuffle=True shuffle_scope=global" in r["scope"]
     assert ranks[0]["workers"] == ranks[1]["workers"]
+
+
+def test_two_ranks_share_one_cache_a_quarter_of_the_dataset(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """2 ranks x 2 workers, 3 shuffled epochs, one cache capped at a quarter
+    of the FUSE volume: every epoch whole and byte-exact, usage never over the
+    cap (sampled from this process), each rank hitting its share from epoch 2."""
+    backing, mnt = fuse_volume
+    key = unique("small")
+    n, size = 800, 2048
+    digests = {}
+    os.makedirs(os.path.join(backing, key))
+    for i in range(n):
+        data = hashlib.sha256(b"%d" % i).digest() * (size // 32)
+        with open(os.path.join(backing, key, f"f{i:03d}.bin"), "wb") as fh:
+            fh.write(data)
+        digests[f"f{i:03d}.bin"] = hashlib.sha256(data).hexdigest()
+    wait_synced(os.path.join(backing, key), os.path.join(mnt, key))
+    cap = n * size // 4
+    cache_dir = str(tmp_path / "cache")
+    os.makedirs(cache_dir, mode=0o700)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    with sampled_usage(cache_dir, str(tmp_path)) as usage:
+        proc = torchrun("smallcache", os.path.join(mnt, key), out,
+                        env_extra={"UCSTAGE_CACHE_DIR": cache_dir,
+                                   "UCSTAGE_CACHE_MAX_BYTES": str(cap)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = results(out)
+    for epoch in range(3):
+        read = [item for r in ranks for item in r["epochs"][epoch]]
+        assert sorted(name for name, _ in read) == sorted(digests)
+        assert all(digests[name] == digest for name, digest in read)
+    assert usage.samples > 10 and 0 < usage.peak <= cap, (usage.peak, usage.samples)
+    # From epoch 2 on the job hits about cap / dataset of its reads (each rank
+    # reads 400 random files of the 800, so one rank's share varies by a few %).
+    rates = [r["hit_rates"] for r in ranks]
+    assert all(rate[0] == 0.0 for rate in rates)
+    for epoch in (1, 2):
+        assert (rates[0][epoch] + rates[1][epoch]) / 2 >= 0.8 * 0.25, rates
+        assert min(rates[0][epoch], rates[1][epoch]) >= 0.5 * 0.25, rates
+    # One run, both ranks: `cache status` adds up every process of the job.
+    assert ranks[0]["run"] == ranks[1]["run"]
+    status = subprocess.run([sys.executable, "-m", "ucstage", "cache", "status", "--json"],
+                            env=dict(os.environ, UCSTAGE_CACHE_DIR=cache_dir,
+                                     PYTHONPATH=os.getcwd()), capture_output=True, text=True)
+    last = json.loads(status.stdout)["last_run"]
+    assert last["run"] == ranks[0]["run"] and last["hits"] + last["misses"] == 3 * n
+

@@ -7,10 +7,14 @@
 paths each (rank, worker) yields, in order, for several configurations.
 ``guard``: ranks disagree (on the listing, num_workers, the shuffle scope); records the
 RankMismatch each rank raised and exits 1.
+``smallcache``: 3 shuffled epochs through the cache of ``$UCSTAGE_CACHE_DIR``
+capped at ``$UCSTAGE_CACHE_MAX_BYTES`` (smaller than SOURCE); records each
+epoch's (relative path, sha256 of the bytes read) and cache hit rate.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -120,12 +124,42 @@ def guard(source: str) -> dict[str, Any]:
     return result
 
 
+class Digests(IterableDataset):  # type: ignore[type-arg]
+    """A decoding wrapper: reads each file, yields (relative path, sha256)."""
+
+    def __init__(self, paths: VolumeDataset) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        root = self.paths.cache().namespace_dir(self.paths.freeze().volume())
+        for local in self.paths:
+            with open(local, "rb") as fh:
+                data = fh.read()
+            yield os.path.relpath(local, root).replace(os.sep, "/"), \
+                hashlib.sha256(data).hexdigest()
+
+
+def smallcache(source: str) -> dict[str, Any]:
+    paths = VolumeDataset(source, shuffle=True, seed=3, read_ahead=1)
+    loader = DataLoader(Digests(paths), batch_size=None, num_workers=2, log_mlflow=False)
+    epochs = []
+    for epoch in range(3):
+        paths.set_epoch(epoch)
+        epochs.append([list(item) for item in loader])
+        dist.barrier()  # ranks start each epoch together, as DDP keeps them
+    return {"epochs": epochs, "hit_rates": [s.cache_hit_rate for s in loader.epoch_stats],
+            "run": paths.run}
+
+
 def main() -> int:
     mode, source, out = sys.argv[1:4]
     manifest = sys.argv[4] if len(sys.argv) > 4 else None
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    result = shard(source, manifest) if mode == "shard" else guard(source)
+    if mode == "smallcache":
+        result = smallcache(source)
+    else:
+        result = shard(source, manifest) if mode == "shard" else guard(source)
     result["rank"] = rank
     result["world_size"] = dist.get_world_size()
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:

@@ -3,8 +3,10 @@
 ``local`` holds :class:`LocalCache` (lookup, fetch, warm), ``space`` the
 on-disk state (:class:`CacheSpace`) it shares with ``maintenance`` (status,
 verify, clear, prune), ``reports`` what they return, ``inflight`` how a job
-stops its copies (:class:`Inflight`); ``layout``, ``copy`` and ``locks`` are
-the pieces below. See docs/cache.md and docs/design.md.
+stops its copies (:class:`Inflight`); ``leases``, ``policy`` and ``runstats``
+how a dataset's reader holds its files, the eviction order and a run's
+counters (:class:`RunStats`); ``layout``, ``copy`` and ``locks`` are the
+pieces below. See docs/cache.md and docs/design.md.
 """
 
 from .inflight import Inflight, Stopped
@@ -21,6 +23,7 @@ from .reports import (
     VerifyReport,
     WarmReport,
 )
+from .runstats import RunStats
 from .space import CacheSpace
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "NamespaceStatus",
     "PruneReport",
     "RankSlice",
+    "RunStats",
     "SourceCheck",
     "Stopped",
     "VerifyReport",

@@ -11,9 +11,12 @@ How it works is documented in docs/cache.md. In short:
   once; locks die with their process.
 * With a byte cap, the least recently used files are evicted first; a file's
   atime is its last hand-out time, and files handed out in the last
-  ``lease_seconds`` are never evicted. A copy reserves its bytes by creating
-  its preallocated temp file under the ledger lock, so usage, copies in
-  flight included, stays within the cap.
+  ``lease_seconds`` are never evicted. Files a :class:`ucstage.VolumeDataset`
+  reads are held while its reader needs them and, once consumed, evicted
+  most recently consumed first (:mod:`ucstage.cache.policy`,
+  :mod:`ucstage.cache.leases`); a full cap makes a copy wait for room. A
+  copy reserves its bytes by creating its preallocated temp file under the
+  ledger lock, so usage, copies in flight included, stays within the cap.
 
 This module holds the hot path (lookup, fetch, warm). The on-disk state it
 shares with the maintenance commands (the ledger, the stamp memo, the tree
@@ -66,13 +69,18 @@ from .reports import (
 )
 from .space import CacheSpace, Evicted, free_bytes, no_room
 
-__all__ = ["CACHE_DIR_ENV", "MAX_BYTES_ENV", "WARM_FEWER", "LocalCache", "rank_entries"]
+__all__ = ["CACHE_DIR_ENV", "DEFAULT_LEASE_SECONDS", "DEFAULT_WAIT_SECONDS", "MAX_BYTES_ENV",
+           "WARM_FEWER", "LocalCache", "rank_entries"]
 
 CACHE_DIR_ENV = cd.CACHE_DIR_ENV
 MAX_BYTES_ENV = "UCSTAGE_CACHE_MAX_BYTES"
 _TOUCH_NS = 1_000_000_000
 """Hand-outs refresh a file's atime at most once a second: the LRU clock has
 one-second resolution, and hot lookups cost one stat, not a stat and a write."""
+DEFAULT_LEASE_SECONDS = 10.0
+"""The time lease of paths handed out by ``lookup``/``fetch`` (and ``warm``)."""
+DEFAULT_WAIT_SECONDS = 120.0
+"""How long a copy waits for readers to make room under a full cap."""
 WARM_FEWER = "warm fewer files"
 """How a :exc:`CacheFull` hint of :meth:`LocalCache.warm` ends when warming
 fewer files would help; the library cannot name the CLI flags that choose
@@ -129,14 +137,19 @@ class LocalCache:
             symlink, owned by someone else, or writable by others.
         max_bytes: byte cap for the whole root; default ``$UCSTAGE_CACHE_MAX_BYTES``
             (``500M``, ``20G``; powers of 1024), else no cap.
-        lease_seconds: a file handed to a reader is not evicted for this long.
+        lease_seconds: a file handed out by :meth:`lookup` or :meth:`fetch` is
+            not evicted for this long (files a VolumeDataset reads are held
+            until its reader moves on instead).
+        wait_seconds: how long a copy waits for room when everything under
+            the cap is held by readers, before it fails with ``CacheFull``.
         retries: extra attempts for transient source errors.
         backoff: first retry delay in seconds (doubles each attempt, jittered).
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *,
-                 max_bytes: int | None = None, lease_seconds: float = 60.0,
-                 retries: int = 3, backoff: float = 0.2) -> None:
+                 max_bytes: int | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 retries: int = 3, backoff: float = 0.2,
+                 wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
         self.root: str = cd.open_root(os.fspath(root) if root is not None else cd.default_root())
         if max_bytes is None:
             max_bytes = _env_max_bytes()
@@ -144,6 +157,9 @@ class LocalCache:
             raise CacheError(f"max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
         self.lease_ns = int(lease_seconds * 1e9)
+        if wait_seconds < 0:
+            raise CacheError(f"wait_seconds must be 0 or more, got {wait_seconds}")
+        self.wait_seconds = float(wait_seconds)
         self.retries = retries
         self.backoff = backoff
         self.space = CacheSpace(self.root)
@@ -179,10 +195,11 @@ class LocalCache:
 
     # -- the hot path -------------------------------------------------------
 
-    def lookup(self, volume: Volume, entry: FileEntry) -> str | None:
+    def lookup(self, volume: Volume, entry: FileEntry, *, touch: bool = True) -> str | None:
         """The cached file's path if it is valid for ``entry``, else None. Never copies.
 
-        Handing out a path refreshes its LRU time (and so its lease).
+        Handing out a path refreshes its LRU time (and so its lease), unless
+        ``touch`` is False (a dataset reader, which holds the file instead).
         """
         last = self._last
         if last is None or last[0] is not volume:
@@ -208,7 +225,9 @@ class LocalCache:
                 or st.st_size != entry.size:
             return None
         now = time.time_ns()
-        if now - st.st_atime_ns > _TOUCH_NS:
+        # An atime in the future is a dataset's consumed mark (cache/policy.py):
+        # handing the file to anyone else turns it back into an LRU file.
+        if touch and not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
             try:
                 os.utime(local, ns=(now, st.st_mtime_ns))
             except OSError:  # evicted between the stat and the touch
@@ -310,7 +329,8 @@ class LocalCache:
         for attempt in (1, 2):
             try:
                 fd, reserved = space.reserve(tmp, entry.size, max_bytes=self.max_bytes,
-                                             lease_ns=self.lease_ns, name=rel, evicted=evicted)
+                                             lease_ns=self.lease_ns, name=rel, evicted=evicted,
+                                             wait_s=self.wait_seconds, run=run)
                 break
             except FileNotFoundError:
                 if attempt == 2:
@@ -468,10 +488,11 @@ class LocalCache:
         return maint.clear(self.space, volume)
 
     def prune(self, max_bytes: int) -> PruneReport:
-        """Evict least recently used files until the cache holds at most ``max_bytes``.
+        """Evict files, in the eviction order of :mod:`ucstage.cache.policy`,
+        until the cache holds at most ``max_bytes``.
 
-        Files handed to a reader within the lease stay; the report says how
-        many bytes that kept.
+        Files handed to a reader within the lease, and files a dataset reader
+        holds, stay; the report says how many bytes that kept.
         """
         return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import CacheError, InvalidArgument
 from ..volumes import FileEntry, Volume, list_files, resolve, safe_relpath
 from . import layout as cd
+from . import runstats
 from .reports import (
     CacheStatus,
     ClearReport,
@@ -80,7 +81,7 @@ def status(space: CacheSpace, volumes: Volumes, *, max_bytes: int | None) -> Cac
         rows.append(NamespaceStatus(name, given, url, ns_dir, found.files, found.bytes,
                                     found.partial_files))
     return CacheStatus(space.root, sum(r.entries for r in rows), sum(r.bytes for r in rows),
-                       max_bytes, free_bytes(space.root), rows)
+                       max_bytes, free_bytes(space.root), rows, runstats.last_run(space.root))
 
 
 def verify(space: CacheSpace, volume: Volume | None, entries: Sequence[FileEntry] | None, *,

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .runstats import RunStats
+
 __all__ = [
     "CacheStatus",
     "ClearReport",
@@ -180,12 +182,16 @@ class CacheStatus:
     max_bytes: int | None
     free_bytes: int
     namespaces: list[NamespaceStatus]
+    last_run: RunStats | None = None
+    """Hits, misses and evictions of the last training run that read through
+    this cache (None when none did)."""
 
     def to_json(self) -> dict[str, Any]:
         """The document of ``cache status --json``."""
         return {"cache_dir": self.root, "entries": self.entries, "bytes": self.bytes,
                 "max_bytes": self.max_bytes, "free_bytes": self.free_bytes,
-                "namespaces": [n.to_json() for n in self.namespaces]}
+                "namespaces": [n.to_json() for n in self.namespaces],
+                "last_run": self.last_run.to_json() if self.last_run is not None else None}
 
 
 @dataclass

@@ -30,6 +30,9 @@ from ..atomic import write_atomic
 from ..errors import CacheFull
 from ..units import format_bytes
 from . import layout as cd
+from . import policy
+from .inflight import Inflight
+from .leases import take_exclusive
 from .locks import FileLock, stripe_path
 
 __all__ = ["CacheSpace", "Evicted", "Eviction", "Tally", "free_bytes", "no_room",
@@ -342,7 +345,8 @@ class CacheSpace:
         return os.path.join(os.path.dirname(local), cd.part_name(stripe, os.path.basename(local)))
 
     def reserve(self, tmp: str, need: int, *, max_bytes: int | None, lease_ns: int,
-                name: str, evicted: Evicted | None = None) -> tuple[int, int]:
+                name: str, evicted: Evicted | None = None, wait_s: float = 0.0,
+                run: Inflight | None = None) -> tuple[int, int]:
         """Create ``tmp`` preallocated to ``need`` bytes and count it in the
         ledger; under a cap, evict first if needed. Return the open descriptor
         and the bytes reserved in the ledger (``need``). Files evicted to make
@@ -358,9 +362,17 @@ class CacheSpace:
         walk); it grows to ``need`` and the ledger by ``need`` together,
         under the lock. Its stripe is held, so no sweep removes it meanwhile.
 
+        When everything cached is protected (held by a reader, in its time
+        lease, or a copy in flight), the reservation waits for a reader to
+        move on, up to ``wait_s`` seconds (polling, without the ledger lock
+        held in between; ``run`` stopping ends the wait with ``Stopped``).
+        The time waited is charged to the thread's reader
+        (:func:`ucstage.cache.policy.reader`).
+
         Raises:
-            CacheFull: ``need`` does not fit under ``max_bytes`` (``name``
-                says which file in the message).
+            CacheFull: ``need`` is larger than ``max_bytes``, at once; or it
+                still did not fit after ``wait_s`` (``name`` says which file
+                in the message).
             OSError: the temp file cannot be created or preallocated
                 (ENOSPC when the disk is full); nothing is left behind.
         """
@@ -368,27 +380,52 @@ class CacheSpace:
             raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(max_bytes)}", hint="raise max_bytes")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        started: float | None = None
+        pause = 0.005
         try:
-            with self._ledger() as ledger:
-                used = ledger.read()
-                if max_bytes is not None and used + need > max_bytes:
-                    low = int(max_bytes * _LOW_WATER) - need
-                    used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need,
-                                           lease_ns, evicted)
-                    if used + need > max_bytes:
-                        raise CacheFull(
-                            f"the cache cap {format_bytes(max_bytes)} is full of files handed "
-                            f"to readers in the last {lease_ns / 1e9:g} s "
-                            f"({format_bytes(used)} cached); {name} needs {format_bytes(need)}",
-                            hint="raise max_bytes, or read fewer files at once")
-                # Preallocating makes a full disk fail here, before any byte is copied.
-                if need:
-                    os.posix_fallocate(fd, 0, need)
-                ledger.write(used + need)
+            while True:
+                with self._ledger() as ledger:
+                    used = ledger.read()
+                    if max_bytes is not None and used + need > max_bytes:
+                        low = int(max_bytes * _LOW_WATER) - need
+                        used = self._evict_lru(ledger, low if low >= 0 else max_bytes - need,
+                                               lease_ns, evicted)
+                    if max_bytes is None or used + need <= max_bytes:
+                        # Preallocating makes a full disk fail here, before any
+                        # byte is copied.
+                        if need:
+                            os.posix_fallocate(fd, 0, need)
+                        ledger.write(used + need)
+                        break
+                # Full of protected files: wait for a reader to move on (a lease
+                # to end), polling; the ledger lock is free meanwhile.
+                now = time.monotonic()
+                if started is None:
+                    started = now
+                    charge = policy.reader()
+                    if charge is not None:
+                        charge.waiting()
+                if now - started >= wait_s:
+                    _charge_wait(now - started)
+                    raise CacheFull(
+                        f"the cache cap {format_bytes(max_bytes)} is full of files handed to "
+                        f"readers (held by a reader, or handed out in the last "
+                        f"{lease_ns / 1e9:g} s) or being copied ({format_bytes(used)}); "
+                        f"{name} needs {format_bytes(need)}; waited {now - started:.1f} s "
+                        "for a reader to move on",
+                        hint="raise max_bytes, or read fewer files at once (num_workers, "
+                             "read_ahead): the readers' window must fit well within the cap")
+                if run is not None:
+                    run.sleep(pause)
+                else:
+                    time.sleep(pause)
+                pause = min(pause * 2, 0.1)
         except BaseException:
             os.close(fd)
             unlink_if_exists(tmp)
             raise
+        if started is not None:
+            _charge_wait(time.monotonic() - started)
         return fd, need
 
     def commit(self, tmp: str, local: str, size: int, reserved: int) -> None:
@@ -460,18 +497,22 @@ class CacheSpace:
             return ledger.read()
 
     def evict_to(self, target: int, lease_ns: int) -> Eviction:
-        """Sweep dead temp files, then evict least recently used files that were
-        not handed out within ``lease_ns`` until the cache holds at most
-        ``target`` bytes (or nothing evictable is left)."""
+        """Sweep dead temp files, then evict files in the eviction order
+        (:mod:`ucstage.cache.policy`), none handed out within ``lease_ns`` nor
+        held by a reader, until the cache holds at most ``target`` bytes (or
+        nothing evictable is left)."""
+        kept: list[_Cached] = []
         with self._ledger() as ledger:
             for ns_dir in self.namespace_dirs():
                 self.sweep(ns_dir)
             found = [c for c in self._walk(self.namespace_dirs()) if not c.partial]
-            after = self._evict_lru(ledger, target, lease_ns)
+            after = self._evict_lru(ledger, target, lease_ns, kept=kept)
             remaining = {c.path for c in self._walk(self.namespace_dirs())}
         removed = [c for c in found if c.path not in remaining]
-        cutoff = time.time_ns() - lease_ns
-        in_use = sum(c.size for c in found if c.path in remaining and c.atime_ns > cutoff)
+        now = time.time_ns()
+        held = {c.path for c in kept}
+        in_use = sum(c.size for c in found if c.path in remaining and (
+            c.path in held or policy.time_leased(c.atime_ns, now, lease_ns)))
         return Eviction(sum(c.size for c in found), after, len(removed),
                         sum(c.size for c in removed), in_use)
 
@@ -543,9 +584,12 @@ class CacheSpace:
                                       stripe is not None, namespace)
 
     def _evict_lru(self, ledger: _Ledger, target: int, lease_ns: int,
-                   evicted: Evicted | None = None) -> int:
-        """Evict least recently used, unleased files until usage <= target,
-        counting each in ``evicted``.
+                   evicted: Evicted | None = None, kept: list[_Cached] | None = None) -> int:
+        """Evict unprotected files in :func:`ucstage.cache.policy.eviction_order`
+        (ordinary files least recently used first, then files a dataset
+        consumed, most recently consumed first) until usage <= target,
+        counting each in ``evicted`` (and in the thread's reader). Files found
+        held or being fetched go to ``kept``.
 
         Call with the ledger lock held. Returns the usage after, and resets
         the ledger to it (the walk is the truth).
@@ -553,19 +597,23 @@ class CacheSpace:
         # Copies in flight are their preallocated temp files, created and
         # renamed only under this lock: the walk counts them exactly. Temp
         # files of dead runs are deleted on the way (nobody holds their stripe).
-        found = sorted(self._walk(self.namespace_dirs()), key=lambda c: c.atime_ns)
+        found = list(self._walk(self.namespace_dirs()))
         used = sum(c.size for c in found)
         for c in found:
             if c.partial and _sweep_one(c.path, c.lock):
                 used -= c.size
-        cutoff = time.time_ns() - lease_ns
-        for c in found:
-            if used <= target or c.atime_ns > cutoff:
+        charge = policy.reader()
+        for c in policy.eviction_order(found, time.time_ns(), lease_ns):
+            if used <= target:
                 break
-            if not c.partial and self._evict(c):
+            if self._evict(c):
                 used -= c.size
                 if evicted is not None:
                     evicted.add(c.namespace, c.size)
+                if charge is not None:
+                    charge.evicted(1, c.size)
+            elif kept is not None:
+                kept.append(c)
         ledger.write(used)
         return used
 
@@ -573,7 +621,13 @@ class CacheSpace:
         lock = FileLock(c.lock)
         if not lock.acquire(blocking=False):
             return False  # being fetched right now
+        hold: int | None = -1
         try:
+            hold = take_exclusive(c.path)
+            if hold is None:
+                return False  # a reader holds it (see ucstage.cache.leases)
+            if hold < 0:
+                return True  # gone meanwhile
             staged = self._trash_name()
             try:
                 os.rename(c.path, staged)
@@ -586,6 +640,8 @@ class CacheSpace:
                 return False
             os.unlink(staged)
         finally:
+            if hold is not None and hold >= 0:
+                os.close(hold)  # the exclusive hold, kept over the rename and the check
             lock.release()
         self._forget(c.path)
         return True
@@ -605,6 +661,12 @@ def _sweep_one(path: str, lock_path: str) -> bool:
         return True
     finally:
         lock.release()
+
+
+def _charge_wait(seconds: float) -> None:
+    charge = policy.reader()
+    if charge is not None:
+        charge.waited(seconds)
 
 
 def no_room(exc: BaseException) -> bool:

@@ -19,7 +19,13 @@ from rich.markup import escape
 
 from .. import manifest as manifest_mod
 from ..cache.layout import CACHE_DIR_ENV, user_root
-from ..cache.local import MAX_BYTES_ENV, WARM_FEWER, LocalCache, rank_entries
+from ..cache.local import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_BYTES_ENV,
+    WARM_FEWER,
+    LocalCache,
+    rank_entries,
+)
 from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
 from ..manifest import Manifest
@@ -114,8 +120,9 @@ def command() -> None:
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Files copied at once (threads).")
 @click.option("--max-bytes", metavar="SIZE", default=None,
-              help="Byte cap for the whole cache; least recently used files are evicted "
-                   "(of any source; the summary says which). Default "
+              help="Byte cap for the whole cache; files are evicted, least recently used "
+                   "first, then files a training job consumed (of any source; the summary "
+                   "says which; files a running job holds stay). Default "
                    f"$UCSTAGE_CACHE_MAX_BYTES, else no cap; {SIZE_HELP}.")
 @click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
 @click.option("--node-rank", type=int, default=None,
@@ -391,7 +398,8 @@ def _volumes_opt(cache: LocalCache, source: str | None) -> list[Volume] | None:
 @click.argument("source", required=False, metavar="[SOURCE]")
 @json_option
 def status(source: str | None, as_json: bool) -> None:
-    """Entries and bytes cached per source (one, or all), the cap and free disk.
+    """Entries and bytes cached per source (one, or all), the cap and free disk,
+    and the hits, misses and evictions of the last training run.
 
     \b
     Example:
@@ -416,6 +424,15 @@ def status(source: str | None, as_json: bool) -> None:
             console.print(t)
             for n in st.namespaces:
                 console.print(f"  {n.source or '?'} -> {n.path}", markup=False)
+        run = st.last_run
+        if run is not None:
+            rate = f"{run.hit_rate:.0%}" if run.hit_rate is not None else "-"
+            console.print(
+                f"Last run {run.run} ({data['last_run']['updated']}): "
+                f"{run.hits:,} hits ({format_bytes(run.hit_bytes)}), "
+                f"{run.misses:,} misses ({format_bytes(run.miss_bytes)}), hit rate {rate}; "
+                f"{run.evictions:,} evictions ({format_bytes(run.evicted_bytes)}); "
+                f"waited {run.wait_s:.1f} s for room", markup=False)
 
     emit(data, as_json, human)
 
@@ -560,14 +577,17 @@ def _confirm_clear_all(cache: LocalCache) -> bool:
 
 @command.command("prune", context_settings=CONTEXT)
 @click.option("--max-bytes", metavar="SIZE", required=True,
-              help="Evict least recently used files until the cache holds at most SIZE; "
+              help="Evict files (least recently used first; files a training job consumed, "
+                   "most recently consumed first) until the cache holds at most SIZE; "
                    f"{SIZE_HELP}.")
-@click.option("--lease", "lease", type=click.FloatRange(0), default=60.0, show_default=True,
+@click.option("--lease", "lease", type=click.FloatRange(0), default=DEFAULT_LEASE_SECONDS,
+              show_default=True,
               metavar="SECONDS", help="Keep files handed to a reader within this many seconds.")
 @json_option
 def prune(max_bytes: str, lease: float, as_json: bool) -> None:
-    """Evict least recently used files down to a byte cap. Files handed to a
-    reader within --lease seconds stay; exits 1 if they keep the cache above SIZE.
+    """Evict files down to a byte cap (the cap's eviction order, docs/cache.md).
+    Files handed to a reader within --lease seconds, and files a running
+    training job holds, stay; exits 1 if they keep the cache above SIZE.
 
     \b
     Example:
@@ -587,5 +607,6 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
         fail_found(
             f"{format_bytes(r.bytes_after)} remain above {format_bytes(cap)}: "
             f"{format_bytes(r.bytes_in_use)} were handed to readers in the last {lease:g} s "
-            "(a freshly copied file counts as just used)",
+            "or are held by a running training job (a freshly copied file counts as just "
+            "used)",
             "`--lease 0` evicts them anyway, if no job is reading from the cache now")

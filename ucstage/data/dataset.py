@@ -29,6 +29,7 @@ is worker 0 of 1.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,7 @@ import torch.utils.data as tud
 
 from .. import manifest as _manifest
 from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
+from ..cache.runstats import job_id
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
 from ..sharding import (
@@ -51,6 +53,7 @@ from ..sharding import (
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
+from . import holding
 from . import state as _state
 from .readahead import ReadAhead, cache_fetcher, cache_lookup
 
@@ -202,6 +205,8 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self._fingerprint: str | None = None
         self._manifest_size: int | None = None
         self._dist_rank_world: tuple[int, int] | None = None
+        self.run = job_id()
+        """The run its cache counters belong to (``cache status``'s last run)."""
         # Not pickled: rebuilt on demand in each process.
         self._cache: LocalCache | None = cache
         self._manifest: Manifest | None = None
@@ -470,6 +475,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[str]:
         rank, world, num_workers, worker = self.slot()
+        holding.check_window(self, self.cache(), num_workers)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
                                worker=worker)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
@@ -478,13 +484,15 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
             rows = _SlotRows(rows._manifest, tracker.indices)
-        return tracker.wrap(self._fetch_all(rows))
+        return tracker.wrap(self._fetch_all(rows, rank))
 
-    def _fetch_all(self, entries: Sequence[FileEntry]) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[FileEntry], rank: int = 0) -> Iterator[str]:
         cache, volume = self.cache(), self._get_volume()
+        # Each path stays held until the consumer moves past it (cache/leases.py).
+        reader = holding.open_reader(self, cache, rank)
         if self.read_ahead == 0:
-            for entry in entries:
-                yield cache.fetch(volume, entry)
+            fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+            yield from holding.follow((fetch(entry) for entry in entries), reader)
             return
         # A window of fetches runs ahead of the consumer; results come back in
         # slot order. Fetches of one file by several processes are single-flight
@@ -493,10 +501,12 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         # before it returns: nothing is copied for an iterator that is gone.
         # Hits are looked up in this thread; only misses are handed to threads.
         fetch, stop, abandon = cache_fetcher(cache, volume)
-        ahead = ReadAhead(fetch, entries, self.read_ahead, stop=stop, abandon=abandon,
-                          lookup=cache_lookup(cache, volume))
+        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, self.read_ahead,
+                          stop=stop, abandon=abandon,
+                          lookup=holding.lookup(reader, cache, volume,
+                                                cache_lookup(cache, volume)))
         try:
-            yield from ahead
+            yield from holding.follow(iter(ahead), reader)
         finally:
             ahead.close()
 

@@ -18,6 +18,7 @@ import torch.utils.data as tud
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
+from . import holding
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .timing import EpochStats, MlflowSink, TimedIterator
@@ -133,6 +134,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         if self.volume_dataset is not None:
             self.volume_dataset.num_workers = self.num_workers  # another loader may share it
         self._prepare()
+        vds, rank = self.volume_dataset, _rank()
+        if vds is not None:  # a window that can never fit fails here, before workers start
+            holding.check_window(vds, vds.cache(), self.num_workers)
+        before = holding.rank_stats(vds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
         if sink is not None:
@@ -143,7 +148,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         inner, on_done = self._hooks.after_workers(super().__iter__(), sink, self._epoch_done)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
-                             step_every=self.mlflow_step_every)
+                             step_every=self.mlflow_step_every,
+                             extra=lambda: holding.epoch_metrics(vds, rank, before))
 
     def state_dict(self, gather: bool = False) -> dict[str, Any]:
         """Where this epoch stands: small JSON-serialisable data, no file list.
@@ -211,6 +217,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded,
                                                           dist.get_world_size()))
         _check_listings(latest)
+
+
+def _rank() -> int:
+    dist = dist_.active()
+    return dist.get_rank() if dist is not None else 0
 
 
 @dataclass(frozen=True)

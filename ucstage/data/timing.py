@@ -21,6 +21,11 @@ Metric names (``PREFIX`` defaults to ``ucstage``):
 ``PREFIX/epoch_batches_per_s``     batches / epoch wall time
 ``PREFIX/epoch_stall_share``       total wait / epoch wall time (0..1)
 ``PREFIX/epoch_batches``           batches in the epoch
+``PREFIX/epoch_cache_hit_rate``    files found in the cache / files this rank
+                                   read (a VolumeDataset through ucstage's cache)
+``PREFIX/epoch_cache_wait_s``      time copies waited for readers to make room
+                                   under the cap (part of the batch waits)
+``PREFIX/epoch_cache_evictions``   cached files this rank's copies evicted
 =================================  ===========================================
 
 mlflow is never imported here: a run can only be active if the user's code
@@ -31,6 +36,7 @@ run (or without mlflow) nothing is logged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import time
@@ -69,6 +75,11 @@ class EpochStats:
     """Time spent in ucstage's own timing and logging bookkeeping."""
     complete: bool
     """False when the loop stopped before the loader was exhausted."""
+    cache_hit_rate: float | None = None
+    """Files this rank read that were already cached / files it read (None
+    without a VolumeDataset on ucstage's cache, or when it read nothing)."""
+    cache_wait_s: float = 0.0
+    """Time this rank's copies waited for room under the cache cap."""
 
 
 def summarise(epoch: int, waits: list[float], wall_s: float, overhead_s: float,
@@ -173,8 +184,11 @@ class TimedIterator:
     """
 
     def __init__(self, inner: Iterator[Any], *, epoch: int, first_step: int,
-                 sink: MlflowSink | None, on_done: Any, step_every: int = 1) -> None:
+                 sink: MlflowSink | None, on_done: Any, step_every: int = 1,
+                 extra: Any = None) -> None:
         self._inner = inner
+        self._extra = extra
+        """Called at the epoch's end: more per-epoch metrics (the cache's)."""
         self._every = max(1, step_every)
         self._window = 0.0
         self._epoch = epoch
@@ -237,7 +251,15 @@ class TimedIterator:
         t0 = time.perf_counter()
         wall = now - self._start if self._start is not None else 0.0
         stats = summarise(self._epoch, self._waits, wall, self._overhead, complete)
+        extra: dict[str, float] = {}
+        if self._extra is not None:
+            try:
+                extra = self._extra()
+            except Exception as exc:  # the counters must never stop a training run
+                log.warning("ucstage: could not read the cache counters: %s", exc)
         if self._sink is not None and stats.batches:
+            for name, value in extra.items():
+                self._sink.add(name, value, self._epoch)
             for name, value in (("epoch_wait_p50_ms", stats.wait_p50_ms),
                                 ("epoch_wait_p95_ms", stats.wait_p95_ms),
                                 ("epoch_wait_max_ms", stats.wait_max_ms),
@@ -248,4 +270,7 @@ class TimedIterator:
             self._sink.send()
         overhead = self._overhead + time.perf_counter() - t0
         stats = summarise(self._epoch, self._waits, wall, overhead, complete)
+        if extra:
+            stats = dataclasses.replace(stats, cache_hit_rate=extra.get("epoch_cache_hit_rate"),
+                                        cache_wait_s=extra.get("epoch_cache_wait_s", 0.0))
         self._on_done(stats, self._step)

@@ -1,0 +1,273 @@
+"""Leases that follow the reader: a dataset's files stay until it moves on.
+
+A :class:`Reader` is one slot's reader (one ``VolumeDataset`` iterator). Every
+path it fetches (read-ahead included) is *held* from the moment it is valid in
+the cache until the consumer asks for an item ``slack`` places further on:
+by then the consumer (a decoding wrapper) has opened the file, and an opened
+file survives eviction (POSIX unlink). A held file is never evicted.
+
+How a hold works, across processes: the reader opens the cached file and
+takes a shared ``flock`` on it; an eviction takes an exclusive ``flock``
+without waiting (:func:`take_exclusive`) and skips the file when it cannot.
+The kernel drops a dead reader's locks, so a killed job holds nothing. The
+hold is checked after the lock is granted: an eviction keeps its exclusive
+lock from before its rename until after its unlink, so a file that is still
+linked then is still at its path; an unlinked one (evicted between the open
+and the lock) fails the hold, and the reader fetches again.
+
+When the reader moves past a file it marks it consumed
+(:func:`ucstage.cache.policy.mark_consumed`: the scan clock that makes
+eviction take the most recently consumed file first) and lets it go.
+
+Paths that ``LocalCache.fetch``/``lookup`` hand to other callers are not held:
+they keep the time lease (``lease_seconds``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CacheFull
+from ..units import format_bytes
+from . import policy
+from .runstats import Counters
+
+__all__ = ["DEFAULT_SLACK", "Reader", "check_window", "take_exclusive"]
+
+DEFAULT_SLACK = 2
+"""Files handed out before the current one that stay held: wrappers that look
+ahead one or two items before opening still find their files."""
+
+
+def _takes(func: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def take_exclusive(path: str) -> int | None:
+    """A descriptor holding an exclusive ``flock`` on ``path`` (close it to let
+    go); None when a reader holds the file; -1 when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Reader:
+    """The holds and counters of one slot's reader.
+
+    Args:
+        counters: where hits, misses, evictions and waits are counted (None: nowhere).
+        slack: how many files handed out before the current one stay held.
+        holding: hold files at all (without a byte cap nothing is evicted
+            while a job runs: only counting is needed).
+    """
+
+    def __init__(self, counters: Counters | None = None, slack: int = DEFAULT_SLACK, *,
+                 holding: bool = True) -> None:
+        self.counters = counters
+        self.slack = slack
+        self.holding = holding
+        self._lock = threading.Lock()
+        self._held: dict[str, list[int]] = {}
+        """path -> [descriptor, holds, mtime]: one file can be handed out twice (padding)."""
+        self._closed = False
+
+    # -- policy.Charge: what the cache did for this reader -----------------
+
+    def evicted(self, files: int, nbytes: int) -> None:
+        if self.counters is not None:
+            self.counters.add(evictions=files, evicted_bytes=nbytes)
+
+    def waiting(self) -> None:
+        if self.counters is not None:
+            self.counters.add(waits=1)
+            self.counters.flush()  # seen at once by whoever watches the run
+
+    def waited(self, seconds: float) -> None:
+        if self.counters is not None:
+            self.counters.add(wait_ns=int(seconds * 1e9))
+            self.counters.flush()
+
+    # -- fetching ----------------------------------------------------------
+
+    def _lookup(self, cache: Any, volume: Any) -> Callable[[Any], str | None]:
+        # A held hit is not touched (no LRU time): the hold protects it, and
+        # the consumed mark replaces the time once the reader moves on.
+        if self.holding and _takes(cache.lookup, "touch"):
+            return functools.partial(cache.lookup, volume, touch=False)
+        return functools.partial(cache.lookup, volume)
+
+    def looker(self, cache: Any, volume: Any) -> Callable[[Any], str | None]:
+        """``lookup(entry)`` that returns a held, counted hit, or None (a miss,
+        or a hit evicted before it could be held: the fetch then takes it).
+        Read-ahead calls it in the consumer's thread, so a hit costs no
+        thread hand-off."""
+        lookup, counters = self._lookup(cache, volume), self.counters
+
+        def held_lookup(entry: Any) -> str | None:
+            path = lookup(entry)
+            if path is None or not self.hold(path):
+                return None
+            if counters is not None:
+                counters.count(True, entry.size)
+            return path
+
+        return held_lookup
+
+    def fetcher(self, cache: Any, volume: Any,
+                fetch: Callable[[Any], str]) -> Callable[[Any], str]:
+        """``fetch(entry)`` that returns a held path: a valid cached file is
+        taken as a hit, anything else goes through ``fetch`` (the cache's,
+        with the job's stop handle); both are counted."""
+
+        lookup, counters = self._lookup(cache, volume), self.counters
+
+        def held_fetch(entry: Any) -> str:
+            path = ""
+            for _ in range(3):
+                found = lookup(entry)
+                hit = found is not None
+                if found is None:
+                    with policy.charging(self):  # evictions and waits happen here only
+                        path = fetch(entry)
+                else:
+                    path = found
+                if self.hold(path):
+                    if counters is not None:
+                        counters.count(hit, entry.size)
+                    return path
+            # Evicted three times between its copy and the hold (only
+            # possible with lease_seconds=0): hand it out unheld.
+            if counters is not None:
+                counters.count(False, entry.size)
+            return path
+
+        return held_fetch
+
+    # -- holds -------------------------------------------------------------
+
+    def hold(self, path: str) -> bool:
+        """Hold ``path`` (see the module docstring); False when it is gone or
+        was replaced meanwhile. After :meth:`close`, nothing is held (and
+        True is returned: a read-ahead thread finishing late hands nothing out)."""
+        if not self.holding:
+            return True
+        with self._lock:
+            if self._closed:
+                return True
+            found = self._held.get(path)
+            if found is not None:
+                found[1] += 1
+                return True
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            # Blocks only while an eviction holds the file exclusively: from
+            # before its rename until after its unlink (or its putting back).
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            mine = os.fstat(fd)
+            # Still linked: no eviction (nor a replacing copy, nor verify's
+            # delete) took this file between the open and the lock, so the
+            # path still names it, and now nothing can evict it.
+            ok = mine.st_nlink > 0
+        except OSError:
+            ok = False
+        if not ok:
+            os.close(fd)
+            return False
+        with self._lock:
+            found = self._held.get(path)
+            if self._closed or found is not None:
+                os.close(fd)
+                if found is not None:
+                    found[1] += 1
+                return True
+            self._held[path] = [fd, 1, mine.st_mtime_ns]
+        return True
+
+    def release(self, path: str, *, consumed: bool = True) -> None:
+        """Let ``path`` go once; a consumed file is marked for the scan policy."""
+        with self._lock:
+            found = self._held.get(path)
+            if found is None:
+                return
+            found[1] -= 1
+            if found[1] > 0:
+                return
+            del self._held[path]
+        fd = found[0]
+        try:
+            if consumed:
+                with contextlib.suppress(OSError):
+                    # Marked while still held, so an eviction that sees it
+                    # unheld also sees it as consumed.
+                    policy.mark_consumed(fd, found[2])
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Let every file go, without marking (the rest were never consumed)."""
+        with self._lock:
+            self._closed = True
+            held, self._held = self._held, {}
+        for fd, *_ in held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.counters is not None:
+            self.counters.flush()
+
+    @property
+    def held(self) -> int:
+        """Files held now."""
+        with self._lock:
+            return len(self._held)
+
+
+def check_window(max_bytes: int | None, *, readers: int, depth: int, largest: int,
+                 largest_name: str = "") -> None:
+    """Refuse at once a read that can never fit under ``max_bytes``.
+
+    ``readers`` slots each hold up to ``depth`` files at once (read-ahead, the
+    current file and the slack); with files of up to ``largest`` bytes that
+    window alone must fit under the cap, else readers would wait for each
+    other forever.
+
+    Raises:
+        CacheFull: the largest file, or the window, is larger than the cap.
+    """
+    if max_bytes is None:
+        return
+    if largest > max_bytes:
+        name = f"{largest_name} is " if largest_name else "the largest file is "
+        raise CacheFull(f"{name}{format_bytes(largest)}, larger than the whole cache cap "
+                        f"{format_bytes(max_bytes)}", hint="raise max_bytes")
+    window = readers * depth * largest
+    if window > max_bytes:
+        raise CacheFull(
+            f"the readers' window does not fit under the cache cap {format_bytes(max_bytes)}: "
+            f"{readers} readers x {depth} files held each (read_ahead + the current file + "
+            f"{DEFAULT_SLACK} of slack) x the largest file {format_bytes(largest)} = "
+            f"{format_bytes(window)}",
+            hint=f"raise max_bytes to at least {format_bytes(window)} (more leaves room for "
+                 "hits), or lower read_ahead or num_workers")

@@ -1,0 +1,246 @@
+"""Hits, misses, evictions and waits of a training run, counted across processes.
+
+Every process that reads through a :class:`ucstage.VolumeDataset` (the main
+process of each rank, each DataLoader worker) counts into one small file of
+its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.counters``: eight fixed-width
+integers rewritten in place after each file handed out (one ``pwrite``; no
+lock is shared between processes). Readers sum the files: ``cache status``
+the last run's (the run whose files changed last), the DataLoader its own
+rank's before and after each epoch (``epoch_cache_hit_rate``).
+
+A run is one job: the ranks torchrun started together (same agent process
+and run id), or else one Python process and the DataLoader workers it
+starts. The newest :data:`KEEP_RUNS` runs are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import layout as cd
+
+__all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run", "read_run"]
+
+KEEP_RUNS = 8
+_FIELDS = ("hits", "misses", "hit_bytes", "miss_bytes", "evictions", "evicted_bytes",
+           "wait_ns", "waits")
+_RECORD = struct.Struct("<8q")
+_job: str | None = None
+
+
+def job_id() -> str:
+    """This job's run name: shared by the ranks of one torchrun launch (their
+    agent's pid and run id), else this process's start time and pid."""
+    global _job
+    if _job is None:
+        if os.environ.get("LOCAL_RANK") is not None and os.environ.get("TORCHELASTIC_RUN_ID"):
+            run = "".join(ch if ch.isalnum() else "_"
+                          for ch in os.environ["TORCHELASTIC_RUN_ID"])[:40]
+            _job = f"torchrun-{os.getppid()}-{run}"
+        else:
+            _job = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    return _job
+
+
+def _runs_dir(root: str) -> str:
+    return os.path.join(root, cd.CONTROL, "runs")
+
+
+_FLUSH_NS = 500_000_000
+"""Counters are written out at most twice a second (and when a reader ends)."""
+_HITS, _MISSES, _HIT_BYTES, _MISS_BYTES = 0, 1, 2, 3
+
+
+class Counters:
+    """One process's counters for one run and rank. Thread-safe (read-ahead
+    threads count concurrently). Written out at most every half second and
+    on :meth:`flush`: a reader flushes when it ends, so an epoch's counts are
+    on disk before its DataLoader worker reports the end of its data."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._values = [0] * len(_FIELDS)
+        self._lock = threading.Lock()
+        self._written = 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            raw = os.pread(self._fd, _RECORD.size, 0)
+            if len(raw) == _RECORD.size:
+                self._values = list(_RECORD.unpack(raw))
+        except OSError:
+            pass
+
+    def add(self, **values: int) -> None:
+        """Add to named counters (``evictions=1, evicted_bytes=size``)."""
+        with self._lock:
+            for name, value in values.items():
+                self._values[_FIELDS.index(name)] += int(value)
+        self._maybe_flush()
+
+    def count(self, hit: bool, size: int) -> None:
+        """One file handed out: a hit (already cached) or a miss (copied)."""
+        with self._lock:
+            values = self._values
+            if hit:
+                values[_HITS] += 1
+                values[_HIT_BYTES] += size
+            else:
+                values[_MISSES] += 1
+                values[_MISS_BYTES] += size
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic_ns() - self._written >= _FLUSH_NS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the counters out now."""
+        with self._lock:
+            self._written = time.monotonic_ns()
+            with contextlib.suppress(OSError):  # counting must never stop a training run
+                os.pwrite(self._fd, _RECORD.pack(*self._values), 0)
+
+
+_open: dict[tuple[str, str, int, int], Counters] = {}
+_open_lock = threading.Lock()
+
+
+def counters(root: str, run: str, rank: int) -> Counters | None:
+    """This process's counters for ``run`` and ``rank`` under the cache ``root``
+    (one file per process, shared by its readers); None when they cannot be
+    created. Creating a run's first file removes the oldest runs."""
+    key = (root, run, rank, os.getpid())  # a forked worker must not write its parent's file
+    with _open_lock:
+        found = _open.get(key)
+        if found is not None:
+            return found
+        folder = os.path.join(_runs_dir(root), run)
+        try:
+            fresh = not os.path.isdir(folder)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            if fresh:
+                _prune(root, keep=run)
+            found = _open[key] = Counters(os.path.join(folder, f"r{rank}-{os.getpid()}.counters"))
+        except OSError:
+            return None
+        return found
+
+
+def _prune(root: str, keep: str) -> None:
+    runs = _runs(root)
+    for _, name in runs[:-KEEP_RUNS]:
+        if name != keep:
+            shutil.rmtree(os.path.join(_runs_dir(root), name), ignore_errors=True)
+
+
+def _runs(root: str) -> list[tuple[int, str]]:
+    """(last change in ns, run name), oldest first."""
+    folder = _runs_dir(root)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        newest = 0
+        try:
+            with os.scandir(os.path.join(folder, name)) as it:
+                for e in it:
+                    newest = max(newest, e.stat().st_mtime_ns)
+        except OSError:
+            continue
+        found.append((newest, name))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What the files a run read looked like in the cache (summed over processes)."""
+
+    run: str
+    hits: int = 0
+    """Files already in the cache when a reader asked for them."""
+    misses: int = 0
+    """Files copied for a reader (or being copied by another process then)."""
+    hit_bytes: int = 0
+    miss_bytes: int = 0
+    evictions: int = 0
+    """Cached files this run's fetches evicted to stay under the cap."""
+    evicted_bytes: int = 0
+    wait_s: float = 0.0
+    """Time fetches waited for room under the cap (readers holding files)."""
+    waits: int = 0
+    """Fetches that had to wait for room."""
+    updated: float = 0.0
+    """When a counter last changed (Unix time)."""
+    processes: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses); None before any file was read."""
+        total = self.hits + self.misses
+        return self.hits / total if total else None
+
+    def minus(self, before: RunStats) -> RunStats:
+        """What happened between ``before`` and this reading."""
+        return RunStats(self.run, self.hits - before.hits, self.misses - before.misses,
+                        self.hit_bytes - before.hit_bytes, self.miss_bytes - before.miss_bytes,
+                        self.evictions - before.evictions,
+                        self.evicted_bytes - before.evicted_bytes,
+                        self.wait_s - before.wait_s, self.waits - before.waits, self.updated,
+                        self.processes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``last_run`` object of docs/json-cache.md#status."""
+        rate = self.hit_rate
+        return {"run": self.run, "hits": self.hits, "misses": self.misses,
+                "hit_rate": round(rate, 4) if rate is not None else None,
+                "hit_bytes": self.hit_bytes, "miss_bytes": self.miss_bytes,
+                "evictions": self.evictions, "evicted_bytes": self.evicted_bytes,
+                "waits": self.waits, "wait_s": round(self.wait_s, 3),
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.updated)),
+                "processes": self.processes}
+
+
+def read_run(root: str, run: str, rank: int | None = None) -> RunStats:
+    """The counters of ``run`` summed over its processes (of one ``rank``, or all)."""
+    folder = os.path.join(_runs_dir(root), run)
+    totals = [0] * len(_FIELDS)
+    newest = 0
+    count = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        entries = []
+    prefix = f"r{rank}-" if rank is not None else "r"
+    for e in entries:
+        if not (e.name.startswith(prefix) and e.name.endswith(".counters")):
+            continue
+        try:
+            with open(e.path, "rb") as fh:
+                raw = fh.read(_RECORD.size)
+            newest = max(newest, e.stat().st_mtime_ns)
+        except OSError:
+            continue
+        if len(raw) != _RECORD.size:
+            continue
+        count += 1
+        for i, value in enumerate(_RECORD.unpack(raw)):
+            totals[i] += value
+    v = dict(zip(_FIELDS, totals, strict=True))
+    return RunStats(run, v["hits"], v["misses"], v["hit_bytes"], v["miss_bytes"],
+                    v["evictions"], v["evicted_bytes"], v["wait_ns"] / 1e9, v["waits"],
+                    newest / 1e9, count)
+
+
+def last_run(root: str) -> RunStats | None:
+    """The run whose counters changed last, or None when none was recorded."""
+    runs = _runs(root)
+    return read_run(root, runs[-1][1]) if runs else None

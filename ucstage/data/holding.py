@@ -1,0 +1,133 @@
+"""How a VolumeDataset iterator holds its files and counts its hits.
+
+The dataset's side of :mod:`ucstage.cache.leases`: :func:`open_reader` makes
+one :class:`~ucstage.cache.leases.Reader` per slot iterator (holds, and the
+run's counters of :mod:`ucstage.cache.runstats`), :func:`follow` lets each
+path go once the consumer is ``slack`` items further, :func:`check_window`
+refuses at once a read whose window cannot fit under the cap, and
+:func:`epoch_metrics` is what the DataLoader logs per epoch.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..cache import runstats
+from ..cache.leases import DEFAULT_SLACK, Reader
+from ..cache.leases import check_window as _check_window
+from ..cache.runstats import RunStats
+from ..sharding import effective_workers
+
+VolumeDataset = Any
+"""A :class:`ucstage.data.dataset.VolumeDataset` (not imported: it imports this module)."""
+
+__all__ = ["check_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
+           "wrap"]
+
+
+def _holds(cache: Any) -> bool:
+    """Only ucstage's own cache can hold files (a user's cache object cannot)."""
+    return hasattr(cache, "space") and hasattr(cache, "lookup")
+
+
+def open_reader(dataset: VolumeDataset, cache: Any, rank: int) -> Reader | None:
+    """The reader of one slot iterator; None for a cache object of the user's own."""
+    if not _holds(cache):
+        return None
+    counters = runstats.counters(cache.root, dataset.run, rank)
+    return Reader(counters, slack=DEFAULT_SLACK, holding=cache.max_bytes is not None)
+
+
+def wrap(reader: Reader | None, cache: Any, volume: Any,
+         fetch: Callable[[Any], str]) -> Callable[[Any], str]:
+    """``fetch`` made to hold what it returns (unchanged without a reader)."""
+    return fetch if reader is None else reader.fetcher(cache, volume, fetch)
+
+
+def lookup(reader: Reader | None, cache: Any, volume: Any,
+           plain: Callable[[Any], str | None] | None) -> Callable[[Any], str | None] | None:
+    """The read-ahead's hit lookup made to hold and count what it returns
+    (``plain``, the cache's own lookup, without a reader)."""
+    return plain if reader is None else reader.looker(cache, volume)
+
+
+def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
+    """Yield ``paths``; each stays held until the consumer has asked for
+    ``reader.slack`` more (then it is marked consumed and let go). Closing
+    this closes ``paths`` first, then lets every file go."""
+    if reader is None:
+        yield from paths
+        return
+    recent: collections.deque[str] = collections.deque()
+    try:
+        for path in paths:
+            yield path
+            # The consumer asked for the next item: it has opened this one.
+            recent.append(path)
+            while len(recent) > reader.slack:
+                reader.release(recent.popleft())
+    finally:
+        close = getattr(paths, "close", None)
+        if close is not None:
+            close()
+        while recent:
+            reader.release(recent.popleft())
+        reader.close()
+
+
+def local_ranks() -> int:
+    """Ranks sharing this node's cache: torchrun's ``LOCAL_WORLD_SIZE``, else 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def check_window(dataset: VolumeDataset, cache: Any, num_workers: int) -> None:
+    """Refuse at once (``CacheFull``) a read that can never fit under the cap:
+    a file larger than the cap, or the window of every reader on this node
+    (``LOCAL_WORLD_SIZE`` x workers, each holding read_ahead + 1 + slack of
+    the largest file) larger than it."""
+    cap = getattr(cache, "max_bytes", None)
+    if cap is None or not _holds(cache):
+        return
+    manifest = dataset.freeze()
+    sizes = manifest.sizes()
+    if not len(sizes):
+        return
+    largest_at = int(np.argmax(np.asarray(sizes)))
+    largest = int(sizes[largest_at])
+    _check_window(cap, readers=local_ranks() * effective_workers(num_workers),
+                  depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
+                  largest_name=manifest.entries[largest_at].path)
+
+
+def rank_stats(dataset: VolumeDataset | None, rank: int) -> RunStats | None:
+    """This rank's counters in the dataset's run (None for a user's cache)."""
+    if dataset is None:
+        return None
+    cache = dataset.cache()
+    if not _holds(cache):
+        return None
+    return runstats.read_run(cache.root, dataset.run, rank)
+
+
+def epoch_metrics(dataset: VolumeDataset | None, rank: int,
+                  before: RunStats | None) -> dict[str, float]:
+    """The epoch's cache metrics for MLflow: ``epoch_cache_hit_rate`` (hits /
+    files this rank read), ``epoch_cache_wait_s`` (time copies waited for
+    room under the cap) and ``epoch_cache_evictions``."""
+    after = rank_stats(dataset, rank)
+    if after is None or before is None:
+        return {}
+    delta = after.minus(before)
+    found: dict[str, float] = {"epoch_cache_wait_s": delta.wait_s,
+                               "epoch_cache_evictions": float(delta.evictions)}
+    if delta.hit_rate is not None:
+        found["epoch_cache_hit_rate"] = delta.hit_rate
+    return found

@@ -104,7 +104,8 @@ def test_the_cycle_finder_finds_cycles():
 
 
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest", "ucstage.ports",
-        "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile"}
+        "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
+        "ucstage.objstore"}
 
 
 @pytest.mark.parametrize("name", sorted(CORE))

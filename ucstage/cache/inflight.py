@@ -42,7 +42,9 @@ class Inflight:
     """The stop flag of one job (a warm, a read-ahead) and the registry of its
     copies in flight. Thread-safe; create one per job."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_retry: Callable[[], None] | None = None) -> None:
+        self._on_retry = on_retry
+        """Told of each retry's backoff (the warm's concurrency backs off on errors)."""
         self._event = threading.Event()
         self._lock = threading.Condition()
         self._state: dict[int, str] = {}
@@ -66,6 +68,8 @@ class Inflight:
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (a retry's backoff), or less if the warm stops; then check."""
+        if self._on_retry is not None:
+            self._on_retry()
         self._event.wait(seconds)
         self.check()
 

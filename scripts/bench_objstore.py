@@ -144,6 +144,7 @@ def warm(url: str, endpoint: str, pairs: int, work: str, extra: list[str]) -> di
         files = doc["files"]
         row = {"pair": i + 1, "first": order[0], "files": files,
                "ucstage_s": round(runs["ucstage"][0], 3), "s5cmd_s": round(runs["s5cmd"][0], 3),
+               "ucstage_copy_s": doc["seconds"],
                "ratio": round(runs["s5cmd"][0] / runs["ucstage"][0], 3),
                "ucstage_cpu_ms_per_file": round(runs["ucstage"][1] / files * 1e3, 3),
                "s5cmd_cpu_ms_per_file": round(runs["s5cmd"][1] / files * 1e3, 3),

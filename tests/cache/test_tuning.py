@@ -49,8 +49,10 @@ def test_auto_ramps_while_throughput_rises_and_settles_at_the_knee() -> None:
     store = Store(knee=40)
     jobs = _jobs(store)
     limits = drive(jobs, store, 12)
-    assert limits[:3] == [16, 32, 64]  # doubling while it pays
+    assert limits[:2] == [64, 128]  # from 32, doubling while it pays
     assert 32 <= jobs.settled <= 64  # settled where more stopped helping
+    threads = Jobs(None, ceiling=64, clock=lambda: store.now)
+    assert drive(threads, store, 2) == [16, 32]  # threads start at 8
 
 
 def test_auto_stops_at_the_ceiling() -> None:

@@ -3,8 +3,9 @@ streamed straight into the cache's preallocated temp file.
 
 Every GET of a process runs on one asyncio loop in a daemon thread, so many
 requests are in flight without a thread each inside the HTTP client; obstore
-signs, sends and parses them in Rust. A copy waits for its GET's future in
-short steps, so a stop (:class:`~ucstage.cache.inflight.Inflight`) or a Ctrl-C
+signs, sends and parses them in Rust. A copy sleeps on an event that the
+GET's end and the job's stop both set, so a stop
+(:class:`~ucstage.cache.inflight.Inflight`) or a Ctrl-C
 in the waiting thread cancels the request through the loop: a blocking call
 inside Rust would not see the signal.
 
@@ -39,8 +40,6 @@ SPLIT_AT = 2 * PART
 """Objects this large or larger are fetched as parallel ranged GETs."""
 PARTS_IN_FLIGHT = 8
 """Ranged GETs of one object in flight at once."""
-_POLL = 0.05
-"""Seconds between a waiting copy's looks at its stop flag."""
 
 _loop_lock = threading.Lock()
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None
@@ -153,15 +152,20 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     """
     kind, bucket, key = objstore.location(volume, path)
     client = objstore.store(kind, bucket)
+    if run is not None:
+        run.check()
     future = asyncio.run_coroutine_threadsafe(_get(client, key, fd, size_hint), loop())
+    # Sleep until the GET ends or the job stops; no polling, so hundreds of
+    # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
+    # the main thread (a library fetch).
+    wake = threading.Event()
+    future.add_done_callback(lambda _: wake.set())
+    unwatch = run.watch(wake.set) if run is not None else None
     try:
-        while True:
-            if run is not None and run.stopped:
-                raise Stopped()
-            try:
-                return future.result(timeout=_POLL)
-            except concurrent.futures.TimeoutError:
-                continue
+        wake.wait()
+        if run is not None and run.stopped and not future.done():
+            raise Stopped()
+        return future.result()
     except BaseException as exc:
         # Ctrl-C in this thread, a stop, or the GET's own error: make sure no
         # request of this copy is still writing into the file afterwards.
@@ -170,6 +174,9 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
             _wait_cancelled(future)
             raise
         raise _oserror(exc, path) from exc
+    finally:
+        if unwatch is not None:
+            unwatch()
 
 
 def _wait_cancelled(future: concurrent.futures.Future[Got]) -> None:

@@ -1,9 +1,11 @@
 """How many copies a job keeps in flight: a fixed number, or tuned as it runs.
 
-``jobs="auto"`` (the default of warm) starts low and doubles the copies in
+``jobs="auto"`` (the default of warm) starts low (8 threads, or 32 requests
+on the event loop) and doubles the copies in
 flight while the measured throughput keeps rising by at least
 :data:`_GAIN`; when a doubling stops paying, it settles on the best value
-seen. Afterwards it halves on errors (a retry: throttling such as S3's 503
+seen (and when even the first doubling did not pay, it tries halving the
+start while that helps). Afterwards it halves on errors (a retry: throttling such as S3's 503
 SlowDown, timeouts) and steps back by a quarter when throughput falls well
 below the best it saw, then probes upwards again. It never exceeds a ceiling:
 :data:`OBJECT_STORE_CEILING` requests for object stores (they are cheap on
@@ -27,9 +29,14 @@ AUTO = "auto"
 OBJECT_STORE_CEILING = 256
 THREAD_CEILING = 64
 _START = 8
-_WINDOW = 0.25
+"""Where a tuned job starts with threads (mounts, folders, fsspec)."""
+_START_REQUESTS = 32
+"""Where it starts with requests on the event loop: cheap, and an object
+store at tens of ms per request needs dozens in flight to fill a link."""
+_WINDOW = 0.15
 _GAIN = 1.10
 """A doubling must raise throughput by this factor to count as rising."""
+_UP, _DOWN, _HOLD = "up", "down", "hold"
 _FALL = 0.70
 """Throughput below this share of the best seen backs off."""
 
@@ -59,14 +66,16 @@ class Jobs:
                  clock: Callable[[], float] | None = None) -> None:
         self.fixed = jobs is not None
         self.ceiling = jobs if jobs is not None else ceiling
-        self.limit = jobs if jobs is not None else min(_START, ceiling)
+        start = _START_REQUESTS if ceiling > 64 else _START
+        self.limit = jobs if jobs is not None else min(start, ceiling)
         self.peak = self.limit
         """The highest limit reached (how many workers a job needed)."""
         self._clock = clock or time.monotonic
         self._cond = threading.Condition()
         self._active = 0
         self._closed = False
-        self._ramping = True
+        self._phase = _UP
+        self._first = self.limit
         self._best = (0.0, self.limit)
         self._last = 0.0
         self._start = self._clock()
@@ -100,12 +109,14 @@ class Jobs:
         was not used for a copy, so it says nothing about throughput)."""
         with self._cond:
             self._active -= 1
+            limit = self.limit
             if counted:
                 self._bytes += nbytes
                 self._done += 1
                 if not self.fixed:
                     self._tune()
-            self._cond.notify_all()
+            # One place freed: wake one waiter, not every thread above the limit.
+            self._cond.notify(max(1, self.limit - limit + 1))
 
     def error(self) -> None:
         """A copy hit a transient error and will retry (throttling, a timeout)."""
@@ -124,14 +135,26 @@ class Jobs:
         if rate > best_rate:
             self._best = (rate, self.limit)
         if errors:
-            self._ramping = False
+            self._phase = _HOLD
             self._set(max(1, self.limit // 2))
             self._best = (0.0, self.limit)  # conditions changed: measure afresh
-        elif self._ramping:
+        elif self._phase == _UP:
             if rate >= self._last * _GAIN and self.limit < self.ceiling:
                 self._set(self.limit * 2)
+            elif self._best[1] == self._first and self._first > 1 and \
+                    self.limit != self._first:
+                # Doubling from the start never paid: the start may be past
+                # the store's best already, so try fewer.
+                self._phase = _DOWN
+                self._set(self._first // 2)
             else:
-                self._ramping = False
+                self._phase = _HOLD
+                self._set(self._best[1])
+        elif self._phase == _DOWN:
+            if rate > best_rate and self.limit > 1:
+                self._set(self.limit // 2)
+            else:
+                self._phase = _HOLD
                 self._set(self._best[1])
         elif rate < best_rate * _FALL:
             self._set(max(1, self.limit * 3 // 4))

@@ -34,12 +34,15 @@ from .inflight import Inflight, Stopped
 
 __all__ = ["PART", "SPLIT_AT", "Got", "get_into"]
 
-PART = 8 * 1024 * 1024
-"""Bytes per ranged GET of a large object."""
+PART = 16 * 1024 * 1024
+"""Bytes per ranged GET of a large object: the top of the 8-16 MiB range
+object stores serve best; fewer parts also cost a server that reads the
+whole object for each range (moto) less."""
 SPLIT_AT = 2 * PART
 """Objects this large or larger are fetched as parallel ranged GETs."""
-PARTS_IN_FLIGHT = 8
-"""Ranged GETs of one object in flight at once."""
+PARTS_IN_FLIGHT = 4
+"""Ranged GETs of one object in flight at once (the warm keeps many objects
+in flight too)."""
 
 _loop_lock = threading.Lock()
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None

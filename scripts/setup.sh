@@ -37,7 +37,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # Constraints pin the versions the suite passes with (and keep the resolver fast).
   .venv/bin/python -m pip install -q --disable-pip-version-check -c scripts/constraints.txt \
     -e ".[dev]" 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -c "import ucstage, torch, pyspark, s3fs, moto" \
+  .venv/bin/python -c "import ucstage, torch, pyspark, s3fs, obstore, moto" \
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -52,18 +52,41 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
         server.stop()
 
 
-BACKENDS = ["local", "fuse", "s3", "memory"]
+BACKENDS = ["local", "fuse", "s3", "s3-obstore", "memory"]
+ENGINES = ["fsspec", "obstore"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each object-store engine in turn, chosen by $UCSTAGE_ENGINE (inherited
+    by the processes a test starts)."""
+    monkeypatch.setenv("UCSTAGE_ENGINE", request.param)
+    return str(request.param)
+
+
+@pytest.fixture(params=["local", "s3-fsspec", "s3-obstore"])
+def source_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where tests/common/backends.py's ``make_source`` puts files: a local
+    folder, or the moto bucket read through each object-store engine."""
+    if request.param != "local":
+        request.getfixturevalue("moto")
+        monkeypatch.setenv("UCSTAGE_ENGINE", request.param.split("-", 1)[1])
+    return str(request.param)
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest, tmp_path):  # type: ignore[no-untyped-def]
+def backend(request: pytest.FixtureRequest, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     """Each source kind in turn: a local folder, an rclone FUSE mount, a moto S3
-    bucket and fsspec's memory filesystem. Tests using it run on all four."""
+    bucket (through the fsspec engine, then the obstore engine) and fsspec's
+    memory filesystem. Tests using it run on all five."""
     import fsspec
 
     from tests.common.backends import Backend
 
     name = request.param
+    if name.startswith("s3"):
+        monkeypatch.setenv("UCSTAGE_ENGINE", "obstore" if name == "s3-obstore" else "fsspec")
+        name = "s3"
     key = unique()
     if name == "local":
         root = str(tmp_path / "vol")

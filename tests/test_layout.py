@@ -105,7 +105,7 @@ def test_the_cycle_finder_finds_cycles():
 
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest", "ucstage.ports",
         "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
-        "ucstage.resume"}
+        "ucstage.resume", "ucstage.objstore"}
 
 
 @pytest.mark.parametrize("name", sorted(CORE))

@@ -38,11 +38,13 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 from fsspec.spec import AbstractFileSystem
 
+from . import objstore
 from .errors import (
     InvalidArgument,
     MissingDependency,
     SourceNotFound,
     SourceUnreadable,
+    UcstageError,
     UnreadableFolders,
     UnsafePath,
 )
@@ -162,6 +164,8 @@ def _install_hint(protocol: str, err: str) -> str:
 
 def _filesystem(url: str) -> tuple[Any, str]:
     protocol = url.split("://", 1)[0]
+    if objstore.serves(url):
+        return objstore.ObjectFS(protocol), url.split("://", 1)[1]
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:
@@ -250,6 +254,8 @@ def _kind(volume: Volume) -> str | None:
         info = volume.fs.info(volume.root)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except UcstageError:
+        raise  # already says what is wrong (a missing credential, a bad setting)
     except Exception as exc:  # any backend's auth/endpoint error: say which store
         raise _unreadable(volume, exc) from exc
     return "directory" if info.get("type") == "directory" else "file"
@@ -534,6 +540,19 @@ def _walk_fsspec(fs: Any, root: str, walk: _Walk) -> None:
     _walk_folders(root, visit)
 
 
+def _find_flat(fs: Any, root: str, volume: Volume | None) -> dict[str, dict[str, Any]]:
+    """A flat listing of an object store: through obstore when ``volume`` is
+    given (its engine), else fsspec's ``find``; both give the same entries."""
+    if volume is not None:
+        try:
+            return objstore.list_objects(volume, root)
+        except objstore.Unparsable:
+            pass  # keys with "." or ".." segments: fsspec lists them, and we refuse them
+        if isinstance(fs, objstore.ObjectFS):
+            fs = fs.fsspec()
+    return dict(fs.find(root, withdirs=False, detail=True))
+
+
 def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str]) -> Listing:
     full = volume.full_path(volume.file)
     volume.fs.invalidate_cache(volume.root)
@@ -604,6 +623,7 @@ def list_files(
         return _list_one_file(volume, include, exclude)
     fs, root = volume.fs, volume.root
     walk = _Walk(include_hidden)
+    engine = objstore.engine(volume)
     try:
         if volume.is_local:
             _walk_local(root, walk)
@@ -614,7 +634,7 @@ def list_files(
             if _walks_by_ls(fs):
                 _walk_fsspec(fs, root, walk)
             else:
-                walk.found = fs.find(root, withdirs=False, detail=True)
+                walk.found = _find_flat(fs, root, volume if engine == "obstore" else None)
     except Exception as exc:
         raise _unreadable(volume, exc) from exc
     if any(not rel for rel, _ in walk.unreadable):

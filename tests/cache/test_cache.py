@@ -14,6 +14,8 @@ import sys
 import textwrap
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
@@ -22,8 +24,9 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from tests.common.backends import Backend
+from tests.common.backends import Backend, make_source
 from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
+from tests.common.throttle import throttled
 from ucstage import manifest as manifest_mod
 from ucstage.cache import LocalCache, rank_entries
 from ucstage.cache.layout import PART_SUFFIX, STAMP_XATTR, read_stamp
@@ -193,7 +196,7 @@ _WORKER = textwrap.dedent("""
 """)
 
 
-def test_single_flight_eight_processes(moto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> None:  # type: ignore[no-untyped-def]
     """Guarantee 2: 8 processes fetching the same 500 files copy each once
     (counted in the moto server's request log) and all read the right bytes."""
     prefix = unique("sf")
@@ -212,7 +215,7 @@ def test_single_flight_eight_processes(moto, tmp_path: Path) -> None:  # type: i
     time.sleep(1.0)  # let them all import and wait at the gate
     go.touch()
     outs = [p.communicate(timeout=150)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    assert [p.returncode for p in procs] == [0] * 8
     assert [int(o) for o in outs] == [0] * 8  # every reader got the right bytes
     moto.log.flush()
     log = Path(moto.log.name).read_text(errors="replace")
@@ -223,12 +226,13 @@ def test_single_flight_eight_processes(moto, tmp_path: Path) -> None:  # type: i
 # -- 4. byte cap, LRU, leases ------------------------------------------------------
 
 
-def _local_source(tmp_path: Path, n: int, size: int) -> tuple:  # type: ignore[type-arg]
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(n):
-        (src / f"f{i:03d}.bin").write_bytes(blob(f"c{i}", size))
-    m = snapshot(str(src))
+def _local_source(tmp_path: Path, n: int, size: int,
+                  kind: str = "local") -> tuple:  # type: ignore[type-arg]
+    """``n`` files of ``size`` bytes in a local folder, or (``kind``, a
+    ``source_kind``) in the moto bucket read through one engine."""
+    src = make_source(kind, str(tmp_path / "src"),
+                      {f"f{i:03d}.bin": blob(f"c{i}", size) for i in range(n)})
+    m = snapshot(src)
     return m.volume(), list(m.entries)
 
 
@@ -239,9 +243,9 @@ def _usage(cache: LocalCache, ns: str) -> int:
     return found.bytes + found.partial_bytes
 
 
-def test_lru_evicts_least_recently_used_first(tmp_path: Path) -> None:
+def test_lru_evicts_least_recently_used_first(tmp_path: Path, source_kind: str) -> None:
     """Guarantee 4: least recently used entries go first."""
-    vol, (a, b, c, d) = _local_source(tmp_path, 4, 1000)
+    vol, (a, b, c, d) = _local_source(tmp_path, 4, 1000, source_kind)
     cache = LocalCache(max_bytes=3500, lease_seconds=0)
     for e in (a, b, c):
         cache.fetch(vol, e)
@@ -253,10 +257,10 @@ def test_lru_evicts_least_recently_used_first(tmp_path: Path) -> None:
     assert cache.status().bytes <= 3500
 
 
-def test_file_handed_to_reader_is_not_evicted(tmp_path: Path) -> None:
+def test_file_handed_to_reader_is_not_evicted(tmp_path: Path, source_kind: str) -> None:
     """Guarantee 4: files handed out within the lease stay; a clear error
     instead, once the (bounded) wait for room is over."""
-    vol, (a, b, c) = _local_source(tmp_path, 3, 1000)
+    vol, (a, b, c) = _local_source(tmp_path, 3, 1000, source_kind)
     cache = LocalCache(max_bytes=2500, lease_seconds=3600, wait_seconds=0.2)
     pa, pb = cache.fetch(vol, a), cache.fetch(vol, b)
     with pytest.raises(CacheFull, match="handed to readers"):
@@ -264,18 +268,18 @@ def test_file_handed_to_reader_is_not_evicted(tmp_path: Path) -> None:
     assert Path(pa).read_bytes() == blob("c0", 1000) and Path(pb).read_bytes() == blob("c1", 1000)
 
 
-def test_cap_smaller_than_one_file_is_a_clear_error(tmp_path: Path) -> None:
-    vol, (a,) = _local_source(tmp_path, 1, 1000)
+def test_cap_smaller_than_one_file_is_a_clear_error(tmp_path: Path, source_kind: str) -> None:
+    vol, (a,) = _local_source(tmp_path, 1, 1000, source_kind)
     cache = LocalCache(max_bytes=999)
     with pytest.raises(CacheFull, match="larger than the whole cache cap"):
         cache.fetch(vol, a)
     assert cache.status().entries == 0
 
 
-def test_usage_never_exceeds_cap_by_more_than_in_flight(tmp_path: Path) -> None:
+def test_usage_never_exceeds_cap_by_more_than_in_flight(tmp_path: Path, source_kind: str) -> None:
     """Guarantee 4 (stronger): 4 threads fetch 60 files through a 10-file cap;
     usage never passes the cap, even counting the copies in flight."""
-    vol, entries = _local_source(tmp_path, 60, 1000)
+    vol, entries = _local_source(tmp_path, 60, 1000, source_kind)
     cache = LocalCache(max_bytes=10_000, lease_seconds=0)
     ns = cache.prepare(vol)
     peaks: list[int] = []
@@ -304,10 +308,10 @@ _CAP_WORKER = textwrap.dedent("""
 """)
 
 
-def test_cap_holds_across_processes(tmp_path: Path) -> None:
+def test_cap_holds_across_processes(tmp_path: Path, source_kind: str) -> None:
     """Guarantee 4 across processes: 3 processes share one capped cache."""
-    vol, _ = _local_source(tmp_path, 40, 1000)
-    man = manifest_mod.save(snapshot(str(tmp_path / "src")), tmp_path / "m.json")
+    vol, _ = _local_source(tmp_path, 40, 1000, source_kind)
+    man = manifest_mod.save(snapshot(vol.source), tmp_path / "m.json")
     script = tmp_path / "cap.py"
     script.write_text(_CAP_WORKER)
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(seed), "8000"])
@@ -335,9 +339,9 @@ def tiny_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
         yield Path(mnt)
 
 
-def test_disk_full_before_warm(tiny_fs: Path, tmp_path: Path) -> None:
+def test_disk_full_before_warm(tiny_fs: Path, tmp_path: Path, source_kind: str) -> None:
     """Guarantee 5: a warm that cannot fit stops naming the folder and the space."""
-    vol, entries = _local_source(tmp_path, 3, 1024 * KB)
+    vol, entries = _local_source(tmp_path, 3, 1024 * KB, source_kind)
     cache = LocalCache(tiny_fs / "cache")
     with pytest.raises(CacheFull) as info:
         cache.warm(vol, entries)
@@ -345,10 +349,10 @@ def test_disk_full_before_warm(tiny_fs: Path, tmp_path: Path) -> None:
     assert partial_files(cache.root) == [] and visible_files(cache.namespace_dir(vol)) == []
 
 
-def test_disk_full_during_warm_leaves_no_partials(tiny_fs: Path, tmp_path: Path) -> None:
+def test_disk_full_during_warm_leaves_no_partials(tiny_fs: Path, tmp_path: Path, source_kind: str) -> None:
     """Guarantee 5: the disk fills up after the check (another writer); the
     warm stops with CacheFull and no partial file remains."""
-    vol, entries = _local_source(tmp_path, 3, 600 * KB)
+    vol, entries = _local_source(tmp_path, 3, 600 * KB, source_kind)
     cache = LocalCache(tiny_fs / "cache")
 
     class Filler(Callback):
@@ -364,8 +368,8 @@ def test_disk_full_during_warm_leaves_no_partials(tiny_fs: Path, tmp_path: Path)
         assert read_stamp(path) is not None and os.path.getsize(path) == 600 * KB
 
 
-def test_enospc_on_single_fetch(tiny_fs: Path, tmp_path: Path) -> None:
-    vol, (big,) = _local_source(tmp_path, 1, 3 * 1024 * KB)
+def test_enospc_on_single_fetch(tiny_fs: Path, tmp_path: Path, source_kind: str) -> None:
+    vol, (big,) = _local_source(tmp_path, 1, 3 * 1024 * KB, source_kind)
     cache = LocalCache(tiny_fs / "cache")
     with pytest.raises(CacheFull, match="no space left"):
         cache.fetch(vol, big)
@@ -375,7 +379,7 @@ def test_enospc_on_single_fetch(tiny_fs: Path, tmp_path: Path) -> None:
 # -- 6. path safety ---------------------------------------------------------------
 
 
-def test_dotdot_and_absolute_keys_are_refused(moto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_dotdot_and_absolute_keys_are_refused(moto, tmp_path: Path, engine: str) -> None:  # type: ignore[no-untyped-def]
     """Guarantee 6: S3 keys with `..` or an absolute path never leave the cache root."""
     prefix = unique("ps")
     fs = moto.filesystem()
@@ -485,20 +489,53 @@ class FlakyFS(MemoryFileSystem):
         return super()._open(path, mode, **kwargs)
 
 
-def test_transient_errors_are_retried_and_failures_named(fuse_volume: tuple[str, str]) -> None:
-    """Guarantee 8: retried with backoff; what still fails is named, the rest cached."""
-    fsspec.register_implementation("flaky", FlakyFS, clobber=True)
-    key = unique()
-    store = MemoryFileSystem()
-    for name in ("good.bin", "flaky.bin", "broken.bin"):
-        store.pipe_file(f"/{key}/{name}", blob(name, 2 * KB))
-    m = snapshot(f"flaky://{key}")
+@pytest.fixture(params=["memory", "s3-fsspec", "s3-obstore"])
+def flaky_source(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                 ) -> Iterator[tuple[str, Counter[str] | dict[str, int], int]]:
+    """good.bin, flaky.bin (fails twice) and broken.bin (always fails): in
+    FlakyFS (an I/O error), or in moto behind a proxy answering 503 SlowDown
+    (S3's throttling) through each engine. Yields the source and the counter
+    of reads per name, and the reads per attempt of the cache (s3fs retries
+    throttling itself, ``S3FileSystem.retries`` times in all)."""
+    files = {name: blob(name, 2 * KB) for name in ("good.bin", "flaky.bin", "broken.bin")}
+    if request.param == "memory":
+        fsspec.register_implementation("flaky", FlakyFS, clobber=True)
+        key = unique()
+        store = MemoryFileSystem()
+        for name, data in files.items():
+            store.pipe_file(f"/{key}/{name}", data)
+        FlakyFS.opens.clear()
+        yield f"flaky://{key}", FlakyFS.opens, 1
+        return
+    import s3fs
+
+    moto = request.getfixturevalue("moto")
+    source = make_source("s3", "", files)
+    monkeypatch.setenv("UCSTAGE_ENGINE", request.param.split("-", 1)[1])
+    with throttled(moto.endpoint) as (url, throttle):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries off
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            yield source, throttle.gets, (s3fs.S3FileSystem.retries
+                                          if request.param == "s3-fsspec" else 1)
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_transient_errors_are_retried_and_failures_named(
+        fuse_volume: tuple[str, str], flaky_source: tuple[str, dict[str, int], int]) -> None:
+    """Guarantee 8: retried with backoff (I/O errors, S3's 503 SlowDown); what
+    still fails is named, the rest cached."""
+    source, reads, per_attempt = flaky_source
+    m = snapshot(source)
     vol = m.volume()
     cache = LocalCache(backoff=0.01)
     report = cache.warm(vol, m.entries, jobs=2)
     assert report.fetched == 2 and [p for p, _ in report.failed] == ["broken.bin"]
     assert "after 4 attempts" in report.failed[0][1]
-    assert FlakyFS.opens["flaky.bin"] == 3 and FlakyFS.opens["broken.bin"] == 4
+    assert report.retryable == {"broken.bin"}
+    assert reads["flaky.bin"] == 3 and reads["broken.bin"] == 4 * per_attempt
     # A file deleted from a FUSE volume after listing fails at once, by name.
     backing, mnt = fuse_volume
     key = unique()
@@ -581,18 +618,18 @@ def test_lookup_rate_is_counted(tmp_path: Path) -> None:
 
 
 def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 monkeypatch: pytest.MonkeyPatch, source_kind: str) -> None:
     import ucstage.cache.local as cache_mod
 
     copies: list[str] = []
     real_copy = cache_mod.copy_to
 
-    def counting_copy(volume, relpath, dst, run=None):  # type: ignore[no-untyped-def]
+    def counting_copy(volume, relpath, dst, run=None, size=0):  # type: ignore[no-untyped-def]
         copies.append(relpath)
-        return real_copy(volume, relpath, dst, run)
+        return real_copy(volume, relpath, dst, run, size)
 
     monkeypatch.setattr(cache_mod, "copy_to", counting_copy)
-    vol, entries = _local_source(tmp_path, 20, 4 * KB)
+    vol, entries = _local_source(tmp_path, 20, 4 * KB, source_kind)
     cache = LocalCache()
     results: list[str] = []
     barrier = threading.Barrier(6)
@@ -638,7 +675,7 @@ def test_verify_deletes_corrupt_copies_so_they_are_refetched(tmp_path: Path) -> 
 # -- verify without a source, warm's progress, the JSON documents ----------------------
 
 
-def test_verify_without_a_source_checks_every_cached_source(moto, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_verify_without_a_source_checks_every_cached_source(moto, tmp_path: Path, engine: str) -> None:  # type: ignore[no-untyped-def]
     """verify() with no volume covers every source the cache holds, each listed
     afresh from the URL its namespace record names, labelled as first given."""
     local = tmp_path / "local"

@@ -19,7 +19,8 @@ from ucstage.cli.cache import command as cache_group
 
 WARM_KEYS = {"source", "cache_dir", "namespace", "slice", "files", "bytes", "fetched",
              "fetched_bytes", "already_cached", "already_cached_bytes", "failed", "refused",
-             "unreadable", "seconds", "mb_per_s", "evicted_files", "evicted_bytes", "evicted_sources"}
+             "unreadable", "seconds", "mb_per_s", "evicted_files", "evicted_bytes", "evicted_sources",
+             "engine", "jobs", "jobs_auto"}
 
 
 def run(*args: str, code: int = 0) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -56,6 +57,25 @@ class Backend:
             wait_synced(self.store_root, self.url)
 
 
+def make_source(kind: str, root: str, files: dict[str, bytes]) -> str:
+    """Write ``files`` where a ``source_kind`` fixture says (``local``: into the
+    folder ``root``; ``s3-*``: under a fresh prefix of the moto bucket) and
+    return the source a user passes to ucstage."""
+    if kind == "local":
+        for rel, data in files.items():
+            path = os.path.join(root, *rel.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(data)
+        return root
+    import s3fs
+
+    prefix = f"ucstage-test/{unique('src')}"
+    s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True).pipe(
+        {f"{prefix}/{rel}": data for rel, data in files.items()})
+    return f"s3://{prefix}"
+
+
 class WalkingStore(MemoryFileSystem):
     """An fsspec store listed folder by folder with fsspec's own ``find`` (as
     dbfs://, sftp:// and other non-flat backends are), whose ``ls`` refuses
@@ -90,20 +110,21 @@ def walking_store() -> Iterator[str]:
     fs.rm(f"/{key}", recursive=True)
 
 
-def deny_s3_listing(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
-    """Make s3fs's listing of keys under ``prefix`` fail as a bucket policy
-    would (403 AccessDenied on ListObjectsV2); other prefixes list as usual."""
+@contextmanager
+def deny_s3_listing(monkeypatch: pytest.MonkeyPatch, moto: Any, prefix: str) -> Iterator[None]:
+    """Make listings of keys under ``prefix`` fail as a bucket policy would
+    (403 AccessDenied on ListObjectsV2), for both engines: a proxy in front of
+    the moto server answers them; other requests pass."""
     import s3fs
-    from botocore.exceptions import ClientError
 
-    original = s3fs.S3FileSystem._iterdir
+    from tests.common.throttle import throttled
 
-    async def denied(self, bucket, *args, prefix="", **kwargs):  # type: ignore[no-untyped-def]
-        if prefix.startswith(key):
-            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}},
-                              "ListObjectsV2")
-        async for item in original(self, bucket, *args, prefix=prefix, **kwargs):
-            yield item
-
-    key = prefix
-    monkeypatch.setattr(s3fs.S3FileSystem, "_iterdir", denied)
+    with throttled(moto.endpoint) as (url, proxy):
+        proxy.deny_prefix = prefix
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            yield
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()

@@ -235,13 +235,13 @@ class TestUnreadable:
                             b"{}")
         assert len(list_files(walking_store).entries) == 3
 
-    def test_an_s3_403_on_listing_is_an_error(self, moto, monkeypatch):
+    def test_an_s3_403_on_listing_is_an_error(self, moto, monkeypatch, engine):
         """S3 lists a prefix in one flat request: a 403 there is the source's,
-        raised, never an empty listing."""
+        raised, never an empty listing (on both engines)."""
         key = unique()
         moto.filesystem().pipe({f"ucstage-test/{key}/cat/1.jpg": b"c"})
-        deny_s3_listing(monkeypatch, key)
-        with pytest.raises(SourceUnreadable, match="Access Denied"):
+        with deny_s3_listing(monkeypatch, moto, key), \
+                pytest.raises(SourceUnreadable, match="Access Denied"):
             list_files(f"s3://ucstage-test/{key}", skip_unreadable=True)
 
     def test_local_unreadable_folder_as_an_unprivileged_user(self, tmp_path):
@@ -282,11 +282,19 @@ def test_missing_backend_names_what_to_install():
             "for url in ('s3://b/k', 'gs://b/k'):\n"
             "    try:\n        resolve(url)\n"
             "    except Exception as exc:\n        print(type(exc).__name__, '|', exc.hint)\n")
+    fsspec_only = {**os.environ, "UCSTAGE_ENGINE": "fsspec"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+                         check=True, env=fsspec_only).stdout.splitlines()
     assert out[0] == "MissingDependency | pip install 'ucstage[s3]'"
     assert out[1] == "MissingDependency | pip install gcsfs"
     assert MissingDependency.exit_code == 2
+    # The object-store engine asked for, without obstore: the extra that brings it.
+    code = code.replace("sys.modules['s3fs'] = None", "sys.modules['obstore'] = None")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "UCSTAGE_ENGINE": "obstore"}
+                         ).stdout.splitlines()
+    assert out == ["MissingDependency | pip install 'ucstage[s3]'",
+                   "MissingDependency | pip install 'ucstage[gcs]'"]
 
 
 def test_glob_rules():

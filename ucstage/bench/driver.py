@@ -18,6 +18,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 
+from .. import objstore
 from ..manifest import Manifest
 from ..progress import NO_PROGRESS, Callback
 from .measure import Meter
@@ -163,6 +164,7 @@ def run(
         recommendation=recommend(results), max_seconds=max_seconds,
         seconds=time.monotonic() - started, stopped_early=stopped_early,
         batch_size=batch_size if "loader" in mode_list else None,
+        engine=objstore.engine(manifest.volume()),
         # A note repeated by several runs (warm's partial fill) is said once.
         notes=list(dict.fromkeys(notes)),
     )

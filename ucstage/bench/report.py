@@ -115,6 +115,8 @@ class BenchReport:
     """True when ``max_seconds`` cut a run short or skipped one."""
     batch_size: int | None = None
     notes: list[str] = field(default_factory=list)
+    engine: str = "fsspec"
+    """The engine that read the source (``obstore`` or ``fsspec``)."""
 
     def result(self, mode: str, workers: int) -> RunResult | None:
         """The run of ``mode`` at ``workers``, or None when it did not run."""
@@ -149,6 +151,7 @@ class BenchReport:
             "max_seconds": self.max_seconds,
             "seconds": round(self.seconds, 3),
             "stopped_early": self.stopped_early,
+            "engine": self.engine,
             "results": [r.to_json() for r in self.results],
             "recommended_workers": rec.workers,
             "recommended_mode": rec.mode,

@@ -5,8 +5,9 @@ Never ``shutil.copy2``/``copytree``: they copy xattrs, which FUSE mounts
 bits, which the cache must not inherit. The temp file is created 0600 by us.
 
 Local-like sources (plain folders, FUSE mounts) are read with ``os.sendfile``
-(no copy through Python), falling back to 1 MiB reads. Other sources go
-through ``fs.open`` with large reads.
+(no copy through Python), falling back to 1 MiB reads. Object stores on the
+obstore engine are streamed by :mod:`.objget`; other sources go through
+``fs.open`` with large reads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import stat
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from .. import objstore
 from ..errors import UnsafePath
 from ..volumes import Volume, version_of
 from .inflight import Inflight
@@ -166,12 +168,22 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, run: Inflight | None) -
     return Copied(size, version, _mtime_ns(info))
 
 
-def copy_to(volume: Volume, relpath: str, dst: int, run: Inflight | None = None) -> Copied:
+def _copy_object(volume: Volume, relpath: str, dst: int, run: Inflight | None,
+                 size: int) -> Copied:
+    from .objget import get_into
+
+    got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, run=run)
+    return Copied(got.size, got.etag, got.mtime_ns)
+
+
+def copy_to(volume: Volume, relpath: str, dst: int, run: Inflight | None = None,
+            size: int = 0) -> Copied:
     """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
     a preallocated file is overwritten and cut to the copied size).
 
     With ``run`` (a warm's :class:`~ucstage.cache.inflight.Inflight`), the copy
-    checks between chunks whether the warm stopped.
+    checks between chunks whether the warm stopped. ``size`` (the listed size)
+    lets the object-store engine split a large object into ranged GETs.
 
     Raises:
         Stopped: ``run`` stopped.
@@ -181,4 +193,6 @@ def copy_to(volume: Volume, relpath: str, dst: int, run: Inflight | None = None)
     """
     if volume.is_local:
         return _copy_local(volume, relpath, dst, run)
+    if objstore.engine(volume) == "obstore":
+        return _copy_object(volume, relpath, dst, run, size)
     return _copy_remote(volume, relpath, dst, run)

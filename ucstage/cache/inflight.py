@@ -42,18 +42,42 @@ class Inflight:
     """The stop flag of one job (a warm, a read-ahead) and the registry of its
     copies in flight. Thread-safe; create one per job."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_retry: Callable[[], None] | None = None) -> None:
+        self._on_retry = on_retry
+        """Told of each retry's backoff (the warm's concurrency backs off on errors)."""
         self._event = threading.Event()
         self._lock = threading.Condition()
         self._state: dict[int, str] = {}
         self._copies: dict[int, tuple[str, int]] = {}
+        self._wakes: dict[int, Callable[[], None]] = {}
         self._tokens = itertools.count()
 
     # -- the stop flag --------------------------------------------------------
 
     def stop(self) -> None:
-        """No copy starts after this; copies in flight stop at their next chunk."""
+        """No copy starts after this; copies in flight stop at their next chunk,
+        and waits registered with :meth:`watch` are woken."""
         self._event.set()
+        with self._lock:
+            wakes = list(self._wakes.values())
+        for wake in wakes:
+            wake()
+
+    def watch(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` when the job stops (at once if it has): a copy waiting
+        for a request elsewhere (the object-store engine's event loop) sleeps
+        without polling. Returns the function that unregisters it."""
+        with self._lock:
+            key = next(self._tokens)
+            self._wakes[key] = wake
+        if self._event.is_set():
+            wake()
+
+        def unwatch() -> None:
+            with self._lock:
+                self._wakes.pop(key, None)
+
+        return unwatch
 
     @property
     def stopped(self) -> bool:
@@ -66,6 +90,8 @@ class Inflight:
 
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` (a retry's backoff), or less if the warm stops; then check."""
+        if self._on_retry is not None:
+            self._on_retry()
         self._event.wait(seconds)
         self.check()
 

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from .. import objstore
 from ..errors import (
     CacheError,
     CacheFull,
@@ -68,6 +69,7 @@ from .reports import (
     WarmReport,
 )
 from .space import CacheSpace, Evicted, free_bytes, no_room
+from .tuning import AUTO, OBJECT_STORE_CEILING, THREAD_CEILING, Jobs, check_jobs
 
 __all__ = ["CACHE_DIR_ENV", "DEFAULT_LEASE_SECONDS", "DEFAULT_WAIT_SECONDS", "MAX_BYTES_ENV",
            "WARM_FEWER", "LocalCache", "rank_entries"]
@@ -348,7 +350,7 @@ class LocalCache:
             raise Stopped()
         try:
             try:
-                copied = copy_to(volume, rel, fd, run)
+                copied = copy_to(volume, rel, fd, run, entry.size)
             finally:
                 os.close(fd)
             if run is not None and not run.claim(token):
@@ -375,9 +377,15 @@ class LocalCache:
             f"{format_bytes(free_bytes(ns_dir))} free",
             hint=f"free space or point {CACHE_DIR_ENV} at a larger disk")
 
-    def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int = 8,
+    def warm(self, volume: Volume, entries: Sequence[FileEntry], *, jobs: int | str = AUTO,
              callback: Callback = NO_PROGRESS) -> WarmReport:
-        """Copy every entry not already valid, ``jobs`` at a time (threads).
+        """Copy every entry not already valid, ``jobs`` at a time.
+
+        ``jobs="auto"`` (the default) tunes the copies in flight as the warm
+        runs (:mod:`ucstage.cache.tuning`): up while throughput rises, down on
+        errors or falling throughput, up to 256 requests for object stores read
+        by the obstore engine and 64 threads otherwise; the report's ``jobs``
+        is the value it settled on. An int is used as given.
 
         Files that still fail after retries are listed in the report's
         ``failed``; the rest are cached. Stale temp files of killed runs are
@@ -403,11 +411,17 @@ class LocalCache:
                 before copying, and again if the disk fills up meanwhile.
         """
         cb = callback if callback is not None else NO_PROGRESS
+        try:
+            fixed = check_jobs(jobs)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
+        engine = objstore.engine(volume)
         start = time.monotonic()
         ns_dir = self.prepare(volume)
         self.space.sweep(ns_dir)
         report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
-                            source=volume.source, cache_dir=self.root, namespace=ns_dir)
+                            source=volume.source, cache_dir=self.root, namespace=ns_dir,
+                            engine=engine, jobs_auto=fixed is None)
         todo: list[FileEntry] = []
         valid: list[str] = []
         for e in entries:
@@ -430,7 +444,10 @@ class LocalCache:
         for path, reason in report.failed:
             cb.item_done(path, "failed", reason)
         evicted = Evicted()
-        _Warm(self, volume, todo, report, cb, evicted).run(jobs)
+        ceiling = OBJECT_STORE_CEILING if engine == "obstore" else THREAD_CEILING
+        tuner = Jobs(fixed, ceiling=ceiling)
+        _Warm(self, volume, todo, report, cb, evicted, tuner).run()
+        report.jobs = tuner.settled
         sources = self.space.sources()
         report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
                           for name, (files, nbytes) in evicted.by_namespace().items()]
@@ -510,10 +527,12 @@ class _Warm:
     """
 
     def __init__(self, cache: LocalCache, volume: Volume, todo: Sequence[FileEntry],
-                 report: WarmReport, cb: Callback, evicted: Evicted) -> None:
+                 report: WarmReport, cb: Callback, evicted: Evicted, tuner: Jobs) -> None:
         self.cache, self.volume, self.todo = cache, volume, todo
         self.report, self.cb, self.evicted = report, cb, evicted
-        self.inflight = Inflight()
+        self.tuner = tuner
+        self.inflight = Inflight(on_retry=tuner.error)
+        self.threads = 0
         self.results: queue.SimpleQueue[tuple[FileEntry, bool | BaseException]] = \
             queue.SimpleQueue()
         self._pending = iter(todo)
@@ -522,14 +541,14 @@ class _Warm:
         self.received = 0
         self.done_bytes = 0
 
-    def run(self, jobs: int) -> None:
+    def run(self) -> None:
         if not self.todo:
             return
-        for i in range(min(max(1, jobs), len(self.todo))):
-            threading.Thread(target=self._work, name=f"ucstage-warm-{i}", daemon=True).start()
         try:
+            self._spawn()
             while self.received < len(self.todo):
                 self._record(*self.results.get())
+                self._spawn()
         except BaseException as exc:
             self._stop()
             if isinstance(exc, CacheFull):
@@ -538,11 +557,22 @@ class _Warm:
                                 exc.hint) from exc
             raise
 
+    def _spawn(self) -> None:
+        """One thread per place in flight, started as the tuner raises the limit."""
+        want = min(self.tuner.limit, len(self.todo))
+        while self.threads < want:
+            threading.Thread(target=self._work, name=f"ucstage-warm-{self.threads}",
+                             daemon=True).start()
+            self.threads += 1
+
     def _work(self) -> None:
-        while True:
+        tuner = self.tuner
+        while tuner.enter():
             with self._take:
                 entry = None if self.inflight.stopped else next(self._pending, None)
                 if entry is None:
+                    tuner.leave(0, counted=False)
+                    tuner.close()
                     return
                 self.taken += 1
             outcome: bool | BaseException
@@ -551,6 +581,7 @@ class _Warm:
                                                      self.evicted)[1]
             except BaseException as exc:
                 outcome = exc
+            tuner.leave(entry.size if outcome is True else 0)
             self.results.put((entry, outcome))
 
     def _record(self, e: FileEntry, outcome: bool | BaseException) -> None:
@@ -580,6 +611,7 @@ class _Warm:
         """Start no copy; give copies in flight :data:`_GRACE` seconds to finish
         (reporting the ones that do), then abandon the rest."""
         self.inflight.stop()
+        self.tuner.close()
         deadline = time.monotonic() + _GRACE
         try:
             while True:

@@ -100,6 +100,12 @@ class WarmReport:
     evicted: list[EvictedSource] = field(default_factory=list)
     """What this warm's copies evicted to stay under the byte cap, per source
     (this source included: files it cached earlier count too)."""
+    engine: str = "fsspec"
+    """The engine that read the source: ``obstore`` or ``fsspec``."""
+    jobs: int = 0
+    """Copies in flight: the value ``jobs="auto"`` settled on, or the one given."""
+    jobs_auto: bool = False
+    """Whether ``jobs`` was tuned (``"auto"``) rather than given."""
 
     @property
     def evicted_files(self) -> int:
@@ -144,6 +150,9 @@ class WarmReport:
             "refused": _pairs(refused),
             "unreadable": _pairs(unreadable),
             "seconds": round(self.seconds, 3),
+            "engine": self.engine,
+            "jobs": self.jobs,
+            "jobs_auto": self.jobs_auto,
             "mb_per_s": self.mb_per_s,
             "evicted_files": self.evicted_files,
             "evicted_bytes": self.evicted_bytes,

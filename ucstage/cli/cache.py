@@ -76,6 +76,22 @@ def _listing(source: str | None) -> Iterator[None]:
         raise
 
 
+class JobsType(click.ParamType):
+    """``--jobs``: ``auto`` or a number of copies in flight, 1 to 256."""
+
+    name = "N|auto"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+            n = int(value)
+            if 1 <= n <= 256:
+                return n
+        elif isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        self.fail(f"{value!r} is not 'auto' or a number from 1 to 256", param, ctx)
+
+
 def _n(count: int, noun: str, plural: str = "") -> str:
     """``1 file``, ``2 files``: a count with its noun in the right number."""
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
@@ -117,8 +133,12 @@ def command() -> None:
 
 @command.command("warm", context_settings=CONTEXT)
 @source_options
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=8, show_default=True,
-              help="Files copied at once (threads).")
+@click.option("-j", "--jobs", type=JobsType(), default="auto", show_default=True,
+              help="Copies in flight: 'auto' ramps them up while throughput rises and "
+                   "backs off on errors or falling throughput (up to 256 requests for "
+                   "s3://, gs://, az:// on the obstore engine, 64 threads for mounts and "
+                   "folders) and reports the value it settled on; a number N (1-256) "
+                   "is used as given.")
 @click.option("--max-bytes", metavar="SIZE", default=None,
               help="Byte cap for the whole cache; files are evicted, least recently used "
                    "first, then files a training job consumed (of any source; the summary "
@@ -144,7 +164,7 @@ def command() -> None:
 @shuffle_scope_option
 @json_option
 def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
-         exclude: tuple[str, ...], include_hidden: bool, jobs: int, max_bytes: str | None,
+         exclude: tuple[str, ...], include_hidden: bool, jobs: int | str, max_bytes: str | None,
          rank: int | None, node_rank: int | None, nproc_per_node: int | None,
          world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
          epoch: int | None, shuffle_scope: str | None, as_json: bool) -> None:
@@ -165,7 +185,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     \b
     Examples:
       ucstage cache warm /Volumes/main/ml/train/images
-      ucstage cache warm s3://bucket/train --jobs 32 --max-bytes 200G
+      ucstage cache warm s3://bucket/train --max-bytes 200G
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
     """
@@ -273,6 +293,10 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
         f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
         f"{report.already_cached:,}, failed {len(report.failed):,}")
     console.print(f"cache folder: {report.namespace}", markup=False)
+    if report.fetched:
+        how = "settled on by --jobs auto" if report.jobs_auto else "--jobs"
+        console.print(f"engine: {report.engine}, {report.jobs} copies in flight ({how})",
+                      markup=False)
     # The one place failed files are listed for people (the progress display
     # only counts them), so each shows once.
     for path, reason in report.failed[:EXAMPLES]:

@@ -1,0 +1,218 @@
+"""The object-store engine (obstore) against the moto server: the same listing
+as fsspec, fork safety, stopping through the event loop, ranged GETs of large
+objects, and clear errors. The cache guarantees themselves run on both engines
+in test_cache.py (``engine``, ``source_kind`` and ``backend`` fixtures)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.common.backends import make_source
+from tests.common.parts import unique
+from tests.common.throttle import Throttle, throttled
+from ucstage import objstore
+from ucstage.cache import Inflight, LocalCache, Stopped
+from ucstage.cache.layout import PART_SUFFIX
+from ucstage.cache.objget import PART
+from ucstage.errors import InvalidArgument, SourceUnreadable
+from ucstage.manifest import Manifest, snapshot
+from ucstage.volumes import list_files, resolve
+
+KB = 1024
+MB = 1024 * KB
+
+
+def _poll(what: str, ok, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _partials(root: str) -> list[Path]:
+    return list(Path(root).rglob(f"*{PART_SUFFIX}"))
+
+
+@pytest.fixture
+def proxied(moto, monkeypatch: pytest.MonkeyPatch) -> Iterator[Throttle]:  # type: ignore[no-untyped-def]
+    """The obstore engine reaching moto through tests/common/throttle.py's proxy."""
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    with throttled(moto.endpoint) as (url, proxy):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        yield proxy
+
+
+def test_both_engines_list_the_same_entries_and_fingerprint(moto, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Paths, sizes, ETag versions (a multipart one too) and the fingerprint
+    agree, so switching engines invalidates no cached file."""
+    import s3fs
+
+    files = {f"d{i % 3}/sub/f{i}.bin": os.urandom(100 + i) for i in range(25)}
+    files.update({"_hidden/x.bin": b"h", ".dot": b"d", "top.bin": b""})
+    src = make_source("s3", "", files)
+    # A multipart upload: its ETag is "<hash>-<parts>", not an MD5.
+    big = f"{src[len('s3://'):]}/multi.bin"
+    with s3fs.S3FileSystem(skip_instance_cache=True).open(big, "wb", block_size=5 * MB) as fh:
+        fh.write(os.urandom(11 * MB))
+    listings: dict[str, Manifest] = {}
+    for engine in ("fsspec", "obstore"):
+        monkeypatch.setenv("UCSTAGE_ENGINE", engine)
+        for hidden in (False, True):
+            m = snapshot(src, include_hidden=hidden)
+            listings[f"{engine}-{hidden}"] = m
+        assert type(resolve(src).fs).__name__ == ("ObjectFS" if engine == "obstore"
+                                                  else "S3FileSystem")
+    for hidden in (False, True):
+        a, b = listings[f"fsspec-{hidden}"], listings[f"obstore-{hidden}"]
+        assert list(a.entries) == list(b.entries)
+        assert a.fingerprint == b.fingerprint
+    multi = next(e for e in listings["obstore-False"].entries if e.path == "multi.bin")
+    assert "-" in multi.version  # "<hash>-<parts>"
+    assert len(listings["obstore-True"].entries) == len(files) + 1
+
+
+def test_a_file_cached_by_one_engine_is_valid_for_the_other(moto, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    src = make_source("s3", "", {f"f{i}.bin": os.urandom(3 * KB) for i in range(5)})
+    monkeypatch.setenv("UCSTAGE_ENGINE", "fsspec")
+    cache = LocalCache()
+    m = snapshot(src)
+    assert cache.warm(m.volume(), m.entries).fetched == 5
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    again = snapshot(src)
+    report = cache.warm(again.volume(), again.entries)
+    assert (report.engine, report.already_cached, report.fetched) == ("obstore", 5, 0)
+
+
+_PARENT: dict[str, object] = {}
+
+
+def _fetch_all(cache_dir: str) -> tuple[int, str, list[str]]:
+    """In a forked worker: fetch every entry through the volume and manifest
+    the parent made before the fork (as a DataLoader worker does)."""
+    m = _PARENT["manifest"]
+    assert isinstance(m, Manifest)
+    vol = m.volume()
+    cache = LocalCache(cache_dir)
+    got = [Path(cache.fetch(vol, e)).read_bytes().hex() for e in m.entries]
+    return os.getpid(), objstore.engine(vol), got
+
+
+def test_forked_workers_read_through_their_own_clients(moto, monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """DataLoader workers fork after the main process listed and fetched with
+    obstore, whose runtime does not survive a fork: each child reads through
+    clients of its own (fsspec's), gets the right bytes, and its copies are
+    valid for the parent's obstore engine (the same stamps)."""
+    from ucstage.cache import objget
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    files = {f"f{i}.bin": os.urandom(2 * KB + i) for i in range(12)}
+    src = make_source("s3", "", files)
+    m = snapshot(src)
+    parent_cache = LocalCache(tmp_path / "parent")
+    parent_cache.fetch(m.volume(), m.entries[0])  # the parent's client and loop exist
+    assert objstore._stores and objget._loop is not None
+    _PARENT["manifest"] = m
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(3) as pool:
+        jobs = [pool.apply_async(_fetch_all, (str(tmp_path / f"c{i}"),)) for i in range(3)]
+        results = [job.get(timeout=120) for job in jobs]
+    assert os.getpid() not in {pid for pid, _, _ in results}
+    for _, engine, got in results:
+        assert engine == "fsspec" and got == [files[e.path].hex() for e in m.entries]
+    # A child's copy is valid for the parent's engine: warm finds it cached.
+    child_cache = LocalCache(tmp_path / "c0")
+    report = child_cache.warm(m.volume(), m.entries)
+    assert (report.engine, report.already_cached, report.fetched) == ("obstore", 12, 0)
+
+
+def test_large_objects_are_fetched_as_parallel_ranged_gets(proxied: Throttle) -> None:
+    data = os.urandom(2 * PART + 12345)
+    src = make_source("s3", "", {"big.bin": data, "small.bin": b"s" * 100})
+    m = snapshot(src)
+    cache = LocalCache()
+    report = cache.warm(m.volume(), m.entries)
+    assert report.fetched == 2 and report.engine == "obstore"
+    big = next(e for e in m.entries if e.path == "big.bin")
+    assert Path(cache.fetch(m.volume(), big)).read_bytes() == data
+    starts = sorted(int(r.split("=")[1].split("-")[0]) for r in proxied.ranges)
+    assert starts == [i * PART for i in range(3)]  # three parts; the small file in one GET
+
+
+def test_a_stopped_fetch_cancels_its_request_while_the_store_hangs(proxied: Throttle) -> None:
+    """A GET that the store never answers: stopping the run ends the fetch at
+    once (the request is cancelled on the loop), where a blocking read would
+    wait for the store. Nothing partial stays, the ledger is even."""
+    src = make_source("s3", "", {"hang.bin": b"h" * 5000, "ok.bin": b"o" * 10})
+    m = snapshot(src)
+    vol = m.volume()
+    cache = LocalCache(max_bytes=1 << 20)
+    run = Inflight()
+    outcome: list[BaseException | str] = []
+
+    def fetch() -> None:
+        try:
+            outcome.append(cache.fetch(vol, m.entries[0], run=run))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    _poll("the GET to reach the store", lambda: proxied.held == 1)
+    run.stop()
+    thread.join(30)
+    assert not thread.is_alive() and proxied.held == 1  # ended while the store still hangs
+    assert isinstance(outcome[0], Stopped)
+    assert _partials(cache.root) == [] and cache.space.recorded_bytes() == 0
+
+
+def test_ctrl_c_stops_a_warm_while_the_store_hangs(proxied: Throttle, tmp_path: Path) -> None:
+    src = make_source("s3", "", {**{f"a{i}.bin": b"a" * 1000 for i in range(3)},
+                                 **{f"hang{i}.bin": b"h" * 1000 for i in range(4)}})
+    env = {**os.environ, "UCSTAGE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "ucstage", "cache", "warm", src, "--jobs", "8"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _poll("every hanging GET to reach the store", lambda: proxied.held == 4)
+        _poll("the other files to be cached",
+              lambda: len(list((tmp_path / "cache").rglob("a*.bin"))) == 3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proxied.held == 4  # the store never answered
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "stopped: 3 of 7 files copied" in err and "Traceback" not in err
+    assert _partials(str(tmp_path / "cache")) == []
+
+
+def test_missing_credentials_are_named(moto, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    monkeypatch.setenv("HOME", "/nonexistent")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(SourceUnreadable, match="AWS_ACCESS_KEY_ID") as info:
+        list_files(f"s3://ucstage-test/{unique()}")
+    assert "UCSTAGE_ENGINE=fsspec" in info.value.hint
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    with pytest.raises(SourceUnreadable, match="AWS_SECRET_ACCESS_KEY is not set"):
+        list_files(f"s3://ucstage-test/{unique()}")
+
+
+def test_an_unknown_engine_is_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("UCSTAGE_ENGINE", "boto")
+    with pytest.raises(InvalidArgument, match="UCSTAGE_ENGINE='boto'"):
+        resolve("s3://bucket/x", must_exist=False)
+    assert objstore.engine(resolve(".", must_exist=False)) == "fsspec"  # local: never obstore

@@ -1,0 +1,89 @@
+"""``jobs="auto"``: the in-flight limit follows a simulated store's throughput."""
+
+from __future__ import annotations
+
+import pytest
+
+from ucstage.cache.tuning import OBJECT_STORE_CEILING, Jobs, check_jobs
+
+
+class Store:
+    """A store whose throughput grows with requests in flight up to ``knee``,
+    then stays flat (or falls past ``collapse``); time advances per window."""
+
+    def __init__(self, knee: int, collapse: int | None = None) -> None:
+        self.knee, self.collapse = knee, collapse
+        self.now = 0.0
+
+    def rate(self, inflight: int) -> float:
+        if self.collapse is not None and inflight > self.collapse:
+            return 1e6 * self.knee / 4
+        return 1e6 * min(inflight, self.knee)
+
+
+def drive(jobs: Jobs, store: Store, windows: int, *, errors_at: tuple[int, ...] = ()) -> list[int]:
+    """Run ``windows`` measurement windows; return the limit after each."""
+    seen = []
+    for w in range(windows):
+        limit = jobs.limit
+        # About 0.3 s of copies of 1 MB each, finishing at the store's rate
+        # for this many in flight (at least a full round of them).
+        rate = store.rate(limit)
+        for _ in range(max(limit, int(rate * 0.3 / 1e6))):
+            assert jobs.enter()
+            if w in errors_at:
+                jobs.error()
+            store.now += 1e6 / rate
+            jobs.leave(1_000_000)
+            if jobs.limit != limit:
+                break  # the window closed and the limit moved
+        seen.append(jobs.limit)
+    return seen
+
+
+def _jobs(store: Store, ceiling: int = OBJECT_STORE_CEILING) -> Jobs:
+    return Jobs(None, ceiling=ceiling, clock=lambda: store.now)
+
+
+def test_auto_ramps_while_throughput_rises_and_settles_at_the_knee() -> None:
+    store = Store(knee=40)
+    jobs = _jobs(store)
+    limits = drive(jobs, store, 12)
+    assert limits[:2] == [64, 128]  # from 32, doubling while it pays
+    assert 32 <= jobs.settled <= 64  # settled where more stopped helping
+    threads = Jobs(None, ceiling=64, clock=lambda: store.now)
+    assert drive(threads, store, 2) == [16, 32]  # threads start at 8
+
+
+def test_auto_stops_at_the_ceiling() -> None:
+    store = Store(knee=10_000)
+    jobs = _jobs(store, ceiling=64)
+    drive(jobs, store, 10)
+    assert jobs.settled == 64 and jobs.peak == 64
+
+
+def test_auto_backs_off_on_errors_and_on_falling_throughput() -> None:
+    store = Store(knee=64)
+    jobs = _jobs(store)
+    drive(jobs, store, 8)
+    before = jobs.settled
+    drive(jobs, store, 1, errors_at=(0,))  # throttled: halve
+    assert jobs.settled == before // 2
+    store = Store(knee=16, collapse=24)  # the store degrades past 24 in flight
+    jobs = _jobs(store)
+    drive(jobs, store, 10)
+    assert jobs.settled <= 24
+
+
+def test_an_explicit_number_is_kept() -> None:
+    store = Store(knee=100)
+    jobs = Jobs(4, ceiling=OBJECT_STORE_CEILING, clock=lambda: store.now)
+    drive(jobs, store, 6, errors_at=(2,))
+    assert jobs.settled == 4 and jobs.fixed
+
+
+@pytest.mark.parametrize("bad", [0, -1, "x", "", True, "1.5"])
+def test_bad_jobs_are_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="jobs must be a positive number or 'auto'"):
+        check_jobs(bad)  # type: ignore[arg-type]
+    assert check_jobs("auto") is None and check_jobs(None) is None and check_jobs("8") == 8

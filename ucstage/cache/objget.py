@@ -1,0 +1,195 @@
+"""GETs of the object-store engine: one event loop per process, responses
+streamed straight into the cache's preallocated temp file.
+
+Every GET of a process runs on one asyncio loop in a daemon thread, so many
+requests are in flight without a thread each inside the HTTP client; obstore
+signs, sends and parses them in Rust. A copy sleeps on an event that the
+GET's end and the job's stop both set, so a stop
+(:class:`~ucstage.cache.inflight.Inflight`) or a Ctrl-C
+in the waiting thread cancels the request through the loop: a blocking call
+inside Rust would not see the signal.
+
+An object of :data:`SPLIT_AT` bytes or more is read as parallel ranged GETs
+of :data:`PART` bytes, each written at its offset with ``pwrite``, so one large
+file is not held to one connection. Every part after the first asks
+``If-Match`` the first one's ETag: an object replaced mid-copy fails the copy
+(and the cache retries it) instead of mixing two versions.
+
+The loop and its thread belong to the process that made them; a forked child
+(a DataLoader worker) starts its own on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import os
+import threading
+from typing import Any, NamedTuple
+
+from .. import objstore
+from .inflight import Inflight, Stopped
+
+__all__ = ["PART", "SPLIT_AT", "Got", "get_into"]
+
+PART = 16 * 1024 * 1024
+"""Bytes per ranged GET of a large object: the top of the 8-16 MiB range
+object stores serve best; fewer parts also cost a server that reads the
+whole object for each range (moto) less."""
+SPLIT_AT = 2 * PART
+"""Objects this large or larger are fetched as parallel ranged GETs."""
+PARTS_IN_FLIGHT = 4
+"""Ranged GETs of one object in flight at once (the warm keeps many objects
+in flight too)."""
+
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+class Got(NamedTuple):
+    """What one object GET wrote."""
+
+    size: int
+    etag: str
+    mtime_ns: int | None
+
+
+def _forget_after_fork() -> None:
+    global _loop, _loop_lock
+    _loop = None  # the loop's thread did not survive the fork
+    _loop_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """This process's GET loop, started on first use."""
+    global _loop
+    current = _loop
+    if current is not None and current[0] == os.getpid():
+        return current[1]
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            new = asyncio.new_event_loop()
+            thread = threading.Thread(target=new.run_forever, name="ucstage-objget",
+                                      daemon=True)
+            thread.start()
+            _loop = (os.getpid(), new)
+            atexit.register(_stop_loop, new, thread)
+        return _loop[1]
+
+
+def _stop_loop(old: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """At exit, stop the loop before the interpreter tears down under it:
+    a daemon thread still inside a native extension during finalization can
+    crash the process after its work is done."""
+    if _loop is None or _loop[1] is not old:
+        return  # a forked child's copy: its thread is not here
+    with contextlib.suppress(RuntimeError):
+        old.call_soon_threadsafe(old.stop)
+    thread.join(2.0)
+
+
+def _write(fd: int, offset: int, data: Any) -> int:
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+    return done
+
+
+async def _stream(result: Any, fd: int, offset: int) -> int:
+    written = 0
+    async for chunk in result.stream(min_chunk_size=1024 * 1024):
+        written += _write(fd, offset + written, chunk)
+    return written
+
+
+async def _get(client: Any, key: str, fd: int, size_hint: int) -> Got:
+    import obstore
+
+    if size_hint < SPLIT_AT:
+        result = await obstore.get_async(client, key)
+        meta = result.meta
+        size = await _stream(result, fd, 0)
+        if size != meta["size"]:
+            raise OSError(f"short read: {size} of {meta['size']} bytes")
+    else:
+        first = await obstore.get_async(client, key, options={"range": (0, PART)})
+        meta = first.meta
+        size = meta["size"]
+        etag = meta["e_tag"]
+        wrote = [await _stream(first, fd, 0)]
+        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+
+        async def part(start: int) -> None:
+            async with gate:
+                options: Any = {"range": (start, min(size, start + PART))}
+                if etag:
+                    options["if_match"] = etag
+                result = await obstore.get_async(client, key, options=options)
+                wrote.append(await _stream(result, fd, start))
+
+        await asyncio.gather(*(part(start) for start in range(PART, size, PART)))
+        if sum(wrote) != size:
+            raise OSError(f"short read: {sum(wrote)} of {size} bytes")
+    os.ftruncate(fd, size)  # the caller may have preallocated more
+    return Got(size, objstore._etag(meta["e_tag"]), objstore.mtime_ns(meta["last_modified"]))
+
+
+def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
+             run: Inflight | None = None) -> Got:
+    """GET the object at ``path`` (an fsspec path of ``volume``) into the open
+    file ``fd`` from offset 0; returns what was written.
+
+    ``size_hint`` (the listed size) chooses between one GET and ranged GETs.
+
+    Raises:
+        Stopped: ``run`` stopped; the request was cancelled.
+        FileNotFoundError: the object is gone.
+        PermissionError: the store refused (credentials, policy).
+        OSError: any other store or disk error (the caller retries).
+    """
+    kind, bucket, key = objstore.location(volume, path)
+    client = objstore.store(kind, bucket)
+    if run is not None:
+        run.check()
+    future = asyncio.run_coroutine_threadsafe(_get(client, key, fd, size_hint), loop())
+    # Sleep until the GET ends or the job stops; no polling, so hundreds of
+    # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
+    # the main thread (a library fetch).
+    wake = threading.Event()
+    future.add_done_callback(lambda _: wake.set())
+    unwatch = run.watch(wake.set) if run is not None else None
+    try:
+        wake.wait()
+        if run is not None and run.stopped and not future.done():
+            raise Stopped()
+        return future.result()
+    except BaseException as exc:
+        # Ctrl-C in this thread, a stop, or the GET's own error: make sure no
+        # request of this copy is still writing into the file afterwards.
+        future.cancel()
+        if isinstance(exc, (Stopped, KeyboardInterrupt, SystemExit)):
+            _wait_cancelled(future)
+            raise
+        raise _oserror(exc, path) from exc
+    finally:
+        if unwatch is not None:
+            unwatch()
+
+
+def _wait_cancelled(future: concurrent.futures.Future[Got]) -> None:
+    """Let a cancelled GET unwind on the loop (briefly) so that none of its
+    writes lands after the caller removed the temp file."""
+    # Cancelled or timed out: either way there is nothing more to learn.
+    with contextlib.suppress(BaseException):
+        future.exception(timeout=1.0)
+
+
+def _oserror(exc: BaseException, path: str) -> BaseException:
+    """obstore's errors as the OSErrors the cache's retry rule knows."""
+    return objstore.concise(exc, path)

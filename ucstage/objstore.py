@@ -1,0 +1,479 @@
+"""The object-store engine's store side: which engine serves a source, one
+obstore client per process, and listing.
+
+ucstage reads ``s3://``, ``gs://`` and ``az://``/``abfs://`` sources (and
+``/Volumes`` mapped to them) through obstore, the Python binding of Rust's
+``object_store``: requests are signed and parsed in Rust, and many of them
+share one event loop (:mod:`ucstage.cache.objget`). Every other protocol, and
+these too when obstore is missing or ``UCSTAGE_ENGINE=fsspec``, goes through
+fsspec. Both engines list the same entries (paths, sizes, ETag versions), so
+switching engines changes no fingerprint and invalidates no cached file.
+
+Fork: obstore's clients hold connection pools, and its requests run on a
+Tokio runtime whose threads do not survive ``fork``; a child that touches it
+hangs, and the runtime cannot be started again in that child. So clients are
+per process (keyed by process id, emptied in a forked child), and a process
+forked after obstore was used in its parent (DataLoader workers fork after the
+main process listed) reads through fsspec instead: both engines list and
+stamp the same, so the child's copies are valid for everyone. A process that
+starts fresh (spawn, forkserver) or was forked before obstore was used keeps
+the obstore engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from datetime import datetime
+from typing import Any
+
+from .errors import InvalidArgument, MissingDependency, SourceUnreadable
+
+__all__ = ["ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "engine",
+           "list_objects", "location", "serves", "store", "usable"]
+
+ENGINE_ENV = "UCSTAGE_ENGINE"
+ENGINES = ("auto", "obstore", "fsspec")
+"""Values of ``$UCSTAGE_ENGINE``: ``auto`` (the default) uses obstore for the
+protocols it serves when it is installed, ``fsspec`` forces fsspec, ``obstore``
+requires obstore for those protocols."""
+
+# fsspec protocol -> the store kind that serves it.
+_KINDS = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "abfs": "az",
+          "abfss": "az", "adl": "az"}
+_EXTRA = {"s3": "ucstage[s3]", "gs": "ucstage[gcs]", "az": "ucstage[azure]"}
+
+_ENV = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+           "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
+           "AWS_DEFAULT_REGION"),
+    "gs": ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS",
+           "GOOGLE_SERVICE_ACCOUNT"),
+    "az": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY",
+           "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR"),
+}
+_lock = threading.Lock()
+_stores: dict[tuple[Any, ...], Any] = {}
+
+
+class Unparsable(Exception):
+    """The store holds keys object_store refuses to parse (``.`` or ``..``
+    segments): the listing falls back to fsspec, which reports them as refused."""
+
+
+_used_in: int | None = None
+"""The process in which obstore's runtime was first used (None: not yet)."""
+
+
+def _forget_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # a lock held by another thread at fork stays held
+    _stores.clear()
+
+
+def usable() -> bool:
+    """Whether obstore can run in this process: not in a child forked after
+    obstore was used (its runtime's threads stayed in the parent)."""
+    return _used_in is None or _used_in == os.getpid()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _protocol(volume: Any) -> str:
+    if volume.is_local:
+        return ""
+    protocol = volume.fs.protocol
+    protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+    return str(protocol)
+
+
+def _installed() -> bool:
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def engine(volume: Any) -> str:
+    """``"obstore"`` or ``"fsspec"``: the engine that reads ``volume``.
+
+    Raises:
+        InvalidArgument: ``$UCSTAGE_ENGINE`` has an unknown value.
+        MissingDependency: ``UCSTAGE_ENGINE=obstore`` for a store obstore
+            serves, but obstore is not installed.
+    """
+    if not usable():
+        return "fsspec"
+    if isinstance(getattr(volume, "fs", None), ObjectFS):
+        return "obstore"
+    kind = _KINDS.get(_protocol(volume))
+    return "fsspec" if kind is None else _choice(kind)
+
+
+def location(volume: Any, path: str) -> tuple[str, str, str]:
+    """``(kind, bucket, key)`` of an fsspec path inside ``volume``'s filesystem
+    (``bucket/key``, as s3fs, gcsfs and adlfs spell paths)."""
+    kind = _KINDS[_protocol(volume)]
+    bucket, _, key = path.strip("/").partition("/")
+    return kind, bucket, key
+
+
+def store(kind: str, bucket: str) -> Any:
+    """This process's obstore client for one bucket (container), built on first
+    use from the standard environment."""
+    # Keyed by the variables read too, so a process that changes them (a
+    # test, a notebook) gets a client that follows.
+    global _used_in
+    if _used_in is None:
+        _used_in = os.getpid()
+    key = (os.getpid(), kind, bucket, *(os.environ.get(name, "") for name in _ENV[kind]))
+    client = _stores.get(key)
+    if client is None:
+        with _lock:
+            client = _stores.get(key)
+            if client is None:
+                client = _stores[key] = _build(kind, bucket)
+    return client
+
+
+def _retry() -> Any:
+    # No retries inside object_store: the cache's one retry rule (backoff with
+    # jitter, throttling included, ``LocalCache(retries=, backoff=)``) applies
+    # to both engines, and a stopping warm does not wait out Rust's backoff.
+    from datetime import timedelta
+
+    return {"max_retries": 0, "retry_timeout": timedelta(seconds=30)}
+
+
+def _client_options(endpoint: str) -> Any:
+    return {"allow_http": True} if endpoint.startswith("http://") else {}
+
+
+def _build(kind: str, bucket: str) -> Any:
+    from obstore.store import AzureStore, GCSStore, S3Store
+
+    env = os.environ
+    if kind == "s3":
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or ""
+        kwargs: dict[str, Any] = {}
+        if endpoint:
+            kwargs["endpoint"] = endpoint
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        provider = None
+        if not env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_PROFILE"):
+            provider = _profile_provider(env["AWS_PROFILE"])
+        elif not env.get("AWS_ACCESS_KEY_ID") and not env.get("AWS_SECRET_ACCESS_KEY") \
+                and _only_credentials_file(bucket):
+            provider = _profile_provider("default")
+        elif env.get("AWS_ACCESS_KEY_ID") and not env.get("AWS_SECRET_ACCESS_KEY"):
+            raise _missing("s3", bucket, "AWS_SECRET_ACCESS_KEY is not set "
+                                         "(AWS_ACCESS_KEY_ID is)")
+        return S3Store(bucket, client_options=_client_options(endpoint),
+                       retry_config=_retry(), credential_provider=provider, **kwargs)
+    if kind == "gs":
+        endpoint = env.get("STORAGE_EMULATOR_HOST", "")
+        kwargs = {}
+        if endpoint:
+            endpoint = endpoint if "://" in endpoint else "http://" + endpoint
+            kwargs["base_url"] = endpoint
+            kwargs["skip_signature"] = True
+        return GCSStore(bucket, client_options=_client_options(endpoint),
+                        retry_config=_retry(), **kwargs)
+    account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT") or ""
+    emulator = env.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true")
+    if not account and not emulator:
+        raise _missing("az", bucket, "AZURE_STORAGE_ACCOUNT_NAME is not set")
+    kwargs = {"account_name": account} if account else {}
+    key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
+    if key:
+        kwargs["account_key"] = key
+    return AzureStore(bucket, client_options={"allow_http": True} if emulator else {},
+                      retry_config=_retry(), **kwargs)
+
+
+def _only_credentials_file(bucket: str) -> bool:
+    """Whether the only S3 credentials around are a shared credentials file
+    (which object_store does not read, so boto3 reads it for it)."""
+    env = os.environ
+    if any(env.get(k) for k in ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                                "AWS_CONTAINER_CREDENTIALS_FULL_URI")):
+        return False
+    if env.get("AWS_SKIP_SIGNATURE", "").lower() in ("1", "true"):
+        return False
+    path = env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.expanduser("~/.aws/credentials")
+    if os.path.exists(path):
+        return True  # read through boto3, as s3fs users expect
+    if env.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+        raise _missing("s3", bucket, "no credentials: set AWS_ACCESS_KEY_ID and "
+                                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or "
+                                 "AWS_WEB_IDENTITY_TOKEN_FILE (instance metadata is "
+                                 "disabled by AWS_EC2_METADATA_DISABLED)")
+    return False  # instance metadata, as on EC2
+
+
+def _profile_provider(profile: str) -> Any:
+    """Credentials of an AWS profile (``~/.aws/config``/``credentials``),
+    which object_store does not read itself, through boto3."""
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError as exc:
+        raise MissingDependency(
+            f"AWS_PROFILE={profile} needs boto3 to read the profile",
+            hint="pip install boto3, or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                 "or UCSTAGE_ENGINE=fsspec") from exc
+    try:
+        session = boto3.Session(profile_name=profile)
+        return Boto3CredentialProvider(session)
+    except Exception as exc:
+        raise _missing("s3", "", f"AWS profile {profile!r}: {exc}") from exc
+
+
+def _missing(kind: str, bucket: str, what: str) -> SourceUnreadable:
+    names = {"s3": "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_ENDPOINT_URL",
+             "gs": "GOOGLE_APPLICATION_CREDENTIALS, GOOGLE_SERVICE_ACCOUNT, "
+                   "STORAGE_EMULATOR_HOST",
+             "az": "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, "
+                   "AZURE_STORAGE_SAS_TOKEN, AZURE_STORAGE_USE_EMULATOR"}[kind]
+    error = SourceUnreadable(f"cannot read {kind}://{bucket}: {what}",
+                             hint=f"set the store's variables ({names}), "
+                                  f"or UCSTAGE_ENGINE=fsspec to use fsspec's configuration")
+    error.what = what  # type: ignore[attr-defined]
+    return error
+
+
+def _etag(value: Any) -> str:
+    return str(value).strip('"') if value else ""
+
+
+def concise(exc: BaseException, path: str = "") -> BaseException:
+    """One of obstore's errors as the one-line ``OSError`` the rest of ucstage
+    knows: ``FileNotFoundError`` for 404, ``PermissionError`` for 401/403 (not
+    retried), else ``OSError`` (retried). Other exceptions pass unchanged.
+
+    obstore's messages run to dozens of lines (a Rust debug dump); this keeps
+    the first line, with the store's own error code and message when the
+    response carried them."""
+    try:
+        from obstore.exceptions import (
+            BaseError,
+            NotFoundError,
+            PermissionDeniedError,
+            UnauthenticatedError,
+        )
+    except ImportError:  # pragma: no cover
+        return exc
+    if not isinstance(exc, BaseError):
+        return exc
+    text = str(exc).split("\n\nDebug source:", 1)[0]
+    status = re.search(r"status code: (\d{3})", text)
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    message = re.search(r"<Message>([^<]*)</Message>", text)
+    line = re.sub(r"\s+", " ", text.split("<?xml", 1)[0]).strip().rstrip(":")
+    if code or message:
+        line = f"{line}: {code.group(1) if code else ''} {message.group(1) if message else ''}"
+    line = line.strip()
+    if isinstance(exc, NotFoundError) or (status and status.group(1) == "404"):
+        return FileNotFoundError(2, line, path) if path else FileNotFoundError(line)
+    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or \
+            (status and status.group(1) in ("401", "403")):
+        return PermissionError(line)
+    return OSError(line)
+
+
+def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
+    """Every object under ``root`` (an fsspec path, ``bucket/prefix``), as
+    fsspec's ``find(detail=True)`` gives them: full path -> info with
+    ``size``, ``ETag`` and ``LastModified``.
+
+    Raises:
+        Unparsable: a key has ``.`` or ``..`` segments (list with fsspec).
+        Exception: obstore's, for the store or the credentials.
+    """
+    import obstore
+    from obstore.exceptions import InvalidPathError
+
+    kind, bucket, prefix = location(volume, root)
+    client = store(kind, bucket)
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        for batch in obstore.list(client, prefix or None, chunk_size=1000):
+            for meta in batch:
+                name = f"{bucket}/{meta['path']}"
+                found[name] = {"name": name, "type": "file", "size": meta["size"],
+                               "ETag": _etag(meta["e_tag"]),
+                               "LastModified": meta["last_modified"]}
+    except InvalidPathError as exc:
+        raise Unparsable(str(exc)) from exc
+    except Exception as exc:
+        raise concise(exc) from exc
+    return found
+
+
+def mtime_ns(value: datetime | None) -> int | None:
+    """A listing's or response's ``last_modified`` in nanoseconds."""
+    return int(value.timestamp() * 1e9) if value is not None else None
+
+
+def serves(url: str) -> bool:
+    """Whether ``url`` (``s3://...``) is read through obstore: a protocol it
+    serves, obstore installed, and ``$UCSTAGE_ENGINE`` not ``fsspec``."""
+    protocol = url.split("://", 1)[0].lower()
+    if protocol not in _KINDS or not usable():
+        return False
+    return _choice(_KINDS[protocol]) == "obstore"
+
+
+def _choice(kind: str) -> str:
+    choice = os.environ.get(ENGINE_ENV, "").strip().lower() or "auto"
+    if choice not in ENGINES:
+        raise InvalidArgument(f"{ENGINE_ENV}={choice!r} is not an engine",
+                              hint=f"set it to one of {', '.join(ENGINES)}, or unset it")
+    if choice == "fsspec":
+        return "fsspec"
+    if _installed():
+        return "obstore"
+    if choice == "obstore":
+        raise MissingDependency(f"{ENGINE_ENV}=obstore but obstore is not installed",
+                                hint=f"pip install '{_EXTRA[kind]}'")
+    return "fsspec"
+
+
+class ObjectFS:
+    """The part of an fsspec filesystem a :class:`ucstage.volumes.Volume` of
+    an object store needs, served by obstore: ``info``, ``open``, ``find`` and
+    the URL spelling. Building it imports neither fsspec's backend (s3fs and
+    botocore take most of a second to import) nor opens a connection; anything
+    else is delegated to the fsspec backend, created on first use."""
+
+    def __init__(self, protocol: str) -> None:
+        self.protocol = protocol
+        self._fsspec: Any = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectFS) and other.protocol == self.protocol
+
+    def __hash__(self) -> int:
+        return hash((ObjectFS, self.protocol))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ObjectFS, (self.protocol,))  # clients are per process: rebuilt after pickling
+
+    def unstrip_protocol(self, path: str) -> str:
+        return f"{self.protocol}://{path.lstrip('/')}"
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Nothing is cached here; the fsspec backend's cache if it was used."""
+        if self._fsspec is not None:
+            self._fsspec.invalidate_cache(path)
+
+    def _store(self, path: str) -> tuple[Any, str, str]:
+        kind = _KINDS[self.protocol]
+        bucket, _, key = path.strip("/").partition("/")
+        try:
+            return store(kind, bucket), bucket, key
+        except SourceUnreadable as exc:  # name the whole location, not just the bucket
+            what = getattr(exc, "what", exc.message)
+            raise SourceUnreadable(f"cannot read {self.unstrip_protocol(path)}: {what}",
+                                   hint=exc.hint) from None
+
+    def info(self, path: str) -> dict[str, Any]:
+        """fsspec's ``info``: a file's size and ETag, or ``type: directory``
+        for a bucket or a prefix that holds objects.
+
+        Raises:
+            FileNotFoundError: no object and no object under it.
+        """
+        if not usable():
+            return dict(self.fsspec().info(path))
+        import obstore
+        from obstore.exceptions import InvalidPathError
+
+        client, bucket, key = self._store(path)
+        name = f"{bucket}/{key}".rstrip("/")
+        if key:
+            try:
+                meta = obstore.head(client, key)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                raise concise(exc, path) from exc
+            else:
+                return {"name": name, "type": "file", "size": meta["size"],
+                        "ETag": _etag(meta["e_tag"]), "LastModified": meta["last_modified"]}
+        try:
+            first = next(iter(obstore.list(client, key or None, chunk_size=1)), None)
+        except InvalidPathError:
+            first = True  # an object whose key object_store cannot parse: it holds something
+        except Exception as exc:
+            raise concise(exc, path) from exc
+        if key and not first:
+            raise FileNotFoundError(2, "No such object or prefix", self.unstrip_protocol(path))
+        return {"name": name, "type": "directory", "size": 0}
+
+    def open(self, path: str, mode: str = "rb") -> Any:
+        """A file-like reader of one object (binary reads only)."""
+        import obstore
+
+        if mode != "rb":
+            raise ValueError(f"mode must be 'rb', got {mode!r}")
+        if not usable():
+            return self.fsspec().open(path, mode)
+        client, _, key = self._store(path)
+        try:
+            return _Reader(obstore.open_reader(client, key))
+        except Exception as exc:
+            raise concise(exc, path) from exc
+
+    def find(self, path: str, withdirs: bool = False, detail: bool = True) -> Any:
+        """Every object under ``path``; through fsspec when obstore cannot
+        parse a key (so its refusal is reported)."""
+        try:
+            if not usable():
+                raise Unparsable("obstore cannot run in a forked child")
+            found = list_objects(self, path)
+        except Unparsable:
+            found = self.fsspec().find(path, withdirs=False, detail=True)
+        return found if detail else sorted(found)
+
+    @property
+    def is_local(self) -> bool:
+        return False  # so that list_objects can take this object as its volume
+
+    @property
+    def fs(self) -> ObjectFS:
+        return self
+
+    def fsspec(self) -> Any:
+        """The fsspec backend of this protocol (s3fs, gcsfs, adlfs)."""
+        if self._fsspec is None:
+            import fsspec
+
+            self._fsspec = fsspec.filesystem(self.protocol)
+        return self._fsspec
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.fsspec(), name)
+
+
+class _Reader:
+    """obstore's reader as a context manager, like an fsspec file."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def __enter__(self) -> Any:
+        return self._reader
+
+    def __exit__(self, *exc: object) -> None:
+        self._reader.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)

@@ -61,11 +61,13 @@ class _Status(Callback):
             if text == self.step:
                 return
             self.step, self._step_started = text, self.clock()
+            # Printed under the lock: no periodic line of this step comes first.
+            if text and not self.terminal:
+                self.console.print(f"export: {text}", markup=False, highlight=False)
         if self.terminal:
             self._spin(text)
             return
         if text:
-            self.console.print(f"export: {text}", markup=False, highlight=False)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="ucstage-export-status",
                                                 daemon=True)
@@ -85,17 +87,21 @@ class _Status(Callback):
     def line(self) -> str | None:
         """The periodic line for now; None between steps."""
         with self._lock:
-            if not self.step:
-                return None
-            now = self.clock()
-            return (f"export: {self.step}: {_clock(now - self._step_started)} so far, "
-                    f"{_clock(now - self.started)} elapsed")
+            return self._line()
+
+    def _line(self) -> str | None:
+        if not self.step:
+            return None
+        now = self.clock()
+        return (f"export: {self.step}: {_clock(now - self._step_started)} so far, "
+                f"{_clock(now - self.started)} elapsed")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            text = self.line()
-            if text is not None:
-                self.console.print(text, markup=False, highlight=False)
+            with self._lock:
+                text = self._line()
+                if text is not None:
+                    self.console.print(text, markup=False, highlight=False)
 
     def close(self) -> None:
         self._stop.set()

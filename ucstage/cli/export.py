@@ -67,11 +67,10 @@ class _Status(Callback):
         if self.terminal:
             self._spin(text)
             return
-        if text:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="ucstage-export-status",
-                                                daemon=True)
-                self._thread.start()
+        if text and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="ucstage-export-status",
+                                            daemon=True)
+            self._thread.start()
 
     def _spin(self, text: str) -> None:
         if not text:

@@ -34,35 +34,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch.utils.data as tud
+from read_datasets import RawPaths, ReadBytes
 
 from ucstage import DataLoader, VolumeDataset
 from ucstage.ports import free_port, wait_port
-
-
-class ReadBytes(tud.IterableDataset):  # type: ignore[type-arg]
-    """ucstage side: read every cached file the VolumeDataset yields."""
-
-    def __init__(self, paths: VolumeDataset) -> None:
-        self.paths = paths
-
-    def __iter__(self) -> Iterator[int]:
-        for path in self.paths:
-            with open(path, "rb") as fh:
-                yield len(fh.read())
-
-
-class RawPaths(tud.Dataset):  # type: ignore[type-arg]
-    """Plain side: read every file straight from the mount."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> int:
-        with open(self.paths[i], "rb") as fh:
-            return len(fh.read())
 
 
 @contextmanager

@@ -35,10 +35,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch.utils.data as tud
+from read_datasets import RawPaths, ReadBytes
 
 from ucstage import DataLoader, VolumeDataset
 from ucstage.cache import LocalCache, policy
@@ -58,30 +58,8 @@ def _bench_loader() -> Any:
     return module
 
 
-class Decode(tud.IterableDataset):  # type: ignore[type-arg]
-    """The usual wrapper: open each cached path, read it, yield its size."""
-
-    def __init__(self, paths: VolumeDataset) -> None:
-        self.paths = paths
-
-    def __iter__(self) -> Iterator[int]:
-        for path in self.paths:
-            with open(path, "rb") as fh:
-                yield len(fh.read())
 
 
-class RawPaths(tud.Dataset):  # type: ignore[type-arg]
-    """No cache: read each file straight from the mount, in a seeded shuffle."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> int:
-        with open(self.paths[i], "rb") as fh:
-            return len(fh.read())
 
 
 def _lru_mark(path: str, mtime_ns: int) -> None:
@@ -99,7 +77,7 @@ def cached(mnt: str, work: str, cap: int, workers: int, lru: bool,
     try:
         cache = LocalCache(cache_dir, max_bytes=cap, lease_seconds=0 if lru else 10)
         paths = VolumeDataset(mnt, cache=cache, shuffle=shuffle, seed=1, read_ahead=2)
-        loader = DataLoader(Decode(paths), batch_size=None, num_workers=workers,
+        loader = DataLoader(ReadBytes(paths), batch_size=None, num_workers=workers,
                             log_mlflow=False)
         rows = []
         for epoch in range(EPOCHS):

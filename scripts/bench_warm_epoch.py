@@ -28,38 +28,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch.utils.data as tud
+from read_datasets import RawPaths, ReadBytes
 
 from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
-
-
-class ReadBytes(tud.IterableDataset):  # type: ignore[type-arg]
-    """ucstage side: open and read every path the VolumeDataset yields."""
-
-    def __init__(self, paths: VolumeDataset) -> None:
-        self.paths = paths
-
-    def __iter__(self) -> Iterator[int]:
-        for path in self.paths:
-            with open(path, "rb") as fh:
-                yield len(fh.read())
-
-
-class RawPaths(tud.Dataset):  # type: ignore[type-arg]
-    """Plain side: open and read every local file."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> int:
-        with open(self.paths[i], "rb") as fh:
-            return len(fh.read())
 
 
 def second_epoch(loader: Any, n_files: int, size: int) -> float:

@@ -32,6 +32,10 @@ __all__ = ["AuditResult", "EpochAudit", "side_group"]
 log = logging.getLogger("ucstage")
 
 
+_FLUSH_ROWS = 65536
+"""Delivered rows collected before they are counted into the bitmap."""
+
+
 @dataclass(frozen=True)
 class AuditResult:
     """One epoch's delivery, counted over every rank (and across a restart)."""
@@ -69,6 +73,8 @@ class EpochAudit:
         n = state.files
         self.epoch = state.epoch
         self.counts = np.zeros(n, dtype=np.uint16)
+        self._pending: list[Any] = []
+        self._pending_rows = 0
         k = effective_workers(progress.num_workers)
         start = [progress.counts.get(s) for s in range(progress.world_size * k)]
         self.prior = self.prior_real = self.prior_pad = 0
@@ -103,10 +109,22 @@ class EpochAudit:
         self.prior_pad += max(0, len(rows) - real)
 
     def add(self, rows: Any) -> None:
+        # Called once per delivered batch: collect the rows and count them in
+        # bulk (one np.add.at per call costs more than a small batch itself).
         if len(rows):
-            np.add.at(self.counts, np.asarray(rows, dtype=np.int64), 1)
+            self._pending.append(rows)
+            self._pending_rows += len(rows)
+            if self._pending_rows >= _FLUSH_ROWS:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in self._pending])
+            np.add.at(self.counts, rows, 1)
+            self._pending, self._pending_rows = [], 0
 
     def payload(self, complete: bool) -> tuple[Any, ...]:
+        self._flush()
         extra = np.flatnonzero(self.counts > 1)
         return (complete, np.packbits(self.counts > 0).tobytes(),
                 {int(i): int(self.counts[i]) - 1 for i in extra},

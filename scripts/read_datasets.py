@@ -1,0 +1,37 @@
+"""The two datasets the loader benchmarks compare (bench_loader.py,
+bench_warm_epoch.py, bench_small_cache.py): both open and read every file
+whole, so the only difference measured is how the paths are produced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch.utils.data as tud
+
+
+class ReadBytes(tud.IterableDataset):  # type: ignore[type-arg]
+    """ucstage side, the usual decoding wrapper: open and read every path a
+    VolumeDataset yields; yield its size."""
+
+    def __init__(self, paths: Any) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[int]:
+        for path in self.paths:
+            with open(path, "rb") as fh:
+                yield len(fh.read())
+
+
+class RawPaths(tud.Dataset):  # type: ignore[type-arg]
+    """Plain side: open and read each of ``paths`` straight (no cache)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.paths[i], "rb") as fh:
+            return len(fh.read())

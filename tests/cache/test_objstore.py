@@ -281,3 +281,49 @@ def test_a_warm_waits_for_a_stripe_held_elsewhere_in_a_thread(moto, monkeypatch)
     assert report.fetched == 6  # type: ignore[attr-defined]
     assert Path(cache.fetch(vol, held)).read_bytes() == files[held.path]
     assert _partials(cache.root) == [] and cache.space.recorded_bytes() == 6 * 2000
+
+
+def test_a_failed_ranged_part_cancels_the_others(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """When one part of a large object fails, no other part goes on (and
+    writes into the temp file the copy is about to remove)."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    import obstore
+
+    from ucstage.cache import objget
+
+    size = 3 * PART + 1
+    cancelled: list[int] = []
+
+    class _Result:
+        def __init__(self) -> None:
+            self.meta = {"size": size, "e_tag": '"v1"',
+                         "last_modified": datetime.now(timezone.utc)}
+
+        async def stream(self, min_chunk_size: int = 0):  # type: ignore[no-untyped-def]
+            yield b"x"
+
+    async def fake_get(client, key, options=None):  # type: ignore[no-untyped-def]
+        start = options["range"][0]
+        if start == PART:
+            raise OSError("part failed")
+        if start == 2 * PART:
+            try:
+                await asyncio.Event().wait()  # a part that never ends by itself
+            except asyncio.CancelledError:
+                cancelled.append(start)
+                raise
+        return _Result()
+
+    async def copy(fd: int) -> list[int]:
+        with pytest.raises(OSError, match="part failed"):
+            await objget._get(None, "key", fd, size)
+        return list(cancelled)  # when the copy failed, not when the loop closes
+
+    monkeypatch.setattr(obstore, "get_async", fake_get)
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert asyncio.run(copy(fd)) == [2 * PART]
+    finally:
+        os.close(fd)

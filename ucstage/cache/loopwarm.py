@@ -30,7 +30,7 @@ import concurrent.futures
 import contextlib
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ..volumes import FileEntry
 from . import objget
@@ -38,9 +38,6 @@ from .copy import Copied
 from .inflight import Stopped
 from .locks import FileLock
 from .tuning import THREAD_CEILING
-
-if TYPE_CHECKING:
-    from .local import _Warm
 
 __all__ = ["LoopWarm"]
 
@@ -51,7 +48,8 @@ class LoopWarm:
     """Drives one warm's copies (``warm.todo``) on the engine's loop and puts
     each outcome on ``warm.results``, as the warm's threads would."""
 
-    def __init__(self, warm: _Warm) -> None:
+    def __init__(self, warm: Any) -> None:
+        # ``warm`` is local.py's ``_Warm`` (not imported: local imports this module).
         self.warm = warm
         self.cache, self.volume, self.run = warm.cache, warm.volume, warm.inflight
         self.threaded = 0

@@ -20,6 +20,7 @@ not depend on where the source is mounted, so ranks on different nodes agree.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import json
 import os
@@ -280,8 +281,21 @@ class Manifest:
         return [self.entries[int(i)].path for i in indices]
 
     def volume(self) -> Volume:
-        """Resolve the source for reading (on this node, with this node's env)."""
+        """Resolve the source for reading (on this node, with this node's env).
+
+        A manifest made by a fresh listing in this process returns the volume
+        that listing resolved moments ago: resolving again would ask the store
+        (a HEAD and a LIST for an object-store prefix) once more on every
+        command. A copy in another process (pickled, forked, loaded from a
+        file) resolves afresh."""
+        fresh = self.__dict__.get("_listed")
+        if fresh is not None and fresh[0] == os.getpid():
+            return fresh[1]  # type: ignore[no-any-return]
         return resolve(self.source)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The listing's volume belongs to this process (see volume()).
+        return {k: v for k, v in self.__dict__.items() if k != "_listed"}
 
     @classmethod
     def from_listing(cls, listing: Listing, filters: dict[str, Any] | None = None) -> Manifest:
@@ -654,6 +668,11 @@ def snapshot(
         listing = list_files(source, include=include, exclude=exclude,
                              include_hidden=include_hidden, skip_unreadable=skip_unreadable)
         result = Manifest.from_listing(listing, filters)
+        # Remembered outside the dataclass's fields (see Manifest.volume), as
+        # resolve(result.source) would name it (no lookup: must_exist=False).
+        named = resolve(result.source, must_exist=False).source
+        object.__setattr__(result, "_listed",
+                           (os.getpid(), dataclasses.replace(listing.volume, source=named)))
     if not result.entries and not allow_empty:
         where = result.path or result.source
         raise EmptySource(

@@ -26,6 +26,7 @@ from ucstage.cache.layout import PART_SUFFIX
 from ucstage.cache.objget import PART
 from ucstage.errors import InvalidArgument, SourceUnreadable
 from ucstage.manifest import Manifest, snapshot
+from ucstage.progress import Callback
 from ucstage.volumes import list_files, resolve
 
 KB = 1024
@@ -216,3 +217,113 @@ def test_an_unknown_engine_is_refused(monkeypatch) -> None:  # type: ignore[no-u
     with pytest.raises(InvalidArgument, match="UCSTAGE_ENGINE='boto'"):
         resolve("s3://bucket/x", must_exist=False)
     assert objstore.engine(resolve(".", must_exist=False)) == "fsspec"  # local: never obstore
+
+
+class _Threads(Callback):
+    """Counts, at every finished file, the threads the warm started per copy."""
+
+    def __init__(self) -> None:
+        self.most = 0
+        self.done = 0
+
+    def item_done(self, name: str, status: str, error: str = "") -> None:
+        self.done += 1
+        self.most = max(self.most, sum(t.name.startswith("ucstage-warm")
+                                       for t in threading.enumerate()))
+
+
+def test_a_warm_keeps_its_copies_on_the_event_loop_not_a_thread_each(moto, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Many copies in flight on one event loop: no thread per copy (each
+    thread cost GIL hand-offs and wake-ups per file)."""
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    files = {f"f{i:02d}.bin": os.urandom(3000) for i in range(40)}
+    m = snapshot(make_source("s3", "", files))
+    cache = LocalCache()
+    seen = _Threads()
+    report = cache.warm(m.volume(), m.entries, jobs=16, callback=seen)
+    assert (report.engine, report.fetched, seen.done) == ("obstore", 40, 40)
+    assert seen.most == 0
+    for e in m.entries:
+        assert Path(cache.fetch(m.volume(), e)).read_bytes() == files[e.path]
+    assert cache.space.recorded_bytes() == 40 * 3000 and _partials(cache.root) == []
+
+
+def test_a_warm_waits_for_a_stripe_held_elsewhere_in_a_thread(moto, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A stripe another copy holds (here: this test, as another process would)
+    is waited for in a thread, not on the event loop: the other files are
+    copied meanwhile, and the held one once the stripe is free."""
+    from ucstage.cache.locks import FileLock
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    files = {f"g{i}.bin": bytes([i]) * 2000 for i in range(6)}
+    m = snapshot(make_source("s3", "", files))
+    vol = m.volume()
+    cache = LocalCache()
+    held = m.entries[0]
+    lock = FileLock(cache.space.entry_lock(cache.prepare(vol), held.path))
+    assert lock.acquire()
+    reports: list[object] = []
+    thread = threading.Thread(target=lambda: reports.append(cache.warm(vol, m.entries, jobs=4)),
+                              daemon=True)
+    try:
+        thread.start()
+        others = [e for e in m.entries if e is not held]
+        _poll("the other files to be cached", lambda: all(
+            cache.lookup(vol, e, touch=False) for e in others))
+        _poll("a thread to wait for the held stripe", lambda: any(
+            t.name.startswith("ucstage-warm-wait") for t in threading.enumerate()))
+        assert cache.lookup(vol, held, touch=False) is None and thread.is_alive()
+    finally:
+        lock.release()
+    thread.join(60)
+    assert not thread.is_alive()
+    report = reports[0]
+    assert report.fetched == 6  # type: ignore[attr-defined]
+    assert Path(cache.fetch(vol, held)).read_bytes() == files[held.path]
+    assert _partials(cache.root) == [] and cache.space.recorded_bytes() == 6 * 2000
+
+
+def test_a_failed_ranged_part_cancels_the_others(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """When one part of a large object fails, no other part goes on (and
+    writes into the temp file the copy is about to remove)."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    import obstore
+
+    from ucstage.cache import objget
+
+    size = 3 * PART + 1
+    cancelled: list[int] = []
+
+    class _Result:
+        def __init__(self) -> None:
+            self.meta = {"size": size, "e_tag": '"v1"',
+                         "last_modified": datetime.now(timezone.utc)}
+
+        async def stream(self, min_chunk_size: int = 0):  # type: ignore[no-untyped-def]
+            yield b"x"
+
+    async def fake_get(client, key, options=None):  # type: ignore[no-untyped-def]
+        start = options["range"][0]
+        if start == PART:
+            raise OSError("part failed")
+        if start == 2 * PART:
+            try:
+                await asyncio.Event().wait()  # a part that never ends by itself
+            except asyncio.CancelledError:
+                cancelled.append(start)
+                raise
+        return _Result()
+
+    async def copy(fd: int) -> list[int]:
+        with pytest.raises(OSError, match="part failed"):
+            await objget._get(None, "key", fd, size)
+        return list(cancelled)  # when the copy failed, not when the loop closes
+
+    monkeypatch.setattr(obstore, "get_async", fake_get)
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert asyncio.run(copy(fd)) == [2 * PART]
+    finally:
+        os.close(fd)

@@ -87,3 +87,14 @@ def test_bad_jobs_are_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="jobs must be a positive number or 'auto'"):
         check_jobs(bad)  # type: ignore[arg-type]
     assert check_jobs("auto") is None and check_jobs(None) is None and check_jobs("8") == 8
+
+
+def test_try_enter_takes_a_free_place_without_waiting() -> None:
+    jobs = Jobs(2, ceiling=256)
+    assert jobs.try_enter() and jobs.try_enter()
+    assert not jobs.try_enter()  # full: refused at once, no wait
+    jobs.leave(0)
+    assert jobs.try_enter()
+    jobs.close()
+    jobs.leave(0)
+    assert not jobs.try_enter()  # closed

@@ -174,3 +174,27 @@ def test_json_sources_are_manifests_wherever_they_live(vol, tmp_path, monkeypatc
             load(f"memory://{key}/nope.json")
     finally:
         fs.rm(f"/{key}", recursive=True)
+
+
+def test_a_fresh_listing_does_not_resolve_its_source_again(vol, tmp_path, monkeypatch):
+    """volume() of a manifest this process just listed reuses the listing's
+    volume (no second HEAD + LIST against a store); the same as resolving
+    afresh, and a pickled copy (another process) resolves afresh."""
+    import dataclasses
+    import pickle
+
+    from ucstage import volumes
+
+    monkeypatch.chdir(tmp_path)
+    m = snapshot("vol/")  # relative, with a slash: named as resolve() names it
+    kinds = []
+    real_kind = volumes._kind
+    monkeypatch.setattr(volumes, "_kind", lambda v: kinds.append(v) or real_kind(v))
+    got = m.volume()
+    assert kinds == []
+    afresh = volumes.resolve(m.source)
+    assert dataclasses.astuple(got) == dataclasses.astuple(afresh)
+    copy = pickle.loads(pickle.dumps(m))
+    assert copy == m
+    kinds.clear()
+    assert dataclasses.astuple(copy.volume()) == dataclasses.astuple(afresh) and len(kinds) == 1

@@ -95,6 +95,16 @@ class Inflight:
         self._event.wait(seconds)
         self.check()
 
+    async def asleep(self, seconds: float) -> None:
+        """:meth:`sleep` for a copy running as a coroutine: a stop cancels the
+        coroutine itself (the driver's work), so this only waits and checks."""
+        import asyncio
+
+        if self._on_retry is not None:
+            self._on_retry()
+        await asyncio.sleep(seconds)
+        self.check()
+
     # -- one copy's life ----------------------------------------------------------
 
     def begin(self) -> int:

@@ -34,6 +34,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .. import objstore
 from ..errors import (
@@ -57,7 +58,7 @@ from ..units import SIZE_HELP, format_bytes, parse_size
 from ..volumes import FileEntry, Volume, safe_relpath
 from . import layout as cd
 from . import maintenance as maint
-from .copy import copy_to
+from .copy import Copied, copy_to
 from .inflight import Inflight, Stopped
 from .locks import FileLock
 from .reports import (
@@ -277,15 +278,8 @@ class LocalCache:
                 return self._fetch_once(volume, entry, run, evicted)
             except Stopped:
                 raise
-            except _PERMANENT as exc:
-                if isinstance(exc, UcstageError):
-                    raise
-                raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
             except Exception as exc:
-                if attempt == self.retries:
-                    raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
-                                      f"{_reason(exc)}") from exc
-                pause = delay * (1 + random.random() / 4)
+                pause = self._retry_pause(exc, entry, attempt, delay)
                 if run is not None:
                     run.sleep(pause)  # a stopping warm does not wait out the backoff
                 else:
@@ -293,17 +287,29 @@ class LocalCache:
                 delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _retry_pause(self, exc: Exception, entry: FileEntry, attempt: int,
+                     delay: float) -> float:
+        """The backoff before retrying a copy that raised ``exc`` on attempt
+        ``attempt`` (from 0), ``delay`` being the attempt's base delay.
+
+        Raises:
+            UcstageError: ``exc`` itself, or :exc:`FetchFailed` when it is
+                permanent (a missing file, a refusal) or retries ran out.
+        """
+        if isinstance(exc, _PERMANENT):
+            if isinstance(exc, UcstageError):
+                raise exc
+            raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
+        if attempt == self.retries:
+            raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
+                              f"{_reason(exc)}") from exc
+        return delay * (1 + random.random() / 4)
+
     def _fetch_once(self, volume: Volume, entry: FileEntry, run: Inflight | None = None,
                     evicted: Evicted | None = None) -> tuple[str, bool]:
         """One copy attempt. With ``run`` (a warm), no copy starts once it has
         stopped, and a copy it abandons is left to it (see :mod:`.inflight`)."""
-        rel = safe_relpath(entry.path)
-        if cd.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
-            raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
-        ns_dir = self.prepare(volume)
-        local = os.path.join(ns_dir, *rel.split("/"))
-        space = self.space
-        lock = space.entry_lock(ns_dir, rel)
+        rel, ns_dir, local, lock = self._where(volume, entry)
         if run is not None:
             run.check()
         with FileLock(lock):
@@ -318,10 +324,41 @@ class LocalCache:
                     run.release(token)
         return local, True
 
+    def _where(self, volume: Volume, entry: FileEntry) -> tuple[str, str, str, str]:
+        """``(relpath, namespace folder, local path, stripe lock)`` of an entry
+        to copy; refuses unsafe paths."""
+        rel = safe_relpath(entry.path)
+        if cd.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
+            raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
+        ns_dir = self.prepare(volume)
+        local = os.path.join(ns_dir, *rel.split("/"))
+        return rel, ns_dir, local, self.space.entry_lock(ns_dir, rel)
+
     def _copy_locked(self, volume: Volume, entry: FileEntry, rel: str, ns_dir: str, local: str,
                      lock: str, run: Inflight | None, token: int,
                      evicted: Evicted | None) -> None:
         """Copy ``entry`` to ``local`` through a temp file; its stripe is held."""
+        tmp, fd, reserved = self._reserve_tmp(entry, rel, ns_dir, local, lock, run, token,
+                                              evicted)
+        try:
+            try:
+                copied = copy_to(volume, rel, fd, run, entry.size)
+            finally:
+                os.close(fd)
+            self._commit_tmp(entry, tmp, local, copied, reserved, run, token)
+        except BaseException as exc:
+            self._drop_tmp(exc, ns_dir, rel, entry, tmp, reserved, run, token)
+
+    def _reserve_tmp(self, entry: FileEntry, rel: str, ns_dir: str, local: str, lock: str,
+                     run: Inflight | None, token: int,
+                     evicted: Evicted | None) -> tuple[str, int, int]:
+        """Create the entry's preallocated temp file and reserve its bytes;
+        returns ``(temp path, open descriptor, bytes reserved)``. Its stripe is held.
+
+        Raises:
+            Stopped: ``run`` stopped meanwhile (nothing is left behind).
+            CacheFull: no room on disk or under the cap.
+        """
         space = self.space
         folder = os.path.dirname(local)
         if folder not in self._folders:
@@ -348,23 +385,27 @@ class LocalCache:
             os.close(fd)  # stopped while reserving: copy nothing
             space.abandon(tmp, reserved)
             raise Stopped()
-        try:
-            try:
-                copied = copy_to(volume, rel, fd, run, entry.size)
-            finally:
-                os.close(fd)
-            if run is not None and not run.claim(token):
-                raise Stopped()  # abandoned: the temp file was removed, the path is not ours
-            cd.write_stamp(tmp, copied.size, copied.version or entry.version)
-            now = time.time_ns()
-            os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
-            space.commit(tmp, local, copied.size, reserved)
-        except BaseException as exc:
-            if run is None or run.release(token):  # else the warm removed it already
-                space.abandon(tmp, reserved)
-            if no_room(exc):
-                raise self._disk_full(ns_dir, rel, entry.size) from exc
-            raise
+        return tmp, fd, reserved
+
+    def _commit_tmp(self, entry: FileEntry, tmp: str, local: str, copied: Copied,
+                    reserved: int, run: Inflight | None, token: int) -> None:
+        """Stamp the copied temp file and rename it into place."""
+        if run is not None and not run.claim(token):
+            raise Stopped()  # abandoned: the temp file was removed, the path is not ours
+        cd.write_stamp(tmp, copied.size, copied.version or entry.version)
+        now = time.time_ns()
+        os.utime(tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
+        self.space.commit(tmp, local, copied.size, reserved)
+
+    def _drop_tmp(self, exc: BaseException, ns_dir: str, rel: str, entry: FileEntry, tmp: str,
+                  reserved: int, run: Inflight | None, token: int) -> NoReturn:
+        """A copy failed (or stopped): remove its temp file unless the job
+        already did, and raise (a full disk as :exc:`CacheFull`)."""
+        if run is None or run.release(token):  # else the warm removed it already
+            self.space.abandon(tmp, reserved)
+        if no_room(exc):
+            raise self._disk_full(ns_dir, rel, entry.size) from exc
+        raise exc
 
     def _remember_folder(self, folder: str) -> None:
         if len(self._folders) >= _FOLDERS_MAX:
@@ -515,9 +556,10 @@ class LocalCache:
 
 
 class _Warm:
-    """One warm's copy phase: ``jobs`` daemon threads copy, the calling thread
-    waits for their results and reports them (the report and the callback are
-    touched by the calling thread only).
+    """One warm's copy phase: ``jobs`` daemon threads copy (on the obstore
+    engine, coroutines on its event loop instead: :mod:`.loopwarm`), the
+    calling thread waits for their results and reports them (the report and
+    the callback are touched by the calling thread only).
 
     Daemon threads, not a ``ThreadPoolExecutor``: leaving an executor waits for
     every queued copy, and the interpreter joins its threads at exit, so a
@@ -533,8 +575,13 @@ class _Warm:
         self.tuner = tuner
         self.inflight = Inflight(on_retry=tuner.error)
         self.threads = 0
-        self.results: queue.SimpleQueue[tuple[FileEntry, bool | BaseException]] = \
+        self.on_loop = False
+        """Copies run as coroutines on the engine's loop (:mod:`.loopwarm`)."""
+        self.results: queue.SimpleQueue[list[tuple[FileEntry, bool | BaseException]]] = \
             queue.SimpleQueue()
+        """Outcomes of copies, in batches (a thread puts one; the event loop's
+        driver puts what ended in one pass of the loop, so the waiting thread
+        wakes once per batch, not once per file)."""
         self._pending = iter(todo)
         self._take = threading.Lock()
         self.taken = 0
@@ -545,9 +592,17 @@ class _Warm:
         if not self.todo:
             return
         try:
+            if self.report.engine == "obstore":
+                # Every copy a coroutine on the engine's event loop: no thread
+                # per copy in flight (see :mod:`.loopwarm`).
+                from .loopwarm import LoopWarm
+
+                self.on_loop = True
+                LoopWarm(self).start()
             self._spawn()
             while self.received < len(self.todo):
-                self._record(*self.results.get())
+                for entry, outcome in self.results.get():
+                    self._record(entry, outcome)
                 self._spawn()
         except BaseException as exc:
             self._stop()
@@ -560,7 +615,7 @@ class _Warm:
     def _spawn(self) -> None:
         """One thread per place in flight, started as the tuner raises the limit."""
         want = min(self.tuner.limit, len(self.todo))
-        while self.threads < want:
+        while not self.on_loop and self.threads < want:
             threading.Thread(target=self._work, name=f"ucstage-warm-{self.threads}",
                              daemon=True).start()
             self.threads += 1
@@ -582,7 +637,7 @@ class _Warm:
             except BaseException as exc:
                 outcome = exc
             tuner.leave(entry.size if outcome is True else 0)
-            self.results.put((entry, outcome))
+            self.results.put([(entry, outcome)])
 
     def _record(self, e: FileEntry, outcome: bool | BaseException) -> None:
         self.received += 1
@@ -621,12 +676,13 @@ class _Warm:
                 if running <= 0 or left <= 0:
                     break
                 try:
-                    entry, outcome = self.results.get(timeout=left)
+                    batch = self.results.get(timeout=left)
                 except queue.Empty:
                     break
-                # Stopping already: the first error is the one raised.
-                with contextlib.suppress(BaseException):
-                    self._record(entry, outcome)
+                for entry, outcome in batch:
+                    # Stopping already: the first error is the one raised.
+                    with contextlib.suppress(BaseException):
+                        self._record(entry, outcome)
         except KeyboardInterrupt:
             pass  # a second Ctrl-C: stop waiting, but still clean up
         # A second Ctrl-C here leaves temp files that the next warm sweeps

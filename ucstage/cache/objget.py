@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from .. import objstore
 from .inflight import Inflight, Stopped
 
-__all__ = ["PART", "SPLIT_AT", "Got", "get_into"]
+__all__ = ["PART", "SPLIT_AT", "Got", "fetch", "get_into", "loop"]
 
 PART = 16 * 1024 * 1024
 """Bytes per ranged GET of a large object: the top of the 8-16 MiB range
@@ -43,6 +43,10 @@ SPLIT_AT = 2 * PART
 PARTS_IN_FLIGHT = 4
 """Ranged GETs of one object in flight at once (the warm keeps many objects
 in flight too)."""
+
+WHOLE = 1024 * 1024
+"""Objects up to this size are read in one piece (the stream's chunk size:
+it would have delivered them in one chunk anyway)."""
 
 _loop_lock = threading.Lock()
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None
@@ -103,7 +107,7 @@ def _write(fd: int, offset: int, data: Any) -> int:
 
 async def _stream(result: Any, fd: int, offset: int) -> int:
     written = 0
-    async for chunk in result.stream(min_chunk_size=1024 * 1024):
+    async for chunk in result.stream(min_chunk_size=WHOLE):
         written += _write(fd, offset + written, chunk)
     return written
 
@@ -114,7 +118,13 @@ async def _get(client: Any, key: str, fd: int, size_hint: int) -> Got:
     if size_hint < SPLIT_AT:
         result = await obstore.get_async(client, key)
         meta = result.meta
-        size = await _stream(result, fd, 0)
+        if meta["size"] <= WHOLE:
+            # One await for the body instead of a stream's two or more: each
+            # await of a Rust future is a wake-up of the loop and a GIL
+            # hand-off, which cost more CPU than a small object's bytes.
+            size = _write(fd, 0, await result.bytes_async())
+        else:
+            size = await _stream(result, fd, 0)
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
     else:
@@ -133,7 +143,16 @@ async def _get(client: Any, key: str, fd: int, size_hint: int) -> Got:
                 result = await obstore.get_async(client, key, options=options)
                 wrote.append(await _stream(result, fd, start))
 
-        await asyncio.gather(*(part(start) for start in range(PART, size, PART)))
+        parts = [asyncio.ensure_future(part(start)) for start in range(PART, size, PART)]
+        try:
+            await asyncio.gather(*parts)
+        except BaseException:
+            # One part failed (or the copy was cancelled): no other part may
+            # go on writing into a file the caller is about to close.
+            for task in parts:
+                task.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
+            raise
         if sum(wrote) != size:
             raise OSError(f"short read: {sum(wrote)} of {size} bytes")
     os.ftruncate(fd, size)  # the caller may have preallocated more
@@ -180,6 +199,19 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     finally:
         if unwatch is not None:
             unwatch()
+
+
+async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0) -> Got:
+    """:func:`get_into` for a caller already running on :func:`loop` (a copy
+    that is itself a coroutine): the same GET, awaited in place, with the
+    same errors. Cancelling the caller cancels the requests; none of their
+    writes lands after this returns or raises."""
+    kind, bucket, key = objstore.location(volume, path)
+    client = objstore.store(kind, bucket)
+    try:
+        return await _get(client, key, fd, size_hint)
+    except Exception as exc:
+        raise _oserror(exc, path) from exc
 
 
 def _wait_cancelled(future: concurrent.futures.Future[Got]) -> None:

@@ -104,6 +104,16 @@ class Jobs:
             self._active += 1
             return True
 
+    def try_enter(self) -> bool:
+        """Take a place in flight if one is free now (never waits); False when
+        the limit is reached or :meth:`close` was called. For a driver that
+        starts copies as coroutines rather than threads."""
+        with self._cond:
+            if self._closed or self._active >= self.limit:
+                return False
+            self._active += 1
+            return True
+
     def leave(self, nbytes: int, *, counted: bool = True) -> None:
         """One copy ended, with ``nbytes`` copied (``counted=False``: the place
         was not used for a copy, so it says nothing about throughput)."""

@@ -1,0 +1,212 @@
+"""A warm's copy phase on the object-store engine: every copy is a coroutine
+on the engine's event loop (:func:`ucstage.cache.objget.loop`).
+
+With threads, each copy in flight was a thread that waited for its GET on
+the loop: at a hundred copies in flight the threads' wake-ups and the GIL
+hand-offs between them cost more CPU than the requests. Here one driver
+coroutine keeps as many copies in flight as the tuner allows, and each copy
+takes its stripe lock, reserves its temp file, awaits its GET and commits on
+the loop itself: those steps are short syscalls. The rules are the cache's
+own (:class:`ucstage.cache.LocalCache` ``_where``, ``_reserve_tmp``,
+``_commit_tmp``, ``_drop_tmp``, ``_retry_pause``), so every guarantee holds
+unchanged.
+
+Two cases go to a thread instead, because they may wait: a stripe another
+copy holds (``flock`` without ``LOCK_NB`` would block the loop; another
+process, or an entry sharing the stripe), and a copy under a byte cap
+(reserving may evict or wait for a reader to make room). Those run the
+threaded fetch, the one ``LocalCache.fetch`` uses.
+
+Stopping: the warm's :class:`~ucstage.cache.inflight.Inflight` stop cancels
+every copy's coroutine; a cancelled copy removes its temp file and gives its
+reservation back unless the waiting thread abandoned it first (the same
+state machine as the threads'), and reports :exc:`Stopped`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..volumes import FileEntry
+from . import objget
+from .copy import Copied
+from .inflight import Stopped
+from .locks import FileLock
+from .tuning import THREAD_CEILING
+
+__all__ = ["LoopWarm"]
+
+T = TypeVar("T")
+
+
+class LoopWarm:
+    """Drives one warm's copies (``warm.todo``) on the engine's loop and puts
+    each outcome on ``warm.results``, as the warm's threads would."""
+
+    def __init__(self, warm: Any) -> None:
+        # ``warm`` is local.py's ``_Warm`` (not imported: local imports this module).
+        self.warm = warm
+        self.cache, self.volume, self.run = warm.cache, warm.volume, warm.inflight
+        self.threaded = 0
+        """Copies handed to a thread (a contended stripe, a byte cap)."""
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._batch: list[tuple[FileEntry, bool | BaseException]] = []
+
+    def start(self) -> None:
+        """Start the driver on the loop; returns at once."""
+        done = asyncio.run_coroutine_threadsafe(self._drive(), objget.loop())
+        done.add_done_callback(self._failed)
+
+    def _failed(self, done: concurrent.futures.Future[None]) -> None:
+        """A driver that died (a bug) must not leave the waiting thread
+        waiting forever: hand it the error, which stops the warm."""
+        if not done.cancelled() and done.exception() is not None:
+            self.warm.results.put([(FileEntry("", 0, ""), done.exception() or Exception())])
+
+    async def _drive(self) -> None:
+        warm = self.warm
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+        room = asyncio.Event()
+
+        def stop_all() -> None:
+            for task in tasks:
+                task.cancel()
+            room.set()
+
+        def wake() -> None:  # called by the thread that stops the warm
+            loop.call_soon_threadsafe(stop_all)
+
+        unwatch = self.run.watch(wake)
+        try:
+            pending = iter(warm.todo)
+            while not self.run.stopped:
+                started = self._start(pending, tasks, room)
+                if started is None:
+                    break  # every entry is started
+                room.clear()
+                await room.wait()  # a copy ended (the limit may have moved) or a stop
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            unwatch()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+
+    def _start(self, pending: Any, tasks: set[asyncio.Task[None]],
+               room: asyncio.Event) -> int | None:
+        """Start copies while the tuner has room; None once none is left."""
+        warm, tuner = self.warm, self.warm.tuner
+        started = 0
+        while tuner.try_enter():
+            entry = next(pending, None)
+            if entry is None or self.run.stopped:
+                tuner.leave(0, counted=False)
+                return None
+            with warm._take:
+                warm.taken += 1
+            task = asyncio.ensure_future(self._one(entry))
+            tasks.add(task)
+            task.add_done_callback(self._ended(entry, tasks, room))
+            started += 1
+        return started
+
+    def _ended(self, entry: FileEntry, tasks: set[asyncio.Task[None]],
+               room: asyncio.Event) -> Callable[[asyncio.Task[None]], None]:
+        def ended(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if task.cancelled():  # cancelled before it ran: it reported nothing
+                self.warm.tuner.leave(0)
+                self._report(entry, Stopped())
+            room.set()
+        return ended
+
+    async def _one(self, entry: FileEntry) -> None:
+        outcome: bool | BaseException
+        try:
+            outcome = (await self._fetch_retrying(entry))[1]
+        except asyncio.CancelledError:
+            outcome = Stopped()
+        except BaseException as exc:
+            outcome = exc
+        self.warm.tuner.leave(entry.size if outcome is True else 0)
+        self._report(entry, outcome)
+
+    def _report(self, entry: FileEntry, outcome: bool | BaseException) -> None:
+        """Hand an outcome to the waiting thread with the others that end in
+        this pass of the loop: one wake-up of that thread per batch."""
+        self._batch.append((entry, outcome))
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        self.warm.results.put(batch)
+
+    async def _fetch_retrying(self, entry: FileEntry) -> tuple[str, bool]:
+        """``LocalCache._fetch_retrying``, awaiting instead of sleeping."""
+        delay = self.cache.backoff
+        for attempt in range(self.cache.retries + 1):
+            try:
+                return await self._fetch_once(entry)
+            except Stopped:
+                raise
+            except Exception as exc:
+                pause = self.cache._retry_pause(exc, entry, attempt, delay)
+            await self.run.asleep(pause)
+            delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _fetch_once(self, entry: FileEntry) -> tuple[str, bool]:
+        """``LocalCache._fetch_once`` with the GET awaited on the loop."""
+        cache, run, volume = self.cache, self.run, self.volume
+        rel, ns_dir, local, lock_path = cache._where(volume, entry)
+        run.check()
+        lock = FileLock(lock_path)
+        if cache.max_bytes is not None or not lock.acquire(blocking=False):
+            self.threaded += 1
+            return await self._in_thread(cache._fetch_once, volume, entry, run,
+                                         self.warm.evicted)
+        try:
+            hit = cache.lookup(volume, entry)
+            if hit is not None:
+                return hit, False
+            token = run.begin()
+            try:
+                tmp, fd, reserved = cache._reserve_tmp(entry, rel, ns_dir, local, lock_path,
+                                                       run, token, self.warm.evicted)
+                try:
+                    try:
+                        got = await objget.fetch(volume, volume.full_path(rel), fd,
+                                                 size_hint=entry.size)
+                    finally:
+                        os.close(fd)
+                    cache._commit_tmp(entry, tmp, local, Copied(got.size, got.etag, got.mtime_ns),
+                                      reserved, run, token)
+                except BaseException as exc:
+                    cache._drop_tmp(exc, ns_dir, rel, entry, tmp, reserved, run, token)
+            finally:
+                run.release(token)
+        finally:
+            lock.release()
+        return local, True
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` in this warm's thread pool. A stop cancels the caller
+        but not the thread: it sees the stop itself (the threaded fetch checks
+        it), and the caller waits for it so that it leaves the cache as it should."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                THREAD_CEILING, thread_name_prefix="ucstage-warm-wait")
+        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await future
+            raise

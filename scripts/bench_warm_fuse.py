@@ -34,6 +34,8 @@ import tempfile
 import time
 from typing import Any
 
+from remote_mounts import fresh_mount, unmount
+
 BIN = os.path.dirname(sys.executable)
 
 BARE_COPY = """
@@ -58,26 +60,8 @@ with ThreadPoolExecutor(jobs) as pool:
 """
 
 
-def _env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        sys.exit(f"bench_warm_fuse.py: {name} is not set; run it inside scripts/remote-volume.sh")
-    return value
 
 
-def fresh_mount(work: str, label: str) -> str:
-    mnt = tempfile.mkdtemp(prefix=f"mnt-{label}-", dir=work)
-    subprocess.run(["rclone", "mount", _env("UCSTAGE_REMOTE_RCLONE"), mnt, "--daemon",
-                    "--read-only", "--use-server-modtime", "--dir-cache-time", "5m",
-                    "--log-file", mnt + ".log"], check=True,
-                   # A CA bundle for plain http makes rclone's S3 client fail to start.
-                   env={k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"})
-    deadline = time.monotonic() + 15
-    while not os.path.ismount(mnt):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"rclone mount did not appear at {mnt}")
-        time.sleep(0.05)
-    return mnt
 
 
 def count(path: str) -> tuple[int, int]:
@@ -113,7 +97,7 @@ def run_tool(tool: str, jobs: int, work: str, set_name: str, want: tuple[int, in
             raise RuntimeError(f"{tool} copied {got}, expected {want}")
         return seconds
     finally:
-        subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+        unmount(mnt)
         shutil.rmtree(out, ignore_errors=True)
 
 
@@ -130,7 +114,7 @@ def main() -> int:
         try:
             want = count(os.path.join(mnt, args.set_name))
         finally:
-            subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+            unmount(mnt)
         runs: list[dict[str, Any]] = []
         for rnd in range(args.rounds):
             order: list[tuple[str, int]] = []

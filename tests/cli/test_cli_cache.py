@@ -467,7 +467,7 @@ def test_library_errors_are_shown_as_this_commands_flags(src: Path,
         LocalCache().prune(-1)
     # The size parser refuses "-1" before the library sees it; let it through
     # to check the library's message on its way out of the CLI.
-    monkeypatch.setattr("ucstage.cli.cache.parse_size", int)
+    monkeypatch.setattr("ucstage.cli.args.parse_size", int)  # where size flags are parsed
     result = CliRunner().invoke(cli, ["cache", "prune", "--max-bytes", "-1"])
     assert result.exit_code == 2
     assert "error: --max-bytes must be 0 or more, got -1" in result.output

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from ..bench import check_modes
 from ..errors import InvalidArgument
+from ..units import parse_size
 
-__all__ = ["int_list", "num_workers_list", "parse_modes", "parse_workers"]
+__all__ = ["int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
 
 
 def int_list(text: str, flag: str, *, minimum: int, example: str) -> list[int]:
@@ -54,3 +55,14 @@ def parse_modes(text: str) -> list[str]:
     says ``modes``, which the CLI's error mapper turns into ``--modes``.
     """
     return check_modes(text.split(","))
+
+
+def size_flag(value: str | None, flag: str) -> int | None:
+    """A size flag (``500M``, ``20G``) in bytes; None when not given. A bad
+    value's error names ``flag`` (an option, or the variable it came from)."""
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{flag}: {exc.message}", exc.hint) from None

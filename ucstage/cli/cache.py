@@ -30,8 +30,9 @@ from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
 from ..manifest import Manifest
 from ..sharding import node_ranks
-from ..units import SIZE_HELP, format_rate, parse_size
+from ..units import SIZE_HELP, format_rate
 from ..volumes import VOLUMES_ROOT_ENV, FileEntry, Volume, resolve
+from .args import size_flag
 from .output import (
     SKIP_UNREADABLE_META,
     Group,
@@ -49,16 +50,6 @@ from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
-
-
-def _size(value: str | None, flag: str) -> int | None:
-    """Parse a size flag; a bad value names the flag."""
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"{flag}: {exc.message}", exc.hint) from None
 
 
 def _is_volumes(source: str) -> bool:
@@ -204,7 +195,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     if share and epoch is not None:
         err.print("note: --epoch is ignored under the node shuffle scope: the node's share "
                   "is the same every epoch, so it is warmed whole", markup=False)
-    cap = _size(max_bytes, "--max-bytes")
+    cap = size_flag(max_bytes, "--max-bytes")
     cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
     with _listing(source):
         m = read_source(source, manifest_path, include, exclude, include_hidden)
@@ -617,7 +608,7 @@ def prune(max_bytes: str, lease: float, as_json: bool) -> None:
     Example:
       ucstage cache prune --max-bytes 20G
     """
-    cap = _size(max_bytes, "--max-bytes")
+    cap = size_flag(max_bytes, "--max-bytes")
     assert cap is not None  # the option is required
     r = LocalCache(lease_seconds=lease).prune(cap)
     data = r.to_json()

@@ -16,8 +16,8 @@ from ..cache.space import free_bytes
 from ..errors import InvalidArgument
 from ..manifest import ArrowEntries, Manifest
 from ..sharding import SHUFFLE_SCOPES, Forecast, ShardPlan, SlotPlan, forecast, plan, slot_plan
-from ..units import SIZE_HELP, parse_size
-from .args import num_workers_list
+from ..units import SIZE_HELP
+from .args import num_workers_list, size_flag
 from .output import (
     emit,
     err,
@@ -348,14 +348,9 @@ def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
 
 def _cap(max_bytes: str | None) -> int | None:
     """--max-bytes, else $UCSTAGE_CACHE_MAX_BYTES, else None (not checked)."""
-    text, flag = (max_bytes, "--max-bytes") if max_bytes is not None else (
-        os.environ.get(MAX_BYTES_ENV) or None, f"${MAX_BYTES_ENV}")
-    if text is None:
-        return None
-    try:
-        return parse_size(text)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"{flag}: {exc.message}", exc.hint) from None
+    if max_bytes is not None:
+        return size_flag(max_bytes, "--max-bytes")
+    return size_flag(os.environ.get(MAX_BYTES_ENV) or None, f"${MAX_BYTES_ENV}")
 
 
 def _over_cap(f: Forecast | None, cap: int | None) -> list[int]:

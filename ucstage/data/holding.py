@@ -63,17 +63,11 @@ def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
     if reader is None:
         yield from paths
         return
-    if not reader.holding:  # no cap: nothing is held, nothing needs marking
-        try:
-            yield from paths
-        finally:
-            close = getattr(paths, "close", None)
-            if close is not None:
-                close()
-            reader.close()
-        return
     recent: collections.deque[str] = collections.deque()
     try:
+        if not reader.holding:  # no cap: nothing is held, nothing needs marking
+            yield from paths
+            return
         for path in paths:
             yield path
             # The consumer asked for the next item: it has opened this one.

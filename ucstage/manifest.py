@@ -19,7 +19,6 @@ not depend on where the source is mounted, so ranks on different nodes agree.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import hashlib
 import json
@@ -135,10 +134,7 @@ class ArrowEntries(Sequence[FileEntry]):
             index += n
         if not 0 <= index < n:
             raise IndexError("manifest entry index out of range")
-        chunk = bisect.bisect_right(self._starts, index) - 1
-        local = index - self._starts[chunk]
-        cols = [self.table.column(i).chunk(chunk) for i in range(3)]
-        return FileEntry(cols[0][local].as_py(), cols[1][local].as_py(), cols[2][local].as_py())
+        return self.take([index])[0]
 
     @overload
     def __getitem__(self, index: int) -> FileEntry: ...

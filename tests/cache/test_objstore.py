@@ -23,7 +23,7 @@ from tests.common.throttle import Throttle, throttled
 from ucstage import objstore
 from ucstage.cache import Inflight, LocalCache, Stopped
 from ucstage.cache.layout import PART_SUFFIX
-from ucstage.cache.objget import PART
+from ucstage.cache.objget import PART, SPLIT_AT
 from ucstage.errors import InvalidArgument, SourceUnreadable
 from ucstage.manifest import Manifest, snapshot
 from ucstage.progress import Callback
@@ -147,6 +147,76 @@ def test_large_objects_are_fetched_as_parallel_ranged_gets(proxied: Throttle) ->
     assert Path(cache.fetch(m.volume(), big)).read_bytes() == data
     starts = sorted(int(r.split("=")[1].split("-")[0]) for r in proxied.ranges)
     assert starts == [i * PART for i in range(3)]  # three parts; the small file in one GET
+
+
+def test_a_warm_with_as_many_large_objects_as_places_reads_each_whole(proxied: Throttle) -> None:
+    """Three large objects and two places in flight: every place already
+    carries a whole object, so no object is cut into ranges (each range would
+    be another request, and a full read for a server like moto)."""
+    data = {f"big{i}.bin": os.urandom(SPLIT_AT + 1000 * i) for i in range(3)}
+    src = make_source("s3", "", data)
+    m = snapshot(src)
+    cache = LocalCache()
+    report = cache.warm(m.volume(), m.entries, jobs=2)
+    assert report.fetched == 3 and report.engine == "obstore"
+    assert proxied.ranges == []
+    for e in m.entries:
+        assert Path(cache.fetch(m.volume(), e)).read_bytes() == data[e.path]
+
+
+def test_split_shares_the_places_in_flight_among_the_objects_left() -> None:
+    from ucstage.cache.objget import MAX_PART, PARTS_IN_FLIGHT, _part_size, split
+
+    assert split(32, 16) == 1 and split(32, 8) == PARTS_IN_FLIGHT
+    assert split(32, 1) == PARTS_IN_FLIGHT and split(2, 3) == 1 and split(1, 0) == 1
+    assert _part_size(64 * MB, 2) == 32 * MB  # two ranges instead of four
+    assert _part_size(64 * MB, 4) == PART
+    assert _part_size(64 * MB, 1) == 64 * MB  # one range: the whole object
+    assert _part_size(10 * 1024 * MB, 2) == MAX_PART
+    assert _part_size(PART * 2 + 1, 4) == PART
+
+
+def test_the_first_part_streams_while_the_others_run(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Only the first part's headers are awaited before the other parts
+    start: its body streams beside them (here it cannot finish until the
+    last part has started)."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    import obstore
+
+    from ucstage.cache import objget
+
+    size = 3 * PART
+    last_started = asyncio.Event()
+
+    class _Result:
+        def __init__(self, start: int) -> None:
+            self.start = start
+            self.meta = {"size": size, "e_tag": '"v1"',
+                         "last_modified": datetime.now(timezone.utc)}
+
+        async def stream(self, min_chunk_size: int = 0):  # type: ignore[no-untyped-def]
+            if self.start == 0:
+                await last_started.wait()
+            yield b"x" * PART
+
+    async def fake_get(client, key, options=None):  # type: ignore[no-untyped-def]
+        start = options["range"][0]
+        if start == 2 * PART:
+            last_started.set()
+        return _Result(start)
+
+    async def copy(fd: int) -> int:
+        got = await asyncio.wait_for(objget._get(None, "key", fd, size, 4), timeout=20)
+        return got.size
+
+    monkeypatch.setattr(obstore, "get_async", fake_get)
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert asyncio.run(copy(fd)) == size
+    finally:
+        os.close(fd)
 
 
 def test_a_stopped_fetch_cancels_its_request_while_the_store_hangs(proxied: Throttle) -> None:

@@ -56,6 +56,9 @@ class LoopWarm:
         """Copies handed to a thread (a contended stripe, a byte cap)."""
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._batch: list[tuple[FileEntry, bool | BaseException]] = []
+        self._left = len(warm.todo)
+        """Copies not ended yet: a large object's share of the places in
+        flight is the limit over these (:func:`objget.split`)."""
 
     def start(self) -> None:
         """Start the driver on the loop; returns at once."""
@@ -121,6 +124,7 @@ class LoopWarm:
         def ended(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
             if task.cancelled():  # cancelled before it ran: it reported nothing
+                self._left -= 1
                 self.warm.tuner.leave(0)
                 self._report(entry, Stopped())
             room.set()
@@ -134,6 +138,7 @@ class LoopWarm:
             outcome = Stopped()
         except BaseException as exc:
             outcome = exc
+        self._left -= 1
         self.warm.tuner.leave(entry.size if outcome is True else 0)
         self._report(entry, outcome)
 
@@ -182,8 +187,9 @@ class LoopWarm:
                                                        run, token, self.warm.evicted)
                 try:
                     try:
-                        got = await objget.fetch(volume, volume.full_path(rel), fd,
-                                                 size_hint=entry.size)
+                        got = await objget.fetch(
+                            volume, volume.full_path(rel), fd, size_hint=entry.size,
+                            parts=objget.split(self.warm.tuner.limit, self._left))
                     finally:
                         os.close(fd)
                     cache._commit_tmp(entry, tmp, local, Copied(got.size, got.etag, got.mtime_ns),

@@ -9,11 +9,18 @@ GET's end and the job's stop both set, so a stop
 in the waiting thread cancels the request through the loop: a blocking call
 inside Rust would not see the signal.
 
-An object of :data:`SPLIT_AT` bytes or more is read as parallel ranged GETs
-of :data:`PART` bytes, each written at its offset with ``pwrite``, so one large
-file is not held to one connection. Every part after the first asks
-``If-Match`` the first one's ETag: an object replaced mid-copy fails the copy
-(and the cache retries it) instead of mixing two versions.
+An object of :data:`SPLIT_AT` bytes or more may be read as parallel ranged
+GETs, each written at its offset with ``pwrite``, so one large file is not
+held to one connection. How many: the caller says how many requests the
+object may have in flight (``parts``): a lone fetch :data:`PARTS_IN_FLIGHT`,
+a warm that many only when the places it has left allow it for every object
+left (:func:`split`); otherwise whole GETs already fill its connections and
+ranges would only add requests (and cost a server that reads the whole object
+for every range, as moto does, a full read each). Parts are ``size / parts``
+bytes, between :data:`PART` and :data:`MAX_PART`. Every part after the first
+asks ``If-Match`` the first one's ETag: an object replaced mid-copy fails the
+copy (and the cache retries it) instead of mixing two versions. The first
+part streams while the others run; only its headers are awaited first.
 
 The loop and its thread belong to the process that made them; a forked child
 (a DataLoader worker) starts its own on first use.
@@ -32,17 +39,19 @@ from typing import Any, NamedTuple
 from .. import objstore
 from .inflight import Inflight, Stopped
 
-__all__ = ["PART", "SPLIT_AT", "Got", "fetch", "get_into", "loop"]
+__all__ = ["PART", "PARTS_IN_FLIGHT", "SPLIT_AT", "Got", "fetch", "get_into", "loop", "split"]
 
 PART = 16 * 1024 * 1024
-"""Bytes per ranged GET of a large object: the top of the 8-16 MiB range
+"""The smallest ranged GET of a large object: the top of the 8-16 MiB range
 object stores serve best; fewer parts also cost a server that reads the
 whole object for each range (moto) less."""
+MAX_PART = 4 * PART
+"""The largest ranged GET: a failed part is retried with its object, so parts
+stay small enough that a retry repeats little."""
 SPLIT_AT = 2 * PART
-"""Objects this large or larger are fetched as parallel ranged GETs."""
+"""Objects this large or larger may be fetched as parallel ranged GETs."""
 PARTS_IN_FLIGHT = 4
-"""Ranged GETs of one object in flight at once (the warm keeps many objects
-in flight too)."""
+"""Ranged GETs of one object in flight at most."""
 
 WHOLE = 1024 * 1024
 """Objects up to this size are read in one piece (the stream's chunk size:
@@ -112,10 +121,33 @@ async def _stream(result: Any, fd: int, offset: int) -> int:
     return written
 
 
-async def _get(client: Any, key: str, fd: int, size_hint: int) -> Got:
+def split(limit: int, objects_left: int) -> int:
+    """Requests one object of a warm may have in flight: :data:`PARTS_IN_FLIGHT`
+    when the job's ``limit`` leaves that many places for each of the
+    ``objects_left`` (this one included) that have not ended, else 1.
+
+    Why all or nothing: while the objects left fill most places with whole
+    GETs, ranges add requests but not throughput, and a server that reads the
+    whole object for each range pays a full read per part (moto: 16 x 64 MiB
+    on 32 places took 1.1-1.7 s read whole and 1.6-1.7 s in halves). Ranges
+    pay when few objects are left (a lone large file, a job's tail)."""
+    share = limit // max(1, objects_left)
+    return PARTS_IN_FLIGHT if share >= PARTS_IN_FLIGHT else 1
+
+
+def _part_size(size: int, parts: int) -> int:
+    """Bytes per ranged GET of an object of ``size`` with ``parts`` in flight:
+    ``size / parts`` rounded up to a MiB, between :data:`PART` and :data:`MAX_PART`."""
+    mib = 1024 * 1024
+    share = -(-size // max(1, parts))
+    return min(MAX_PART, max(PART, -(-share // mib) * mib))
+
+
+async def _get(client: Any, key: str, fd: int, size_hint: int,
+               parts: int = PARTS_IN_FLIGHT) -> Got:
     import obstore
 
-    if size_hint < SPLIT_AT:
+    if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
         result = await obstore.get_async(client, key)
         meta = result.meta
         if meta["size"] <= WHOLE:
@@ -128,30 +160,41 @@ async def _get(client: Any, key: str, fd: int, size_hint: int) -> Got:
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
     else:
-        first = await obstore.get_async(client, key, options={"range": (0, PART)})
+        step = _part_size(size_hint, parts)
+        gate = asyncio.Semaphore(max(1, parts))
+        await gate.acquire()  # the first part's place, held while it streams
+        first = await obstore.get_async(client, key, options={"range": (0, step)})
         meta = first.meta
         size = meta["size"]
         etag = meta["e_tag"]
-        wrote = [await _stream(first, fd, 0)]
-        gate = asyncio.Semaphore(PARTS_IN_FLIGHT)
+        wrote: list[int] = []
+
+        async def stream_first() -> None:
+            try:
+                wrote.append(await _stream(first, fd, 0))
+            finally:
+                gate.release()
 
         async def part(start: int) -> None:
             async with gate:
-                options: Any = {"range": (start, min(size, start + PART))}
+                options: Any = {"range": (start, min(size, start + step))}
                 if etag:
                     options["if_match"] = etag
                 result = await obstore.get_async(client, key, options=options)
                 wrote.append(await _stream(result, fd, start))
 
-        parts = [asyncio.ensure_future(part(start)) for start in range(PART, size, PART)]
+        # The others start as soon as the first part's headers name the ETag;
+        # the first part streams meanwhile.
+        tasks = [asyncio.ensure_future(stream_first())]
+        tasks += [asyncio.ensure_future(part(start)) for start in range(step, size, step)]
         try:
-            await asyncio.gather(*parts)
+            await asyncio.gather(*tasks)
         except BaseException:
             # One part failed (or the copy was cancelled): no other part may
             # go on writing into a file the caller is about to close.
-            for task in parts:
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*parts, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             raise
         if sum(wrote) != size:
             raise OSError(f"short read: {sum(wrote)} of {size} bytes")
@@ -160,11 +203,12 @@ async def _get(client: Any, key: str, fd: int, size_hint: int) -> Got:
 
 
 def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
-             run: Inflight | None = None) -> Got:
+             run: Inflight | None = None, parts: int = PARTS_IN_FLIGHT) -> Got:
     """GET the object at ``path`` (an fsspec path of ``volume``) into the open
     file ``fd`` from offset 0; returns what was written.
 
-    ``size_hint`` (the listed size) chooses between one GET and ranged GETs.
+    ``size_hint`` (the listed size) chooses between one GET and ranged GETs;
+    ``parts`` is how many requests the object may have in flight.
 
     Raises:
         Stopped: ``run`` stopped; the request was cancelled.
@@ -176,7 +220,7 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     client = objstore.store(kind, bucket)
     if run is not None:
         run.check()
-    future = asyncio.run_coroutine_threadsafe(_get(client, key, fd, size_hint), loop())
+    future = asyncio.run_coroutine_threadsafe(_get(client, key, fd, size_hint, parts), loop())
     # Sleep until the GET ends or the job stops; no polling, so hundreds of
     # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
     # the main thread (a library fetch).
@@ -201,7 +245,8 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
             unwatch()
 
 
-async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0) -> Got:
+async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
+                parts: int = PARTS_IN_FLIGHT) -> Got:
     """:func:`get_into` for a caller already running on :func:`loop` (a copy
     that is itself a coroutine): the same GET, awaited in place, with the
     same errors. Cancelling the caller cancels the requests; none of their
@@ -209,7 +254,7 @@ async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0) -> Got:
     kind, bucket, key = objstore.location(volume, path)
     client = objstore.store(kind, bucket)
     try:
-        return await _get(client, key, fd, size_hint)
+        return await _get(client, key, fd, size_hint, parts)
     except Exception as exc:
         raise _oserror(exc, path) from exc
 

@@ -10,12 +10,15 @@ mount's page cache), for every N in --jobs:
 
 * ``ucstage cache warm MNT/SET --jobs N`` into an empty cache folder (the
   whole command: interpreter start-up, listing, copying);
+* once per round, ``ucstage cache warm MNT/SET`` with its defaults
+  (``--jobs auto``), which the issue's targets compare with the best bare N
+  of the same round and with ``cp -r``;
 * a bare N-thread Python copy (``open``/``read``/``write`` in a thread pool,
   the whole command too): no lock, stamp, ledger or temp file;
 
 and, with --cp, ``cp -r MNT/SET`` once per round. Prints median seconds per
-tool, the median of the per-round ratios bare / ucstage at each N, and
-ucstage's best N against the best bare N and against cp.
+tool, the median of the per-round ratios bare / ucstage at each N, the
+default warm against the round's best bare N, and against cp.
 
     scripts/remote-volume.sh --delay 20ms --small 1000x256K --large 0 -- \\
         .venv/bin/python scripts/bench_warm_fuse.py --jobs 8 16 32 64 --rounds 3 --cp
@@ -81,7 +84,8 @@ def run_tool(tool: str, jobs: int, work: str, set_name: str, want: tuple[int, in
     src = os.path.join(mnt, set_name)
     try:
         if tool == "ucstage":
-            cmd = [os.path.join(BIN, "ucstage"), "cache", "warm", src, "--jobs", str(jobs)]
+            cmd = [os.path.join(BIN, "ucstage"), "cache", "warm", src]
+            cmd += ["--jobs", str(jobs)] if jobs else []  # 0: the default, --jobs auto
             env = dict(os.environ, UCSTAGE_CACHE_DIR=out)
         elif tool == "bare":
             cmd, env = [sys.executable, "-c", BARE_COPY, src, out, str(jobs)], None
@@ -121,12 +125,14 @@ def main() -> int:
             for n in args.jobs:
                 pair = [("ucstage", n), ("bare", n)]
                 order.extend(pair if (rnd + n) % 2 == 0 else pair[::-1])
+            order.insert(len(order) // 2 if rnd % 2 else 0, ("ucstage", 0))
             if args.cp:
                 order.insert(len(order) // 2, ("cp -r", 0))
             for tool, n in order:
                 seconds = run_tool(tool, n, work, args.set_name, want)
                 runs.append({"round": rnd, "tool": tool, "jobs": n, "seconds": seconds})
-                print(f"round {rnd + 1}: {tool} {n or ''}: {seconds:.2f} s", file=sys.stderr,
+                label = n or ("auto" if tool == "ucstage" else "")
+                print(f"round {rnd + 1}: {tool} {label}: {seconds:.2f} s", file=sys.stderr,
                       flush=True)
 
     def med(tool: str, n: int) -> float:
@@ -153,9 +159,23 @@ def main() -> int:
     print(f"\nbest ucstage: --jobs {best_u} {med('ucstage', best_u):.2f} s; best bare: "
           f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
           f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
+    def one(k: int, tool: str, n: int) -> float:
+        return next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == tool
+                    and r["jobs"] == n)
+
+    auto = [one(k, "ucstage", 0) for k in range(args.rounds)]
+    best_bare = [min(one(k, "bare", n) for n in args.jobs) for k in range(args.rounds)]
+    vs_bare = [b / a for a, b in zip(auto, best_bare, strict=True)]
+    print(f"default ucstage cache warm (--jobs auto): {statistics.median(auto):.2f} s "
+          f"(rounds {', '.join(f'{a:.2f}' for a in auto)}); the round's best bare copy / "
+          f"it: median {statistics.median(vs_bare):.2f}x "
+          f"(rounds {', '.join(f'{x:.2f}x' for x in vs_bare)})")
     if args.cp:
         cp = med("cp -r", 0)
-        print(f"cp -r: {cp:.2f} s; cp / ucstage(best) = {cp / med('ucstage', best_u):.1f}x")
+        vs_cp = [one(k, "cp -r", 0) / a for k, a in enumerate(auto)]
+        print(f"cp -r: {cp:.2f} s; cp / ucstage(best) = {cp / med('ucstage', best_u):.1f}x; "
+              f"cp / default ucstage: median {statistics.median(vs_cp):.1f}x "
+              f"(rounds {', '.join(f'{x:.1f}x' for x in vs_cp)})")
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump({"args": vars(args), "files": want, "runs": runs}, fh, indent=2)

@@ -291,7 +291,11 @@ def test_fetch_with_a_run_can_be_stopped_and_abandoned(tmp_path: Path) -> None:
         with _hung(backing, mnt):
             thread = threading.Thread(target=fetch_second, daemon=True)
             thread.start()
-            _poll("a copy in flight", lambda: bool(_partials(cache_dir)))
+            # Copying, not only created: a temp file exists a moment before its
+            # copy is registered, and a copy still reserving is not abandoned
+            # (it sees the stop and removes its own temp file).
+            _poll("a copy in flight", lambda: run.copying_now == 1)
+            assert _partials(cache_dir)
             run.stop()
             assert cache.abandon(run) == 1
             assert _partials(cache_dir) == []  # while the read still hangs

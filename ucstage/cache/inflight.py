@@ -83,6 +83,13 @@ class Inflight:
     def stopped(self) -> bool:
         return self._event.is_set()
 
+    @property
+    def copying_now(self) -> int:
+        """How many copies are copying their bytes now (reserved, not yet
+        claimed back): the ones :meth:`abandon` would give up."""
+        with self._lock:
+            return len(self._copies)
+
     def check(self) -> None:
         """Raise :exc:`Stopped` once the warm has stopped."""
         if self._event.is_set():

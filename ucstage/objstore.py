@@ -315,6 +315,19 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
     return found
 
 
+_executor: tuple[int, Any] | None = None
+
+
+def _pool() -> Any:
+    """A small thread pool of this process for requests asked side by side."""
+    global _executor
+    if _executor is None or _executor[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor
+
+        _executor = (os.getpid(), ThreadPoolExecutor(2, thread_name_prefix="ucstage-objstore"))
+    return _executor[1]
+
+
 def mtime_ns(value: datetime | None) -> int | None:
     """A listing's or response's ``last_modified`` in nanoseconds."""
     return int(value.timestamp() * 1e9) if value is not None else None
@@ -396,20 +409,30 @@ class ObjectFS:
 
         client, bucket, key = self._store(path)
         name = f"{bucket}/{key}".rstrip("/")
+
+        def first_below() -> Any:
+            try:
+                return next(iter(obstore.list(client, key or None, chunk_size=1)), None)
+            except InvalidPathError:
+                return True  # an object whose key object_store cannot parse: it holds something
+
+        # A source is a file or a prefix: ask both at once (one round trip
+        # instead of two for a folder, the usual source).
+        below = _pool().submit(first_below)
         if key:
             try:
                 meta = obstore.head(client, key)
             except FileNotFoundError:
                 pass
             except Exception as exc:
+                below.cancel()
                 raise concise(exc, path) from exc
             else:
+                below.cancel()
                 return {"name": name, "type": "file", "size": meta["size"],
                         "ETag": _etag(meta["e_tag"]), "LastModified": meta["last_modified"]}
         try:
-            first = next(iter(obstore.list(client, key or None, chunk_size=1)), None)
-        except InvalidPathError:
-            first = True  # an object whose key object_store cannot parse: it holds something
+            first = below.result()
         except Exception as exc:
             raise concise(exc, path) from exc
         if key and not first:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -78,7 +79,9 @@ def count(path: str) -> tuple[int, int]:
     return files, nbytes
 
 
-def run_tool(tool: str, jobs: int, work: str, set_name: str, want: tuple[int, int]) -> float:
+def run_tool(tool: str, jobs: int, work: str, set_name: str,
+             want: tuple[int, int]) -> tuple[float, float]:
+    """Seconds and client CPU seconds (user + sys of the command) of one run."""
     mnt = fresh_mount(work, tool.replace(" ", "-"))
     out = tempfile.mkdtemp(prefix="out-", dir=work)
     src = os.path.join(mnt, set_name)
@@ -91,15 +94,18 @@ def run_tool(tool: str, jobs: int, work: str, set_name: str, want: tuple[int, in
             cmd, env = [sys.executable, "-c", BARE_COPY, src, out, str(jobs)], None
         else:
             cmd, env = ["cp", "-r", src, os.path.join(out, set_name)], None
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if proc.returncode != 0:
             raise RuntimeError(f"{tool} failed: {proc.stderr.strip()[-300:]}")
         got = count(out)
         if got != want:
             raise RuntimeError(f"{tool} copied {got}, expected {want}")
-        return seconds
+        return seconds, cpu
     finally:
         unmount(mnt)
         shutil.rmtree(out, ignore_errors=True)
@@ -129,8 +135,9 @@ def main() -> int:
             if args.cp:
                 order.insert(len(order) // 2, ("cp -r", 0))
             for tool, n in order:
-                seconds = run_tool(tool, n, work, args.set_name, want)
-                runs.append({"round": rnd, "tool": tool, "jobs": n, "seconds": seconds})
+                seconds, cpu = run_tool(tool, n, work, args.set_name, want)
+                runs.append({"round": rnd, "tool": tool, "jobs": n, "seconds": seconds,
+                             "cpu_ms_per_file": 1000 * cpu / want[0]})
                 label = n or ("auto" if tool == "ucstage" else "")
                 print(f"round {rnd + 1}: {tool} {label}: {seconds:.2f} s", file=sys.stderr,
                       flush=True)
@@ -163,6 +170,14 @@ def main() -> int:
         return next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == tool
                     and r["jobs"] == n)
 
+    def cpu(tool: str, n: int) -> float:
+        return statistics.median(r["cpu_ms_per_file"] for r in runs if r["tool"] == tool
+                                 and r["jobs"] == n)
+
+    print("client CPU per file (user + sys, median), ms: " + ", ".join(
+        [f"ucstage auto {cpu('ucstage', 0):.2f}"]
+        + [f"ucstage {n} {cpu('ucstage', n):.2f} / bare {n} {cpu('bare', n):.2f}"
+           for n in args.jobs] + ([f"cp -r {cpu('cp -r', 0):.2f}"] if args.cp else [])))
     auto = [one(k, "ucstage", 0) for k in range(args.rounds)]
     best_bare = [min(one(k, "bare", n) for n in args.jobs) for k in range(args.rounds)]
     vs_bare = [b / a for a, b in zip(auto, best_bare, strict=True)]

@@ -31,7 +31,7 @@ from typing import Any
 from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 
 __all__ = ["ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "engine",
-           "list_objects", "location", "serves", "store", "usable"]
+           "forks_fall_back", "list_objects", "location", "serves", "store", "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
 ENGINES = ("auto", "obstore", "fsspec")
@@ -76,6 +76,13 @@ def usable() -> bool:
     """Whether obstore can run in this process: not in a child forked after
     obstore was used (its runtime's threads stayed in the parent)."""
     return _used_in is None or _used_in == os.getpid()
+
+
+def forks_fall_back() -> bool:
+    """Whether a process forked from this one now would read through fsspec:
+    obstore was used here (or before the fork that made this process). A
+    process started fresh (``forkserver``, ``spawn``) would not."""
+    return _used_in is not None
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -17,7 +17,12 @@ forked after obstore was used in its parent (DataLoader workers fork after the
 main process listed) reads through fsspec instead: both engines list and
 stamp the same, so the child's copies are valid for everyone. A process that
 starts fresh (spawn, forkserver) or was forked before obstore was used keeps
-the obstore engine.
+the obstore engine. That is why the ucstage DataLoader starts its workers
+from a forkserver over an object-store volume once obstore was used here
+(:func:`forks_fall_back`; :mod:`ucstage.data.workerstart`): the server process
+never touches obstore, so each worker forked from it builds its own client
+and runtime. Workers forked from this process (an explicit
+``multiprocessing_context="fork"``, torch's own DataLoader) read through fsspec.
 """
 
 from __future__ import annotations

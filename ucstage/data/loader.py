@@ -61,6 +61,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     The 6 is a constant, not the machine's CPU count, because every rank must
     shard with the same value; on a machine with fewer cores torch warns that
     it "will create 6 worker processes" (pass ``num_workers`` to choose).
+    Without ``multiprocessing_context``, workers over an object-store volume
+    start from a ``forkserver`` once obstore ran in this process (forked ones
+    could not use it and would read through fsspec); elsewhere they fork
+    (:mod:`ucstage.data.workerstart`, docs/training.md).
     ucstage's own keyword arguments:
 
     Args:

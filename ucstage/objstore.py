@@ -17,7 +17,12 @@ forked after obstore was used in its parent (DataLoader workers fork after the
 main process listed) reads through fsspec instead: both engines list and
 stamp the same, so the child's copies are valid for everyone. A process that
 starts fresh (spawn, forkserver) or was forked before obstore was used keeps
-the obstore engine.
+the obstore engine. That is why the ucstage DataLoader starts its workers
+from a forkserver over an object-store volume once obstore was used here
+(:func:`forks_fall_back`; :mod:`ucstage.data.workerstart`): the server process
+never touches obstore, so each worker forked from it builds its own client
+and runtime. Workers forked from this process (an explicit
+``multiprocessing_context="fork"``, torch's own DataLoader) read through fsspec.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 
 __all__ = ["ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "engine",
-           "list_objects", "location", "serves", "store", "usable"]
+           "forks_fall_back", "list_objects", "location", "serves", "store", "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
 ENGINES = ("auto", "obstore", "fsspec")
@@ -76,6 +81,13 @@ def usable() -> bool:
     """Whether obstore can run in this process: not in a child forked after
     obstore was used (its runtime's threads stayed in the parent)."""
     return _used_in is None or _used_in == os.getpid()
+
+
+def forks_fall_back() -> bool:
+    """Whether a process forked from this one now would read through fsspec:
+    obstore was used here (or before the fork that made this process). A
+    process started fresh (``forkserver``, ``spawn``) would not."""
+    return _used_in is not None
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -10,6 +10,7 @@ shuffle scope and ``nproc_per_node``, or on the listing. Usage and every argumen
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch.utils.data as tud
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
-from . import holding
+from . import holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .timing import EpochStats, MlflowSink, TimedIterator
@@ -60,6 +61,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     The 6 is a constant, not the machine's CPU count, because every rank must
     shard with the same value; on a machine with fewer cores torch warns that
     it "will create 6 worker processes" (pass ``num_workers`` to choose).
+    Without ``multiprocessing_context``, workers over an object-store volume
+    start from a ``forkserver`` once obstore ran in this process (forked ones
+    could not use it and would read through fsspec); elsewhere they fork
+    (:mod:`ucstage.data.workerstart`, docs/training.md).
     ucstage's own keyword arguments:
 
     Args:
@@ -108,6 +113,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         if "prefetch_factor" not in bound and num_workers:
             kwargs["prefetch_factor"] = 4
         super().__init__(dataset, *args, **kwargs)
+        # None: the start method is ucstage's to choose each epoch (workerstart.py).
+        self._given_context = self._chosen_context = self.multiprocessing_context
         self.log_mlflow = log_mlflow
         self.mlflow_prefix = mlflow_prefix
         self.mlflow_flush_every = mlflow_flush_every
@@ -137,6 +144,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         vds, rank = self.volume_dataset, _rank()
         if vds is not None:  # a window that can never fit fails here, before workers start
             holding.check_window(vds, vds.cache(), self.num_workers)
+        self._choose_start()
         before = holding.rank_stats(vds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
@@ -186,6 +194,23 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         for sink in self._sinks:
             sink.flush()
         self._sinks = []
+
+    def _choose_start(self) -> None:
+        """fork, or forkserver when forked workers could not use obstore (workerstart.py)."""
+        if self.multiprocessing_context is not self._chosen_context:
+            self._given_context = self.multiprocessing_context  # set by the user since
+        init = self.worker_init_fn
+        if isinstance(init, workerstart.WithEnviron):
+            init = init.init  # ours, from an earlier epoch
+        vds = self.volume_dataset
+        volume = vds._get_volume() if vds is not None and self.num_workers > 0 else None
+        chosen = workerstart.start_context(self._given_context, self.num_workers, volume,
+                                           self.dataset, self.collate_fn, init)
+        if chosen is not self.multiprocessing_context:
+            self.multiprocessing_context = chosen
+        self._chosen_context = self.multiprocessing_context
+        ours = chosen is not None and chosen is not self._given_context
+        self.worker_init_fn = workerstart.WithEnviron(dict(os.environ), init) if ours else init
 
     def _epoch_done(self, stats: EpochStats, next_step: int) -> None:
         self.epoch_stats.append(stats)

@@ -1,0 +1,146 @@
+"""DataLoader workers over an object-store volume: forked (read through fsspec)
+against started from the forkserver (each with its own obstore client).
+
+Each run is a fresh Python process that lists the volume (obstore, in the
+main process, as a VolumeDataset does) and runs three epochs of a ucstage
+DataLoader (``num_workers=2``, ``batch_size=None``), each epoch into a fresh
+cache folder so every file is fetched: with ``multiprocessing_context="fork"``
+or the default (forkserver, chosen by ucstage). Per epoch it records the first
+batch's latency (``iter`` to the first item: worker start-up plus the first
+fetch) and the epoch's time; the run's CPU is everything it started (user +
+sys of the process, the forkserver, the resource tracker and the workers:
+this script adopts them as a child subreaper, so their time is counted). Runs alternate, which
+goes first alternates too; medians over the pairs.
+
+    python scripts/bench_worker_start.py --moto 400x256K --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench_objstore import HERE, Moto, _bytecode, _env
+
+EPOCHS = 3
+
+
+def one(url: str, context: str, work: str) -> dict[str, Any]:
+    """In the measuring process: list, then time EPOCHS epochs."""
+    from ucstage import DataLoader, VolumeDataset
+
+    listed = VolumeDataset(url, cache_dir=os.path.join(work, "listing"))
+    manifest = listed.freeze()  # the main process lists through obstore
+    firsts, epochs, engines = [], [], set()
+    for epoch in range(EPOCHS):
+        ds = VolumeDataset(manifest, cache_dir=os.path.join(work, f"cache{epoch}"))
+        loader = DataLoader(ds, batch_size=None, num_workers=2, log_mlflow=False,
+                            multiprocessing_context=None if context == "default" else context)
+        start = time.perf_counter()
+        it = iter(loader)
+        next(it)
+        first = time.perf_counter()
+        for _ in it:
+            pass
+        firsts.append(first - start)
+        epochs.append(time.perf_counter() - start)
+        ctx = loader.multiprocessing_context
+        engines.add(ctx.get_start_method() if ctx is not None else "fork")
+    return {"first": firsts, "epoch": epochs, "start": sorted(engines)}
+
+
+def _children() -> set[int]:
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as fh:
+            found.update(int(pid) for pid in fh.read().split())
+    return found
+
+
+def _subreaper() -> None:
+    """Adopt orphaned descendants: the forkserver (which reaps its workers)
+    and the resource tracker outlive the measured process, and their CPU is
+    counted only once they are reaped here."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+        sys.exit("bench_worker_start.py: prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _reap(keep: set[int]) -> None:
+    deadline = time.monotonic() + 60
+    while orphans := _children() - keep:
+        for pid in orphans:
+            os.waitpid(pid, os.WNOHANG)
+        if time.monotonic() > deadline:
+            sys.exit(f"bench_worker_start.py: processes {sorted(orphans)} did not exit")
+        time.sleep(0.02)
+
+
+def _run(url: str, context: str, env: dict[str, str], work: str) -> dict[str, Any]:
+    folder = tempfile.mkdtemp(dir=work)
+    keep = _children()  # the moto server
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, __file__, "--one", context, "--url", url,
+                          "--work", folder], env=env, check=True, capture_output=True,
+                         text=True).stdout
+    _reap(keep)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(folder)
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["cpu"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--moto", metavar="COUNTxSIZE", default="400x256K")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--one", choices=["fork", "default"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.url, args.one, args.work)))
+        return
+    _subreaper()
+    work = tempfile.mkdtemp(prefix="bench-worker-start-")
+    server = Moto(args.moto, work)
+    try:
+        env = _bytecode({**_env(server.endpoint), "PYTHONPATH": HERE,
+                         "OMP_NUM_THREADS": "1"}, work)
+        _run(server.url, "fork", env, work)  # bytecode cache and page cache warm
+        runs: dict[str, list[dict[str, Any]]] = {"fork": [], "default": []}
+        for pair in range(args.pairs):
+            order = ["fork", "default"] if pair % 2 == 0 else ["default", "fork"]
+            for context in order:
+                runs[context].append(_run(server.url, context, env, work))
+            print(json.dumps({c: runs[c][-1] for c in order}), file=sys.stderr)
+        summary = {}
+        for context, results in runs.items():
+            summary[context] = {
+                "start": results[0]["start"],
+                "first_batch_s": [statistics.median(r["first"][e] for r in results)
+                                  for e in range(EPOCHS)],
+                "epoch_s": [statistics.median(r["epoch"][e] for r in results)
+                            for e in range(EPOCHS)],
+                "run_cpu_s": statistics.median(r["cpu"] for r in results),
+            }
+        print(json.dumps(summary, indent=1))
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

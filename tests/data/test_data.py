@@ -421,17 +421,22 @@ def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: igno
     _settled(str(tmp_path / "cache"))
     cache = ds.cache()
     calls: list[tuple[str, str]] = []
-    lookup, fetch = cache.lookup, cache.fetch
+    lookup, lookup_run, fetch = cache.lookup, cache.lookup_run, cache.fetch
 
     def traced_lookup(volume, entry):  # type: ignore[no-untyped-def]
         calls.append(("lookup", threading.current_thread().name))
         return lookup(volume, entry)
+
+    def traced_lookup_run(volume, entries):  # type: ignore[no-untyped-def]
+        calls.append(("lookup", threading.current_thread().name))
+        return lookup_run(volume, entries)
 
     def traced_fetch(volume, entry, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(("fetch", threading.current_thread().name))
         return fetch(volume, entry, **kwargs)
 
     cache.lookup, cache.fetch = traced_lookup, traced_fetch  # type: ignore[method-assign]
+    cache.lookup_run = traced_lookup_run  # type: ignore[method-assign]
     started: list[str] = []
     it = iter(ds)
     for _ in it:

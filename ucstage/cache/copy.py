@@ -4,8 +4,8 @@ Never ``shutil.copy2``/``copytree``: they copy xattrs, which FUSE mounts
 (rclone's among them) answer with EIO, and they copy the source's permission
 bits, which the cache must not inherit. The temp file is created 0600 by us.
 
-Local-like sources (plain folders, FUSE mounts) are read with ``os.sendfile``
-(no copy through Python), falling back to 1 MiB reads. Object stores on the
+Local-like sources (plain folders, FUSE mounts) are read and written 1 MiB
+at a time (not ``sendfile``: see ``_pump``). Object stores on the
 obstore engine are streamed by :mod:`.objget`; other sources go through
 ``fs.open`` with large reads.
 """
@@ -28,8 +28,8 @@ __all__ = ["CHUNK", "Copied", "copy_to"]
 
 _HASH_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c")
 CHUNK = 8 * 1024 * 1024
-"""Bytes per sendfile/read call: large, so a network-bound source sees few
-round trips per file."""
+"""Bytes per read call of a remote fsspec source: large, so a network-bound
+source sees few round trips per file."""
 
 
 class Copied(NamedTuple):
@@ -86,34 +86,35 @@ def _open_local(volume: Volume, relpath: str) -> int:
     return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
 
 
+READ_CHUNK = 1024 * 1024
+"""Bytes per read and write of a local-like source."""
+
+
 def _pump(src: int, dst: int, run: Inflight | None, size: int) -> int:
     """Copy ``src`` to ``dst``; stop at EOF or once ``size`` bytes (the size
     ``fstat`` gave) are copied, which saves the read that would find EOF (a
     round trip on some mounts). A file that grew meanwhile is caught by the
-    caller's second ``fstat``."""
+    caller's second ``fstat``.
+
+    Reads and writes of up to 1 MiB, not ``sendfile``: sendfile moves the
+    bytes through a pipe 64 KiB at a time, and the page cache then keeps the
+    copy in 64 KiB pieces instead of one large folio, which made every later
+    read of a page-cached 256 KiB copy about 15% slower (docs/benchmarks.md,
+    "Warm epochs"). The copy through Python's memory costs far less than the
+    rest of a copy's work, and is what a bare copy does."""
     total = 0
-    try:
-        while True:
-            if run is not None:
-                run.check()
-            n = os.sendfile(dst, src, None, CHUNK)
-            total += n
-            if n == 0 or total >= size > 0:
-                return total
-    except OSError as exc:
-        # Some filesystems cannot splice; fall back before anything was written.
-        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or total:
-            raise
     while True:
         if run is not None:
             run.check()
-        block = os.read(src, 1024 * 1024)
+        block = os.read(src, READ_CHUNK)
         if not block:
             return total
         view = memoryview(block)
         while view:
             view = view[os.write(dst, view):]
         total += len(block)
+        if total >= size > 0:
+            return total
 
 
 def _copy_local(volume: Volume, relpath: str, dst: int, run: Inflight | None) -> Copied:

@@ -8,7 +8,7 @@ every copy still in flight is either ended by its thread or abandoned by the
 waiting thread (:meth:`ucstage.cache.LocalCache.abandon`): its temp file
 removed and its byte reservation given back, exactly once.
 
-Why abandon at all: a thread blocked in ``sendfile`` on a slow or hung mount
+Why abandon at all: a thread blocked in a read on a slow or hung mount
 cannot be interrupted from Python, and the caller (a person at Ctrl-C) should
 not wait for it. The copy's thread may wake up later; it then finds its copy
 abandoned and only closes its file, never touching a path that by then may

@@ -84,15 +84,16 @@ class Counters:
                 self._values[_FIELDS.index(name)] += int(value)
         self._maybe_flush()
 
-    def count(self, hit: bool, size: int) -> None:
-        """One file handed out: a hit (already cached) or a miss (copied)."""
+    def count(self, hit: bool, size: int, files: int = 1) -> None:
+        """``files`` files of ``size`` bytes in all handed out: hits (already
+        cached) or misses (copied)."""
         with self._lock:
             values = self._values
             if hit:
-                values[_HITS] += 1
+                values[_HITS] += files
                 values[_HIT_BYTES] += size
             else:
-                values[_MISSES] += 1
+                values[_MISSES] += files
                 values[_MISS_BYTES] += size
         self._maybe_flush()
 

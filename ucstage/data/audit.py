@@ -73,7 +73,10 @@ class EpochAudit:
         n = state.files
         self.epoch = state.epoch
         self.counts = np.zeros(n, dtype=np.uint16)
+        self._progress = progress
         self._pending: list[Any] = []
+        self._pending_list: list[int] = []
+        """Rows that came as lists (small batches' tags), counted in one go."""
         self._pending_rows = 0
         k = effective_workers(progress.num_workers)
         start = [progress.counts.get(s) for s in range(progress.world_size * k)]
@@ -112,18 +115,25 @@ class EpochAudit:
         # Called once per delivered batch: collect the rows and count them in
         # bulk (one np.add.at per call costs more than a small batch itself).
         if len(rows):
-            self._pending.append(rows)
+            if isinstance(rows, list):
+                self._pending_list += rows
+            else:
+                self._pending.append(rows)
             self._pending_rows += len(rows)
             if self._pending_rows >= _FLUSH_ROWS:
                 self._flush()
 
     def _flush(self) -> None:
+        if self._pending_list:
+            self._pending.append(np.array(self._pending_list, dtype=np.int64))
+            self._pending_list = []
         if self._pending:
             rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in self._pending])
             np.add.at(self.counts, rows, 1)
             self._pending, self._pending_rows = [], 0
 
     def payload(self, complete: bool) -> tuple[Any, ...]:
+        self._progress.sync()  # without workers the rows are taken from the slot now
         self._flush()
         extra = np.flatnonzero(self.counts > 1)
         return (complete, np.packbits(self.counts > 0).tobytes(),

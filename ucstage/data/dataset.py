@@ -53,7 +53,7 @@ from ..sharding import (
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
-from . import holding
+from . import holding, warm
 from . import state as _state
 from .readahead import ReadAhead, cache_fetcher, cache_lookup
 
@@ -484,12 +484,31 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
             rows = _SlotRows(rows._manifest, tracker.indices)
-        return tracker.wrap(self._fetch_all(rows, rank))
+        return self._fetch_all(rows, rank, tracker)
 
-    def _fetch_all(self, entries: Sequence[FileEntry], rank: int = 0) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[FileEntry], rank: int,
+                   tracker: _state.SlotTracker) -> Iterator[str]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
+        try:
+            # Without a cap, the leading run of hits goes out in blocks (data/warm.py).
+            lookup = holding.unheld_lookup(reader, cache, volume)
+            done = 0
+            if lookup is not None:
+                counters = reader.counters if reader is not None else None
+                done = yield from warm.hits(entries, lookup, counters, tracker)
+            if done < len(entries):
+                rest = (entries.tail(done) if isinstance(entries, _SlotRows)
+                        else entries[done:])
+                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume))
+        finally:
+            if reader is not None:
+                reader.close()
+        tracker.end()
+
+    def _fetch_rest(self, entries: Sequence[FileEntry], reader: Any, cache: LocalCache,
+                    volume: Volume) -> Iterator[str]:
         if self.read_ahead == 0:
             fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
             yield from holding.follow((fetch(entry) for entry in entries), reader)
@@ -538,6 +557,10 @@ class _SlotRows(Sequence[FileEntry]):
             rows = self._manifest.take(self._indices[start:start + self.BLOCK])
             self._cached = (block, rows)
         return rows[index - start]
+
+    def tail(self, start: int) -> _SlotRows:
+        """The entries from ``start`` on (a view: no entry is made)."""
+        return self if start == 0 else _SlotRows(self._manifest, self._indices[start:])
 
     def take_all(self) -> list[FileEntry]:
         return self._manifest.take(self._indices)

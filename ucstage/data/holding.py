@@ -22,12 +22,13 @@ from ..cache.leases import DEFAULT_SLACK, Reader
 from ..cache.leases import check_window as _check_window
 from ..cache.runstats import RunStats
 from ..sharding import effective_workers
+from . import warm
 
 VolumeDataset = Any
 """A :class:`ucstage.data.dataset.VolumeDataset` (not imported: it imports this module)."""
 
 __all__ = ["check_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
-           "wrap"]
+           "unheld_lookup", "wrap"]
 
 
 def _holds(cache: Any) -> bool:
@@ -54,6 +55,16 @@ def lookup(reader: Reader | None, cache: Any, volume: Any,
     """The read-ahead's hit lookup made to hold and count what it returns
     (``plain``, the cache's own lookup, without a reader)."""
     return plain if reader is None else reader.looker(cache, volume)
+
+
+def unheld_lookup(reader: Reader | None, cache: Any,
+                  volume: Any) -> Callable[[Any], list[str]] | None:
+    """The cache's ``lookup_run`` for the warm path of :mod:`ucstage.data.warm`
+    when nothing is held (no cap, or a cache object of the user's own); None
+    when paths must be held (or the cache cannot look up)."""
+    if reader is not None and reader.holding:
+        return None
+    return warm.run_lookup(cache, volume)
 
 
 def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:

@@ -70,11 +70,14 @@ class LoaderHooks:
             self.vds._resume = None  # the workers just started hold their copies
 
         def done(stats: Any, next_step: int) -> None:
+            if progress.live and stats.complete:
+                progress.finished = True
             epoch_done(stats, next_step)
             if audit is not None:
                 self._finish_audit(audit, stats, sink)
 
-        return state_.Untagging(inner, progress), done
+        # Without workers no batch is tagged: nothing to strip (state.LoaderProgress.live).
+        return (inner if progress.live else state_.Untagging(inner, progress)), done
 
     def _finish_audit(self, audit: Any, stats: Any, sink: Any) -> None:
         dist = dist_.active()

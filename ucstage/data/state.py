@@ -101,6 +101,10 @@ def resume_plan(vds: VolumeDataset, state: LoaderState, world_size: int, num_wor
     return resume_slots(state.order, state.segments, _layout(vds, world_size, num_workers))
 
 
+_LIST_ROWS = 64
+"""Rows of a batch's tag up to which they travel as a list (see SlotTracker.take)."""
+
+
 class SlotTracker:
     """Counts what one slot's iterator hands out, in the process that iterates it."""
 
@@ -111,7 +115,10 @@ class SlotTracker:
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.slot = rank * effective_workers(num_workers) + worker
         self.start = start
-        self.position = start
+        self._base = start
+        """Paths pulled before the current run (see :meth:`run`)."""
+        self._run: Any = None
+        self._run_len = 0
         self.epoch = vds.epoch
         self.done = done
         """Segments of the epoch before the one this iterator runs."""
@@ -147,17 +154,45 @@ class SlotTracker:
         vds._tracker = tracker  # state_dict() may be asked before the first item
         return tracker
 
-    def wrap(self, paths: Iterator[str]) -> Iterator[str]:
+    @property
+    def position(self) -> int:
+        """Where the slot stands: paths the consumer has pulled (each part of
+        its next batch). Computed when asked, never counted per path: the
+        current run's list iterator knows how many of its paths it gave out."""
+        run = self._run
+        if run is None:
+            return self._base
+        return self._base + self._run_len - run.__length_hint__()
+
+    def run(self, paths: list[str]) -> Iterator[str]:
+        """An iterator over ``paths`` to hand them out with (``yield from``);
+        :attr:`position` follows what the consumer pulls from it."""
+        self._base = self.position
+        self._run = iterator = iter(paths)
+        self._run_len = len(paths)
+        return iterator
+
+    def count(self, paths: Iterator[str]) -> Iterator[str]:
+        """Hand out ``paths`` one at a time (the path of misses and holds)."""
+        self._base = self.position
+        self._run = None
         for path in paths:
-            self.position += 1  # pulled by the consumer: part of its next batch
+            self._base += 1  # pulled by the consumer: part of its next batch
             yield path
+
+    def end(self) -> None:
+        """The slot's iterator ran to its end."""
         self.finished = True
 
     def take(self) -> tuple[int, int, Any]:
-        """(slot, position, listing rows consumed since the last take): a batch's tag."""
-        rows = self.indices[self._taken:self.position - self.start]
-        self._taken = self.position - self.start
-        return self.slot, self.position, rows
+        """(slot, position, listing rows consumed since the last take): a batch's tag.
+
+        A few rows travel as a list of ints: a worker pickles every tag to
+        the main process, and a small numpy array pickles 20 times slower."""
+        position = self.position
+        rows = self.indices[self._taken:position - self.start]
+        self._taken = position - self.start
+        return self.slot, position, rows.tolist() if len(rows) <= _LIST_ROWS else rows
 
     def state(self) -> LoaderState:
         k = effective_workers(self.num_workers)
@@ -208,6 +243,11 @@ class Tagged:
     def __init__(self, batch: Any, tag: tuple[int, int, Any]) -> None:
         self.batch, self.tag = batch, tag
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Workers pickle one per batch: the default protocol for a class with
+        # __slots__ costs several times more than the batch's own small pickle.
+        return Tagged, (self.batch, self.tag)
+
     def pin_memory(self, *args: Any) -> Tagged:
         from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -225,12 +265,11 @@ class TaggingCollate:
     def __call__(self, data: Any) -> Any:
         batch = self.collate_fn(data)
         info = tud.get_worker_info()
-        vds = self.vds
-        if info is not None:  # a worker: its own copy of the dataset, found once
-            if self._found[0] != id(info.dataset):
-                self._found = (id(info.dataset), self.find(info.dataset))
-            vds = self._found[1]
-        tracker: SlotTracker | None = getattr(vds, "_tracker", None)
+        if info is None:  # the main process: its LoaderProgress reads the tracker itself
+            return batch
+        if self._found[0] != id(info.dataset):  # a worker's own copy, found once
+            self._found = (id(info.dataset), self.find(info.dataset))
+        tracker: SlotTracker | None = getattr(self._found[1], "_tracker", None)
         if tracker is None:
             return batch
         return Tagged(batch, tracker.take())
@@ -262,6 +301,18 @@ class LoaderProgress:
                     self.counts[s] = d
         self.finished = False
         self.listeners: list[Callable[[Any], None]] = []
+        self.live = num_workers == 0
+        """The slot is iterated in this process: batches carry no tags, and
+        the slot's tracker is read when the position is asked for (between
+        two ``__next__`` calls everything it handed out was returned)."""
+        if self.live:
+            vds._tracker = None  # an earlier epoch's; this epoch's starts with its iterator
+
+    def sync(self) -> None:
+        """Bring the counts (and the listeners) up to the live tracker."""
+        tracker: SlotTracker | None = self.vds._tracker if self.live else None
+        if tracker is not None and tracker.epoch == self.epoch:
+            self.record(tracker.take())
 
     def record(self, tag: tuple[int, int, Any]) -> None:
         slot, position, rows = tag
@@ -271,6 +322,7 @@ class LoaderProgress:
             listener(rows)
 
     def state(self) -> LoaderState:
+        self.sync()
         k = effective_workers(self.num_workers)
         counts: list[int | None] = [None] * (self.world_size * k)
         for s, d in self.counts.items():

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -311,20 +312,54 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
     from obstore.exceptions import InvalidPathError
 
     kind, bucket, prefix = location(volume, root)
+    fs = getattr(volume, "fs", None)
+    listed = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None
+    if listed is not None:
+        return listed  # resolving the source just listed all of it
     client = store(kind, bucket)
     found: dict[str, dict[str, Any]] = {}
     try:
-        for batch in obstore.list(client, prefix or None, chunk_size=1000):
-            for meta in batch:
-                name = f"{bucket}/{meta['path']}"
-                found[name] = {"name": name, "type": "file", "size": meta["size"],
-                               "ETag": _etag(meta["e_tag"]),
-                               "LastModified": meta["last_modified"]}
+        for batch in obstore.list(client, prefix or None, chunk_size=_PAGE):
+            _add(found, bucket, batch)
     except InvalidPathError as exc:
         raise Unparsable(str(exc)) from exc
     except Exception as exc:
         raise concise(exc) from exc
     return found
+
+
+_PAGE = 1000
+"""Keys per listing request (S3's most)."""
+_LISTED_FOR = 10.0
+"""Seconds a listing made while resolving a source serves the walk that follows."""
+
+
+def _add(found: dict[str, dict[str, Any]], bucket: str, batch: Any) -> None:
+    for meta in batch:
+        name = f"{bucket}/{meta['path']}"
+        found[name] = {"name": name, "type": "file", "size": meta["size"],
+                       "ETag": _etag(meta["e_tag"]), "LastModified": meta["last_modified"]}
+
+
+def _first_page(client: Any, bucket: str, key: str) -> tuple[bool, dict[str, Any] | None]:
+    """Whether any object is below ``key``, and, when one request's page held
+    every one of them, those objects (else None)."""
+    import obstore
+    from obstore.exceptions import InvalidPathError
+
+    try:
+        pages = iter(obstore.list(client, key or None, chunk_size=_PAGE))
+        batch = next(pages, None)
+        if batch is None:
+            return False, None
+        found: dict[str, Any] = {}
+        _add(found, bucket, batch)
+        # A page that was not cut short ends the stream without another
+        # request; a longer listing costs one more page here, and the walk
+        # lists afresh.
+        return True, (found if next(pages, None) is None else None)
+    except InvalidPathError:
+        return True, None  # a key object_store cannot parse: it holds something
 
 
 _executor: tuple[int, Any] | None = None
@@ -379,6 +414,18 @@ class ObjectFS:
     def __init__(self, protocol: str) -> None:
         self.protocol = protocol
         self._fsspec: Any = None
+        self._listed: tuple[str, str, float, dict[str, Any]] | None = None
+        """The listing :meth:`info` made of a prefix (bucket, key, when, objects),
+        for the walk that follows (:func:`list_objects`)."""
+
+    def take_listed(self, bucket: str, key: str) -> dict[str, Any] | None:
+        """The whole listing of ``bucket/key`` that :meth:`info` made in the
+        last :data:`_LISTED_FOR` seconds, once; else None."""
+        listed, self._listed = self._listed, None
+        if listed is None or listed[:2] != (bucket, key) or \
+                time.monotonic() - listed[2] >= _LISTED_FOR:
+            return None
+        return dict(listed[3])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectFS) and other.protocol == self.protocol
@@ -417,20 +464,14 @@ class ObjectFS:
         if not usable():
             return dict(self.fsspec().info(path))
         import obstore
-        from obstore.exceptions import InvalidPathError
 
         client, bucket, key = self._store(path)
         name = f"{bucket}/{key}".rstrip("/")
-
-        def first_below() -> Any:
-            try:
-                return next(iter(obstore.list(client, key or None, chunk_size=1)), None)
-            except InvalidPathError:
-                return True  # an object whose key object_store cannot parse: it holds something
-
         # A source is a file or a prefix: ask both at once (one round trip
-        # instead of two for a folder, the usual source).
-        below = _pool().submit(first_below)
+        # instead of two for a folder, the usual source). The prefix's first
+        # page is kept: when it is the whole listing, the walk that follows
+        # resolving uses it instead of asking again.
+        below = _pool().submit(_first_page, client, bucket, key)
         if key:
             try:
                 meta = obstore.head(client, key)
@@ -444,11 +485,13 @@ class ObjectFS:
                 return {"name": name, "type": "file", "size": meta["size"],
                         "ETag": _etag(meta["e_tag"]), "LastModified": meta["last_modified"]}
         try:
-            first = below.result()
+            holds, listed = below.result()
         except Exception as exc:
             raise concise(exc, path) from exc
-        if key and not first:
+        if key and not holds:
             raise FileNotFoundError(2, "No such object or prefix", self.unstrip_protocol(path))
+        if listed is not None:
+            self._listed = (bucket, key, time.monotonic(), listed)
         return {"name": name, "type": "directory", "size": 0}
 
     def open(self, path: str, mode: str = "rb") -> Any:

@@ -149,6 +149,27 @@ def test_large_objects_are_fetched_as_parallel_ranged_gets(proxied: Throttle) ->
     assert starts == [i * PART for i in range(3)]  # three parts; the small file in one GET
 
 
+def test_resolving_a_folder_lists_it_once(proxied: Throttle) -> None:
+    """Resolving a prefix asks its first page of keys; when that page is the
+    whole listing, the walk that follows uses it: one listing request, where
+    asking whether anything is there and then listing took two."""
+    files = {f"d{i % 3}/f{i}.bin": os.urandom(10 + i) for i in range(30)}
+    src = make_source("s3", "", files)
+    listing = list_files(src)
+    assert sorted(e.path for e in listing.entries) == sorted(files)
+    assert [e.size for e in sorted(listing.entries)] == [len(files[p]) for p in sorted(files)]
+    assert len(proxied.listings) == 1
+
+
+def test_a_prefix_longer_than_one_page_is_listed_whole(proxied: Throttle) -> None:
+    """More keys than one listing page holds: the walk lists them all, not
+    the page the resolve saw."""
+    files = {f"f{i:04d}": b"x" for i in range(1001)}
+    src = make_source("s3", "", files)
+    assert len(list_files(src).entries) == 1001
+    assert len(proxied.listings) > 2  # two pages to resolve, then the walk's own
+
+
 def test_a_warm_with_as_many_large_objects_as_places_reads_each_whole(proxied: Throttle) -> None:
     """Three large objects and two places in flight: every place already
     carries a whole object, so no object is cut into ranges (each range would

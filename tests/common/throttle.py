@@ -31,6 +31,8 @@ class Throttle:
         """GETs of ``hang*`` names wait until this is set (a hung store)."""
         self.ranges: list[str] = []
         """The Range header of every forwarded GET that had one."""
+        self.listings: list[str] = []
+        """The prefix of every forwarded listing request (ListObjectsV2)."""
         self.deny_prefix = ""
         """Listings of keys under this prefix get 403 AccessDenied, as a bucket
         policy answers (set by a test; empty: none)."""
@@ -78,6 +80,10 @@ def _handler(throttle: Throttle) -> type[BaseHTTPRequestHandler]:
                 throttle.release.wait(60)
                 with throttle._lock:
                     throttle.held -= 1
+            if self.command == "GET" and "list-type" in parse_qs(urlsplit(self.path).query):
+                with throttle._lock:
+                    throttle.listings.append(
+                        parse_qs(urlsplit(self.path).query).get("prefix", [""])[0])
             if self.command == "GET" and self.headers.get("Range"):
                 with throttle._lock:
                     throttle.ranges.append(self.headers["Range"])

@@ -21,7 +21,9 @@ def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            "--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
            EXAMPLE, *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+    # PYTHONFAULTHANDLER: a rank that dies of a signal (an abort in native
+    # code) prints every thread's Python stack, so a failure says where.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd(), PYTHONFAULTHANDLER="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
 
 
@@ -38,7 +40,7 @@ def test_killed_run_resumes_on_another_number_of_ranks(fuse_volume, tmp_path) ->
                       "--epochs", "1")
     assert killed.returncode != 0 and os.path.exists(os.path.join(ckpt, "checkpoint.pt"))
     resumed = torchrun(3, source, "--ckpt", ckpt, "--num-workers", "1", "--epochs", "2")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.returncode == 0, f"{resumed.stdout[-1500:]}\n{resumed.stderr[-6000:]}"
     assert "resumed at step 5, epoch 0" in resumed.stderr
     epochs = [json.loads(line) for line in resumed.stdout.splitlines()]
     first, second = epochs[0]["audit"], epochs[1]["audit"]

@@ -83,3 +83,34 @@ def test_audit_metrics_go_to_the_loader_prefix() -> None:
     assert sink.added == [("epoch_files", 10, 3), ("epoch_coverage_ok", 1, 3),
                           ("epoch_duplicates", 0, 3), ("epoch_gaps", 0, 3),
                           ("resumed_files", 4, 3)]
+
+
+def test_audit_groups_are_let_go_at_exit_while_the_interpreter_is_whole() -> None:
+    """The exit handler drops every hooks' audit group, also of a loader kept
+    alive only by a reference cycle, so the group is freed before teardown
+    (freed during teardown, gloo's threads could abort a finished rank)."""
+    import gc
+    import weakref
+
+    from ucstage.data import hooks
+
+    class Group:  # stands in for the gloo group object; only its lifetime matters
+        pass
+
+    class Loader:
+        pass
+
+    loader, group = Loader(), Group()
+    h = hooks.LoaderHooks(loader, None, audit=True, audit_timeout=5.0, find=lambda d: None)
+    loader.hooks = h  # the cycle a real loader has (its hooks point back at it)
+    h._group = group
+    hooks._HOLDING_GROUPS.add(h)
+    gone = weakref.ref(group)
+    del group, h
+    gc.disable()
+    try:
+        assert gone() is not None
+        hooks._release_groups()
+        assert gone() is None
+    finally:
+        gc.enable()

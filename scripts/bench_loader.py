@@ -35,6 +35,7 @@ from typing import Any
 
 import torch.utils.data as tud
 from read_datasets import RawPaths, ReadBytes
+from remote_mounts import wait_mounted
 
 from ucstage import DataLoader, VolumeDataset
 from ucstage.ports import free_port, wait_port
@@ -69,11 +70,7 @@ def mount(backing: str, mnt: str, args: argparse.Namespace) -> Iterator[str]:
             wait_port(proxy)
             cmd = ["rclone", "mount", ":http:", mnt, "--http-url", f"http://127.0.0.1:{proxy}/"]
         subprocess.run([*cmd, "--daemon", "--read-only", "--log-file", log], check=True)
-        deadline = time.monotonic() + 15
-        while not os.path.ismount(mnt):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rclone mount did not appear at {mnt} (see {log})")
-            time.sleep(0.05)
+        wait_mounted(mnt, log)
         yield mnt
     finally:
         subprocess.run(["fusermount3", "-u", mnt], capture_output=True)

@@ -146,11 +146,12 @@ def main() -> int:
         return statistics.median(r["seconds"] for r in runs if r["tool"] == tool
                                  and r["jobs"] == n)
 
+    def one(k: int, tool: str, n: int) -> float:
+        return next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == tool
+                    and r["jobs"] == n)
+
     def ratio(n: int) -> list[float]:
-        return [next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == "bare"
-                     and r["jobs"] == n)
-                / next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == "ucstage"
-                       and r["jobs"] == n) for k in range(args.rounds)]
+        return [one(k, "bare", n) / one(k, "ucstage", n) for k in range(args.rounds)]
 
     print(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount; "
           f"{args.rounds} rounds, tools alternating, a fresh mount per run")
@@ -166,10 +167,6 @@ def main() -> int:
     print(f"\nbest ucstage: --jobs {best_u} {med('ucstage', best_u):.2f} s; best bare: "
           f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
           f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
-    def one(k: int, tool: str, n: int) -> float:
-        return next(r["seconds"] for r in runs if r["round"] == k and r["tool"] == tool
-                    and r["jobs"] == n)
-
     def cpu(tool: str, n: int) -> float:
         return statistics.median(r["cpu_ms_per_file"] for r in runs if r["tool"] == tool
                                  and r["jobs"] == n)

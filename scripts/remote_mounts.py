@@ -27,12 +27,18 @@ def fresh_mount(work: str, label: str) -> str:
                     "--log-file", mnt + ".log"], check=True,
                    # A CA bundle for plain http makes rclone's S3 client fail to start.
                    env={k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"})
+    wait_mounted(mnt)
+    return mnt
+
+
+def wait_mounted(mnt: str, log: str = "") -> None:
+    """Wait (up to 15 s) for a daemonised rclone mount to appear at ``mnt``."""
     deadline = time.monotonic() + 15
     while not os.path.ismount(mnt):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"rclone mount did not appear at {mnt}")
+            raise RuntimeError(f"rclone mount did not appear at {mnt}"
+                               + (f" (see {log})" if log else ""))
         time.sleep(0.05)
-    return mnt
 
 
 def unmount(mnt: str) -> None:

@@ -24,6 +24,8 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)
 root="ucstage-$version"
 tar tzf "$sdist" | sed "s|^$root/||" | sort >"$tmp/sdist.txt"
 "$PY" -m zipfile -l "$wheel" | awk 'NR > 1 {print $1}' | sort >"$tmp/wheel.txt"
+tracked=$(git ls-files ucstage | grep -v '/__pycache__/')  # fails loudly outside a checkout
+[ -n "$tracked" ] || { echo "check_package: git lists no files under ucstage/" >&2; exit 1; }
 missing=0
 for f in pyproject.toml README.md; do
   grep -qxF "$f" "$tmp/sdist.txt" || { echo "check_package: sdist lacks $f" >&2; missing=1; }
@@ -31,7 +33,7 @@ done
 while read -r f; do
   grep -qxF "$f" "$tmp/sdist.txt" || { echo "check_package: sdist lacks $f" >&2; missing=1; }
   grep -qxF "$f" "$tmp/wheel.txt" || { echo "check_package: wheel lacks $f" >&2; missing=1; }
-done < <(git ls-files ucstage | grep -v '/__pycache__/')
+done <<<"$tracked"
 [ "$missing" = 0 ] || exit 1
 "$PY" -m zipfile -e "$wheel" "$tmp/unzipped" >/dev/null
 grep -qx 'License-Expression: Apache-2.0' "$tmp"/unzipped/ucstage-*.dist-info/METADATA \

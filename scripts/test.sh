@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole suite: lint, types, tests.
+# Set up (scripts/setup.sh) and run the whole suite: lint, types, the package, tests.
 # Extra arguments go to pytest, e.g. scripts/test.sh -k shard -x
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -8,5 +8,7 @@ echo "== ruff" >&2
 ruff check ucstage tests scripts docs/examples
 echo "== mypy" >&2
 mypy
+echo "== package" >&2
+bash scripts/check_package.sh
 echo "== pytest" >&2
 python -m pytest -q "$@"

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
-    "CacheCorrupt",
     "CacheError",
     "CacheFull",
     "CacheOwnershipError",
@@ -22,7 +21,6 @@ __all__ = [
     "MissingDependency",
     "RankMismatch",
     "ResumeMismatch",
-    "ShardMismatch",
     "SourceNotFound",
     "SourceUnreadable",
     "SparkUnavailable",
@@ -111,20 +109,8 @@ class CacheFull(CacheError):
     exit_code = 1
 
 
-class CacheCorrupt(CacheError):
-    """Cache entries are stale or do not match their source."""
-
-    exit_code = 1
-
-
 class FetchFailed(UcstageError):
     """One or more files could not be copied from the source after retries."""
-
-    exit_code = 1
-
-
-class ShardMismatch(UcstageError):
-    """A shard plan duplicates or skips files, or ranks get unequal batches."""
 
     exit_code = 1
 

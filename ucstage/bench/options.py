@@ -94,5 +94,8 @@ def check_options(
         raise InvalidArgument(
             f"nproc_per_node must be 1 here, got {nproc_per_node}: the loader mode runs one "
             "rank, a job of one node",
-            hint="plan a multi-node job with `ucstage shard-plan --nproc-per-node P --epochs E`")
+            # Words, not flags: the library is called from Python too; the
+            # shard plan's forecast is what covers a job of several nodes.
+            hint="plan a multi-node job with the shard plan's network forecast over epochs "
+                 "(ucstage.sharding.forecast, or the shard-plan command)")
     return worker_counts, mode_list

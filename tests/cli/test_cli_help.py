@@ -1,0 +1,60 @@
+"""Every command's help ends with examples that run as written."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+
+import click
+from click.testing import CliRunner
+
+from ucstage.cli import cli
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[
+        tuple[tuple[str, ...], click.Command]]:
+    yield path, group
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
+def _examples(cmd: click.Command) -> tuple[str, list[str]]:
+    """The heading and the lines of the help text's last paragraph."""
+    lines = (cmd.help or "").rstrip().split("\n\n")[-1].strip().splitlines()
+    if lines and lines[0].strip() == "\b":  # click's "do not rewrap" marker
+        lines = lines[1:]
+    return (lines[0].strip() if lines else ""), [line.strip() for line in lines[1:]]
+
+
+def _parse(line: str) -> tuple[tuple[str, ...], click.Command, list[str]]:
+    """Resolve an example command line to (command path, command, its arguments)."""
+    args = shlex.split(line)
+    assert args[0] == "ucstage", line
+    args, cmd, path = args[1:], cli, ()
+    while isinstance(cmd, click.Group) and args and args[0] in cmd.commands:
+        path, cmd = (*path, args[0]), cmd.commands[args[0]]
+        args = args[1:]
+    return path, cmd, args
+
+
+def test_every_command_and_group_help_ends_with_examples_that_parse() -> None:
+    seen = {" ".join(path) for path, _ in _commands(cli)}
+    assert {"", "export", "cache", "cache warm", "shard-plan", "bench"} <= seen
+    for path, cmd in _commands(cli):
+        where = " ".join(("ucstage", *path))
+        heading, examples = _examples(cmd)
+        assert heading in ("Example:", "Examples:"), f"{where}: help does not end with examples"
+        assert examples, f"{where}: an Example heading without examples"
+        rendered = CliRunner().invoke(cli, [*path, "--help"])
+        assert rendered.exit_code == 0, rendered.output
+        for line in examples:
+            # Shown unwrapped, as one can paste it.
+            assert line in rendered.output, (where, line)
+            got, target, args = _parse(line)
+            assert got[:len(path)] == path, f"{where}: example runs another command: {line}"
+            assert not isinstance(target, click.Group), f"{where}: example names no command"
+            # Parsing checks every option and value the example uses exists as written.
+            target.make_context(" ".join(("ucstage", *got)), args)

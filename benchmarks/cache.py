@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Reproduce docs/benchmarks.md "Cache warm": ucstage cache warm vs cp -r,
 rclone copy and s5cmd, in one run, and the warm-cache lookup rate.
 
-    .venv/bin/python scripts/bench_cache.py [--small 2000] [--large 16] [--jobs 16]
+    python -m benchmarks.cache [--small 2000] [--large 16] [--jobs 16] [--json]
 
 * FUSE: a local folder served by ``rclone mount --read-only``. Every tool gets
   its own fresh mount, so no tool reads pages another one pulled into the
@@ -14,159 +13,107 @@ rclone copy and s5cmd, in one run, and the warm-cache lookup rate.
   ``rclone copy`` from the S3 side (an ``aws s3 sync``-style baseline).
 * Lookups: validated hits per second against a manifest, one process.
 
-Prints a Markdown section; ``--json FILE`` also writes the raw numbers.
+Each tool runs ``--repeat`` times in alternating order; the best run counts.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ucstage.ports import free_port, wait_port
+from benchmarks.files import tree_size, write_files
+from benchmarks.pairs import schedule
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import CommandFailed, run_command
+from benchmarks.volumes import BIN, Moto, mount_folder, unmount, which
 
-BIN = os.path.dirname(sys.executable)
 KB, MB = 1024, 1024 * 1024
 
 
-def make_files(folder: str, count: int, size: int) -> None:
-    os.makedirs(folder)
-    block = os.urandom(size)
-    for i in range(count):
-        with open(os.path.join(folder, f"part-{i:05d}.bin"), "wb") as fh:
-            fh.write(block[i % 251:] + block[:i % 251])  # distinct files, cheap to make
-
-
-def mount(backing: str, mnt: str) -> None:
-    os.makedirs(mnt)
-    subprocess.run(["rclone", "mount", backing, mnt, "--daemon", "--read-only"], check=True)
-    deadline = time.monotonic() + 15
-    while not os.path.ismount(mnt):
-        if time.monotonic() > deadline:
-            sys.exit(f"rclone mount did not appear at {mnt}")
-        time.sleep(0.05)
-
-
-def unmount(mnt: str) -> None:
-    subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
-
-
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return seconds
+    try:
+        return run_command(cmd, env=env).timing.wall_s
+    except CommandFailed as exc:
+        sys.exit(str(exc))
 
 
 def du(folder: str) -> int:
     """Bytes of data files (ucstage's control folder and temp files are hidden)."""
-    total = 0
-    for d, dirs, names in os.walk(folder):
-        dirs[:] = [x for x in dirs if not x.startswith(".")]
-        total += sum(os.path.getsize(os.path.join(d, n)) for n in names if not n.startswith("."))
-    return total
+    return tree_size(folder)[1]
 
 
-def fuse_round(work: str, name: str, backing: str, jobs: int) -> dict[str, float]:
-    """One data set through a fresh mount per tool."""
+def _best(work: str, tools: dict[str, Callable[[str], float]], chosen: list[str], repeat: int,
+          expected: int, prefix: str) -> dict[str, float]:
+    """Each chosen tool ``repeat`` times, alternating; its best seconds."""
     results: dict[str, float] = {}
-    expected = du(backing)
-    tools = {
-        "ucstage": lambda mnt, dest: timed(
-            [f"{BIN}/ucstage", "cache", "warm", mnt, "--jobs", str(jobs), "--json"],
-            env={**os.environ, "UCSTAGE_CACHE_DIR": dest}),
-        "cp -r": lambda mnt, dest: timed(["cp", "-r", mnt, dest]),
-        "rclone copy": lambda mnt, dest: timed(
-            ["rclone", "copy", mnt, dest, "--transfers", "8"]),
-    }
-    for rep, tool in _schedule(_chosen(tools), REPEAT):
-        mnt = os.path.join(work, f"mnt-{name}-{tool.split()[0]}-{rep}")
-        dest = os.path.join(work, f"out-{name}-{tool.split()[0]}")
-        mount(backing, mnt)
-        try:
-            seconds = tools[tool](mnt, dest)
-        finally:
-            unmount(mnt)
-        copied = du(dest)
-        if copied != expected:
-            sys.exit(f"{tool} copied {copied} bytes of {expected}")
+    for _, tool in schedule(chosen, repeat):
+        dest = os.path.join(work, f"{prefix}-{tool.split()[0]}")
+        seconds = tools[tool](dest)
+        if du(dest) != expected:
+            sys.exit(f"{tool} copied {du(dest)} bytes of {expected}")
         shutil.rmtree(dest)
         results[tool] = min(seconds, results.get(tool, seconds))
     return results
 
 
-REPEAT = 2
-ONLY_UCSTAGE = False
+def fuse_round(work: str, name: str, backing: str, jobs: int, repeat: int,
+               only_ucstage: bool) -> dict[str, float]:
+    """One data set through a fresh mount per tool run."""
+    runs = iter(range(1_000_000))
+
+    def on_mount(fn: Callable[[str, str], float]) -> Callable[[str], float]:
+        def run(dest: str) -> float:
+            mnt = mount_folder(backing, os.path.join(work, f"mnt-{name}-{next(runs)}"))
+            try:
+                return fn(mnt, dest)
+            finally:
+                unmount(mnt)
+        return run
+
+    tools = {
+        "ucstage": on_mount(lambda mnt, dest: timed(
+            [f"{BIN}/ucstage", "cache", "warm", mnt, "--jobs", str(jobs), "--json"],
+            env={**os.environ, "UCSTAGE_CACHE_DIR": dest})),
+        "cp -r": on_mount(lambda mnt, dest: timed(["cp", "-r", mnt, dest])),
+        "rclone copy": on_mount(lambda mnt, dest: timed(
+            ["rclone", "copy", mnt, dest, "--transfers", "8"])),
+    }
+    chosen = ["ucstage"] if only_ucstage else list(tools)
+    return _best(work, tools, chosen, repeat, du(backing), f"out-{name}")
 
 
-def _chosen(tools: dict[str, Any]) -> list[str]:
-    return ["ucstage"] if ONLY_UCSTAGE else list(tools)
-
-
-def _schedule(tools: list[str], repeat: int) -> list[tuple[int, str]]:
-    """Each tool ``repeat`` times, order reversed on every other round, so no
-    tool always runs first (on a cold server) or last; the best run counts."""
-    order: list[tuple[int, str]] = []
-    for rep in range(repeat):
-        order += [(rep, t) for t in (tools if rep % 2 == 0 else tools[::-1])]
-    return order
-
-
-def s3_round(work: str, backing: str, jobs: int) -> dict[str, Any]:
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log = open(os.path.join(work, "moto.log"), "wb")  # noqa: SIM115
-    proc = subprocess.Popen([f"{BIN}/moto_server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    # AWS_CA_BUNDLE (set on some hosts) breaks rclone's S3 client on plain HTTP.
-    env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
-    env = {**env, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
-           "AWS_EC2_METADATA_DISABLED": "true"}
+def s3_round(work: str, backing: str, jobs: int, repeat: int,
+             only_ucstage: bool) -> dict[str, float]:
+    server = Moto(work)
     try:
-        wait_port(port, 30, proc)
-        import s3fs
-
-        fs = s3fs.S3FileSystem(key="testing", secret="testing",
-                               client_kwargs={"endpoint_url": endpoint})
-        fs.mkdir("bench-cache")
-        upload = time.perf_counter()
-        fs.put(backing + "/", "bench-cache/small/", recursive=True)
-        upload = time.perf_counter() - upload
-        expected = du(backing)
-        remote = (f":s3,provider=Other,endpoint='{endpoint}',access_key_id=testing,"
+        start = time.perf_counter()
+        url = server.upload(backing, "bench-cache", "small")
+        upload = time.perf_counter() - start
+        # AWS_CA_BUNDLE (set on some hosts) breaks rclone's S3 client on plain HTTP.
+        env = {k: v for k, v in server.env.items() if k != "AWS_CA_BUNDLE"}
+        remote = (f":s3,provider=Other,endpoint='{server.endpoint}',access_key_id=testing,"
                   "secret_access_key=testing:bench-cache/small")
-        tools = {
+        tools: dict[str, Callable[[str], float]] = {
             "ucstage": lambda dest: timed(
-                [f"{BIN}/ucstage", "cache", "warm", "s3://bench-cache/small", "--jobs",
-                 str(jobs), "--json"], env={**env, "UCSTAGE_CACHE_DIR": dest}),
+                [f"{BIN}/ucstage", "cache", "warm", url, "--jobs", str(jobs), "--json"],
+                env={**env, "UCSTAGE_CACHE_DIR": dest}),
             "s5cmd cp": lambda dest: timed(
-                [f"{BIN}/s5cmd", "--endpoint-url", endpoint, "cp", "s3://bench-cache/small/*",
+                [which("s5cmd"), "--endpoint-url", server.endpoint, "cp", f"{url}/*",
                  dest + "/"], env=env),
             "rclone copy (S3)": lambda dest: timed(
                 ["rclone", "copy", remote, dest, "--transfers", "8"], env=env),
         }
-        results: dict[str, Any] = {"upload_seconds": upload}
-        for _, tool in _schedule(_chosen(tools), REPEAT):
-            dest = os.path.join(work, "s3-" + tool.split()[0])
-            seconds = tools[tool](dest)
-            if du(dest) != expected:
-                sys.exit(f"{tool} copied {du(dest)} bytes of {expected}")
-            shutil.rmtree(dest)
-            results[tool] = min(seconds, results.get(tool, seconds))
-        return results
+        chosen = ["ucstage"] if only_ucstage else list(tools)
+        return {"upload_seconds": upload,
+                **_best(work, tools, chosen, repeat, du(backing), "s3")}
     finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+        server.stop()
 
 
 def lookup_rate(backing: str, seconds: float = 2.0) -> dict[str, float]:
@@ -192,7 +139,7 @@ def lookup_rate(backing: str, seconds: float = 2.0) -> dict[str, float]:
         return {"lookups_per_s": hits / elapsed, "entries": len(entries)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", type=int, default=2000, help="files of 256 KiB")
     parser.add_argument("--large", type=int, default=16, help="files of 64 MiB")
@@ -200,58 +147,61 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per tool (best counts)")
     parser.add_argument("--skip-s3", action="store_true")
     parser.add_argument("--only-ucstage", action="store_true",
-                        help="time ucstage alone (for scripts/ab_compare.py: before vs after)")
-    parser.add_argument("--json", dest="json_out", default=None)
-    args = parser.parse_args()
+                        help="time ucstage alone (for benchmarks.ab_compare: before vs after)")
+    json_argument(parser)
+    args = parser.parse_args(argv)
     for tool in ("rclone", "fusermount3", "cp"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is needed (apt-get install rclone fuse3)")
-    global REPEAT, ONLY_UCSTAGE
-    REPEAT = max(1, args.repeat)
-    ONLY_UCSTAGE = args.only_ucstage
-    out: dict[str, Any] = {"small": args.small, "large": args.large, "jobs": args.jobs,
-                           "repeat": REPEAT, "load_average": os.getloadavg()[0]}
+    repeat = max(1, args.repeat)
+    sets: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as work:
         small, large = os.path.join(work, "small"), os.path.join(work, "large")
-        make_files(small, args.small, 256 * KB)
-        make_files(large, args.large, 64 * MB)
-        out["fuse_small"] = fuse_round(work, "small", small, args.jobs)
-        out["fuse_large"] = fuse_round(work, "large", large, args.jobs)
+        write_files(small, args.small, 256 * KB, spread=0, name="part-{i:05d}.bin")
+        write_files(large, args.large, 64 * MB, spread=0, name="part-{i:05d}.bin")
+        sets["fuse_small"] = fuse_round(work, "small", small, args.jobs, repeat,
+                                        args.only_ucstage)
+        sets["fuse_large"] = fuse_round(work, "large", large, args.jobs, repeat,
+                                        args.only_ucstage)
         if not args.skip_s3:
-            out["s3_small"] = s3_round(work, small, args.jobs)
-        out["lookup"] = lookup_rate(small)
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(out, fh, indent=2)
-    print(render(out))
+            sets["s3_small"] = s3_round(work, small, args.jobs, repeat, args.only_ucstage)
+        lookup = lookup_rate(small)
+    mb = {"fuse_small": args.small * 256 * KB / 1e6, "fuse_large": args.large * 64 * MB / 1e6,
+          "s3_small": args.small * 256 * KB / 1e6}
+    results = [{"name": f"{name} {tool}", "set": name, "tool": tool, "seconds": sec,
+                "mb_per_s": mb[name] / sec, "ucstage_speedup": sec / found["ucstage"]}
+               for name, found in sets.items() for tool, sec in found.items()
+               if tool != "upload_seconds"]
+    summary = {"lookups_per_s": lookup["lookups_per_s"], "lookup_entries": lookup["entries"],
+               **({"s3_upload_seconds": sets["s3_small"]["upload_seconds"]}
+                  if "s3_small" in sets else {})}
+    Report(benchmark_name(__file__), params_of(args), results, summary).emit(
+        args.json, render(args, results, summary))
+    return 0
 
 
-def render(r: dict[str, Any]) -> str:
-    def rows(results: dict[str, float], total_mb: float) -> list[str]:
-        base = results["ucstage"]
-        lines = ["| tool | seconds | MB/s | ucstage speed-up |", "|---|---:|---:|---:|"]
-        for tool, sec in results.items():
-            if tool == "upload_seconds":
-                continue
-            lines.append(f"| {tool} | {sec:.2f} | {total_mb / sec:.0f} | {sec / base:.2f}x |")
-        return lines
-
-    small_mb = r["small"] * 256 * KB / 1e6
-    large_mb = r["large"] * 64 * MB / 1e6
-    parts = [f"Best of {r['repeat']} runs per tool (alternating order); ucstage --jobs "
-             f"{r['jobs']}; 1-minute load average at the start {r['load_average']:.1f}.", "",
-             f"{r['small']:,} x 256 KiB on an rclone FUSE mount (fresh mount per run):", "",
-             *rows(r["fuse_small"], small_mb), "",
-             f"{r['large']} x 64 MiB on the same kind of mount:", "",
-             *rows(r["fuse_large"], large_mb), ""]
-    if "s3_small" in r:
-        parts += [f"The {r['small']:,} small files in a moto S3 bucket on 127.0.0.1:", "",
-                  *rows(r["s3_small"], small_mb), ""]
+def render(args: argparse.Namespace, results: list[dict[str, Any]],
+           summary: dict[str, Any]) -> str:
+    titles = {"fuse_small": f"{args.small:,} x 256 KiB on an rclone FUSE mount (fresh mount "
+                            "per run):",
+              "fuse_large": f"{args.large} x 64 MiB on the same kind of mount:",
+              "s3_small": f"The {args.small:,} small files in a moto S3 bucket on 127.0.0.1:"}
+    parts = [f"Best of {max(1, args.repeat)} runs per tool (alternating order); ucstage "
+             f"--jobs {args.jobs}.", ""]
+    for name, title in titles.items():
+        rows = [r for r in results if r["set"] == name]
+        if not rows:
+            continue
+        parts += [title, "", "| tool | seconds | MB/s | ucstage speed-up |",
+                  "|---|---:|---:|---:|"]
+        parts += [f"| {r['tool']} | {r['seconds']:.2f} | {r['mb_per_s']:.0f} | "
+                  f"{r['ucstage_speedup']:.2f}x |" for r in rows]
+        parts.append("")
     parts.append(f"Warm-cache lookups validated against a manifest: "
-                 f"{r['lookup']['lookups_per_s']:,.0f} per second (one process, "
-                 f"{r['lookup']['entries']:,} entries).")
+                 f"{summary['lookups_per_s']:,.0f} per second (one process, "
+                 f"{summary['lookup_entries']:,} entries).")
     return "\n".join(parts)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

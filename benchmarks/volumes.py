@@ -184,9 +184,6 @@ class Moto:
     def fill(self, spec: str, bucket: str = "bench", prefix: str = "data") -> str:
         """COUNT objects of SIZE (``spec``) under ``s3://bucket/prefix``, through
         s5cmd; returns that URL."""
-        s5 = [which("s5cmd"), "--endpoint-url", self.endpoint]
-        subprocess.run([*s5, "mb", f"s3://{bucket}"], env=self.env, check=True,
-                       capture_output=True)
         count, size = size_spec(spec)
         gen = tempfile.mkdtemp(prefix="gen-", dir=self.work)
         width = len(str(count - 1))
@@ -194,9 +191,18 @@ class Moto:
         for i in range(count):
             with open(os.path.join(gen, f"f{i:0{width}d}.bin"), "wb") as fh:
                 fh.write(os.urandom(size))
-        subprocess.run([*s5, "--numworkers", "64", "cp", f"{gen}/*", f"s3://{bucket}/{prefix}/"],
+        try:
+            return self.upload(gen, bucket, prefix)
+        finally:
+            shutil.rmtree(gen)
+
+    def upload(self, local: str, bucket: str, prefix: str) -> str:
+        """The files of the folder ``local`` under ``s3://bucket/prefix`` (the
+        bucket is made when missing), through s5cmd; returns that URL."""
+        s5 = [which("s5cmd"), "--endpoint-url", self.endpoint]
+        subprocess.run([*s5, "mb", f"s3://{bucket}"], env=self.env, capture_output=True)
+        subprocess.run([*s5, "--numworkers", "64", "cp", f"{local}/*", f"s3://{bucket}/{prefix}/"],
                        env=self.env, check=True, capture_output=True)
-        shutil.rmtree(gen)
         return f"s3://{bucket}/{prefix}"
 
     def stop(self) -> None:

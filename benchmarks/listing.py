@@ -17,7 +17,7 @@ and prints the median seconds of each and the median of the per-run ratios
 find / ucstage.
 
     scripts/remote-volume.sh --delay 20ms --small 0 --large 0 -- \\
-        env PYTHONPATH=$PWD .venv/bin/python -m benchmarks.listing --pairs 3 [--json]
+        .venv/bin/python -m benchmarks.listing --pairs 3 [--json]
 """
 
 from __future__ import annotations

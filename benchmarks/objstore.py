@@ -25,7 +25,7 @@ Where the store is:
     python -m benchmarks.objstore warm --moto 2000x256K --pairs 3 [--json]
     python -m benchmarks.objstore list --moto 100000x1 --pairs 3
     scripts/remote-volume.sh --delay 20ms --small 1000x256K --large none -- \\
-        env PYTHONPATH=$PWD .venv/bin/python -m benchmarks.objstore warm --url s3://ucstage-remote/small
+        .venv/bin/python -m benchmarks.objstore warm --url s3://ucstage-remote/small
 """
 
 from __future__ import annotations

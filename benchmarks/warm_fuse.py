@@ -21,7 +21,7 @@ tool, the median of the per-round ratios bare / ucstage at each N, the
 default warm against the round's best bare N, and against cp.
 
     scripts/remote-volume.sh --delay 20ms --small 1000x256K --large 0 -- \\
-        env PYTHONPATH=$PWD .venv/bin/python -m benchmarks.warm_fuse --jobs 8 16 32 64 --rounds 3 --cp
+        .venv/bin/python -m benchmarks.warm_fuse --jobs 8 16 32 64 --rounds 3 --cp
 """
 
 from __future__ import annotations

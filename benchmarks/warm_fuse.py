@@ -137,19 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         return [one(k, "bare", n) / one(k, "ucstage", n) for k in range(args.rounds)]
 
     lines.append(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount; "
-          f"{args.rounds} rounds, tools alternating, a fresh mount per run")
+                 f"{args.rounds} rounds, tools alternating, a fresh mount per run")
     lines.append("| N | ucstage cache warm s (median) | bare N-thread copy s (median) | "
-          "bare / ucstage (median of rounds) | rounds |")
+                 "bare / ucstage (median of rounds) | rounds |")
     lines.append("|---:|---:|---:|---:|---|")
     for n in args.jobs:
         ratios = ratio(n)
         lines.append(f"| {n} | {med('ucstage', n):.2f} | {med('bare', n):.2f} | "
-              f"{statistics.median(ratios):.2f}x | {', '.join(f'{x:.2f}x' for x in ratios)} |")
+                     f"{statistics.median(ratios):.2f}x | {', '.join(f'{x:.2f}x' for x in ratios)} |")
     best_u = min(args.jobs, key=lambda n: med("ucstage", n))
     best_b = min(args.jobs, key=lambda n: med("bare", n))
     lines.append(f"\nbest ucstage: --jobs {best_u} {med('ucstage', best_u):.2f} s; best bare: "
-          f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
-          f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
+                 f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
+                 f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
 
     def cpu_ms(tool: str, n: int) -> float:
         return statistics.median(r["cpu_ms_per_file"] for r in runs if r["tool"] == tool
@@ -163,15 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     best_bare = [min(one(k, "bare", n) for n in args.jobs) for k in range(args.rounds)]
     vs_bare = [b / a for a, b in zip(auto, best_bare, strict=True)]
     lines.append(f"default ucstage cache warm (--jobs auto): {statistics.median(auto):.2f} s "
-          f"(rounds {', '.join(f'{a:.2f}' for a in auto)}); the round's best bare copy / "
-          f"it: median {statistics.median(vs_bare):.2f}x "
-          f"(rounds {', '.join(f'{x:.2f}x' for x in vs_bare)})")
+                 f"(rounds {', '.join(f'{a:.2f}' for a in auto)}); the round's best bare copy / "
+                 f"it: median {statistics.median(vs_bare):.2f}x "
+                 f"(rounds {', '.join(f'{x:.2f}x' for x in vs_bare)})")
     if args.cp:
         cp = med("cp -r", 0)
         vs_cp = [one(k, "cp -r", 0) / a for k, a in enumerate(auto)]
         lines.append(f"cp -r: {cp:.2f} s; cp / ucstage(best) = {cp / med('ucstage', best_u):.1f}x; "
-              f"cp / default ucstage: median {statistics.median(vs_cp):.1f}x "
-              f"(rounds {', '.join(f'{x:.1f}x' for x in vs_cp)})")
+                     f"cp / default ucstage: median {statistics.median(vs_cp):.1f}x "
+                     f"(rounds {', '.join(f'{x:.1f}x' for x in vs_cp)})")
     summary = {"best_ucstage_jobs": best_u, "best_ucstage_s": med("ucstage", best_u),
                "best_bare_jobs": best_b, "best_bare_s": med("bare", best_b),
                "default_ucstage_s": statistics.median(auto),

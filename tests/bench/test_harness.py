@@ -82,3 +82,26 @@ def test_shard_plan_json_contract(tmp_path: Path) -> None:
     assert doc["summary"]["slots"] == 8
     assert Path(doc["env"]["ucstage_file"]).resolve().is_relative_to(ROOT)
     assert "| step | seconds |" in proc.stderr
+
+
+def test_ab_compare_runs_both_sides(tmp_path: Path) -> None:
+    """Two commits' ucstage under this tree's benchmark: both sides in one document."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab_compare", "--base", "HEAD",
+                           "--head", str(ROOT), "--json", "--metric", "summary.slots",
+                           "shard_plan", "--files", "200", "--world-size", "2",
+                           "--num-workers", "3"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert [len(doc["runs"][side]) for side in ("base", "head")] == [3, 3]
+    assert doc["params"]["base_spec"] == "HEAD"
+    assert "/base-" in doc["runs"]["base"][0]["env"]["ucstage_file"]
+    assert Path(doc["runs"]["head"][0]["env"]["ucstage_file"]).resolve().is_relative_to(ROOT)
+    assert doc["results"] == [{"name": "summary.slots", "base": 6.0, "head": 6.0, "ratio": 1.0,
+                               "pair_ratios": [1.0, 1.0, 1.0], "median_pair_ratio": 1.0,
+                               "within": True}]

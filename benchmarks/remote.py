@@ -1,6 +1,6 @@
 """Compare ucstage with copy tools on the emulated remote volume, in one run.
 
-Run through scripts/bench_remote.sh, which starts scripts/remote-volume.sh
+Run through benchmarks/remote.sh, which starts scripts/remote-volume.sh
 and runs this inside it (it reads UCSTAGE_REMOTE_* from the environment).
 For each data set (small/ and large/ in the bucket) it times, back to back:
 
@@ -25,32 +25,22 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
-
-
-def _env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        sys.exit(f"bench_remote.py: {name} is not set; run scripts/bench_remote.sh")
-    return value
+from benchmarks.files import tree_size
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import run_command
+from benchmarks.volumes import BIN, REPO
+from benchmarks.volumes import remote_env as _env
 
 
 def _size(path: str) -> tuple[int, int]:
-    files = total = 0
-    for folder, _, names in os.walk(path):
-        for name in names:
-            files += 1
-            total += os.path.getsize(os.path.join(folder, name))
-    return files, total
+    return tree_size(path, hidden=True)
 
 
 def _timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - start
-    error = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
-    return seconds, error
+    """Seconds of one command and, when it failed, the last line of its stderr."""
+    done = run_command(cmd, env=env, check=False)
+    error = "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["?"])[-1]
+    return done.timing.wall_s, error
 
 
 def _copytree(src: str, dest: str) -> tuple[float, str]:
@@ -211,17 +201,17 @@ def markdown(sets: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="small,large")
     parser.add_argument("--workers", default="1,2,4,8")
     parser.add_argument("--max-seconds", type=float, default=240.0,
                         help="bound on each `ucstage bench` run")
-    parser.add_argument("--chart", default=os.path.join(HERE, "docs", "bench-remote.png"))
-    parser.add_argument("--json", dest="json_out", default=None)
+    parser.add_argument("--chart", default=os.path.join(REPO, "docs", "bench-remote.png"))
     parser.add_argument("--delay", default=os.environ.get("UCSTAGE_REMOTE_DELAY", "?"))
     parser.add_argument("--rate", default=os.environ.get("UCSTAGE_REMOTE_RATE", "?"))
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     started = time.perf_counter()
     sets = [run_set(name, args.workers, args.max_seconds) for name in args.sets.split(",")]
     meta = {"delay": args.delay, "rate": args.rate, "workers": args.workers,
@@ -229,12 +219,14 @@ def main() -> None:
             "seconds": round(time.perf_counter() - started, 1)}
     chart(sets, args.chart, f"ucstage on an emulated remote volume ({args.delay} RTT, "
           f"{args.rate}, {meta['shaper']})")
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump({"meta": meta, "sets": sets}, fh, indent=1)
-    print(markdown(sets, meta))
+    results = [{"name": f"{data['set']} {t['tool']}", "set": data["set"], **t}
+               for data in sets for t in data["tools"]]
     print(f"(whole comparison: {meta['seconds']} s)", file=sys.stderr)
+    Report(benchmark_name(__file__), params_of(args), results,
+           {"meta": meta, "bench": {d["set"]: d["bench"] for d in sets}}).emit(
+        args.json, markdown(sets, meta))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark ``ucstage export`` against the seed recipe on the same Spark Connect server.
 
-    .venv/bin/python scripts/bench_export.py [--rows 5000000] [--workdir /tmp/x]
+    python -m benchmarks.export [--rows 5000000] [--workdir /tmp/x] [--json]
 
 Writes a Delta table with deltalake, starts ucstage's embedded Spark Connect
 server (timing its start-up and first query), then on that one server:
@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
+
+from benchmarks.pairs import Comparison
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
 
 
 def make_table(path: str, rows: int) -> None:
@@ -49,13 +51,14 @@ def make_table(path: str, rows: int) -> None:
     write_deltalake(path, table.slice(half), mode="append")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--repeat", type=int, default=3,
                         help="alternating seed/ucstage pairs after one warm-up (default 3)")
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
 
     from ucstage.export import export_table
     from ucstage.export import spark as ucspark
@@ -106,28 +109,40 @@ def main() -> int:
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder)
                    for f in fs)
 
-    seed_med = statistics.median(p[0] for p in pairs)
-    ucs_med = statistics.median(p[1] for p in pairs)
-    print(f"rows: {res.row_count:,}; {len(files)} live files; load average before: "
-          f"{load:.2f}; {os.cpu_count()} cores")
-    print("| step | seconds | output |\n|---|---:|---:|")
-    print(f"| embedded server: port open | {server.startup_seconds:.1f} | |")
-    print(f"| embedded server: session ready (incl. port) | {ready:.1f} | |")
-    print(f"| first query | {first_query:.1f} | |")
+    c = Comparison([p[0] for p in pairs], [p[1] for p in pairs])
+    seed_med, ucs_med = c.a_median, c.b_median
+    lines = [f"rows: {res.row_count:,}; {len(files)} live files; load average before: "
+             f"{load:.2f}; {os.cpu_count()} cores",
+             "| step | seconds | output |\n|---|---:|---:|",
+             f"| embedded server: port open | {server.startup_seconds:.1f} | |",
+             f"| embedded server: session ready (incl. port) | {ready:.1f} | |",
+             f"| first query | {first_query:.1f} | |"]
     for i, (a, b) in enumerate(pairs, 1):
-        print(f"| run {i}: seed recipe / ucstage export (snappy) | {a:.2f} / {b:.2f} | "
-              f"ratio {b / a:.2f}x |")
-    print(f"| median: seed recipe (snappy) | {seed_med:.2f} | {size(seed_dest) / 1e6:.0f} MB |")
-    print(f"| median: ucstage export (snappy) | {ucs_med:.2f} | "
-          f"{res.record.bytes / 1e6:.0f} MB |")
-    print(f"| ucstage export (zstd, the default) | {res_z.seconds:.2f} | "
-          f"{res_z.record.bytes / 1e6:.0f} MB |")
-    print(f"| ucstage export rerun, unchanged (skipped) | {skip.seconds:.3f} | |")
-    print(f"\nratio ucstage/seed: run 1 {pairs[0][1] / pairs[0][0]:.2f}x, median "
-          f"{ucs_med / seed_med:.2f}x (target <= 1.15x)")
+        lines.append(f"| run {i}: seed recipe / ucstage export (snappy) | {a:.2f} / {b:.2f} | "
+                     f"ratio {b / a:.2f}x |")
+    lines += [f"| median: seed recipe (snappy) | {seed_med:.2f} | "
+              f"{size(seed_dest) / 1e6:.0f} MB |",
+              f"| median: ucstage export (snappy) | {ucs_med:.2f} | "
+              f"{res.record.bytes / 1e6:.0f} MB |",
+              f"| ucstage export (zstd, the default) | {res_z.seconds:.2f} | "
+              f"{res_z.record.bytes / 1e6:.0f} MB |",
+              f"| ucstage export rerun, unchanged (skipped) | {skip.seconds:.3f} | |",
+              f"\nratio ucstage/seed: run 1 {pairs[0][1] / pairs[0][0]:.2f}x, median "
+              f"{ucs_med / seed_med:.2f}x (target <= 1.15x)"]
+    results = [{"name": f"run {i}", "seed_s": a, "ucstage_s": b, "ratio": b / a}
+               for i, (a, b) in enumerate(pairs, 1)]
+    summary = {"server_port_open_s": server.startup_seconds, "session_ready_s": ready,
+               "first_query_s": first_query, "seed_median_s": seed_med,
+               "ucstage_median_s": ucs_med, "ratio_of_medians": c.ratio,
+               "median_pair_ratio": c.median_pair_ratio, "zstd_s": res_z.seconds,
+               "rerun_skipped_s": skip.seconds, "seed_bytes": size(seed_dest),
+               "ucstage_bytes": res.record.bytes, "zstd_bytes": res_z.record.bytes,
+               "rows": res.row_count, "live_files": len(files), "load_average": load}
     ucspark.stop_embedded()
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
+    Report(benchmark_name(__file__), params_of(args), results, summary).emit(
+        args.json, "\n".join(lines))
     return 0
 
 

@@ -7,14 +7,18 @@ under cProfile, and prints the user and system CPU per file and the top of
 the profile. Run it under ``strace -f -c`` (or ``-T``) to count and time the
 system calls per file.
 
-    .venv/bin/python scripts/profile_copy.py --files 2000 --size-kib 4
-    .venv/bin/python scripts/profile_copy.py --source /path/to/mounted/folder
+    python -m benchmarks.profile_copy --files 2000 --size-kib 4 [--json]
+    python -m benchmarks.profile_copy --source /path/to/mounted/folder
+
+It calls a private method, so it profiles the tree it runs in; it is not for
+benchmarks.ab_compare.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import os
 import pstats
 import resource
@@ -22,29 +26,27 @@ import shutil
 import sys
 import tempfile
 
+from benchmarks.files import write_files
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from ucstage import LocalCache, list_files
 from ucstage.cache.inflight import Inflight
 from ucstage.cache.space import Evicted
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--size-kib", type=int, default=4)
     parser.add_argument("--source", default=None, help="copy this folder instead of new files")
     parser.add_argument("--top", type=int, default=25)
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="ucstage-profile-copy-")
     try:
         source = args.source
         if source is None:
             source = os.path.join(work, "source")
-            payload = os.urandom(args.size_kib * 1024)
-            for i in range(args.files):
-                folder = os.path.join(source, f"part{i % 8}")
-                os.makedirs(folder, exist_ok=True)
-                with open(os.path.join(folder, f"f{i:05d}.bin"), "wb") as fh:
-                    fh.write(payload)
+            write_files(source, args.files, args.size_kib * 1024, vary=False)
         listing = list_files(source)
         cache = LocalCache(os.path.join(work, "cache"))
         cache.prepare(listing.volume)
@@ -57,10 +59,15 @@ def main() -> int:
         profile.disable()
         after = resource.getrusage(resource.RUSAGE_SELF)
         n = len(listing.entries)
-        print(f"{n} files: user {(after.ru_utime - before.ru_utime) / n * 1e6:.0f} µs, "
-              f"system {(after.ru_stime - before.ru_stime) / n * 1e6:.0f} µs per file "
-              "(under cProfile)")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+        user_us = (after.ru_utime - before.ru_utime) / n * 1e6
+        sys_us = (after.ru_stime - before.ru_stime) / n * 1e6
+        stats = io.StringIO()
+        pstats.Stats(profile, stream=stats).sort_stats("tottime").print_stats(args.top)
+        text = (f"{n} files: user {user_us:.0f} µs, system {sys_us:.0f} µs per file "
+                f"(under cProfile)\n{stats.getvalue()}")
+        Report(benchmark_name(__file__), params_of(args), [],
+               {"files": n, "user_us_per_file": user_us, "sys_us_per_file": sys_us}).emit(
+            args.json, text)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

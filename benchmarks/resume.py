@@ -2,7 +2,7 @@
 """Reproduce docs/benchmarks.md "Resume and the audit": what resuming and
 auditing an epoch cost.
 
-    .venv/bin/python scripts/bench_resume.py [--files 1000000] [--loader-files 4000]
+    python -m benchmarks.resume [--files 1000000] [--loader-files 4000] [--json]
 
 * The re-split rule at scale: ``resume_slots`` for a shuffled epoch of
   ``--files`` files saved on 16 x 4 slots, resumed on 24 x 3 (a re-split) and
@@ -23,26 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from benchmarks.files import write_files
+from benchmarks.pairs import Comparison, alternate
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import median_seconds as timed
+from benchmarks.timing import time_call
 from ucstage.resume import LoaderState
 from ucstage.sharding import EpochOrder, Segment, resume_slots
-
-
-def timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
-    runs = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
 
 
 def resplit(n: int) -> dict[str, float]:
@@ -88,52 +81,56 @@ def loader_cost(files: int) -> dict[str, float]:
         def __init__(self, paths: VolumeDataset) -> None:
             self.paths = paths
 
-        def __iter__(self):  # type: ignore[no-untyped-def]
+        def __iter__(self) -> Iterator[int]:
             for p in self.paths:
                 with open(p, "rb") as fh:
                     yield len(fh.read())
 
-    root = tempfile.mkdtemp(prefix="ucstage-bench-resume-")
-    for i in range(files):
-        with open(os.path.join(root, f"f{i:06d}.bin"), "wb") as fh:
-            fh.write(b"x" * 64)
-    cache = tempfile.mkdtemp(prefix="ucstage-bench-resume-cache-")
-    paths = VolumeDataset(root, cache_dir=cache, read_ahead=0)
-    loaders = {on: DataLoader(Read(paths), batch_size=8, num_workers=0, audit=on,
-                              log_mlflow=False) for on in (True, False)}
-    sum(len(b) for b in loaders[False])  # warm the cache
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(3):
-        for on in (True, False):
-            t0 = time.perf_counter()
-            sum(len(b) for b in loaders[on])
-            times[on].append(time.perf_counter() - t0)
-    return {"audit_on_s": statistics.median(times[True]),
-            "audit_off_s": statistics.median(times[False])}
+    with tempfile.TemporaryDirectory(prefix="ucstage-bench-resume-") as work:
+        root = os.path.join(work, "src")
+        write_files(root, files, 64, spread=0, vary=False, name="f{i:06d}.bin")
+        paths = VolumeDataset(root, cache_dir=os.path.join(work, "cache"), read_ahead=0)
+        loaders = {on: DataLoader(Read(paths), batch_size=8, num_workers=0, audit=on,
+                                  log_mlflow=False) for on in (True, False)}
+        sum(len(b) for b in loaders[False])  # warm the cache
+
+        def epoch(on: bool) -> Callable[[], float]:
+            return lambda: time_call(lambda: sum(len(b) for b in loaders[on]))[1].wall_s
+
+        times = alternate({"on": epoch(True), "off": epoch(False)}, 3)
+    c = Comparison(times["off"], times["on"])
+    return {"audit_on_s": c.b_median, "audit_off_s": c.a_median,
+            "on_over_off": c.median_pair_ratio}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=1_000_000)
     parser.add_argument("--loader-files", type=int, default=4000)
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     r, a, lo = resplit(args.files), audit_cost(args.files), loader_cost(args.loader_files)
-    print(f"| {args.files:,} files, saved on 16 x 4 | median of 3 |")
-    print("|---|---|")
-    print(f"| re-split onto 24 x 3 (`resume_slots`) | {r['resplit_s']:.3f} s |")
-    print(f"| continue on 16 x 4 | {r['continue_s']:.3f} s |")
-    print(f"| state, JSON | {r['state_bytes']:,} bytes |")
-    print(f"| audit payload per rank (bitmap) | {a['payload_bytes']:,} bytes, "
-          f"{a['payload_s'] * 1000:.1f} ms to build |")
-    print(f"| audit count over 8 ranks' payloads | {a['count8_s'] * 1000:.1f} ms |")
-    print()
     per_batch = (lo["audit_on_s"] - lo["audit_off_s"]) / (args.loader_files / 8) * 1e6
-    print(f"| DataLoader epoch, {args.loader_files:,} files, batch 8, num_workers=0 "
-          "| seconds (median of 3 alternating pairs) |")
-    print("|---|---|")
-    print(f"| audit on | {lo['audit_on_s']:.3f} |")
-    print(f"| audit off | {lo['audit_off_s']:.3f} |")
-    print(f"| difference per batch | {per_batch:.0f} µs |")
+    lines = [
+        f"| {args.files:,} files, saved on 16 x 4 | median of 3 |",
+        "|---|---|",
+        f"| re-split onto 24 x 3 (`resume_slots`) | {r['resplit_s']:.3f} s |",
+        f"| continue on 16 x 4 | {r['continue_s']:.3f} s |",
+        f"| state, JSON | {r['state_bytes']:,} bytes |",
+        f"| audit payload per rank (bitmap) | {a['payload_bytes']:,} bytes, "
+        f"{a['payload_s'] * 1000:.1f} ms to build |",
+        f"| audit count over 8 ranks' payloads | {a['count8_s'] * 1000:.1f} ms |",
+        "",
+        f"| DataLoader epoch, {args.loader_files:,} files, batch 8, num_workers=0 "
+        "| seconds (median of 3 alternating pairs) |",
+        "|---|---|",
+        f"| audit on | {lo['audit_on_s']:.3f} |",
+        f"| audit off | {lo['audit_off_s']:.3f} |",
+        f"| difference per batch | {per_batch:.0f} µs |",
+    ]
+    results = [{"name": "resplit", **r}, {"name": "audit", **a}, {"name": "loader", **lo}]
+    Report(benchmark_name(__file__), params_of(args), results,
+           {"audit_us_per_batch": per_batch}).emit(args.json, "\n".join(lines))
     return 0
 
 

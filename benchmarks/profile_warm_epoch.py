@@ -9,7 +9,7 @@ in microseconds per file, at ``num_workers=0``:
 * ``VolumeDataset`` iteration alone (paths only), and with every path opened
   and read (``ReadBytes``, no loader);
 * torch's ``DataLoader`` over the paths (map-style, the plain side of
-  ``bench_warm_epoch.py``), over an IterableDataset of the same paths (torch's
+  benchmarks.warm_epoch), over an IterableDataset of the same paths (torch's
   iterable-dataset cost), and over the ``VolumeDataset``;
 * ucstage's ``DataLoader`` over the ``VolumeDataset``, with and without the
   audit; and with ``--cap``, the same under a byte cap (holds).
@@ -17,8 +17,8 @@ in microseconds per file, at ``num_workers=0``:
 ``--cprofile STEP`` runs that step under cProfile instead and prints the top
 functions by own time.
 
-    .venv/bin/python scripts/profile_warm_epoch.py
-    .venv/bin/python scripts/profile_warm_epoch.py --cprofile ucstage-loader
+    python -m benchmarks.profile_warm_epoch [--json]
+    python -m benchmarks.profile_warm_epoch --cprofile ucstage-loader
 """
 
 from __future__ import annotations
@@ -29,24 +29,16 @@ import os
 import pstats
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data as tud
-from read_datasets import RawPaths, ReadBytes
 
+from benchmarks.datasets import IterPaths, RawPaths, ReadBytes
+from benchmarks.files import write_files
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import best_seconds
 from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
-
-
-class IterPaths(tud.IterableDataset):  # type: ignore[type-arg]
-    """The plain side as an IterableDataset: torch's cost of iterating one."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.paths)
 
 
 def drain(iterable: Any) -> int:
@@ -65,31 +57,23 @@ def read_all(paths: list[str]) -> int:
 
 
 def best_us(step: Callable[[], Any], files: int, repeat: int) -> float:
-    step()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - start)
-    return best / files * 1e6
+    """Best of ``repeat`` timed calls after one untimed one, in µs per file."""
+    return best_seconds(step, repeat, warmup=True) / files * 1e6
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--size-kib", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--cap", action="store_true", help="also time under a byte cap")
     parser.add_argument("--cprofile", default=None, help="profile this step instead")
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     size = args.size_kib * 1024
     with tempfile.TemporaryDirectory(prefix="ucstage-profile-warm-") as work:
         data = os.path.join(work, "data")
-        payload = os.urandom(size)
-        for i in range(args.files):
-            os.makedirs(os.path.join(data, f"part{i % 8}"), exist_ok=True)
-            with open(os.path.join(data, f"part{i % 8}", f"f{i:05d}.bin"), "wb") as fh:
-                fh.write(payload)
+        write_files(data, args.files, size, vary=False)
         cache_dir = os.path.join(work, "cache")
         listing = list_files(data)
         LocalCache(cache_dir).warm(listing.volume, listing.entries)
@@ -128,10 +112,15 @@ def main() -> int:
             profiler.disable()
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
             return 0
-        print(f"{args.files} files x {args.size_kib} KiB, page-cached, num_workers=0, "
-              f"best of {args.repeat}, µs per file")
+        results = []
         for name, step in steps.items():
-            print(f"{name:24s} {best_us(step, args.files, args.repeat):7.2f}", flush=True)
+            us = best_us(step, args.files, args.repeat)
+            results.append({"name": name, "us_per_file": us})
+            print(f"{name:24s} {us:7.2f}", file=sys.stderr, flush=True)
+    lines = [f"{args.files} files x {args.size_kib} KiB, page-cached, num_workers=0, "
+             f"best of {args.repeat}, µs per file"]
+    lines += [f"{r['name']:24s} {r['us_per_file']:7.2f}" for r in results]
+    Report(benchmark_name(__file__), params_of(args), results).emit(args.json, "\n".join(lines))
     return 0
 
 

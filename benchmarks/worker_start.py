@@ -12,7 +12,7 @@ sys of the process, the forkserver, the resource tracker and the workers:
 this script adopts them as a child subreaper, so their time is counted). Runs alternate, which
 goes first alternates too; medians over the pairs.
 
-    python scripts/bench_worker_start.py --moto 400x256K --pairs 3
+    python -m benchmarks.worker_start --moto 400x256K --pairs 3 [--json]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -29,7 +28,10 @@ import tempfile
 import time
 from typing import Any
 
-from bench_objstore import HERE, Moto, _bytecode, _env
+from benchmarks.pairs import order, pairs_argument
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import children_cpu_s
+from benchmarks.volumes import Moto, bytecode_env
 
 EPOCHS = 3
 
@@ -74,7 +76,7 @@ def _subreaper() -> None:
 
     pr_set_child_subreaper = 36
     if ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
-        sys.exit("bench_worker_start.py: prctl(PR_SET_CHILD_SUBREAPER) failed")
+        sys.exit("worker_start: prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def _reap(keep: set[int]) -> None:
@@ -83,49 +85,55 @@ def _reap(keep: set[int]) -> None:
         for pid in orphans:
             os.waitpid(pid, os.WNOHANG)
         if time.monotonic() > deadline:
-            sys.exit(f"bench_worker_start.py: processes {sorted(orphans)} did not exit")
+            sys.exit(f"worker_start: processes {sorted(orphans)} did not exit")
         time.sleep(0.02)
 
 
 def _run(url: str, context: str, env: dict[str, str], work: str) -> dict[str, Any]:
     folder = tempfile.mkdtemp(dir=work)
     keep = _children()  # the moto server
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run([sys.executable, __file__, "--one", context, "--url", url,
-                          "--work", folder], env=env, check=True, capture_output=True,
-                         text=True).stdout
+    # RUSAGE_CHILDREN rather than the child's own rusage (timing.run_command): the
+    # forkserver and resource tracker it leaves are reaped here, not by it.
+    before = children_cpu_s()
+    out = subprocess.run([sys.executable, "-m", "benchmarks.worker_start", "--one", context,
+                          "--url", url, "--work", folder], env=env, check=True,
+                         capture_output=True, text=True).stdout
     _reap(keep)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = children_cpu_s() - before
     shutil.rmtree(folder)
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    result["cpu"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result["cpu"] = cpu
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--moto", metavar="COUNTxSIZE", default="400x256K")
-    parser.add_argument("--pairs", type=int, default=3)
+    pairs_argument(parser)
     parser.add_argument("--one", choices=["fork", "default"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.url, args.one, args.work)))
-        return
+        return 0
     _subreaper()
     work = tempfile.mkdtemp(prefix="bench-worker-start-")
-    server = Moto(args.moto, work)
+    server = Moto(work)
     try:
-        env = _bytecode({**_env(server.endpoint), "PYTHONPATH": HERE,
-                         "OMP_NUM_THREADS": "1"}, work)
-        _run(server.url, "fork", env, work)  # bytecode cache and page cache warm
+        url = server.fill(args.moto)
+        # The measured process imports this package too: name this checkout's root.
+        code = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+        path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), code) if p)
+        env = bytecode_env({**server.env, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}, work)
+        _run(url, "fork", env, work)  # bytecode cache and page cache warm
         runs: dict[str, list[dict[str, Any]]] = {"fork": [], "default": []}
         for pair in range(args.pairs):
-            order = ["fork", "default"] if pair % 2 == 0 else ["default", "fork"]
-            for context in order:
-                runs[context].append(_run(server.url, context, env, work))
-            print(json.dumps({c: runs[c][-1] for c in order}), file=sys.stderr)
+            sides = order(["fork", "default"], pair)
+            for context in sides:
+                runs[context].append(_run(url, context, env, work))
+            print(json.dumps({c: runs[c][-1] for c in sides}), file=sys.stderr)
         summary = {}
         for context, results in runs.items():
             summary[context] = {
@@ -136,11 +144,15 @@ def main() -> None:
                             for e in range(EPOCHS)],
                 "run_cpu_s": statistics.median(r["cpu"] for r in results),
             }
-        print(json.dumps(summary, indent=1))
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    rows = [{"name": f"{context} {i + 1}", "context": context, **r}
+            for context, results in runs.items() for i, r in enumerate(results)]
+    Report(benchmark_name(__file__), params_of(args, drop=("json", "one", "url", "work")), rows,
+           summary).emit(args.json, json.dumps(summary, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

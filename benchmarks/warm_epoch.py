@@ -16,23 +16,25 @@ warms the interpreter, the workers' imports and the stamp memo). Prints files/s
 per run, the median per side and the median of the per-pair ratios
 ucstage / plain.
 
-    .venv/bin/python scripts/bench_warm_epoch.py --pairs 5
+    python -m benchmarks.warm_epoch --pairs 5 [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.utils.data as tud
-from read_datasets import RawPaths, ReadBytes
 
+from benchmarks.datasets import RawPaths, ReadBytes
+from benchmarks.files import write_files
+from benchmarks.pairs import Comparison, alternate, pairs_argument
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
 
 
@@ -51,33 +53,20 @@ def second_epoch(loader: Any, n_files: int, size: int) -> float:
     return rate
 
 
-def make(folder: str, files: int, size: int) -> list[str]:
-    payload = os.urandom(size)
-    paths = []
-    for i in range(files):
-        sub = os.path.join(folder, f"part{i % 8}")
-        os.makedirs(sub, exist_ok=True)
-        path = os.path.join(sub, f"f{i:05d}.bin")
-        with open(path, "wb") as fh:
-            fh.write(payload[i % 997:] + payload[:i % 997])
-        paths.append(path)
-    return sorted(paths)
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--size-kib", type=int, default=256)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--pairs", type=int, default=3)
+    pairs_argument(parser)
     parser.add_argument("--dir", default=None, help="where to write the files (default: /tmp)")
-    parser.add_argument("--json", dest="json_out", default=None)
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     size = args.size_kib * 1024
-    results: dict[str, Any] = {"files": args.files, "size_kib": args.size_kib, "runs": []}
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-warm-", dir=args.dir) as work:
         data = os.path.join(work, "data")
-        paths = make(data, args.files, size)
+        paths = write_files(data, args.files, size)
         cache_dir = os.path.join(work, "cache")
         cache = LocalCache(cache_dir)
         listing = list_files(data)
@@ -88,36 +77,34 @@ def main() -> int:
             with open(path, "rb") as fh:
                 fh.read()
         for k in args.workers:
-            for pair in range(args.pairs):
-                order = ["plain", "ucstage"] if pair % 2 == 0 else ["ucstage", "plain"]
-                row: dict[str, Any] = {"num_workers": k, "pair": pair}
-                for side in order:
-                    if side == "plain":
-                        loader: Any = tud.DataLoader(RawPaths(paths), batch_size=None,
-                                                     num_workers=k)
-                    else:
-                        loader = DataLoader(ReadBytes(VolumeDataset(data, cache_dir=cache_dir)),
-                                            batch_size=None, num_workers=k)
-                    row[side] = second_epoch(loader, args.files, size)
-                row["ratio"] = row["ucstage"] / row["plain"]
-                results["runs"].append(row)
-                print(f"num_workers={k} pair {pair + 1}: plain {row['plain']:,.0f} files/s, "
-                      f"ucstage {row['ucstage']:,.0f} files/s, {row['ratio']:.2f}x",
+            def plain(k: int = k) -> float:
+                return second_epoch(tud.DataLoader(RawPaths(paths), batch_size=None,
+                                                   num_workers=k), args.files, size)
+
+            def ours(k: int = k) -> float:
+                return second_epoch(DataLoader(ReadBytes(VolumeDataset(data, cache_dir=cache_dir)),
+                                               batch_size=None, num_workers=k), args.files, size)
+
+            def progress(r: int, side: str, rate: float, k: int = k) -> None:
+                print(f"num_workers={k} pair {r + 1}: {side} {rate:,.0f} files/s",
                       file=sys.stderr)
-    print(f"{args.files} files x {args.size_kib} KiB, page-cached, second epoch in the "
-          f"process, {args.pairs} alternating pairs per num_workers")
-    print("| num_workers | plain torch files/s (median) | ucstage files/s (median) | "
-          "ucstage / plain (median of pairs) | pairs |")
-    print("|---:|---:|---:|---:|---|")
-    for k in args.workers:
-        rows = [r for r in results["runs"] if r["num_workers"] == k]
-        med = {s: statistics.median(r[s] for r in rows) for s in ("plain", "ucstage", "ratio")}
-        ratios = ", ".join(f"{r['ratio']:.2f}x" for r in rows)
-        print(f"| {k} | {med['plain']:,.0f} | {med['ucstage']:,.0f} | {med['ratio']:.2f}x "
-              f"| {ratios} |")
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(results, fh, indent=2)
+
+            sides: dict[str, Callable[[], float]] = {"plain": plain, "ucstage": ours}
+            found = alternate(sides, args.pairs, progress)
+            c = Comparison(found["plain"], found["ucstage"])
+            rows.append({"name": f"num_workers={k}", "num_workers": k,
+                         "plain_files_per_s": c.a_median, "ucstage_files_per_s": c.b_median,
+                         "ratio": c.median_pair_ratio, "pair_ratios": c.pair_ratios,
+                         "plain_runs": c.a, "ucstage_runs": c.b})
+    lines = [f"{args.files} files x {args.size_kib} KiB, page-cached, second epoch in the "
+             f"process, {args.pairs} alternating pairs per num_workers",
+             "| num_workers | plain torch files/s (median) | ucstage files/s (median) | "
+             "ucstage / plain (median of pairs) | pairs |", "|---:|---:|---:|---:|---|"]
+    for r in rows:
+        ratios = ", ".join(f"{x:.2f}x" for x in r["pair_ratios"])
+        lines.append(f"| {r['num_workers']} | {r['plain_files_per_s']:,.0f} | "
+                     f"{r['ucstage_files_per_s']:,.0f} | {r['ratio']:.2f}x | {ratios} |")
+    Report(benchmark_name(__file__), params_of(args), rows).emit(args.json, "\n".join(lines))
     return 0
 
 

@@ -21,26 +21,23 @@ tool, the median of the per-round ratios bare / ucstage at each N, the
 default warm against the round's best bare N, and against cp.
 
     scripts/remote-volume.sh --delay 20ms --small 1000x256K --large 0 -- \\
-        .venv/bin/python scripts/bench_warm_fuse.py --jobs 8 16 32 64 --rounds 3 --cp
+        .venv/bin/python -m benchmarks.warm_fuse --jobs 8 16 32 64 --rounds 3 --cp
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-from remote_mounts import fresh_mount, unmount
-
-BIN = os.path.dirname(sys.executable)
+from benchmarks.files import tree_size
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import CommandFailed, run_command
+from benchmarks.volumes import BIN, fresh_mount, unmount
 
 BARE_COPY = """
 import os, sys
@@ -64,19 +61,8 @@ with ThreadPoolExecutor(jobs) as pool:
 """
 
 
-
-
-
-
 def count(path: str) -> tuple[int, int]:
-    files = nbytes = 0
-    for folder, dirs, names in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in names:
-            if not name.startswith("."):
-                files += 1
-                nbytes += os.path.getsize(os.path.join(folder, name))
-    return files, nbytes
+    return tree_size(path)
 
 
 def run_tool(tool: str, jobs: int, work: str, set_name: str,
@@ -94,31 +80,28 @@ def run_tool(tool: str, jobs: int, work: str, set_name: str,
             cmd, env = [sys.executable, "-c", BARE_COPY, src, out, str(jobs)], None
         else:
             cmd, env = ["cp", "-r", src, os.path.join(out, set_name)], None
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        seconds = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{tool} failed: {proc.stderr.strip()[-300:]}")
+        try:
+            timing = run_command(cmd, env=env).timing
+        except CommandFailed as exc:
+            raise RuntimeError(f"{tool} failed: {exc}") from None
         got = count(out)
         if got != want:
             raise RuntimeError(f"{tool} copied {got}, expected {want}")
-        return seconds, cpu
+        return timing.wall_s, timing.cpu_s
     finally:
         unmount(mnt)
         shutil.rmtree(out, ignore_errors=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="set_name", default="small")
     parser.add_argument("--jobs", type=int, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cp", action="store_true", help="also time cp -r once per round")
-    parser.add_argument("--json", dest="json_out", default=None)
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
+    lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-warm-fuse-") as work:
         mnt = fresh_mount(work, "count")
         try:
@@ -153,44 +136,52 @@ def main() -> int:
     def ratio(n: int) -> list[float]:
         return [one(k, "bare", n) / one(k, "ucstage", n) for k in range(args.rounds)]
 
-    print(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount; "
-          f"{args.rounds} rounds, tools alternating, a fresh mount per run")
-    print("| N | ucstage cache warm s (median) | bare N-thread copy s (median) | "
-          "bare / ucstage (median of rounds) | rounds |")
-    print("|---:|---:|---:|---:|---|")
+    lines.append(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount; "
+                 f"{args.rounds} rounds, tools alternating, a fresh mount per run")
+    lines.append("| N | ucstage cache warm s (median) | bare N-thread copy s (median) | "
+                 "bare / ucstage (median of rounds) | rounds |")
+    lines.append("|---:|---:|---:|---:|---|")
     for n in args.jobs:
         ratios = ratio(n)
-        print(f"| {n} | {med('ucstage', n):.2f} | {med('bare', n):.2f} | "
-              f"{statistics.median(ratios):.2f}x | {', '.join(f'{x:.2f}x' for x in ratios)} |")
+        lines.append(f"| {n} | {med('ucstage', n):.2f} | {med('bare', n):.2f} | "
+                     f"{statistics.median(ratios):.2f}x | {', '.join(f'{x:.2f}x' for x in ratios)} |")
     best_u = min(args.jobs, key=lambda n: med("ucstage", n))
     best_b = min(args.jobs, key=lambda n: med("bare", n))
-    print(f"\nbest ucstage: --jobs {best_u} {med('ucstage', best_u):.2f} s; best bare: "
-          f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
-          f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
-    def cpu(tool: str, n: int) -> float:
+    lines.append(f"\nbest ucstage: --jobs {best_u} {med('ucstage', best_u):.2f} s; best bare: "
+                 f"N={best_b} {med('bare', best_b):.2f} s; bare(best) / ucstage(best) = "
+                 f"{med('bare', best_b) / med('ucstage', best_u):.2f}x")
+
+    def cpu_ms(tool: str, n: int) -> float:
         return statistics.median(r["cpu_ms_per_file"] for r in runs if r["tool"] == tool
                                  and r["jobs"] == n)
 
-    print("client CPU per file (user + sys, median), ms: " + ", ".join(
-        [f"ucstage auto {cpu('ucstage', 0):.2f}"]
-        + [f"ucstage {n} {cpu('ucstage', n):.2f} / bare {n} {cpu('bare', n):.2f}"
-           for n in args.jobs] + ([f"cp -r {cpu('cp -r', 0):.2f}"] if args.cp else [])))
+    lines.append("client CPU per file (user + sys, median), ms: " + ", ".join(
+        [f"ucstage auto {cpu_ms('ucstage', 0):.2f}"]
+        + [f"ucstage {n} {cpu_ms('ucstage', n):.2f} / bare {n} {cpu_ms('bare', n):.2f}"
+           for n in args.jobs] + ([f"cp -r {cpu_ms('cp -r', 0):.2f}"] if args.cp else [])))
     auto = [one(k, "ucstage", 0) for k in range(args.rounds)]
     best_bare = [min(one(k, "bare", n) for n in args.jobs) for k in range(args.rounds)]
     vs_bare = [b / a for a, b in zip(auto, best_bare, strict=True)]
-    print(f"default ucstage cache warm (--jobs auto): {statistics.median(auto):.2f} s "
-          f"(rounds {', '.join(f'{a:.2f}' for a in auto)}); the round's best bare copy / "
-          f"it: median {statistics.median(vs_bare):.2f}x "
-          f"(rounds {', '.join(f'{x:.2f}x' for x in vs_bare)})")
+    lines.append(f"default ucstage cache warm (--jobs auto): {statistics.median(auto):.2f} s "
+                 f"(rounds {', '.join(f'{a:.2f}' for a in auto)}); the round's best bare copy / "
+                 f"it: median {statistics.median(vs_bare):.2f}x "
+                 f"(rounds {', '.join(f'{x:.2f}x' for x in vs_bare)})")
     if args.cp:
         cp = med("cp -r", 0)
         vs_cp = [one(k, "cp -r", 0) / a for k, a in enumerate(auto)]
-        print(f"cp -r: {cp:.2f} s; cp / ucstage(best) = {cp / med('ucstage', best_u):.1f}x; "
-              f"cp / default ucstage: median {statistics.median(vs_cp):.1f}x "
-              f"(rounds {', '.join(f'{x:.1f}x' for x in vs_cp)})")
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump({"args": vars(args), "files": want, "runs": runs}, fh, indent=2)
+        lines.append(f"cp -r: {cp:.2f} s; cp / ucstage(best) = {cp / med('ucstage', best_u):.1f}x; "
+                     f"cp / default ucstage: median {statistics.median(vs_cp):.1f}x "
+                     f"(rounds {', '.join(f'{x:.1f}x' for x in vs_cp)})")
+    summary = {"best_ucstage_jobs": best_u, "best_ucstage_s": med("ucstage", best_u),
+               "best_bare_jobs": best_b, "best_bare_s": med("bare", best_b),
+               "default_ucstage_s": statistics.median(auto),
+               "best_bare_over_default": statistics.median(vs_bare),
+               "files": want[0], "bytes": want[1]}
+    if args.cp:
+        summary["cp_over_default"] = statistics.median(vs_cp)
+    results = [{"name": f"round {r['round'] + 1} {r['tool']} {r['jobs']}", **r} for r in runs]
+    Report(benchmark_name(__file__), params_of(args), results, summary).emit(
+        args.json, "\n".join(lines))
     return 0
 
 

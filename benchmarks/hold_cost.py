@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark: what a VolumeDataset warm hit costs per file, with and without a byte cap.
 
 With a cap, each file a dataset hands out is held while its reader needs it
@@ -6,20 +5,22 @@ With a cap, each file a dataset hands out is held while its reader needs it
 (futimens + close); the mark changes the file's ctime, so the next epoch's
 lookup reads its stamp again (getxattr). Without a cap nothing is held. Reads
 FILES small cached files through ``VolumeDataset(read_ahead=0)`` in this
-process, best of REPEAT epochs, in microseconds per file. Compare two
-checkouts with scripts/ab_compare.py:
+process, best of REPEAT epochs, in microseconds per file. Compare two commits
+with benchmarks.ab_compare:
 
-    .venv/bin/python scripts/ab_compare.py --before ../baseline --pairs 3 -- scripts/bench_hold_cost.py
+    python -m benchmarks.hold_cost [--files 3000] [--repeat 5] [--json]
+    python -m benchmarks.ab_compare --base c3a3ebf hold_cost
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
-import time
 
+from benchmarks.files import write_files
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import best_seconds
 from ucstage import VolumeDataset
 from ucstage.cache import LocalCache
 
@@ -27,37 +28,28 @@ from ucstage.cache import LocalCache
 def per_file_us(src: str, cache_dir: str, cap: int | None, files: int, repeat: int) -> float:
     cache = LocalCache(cache_dir, max_bytes=cap)
     paths = VolumeDataset(src, cache=cache, read_ahead=0)
-    for _ in paths:  # cold: copy everything once
-        pass
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        count = sum(1 for _ in paths)
-        best = min(best, time.perf_counter() - start)
+    count = sum(1 for _ in paths)  # cold: copy everything once
     assert count == files
-    return best / files * 1e6
+    return best_seconds(lambda: sum(1 for _ in paths), repeat) / files * 1e6
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=3000)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", metavar="FILE", help="write the figures here")
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-hold-") as work:
         src = os.path.join(work, "src")
-        os.makedirs(src)
-        for i in range(args.files):
-            with open(os.path.join(src, f"f{i:05d}.bin"), "wb") as fh:
-                fh.write(b"x" * 512)
+        write_files(src, args.files, 512, spread=0, vary=False)
         found = {"no_cap_us_per_file": per_file_us(src, os.path.join(work, "a"), None,
                                                    args.files, args.repeat),
                  "cap_us_per_file": per_file_us(src, os.path.join(work, "b"), 1 << 30,
                                                 args.files, args.repeat)}
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(found, fh)
-    print(json.dumps(found))
+    text = (f"{args.files:,} cached files, best of {args.repeat} epochs: "
+            f"{found['no_cap_us_per_file']:.1f} µs per file without a cap, "
+            f"{found['cap_us_per_file']:.1f} µs with one")
+    Report(benchmark_name(__file__), params_of(args), [], found).emit(args.json, text)
     return 0
 
 

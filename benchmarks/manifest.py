@@ -1,6 +1,6 @@
 """Issue 15 targets: a 1M-file manifest, one slot, a whole plan, freezing.
 
-    python scripts/bench_manifest.py [--files 1000000] [--dir /tmp/ucstage-bench-manifest]
+    python -m benchmarks.manifest [--files 1000000] [--dir /tmp/ucstage-bench-manifest] [--json]
 
 Each figure is one fresh subprocess (time and peak RSS of the whole process,
 from its rusage); the listing is synthetic (no files are created).
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
+from typing import Any
+
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import run_command
 
 WORKER = """
 import resource, sys, time
@@ -38,47 +40,53 @@ print(time.perf_counter() - t)
 
 
 def run(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall time, peak RSS (MiB) of this one child (wait4), its last stdout line."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, _, usage = os.wait4(proc.pid, 0)
-    proc.returncode = 0
-    wall = time.perf_counter() - t
-    lines = out.strip().splitlines()
-    return wall, usage.ru_maxrss / 1024, lines[-1] if lines else ""
+    """Wall time, peak RSS (MiB) of this one child, its last stdout line."""
+    done = run_command(cmd)
+    return done.timing.wall_s, done.timing.peak_rss_mib, done.last_line
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=1_000_000)
     ap.add_argument("--dir", default="/tmp/ucstage-bench-manifest")
-    a = ap.parse_args()
+    json_argument(ap)
+    a = ap.parse_args(argv)
     os.makedirs(a.dir, exist_ok=True)
     arrow = os.path.join(a.dir, "m.manifest.arrow")
     js = os.path.join(a.dir, "m.manifest.json")
     py = sys.executable
+    rows: list[dict[str, Any]] = []
+    lines: list[str] = []
+
+    def record(name: str, wall: float, peak: float, text: str, **more: Any) -> None:
+        rows.append({"name": name, "seconds": wall, "peak_rss_mib": peak, **more})
+        lines.append(text)
+
     for path in (js, arrow):
         wall, peak, inner = run([py, "-c", FREEZE, str(a.files), path])
-        print(f"freeze {os.path.basename(path)}: {float(inner):.2f} s beyond the listing "
-              f"(process peak {peak:.0f} MiB)")
+        record(f"freeze {os.path.basename(path)}", float(inner), peak,
+               f"freeze {os.path.basename(path)}: {float(inner):.2f} s beyond the listing "
+               f"(process peak {peak:.0f} MiB)", process_seconds=wall)
     from ucstage.manifest import load
 
     fp = load(arrow, verify=False).fingerprint
     base_wall, base_peak, _ = run([py, "-c", "import ucstage.manifest, pyarrow.ipc, numpy"])
-    print(f"baseline: python + ucstage.manifest + pyarrow + numpy imports: {base_wall:.2f} s, "
-          f"{base_peak:.0f} MiB")
+    record("baseline imports", base_wall, base_peak,
+           f"baseline: python + ucstage.manifest + pyarrow + numpy imports: {base_wall:.2f} s, "
+           f"{base_peak:.0f} MiB")
     wall, peak, inner = run([py, "-c", WORKER, arrow, fp])
-    print(f"worker slot 5:3 of {a.files:,} (header check, shuffled): {wall:.2f} s, "
-          f"{peak:.0f} MiB peak ({inner})")
+    record("worker slot 5:3", wall, peak,
+           f"worker slot 5:3 of {a.files:,} (header check, shuffled): {wall:.2f} s, "
+           f"{peak:.0f} MiB peak ({inner})")
     for path in (js, arrow):
         for extra in ([], ["--slot", "5:3"], ["--shuffle", "--slot", "5:3"]):
             wall, peak, _ = run([py, "-m", "ucstage", "shard-plan", path, "-w", "128", "-k", "8",
                                  *extra])
-            print(f"shard-plan {os.path.basename(path)} -w 128 -k 8 {' '.join(extra)}: "
-                  f"{wall:.2f} s, {peak:.0f} MiB")
+            label = f"shard-plan {os.path.basename(path)} -w 128 -k 8 {' '.join(extra)}".strip()
+            record(label, wall, peak, f"{label}: {wall:.2f} s, {peak:.0f} MiB")
+    Report(benchmark_name(__file__), params_of(a), rows).emit(a.json, "\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

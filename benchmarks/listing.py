@@ -17,7 +17,7 @@ and prints the median seconds of each and the median of the per-run ratios
 find / ucstage.
 
     scripts/remote-volume.sh --delay 20ms --small 0 --large 0 -- \\
-        .venv/bin/python scripts/bench_listing.py --pairs 3
+        .venv/bin/python -m benchmarks.listing --pairs 3 [--json]
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from remote_mounts import fresh_mount, remote_env, unmount
-
-BIN = os.path.dirname(sys.executable)
-
-
+from benchmarks.pairs import order, pairs_argument
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import run_command
+from benchmarks.volumes import BIN, fresh_mount, remote_env, unmount
 
 
 def upload(work: str, folders: int, files: int, top: int) -> None:
@@ -70,31 +68,23 @@ while todo:
 """
 
 
-
-
-
-
 def timed(cmd: list[str], want: int, count_lines: bool) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed: {proc.stderr.strip()[-300:]}")
-    got = (len(proc.stdout.splitlines()) if count_lines
-           else json.loads(proc.stdout)["files"])
+    done = run_command(cmd)
+    got = (len(done.stdout.splitlines()) if count_lines
+           else json.loads(done.stdout)["files"])
     if got != want:
         raise RuntimeError(f"{cmd[0]} found {got} files, expected {want}")
-    return seconds
+    return done.timing.wall_s
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folders", type=int, default=300)
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--top", type=int, default=12, help="top-level folders")
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--json", dest="json_out", default=None)
-    args = parser.parse_args()
+    pairs_argument(parser)
+    json_argument(parser)
+    args = parser.parse_args(argv)
     want = args.folders * args.files
     ucstage = [os.path.join(BIN, "ucstage")] if os.path.exists(os.path.join(BIN, "ucstage")) \
         else [sys.executable, "-m", "ucstage"]
@@ -102,10 +92,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-listing-") as work:
         upload(work, args.folders, args.files, args.top)
         for pair in range(args.pairs):
-            order = ["find", "ucstage", "bare walk"]
-            order = order if pair % 2 == 0 else order[::-1]
             row: dict[str, float] = {}
-            for tool in order:
+            for tool in order(["find", "ucstage", "bare walk"], pair):
                 mnt = fresh_mount(work, tool)
                 try:
                     tree = os.path.join(mnt, "tree")
@@ -124,17 +112,18 @@ def main() -> int:
                   f"bare walk {row['bare walk']:.2f} s, {row['ratio']:.1f}x", file=sys.stderr)
     tools = ("find", "ucstage", "bare walk")
     med = {k: statistics.median(r[k] for r in rows) for k in (*tools, "ratio")}
-    print(f"{args.folders} folders x {args.files} files ({args.top} top-level folders), "
-          f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount")
-    print("| tool | median s | runs |")
-    print("|---|---:|---|")
+    lines = [f"{args.folders} folders x {args.files} files ({args.top} top-level folders), "
+             f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount",
+             "| tool | median s | runs |", "|---|---:|---|"]
     for tool in tools:
-        print(f"| {tool} | {med[tool]:.2f} | {', '.join(f'{r[tool]:.2f}' for r in rows)} |")
+        lines.append(f"| {tool} | {med[tool]:.2f} | "
+                     f"{', '.join(f'{r[tool]:.2f}' for r in rows)} |")
     ratios = ", ".join(f"{r['ratio']:.1f}x" for r in rows)
-    print(f"\nfind / ucstage: median {med['ratio']:.1f}x (rounds: {ratios})")
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump({"args": vars(args), "pairs": rows, "median": med}, fh, indent=2)
+    lines.append(f"\nfind / ucstage: median {med['ratio']:.1f}x (rounds: {ratios})")
+    results = [{"name": f"round {i + 1}", **r} for i, r in enumerate(rows)]
+    Report(benchmark_name(__file__), params_of(args), results,
+           {f"median_{k.replace(' ', '_')}": v for k, v in med.items()}).emit(
+        args.json, "\n".join(lines))
     return 0
 
 

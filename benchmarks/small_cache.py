@@ -2,7 +2,7 @@
 """Benchmark: 3 epochs through a cache smaller than the dataset, over a throttled FUSE volume.
 
 Writes FILES files into a temp folder and mounts it read-only with rclone
-``--bwlimit`` (the throttle of scripts/bench_loader.py: one token bucket for
+``--bwlimit`` (the throttle of benchmarks.loader: one token bucket for
 every read of the mount). Then, ROUNDS times, alternating the loaders in each
 round, runs 3 epochs (``--order``: shuffled, a new permutation each epoch, or in order) of:
 
@@ -18,17 +18,15 @@ round, runs 3 epochs (``--order``: shuffled, a new permutation each epoch, or in
 
 Every loader reads every file's bytes (a decoding wrapper around the
 VolumeDataset). Prints files/s and hit rate per epoch (median over the
-rounds) and the ratios per round pair; ``--json`` prints the raw figures.
+rounds) and the ratios per round pair; ``--json`` prints the contract document.
 
-    .venv/bin/python scripts/bench_small_cache.py                  # ~3 min
-    .venv/bin/python scripts/bench_small_cache.py --files 200 --rounds 1
+    python -m benchmarks.small_cache                  # ~3 min
+    python -m benchmarks.small_cache --files 200 --rounds 1
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
 import shutil
 import statistics
@@ -37,9 +35,14 @@ import tempfile
 import time
 from typing import Any
 
+import torch
 import torch.utils.data as tud
-from read_datasets import RawPaths, ReadBytes
 
+from benchmarks.datasets import RawPaths, ReadBytes
+from benchmarks.files import write_files
+from benchmarks.pairs import order
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.volumes import throttled_mount
 from ucstage import DataLoader, VolumeDataset
 from ucstage.cache import LocalCache, policy
 
@@ -47,24 +50,9 @@ EPOCHS = 3
 CAPS = (0.25, 0.5, 1.0)
 
 
-def _bench_loader() -> Any:
-    """scripts/bench_loader.py (its throttled mount), loaded by path."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("bench_loader", os.path.join(here,
-                                                                               "bench_loader.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-
-
-
-
-def _lru_mark(path: str, mtime_ns: int) -> None:
+def _lru_mark(file: int | str, mtime_ns: int) -> None:
     """Consumption recorded as an ordinary hand-out: eviction goes LRU."""
-    os.utime(path, ns=(time.time_ns(), mtime_ns))
+    os.utime(file, ns=(time.time_ns(), mtime_ns))
 
 
 def cached(mnt: str, work: str, cap: int, workers: int, lru: bool,
@@ -94,14 +82,15 @@ def cached(mnt: str, work: str, cap: int, workers: int, lru: bool,
 
 
 def uncached(raw: list[str], workers: int, ours: bool, shuffle: bool) -> list[dict[str, float]]:
-    extra = {"prefetch_factor": 4} if workers else {}
-    cls = DataLoader if ours else tud.DataLoader
-    kwargs: dict[str, Any] = {"log_mlflow": False} if ours else {}
     rows = []
     for epoch in range(EPOCHS):
-        gen = __import__("torch").Generator().manual_seed(epoch)
-        loader = cls(RawPaths(raw), batch_size=None, num_workers=workers, shuffle=shuffle,
-                     generator=gen, **extra, **kwargs)
+        gen = torch.Generator().manual_seed(epoch)
+        prefetch = 4 if workers else None
+        loader: Any = (
+            DataLoader(RawPaths(raw), batch_size=None, num_workers=workers, shuffle=shuffle,
+                       generator=gen, prefetch_factor=prefetch, log_mlflow=False) if ours
+            else tud.DataLoader(RawPaths(raw), batch_size=None, num_workers=workers,
+                                shuffle=shuffle, generator=gen, prefetch_factor=prefetch))
         start = time.perf_counter()
         count = sum(1 for _ in loader)
         rows.append({"files_per_s": count / (time.perf_counter() - start), "hit_rate": 0.0})
@@ -110,22 +99,14 @@ def uncached(raw: list[str], workers: int, ours: bool, shuffle: bool) -> list[di
 
 def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
     backing = os.path.join(work, "backing")
-    os.makedirs(backing)
-    payload = os.urandom(args.size_kib * 1024)
-    for i in range(args.files):
-        sub = os.path.join(backing, f"part{i % 8}")
-        os.makedirs(sub, exist_ok=True)
-        with open(os.path.join(sub, f"f{i:05d}.bin"), "wb") as fh:
-            fh.write(payload[i % 997:] + payload[:i % 997])
+    write_files(backing, args.files, args.size_kib * 1024)
     total = args.files * args.size_kib * 1024
     shuffle = args.order == "shuffled"
-    bench = _bench_loader()
-    mount_args = argparse.Namespace(mode="bwlimit", bwlimit=args.bwlimit)
     results: dict[str, Any] = {"files": args.files, "size_kib": args.size_kib,
                                "bwlimit": args.bwlimit, "num_workers": args.workers,
                                "order": args.order,
                                "rounds": []}
-    with bench.mount(backing, os.path.join(work, "mnt"), mount_args) as mnt:
+    with throttled_mount(backing, os.path.join(work, "mnt"), "bwlimit", args.bwlimit) as mnt:
         raw = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(mnt) for f in fs)
         jobs: list[tuple[str, Any]] = []
         for share in CAPS:
@@ -139,9 +120,8 @@ def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
         jobs.append(("plain torch DataLoader",
                      lambda: uncached(raw, args.workers, False, shuffle)))
         for r in range(args.rounds):
-            order = jobs if r % 2 == 0 else list(reversed(jobs))  # alternate the order
             found = {}
-            for name, job in order:
+            for name, job in order(jobs, r):
                 found[name] = job()
                 print(f"round {r + 1}: {name}: " + ", ".join(
                     f"{e['files_per_s']:.0f}/s hit {e['hit_rate']:.2f} "
@@ -178,7 +158,7 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=400)
     parser.add_argument("--size-kib", type=int, default=64)
@@ -187,19 +167,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--order", choices=["shuffled", "in-order"], default="shuffled",
                         help="a new permutation each epoch, or listing order")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     if not shutil.which("rclone"):
         print("rclone is not installed", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-small-cache-") as work:
         results = run(args, work)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(f"{args.files} files x {args.size_kib} KiB, rclone FUSE mount --bwlimit "
-              f"{args.bwlimit}, num_workers={args.workers}, {args.order}, {args.rounds} rounds")
-        print(table(results))
+    rounds = results["rounds"]
+    rows = []
+    for name in rounds[0]:
+        for e in range(EPOCHS):
+            rows.append({"name": f"{name} epoch {e + 1}", "loader": name, "epoch": e + 1,
+                         **{key: statistics.median(r[name][e].get(key, 0.0) for r in rounds)
+                            for key in ("files_per_s", "hit_rate", "cache_wait_s")}})
+    text = (f"{args.files} files x {args.size_kib} KiB, rclone FUSE mount --bwlimit "
+            f"{args.bwlimit}, num_workers={args.workers}, {args.order}, {args.rounds} rounds\n"
+            + table(results))
+    Report(benchmark_name(__file__), params_of(args), rows, {"rounds": rounds}).emit(
+        args.json, text)
     return 0
 
 

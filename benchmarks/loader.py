@@ -11,72 +11,31 @@ remote volume), then for num_workers 0 and 2 times two epochs of:
   (every epoch reads the mount).
 
 Every loader reads each file's bytes. Prints a Markdown table of files/s and
-ucstage/plain ratios from this one run; ``--json`` prints the raw figures.
+ucstage/plain ratios from this one run; ``--json`` prints the contract document.
 With mlflow installed, one extra warm epoch runs inside an MLflow run (sqlite
 store in the temp folder) to measure what the timing and logging cost.
 
-    .venv/bin/python scripts/bench_loader.py                 # bandwidth-bound, ~40 s
-    .venv/bin/python scripts/bench_loader.py --mode latency --files 120 --no-mlflow
+    python -m benchmarks.loader                 # bandwidth-bound, ~40 s
+    python -m benchmarks.loader --mode latency --files 120 --no-mlflow
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch.utils.data as tud
-from read_datasets import RawPaths, ReadBytes
-from remote_mounts import wait_mounted
 
+from benchmarks.datasets import RawPaths, ReadBytes
+from benchmarks.files import write_files
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.volumes import throttled_mount
 from ucstage import DataLoader, VolumeDataset
-from ucstage.ports import free_port, wait_port
-
-
-@contextmanager
-def mount(backing: str, mnt: str, args: argparse.Namespace) -> Iterator[str]:
-    """The throttled FUSE volume over ``backing``.
-
-    ``bwlimit``: rclone mounts the folder with ``--bwlimit`` (one token bucket
-    for all reads: a bandwidth-bound volume). ``latency``: ``rclone serve
-    http`` serves the folder on 127.0.0.1, scripts/delay_proxy.py delays each
-    direction by ``--delay-ms``, and rclone mounts the proxied URL (every file
-    open pays HTTP round trips: a latency-bound volume, like an object store).
-    """
-    os.makedirs(mnt, exist_ok=True)
-    log = mnt + ".rclone.log"
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        if args.mode == "bwlimit":
-            cmd = ["rclone", "mount", backing, mnt, "--bwlimit", args.bwlimit]
-        else:
-            serve, proxy = free_port(), free_port()
-            procs.append(subprocess.Popen(
-                ["rclone", "serve", "http", backing, "--addr", f"127.0.0.1:{serve}",
-                 "--read-only", "--log-file", log + ".serve"]))
-            here = os.path.dirname(os.path.abspath(__file__))
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(here, "delay_proxy.py"), "127.0.0.1", str(proxy),
-                 "127.0.0.1", str(serve), str(args.delay_ms)]))
-            wait_port(serve)
-            wait_port(proxy)
-            cmd = ["rclone", "mount", ":http:", mnt, "--http-url", f"http://127.0.0.1:{proxy}/"]
-        subprocess.run([*cmd, "--daemon", "--read-only", "--log-file", log], check=True)
-        wait_mounted(mnt, log)
-        yield mnt
-    finally:
-        subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
 
 
 def epoch(loader: Any, n_files: int) -> float:
@@ -90,20 +49,15 @@ def epoch(loader: Any, n_files: int) -> float:
 
 def run(args: argparse.Namespace, work: str) -> dict[str, Any]:
     backing = os.path.join(work, "backing")
-    os.makedirs(backing)
-    payload = os.urandom(args.size_kib * 1024)
-    for i in range(args.files):
-        sub = os.path.join(backing, f"part{i % 8}")
-        os.makedirs(sub, exist_ok=True)
-        with open(os.path.join(sub, f"f{i:05d}.bin"), "wb") as fh:
-            fh.write(payload[i % 997:] + payload[:i % 997])
+    write_files(backing, args.files, args.size_kib * 1024)
     results: dict[str, Any] = {"files": args.files, "size_kib": args.size_kib,
                                "mode": args.mode, "throttle": throttle(args), "runs": []}
-    with mount(backing, os.path.join(work, "mnt"), args) as mnt:
+    with throttled_mount(backing, os.path.join(work, "mnt"), args.mode, args.bwlimit,
+                         args.delay_ms) as mnt:
         raw = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(mnt) for f in fs)
         for k in args.workers:
-            extra = {"prefetch_factor": 4} if k else {}
-            plain = tud.DataLoader(RawPaths(raw), batch_size=None, num_workers=k, **extra)
+            plain = tud.DataLoader(RawPaths(raw), batch_size=None, num_workers=k,
+                                   prefetch_factor=4 if k else None)
             row = {"loader": "plain torch", "num_workers": k,
                    "epoch1": epoch(plain, args.files), "epoch2": epoch(plain, args.files)}
             results["runs"].append(row)
@@ -167,7 +121,7 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=400)
     parser.add_argument("--size-kib", type=int, default=128)
@@ -182,28 +136,31 @@ def main() -> int:
     parser.add_argument("--no-mlflow", dest="mlflow", action="store_false")
     parser.add_argument("--step-ms", type=float, default=5.0,
                         help="simulated training step per batch in the MLflow cost run")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    json_argument(parser)
+    args = parser.parse_args(argv)
     if not shutil.which("rclone"):
         print("rclone is not installed", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-loader-") as work:
         results = run(args, work)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        print(f"{args.files} files x {args.size_kib} KiB; {throttle(args)}")
-        print(table(results))
-        overhead = max(r.get("timing_overhead_share", 0) for r in results["runs"])
-        print(f"\nucstage timing bookkeeping, no MLflow run: at most {overhead:.3%} of an epoch")
-        if results.get("mlflow"):
-            m = results["mlflow"]
-            print(f"with an MLflow run (sqlite store) and a {args.step_ms:g} ms step per batch: "
-                  f"{m['batches']} per-batch metrics + summary; in-loop cost "
-                  f"{m['overhead_s'] * 1000:.1f} ms ({m['per_batch_us']:.1f} us per batch) = "
-                  f"{m['overhead_share']:.2%} of a warm epoch of {m['wall_s']:.2f} s; "
-                  f"background writes finished {m['flush_wait_after_epoch_s'] * 1000:.0f} ms "
-                  "after the epoch")
+    lines = [f"{args.files} files x {args.size_kib} KiB; {throttle(args)}", table(results)]
+    overhead = max(r.get("timing_overhead_share", 0) for r in results["runs"])
+    lines.append(f"\nucstage timing bookkeeping, no MLflow run: at most {overhead:.3%} of an "
+                 "epoch")
+    summary: dict[str, Any] = {"timing_overhead_share": overhead}
+    if results.get("mlflow"):
+        m = results["mlflow"]
+        summary["mlflow"] = m
+        lines.append(
+            f"with an MLflow run (sqlite store) and a {args.step_ms:g} ms step per batch: "
+            f"{m['batches']} per-batch metrics + summary; in-loop cost "
+            f"{m['overhead_s'] * 1000:.1f} ms ({m['per_batch_us']:.1f} us per batch) = "
+            f"{m['overhead_share']:.2%} of a warm epoch of {m['wall_s']:.2f} s; "
+            f"background writes finished {m['flush_wait_after_epoch_s'] * 1000:.0f} ms "
+            "after the epoch")
+    rows = [{"name": f"{r['loader']} k={r['num_workers']}", **r} for r in results["runs"]]
+    Report(benchmark_name(__file__), {**params_of(args), "throttle": throttle(args)}, rows,
+           summary).emit(args.json, "\n".join(lines))
     return 0
 
 

@@ -3,7 +3,7 @@
 over a 200,000-file manifest, against a plain torch DataLoader over the same
 paths, after the first item.
 
-    .venv/bin/python scripts/bench_loader_rss.py [--files 200000] [--dir /tmp/ucstage-bench-rss]
+    python -m benchmarks.loader_rss [--files 200000] [--dir /tmp/ucstage-bench-rss] [--json]
 
 Each side runs in its own fresh process; memory is read from /proc/<pid>/smaps_rollup
 (RSS and PSS, from smaps_rollup) of the main process and of each worker once the first batch arrived.
@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
+from typing import Any
+
+from benchmarks.report import Report, benchmark_name, json_argument, params_of
+from benchmarks.timing import CommandFailed, run_command
 
 CHILD = r"""
 import json, os, sys
@@ -51,12 +54,12 @@ print(json.dumps({"main": rss(os.getpid()), "workers": [rss(p) for p in workers]
 """
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=200_000)
     ap.add_argument("--dir", default="/tmp/ucstage-bench-rss")
-    ap.add_argument("--json", dest="json_out", default=None)
-    args = ap.parse_args()
+    json_argument(ap)
+    args = ap.parse_args(argv)
     root = os.path.join(args.dir, "vol")
     if not os.path.isdir(root):
         for i in range(args.files):
@@ -69,28 +72,30 @@ def main() -> None:
         from ucstage.manifest import save, snapshot
 
         save(snapshot(root), manifest)
-    out = {}
+    out: dict[str, Any] = {}
     for kind in ("plain", "ucstage"):
-        proc = subprocess.run([sys.executable, "-c", CHILD, kind, root, manifest],
-                              capture_output=True, text=True, env={**os.environ,
-                                                                   "OMP_NUM_THREADS": "1"})
-        if proc.returncode != 0:
-            sys.exit(f"{kind} failed: {proc.stderr[-1500:]}")
-        out[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            done = run_command([sys.executable, "-c", CHILD, kind, root, manifest],
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+        except CommandFailed as exc:
+            sys.exit(f"{kind} failed: {exc}")
+        out[kind] = json.loads(done.last_line)
     plain, ours = out["plain"], out["ucstage"]
-    print(f"{args.files:,} files, DataLoader(num_workers=2), after the first item (MiB):")
-    print("| process | plain RSS | ucstage RSS | RSS diff | plain PSS | ucstage PSS | PSS diff |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    lines = [f"{args.files:,} files, DataLoader(num_workers=2), after the first item (MiB):",
+             "| process | plain RSS | ucstage RSS | RSS diff | plain PSS | ucstage PSS "
+             "| PSS diff |", "|---|---:|---:|---:|---:|---:|---:|"]
     rows = [("main", plain["main"], ours["main"])] + [
         (f"worker {i}", p, u) for i, (p, u) in
         enumerate(zip(plain["workers"], ours["workers"], strict=True))]
+    results = []
     for name, p, u in rows:
-        print(f"| {name} | {p[0]:.0f} | {u[0]:.0f} | {u[0] - p[0]:+.0f} | {p[1]:.0f} | "
-              f"{u[1]:.0f} | {u[1] - p[1]:+.0f} |")
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(out, fh, indent=2)
+        lines.append(f"| {name} | {p[0]:.0f} | {u[0]:.0f} | {u[0] - p[0]:+.0f} | {p[1]:.0f} | "
+                     f"{u[1]:.0f} | {u[1] - p[1]:+.0f} |")
+        results.append({"name": name, "plain_rss_mib": p[0], "ucstage_rss_mib": u[0],
+                        "plain_pss_mib": p[1], "ucstage_pss_mib": u[1]})
+    Report(benchmark_name(__file__), params_of(args), results).emit(args.json, "\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

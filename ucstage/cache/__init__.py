@@ -10,8 +10,8 @@ pieces below. See docs/cache.md and docs/design.md.
 """
 
 from .inflight import Inflight, Stopped
-from .layout import CACHE_DIR_ENV
 from .local import MAX_BYTES_ENV, LocalCache, rank_entries
+from .paths import CACHE_DIR_ENV
 from .reports import (
     CacheStatus,
     ClearReport,

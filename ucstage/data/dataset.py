@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from .. import manifest as _manifest
-from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
+from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest

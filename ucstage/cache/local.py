@@ -146,7 +146,8 @@ class LocalCache:
         self.backoff = backoff
         self.space = CacheSpace(self.root)
         """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
-        self._memo = self.space.memo
+        self._stamps = self.space.stamps
+        self._memo = self._stamps.entries
         self._fetcher = Fetcher(self)
         """The fetch protocol's steps, with this cache's settings."""
         # The last volume looked up and its namespace prefix: one attribute,
@@ -204,7 +205,7 @@ class LocalCache:
         last = self._last
         if last is None or last[0] is not volume:
             last = self._last = (volume, self.namespace_dir(volume) + "/")
-        prefix, memos, stat, space = last[1], self._memo, os.stat, self.space
+        prefix, memos, stat, stamps = last[1], self._memo, os.stat, self._stamps
         now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
         found: list[str] = []
         for entry in entries:
@@ -226,7 +227,7 @@ class LocalCache:
             if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
                 stamp: tuple[int, str] | None = memo[2]
             else:
-                stamp = space.stamp(local, st)
+                stamp = stamps.stamp(local, st)
             if stamp is None or stamp[0] != entry.size or stamp[1] != entry.version \
                     or st.st_size != entry.size:
                 break
@@ -239,7 +240,7 @@ class LocalCache:
                     break
                 # The touch moved the ctime: remember the new one, or the next
                 # hand-out would read the stamp again.
-                space.touched(local, st, stamp)
+                stamps.touched(local, st, stamp)
             found.append(local)
         return found
 

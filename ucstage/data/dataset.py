@@ -475,7 +475,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[str]:
         rank, world, num_workers, worker = self.slot()
-        holding.check_window(self, self.cache(), num_workers)
+        holding.check_loader_window(self, self.cache(), num_workers)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
                                worker=worker)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of

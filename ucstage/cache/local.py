@@ -132,7 +132,8 @@ class LocalCache:
                  max_bytes: int | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
                  retries: int = 3, backoff: float = 0.2,
                  wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
-        self.root: str = paths.open_root(os.fspath(root) if root is not None else paths.default_root())
+        self.root: str = paths.open_root(os.fspath(root) if root is not None
+                                         else paths.default_root())
         if max_bytes is None:
             max_bytes = _env_max_bytes()
         elif max_bytes < 1:

@@ -3,11 +3,11 @@
 It ties together the pieces each in its own module: the namespaces and their
 records (:mod:`.namespaces`), the byte ledger (:mod:`.ledger`), the tree walk
 and the sweep of dead temp files (:mod:`.walk`), and this process's memo of
-validity stamps (:mod:`.stamps`); here are what needs several of them at
+validity stamps (:mod:`.stamps`); here is what needs several of them at
 once: reserving room for a copy and committing it, discarding a file, and
-eviction. :class:`ucstage.cache.local.LocalCache` (the fetch path) and
-:mod:`ucstage.cache.maintenance` (status, verify, clear, prune) both call it
-through its public methods only. The names it works on are
+eviction. :class:`ucstage.cache.local.LocalCache` (lookup), the fetch
+protocol (:mod:`ucstage.cache.fetch`) and :mod:`ucstage.cache.maintenance`
+(status, verify, clear, prune) call it through its public methods only. The names it works on are
 :mod:`ucstage.cache.paths`'s; its locks are the stripes of
 :mod:`ucstage.cache.locks`: a cached file or temp file whose stripe is held is
 being written right now and is left alone.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Profile ucstage's per-file copy work from a local folder (or a FUSE mount).
 
-Copies FILES files one at a time through ``LocalCache._fetch_retrying`` (the
+Copies FILES files one at a time through ``Fetcher.fetch_retrying`` (the
 call each of ``cache warm``'s threads makes per file) into a fresh cache,
 under cProfile, and prints the user and system CPU per file and the top of
 the profile. Run it under ``strace -f -c`` (or ``-T``) to count and time the
@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         listing = list_files(source)
         cache = LocalCache(os.path.join(work, "cache"))
         cache.prepare(listing.volume)
-        run, evicted = Inflight(), Evicted()
+        inflight, evicted = Inflight(), Evicted()
         profile = cProfile.Profile()
         before = resource.getrusage(resource.RUSAGE_SELF)
         profile.enable()
         for entry in listing.entries:
-            cache._fetch_retrying(listing.volume, entry, run, evicted)
+            cache._fetcher.fetch_retrying(listing.volume, entry, inflight, evicted)
         profile.disable()
         after = resource.getrusage(resource.RUSAGE_SELF)
         n = len(listing.entries)

@@ -18,8 +18,7 @@ from typing import Any
 
 from ..errors import CacheError, InvalidArgument
 from ..volumes import FileEntry, Volume, list_files, resolve, safe_relpath
-from . import layout as cd
-from . import runstats
+from . import paths, runstats
 from .reports import (
     CacheStatus,
     ClearReport,
@@ -120,7 +119,7 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
             report.missing += 1
             continue
         # Read from the file, not the memo: verify must see what is on disk now.
-        stamp = cd.read_stamp(local)
+        stamp = paths.read_stamp(local)
         problem = ""
         if stamp is None:
             problem = "no validity stamp"

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import manifest as manifest_mod
-from ..cache.layout import CACHE_DIR_ENV, user_root
 from ..cache.local import (
     DEFAULT_LEASE_SECONDS,
     MAX_BYTES_ENV,
@@ -26,6 +25,7 @@ from ..cache.local import (
     LocalCache,
     rank_entries,
 )
+from ..cache.paths import CACHE_DIR_ENV, user_root
 from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
 from ..manifest import Manifest

@@ -1,6 +1,6 @@
-"""The cache folder on disk: where it is, who may own it, how it is laid out.
+"""The cache folder's paths: where the root is, who may own it, and the names in it.
 
-Layout (docs/cache.md)::
+The tree (docs/cache.md)::
 
     <root>/                         0700, owned by this user
       <namespace>/<relative path>   cached files, path-mirrored per source
@@ -34,11 +34,14 @@ __all__ = [
     "PART_SUFFIX",
     "STAMP_XATTR",
     "default_root",
+    "lock_dir",
     "namespace_name",
     "open_root",
+    "part_lock",
     "part_name",
     "part_stripe",
     "read_stamp",
+    "record_path",
     "user_root",
     "write_stamp",
 ]
@@ -138,6 +141,21 @@ def part_stripe(name: str) -> int | None:
         return None
     digits = name[1:5]
     return int(digits) if digits.isdigit() else None
+
+
+def lock_dir(root: str, ns_dir: str) -> str:
+    """The folder of a namespace's lock stripes (``.ucstage/locks/<ns>``)."""
+    return os.path.join(root, CONTROL, "locks", os.path.basename(ns_dir))
+
+
+def part_lock(ns_lock_dir: str, stripe: int) -> str:
+    """The stripe lock a temp file's name points at (see :func:`part_name`)."""
+    return os.path.join(ns_lock_dir, f"{stripe:04d}.lock")
+
+
+def record_path(root: str, ns_dir: str) -> str:
+    """The record of which source a namespace holds (``.ucstage/namespaces/<ns>.json``)."""
+    return os.path.join(root, CONTROL, "namespaces", os.path.basename(ns_dir) + ".json")
 
 
 def write_stamp(path: str, size: int, version: str) -> None:

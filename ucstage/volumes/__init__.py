@@ -17,10 +17,11 @@ from ..errors import UnreadableFolders
 from .entry import FileEntry, version_of
 from .listing import Listing, list_files, matches
 from .location import VOLUMES_ROOT_ENV, Volume, is_mapped, is_volumes_path, resolve, safe_relpath
-from .walk import LIST_THREADS
+
+# Readable here; the walk reads (and a test sets) ucstage.volumes.walk.LIST_THREADS.
+from .walk import LIST_THREADS as LIST_THREADS
 
 __all__ = [
-    "LIST_THREADS",
     "VOLUMES_ROOT_ENV",
     "FileEntry",
     "Listing",

@@ -49,6 +49,10 @@ class VolumeSource:
     def volume(self) -> Volume:
         """The volume the SOURCE resolves to (on first call; then the same one).
 
+        Its ``source`` is the SOURCE as given; the manifest :meth:`snapshot`
+        makes keeps the same volume named as the manifest names its source
+        (a ``/Volumes`` path as given, anything else by where it resolved).
+
         Raises:
             SourceNotFound: the location does not exist.
         """

@@ -104,7 +104,9 @@ def test_the_cycle_finder_finds_cycles():
 
 
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest", "ucstage.ports",
-        "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
+        "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
+        "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
+        "ucstage.sharding.resplit", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
         "ucstage.resume", "ucstage.objstore"}
 
 

@@ -1,0 +1,106 @@
+"""The slot rule, shard plans, their statistics and mismatch diagnosis.
+
+This module is the only place the slot rule lives. ``ucstage shard-plan``,
+``ucstage cache warm --rank`` and :class:`ucstage.VolumeDataset` all call
+:func:`slot_files`, so what the plan prints is what training reads.
+
+The rule (the platform's documented one): files in listing order, or in a
+permutation seeded by ``seed`` and ``epoch`` that is the same on every rank
+(:class:`Permutation`: a keyed bijection, so one slot's files cost only that
+slot's arithmetic, never a list of every file);
+``slots = world_size * num_workers``; slot ``s = rank * num_workers + worker``
+reads files ``s, s + slots, s + 2 * slots, ...``. ``num_workers = 0`` (the main
+process reads) counts as one worker.
+
+Shuffle scope (with ``shuffle``): under ``"global"`` every rank deals from the
+one permutation above. Under ``"node"`` (the default) the job is cut into nodes
+of ``nproc_per_node`` ranks (``node = rank // nproc_per_node``, as torchrun
+numbers ranks); files are assigned to nodes once per seed, in balanced blocks
+of a seeded permutation, and each epoch permutes each node's block and deals it
+over that node's ranks x workers with the same rule. With one node (no
+``nproc_per_node``) both scopes are exactly the rule above.
+"""
+
+from __future__ import annotations
+
+from .forecast import Forecast, ForecastRow, forecast
+from .order import (
+    DEFAULT_SHUFFLE_SCOPE,
+    SHUFFLE_SCOPES,
+    NodeOrder,
+    Permutation,
+    node_block,
+    node_order,
+    node_share,
+    read_order,
+)
+from .plan import MAX_RANGES as MAX_RANGES
+from .plan import EmptySlots, NodeStats, RankStats, ShardPlan, SlotPlan, plan, slot_plan
+from .resplit import (
+    EpochOrder,
+    Segment,
+    SlotRun,
+    epoch_slot_length,
+    resume_nodes,
+    resume_slots,
+    same_layout,
+    segment_runs,
+)
+from .rule import (
+    EQUAL_LENGTH_MODES,
+    Dealing,
+    equal_slot_files,
+    rank_entries,
+    rank_length,
+    slot_array,
+    slot_dealing,
+    slot_files,
+    slot_indices,
+    slot_length,
+)
+from .values import effective_workers, node_count, node_ranks, slot_count, workers_per_rank
+
+__all__ = [
+    "DEFAULT_SHUFFLE_SCOPE",
+    "EQUAL_LENGTH_MODES",
+    "SHUFFLE_SCOPES",
+    "Dealing",
+    "EmptySlots",
+    "EpochOrder",
+    "Forecast",
+    "ForecastRow",
+    "NodeOrder",
+    "NodeStats",
+    "Permutation",
+    "RankStats",
+    "Segment",
+    "ShardPlan",
+    "SlotPlan",
+    "SlotRun",
+    "effective_workers",
+    "epoch_slot_length",
+    "equal_slot_files",
+    "forecast",
+    "node_block",
+    "node_count",
+    "node_order",
+    "node_ranks",
+    "node_share",
+    "plan",
+    "rank_entries",
+    "rank_length",
+    "read_order",
+    "resume_nodes",
+    "resume_slots",
+    "same_layout",
+    "segment_runs",
+    "slot_array",
+    "slot_count",
+    "slot_dealing",
+    "slot_files",
+    "slot_indices",
+    "slot_length",
+    "slot_plan",
+    "workers_per_rank",
+]
+

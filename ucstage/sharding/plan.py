@@ -1,0 +1,492 @@
+"""Shard plans: what every slot reads, with statistics and mismatch diagnosis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+from ..errors import InvalidArgument
+from .order import DEFAULT_SHUFFLE_SCOPE, NodeOrder, Permutation, _node_scoped, node_order
+from .rule import slot_array
+from .values import _workers_spec, effective_workers, node_count, slot_count
+
+
+@dataclass(frozen=True, eq=False)
+class SlotPlan:
+    """What one (rank, worker) slot reads."""
+
+    rank: int
+    worker: int
+    indices: np.ndarray
+    """Indices into the listing, in read order (int64; often a view into the
+    plan's read order, so a plan holds no Python object per file)."""
+    bytes: int
+    node: int = 0
+    """The node the slot's rank runs on (``rank // nproc_per_node``; 0 with one node)."""
+
+    @property
+    def files(self) -> list[int]:
+        """:attr:`indices` as a list of ints."""
+        return [int(i) for i in self.indices]
+
+    @property
+    def count(self) -> int:
+        """Files this slot reads."""
+        return len(self.indices)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SlotPlan):
+            return NotImplemented
+        return ((self.rank, self.worker, self.bytes, self.node)
+                == (other.rank, other.worker, other.bytes, other.node)
+                and self.files == other.files)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_json(self, paths: Sequence[str]) -> dict[str, Any]:
+        """This slot as docs/json.md documents it; ``paths`` is the listing's paths."""
+        return {"rank": self.rank, "worker": self.worker, "node": self.node,
+                "files": [paths[int(i)] for i in self.indices], "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class RankStats:
+    rank: int
+    num_workers: int
+    files: int
+    bytes: int
+    batches: int | None
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """What one node's ranks read in the planned epoch."""
+
+    node: int
+    first_rank: int
+    last_rank: int
+    files: int
+    """Files its slots read (a file read by two of its slots counts twice)."""
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """One object of ``nodes`` in docs/json.md#shard-plan."""
+        return {"node": self.node, "ranks": [self.first_rank, self.last_rank],
+                "files": self.files, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class Spread:
+    min: float
+    mean: float
+    max: float
+
+
+MAX_RANGES = 10
+"""Empty-slot ranges a plan keeps (it counts them all)."""
+
+
+@dataclass
+class EmptySlots:
+    """Slots that read no file, as a count and ranges in (rank, worker) order.
+
+    A rank's empty slots are always its last workers (slot ``rank * K +
+    worker`` reads nothing when it is past the file count), so the ranges
+    are few: at most one per rank that has files, plus one more.
+    """
+
+    count: int = 0
+    """Slots that read nothing."""
+    ranks: int = 0
+    """Ranks none of whose workers reads a file."""
+    ranges: list[tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=list)
+    """The first :data:`MAX_RANGES` ranges, each ((rank, worker), (rank, worker)), inclusive."""
+    range_count: int = 0
+    """All ranges, listed or not."""
+    range_sizes: list[int] = field(default_factory=list)
+    """Slots in each listed range."""
+
+    _ends_at: int = field(default=-2, repr=False)
+    """The rank whose last worker the latest range ends at."""
+
+    def add(self, rank: int, first_worker: int, workers: int, *, ranks: int = 1) -> None:
+        """Ranks ``rank`` .. ``rank + ranks - 1``, each with ``workers`` workers,
+        read nothing from worker ``first_worker`` on (0 when ``ranks > 1``)."""
+        per_rank = workers - first_worker
+        if per_rank <= 0 or ranks <= 0:
+            return
+        self.count += per_rank * ranks
+        if first_worker == 0:
+            self.ranks += ranks
+        last = (rank + ranks - 1, workers - 1)
+        if first_worker == 0 and self._ends_at == rank - 1:
+            # Continues the latest range, which ended at the previous rank's last worker.
+            if len(self.ranges) == self.range_count:
+                self.ranges[-1] = (self.ranges[-1][0], last)
+                self.range_sizes[-1] += per_rank * ranks
+        else:
+            self.range_count += 1
+            if self.range_count <= MAX_RANGES:
+                self.ranges.append(((rank, first_worker), last))
+                self.range_sizes.append(per_rank * ranks)
+        self._ends_at = last[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """``empty_slots`` as docs/json.md#shard-plan documents it."""
+        return {
+            "count": self.count,
+            "ranks": self.ranks,
+            "ranges": [{"first": list(a), "last": list(b), "slots": size}
+                       for (a, b), size in zip(self.ranges, self.range_sizes, strict=True)],
+            "ranges_not_listed": self.range_count - len(self.ranges),
+        }
+
+
+@dataclass
+class ShardPlan:
+    """A whole plan: the slots that read files, and what is wrong with it.
+
+    Sized by the files, not the slots: ``slots`` and ``ranks`` hold only the
+    slots and ranks that read at least one file, and :attr:`empty` describes
+    the rest by count and ranges.
+    """
+
+    n_files: int
+    total_bytes: int
+    world_size: int
+    num_workers: int | list[int]
+    """As given: one int for every rank, or one per rank."""
+    shuffle: bool
+    seed: int
+    epoch: int
+    batch_size: int | None
+    slots: list[SlotPlan]
+    """Slots that read at least one file, by rank then worker."""
+    ranks: list[RankStats]
+    """Ranks that read at least one file, in rank order."""
+    slot_total: int = 0
+    """Every slot of the job, empty or not."""
+    empty: EmptySlots = field(default_factory=EmptySlots)
+    duplicated: list[int] = field(default_factory=list)
+    """Listing indices read by two or more slots."""
+    skipped: list[int] = field(default_factory=list)
+    """Listing indices no slot reads."""
+    read_count: bytearray = field(default_factory=bytearray, repr=False)
+    """How many slots read each file (capped at 255)."""
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE
+    nproc_per_node: int | None = None
+    """Ranks per node, or None: the whole job is one node."""
+    node_count: int = 1
+    nodes: list[NodeStats] = field(default_factory=list)
+    """Nodes that read at least one file, in node order."""
+
+    def workers_of(self, rank: int) -> int:
+        """The ``num_workers`` rank ``rank`` runs with."""
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[rank]
+
+    @property
+    def consistent(self) -> bool:
+        """No file is read twice or never."""
+        return not self.duplicated and not self.skipped
+
+    @property
+    def batches_equal(self) -> bool:
+        counts = {r.batches for r in self.ranks}
+        if self.empty.ranks and self.batch_size:
+            counts.add(0)
+        return len(counts) <= 1
+
+    @property
+    def ok(self) -> bool:
+        """Consistent, equal batch counts, and every slot reads something."""
+        return self.consistent and self.batches_equal and not self.empty.count
+
+    def files_per_slot(self) -> Spread:
+        return self._spread([s.count for s in self.slots])
+
+    def bytes_per_slot(self) -> Spread:
+        return self._spread([s.bytes for s in self.slots])
+
+    def _spread(self, values: list[int]) -> Spread:
+        """min / mean / max over every slot, the empty ones counted as zeros."""
+        if not values:
+            return Spread(0, 0, 0)
+        total = self.slot_total or len(values)
+        low = 0 if self.empty.count else min(values)
+        return Spread(low, sum(values) / total, max(values))
+
+    @property
+    def imbalance(self) -> float:
+        """Largest slot's bytes over the mean (1.0 is perfectly even)."""
+        spread = self.bytes_per_slot()
+        return spread.max / spread.mean if spread.mean else 1.0
+
+    def to_json(self, paths: Sequence[str], *, source: str, fingerprint: str) -> dict[str, Any]:
+        """The plan as docs/json.md#shard-plan documents it.
+
+        Args:
+            paths: the listing's relative paths, indexed like the plan's files.
+            source, fingerprint: the listing's, echoed so a saved plan names
+                what it was made from.
+        """
+        fps, bps = self.files_per_slot(), self.bytes_per_slot()
+        doc = {
+            "source": source,
+            "fingerprint": fingerprint,
+            "files": self.n_files,
+            "bytes": self.total_bytes,
+            "world_size": self.world_size,
+            "num_workers": [r.num_workers for r in self.ranks],
+            "shuffle": self.shuffle,
+            "shuffle_scope": self.shuffle_scope,
+            "nproc_per_node": self.nproc_per_node,
+            "node_count": self.node_count,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "batch_size": self.batch_size,
+            "consistent": self.consistent,
+            "batches_equal": self.batches_equal,
+            "summary": {
+                "slots": self.slot_total,
+                "files_per_slot": {"min": fps.min, "mean": fps.mean, "max": fps.max},
+                "bytes_per_slot": {"min": bps.min, "mean": bps.mean, "max": bps.max},
+                "imbalance": round(self.imbalance, 4),
+            },
+            "ranks": [
+                {"rank": r.rank, "num_workers": r.num_workers, "files": r.files,
+                 "bytes": r.bytes, "batches": r.batches}
+                for r in self.ranks
+            ],
+            "batches": [r.batches for r in self.ranks] if self.batch_size else None,
+            "nodes": [nd.to_json() for nd in self.nodes],
+            "slots": [s.to_json(paths) for s in self.slots],
+            "duplicated": [paths[i] for i in self.duplicated],
+            "skipped": [paths[i] for i in self.skipped],
+        }
+        if self.empty.count:
+            doc["empty_slots"] = self.empty.to_json()
+        return doc
+
+    def readers(self, index: int) -> list[tuple[int, int]]:
+        """The (rank, worker) slots that read listing index ``index``."""
+        return [(s.rank, s.worker) for s in self.slots if bool((s.indices == index).any())]
+
+
+def _ranks_to_plan(spec: int | list[int], first: int, count: int,
+                   n: int) -> Iterator[tuple[int, int]]:
+    """(rank, num_workers) of every rank of ranks ``first .. first + count - 1``
+    that may read a file of an order of ``n``.
+
+    With one value for all ranks, the group's ``i``-th rank reads nothing once
+    ``i * K >= n``, so the walk stops there: a plan costs O(files), not O(ranks).
+    """
+    if isinstance(spec, int):
+        last = min(count, -(-n // effective_workers(spec)))
+        for i in range(last):
+            yield first + i, spec
+    else:
+        for rank in range(first, first + count):
+            yield rank, spec[rank]
+
+
+def plan(
+    sizes: Sequence[int] | np.ndarray,
+    *,
+    world_size: int,
+    num_workers: int | Sequence[int],
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    batch_size: int | None = None,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
+) -> ShardPlan:
+    """Plan which files every slot reads, as each rank would compute it itself.
+
+    Time and memory grow with the number of files, not of slots: slots that
+    read nothing (more slots than files) are counted and described by ranges
+    in :attr:`ShardPlan.empty`, never listed.
+
+    Args:
+        sizes: file sizes in listing order (a numpy array costs no Python
+            object per file; :meth:`ucstage.Manifest.sizes` gives one).
+        world_size: number of ranks.
+        num_workers: one value, or one per rank; rank ``r`` applies the slot rule
+            with its own value, exactly as a rank given that value would, so a
+            mismatch shows up as duplicated and skipped files.
+        shuffle, seed, epoch: the read order (see :func:`read_order`).
+        batch_size: when given, per-rank batch counts (a DataLoader over an
+            IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
+        shuffle_scope, nproc_per_node: with ``shuffle``, ``"node"`` keeps each
+            node's files across epochs (see the module docstring); ``"global"``
+            deals one permutation over the whole job. ``nproc_per_node=None``
+            makes the whole job one node.
+    """
+    import numpy as np
+
+    spec = _workers_spec(num_workers, world_size)
+    if batch_size is not None and batch_size < 1:
+        raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
+    nodes = node_count(world_size, nproc_per_node)
+    scoped = _node_scoped(shuffle, shuffle_scope, nodes)
+    size_arr = np.asarray(sizes, dtype=np.int64)
+    n = len(size_arr)
+    # Groups of ranks that deal one read order: each node under the node
+    # scope, else the whole job. (first rank, ranks, node of a group's order)
+    per_node = nproc_per_node if nproc_per_node is not None else world_size
+    groups: Iterator[tuple[int, int, int]]
+    if scoped:
+        # Nodes with files are a prefix (node_block); the rest are counted at the end.
+        groups = ((j * per_node, per_node, j) for j in range(min(nodes, n)))
+    else:
+        groups = iter([(0, world_size, 0)])
+    # One effective worker count for all ranks partitions each group's order,
+    # so every file is read exactly once; only disagreeing ranks need counting.
+    agree = isinstance(spec, int) or len({effective_workers(k) for k in spec}) == 1
+    counts = None if agree else np.zeros(n, dtype=np.int32)
+    slots: list[SlotPlan] = []
+    ranks: list[RankStats] = []
+    empty = EmptySlots()
+    planned_ranks = 0
+    for first_rank, group_ranks, node in groups:
+        order = node_order(n, node=node, world_size=world_size, nproc_per_node=nproc_per_node,
+                           shuffle=shuffle, seed=seed, epoch=epoch, shuffle_scope=shuffle_scope)
+        # The group's read order as one int64 array: each slot's files are a strided view.
+        order_arr = (order.array() if isinstance(order, (Permutation, NodeOrder))
+                     else np.arange(n, dtype=np.int64))
+        m = len(order_arr)
+        in_order = size_arr[order_arr] if shuffle else size_arr
+        slot_bytes = None
+        if agree:
+            step = group_ranks * effective_workers(spec if isinstance(spec, int) else spec[0])
+            if step <= m:  # bytes of every slot at once: the read order as rows of `step` slots
+                padded = np.zeros(-(-m // step) * step, dtype=np.int64)
+                padded[:m] = in_order
+                slot_bytes = padded.reshape(-1, step).sum(axis=0)
+            else:
+                slot_bytes = in_order
+        walked = 0
+        for rank, k in _ranks_to_plan(spec, first_rank, group_ranks, m):
+            walked += 1
+            workers = effective_workers(k)
+            step = group_ranks * workers
+            first = (rank - first_rank) * workers
+            busy = max(0, min(workers, m - first))  # workers with a file: a prefix
+            empty.add(rank, busy, workers)
+            if not busy:
+                continue
+            rank_files = rank_bytes = batches = 0
+            for worker in range(busy):
+                files = order_arr[first + worker::step]
+                if slot_bytes is not None:
+                    nbytes = int(slot_bytes[first + worker])
+                else:
+                    nbytes = int(in_order[first + worker::step].sum())
+                if counts is not None:
+                    counts[files] += 1
+                slots.append(SlotPlan(rank, worker, files, nbytes, _node_of(rank, nproc_per_node)))
+                rank_files += len(files)
+                rank_bytes += nbytes
+                if batch_size:
+                    batches += -(-len(files) // batch_size)
+            ranks.append(RankStats(rank, k, rank_files, rank_bytes,
+                                   batches if batch_size else None))
+        if isinstance(spec, int):
+            # The group's ranks past the walk read nothing at all: counted, never visited.
+            empty.add(first_rank + walked, 0, effective_workers(spec),
+                      ranks=group_ranks - walked)
+        planned_ranks = first_rank + group_ranks
+    if planned_ranks < world_size:  # whole nodes without a file (more nodes than files)
+        if isinstance(spec, int):
+            empty.add(planned_ranks, 0, effective_workers(spec),
+                      ranks=world_size - planned_ranks)
+        else:
+            for rank in range(planned_ranks, world_size):
+                empty.add(rank, 0, effective_workers(spec[rank]))
+    read_count = (bytearray(b"\x01") * n if counts is None
+                  else bytearray(np.minimum(counts, 255).astype(np.uint8).tobytes()))
+    return ShardPlan(
+        n_files=n,
+        total_bytes=int(size_arr.sum()),
+        world_size=world_size,
+        num_workers=spec,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        batch_size=batch_size,
+        slots=slots,
+        ranks=ranks,
+        slot_total=slot_count(world_size, spec),
+        empty=empty,
+        duplicated=[] if counts is None else np.flatnonzero(counts > 1).tolist(),
+        skipped=[] if counts is None else np.flatnonzero(counts == 0).tolist(),
+        read_count=read_count,
+        shuffle_scope=shuffle_scope,
+        nproc_per_node=nproc_per_node,
+        node_count=nodes,
+        nodes=_node_stats(ranks, nproc_per_node, world_size),
+    )
+
+
+def _node_of(rank: int, nproc_per_node: int | None) -> int:
+    return rank // nproc_per_node if nproc_per_node is not None else 0
+
+
+def _node_stats(ranks: list[RankStats], nproc_per_node: int | None,
+                world_size: int) -> list[NodeStats]:
+    """Per-node sums of the ranks that read files (in rank order, so nodes come in order)."""
+    per_node = nproc_per_node if nproc_per_node is not None else world_size
+    out: list[NodeStats] = []
+    for r in ranks:
+        node = _node_of(r.rank, nproc_per_node)
+        if out and out[-1].node == node:
+            last = out[-1]
+            out[-1] = NodeStats(node, last.first_rank, last.last_rank, last.files + r.files,
+                                last.bytes + r.bytes)
+        else:
+            out.append(NodeStats(node, node * per_node, (node + 1) * per_node - 1, r.files,
+                                 r.bytes))
+    return out
+
+
+def slot_plan(
+    sizes: Sequence[int] | np.ndarray,
+    *,
+    rank: int,
+    worker: int,
+    world_size: int,
+    num_workers: int | Sequence[int],
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+    nproc_per_node: int | None = None,
+) -> SlotPlan:
+    """What one slot reads, without planning the others (``shard-plan --slot``).
+
+    Raises:
+        InvalidArgument: no such slot (the message says which ranks and
+            workers there are).
+    """
+    spec = _workers_spec(num_workers, world_size)
+    if not 0 <= rank < world_size:
+        raise InvalidArgument(f"no slot {rank}:{worker}: ranks are 0..{world_size - 1}")
+    k = spec if isinstance(spec, int) else spec[rank]
+    if not 0 <= worker < effective_workers(k):
+        raise InvalidArgument(
+            f"no slot {rank}:{worker}: rank {rank} has workers 0..{effective_workers(k) - 1} "
+            f"(num_workers {k}; 0 means the main process reads, as worker 0)")
+    files = slot_array(len(sizes), rank=rank, world_size=world_size, num_workers=k,
+                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
+                       shuffle_scope=shuffle_scope, nproc_per_node=nproc_per_node)
+    if hasattr(sizes, "take"):  # a numpy array: no Python object per file
+        nbytes = int(sizes.take(files).sum())
+    else:
+        nbytes = sum(sizes[int(i)] for i in files)
+    return SlotPlan(rank, worker, files, nbytes, _node_of(rank, nproc_per_node))
+
+

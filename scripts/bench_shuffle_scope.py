@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ucstage.sharding import forecast, plan, slot_files
+from ucstage.sharding import Layout, ReadOrder, forecast, plan, slot_files
 
 
 def issue_forecast() -> None:
@@ -27,8 +27,8 @@ def issue_forecast() -> None:
     print("| scope | epoch | node 0 reads not read before | node 0 has needed | job fetches |")
     print("|---|---:|---:|---:|---:|")
     for scope in ("global", "node"):
-        f = forecast(sizes, world_size=16, num_workers=4, epochs=3, seed=1,
-                     shuffle_scope=scope, nproc_per_node=8)
+        f = forecast(sizes, Layout(16, 4, 8), ReadOrder(len(sizes), shuffle=True, seed=1,
+                                                        shuffle_scope=scope), epochs=3)
         needed = 0
         for row in (r for r in f.rows if r.node == 0):
             needed += row.new_files

@@ -22,6 +22,7 @@ from . import dist as dist_
 from . import holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
+from .protocol import ShardedDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
@@ -265,7 +266,7 @@ class _GuardInfo:
     when that setting is invalid on this rank, so the ranks still compare."""
 
     @classmethod
-    def of(cls, num_workers: int, vds: VolumeDataset | None, sharded: bool,
+    def of(cls, num_workers: int, vds: ShardedDataset | None, sharded: bool,
            world_size: int) -> _GuardInfo:
         if vds is None:
             return cls(num_workers, None, None, False, sharded)

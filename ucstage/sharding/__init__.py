@@ -24,18 +24,19 @@ over that node's ranks x workers with the same rule. With one node (no
 from __future__ import annotations
 
 from .forecast import Forecast, ForecastRow, forecast
-from .order import (
-    DEFAULT_SHUFFLE_SCOPE,
-    SHUFFLE_SCOPES,
-    NodeOrder,
-    Permutation,
-    node_block,
-    node_order,
-    node_share,
-    read_order,
-)
+from .order import NodeOrder, Permutation, node_block, node_order, node_share, read_order
 from .plan import MAX_RANGES as MAX_RANGES
-from .plan import EmptySlots, NodeStats, RankStats, ShardPlan, SlotPlan, plan, slot_plan
+from .plan import (
+    EmptySlots,
+    NodeStats,
+    RankStats,
+    ShardPlan,
+    SlotPlan,
+    Spread,
+    plan,
+    shard_plan,
+    slot_plan,
+)
 from .resplit import (
     EpochOrder,
     Segment,
@@ -47,8 +48,9 @@ from .resplit import (
     segment_runs,
 )
 from .rule import (
-    EQUAL_LENGTH_MODES,
     Dealing,
+    Stride,
+    equal_count,
     equal_slot_files,
     rank_entries,
     rank_length,
@@ -57,8 +59,21 @@ from .rule import (
     slot_files,
     slot_indices,
     slot_length,
+    stride,
 )
-from .values import effective_workers, node_count, node_ranks, slot_count, workers_per_rank
+from .values import (
+    DEFAULT_SHUFFLE_SCOPE,
+    EQUAL_LENGTH_MODES,
+    SHUFFLE_SCOPES,
+    Layout,
+    ReadOrder,
+    Slot,
+    effective_workers,
+    node_count,
+    node_ranks,
+    slot_count,
+    workers_per_rank,
+)
 
 __all__ = [
     "DEFAULT_SHUFFLE_SCOPE",
@@ -69,16 +84,22 @@ __all__ = [
     "EpochOrder",
     "Forecast",
     "ForecastRow",
+    "Layout",
     "NodeOrder",
     "NodeStats",
     "Permutation",
     "RankStats",
+    "ReadOrder",
     "Segment",
     "ShardPlan",
+    "Slot",
     "SlotPlan",
     "SlotRun",
+    "Spread",
+    "Stride",
     "effective_workers",
     "epoch_slot_length",
+    "equal_count",
     "equal_slot_files",
     "forecast",
     "node_block",
@@ -94,6 +115,7 @@ __all__ = [
     "resume_slots",
     "same_layout",
     "segment_runs",
+    "shard_plan",
     "slot_array",
     "slot_count",
     "slot_dealing",
@@ -101,6 +123,6 @@ __all__ = [
     "slot_indices",
     "slot_length",
     "slot_plan",
+    "stride",
     "workers_per_rank",
 ]
-

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import DEFAULT_SHUFFLE_SCOPE
-from .plan import plan
-from .values import node_count
+from .plan import shard_plan
+from .values import Layout, ReadOrder
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,17 @@ class Forecast:
         rows = [r for r in self.rows if r.epoch == epoch]
         return sum(r.new_files for r in rows), sum(r.new_bytes for r in rows)
 
+    def over(self, max_bytes: int | None) -> list[int]:
+        """Nodes whose share (every file they read over the forecast) exceeds
+        ``max_bytes``: they evict and fetch again every epoch. None: not checked."""
+        if max_bytes is None:
+            return []
+        return [node for node, nbytes in enumerate(self.share_bytes) if nbytes > max_bytes]
+
+    def fits(self, max_bytes: int | None) -> bool:
+        """Every node's share fits under ``max_bytes`` (True when it is None)."""
+        return not self.over(max_bytes)
+
     def to_json(self, max_bytes: int | None = None) -> dict[str, Any]:
         """One scope's forecast as docs/json.md#shard-plan documents it;
         ``max_bytes``, when given, decides each node's ``fits``."""
@@ -77,24 +87,15 @@ class Forecast:
         }
 
 
-def forecast(
-    sizes: Sequence[int] | np.ndarray,
-    *,
-    world_size: int,
-    num_workers: int | Sequence[int],
-    epochs: int,
-    first_epoch: int = 0,
-    shuffle: bool = True,
-    seed: int = 0,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
-    nproc_per_node: int | None = None,
-) -> Forecast:
-    """For each epoch and node, the files and bytes the node reads that it read
-    in no earlier epoch: what crosses the network when every node caches.
+def forecast(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrder, *,
+             epochs: int) -> Forecast:
+    """For each of ``epochs`` epochs from ``order.epoch`` on, and each node, the
+    files and bytes the node reads that it read in no earlier epoch: what
+    crosses the network when every node caches.
 
-    Computed from :func:`plan` of each epoch (the one rule), so it counts what
-    the job would read, mismatched ``num_workers`` included. Holds one byte
-    per file per node while it runs.
+    Computed from :func:`shard_plan` of each epoch (the one rule), so it counts
+    what the job would read, mismatched ``num_workers`` included. Holds one
+    byte per file per node while it runs.
     """
     import numpy as np
 
@@ -102,14 +103,12 @@ def forecast(
         raise InvalidArgument(f"epochs must be at least 1, got {epochs}")
     size_arr = np.asarray(sizes, dtype=np.int64)
     n = len(size_arr)
-    nodes = node_count(world_size, nproc_per_node)
+    nodes = layout.nodes
     seen = [np.zeros(n, dtype=bool) for _ in range(nodes)]
     rows: list[ForecastRow] = []
-    epoch_list = list(range(first_epoch, first_epoch + epochs))
+    epoch_list = list(range(order.epoch, order.epoch + epochs))
     for epoch in epoch_list:
-        p = plan(size_arr, world_size=world_size, num_workers=num_workers, shuffle=shuffle,
-                 seed=seed, epoch=epoch, shuffle_scope=shuffle_scope,
-                 nproc_per_node=nproc_per_node)
+        p = shard_plan(size_arr, layout, replace(order, n=n, epoch=epoch, equal_length=None))
         by_node: dict[int, list[np.ndarray]] = {}
         for s in p.slots:
             by_node.setdefault(s.node, []).append(s.indices)
@@ -122,7 +121,5 @@ def forecast(
             seen[node] |= read
             rows.append(ForecastRow(epoch, node, int(read.sum()), int(size_arr[read].sum()),
                                     int(new.sum()), int(size_arr[new].sum())))
-    return Forecast(shuffle_scope, nodes, epoch_list, rows,
+    return Forecast(order.shuffle_scope, nodes, epoch_list, rows,
                     [int(s.sum()) for s in seen], [int(size_arr[s].sum()) for s in seen])
-
-

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .values import node_count
+from .values import Layout, ReadOrder
 
 _ROUNDS = 6
 _M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -112,17 +112,6 @@ def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) 
     return Permutation(n, seed=seed, epoch=epoch)
 
 
-SHUFFLE_SCOPES = ("node", "global")
-DEFAULT_SHUFFLE_SCOPE = "node"
-"""Shuffling keeps each node's files by default: its cache serves every epoch."""
-
-
-def _check_scope(shuffle_scope: str) -> None:
-    if shuffle_scope not in SHUFFLE_SCOPES:
-        raise InvalidArgument(
-            f"shuffle_scope must be one of {SHUFFLE_SCOPES}, got {shuffle_scope!r}")
-
-
 def node_block(n: int, node: int, nodes: int) -> range:
     """Positions ``node``'s files take in the node assignment order: balanced
     blocks, the first ``n % nodes`` nodes one file more, so node sizes differ
@@ -191,14 +180,13 @@ class NodeOrder(Sequence[int]):
         return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"
 
 
-def node_share(n: int, *, node: int, world_size: int, nproc_per_node: int | None = None,
-               seed: int = 0) -> np.ndarray:
-    """The files (sorted listing rows) node ``node`` reads under the ``"node"``
-    scope with ``shuffle``: the same in every epoch, so warming them serves
-    every epoch. With one node, every file."""
+def node_share(n: int, layout: Layout, node: int, *, seed: int = 0) -> np.ndarray:
+    """The files (sorted listing rows) node ``node`` of ``layout`` reads under the
+    ``"node"`` scope with ``shuffle``: the same in every epoch, so warming them
+    serves every epoch. With one node, every file."""
     import numpy as np
 
-    nodes = node_count(world_size, nproc_per_node)
+    nodes = layout.nodes
     if not 0 <= node < nodes:
         raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
     if nodes == 1:
@@ -206,34 +194,16 @@ def node_share(n: int, *, node: int, world_size: int, nproc_per_node: int | None
     return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
 
 
-def _node_scoped(shuffle: bool, shuffle_scope: str, nodes: int) -> bool:
-    """Whether nodes deal from their own orders (else every rank deals from one)."""
-    _check_scope(shuffle_scope)
-    return shuffle and shuffle_scope == "node" and nodes > 1
-
-
-def node_order(
-    n: int,
-    *,
-    node: int,
-    world_size: int,
-    nproc_per_node: int | None = None,
-    shuffle: bool = False,
-    seed: int = 0,
-    epoch: int = 0,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
-) -> Sequence[int]:
+def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
     """The read order node ``node``'s slots deal from in one epoch.
 
     Under the ``"node"`` scope with several nodes and ``shuffle``, the node's
     own :class:`NodeOrder`; otherwise (``"global"``, no shuffle, one node) the
     whole job's :func:`read_order`, which every node deals from.
     """
-    nodes = node_count(world_size, nproc_per_node)
+    nodes = layout.nodes
     if not 0 <= node < nodes:
         raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
-    if _node_scoped(shuffle, shuffle_scope, nodes):
-        return NodeOrder(n, node=node, nodes=nodes, seed=seed, epoch=epoch)
-    return read_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-
-
+    if order.per_node(layout):
+        return NodeOrder(order.n, node=node, nodes=nodes, seed=order.seed, epoch=order.epoch)
+    return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch)

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+import warnings
+
 from ..errors import InvalidArgument
-from .order import DEFAULT_SHUFFLE_SCOPE, NodeOrder, Permutation, _node_scoped, node_order
-from .rule import slot_array
-from .values import _workers_spec, effective_workers, node_count, slot_count
+from .order import NodeOrder, Permutation, node_order
+from .rule import slot_array, stride
+from .values import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, Slot, effective_workers
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,21 +157,16 @@ class ShardPlan:
     the rest by count and ranges.
     """
 
-    n_files: int
+    layout: Layout
+    """The job planned; its ``num_workers`` as given: one for every rank, or one per rank."""
+    order: ReadOrder
+    """The epoch's read order (``order.n`` files)."""
     total_bytes: int
-    world_size: int
-    num_workers: int | list[int]
-    """As given: one int for every rank, or one per rank."""
-    shuffle: bool
-    seed: int
-    epoch: int
     batch_size: int | None
     slots: list[SlotPlan]
     """Slots that read at least one file, by rank then worker."""
     ranks: list[RankStats]
     """Ranks that read at least one file, in rank order."""
-    slot_total: int = 0
-    """Every slot of the job, empty or not."""
     empty: EmptySlots = field(default_factory=EmptySlots)
     duplicated: list[int] = field(default_factory=list)
     """Listing indices read by two or more slots."""
@@ -177,16 +174,62 @@ class ShardPlan:
     """Listing indices no slot reads."""
     read_count: bytearray = field(default_factory=bytearray, repr=False)
     """How many slots read each file (capped at 255)."""
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE
-    nproc_per_node: int | None = None
-    """Ranks per node, or None: the whole job is one node."""
-    node_count: int = 1
     nodes: list[NodeStats] = field(default_factory=list)
     """Nodes that read at least one file, in node order."""
 
+    # The layout's and the read order's fields, as the plan has always exposed them.
+    @property
+    def n_files(self) -> int:
+        return self.order.n
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def num_workers(self) -> int | list[int]:
+        """As given: one int for every rank, or a list of one per rank."""
+        spec = self.layout.num_workers
+        return spec if isinstance(spec, int) else list(spec)
+
+    @property
+    def nproc_per_node(self) -> int | None:
+        """Ranks per node, or None: the whole job is one node."""
+        return self.layout.nproc_per_node
+
+    @property
+    def node_count(self) -> int:
+        return self.layout.nodes
+
+    @property
+    def slot_total(self) -> int:
+        """Every slot of the job, empty or not."""
+        return self.layout.slots
+
+    @property
+    def shuffle(self) -> bool:
+        return self.order.shuffle
+
+    @property
+    def seed(self) -> int:
+        return self.order.seed
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
+
+    @property
+    def shuffle_scope(self) -> str:
+        return self.order.shuffle_scope
+
     def workers_of(self, rank: int) -> int:
-        """The ``num_workers`` rank ``rank`` runs with."""
-        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[rank]
+        """The ``num_workers`` rank ``rank`` runs with.
+
+        .. deprecated:: never called; use ``plan.layout.workers_of(rank)``.
+        """
+        warnings.warn("ShardPlan.workers_of is deprecated: use plan.layout.workers_of(rank)",
+                      DeprecationWarning, stacklevel=2)
+        return self.layout.workers_of(rank)
 
     @property
     def consistent(self) -> bool:
@@ -199,6 +242,19 @@ class ShardPlan:
         if self.empty.ranks and self.batch_size:
             counts.add(0)
         return len(counts) <= 1
+
+    @property
+    def problems(self) -> list[str]:
+        """What is wrong with the plan, in words (empty when it is :attr:`ok`)."""
+        out = []
+        if not self.consistent:
+            out.append(f"{len(self.duplicated):,} files read twice or more, "
+                       f"{len(self.skipped):,} never read")
+        if self.empty.count:
+            out.append(f"{self.empty.count:,} of {self.slot_total:,} slots read nothing")
+        if not self.batches_equal:
+            out.append("ranks would get different batch counts")
+        return out
 
     @property
     def ok(self) -> bool:
@@ -276,7 +332,7 @@ class ShardPlan:
         return [(s.rank, s.worker) for s in self.slots if bool((s.indices == index).any())]
 
 
-def _ranks_to_plan(spec: int | list[int], first: int, count: int,
+def _ranks_to_plan(spec: int | tuple[int, ...], first: int, count: int,
                    n: int) -> Iterator[tuple[int, int]]:
     """(rank, num_workers) of every rank of ranks ``first .. first + count - 1``
     that may read a file of an order of ``n``.
@@ -307,9 +363,7 @@ def plan(
 ) -> ShardPlan:
     """Plan which files every slot reads, as each rank would compute it itself.
 
-    Time and memory grow with the number of files, not of slots: slots that
-    read nothing (more slots than files) are counted and described by ranges
-    in :attr:`ShardPlan.empty`, never listed.
+    The keyword form of :func:`shard_plan`.
 
     Args:
         sizes: file sizes in listing order (a numpy array costs no Python
@@ -326,18 +380,34 @@ def plan(
             deals one permutation over the whole job. ``nproc_per_node=None``
             makes the whole job one node.
     """
+    layout = Layout(world_size, num_workers, nproc_per_node)
+    return shard_plan(sizes, layout, ReadOrder(len(sizes), shuffle, seed, epoch, None,
+                                               shuffle_scope), batch_size=batch_size)
+
+
+def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrder, *,
+               batch_size: int | None = None) -> ShardPlan:
+    """Plan which files every slot of ``layout`` reads in ``order`` (``order.n``
+    is ``len(sizes)``; its ``equal_length`` is not applied).
+
+    Time and memory grow with the number of files, not of slots: slots that
+    read nothing (more slots than files) are counted and described by ranges
+    in :attr:`ShardPlan.empty`, never listed.
+    """
     import numpy as np
 
-    spec = _workers_spec(num_workers, world_size)
     if batch_size is not None and batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
-    nodes = node_count(world_size, nproc_per_node)
-    scoped = _node_scoped(shuffle, shuffle_scope, nodes)
+    spec = layout.num_workers
+    world_size, nodes = layout.world_size, layout.nodes
+    scoped = order.per_node(layout)
     size_arr = np.asarray(sizes, dtype=np.int64)
     n = len(size_arr)
+    if order.n != n:
+        raise InvalidArgument(f"the read order has {order.n} files but sizes has {n}")
     # Groups of ranks that deal one read order: each node under the node
     # scope, else the whole job. (first rank, ranks, node of a group's order)
-    per_node = nproc_per_node if nproc_per_node is not None else world_size
+    per_node = layout.ranks_per_node
     groups: Iterator[tuple[int, int, int]]
     if scoped:
         # Nodes with files are a prefix (node_block); the rest are counted at the end.
@@ -353,16 +423,15 @@ def plan(
     empty = EmptySlots()
     planned_ranks = 0
     for first_rank, group_ranks, node in groups:
-        order = node_order(n, node=node, world_size=world_size, nproc_per_node=nproc_per_node,
-                           shuffle=shuffle, seed=seed, epoch=epoch, shuffle_scope=shuffle_scope)
+        deals_from = node_order(order, layout, node)
         # The group's read order as one int64 array: each slot's files are a strided view.
-        order_arr = (order.array() if isinstance(order, (Permutation, NodeOrder))
+        order_arr = (deals_from.array() if isinstance(deals_from, (Permutation, NodeOrder))
                      else np.arange(n, dtype=np.int64))
         m = len(order_arr)
-        in_order = size_arr[order_arr] if shuffle else size_arr
+        in_order = size_arr[order_arr] if order.shuffle else size_arr
         slot_bytes = None
         if agree:
-            step = group_ranks * effective_workers(spec if isinstance(spec, int) else spec[0])
+            step = stride(layout, Slot(first_rank), per_node=scoped).step
             if step <= m:  # bytes of every slot at once: the read order as rows of `step` slots
                 padded = np.zeros(-(-m // step) * step, dtype=np.int64)
                 padded[:m] = in_order
@@ -370,25 +439,25 @@ def plan(
             else:
                 slot_bytes = in_order
         walked = 0
-        for rank, k in _ranks_to_plan(spec, first_rank, group_ranks, m):
+        for rank, k in _ranks_to_plan(spec, first_rank, group_ranks, m):  # type: ignore[arg-type]
             walked += 1
             workers = effective_workers(k)
-            step = group_ranks * workers
-            first = (rank - first_rank) * workers
-            busy = max(0, min(workers, m - first))  # workers with a file: a prefix
+            at = stride(layout, Slot(rank), per_node=scoped)
+            busy = max(0, min(workers, m - at.start))  # workers with a file: a prefix
             empty.add(rank, busy, workers)
             if not busy:
                 continue
             rank_files = rank_bytes = batches = 0
             for worker in range(busy):
-                files = order_arr[first + worker::step]
+                first = at.start + worker  # the rule's start of slot (rank, worker)
+                files = order_arr[first::at.step]
                 if slot_bytes is not None:
-                    nbytes = int(slot_bytes[first + worker])
+                    nbytes = int(slot_bytes[first])
                 else:
-                    nbytes = int(in_order[first + worker::step].sum())
+                    nbytes = int(in_order[first::at.step].sum())
                 if counts is not None:
                     counts[files] += 1
-                slots.append(SlotPlan(rank, worker, files, nbytes, _node_of(rank, nproc_per_node)))
+                slots.append(SlotPlan(rank, worker, files, nbytes, layout.node_of(rank)))
                 rank_files += len(files)
                 rank_bytes += nbytes
                 if batch_size:
@@ -410,39 +479,26 @@ def plan(
     read_count = (bytearray(b"\x01") * n if counts is None
                   else bytearray(np.minimum(counts, 255).astype(np.uint8).tobytes()))
     return ShardPlan(
-        n_files=n,
+        layout=layout,
+        order=order,
         total_bytes=int(size_arr.sum()),
-        world_size=world_size,
-        num_workers=spec,
-        shuffle=shuffle,
-        seed=seed,
-        epoch=epoch,
         batch_size=batch_size,
         slots=slots,
         ranks=ranks,
-        slot_total=slot_count(world_size, spec),
         empty=empty,
         duplicated=[] if counts is None else np.flatnonzero(counts > 1).tolist(),
         skipped=[] if counts is None else np.flatnonzero(counts == 0).tolist(),
         read_count=read_count,
-        shuffle_scope=shuffle_scope,
-        nproc_per_node=nproc_per_node,
-        node_count=nodes,
-        nodes=_node_stats(ranks, nproc_per_node, world_size),
+        nodes=_node_stats(ranks, layout),
     )
 
 
-def _node_of(rank: int, nproc_per_node: int | None) -> int:
-    return rank // nproc_per_node if nproc_per_node is not None else 0
-
-
-def _node_stats(ranks: list[RankStats], nproc_per_node: int | None,
-                world_size: int) -> list[NodeStats]:
+def _node_stats(ranks: list[RankStats], layout: Layout) -> list[NodeStats]:
     """Per-node sums of the ranks that read files (in rank order, so nodes come in order)."""
-    per_node = nproc_per_node if nproc_per_node is not None else world_size
+    per_node = layout.ranks_per_node
     out: list[NodeStats] = []
     for r in ranks:
-        node = _node_of(r.rank, nproc_per_node)
+        node = layout.node_of(r.rank)
         if out and out[-1].node == node:
             last = out[-1]
             out[-1] = NodeStats(node, last.first_rank, last.last_rank, last.files + r.files,
@@ -453,40 +509,25 @@ def _node_stats(ranks: list[RankStats], nproc_per_node: int | None,
     return out
 
 
-def slot_plan(
-    sizes: Sequence[int] | np.ndarray,
-    *,
-    rank: int,
-    worker: int,
-    world_size: int,
-    num_workers: int | Sequence[int],
-    shuffle: bool = False,
-    seed: int = 0,
-    epoch: int = 0,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
-    nproc_per_node: int | None = None,
-) -> SlotPlan:
+def slot_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrder,
+              slot: Slot) -> SlotPlan:
     """What one slot reads, without planning the others (``shard-plan --slot``).
 
     Raises:
         InvalidArgument: no such slot (the message says which ranks and
             workers there are).
     """
-    spec = _workers_spec(num_workers, world_size)
-    if not 0 <= rank < world_size:
-        raise InvalidArgument(f"no slot {rank}:{worker}: ranks are 0..{world_size - 1}")
-    k = spec if isinstance(spec, int) else spec[rank]
+    rank, worker = slot.rank, slot.worker
+    if not 0 <= rank < layout.world_size:
+        raise InvalidArgument(f"no slot {rank}:{worker}: ranks are 0..{layout.world_size - 1}")
+    k = layout.workers_of(rank)
     if not 0 <= worker < effective_workers(k):
         raise InvalidArgument(
             f"no slot {rank}:{worker}: rank {rank} has workers 0..{effective_workers(k) - 1} "
             f"(num_workers {k}; 0 means the main process reads, as worker 0)")
-    files = slot_array(len(sizes), rank=rank, world_size=world_size, num_workers=k,
-                       worker=worker, shuffle=shuffle, seed=seed, epoch=epoch,
-                       shuffle_scope=shuffle_scope, nproc_per_node=nproc_per_node)
+    files = slot_array(order, layout, slot)
     if hasattr(sizes, "take"):  # a numpy array: no Python object per file
         nbytes = int(sizes.take(files).sum())
     else:
         nbytes = sum(sizes[int(i)] for i in files)
-    return SlotPlan(rank, worker, files, nbytes, _node_of(rank, nproc_per_node))
-
-
+    return SlotPlan(rank, worker, files, nbytes, layout.node_of(rank))

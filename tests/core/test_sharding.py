@@ -280,3 +280,35 @@ def test_lengths_are_the_lengths_of_the_slots(n, world, k, mode):
                                Slot(rank, w)) == len(files)
             total += len(files)
         assert rank_length(ReadOrder(n, equal_length=mode), Layout(world, k), rank) == total
+
+
+def test_the_unused_public_names_warn_they_are_deprecated():
+    from ucstage.sharding import slot_indices
+
+    with pytest.warns(DeprecationWarning, match="slot_indices"):
+        assert slot_indices(10, rank=1, world_size=2, num_workers=2, worker=1) == range(3, 10, 4)
+    p = plan([1, 2, 3], world_size=2, num_workers=[1, 2])
+    with pytest.warns(DeprecationWarning, match="workers_of"):
+        assert p.workers_of(1) == 2
+
+
+def test_the_values_are_checked_once_when_built():
+    from ucstage.sharding import stride
+
+    Invalid = InvalidArgument
+
+    layout = Layout(4, 3, 2)
+    assert (layout.slots, layout.nodes, layout.node_of(3), layout.ranks_per_node) == (12, 2, 1, 2)
+    assert Layout(2, [1, 2]).num_workers == (1, 2) and Layout(2, [3]).num_workers == 3
+    assert (stride(layout, Slot(3, 1), per_node=True).start, stride(layout, Slot(3, 1),
+            per_node=False).start) == (4, 10)
+    with pytest.raises(Invalid, match="world_size 6 is not a multiple of nproc_per_node 4") \
+            as info:
+        Layout(6, 1, 4)
+    assert "torchrun's nproc-per-node option" in info.value.hint  # in words, never a flag
+    with pytest.raises(Invalid, match=r"worker 3 is outside 0\.\.2"):
+        layout.slot(0, 3)
+    with pytest.raises(Invalid, match="equal_length must be one of"):
+        ReadOrder(3, equal_length="wrap")
+    with pytest.raises(Invalid, match="shuffle_scope must be one of"):
+        ReadOrder(3, shuffle_scope="rack")

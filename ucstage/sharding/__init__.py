@@ -1,8 +1,21 @@
 """The slot rule, shard plans, their statistics and mismatch diagnosis.
 
-This module is the only place the slot rule lives. ``ucstage shard-plan``,
-``ucstage cache warm --rank`` and :class:`ucstage.VolumeDataset` all call
-:func:`slot_files`, so what the plan prints is what training reads.
+One package, one concept per module:
+
+* :mod:`.values`: the rule's inputs as values, each validated once when built:
+  a job's :class:`Layout` (ranks, workers per rank, ranks per node), a
+  :class:`Slot` of it, and a :class:`ReadOrder` (files, shuffle, seed, epoch,
+  scope, equal length);
+* :mod:`.order`: read orders (:class:`Permutation`, :class:`NodeOrder`);
+* :mod:`.rule`: the slot rule itself (:func:`stride`, :func:`slot_array`) and
+  what is counted by it (:func:`slot_length`, :func:`rank_entries`);
+* :mod:`.plan` and :mod:`.stats`: whole-job plans (:func:`shard_plan`);
+* :mod:`.forecast`: the network over several epochs;
+* :mod:`.resplit`: resuming an interrupted epoch on another layout.
+
+``ucstage shard-plan``, ``ucstage cache warm --rank`` and
+:class:`ucstage.VolumeDataset` all call the one rule, so what the plan prints
+is what training reads.
 
 The rule (the platform's documented one): files in listing order, or in a
 permutation seeded by ``seed`` and ``epoch`` that is the same on every rank
@@ -25,18 +38,7 @@ from __future__ import annotations
 
 from .forecast import Forecast, ForecastRow, forecast
 from .order import NodeOrder, Permutation, node_block, node_order, node_share, read_order
-from .plan import MAX_RANGES as MAX_RANGES
-from .plan import (
-    EmptySlots,
-    NodeStats,
-    RankStats,
-    ShardPlan,
-    SlotPlan,
-    Spread,
-    plan,
-    shard_plan,
-    slot_plan,
-)
+from .plan import ShardPlan, plan, shard_plan, slot_plan
 from .resplit import (
     EpochOrder,
     Segment,
@@ -61,6 +63,8 @@ from .rule import (
     slot_length,
     stride,
 )
+from .stats import MAX_RANGES as MAX_RANGES
+from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
 from .values import (
     DEFAULT_SHUFFLE_SCOPE,
     EQUAL_LENGTH_MODES,

@@ -103,7 +103,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     def __init__(self, dataset: Any, *args: Any, log_mlflow: bool = True,
                  mlflow_prefix: str = "ucstage", mlflow_flush_every: int = 500,
                  mlflow_step_every: int = 1,
-                 guard: bool = True, volume_dataset: VolumeDataset | None = None,
+                 guard: bool = True, volume_dataset: ShardedDataset | None = None,
                  audit: bool = True, audit_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments

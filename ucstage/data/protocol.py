@@ -66,6 +66,12 @@ class ShardedDataset(Protocol):
     def cache(self) -> LocalCache:
         """The local cache it reads through."""
 
+    def _get_volume(self) -> Any:
+        """The volume its files come from (the loader picks its workers' start by it)."""
+
+    def __len__(self) -> int:
+        """Items this process yields per epoch (a worker's slot, or the rank's slots)."""
+
     def set_epoch(self, epoch: int) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...

@@ -180,9 +180,8 @@ class Slot:
     rank: int
     worker: int = 0
 
-    def __post_init__(self) -> None:
-        if self.rank < 0 or self.worker < 0:
-            raise InvalidArgument(f"slot {self.rank}:{self.worker}: rank and worker are 0 or more")
+    # No check of its own: a slot is only valid in a layout (Layout.slot checks
+    # it there, and plan functions say which slots their layout has).
 
     def __str__(self) -> str:
         return f"{self.rank}:{self.worker}"

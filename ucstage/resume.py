@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from .errors import InvalidArgument, ResumeMismatch
-from .sharding import EQUAL_LENGTH_MODES, Layout, ReadOrder, Segment, resume_slots
+from .sharding import Layout, ReadOrder, Segment, resume_slots
 
 __all__ = ["FORMAT", "LoaderState", "ResumePlan", "SlotRest", "load_state", "merge_states",
            "resume_plan"]
@@ -124,14 +124,7 @@ class LoaderState:
             segments = tuple(_segment(s) for s in doc["segments"])
             if not segments:
                 raise InvalidArgument("state is malformed: it has no segment")
-            equal_length = doc.get("equal_length")
-            if equal_length is not None and equal_length not in EQUAL_LENGTH_MODES:
-                raise InvalidArgument(f"state has equal_length {equal_length!r}")
-            # No scope: a state saved before the node scope existed, which was global.
-            order = ReadOrder(_int(doc["files"]), shuffle=bool(doc["shuffle"]),
-                               seed=_int(doc["seed"]), epoch=_int(doc["epoch"]),
-                               equal_length=equal_length,
-                               shuffle_scope=str(doc.get("shuffle_scope", "global")))
+            order = _order(doc)
             state = cls(
                 fingerprint=str(doc["fingerprint"]), order=order, segments=segments,
                 rank=None if doc.get("rank") is None else _int(doc["rank"]),
@@ -167,6 +160,18 @@ class LoaderState:
                 "cannot resume epoch " f"{self.epoch} from this state: " + "; ".join(wrong),
                 hint="resume with the listing (a manifest) and the options the state was "
                      "saved with, or start without the state")
+
+
+def _order(doc: Any) -> ReadOrder:
+    """A state's read order (its values checked by ReadOrder)."""
+    try:
+        # No scope: a state saved before the node scope existed, which was global.
+        return ReadOrder(_int(doc["files"]), shuffle=bool(doc["shuffle"]),
+                         seed=_int(doc["seed"]), epoch=_int(doc["epoch"]),
+                         equal_length=doc.get("equal_length"),
+                         shuffle_scope=str(doc.get("shuffle_scope", "global")))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"state is malformed: {exc.message}") from exc
 
 
 def _segment(doc: Any) -> Segment:

@@ -9,16 +9,12 @@ files of its slot in the background. The DataLoader that runs it lives in
 
 Usage and every argument: docs/training.md.
 
-How every rank gets the same listing: the listing is frozen once into a
-columnar manifest file (under the cache root,
-``.ucstage/manifests/<fingerprint>.manifest.arrow``), which every process
-opens memory-mapped: a node holds one copy in its page cache. The main
-process verifies its fingerprint once; workers check only its header
-(fingerprint, row count, byte size) and make only their slot's rows. When
-``torch.distributed`` is initialised, :meth:`VolumeDataset.freeze` lists on
-rank 0 only and broadcasts the manifest to the other ranks; the ucstage
-DataLoader calls it on every rank before starting workers. Or pass a
-manifest (``ucstage cache lazy`` writes one) and no rank lists at all.
+How every rank gets the same listing (:mod:`ucstage.data.frozen`): the
+listing is frozen once into a columnar manifest file under the cache root,
+which every process opens memory-mapped; with ``torch.distributed`` rank 0
+lists and broadcasts it (:meth:`VolumeDataset.freeze`, which the ucstage
+DataLoader calls on every rank before starting workers). Or pass a manifest
+(``ucstage cache lazy`` writes one) and no rank lists at all.
 
 How a worker learns its slot: rank and world size from ``torch.distributed``
 (in a forked worker its state is inherited; for spawned workers the values are
@@ -41,7 +37,6 @@ from ..errors import InvalidArgument
 from ..manifest import Manifest
 from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
-    EQUAL_LENGTH_MODES,
     Layout,
     ReadOrder,
     rank_length,
@@ -83,12 +78,13 @@ def _env_nproc() -> int | None:
 
 
 def _equal_mode(value: bool | str | None) -> str | None:
-    """The public ``equal_length`` (False, True, "pad" or "drop") as a read order's mode."""
+    """The public ``equal_length`` (False, True, "pad" or "drop") as a read order's
+    mode; :class:`~ucstage.sharding.ReadOrder` checks the mode's name."""
     if value is None or value is False:
         return None
     if value is True:
         return "pad"
-    if isinstance(value, str) and value in EQUAL_LENGTH_MODES:
+    if isinstance(value, str):
         return value
     raise InvalidArgument(
         f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")

@@ -583,7 +583,8 @@ def test_rank_entries_match_the_shard_plan(tmp_path: Path) -> None:
     p = plan([e.size for e in entries], world_size=4, num_workers=3, shuffle=True, seed=7,
              shuffle_scope="global", epoch=2)
     for rank in range(4):
-        mine = rank_entries(entries, [rank], Layout(4, 3), ReadOrder(len(entries), shuffle=True, seed=7, epoch=2, shuffle_scope="global"))
+        mine = rank_entries(entries, [rank], Layout(4, 3),
+                            ReadOrder(len(entries), shuffle=True, seed=7, epoch=2, shuffle_scope="global"))
         want = sorted(i for s in p.slots if s.rank == rank for i in s.files)
         assert [e.path for e in mine] == [entries[i].path for i in want]
 
@@ -593,7 +594,8 @@ def test_rank_entries_under_the_node_scope_are_the_nodes_share(tmp_path: Path) -
     _, entries = _local_source(tmp_path, 37, 10)
     sizes = [e.size for e in entries]
     for rank in range(4):
-        mine = rank_entries(entries, [rank], Layout(4, 3, 2), ReadOrder(len(entries), shuffle=True, seed=7, epoch=5))
+        mine = rank_entries(entries, [rank], Layout(4, 3, 2),
+                            ReadOrder(len(entries), shuffle=True, seed=7, epoch=5))
         for epoch in range(3):
             p = plan(sizes, world_size=4, num_workers=3, shuffle=True, seed=7, epoch=epoch,
                      nproc_per_node=2)
@@ -814,7 +816,8 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
 
     warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
     assert warm.evicted_files == 1
-    doc = warm.to_json(rank_slice=RankSlice([0, 1], Layout(2, 1, 2), ReadOrder(0, True, 0, 0, None, "node"), [0]),
+    doc = warm.to_json(rank_slice=RankSlice([0, 1], Layout(2, 1, 2),
+                                            ReadOrder(0, True, 0, 0, None, "node"), [0]),
                        refused=m.refused,
                        unreadable=[("dog", "Permission denied")])
     _same_shape(_documented("warm"), doc)

@@ -123,7 +123,10 @@ def test_shard_plan_resume(source: str, tmp_path: Path) -> None:
     from ucstage.sharding import Layout, ReadOrder, Segment
 
     listing = mf.snapshot(source)
-    state = LoaderState(listing.fingerprint, ReadOrder(12, shuffle=True, seed=3, epoch=0, equal_length=None, shuffle_scope="global"), (Segment(Layout(2, 2), (2, 1, 2, 1)),))
+    state = LoaderState(listing.fingerprint,
+                        ReadOrder(12, shuffle=True, seed=3, epoch=0, equal_length=None,
+                                  shuffle_scope="global"),
+                        (Segment(Layout(2, 2), (2, 1, 2, 1)),))
     path = tmp_path / "state.json"
     path.write_text(json.dumps(state.to_dict()))
     doc = run_json("shard-plan", source, "-w", "3", "-k", "1", "-b", "2", "--resume", str(path))

@@ -69,7 +69,8 @@ def test_one_slot_matches_the_slot_rule_on_the_whole_order(shuffle, mode):
             elif mode == "pad":
                 want += [full[(s + i * world * k) % n]
                          for i in range(len(want), -(-n // (world * k)))]
-            got = slot_array(ReadOrder(n, shuffle=shuffle, seed=9, epoch=4, equal_length=mode), Layout(world, k), Slot(rank, worker))
+            got = slot_array(ReadOrder(n, shuffle=shuffle, seed=9, epoch=4, equal_length=mode),
+                             Layout(world, k), Slot(rank, worker))
             assert got.tolist() == want
             if mode is None:
                 assert slot_files(n, rank=rank, world_size=world, num_workers=k,
@@ -85,7 +86,8 @@ def test_one_slot_of_a_million_costs_the_slot_not_the_files():
     indices, not a million of anything."""
     tracemalloc.start()
     try:
-        files = slot_array(ReadOrder(1_000_000, shuffle=True, seed=0, epoch=0), Layout(128, 8), Slot(5, 3))
+        files = slot_array(ReadOrder(1_000_000, shuffle=True, seed=0, epoch=0), Layout(128, 8),
+                           Slot(5, 3))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -115,7 +115,10 @@ def test_pad_reads_everything_and_every_slot_reads_the_same_count(n, layouts, da
 
 
 def state(**over) -> dict:  # type: ignore[no-untyped-def]
-    doc = LoaderState("ab" * 32, ReadOrder(10, shuffle=True, seed=1, epoch=0, equal_length=None, shuffle_scope="global"), (Segment(Layout(2, 1), (3, None)),), rank=0).to_dict()
+    doc = LoaderState("ab" * 32,
+                      ReadOrder(10, shuffle=True, seed=1, epoch=0, equal_length=None,
+                                shuffle_scope="global"),
+                      (Segment(Layout(2, 1), (3, None)),), rank=0).to_dict()
     doc.update(over)
     return doc
 

@@ -52,3 +52,21 @@ def test_a_saved_manifest_loads(name: str) -> None:
     assert m.fingerprint == EXPECTED["fingerprint"]
     assert [[e.path, e.size] for e in m.entries] == EXPECTED["entries"]
     assert m.paths() == [p for p, _ in EXPECTED["entries"]]
+
+
+def test_the_resume_plan_of_a_saved_state() -> None:
+    """``ucstage.resume.resume_plan``: what ``shard-plan --resume`` prints, per slot."""
+    from ucstage.resume import resume_plan
+
+    state = load_state(SAVED / "loader-state-c3a3ebf.json")
+    sizes = [size for _, size in EXPECTED["entries"]]
+    rest = resume_plan(state, Layout(3, 1), fingerprint=EXPECTED["fingerprint"], sizes=sizes)
+    assert not rest.continued
+    assert [s.files.tolist() for s in rest.slots] == EXPECTED["3x1"]["rest"]
+    assert [s.bytes for s in rest.slots] == [sum(sizes[i] for i in r)
+                                             for r in EXPECTED["3x1"]["rest"]]
+    assert rest.remaining_files == sum(len(r) for r in EXPECTED["3x1"]["rest"])
+    totals = rest.rank_totals(batch_size=2)
+    assert [t["batches"] for t in totals] == [-(-len(r) // 2) for r in EXPECTED["3x1"]["rest"]]
+    assert resume_plan(state, Layout(1, 2), fingerprint=EXPECTED["fingerprint"],
+                       sizes=sizes).continued

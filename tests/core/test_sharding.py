@@ -254,7 +254,8 @@ def test_slot_plan_is_the_plans_slot_without_planning_the_rest():
     for workers in (3, [3, 1]):
         p = plan(sizes, world_size=2, num_workers=workers, shuffle=True, seed=4)
         for s in p.slots:
-            assert slot_plan(sizes, Layout(2, workers), ReadOrder(len(sizes), shuffle=True, seed=4), Slot(s.rank, s.worker)) == s
+            assert slot_plan(sizes, Layout(2, workers), ReadOrder(len(sizes), shuffle=True, seed=4),
+                             Slot(s.rank, s.worker)) == s
     empty = slot_plan([1] * 3, Layout(4, 1), ReadOrder(len([1] * 3)), Slot(1, 0))
     assert (empty.files, empty.bytes) == ([1], 1)
     assert slot_plan([1] * 3, Layout(4, 1), ReadOrder(len([1] * 3)), Slot(3, 0)).files == []

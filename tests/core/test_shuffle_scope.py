@@ -115,7 +115,8 @@ def test_forecast_equals_the_simulation(n, shape, k, seed, scope, epochs, data) 
     world, nproc = shape
     nodes = world // nproc
     sizes = data.draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n))
-    f = forecast(sizes, Layout(world, k, nproc), ReadOrder(len(sizes), shuffle=True, seed=seed, shuffle_scope=scope), epochs=epochs)
+    f = forecast(sizes, Layout(world, k, nproc),
+                 ReadOrder(len(sizes), shuffle=True, seed=seed, shuffle_scope=scope), epochs=epochs)
     seen: list[set[int]] = [set() for _ in range(nodes)]
     rows = []
     for epoch in range(epochs):
@@ -150,7 +151,8 @@ def test_one_node_reduces_exactly_to_the_global_rule(n, world, k, seed, epoch, e
     p = plan(list(range(n)), world_size=world, num_workers=k, shuffle=shuffle, seed=seed,
              epoch=epoch, shuffle_scope="node", nproc_per_node=nproc)
     assert {(s.rank, s.worker): s.files for s in p.slots} == {a: v for a, v in old_rule.items() if v}
-    assert list(node_order(ReadOrder(n, shuffle=shuffle, seed=seed, epoch=epoch), Layout(world, 0, nproc), 0)) == order
+    assert list(node_order(ReadOrder(n, shuffle=shuffle, seed=seed, epoch=epoch),
+                           Layout(world, 0, nproc), 0)) == order
     for mode in ("pad", "drop"):
         for (rank, worker) in old_rule:
             common = dict(rank=rank, world_size=world, num_workers=k, worker=worker, equal_length=mode,
@@ -176,7 +178,8 @@ def test_equal_length_under_node_scope(n, shape, k, seed, mode) -> None:  # type
                                      equal_length=mode, shuffle=True, seed=seed, nproc_per_node=nproc)
             counts.add(len(files))
             assert set(files) <= mine  # padding re-reads the node's own files
-            assert slot_length(ReadOrder(n, shuffle=True, equal_length=mode), Layout(world, k, nproc), Slot(rank, worker)) == len(files)
+            assert slot_length(ReadOrder(n, shuffle=True, equal_length=mode),
+                               Layout(world, k, nproc), Slot(rank, worker)) == len(files)
     assert len(counts) == 1  # every rank of every node: the same count (DDP needs it)
 
 

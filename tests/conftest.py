@@ -8,8 +8,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.common.backends import walking_store  # noqa: F401  (a fixture for every test)
+from tests.common.groups import pytest_collection_modifyitems  # noqa: F401  (xdist groups)
 from tests.common.parts import MotoServer, rclone_mount, unique, wait_visible
-from tests.common.spark import spark_session, warehouse, warehouse_root  # noqa: F401  (export fixtures)
+from tests.common.spark import (  # noqa: F401  (export fixtures)
+    big_table,
+    spark_session,
+    warehouse,
+    warehouse_root,
+)
 
 
 @pytest.fixture(autouse=True)

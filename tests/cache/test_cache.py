@@ -186,6 +186,7 @@ _WORKER = textwrap.dedent("""
     from ucstage.cache import LocalCache
     m = manifest.load(sys.argv[1])
     expected = json.load(open(sys.argv[2]))
+    open(f"{sys.argv[3]}.ready{os.getpid()}", "w").close()
     while not os.path.exists(sys.argv[3]):
         time.sleep(0.01)
     vol, cache, bad = m.volume(), LocalCache(), 0
@@ -212,7 +213,11 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
     script.write_text(_WORKER)
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
                                str(go)], stdout=subprocess.PIPE, text=True) for _ in range(8)]
-    time.sleep(1.0)  # let them all import and wait at the gate
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready*"))) < 8:  # all imported, waiting at the gate
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.poll() for p in procs]
+        time.sleep(0.01)
     go.touch()
     outs = [p.communicate(timeout=150)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 8

@@ -11,11 +11,17 @@ from tests.common.backends import walking_store  # noqa: F401  (a fixture for ev
 from tests.common.groups import pytest_collection_modifyitems  # noqa: F401  (xdist groups)
 from tests.common.parts import MotoServer, rclone_mount, unique, wait_visible
 from tests.common.spark import (  # noqa: F401  (export fixtures)
+    TEST_JAVA_OPTIONS,
     big_table,
     spark_session,
     warehouse,
     warehouse_root,
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """JVM options for the test JVMs (see TEST_JAVA_OPTIONS); a user's own win."""
+    os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JAVA_OPTIONS)
 
 
 @pytest.fixture(autouse=True)

@@ -131,11 +131,17 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
     with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
-        # Kill points: during start-up, then 0 s, 0.3 s and 0.8 s after a copy
-        # is seen in progress (polling, so a slow machine still hits mid-copy);
-        # then more kills right after a copy shows, until one has landed
-        # mid-copy (on a loaded machine a kill can miss the window).
-        attempts = [None, 0.0, 0.3, 0.8, *[0.0] * 6]
+        # Kill points: during start-up, then 0 s and 0.3 s after a copy is seen
+        # in progress (polling, so a slow machine still hits mid-copy), then
+        # once a copy has landed while another is in progress (awaited, not
+        # timed: on a loaded machine 0.8 s could pass before any copy landed,
+        # leaving the rerun nothing to resume); then more kills right after a
+        # copy shows, until one has landed mid-copy.
+        def landed() -> bool:
+            ns = _only_namespace(cache_dir)
+            return ns is not None and bool(visible_files(ns)) and bool(partial_files(ns))
+
+        attempts: list[float | str | None] = [None, 0.0, 0.3, "landed", *[0.0] * 6]
         for n, after_partial in enumerate(attempts):
             if n >= 4 and saw_partial:
                 break
@@ -143,12 +149,16 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
                                     stderr=subprocess.DEVNULL)
             if after_partial is None:
                 time.sleep(0.2)
+            elif after_partial == "landed":
+                deadline = time.monotonic() + 60
+                while not landed() and time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.01)
             else:
                 deadline = time.monotonic() + 30
                 while not partial_files(cache_dir) and time.monotonic() < deadline \
                         and proc.poll() is None:
                     time.sleep(0.01)
-                time.sleep(after_partial)
+                time.sleep(float(after_partial))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             ns = _only_namespace(cache_dir)

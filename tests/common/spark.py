@@ -2,7 +2,9 @@
 
 * ``spark_session``: ONE embedded Spark Connect server for the whole test
   session, started through the library (``ucstage.export.spark.get_session``), so
-  every test, library or CLI, reuses it as a user's process would.
+  every test, library or CLI, reuses it as a user's process would. Under
+  pytest-xdist every test that asks for it runs on one worker (the ``spark``
+  group, tests/common/groups.py), so the suite still starts it once.
 * ``warehouse``: a temp ``$UCSTAGE_WAREHOUSE`` with Delta tables written by
   deltalake (delta-rs): several commits, a partitioned table, odd names and
   types, a deletion-vector table and a column-mapping table.

@@ -131,11 +131,17 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
     with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
-        # Kill points: during start-up, then 0 s, 0.3 s and 0.8 s after a copy
-        # is seen in progress (polling, so a slow machine still hits mid-copy);
-        # then more kills right after a copy shows, until one has landed
-        # mid-copy (on a loaded machine a kill can miss the window).
-        attempts = [None, 0.0, 0.3, 0.8, *[0.0] * 6]
+        # Kill points: during start-up, then 0 s and 0.3 s after a copy is seen
+        # in progress (polling, so a slow machine still hits mid-copy), then
+        # once a copy has landed while another is in progress (awaited, not
+        # timed: on a loaded machine 0.8 s could pass before any copy landed,
+        # leaving the rerun nothing to resume); then more kills right after a
+        # copy shows, until one has landed mid-copy.
+        def landed() -> bool:
+            ns = _only_namespace(cache_dir)
+            return ns is not None and bool(visible_files(ns)) and bool(partial_files(ns))
+
+        attempts: list[float | str | None] = [None, 0.0, 0.3, "landed", *[0.0] * 6]
         for n, after_partial in enumerate(attempts):
             if n >= 4 and saw_partial:
                 break
@@ -143,12 +149,16 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
                                     stderr=subprocess.DEVNULL)
             if after_partial is None:
                 time.sleep(0.2)
+            elif after_partial == "landed":
+                deadline = time.monotonic() + 60
+                while not landed() and time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.01)
             else:
                 deadline = time.monotonic() + 30
                 while not partial_files(cache_dir) and time.monotonic() < deadline \
                         and proc.poll() is None:
                     time.sleep(0.01)
-                time.sleep(after_partial)
+                time.sleep(float(after_partial))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             ns = _only_namespace(cache_dir)
@@ -186,6 +196,7 @@ _WORKER = textwrap.dedent("""
     from ucstage.cache import LocalCache
     m = manifest.load(sys.argv[1])
     expected = json.load(open(sys.argv[2]))
+    open(f"{sys.argv[3]}.ready{os.getpid()}", "w").close()
     while not os.path.exists(sys.argv[3]):
         time.sleep(0.01)
     vol, cache, bad = m.volume(), LocalCache(), 0
@@ -212,7 +223,11 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
     script.write_text(_WORKER)
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
                                str(go)], stdout=subprocess.PIPE, text=True) for _ in range(8)]
-    time.sleep(1.0)  # let them all import and wait at the gate
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready*"))) < 8:  # all imported, waiting at the gate
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.poll() for p in procs]
+        time.sleep(0.01)
     go.touch()
     outs = [p.communicate(timeout=150)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 8

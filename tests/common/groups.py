@@ -38,7 +38,7 @@ def group_of(item: pytest.Item) -> str | None:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """Mark each grouped test ``xdist_group`` before pytest-xdist reads the
-    marks; after it, make sure the test's id carries the ``@group`` suffix
+    marks; after it, check that the test's id carries the ``@group`` suffix
     that ``--dist loadgroup`` schedules by."""
     for item in items:
         group = group_of(item)
@@ -47,22 +47,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if getattr(config.option, "loadgroup", False):  # set on xdist's workers
         for item in items:
-            _suffix_id(item)
+            _check_grouped(item)
 
 
-def _suffix_id(item: pytest.Item) -> None:
+def _check_grouped(item: pytest.Item) -> None:
     """pytest-xdist 3.8 writes the suffix into ``item._nodeid``, which pytest
-    9.2's structured node ids no longer read (pytest-xdist issue #1386): the
-    groups would silently spread over every worker. Write it where pytest
-    reads it, and fail loudly if that stops working too."""
+    9.2's structured node ids no longer read (pytest-xdist issue #1386), so
+    there the groups silently spread over every worker and two JVMs start on
+    2 cores. scripts/constraints.txt pins pytest 9.1 for that reason; this
+    check stops a run whose pytest and xdist disagree again."""
     mark = item.get_closest_marker("xdist_group")
     if mark is None:
         return
     suffix = "@" + str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    if item.nodeid.endswith(suffix):
-        return  # xdist managed
-    from _pytest.nodeid import NodeId
-
-    item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
     if not item.nodeid.endswith(suffix):
-        raise pytest.UsageError(f"cannot put {item.nodeid} in its xdist group {suffix[1:]}")
+        raise pytest.UsageError(
+            f"pytest-xdist did not put {item.nodeid} in its group {suffix[1:]}: this pytest "
+            "and pytest-xdist disagree on node ids (pin the versions in scripts/constraints.txt)")

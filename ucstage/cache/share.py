@@ -78,10 +78,10 @@ def share_text(nodes: Sequence[int], layout: Layout) -> str:
 
 
 def warm_slice(cache: LocalCache, volume: Volume, entries: Sequence[FileEntry],
-               slice_: RankSlice | None = None, *, jobs: int | str = AUTO,
+               rank_slice: RankSlice | None = None, *, jobs: int | str = AUTO,
                callback: Callback = NO_PROGRESS) -> WarmReport:
     """:meth:`LocalCache.warm` of the entries :func:`rank_slice` chose (or of a
-    whole source, ``slice_`` None).
+    whole source, ``rank_slice`` None).
 
     Raises:
         CacheFull: as :meth:`LocalCache.warm`; for a node's whole share the
@@ -91,10 +91,10 @@ def warm_slice(cache: LocalCache, volume: Volume, entries: Sequence[FileEntry],
     try:
         return cache.warm(volume, entries, jobs=jobs, callback=callback)
     except CacheFull as exc:
-        if slice_ is None or slice_.nodes is None:
+        if rank_slice is None or rank_slice.nodes is None:
             raise
         raise CacheFull(
-            f"{share_text(slice_.nodes, slice_.layout)} does not fit: {exc.message}",
+            f"{share_text(rank_slice.nodes, rank_slice.layout)} does not fit: {exc.message}",
             hint="the node reads these files every epoch; give it a cache that holds them "
                  "(raise max_bytes, a larger disk) or run on more nodes; shuffle_scope "
                  "global needs one epoch's slice but fetches again every epoch") from exc

@@ -2,7 +2,9 @@
 
 The CLI maps them, in one place (``ucstage.cli.app``), to a one-line message,
 an optional hint and an exit code: 2 for "you asked for something wrong",
-1 for "the command ran and found a problem".
+1 for "the command ran and found a problem". Messages name the library's
+parameters, never CLI flags: the mapper says them as the running command's
+flags (``ucstage.cli.output.flag_names`` and ``error_hint``).
 """
 
 from __future__ import annotations

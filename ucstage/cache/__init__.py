@@ -5,7 +5,9 @@ the fetch protocol (copying one entry once), ``warm`` copying many at once,
 ``space`` the on-disk state (:class:`CacheSpace`: ``namespaces``, the byte
 ``ledger``, the tree ``walk``, the ``stamps`` memo, eviction) it shares with
 ``maintenance`` (status, verify, clear, prune), ``reports`` what they return,
-``inflight`` how a job stops its copies (:class:`Inflight`); ``leases``,
+``inflight`` how a job stops its copies (:class:`Inflight`); ``share`` which
+ranks' files a warm covers (a node's share) and ``sources`` the cache seen from
+a SOURCE (verifying one or all, a lazy job's environment); ``leases``,
 ``policy`` and ``runstats`` how a dataset's reader holds its files, the
 eviction order and a run's counters (:class:`RunStats`); ``paths``, ``copy``
 and ``locks`` are the pieces below. See docs/cache.md and docs/design.md.
@@ -26,6 +28,8 @@ from .reports import (
     WarmReport,
 )
 from .runstats import RunStats
+from .share import rank_slice, share_text, warm_ranks, warm_slice
+from .sources import cached_volumes, job_env, verify_source
 from .space import CacheSpace
 
 __all__ = [
@@ -45,5 +49,12 @@ __all__ = [
     "Stopped",
     "VerifyReport",
     "WarmReport",
+    "cached_volumes",
+    "job_env",
     "rank_entries",
+    "rank_slice",
+    "share_text",
+    "verify_source",
+    "warm_ranks",
+    "warm_slice",
 ]

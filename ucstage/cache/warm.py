@@ -32,7 +32,7 @@ __all__ = ["GRACE", "WARM_FEWER", "WarmCopies", "warm_entries"]
 WARM_FEWER = "warm fewer files"
 """How a :exc:`CacheFull` hint of :meth:`ucstage.LocalCache.warm` ends when warming
 fewer files would help; the library cannot name the CLI flags that choose
-them, so the CLI adds them."""
+them, so the CLI's error mapper adds them (:func:`ucstage.cli.output.error_hint`)."""
 GRACE = 1.0
 """Seconds a stopping warm lets its copies in flight finish before abandoning them."""
 

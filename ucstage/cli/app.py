@@ -13,7 +13,7 @@ import click
 
 from .. import __version__
 from ..errors import Terminated, UcstageError
-from .output import COMMAND_META, JSON_META, Group, err, flag_names, print_error
+from .output import COMMAND_META, JSON_META, Group, err, error_hint, flag_names, print_error
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -42,7 +42,7 @@ class UcstageGroup(Group):
             if debug:
                 traceback.print_exc()
             command = ctx.meta.get(COMMAND_META)
-            _report(ctx, flag_names(exc.message, command), flag_names(exc.hint, command),
+            _report(ctx, flag_names(exc.message, command), error_hint(exc, command),
                     type(exc).__name__, exc.exit_code)
         except click.exceptions.UsageError as exc:
             # Same one-line shape as every other error, instead of click's usage block.

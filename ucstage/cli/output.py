@@ -6,7 +6,8 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -14,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..cache.warm import WARM_FEWER
+from ..errors import CacheFull, UcstageError
 from ..manifest import Manifest
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
@@ -50,18 +53,24 @@ err = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 __all__ = [
     "JSON_META",
+    "counted",
     "emit",
     "err",
+    "error_hint",
     "fail_found",
     "format_bytes",
     "json_option",
+    "listing",
     "out",
     "print_error",
     "read_source",
+    "refuse_filters_of_frozen",
+    "skip_unreadable_given",
     "source_of",
     "source_options",
     "table",
     "truncated_rows",
+    "warn_skipped",
 ]
 
 
@@ -145,15 +154,32 @@ def read_source(
     returned. ``skip_unreadable`` defaults to the running command's
     ``--skip-unreadable``."""
     if skip_unreadable is None:
-        ctx = click.get_current_context(silent=True)
-        skip_unreadable = bool(ctx and ctx.meta.get(SKIP_UNREADABLE_META))
+        skip_unreadable = skip_unreadable_given()
     opened = (source if isinstance(source, (VolumeSource, ManifestSource))
               else source_of(source, manifest_path))
+    refuse_filters_of_frozen(opened, include, exclude, include_hidden, skip_unreadable)
+    result = opened.snapshot(include=include, exclude=exclude, include_hidden=include_hidden,
+                             skip_unreadable=skip_unreadable)
+    warn_skipped(result)
+    return result
+
+
+def skip_unreadable_given() -> bool:
+    """Whether the running command was given ``--skip-unreadable``."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get(SKIP_UNREADABLE_META))
+
+
+def refuse_filters_of_frozen(opened: Source, include: Sequence[str], exclude: Sequence[str],
+                             include_hidden: bool, skip_unreadable: bool) -> None:
+    """A manifest is used as frozen: listing options given with one are a usage error."""
     if opened.frozen and (include or exclude or include_hidden or skip_unreadable):
         raise click.UsageError("--include/--exclude/--all/--skip-unreadable apply to a fresh "
                                "listing; a manifest is used as frozen (filter when you make it)")
-    result = opened.snapshot(include=include, exclude=exclude, include_hidden=include_hidden,
-                             skip_unreadable=skip_unreadable)
+
+
+def warn_skipped(result: Manifest) -> None:
+    """Warn on stderr about the entries a listing refused and the folders it skipped."""
     for path, reason in result.refused[:5]:
         err.print(f"[yellow]warning:[/] skipped {escape(path)}: {escape(reason)}", markup=True)
     if len(result.refused) > 5:
@@ -165,7 +191,22 @@ def read_source(
     if len(result.unreadable) > 5:
         err.print(f"[yellow]warning:[/] skipped {len(result.unreadable) - 5} more unreadable "
                   "folders")
-    return result
+
+
+@contextmanager
+def listing(source: str | None) -> Iterator[None]:
+    """Say what was done when Ctrl-C or SIGTERM stops a listing (nothing yet)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        what = f"listing {source}" if source is not None else "reading the manifest"
+        err.print(f"stopped while {what}: nothing written or copied", markup=False)
+        raise
+
+
+def counted(count: int, noun: str, plural: str = "") -> str:
+    """``1 file``, ``2 files``: a count with its noun in the right number."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
 def emit(data: dict[str, Any], as_json: bool, human: Callable[[Console], None]) -> None:
@@ -242,3 +283,19 @@ def flag_names(message: str, command: click.Command | None) -> str:
         elif message.startswith(param.name + " "):
             message = longs[0] + message[len(param.name):]
     return message
+
+
+FEWER_FILES_FLAGS = ("--include", "--rank")
+"""The flags that choose fewer files to warm, named after a library hint that
+ends in :data:`ucstage.cache.warm.WARM_FEWER` on the commands that have them."""
+
+
+def error_hint(exc: UcstageError, command: click.Command | None) -> str:
+    """``exc``'s hint in ``command``'s terms (:func:`flag_names`); where warming
+    fewer files would help, it also names the command's flags that choose them."""
+    hint = exc.hint
+    flags = {o for p in (command.params if command else []) for o in getattr(p, "opts", [])}
+    if isinstance(exc, CacheFull) and hint.endswith(WARM_FEWER) \
+            and flags.issuperset(FEWER_FILES_FLAGS):
+        hint += f" ({', '.join(FEWER_FILES_FLAGS)})"
+    return flag_names(hint, command)

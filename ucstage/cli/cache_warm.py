@@ -1,0 +1,221 @@
+"""``ucstage cache warm``: parses, calls :func:`ucstage.cache.share.warm_slice`
+(after :func:`~ucstage.cache.share.rank_slice` chose the ranks' files) and
+renders; the JSON shape is docs/json-cache.md#warm."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from ..cache.local import LocalCache
+from ..cache.reports import RankSlice, WarmReport
+from ..cache.share import rank_slice, share_text, warm_ranks, warm_slice
+from ..errors import InvalidArgument
+from ..sharding import Layout, ReadOrder
+from ..units import SIZE_HELP, format_rate
+from ..volumes import FileEntry
+from .args import size_flag
+from .output import (
+    counted,
+    emit,
+    err,
+    fail_found,
+    format_bytes,
+    json_option,
+    listing,
+    read_source,
+    source_options,
+)
+from .progress import Counting, progress_bar
+from .scope import NPROC_HELP, scope_of, shuffle_scope_option
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+EXAMPLES = 10
+
+
+class JobsType(click.ParamType):
+    """``--jobs``: ``auto`` or a number of copies in flight, 1 to 256."""
+
+    name = "N|auto"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+            n = int(value)
+            if 1 <= n <= 256:
+                return n
+        elif isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        self.fail(f"{value!r} is not 'auto' or a number from 1 to 256", param, ctx)
+
+
+@click.command("warm", context_settings=CONTEXT)
+@source_options
+@click.option("-j", "--jobs", type=JobsType(), default="auto", show_default=True,
+              help="Copies in flight: 'auto' ramps them up while throughput rises and "
+                   "backs off on errors or falling throughput (up to 256 requests for "
+                   "s3://, gs://, az:// on the obstore engine, 64 threads for mounts and "
+                   "folders) and reports the value it settled on; a number N (1-256) "
+                   "is used as given.")
+@click.option("--max-bytes", metavar="SIZE", default=None,
+              help="Byte cap for the whole cache; files are evicted, least recently used "
+                   "first, then files a training job consumed (of any source; the summary "
+                   "says which; files a running job holds stay). Default "
+                   f"$UCSTAGE_CACHE_MAX_BYTES, else no cap; {SIZE_HELP}.")
+@click.option("--rank", type=int, default=None, help="Warm only the files this rank reads.")
+@click.option("--node-rank", type=int, default=None,
+              help="Warm the files of every rank on node N (ranks N*P .. N*P+P-1).")
+@click.option("--nproc-per-node", type=int, default=None, metavar="P",
+              help=NPROC_HELP + " Needed by --node-rank.")
+@click.option("-w", "--world-size", type=int, default=None, help="Number of ranks.")
+@click.option("-k", "--num-workers", type=int, default=None,
+              help="DataLoader workers per rank (0 = the main process reads).")
+@click.option("--shuffle", is_flag=True,
+              help="The job shuffles: under the node scope, warm the whole share of the "
+                   "ranks' node (the same files every epoch); under --shuffle-scope global, "
+                   "the ranks' files of --epoch's permutation.")
+@click.option("--seed", type=int, default=None,
+              help="Shuffle seed (with --shuffle; default 0).")
+@click.option("--epoch", type=int, default=None,
+              help="Epoch of the permutation (with --shuffle --shuffle-scope global; "
+                   "default 0). Ignored under the node scope, whose share serves every epoch.")
+@shuffle_scope_option
+@json_option
+def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
+         exclude: tuple[str, ...], include_hidden: bool, jobs: int | str, max_bytes: str | None,
+         rank: int | None, node_rank: int | None, nproc_per_node: int | None,
+         world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
+         epoch: int | None, shuffle_scope: str | None, as_json: bool) -> None:
+    """Copy SOURCE's files into the local cache now, in parallel; files already
+    cached and unchanged are skipped, so a rerun resumes.
+
+    With --rank (or --node-rank), warm only the files those ranks' DataLoader
+    workers read under the slot rule, the same files `shard-plan` prints. With
+    --shuffle under the default node scope, that is the whole share of their
+    node, which serves every epoch (the whole source when the job is one node,
+    i.e. without --nproc-per-node); it is checked against --max-bytes and the
+    free disk before anything is copied.
+    Exits 1 when files fail after retries (they are listed) or do not fit.
+    Off a terminal, a progress line is printed every 10 s. Ctrl-C (or SIGTERM)
+    stops within about 2 s: copies in flight finish or are removed, and the
+    files already copied stay cached (a rerun resumes).
+
+    \b
+    Examples:
+      ucstage cache warm /Volumes/main/ml/train/images
+      ucstage cache warm s3://bucket/train --max-bytes 200G
+      ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
+      ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
+    """
+    ranks = warm_ranks(rank, node_rank, world_size=world_size, num_workers=num_workers,
+                       nproc_per_node=nproc_per_node)
+    if (seed is not None or epoch is not None) and not shuffle:
+        # Without --shuffle the slice is in listing order: a seed or epoch
+        # would change nothing, and silently ignoring it would suggest otherwise.
+        raise InvalidArgument("--seed/--epoch only matter with --shuffle",
+                              hint="add --shuffle, or drop --seed/--epoch")
+    scope = scope_of(shuffle_scope, shuffle)
+    if ranks is None and shuffle:
+        # Order does not matter when warming everything.
+        raise InvalidArgument("--shuffle/--seed/--epoch choose a rank's slice; they need "
+                              "--rank or --node-rank")
+    if shuffle and scope == "node" and epoch is not None:
+        err.print("note: --epoch is ignored under the node shuffle scope: the node's share "
+                  "is the same every epoch, so it is warmed whole", markup=False)
+    cap = size_flag(max_bytes, "--max-bytes")
+    cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
+    with listing(source):
+        m = read_source(source, manifest_path, include, exclude, include_hidden)
+    volume = m.volume()
+    entries = list(m.entries)
+    slice_: RankSlice | None = None
+    if ranks is not None:
+        assert world_size is not None and num_workers is not None
+        entries, slice_ = rank_slice(
+            entries, ranks, Layout(world_size, num_workers, nproc_per_node),
+            ReadOrder(len(entries), shuffle, seed or 0, epoch or 0, None, scope))
+        if slice_.nodes is not None:
+            err.print(f"warming {share_text(slice_.nodes, slice_.layout)}: "
+                      f"{counted(len(entries), 'file')} "
+                      f"({format_bytes(sum(e.size for e in entries))}), the same files "
+                      "every epoch", markup=False)
+    callback: Counting | None = None
+    try:
+        with progress_bar(not as_json, "warming") as callback:
+            report = warm_slice(cache, volume, entries, slice_, jobs=jobs, callback=callback)
+    except KeyboardInterrupt:
+        err.print(_stopped(callback, entries), markup=False)
+        raise
+    data = report.to_json(rank_slice=slice_, refused=m.refused, unreadable=m.unreadable)
+    emit(data, as_json, lambda console: _warm_summary(console, report, ranks, cache.max_bytes,
+                                                      slice_))
+    if report.failed:
+        names = ", ".join(p for p, _ in report.failed[:3])
+        fail_found(f"{len(report.failed):,} of {counted(report.files, 'file')} failed: "
+                   f"{names}" + (" …" if len(report.failed) > 3 else ""), _failed_hint(report))
+
+
+def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:
+    """What an interrupted warm did: ``stopped: 120 of 2,000 files copied ...``."""
+    done = callback.statuses if callback is not None else {}
+    copied, cached, failed = (done.get(k, 0) for k in ("fetched", "cached", "failed"))
+    left = len(entries) - copied - cached - failed
+    now = callback.bytes_done if callback is not None else 0
+    return (f"stopped: {copied:,} of {counted(len(entries), 'file')} copied"
+            + (f", {cached:,} already cached" if cached else "")
+            + (f", {failed:,} failed" if failed else "")
+            + f", {left:,} not copied; {format_bytes(now)} of "
+              f"{format_bytes(sum(e.size for e in entries))} now cached; rerun to copy the rest")
+
+
+def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
+                  cap: int | None, rank_slice: RankSlice | None = None) -> None:
+    rate = (f", {format_rate(report.fetched_bytes / report.seconds)}"
+            if report.fetched_bytes and report.seconds else "")
+    who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
+        f" for rank {ranks[0]}" if ranks else "")
+    if rank_slice is not None and rank_slice.nodes is not None:
+        who = (" for " + share_text(rank_slice.nodes, rank_slice.layout)
+               + ", which serves every epoch")
+    console.print(
+        f"[bold]Warmed[/] {counted(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "
+        f"{report.seconds:.1f} s: fetched {report.fetched:,} "
+        f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
+        f"{report.already_cached:,}, failed {len(report.failed):,}")
+    console.print(f"cache folder: {report.namespace}", markup=False)
+    if report.fetched:
+        how = "settled on by --jobs auto" if report.jobs_auto else "--jobs"
+        console.print(f"engine: {report.engine}, {report.jobs} copies in flight ({how})",
+                      markup=False)
+    # The one place failed files are listed for people (the progress display
+    # only counts them), so each shows once.
+    for path, reason in report.failed[:EXAMPLES]:
+        console.print(f"  [red]failed[/] {escape(path)}: {escape(reason)}", markup=True)
+    if len(report.failed) > EXAMPLES:
+        console.print(f"  … and {len(report.failed) - EXAMPLES:,} more (--json lists all)")
+    if report.evicted:
+        under = f" to stay under the cap of {format_bytes(cap)}" if cap else ""
+        console.print(f"[yellow]evicted[/] {counted(report.evicted_files, 'cached file')} "
+                      f"({format_bytes(report.evicted_bytes)}){escape(under)}:", markup=True)
+        for e in report.evicted:
+            mine = " (this source)" if e.namespace == os.path.basename(report.namespace) else ""
+            console.print(f"  {e.source or e.namespace}{mine}: {counted(e.files, 'file')} "
+                          f"({format_bytes(e.bytes)})", markup=False)
+
+
+
+def _failed_hint(report: WarmReport) -> str:
+    """Suggest a rerun only for failures a rerun can fix (transient errors)."""
+    retryable = len(report.retryable)
+    if retryable == len(report.failed):
+        return "rerun to retry just those; the rest are cached"
+    if retryable:
+        return (f"rerun to retry the {retryable:,} that failed on transient errors; the "
+                "others (missing, unreadable or not a file) fail again until the source "
+                "is fixed; the rest are cached")
+    return ("they are missing, unreadable or not regular files at the source, so a rerun "
+            "fails the same way until the source is fixed; the rest are cached")

@@ -56,6 +56,7 @@ from ..sharding import (
 )
 from ..units import SIZE_HELP, format_bytes, parse_size
 from ..volumes import FileEntry, Volume, safe_relpath
+from . import integrity
 from . import layout as cd
 from . import maintenance as maint
 from .copy import Copied, copy_to
@@ -482,6 +483,7 @@ class LocalCache:
             raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
         engine = objstore.engine(volume)
         start = time.monotonic()
+        checked = integrity.TALLY.snapshot()
         ns_dir = self.prepare(volume)
         self.space.sweep(ns_dir)
         report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
@@ -513,6 +515,7 @@ class LocalCache:
         tuner = Jobs(fixed, ceiling=ceiling)
         _Warm(self, volume, todo, report, cb, evicted, tuner).run()
         report.jobs = tuner.settled
+        integrity.note(report, checked, volume.url)
         sources = self.space.sources()
         report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
                           for name, (files, nbytes) in evicted.by_namespace().items()]

@@ -166,3 +166,47 @@ def test_a_corrupted_ranged_part_fails_the_md5_of_the_whole_object(fault_proxy: 
     assert fault_proxy.done["flip"] == 1
     assert report.mismatches == 1 and report.check_counts()["md5"] == 1
     assert _wrong(cache, src, {"big.bin": data}) == []
+
+
+def test_stalled_responses_are_hedged_well_before_the_deadline(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A response that stops mid-body with the connection open: the late
+    request gets a hedged ranged GET, which wins; the stalled connection is
+    closed long before the deadline, and every file is right."""
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "8")
+    files = _files(150)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.02, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert fault_proxy.done["stall"] == 3
+    assert doc["fetched"] == 150 and doc["timeouts"] == 0
+    assert doc["hedged"] >= 3
+    assert len(fault_proxy.stalls) == 3 and max(fault_proxy.stalls) < 8
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_without_hedging_a_stall_ends_at_the_deadline_and_is_retried(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCSTAGE_HEDGE", "0")
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "1.5")
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.05, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert fault_proxy.done["stall"] == 2
+    assert (doc["hedged"], doc["timeouts"]) == (0, 2)
+    # Held from mid-body (the deadline runs from the request's start) until
+    # the deadline dropped the request.
+    assert all(0.5 < s < 3 for s in fault_proxy.stalls), fault_proxy.stalls
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_a_bad_deadline_is_refused_naming_the_variable(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "soon")
+    src = make_source("s3", "", _files(1))
+    result = CliRunner().invoke(cli, ["cache", "warm", src])
+    assert result.exit_code != 0
+    assert "UCSTAGE_REQUEST_DEADLINE='soon'" in result.output

@@ -56,7 +56,7 @@ from ..sharding import (
 )
 from ..units import SIZE_HELP, format_bytes, parse_size
 from ..volumes import FileEntry, Volume, safe_relpath
-from . import integrity
+from . import hedge, integrity
 from . import layout as cd
 from . import maintenance as maint
 from .copy import Copied, copy_to
@@ -484,6 +484,7 @@ class LocalCache:
         engine = objstore.engine(volume)
         start = time.monotonic()
         checked = integrity.TALLY.snapshot()
+        hedges = dict(hedge.STATS)
         ns_dir = self.prepare(volume)
         self.space.sweep(ns_dir)
         report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
@@ -516,6 +517,8 @@ class LocalCache:
         _Warm(self, volume, todo, report, cb, evicted, tuner).run()
         report.jobs = tuner.settled
         integrity.note(report, checked, volume.url)
+        report.hedged = hedge.STATS["hedges"] - hedges.get("hedges", 0)
+        report.timeouts = hedge.STATS["timeouts"] - hedges.get("timeouts", 0)
         sources = self.space.sources()
         report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
                           for name, (files, nbytes) in evicted.by_namespace().items()]

@@ -38,7 +38,7 @@ import threading
 from typing import Any, NamedTuple
 
 from .. import objstore
-from . import integrity
+from . import hedge, integrity
 from .inflight import Inflight, Stopped
 
 __all__ = ["PART", "PARTS_IN_FLIGHT", "SPLIT_AT", "Got", "fetch", "get_into", "loop", "split"]
@@ -118,15 +118,6 @@ def _write(fd: int, offset: int, data: Any) -> int:
     return done
 
 
-async def _stream(result: Any, fd: int, offset: int, digest: Any = None) -> int:
-    written = 0
-    async for chunk in result.stream(min_chunk_size=WHOLE):
-        if digest is not None:
-            digest.update(chunk)
-        written += _write(fd, offset + written, chunk)
-    return written
-
-
 def split(limit: int, objects_left: int) -> int:
     """Requests one object of a warm may have in flight: :data:`PARTS_IN_FLIGHT`
     when the job's ``limit`` leaves that many places for each of the
@@ -151,36 +142,30 @@ def _part_size(size: int, parts: int) -> int:
 
 async def _get(client: Any, key: str, fd: int, size_hint: int,
                parts: int = PARTS_IN_FLIGHT, source: str = "") -> Got:
-    import obstore
-
     if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
-        result = await obstore.get_async(client, key)
-        meta = result.meta
-        expected = integrity.expect_md5(source, _etag(meta))
-        # The MD5 as the bytes arrive: no second pass over the copy.
-        digest = hashlib.md5(usedforsecurity=False) if expected else None
-        if meta["size"] <= WHOLE:
-            # One await for the body instead of a stream's two or more: each
-            # await of a Rust future is a wake-up of the loop and a GIL
-            # hand-off, which cost more CPU than a small object's bytes.
-            body = await result.bytes_async()
-            if digest is not None:
-                digest.update(body)
-            size = _write(fd, 0, body)
-        else:
-            size = await _stream(result, fd, 0, digest)
+        check: dict[str, Any] = {"want": "", "digest": None}
+
+        def digest_for(meta: Any) -> Any:
+            # The MD5 as the bytes arrive: no second pass over the copy.
+            check["want"] = integrity.expect_md5(source, _etag(meta))
+            check["digest"] = hashlib.md5(usedforsecurity=False) if check["want"] else None
+            return check["digest"]
+
+        size, meta = await hedge.read(client, key, fd, 0, None, source=source, write=_write,
+                                      chunk=WHOLE, digest_for=digest_for)
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
-        verdict = integrity.judge(source, key, expected,
+        digest = check["digest"]
+        verdict = integrity.judge(source, key, check["want"],
                                   digest.hexdigest() if digest is not None else "")
     else:
-        size, meta = await _get_ranged(client, key, fd, size_hint, parts)
-        expected = integrity.expect_md5(source, _etag(meta))
+        size, meta = await _get_ranged(client, key, fd, size_hint, parts, source)
+        want = integrity.expect_md5(source, _etag(meta))
         # MD5 needs the bytes in order: hashed once every part is written
         # (the copy is in the page cache then), off the loop.
         got = await asyncio.get_running_loop().run_in_executor(
-            None, integrity.digest_file, fd, size) if expected else ""
-        verdict = integrity.judge(source, key, expected, got)
+            None, integrity.digest_file, fd, size) if want else ""
+        verdict = integrity.judge(source, key, want, got)
     os.ftruncate(fd, size)  # the caller may have preallocated more
     integrity.record(fd, verdict)
     return Got(size, _etag(meta), objstore.mtime_ns(meta["last_modified"]), verdict.check)
@@ -191,38 +176,45 @@ def _etag(meta: Any) -> str:
 
 
 async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
-                      parts: int) -> tuple[int, Any]:
+                      parts: int, source: str) -> tuple[int, Any]:
     """Parallel ranged GETs of one large object; returns (size, first part's meta)."""
-    import obstore
-
     step = _part_size(size_hint, parts)
     gate = asyncio.Semaphore(max(1, parts))
     await gate.acquire()  # the first part's place, held while it streams
-    first = await obstore.get_async(client, key, options={"range": (0, step)})
-    meta = first.meta
-    size = meta["size"]
-    etag = meta["e_tag"]
+    headers: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     wrote: list[int] = []
 
-    async def stream_first() -> None:
+    def heard(meta: Any) -> None:
+        if not headers.done():
+            headers.set_result(meta)
+
+    async def first_part() -> Any:
         try:
-            wrote.append(await _stream(first, fd, 0))
+            done, meta = await hedge.read(client, key, fd, 0, step, source=source, write=_write,
+                                          chunk=WHOLE, on_meta=heard)
+            wrote.append(done)
+            return meta
         finally:
             gate.release()
 
-    async def part(start: int) -> None:
+    async def part(start: int, size: int, etag: str) -> None:
         async with gate:
-            options: Any = {"range": (start, min(size, start + step))}
-            if etag:
-                options["if_match"] = etag
-            result = await obstore.get_async(client, key, options=options)
-            wrote.append(await _stream(result, fd, start))
+            done, _ = await hedge.read(client, key, fd, start, min(size, start + step),
+                                       source=source, write=_write, chunk=WHOLE,
+                                       if_match=etag)
+            wrote.append(done)
 
-    # The others start as soon as the first part's headers name the ETag;
-    # the first part streams meanwhile.
-    tasks = [asyncio.ensure_future(stream_first())]
-    tasks += [asyncio.ensure_future(part(start)) for start in range(step, size, step)]
+    # The others start as soon as the first part's headers name the size and
+    # the ETag; the first part streams meanwhile.
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(first_part())]
     try:
+        await asyncio.wait([headers, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+        if not headers.done():
+            await tasks[0]  # failed before its headers: raises its error
+        meta = headers.result()
+        size, etag = int(meta["size"]), str(meta["e_tag"] or "")
+        tasks += [asyncio.ensure_future(part(start, size, etag))
+                  for start in range(step, size, step)]
         await asyncio.gather(*tasks)
     except BaseException:
         # One part failed (or the copy was cancelled): no other part may

@@ -114,6 +114,10 @@ class WarmReport:
     """Copies whose bytes differed from the store's checksum: retried, never cached."""
     etags_not_md5: bool = False
     """This warm found that the source's ETags are not MD5s (SSE-KMS): size only."""
+    hedged: int = 0
+    """GETs that were late and got a second, hedged request (:mod:`ucstage.cache.hedge`)."""
+    timeouts: int = 0
+    """Requests dropped at the deadline (each retried)."""
 
     @property
     def evicted_files(self) -> int:
@@ -168,6 +172,8 @@ class WarmReport:
             "checks": self.check_counts(),
             "checksum_mismatches": self.mismatches,
             "etags_not_md5": self.etags_not_md5,
+            "hedged": self.hedged,
+            "timeouts": self.timeouts,
         }
 
     def check_counts(self) -> dict[str, int]:

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 echo "== ruff" >&2
-ruff check ucstage tests scripts docs/examples
+ruff check ucstage tests scripts docs/examples benchmarks
 echo "== mypy" >&2
 mypy
 echo "== package" >&2

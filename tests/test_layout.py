@@ -103,7 +103,10 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.manifest", "ucstage.ports",
+CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.entry",
+        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing",
+        "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
+        "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.source", "ucstage.ports",
         "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
         "ucstage.resume", "ucstage.objstore"}
 

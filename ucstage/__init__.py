@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import UcstageError
-from .manifest import Manifest, snapshot
+from .manifest import Manifest
 from .resume import merge_states
 from .sharding import plan, slot_files
+from .source import snapshot
 from .volumes import FileEntry, list_files, resolve
 
 __version__ = "0.1.0"

@@ -29,7 +29,7 @@ from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
 from tests.common.throttle import throttled
 from ucstage import manifest as manifest_mod
 from ucstage.cache import LocalCache, rank_entries
-from ucstage.cache.layout import PART_SUFFIX, STAMP_XATTR, read_stamp
+from ucstage.cache.paths import PART_SUFFIX, STAMP_XATTR, read_stamp
 from ucstage.errors import CacheFull, CacheOwnershipError, FetchFailed, UnsafePath
 from ucstage.manifest import snapshot
 from ucstage.progress import Callback
@@ -458,7 +458,7 @@ def test_root_is_private_and_foreign_roots_are_refused(tmp_path: Path) -> None:
 
 def test_default_root_is_per_user_under_tmp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("UCSTAGE_CACHE_DIR")
-    from ucstage.cache.layout import default_root
+    from ucstage.cache.paths import default_root
 
     assert default_root() == f"/tmp/ucstage-{os.getuid()}"
     monkeypatch.setenv("UCSTAGE_CACHE_DIR", "/x/y")
@@ -619,14 +619,14 @@ def test_lookup_rate_is_counted(tmp_path: Path) -> None:
 
 def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch, source_kind: str) -> None:
-    import ucstage.cache.local as cache_mod
+    import ucstage.cache.fetch as cache_mod
 
     copies: list[str] = []
     real_copy = cache_mod.copy_to
 
-    def counting_copy(volume, relpath, dst, run=None, size=0):  # type: ignore[no-untyped-def]
+    def counting_copy(volume, relpath, dst, inflight=None, size=0):  # type: ignore[no-untyped-def]
         copies.append(relpath)
-        return real_copy(volume, relpath, dst, run, size)
+        return real_copy(volume, relpath, dst, inflight, size)
 
     monkeypatch.setattr(cache_mod, "copy_to", counting_copy)
     vol, entries = _local_source(tmp_path, 20, 4 * KB, source_kind)

@@ -134,7 +134,7 @@ def test_a_touched_file_keeps_its_stamp_in_the_memo(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Handing a file out touches its atime, which moves its ctime; the memo
     follows, so the next hand-out costs a stat and no stamp read."""
-    from ucstage.cache import layout
+    from ucstage.cache import paths
 
     src = _tree(tmp_path / "src")
     m = snapshot(str(src))
@@ -146,13 +146,13 @@ def test_a_touched_file_keeps_its_stamp_in_the_memo(tmp_path: Path,
     past = mtime - 60 * 10**9
     os.utime(path, ns=(past, mtime))  # last handed out long ago: the next lookup touches it
     reads: list[str] = []
-    read_stamp = layout.read_stamp
+    read_stamp = paths.read_stamp
 
     def counted(p: str):  # type: ignore[no-untyped-def]
         reads.append(p)
         return read_stamp(p)
 
-    monkeypatch.setattr(layout, "read_stamp", counted)
+    monkeypatch.setattr(paths, "read_stamp", counted)
     assert cache.lookup(vol, entry) == path  # touches (ctime moves)
     assert os.stat(path).st_atime_ns > past
     assert cache.lookup(vol, entry) == path

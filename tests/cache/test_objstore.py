@@ -22,8 +22,8 @@ from tests.common.parts import unique
 from tests.common.throttle import Throttle, throttled
 from ucstage import objstore
 from ucstage.cache import Inflight, LocalCache, Stopped
-from ucstage.cache.layout import PART_SUFFIX
 from ucstage.cache.objget import PART, SPLIT_AT
+from ucstage.cache.paths import PART_SUFFIX
 from ucstage.errors import InvalidArgument, SourceUnreadable
 from ucstage.manifest import Manifest, snapshot
 from ucstage.progress import Callback
@@ -248,19 +248,19 @@ def test_a_stopped_fetch_cancels_its_request_while_the_store_hangs(proxied: Thro
     m = snapshot(src)
     vol = m.volume()
     cache = LocalCache(max_bytes=1 << 20)
-    run = Inflight()
+    inflight = Inflight()
     outcome: list[BaseException | str] = []
 
     def fetch() -> None:
         try:
-            outcome.append(cache.fetch(vol, m.entries[0], run=run))
+            outcome.append(cache.fetch(vol, m.entries[0], inflight=inflight))
         except BaseException as exc:
             outcome.append(exc)
 
     thread = threading.Thread(target=fetch, daemon=True)
     thread.start()
     _poll("the GET to reach the store", lambda: proxied.held == 1)
-    run.stop()
+    inflight.stop()
     thread.join(30)
     assert not thread.is_alive() and proxied.held == 1  # ended while the store still hangs
     assert isinstance(outcome[0], Stopped)

@@ -22,7 +22,7 @@ import pytest
 
 from tests.common.parts import rclone_mount
 from ucstage.cache import LocalCache
-from ucstage.cache.layout import PART_SUFFIX
+from ucstage.cache.paths import PART_SUFFIX
 from ucstage.manifest import snapshot
 from ucstage.progress import Callback
 
@@ -267,7 +267,7 @@ def test_keyboard_interrupt_stops_the_library_warm(tmp_path: Path) -> None:
 
 @pytest.mark.fuse
 def test_fetch_with_a_run_can_be_stopped_and_abandoned(tmp_path: Path) -> None:
-    """LocalCache.fetch(run=): what a dataset's read-ahead stops its copies with.
+    """LocalCache.fetch(inflight=): what a dataset's read-ahead stops its copies with.
     A copy blocked in a read of a hung mount is given up at once by abandon();
     its thread then leaves the cache alone; a stopped run copies nothing more."""
     from ucstage.cache import Inflight, Stopped
@@ -278,13 +278,13 @@ def test_fetch_with_a_run_can_be_stopped_and_abandoned(tmp_path: Path) -> None:
         m = snapshot(str(mnt))
         vol, entries = m.volume(), list(m.entries)
         cache = LocalCache(cache_dir, max_bytes=1 << 30)
-        run = Inflight()
-        first = cache.fetch(vol, entries[0], run=run)  # an ordinary fetch until stopped
+        inflight = Inflight()
+        first = cache.fetch(vol, entries[0], inflight=inflight)  # an ordinary fetch until stopped
         outcome: list[BaseException | str] = []
 
         def fetch_second() -> None:
             try:
-                outcome.append(cache.fetch(vol, entries[1], run=run))
+                outcome.append(cache.fetch(vol, entries[1], inflight=inflight))
             except BaseException as exc:
                 outcome.append(exc)
 
@@ -294,17 +294,17 @@ def test_fetch_with_a_run_can_be_stopped_and_abandoned(tmp_path: Path) -> None:
             # Copying, not only created: a temp file exists a moment before its
             # copy is registered, and a copy still reserving is not abandoned
             # (it sees the stop and removes its own temp file).
-            _poll("a copy in flight", lambda: run.copying_now == 1)
+            _poll("a copy in flight", lambda: inflight.copying_now == 1)
             assert _partials(cache_dir)
-            run.stop()
-            assert cache.abandon(run) == 1
+            inflight.stop()
+            assert cache.abandon(inflight) == 1
             assert _partials(cache_dir) == []  # while the read still hangs
             assert cache.space.recorded_bytes() == SIZE  # the first file only
         thread.join(60)
         assert not thread.is_alive() and isinstance(outcome[0], Stopped)
         assert _cached(cache_dir) == {entries[0].path: SIZE} and _partials(cache_dir) == []
         assert cache.space.recorded_bytes() == SIZE
-        assert cache.fetch(vol, entries[0], run=run) == first  # cached: still handed out
+        assert cache.fetch(vol, entries[0], inflight=inflight) == first  # cached: still handed out
         with pytest.raises(Stopped):
-            cache.fetch(vol, entries[2], run=run)  # stopped: no new copy
+            cache.fetch(vol, entries[2], inflight=inflight)  # stopped: no new copy
         assert _cached(cache_dir) == {entries[0].path: SIZE}

@@ -13,8 +13,9 @@ response mid-body the ways a network does:
 The choice is deterministic: GET number ``n`` (counted from 1, listings
 excluded) is faulted when ``floor(n * share)`` steps up, so N GETs get
 ``floor(N * share)`` faults whatever the order the requests arrive in. A key
-is faulted at most :attr:`Faults.per_key` times, so no file can fail every
-retry: the tests stay bounded and never flaky.
+is faulted at most :attr:`Faults.per_key` times (a fault due on a key hit
+enough goes to the next GET), so no file can fail every retry: the tests
+stay bounded and never flaky.
 
 ``etags="kms"`` serves every ETag (GET, HEAD, listings) as the MD5 of the
 real one: 32 hex digits that are not the body's MD5, as an SSE-KMS bucket
@@ -66,6 +67,7 @@ class Faults:
         """``"kms"``: serve ETags that are not MD5s of the bodies."""
         self.gets = 0
         """Object GETs seen (counted toward the share)."""
+        self._owed = 0
         self.done: Counter[str] = Counter()
         """Faults injected, by kind."""
         self.faulted: Counter[str] = Counter()
@@ -84,6 +86,7 @@ class Faults:
         with self._lock:
             self.kind, self.share, self.prefix, self.per_key = kind, share, prefix, per_key
             self.gets = 0
+            self._owed = 0
             self.done.clear()
             self.faulted.clear()
             self.stalls.clear()
@@ -101,10 +104,11 @@ class Faults:
         with self._lock:
             self.gets += 1
             n = self.gets
-            if int(n * self.share) == int((n - 1) * self.share):
-                return "", 0
-            if self.faulted[key] >= self.per_key:
-                return "", 0
+            if int(n * self.share) != int((n - 1) * self.share):
+                self._owed += 1
+            if not self._owed or self.faulted[key] >= self.per_key:
+                return "", 0  # a fault due on a key hit enough goes to the next GET
+            self._owed -= 1
             self.faulted[key] += 1
             self.done[self.kind] += 1
             return self.kind, self.faulted[key] - 1

@@ -184,12 +184,13 @@ def test_a_fresh_listing_does_not_resolve_its_source_again(vol, tmp_path, monkey
     import pickle
 
     from ucstage import volumes
+    from ucstage.volumes import location
 
     monkeypatch.chdir(tmp_path)
     m = snapshot("vol/")  # relative, with a slash: named as resolve() names it
     kinds = []
-    real_kind = volumes._kind
-    monkeypatch.setattr(volumes, "_kind", lambda v: kinds.append(v) or real_kind(v))
+    real_kind = location.kind_of
+    monkeypatch.setattr(location, "kind_of", lambda v: kinds.append(v) or real_kind(v))
     got = m.volume()
     assert kinds == []
     afresh = volumes.resolve(m.source)

@@ -163,11 +163,11 @@ def test_take_reads_rows_across_chunks_and_sliced_buffers():
     slices of a larger buffer (non-zero offset), any order, repeats."""
     import pyarrow as pa
 
-    from ucstage.manifest import ArrowEntries, _schema
+    from ucstage.manifest.columns import ArrowEntries, schema
 
     rows = [(f"d{i % 7}/f{i:05d}.bin", i * 3, f"v{i}") for i in range(500)]
     whole = pa.Table.from_pylist([dict(zip(("path", "size", "version"), r, strict=True)) for r in rows],
-                                 schema=_schema())
+                                 schema=schema())
     # Chunks 0:130, 130:400, 400:500, each a zero-copy slice of the one buffer.
     chunked = pa.concat_tables([whole.slice(0, 130), whole.slice(130, 270), whole.slice(400)])
     assert chunked.column(0).num_chunks == 3

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from tests.common.backends import WalkingStore
 from tests.common.parts import unique, wait_synced
-from ucstage import volumes
-from ucstage.volumes import UnreadableFolders, list_files
+from ucstage.volumes import UnreadableFolders, list_files, walk
 
 NAMES = ["a", "b", "_c", ".d", "e"]
 FILES = ["x.bin", "_y", ".z", "w.jpg"]
@@ -116,12 +115,12 @@ def outcome(source: str, hidden: bool, skip: bool
 @contextlib.contextmanager
 def threads(n: int) -> Iterator[None]:
     """List with ``n`` threads (1: one folder at a time, as the walk always did)."""
-    saved = volumes.LIST_THREADS
-    volumes.LIST_THREADS = n
+    saved = walk.LIST_THREADS
+    walk.LIST_THREADS = n
     try:
         yield
     finally:
-        volumes.LIST_THREADS = saved
+        walk.LIST_THREADS = saved
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,7 +220,7 @@ def test_a_failing_folder_visit_stops_the_walk_and_is_raised():
             (["boom"] if folder == "top/0/0" else [])
 
     with pytest.raises(RuntimeError, match="boom"):
-        volumes._walk_folders("top", visit, threads=4)
+        walk.walk_folders("top", visit, threads=4)
     assert "boom" in seen
 
 

@@ -61,7 +61,7 @@ def _record_loads(worker_id):
     """worker_init_fn: log, from inside the worker, every manifest load and
     every full fingerprint pass (a spawned worker imports ucstage afresh)."""
     log = os.environ["UCSTAGE_TEST_LOAD_LOG"]
-    real_load, real_hash = mf.load, mf._arrow_fingerprint
+    real_load, real_hash = mf.load, mf.columns.arrow_fingerprint
 
     def load(*args, **kwargs):
         with open(log, "a") as fh:
@@ -73,7 +73,7 @@ def _record_loads(worker_id):
             fh.write("full fingerprint\n")
         return real_hash(batches)
 
-    mf.load, mf._arrow_fingerprint = load, hashing
+    mf.load, mf.columns.arrow_fingerprint = load, hashing
 
 
 def test_workers_check_the_header_only(tmp_path, monkeypatch):

@@ -164,7 +164,7 @@ def run(
         recommendation=recommend(results), max_seconds=max_seconds,
         seconds=time.monotonic() - started, stopped_early=stopped_early,
         batch_size=batch_size if "loader" in mode_list else None,
-        engine=objstore.engine(manifest.volume()),
+        engine=objstore.engine(volume),
         # A note repeated by several runs (warm's partial fill) is said once.
         notes=list(dict.fromkeys(notes)),
     )

@@ -18,7 +18,7 @@ from ..cache.local import LocalCache
 from ..data import DataLoader, VolumeDataset
 from ..manifest import Manifest, fingerprint
 from ..volumes import FileEntry
-from .measure import BUFFER_BYTES, Meter, Tally
+from .measure import BUFFER_BYTES, Meter, ReadTally
 
 __all__ = ["ReadEach", "loader_run"]
 
@@ -55,7 +55,7 @@ def loader_run(
     manifest: Manifest, entries: Sequence[FileEntry], workers: int, batch_size: int,
     cache_root: str, deadline: float | None, meter: Meter,
     shuffle: tuple[bool, int, str, int | None] = (False, 0, "node", None),
-) -> tuple[Tally, float, bool]:
+) -> tuple[ReadTally, float, bool]:
     """Read ``entries`` through a fresh private cache with ``workers`` DataLoader workers.
 
     Returns:
@@ -68,7 +68,7 @@ def loader_run(
                             shuffle=on, seed=seed, shuffle_scope=scope, nproc_per_node=nproc)
     loader = DataLoader(ReadEach(dataset), batch_size=batch_size, num_workers=workers,
                         log_mlflow=False, guard=False, volume_dataset=dataset)
-    tally = Tally()
+    tally = ReadTally()
     complete = True
     started = time.perf_counter()
     iterator: Any = iter(loader)

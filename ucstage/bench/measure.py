@@ -18,7 +18,7 @@ from ..errors import FetchFailed
 from ..progress import Callback
 from ..volumes import FileEntry, Volume
 
-__all__ = ["BUFFER_BYTES", "Meter", "Reader", "Tally", "measure", "raise_read_error"]
+__all__ = ["BUFFER_BYTES", "FileReader", "Meter", "ReadTally", "measure", "raise_read_error"]
 
 BUFFER_BYTES = 4 * 1024 * 1024
 """Read size per call: large, so per-call overhead does not hide the volume's speed."""
@@ -54,7 +54,7 @@ def _read_local(path: str, buf: bytearray, stop: threading.Event) -> int:
         return _drain(fh, buf, stop)
 
 
-class Reader:
+class FileReader:
     """How one mode reads one file: direct from the volume, or via a cache."""
 
     def __init__(self, volume: Volume, cache: Any | None) -> None:
@@ -101,7 +101,7 @@ class Meter:
 
 
 @dataclass
-class Tally:
+class ReadTally:
     """What the readers of one run counted."""
 
     files: int = 0
@@ -120,9 +120,9 @@ def measure(
     *,
     deadline: float | None,
     meter: Meter,
-) -> tuple[Tally, float, bool]:
+) -> tuple[ReadTally, float, bool]:
     """Read ``entries`` with ``workers`` threads; return (tally, seconds, complete)."""
-    tally = Tally()
+    tally = ReadTally()
     lock = threading.Lock()
     stop = threading.Event()
     cursor = iter(range(len(entries)))
@@ -198,7 +198,7 @@ def measure(
     return tally, seconds, complete
 
 
-def raise_read_error(tally: Tally, mode: str) -> None:
+def raise_read_error(tally: ReadTally, mode: str) -> None:
     """Re-raise the first error a reader met, as FetchFailed unless it was an interrupt."""
     if tally.error is None:
         return

@@ -21,7 +21,7 @@ from ..errors import MissingDependency
 from ..manifest import Manifest
 from ..progress import Callback
 from ..volumes import FileEntry, Volume
-from .measure import Meter, Reader, Tally, measure, raise_read_error
+from .measure import FileReader, Meter, ReadTally, measure, raise_read_error
 from .pagecache import resident_share
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ __all__ = ["MODE_TYPES", "Cold", "Direct", "Job", "Loader", "Mode", "Threads", "
 PROBE_FILES = 200
 """Files whose page-cache residency is asked before a run that reads the source."""
 
-Timing = tuple[Tally, float, bool]
+Timing = tuple[ReadTally, float, bool]
 """What a timed run counted, its seconds, and whether it read every file."""
 
 
@@ -128,7 +128,7 @@ class Threads(Mode):
 
     def measure(self, workers: int, files: Sequence[FileEntry], deadline: float | None,
                 meter: Meter) -> Timing:
-        reader = Reader(self.job.volume, self.cache())
+        reader = FileReader(self.job.volume, self.cache())
         timing = measure(files, workers, reader.read, deadline=deadline, meter=meter)
         raise_read_error(timing[0], self.name)
         return timing

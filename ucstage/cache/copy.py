@@ -90,7 +90,7 @@ READ_CHUNK = 1024 * 1024
 """Bytes per read and write of a local-like source."""
 
 
-def _pump(src: int, dst: int, run: Inflight | None, size: int) -> int:
+def _pump(src: int, dst: int, inflight: Inflight | None, size: int) -> int:
     """Copy ``src`` to ``dst``; stop at EOF or once ``size`` bytes (the size
     ``fstat`` gave) are copied, which saves the read that would find EOF (a
     round trip on some mounts). A file that grew meanwhile is caught by the
@@ -104,8 +104,8 @@ def _pump(src: int, dst: int, run: Inflight | None, size: int) -> int:
     rest of a copy's work, and is what a bare copy does."""
     total = 0
     while True:
-        if run is not None:
-            run.check()
+        if inflight is not None:
+            inflight.check()
         block = os.read(src, READ_CHUNK)
         if not block:
             return total
@@ -117,13 +117,13 @@ def _pump(src: int, dst: int, run: Inflight | None, size: int) -> int:
             return total
 
 
-def _copy_local(volume: Volume, relpath: str, dst: int, run: Inflight | None) -> Copied:
+def _copy_local(volume: Volume, relpath: str, dst: int, inflight: Inflight | None) -> Copied:
     src = _open_local(volume, relpath)
     try:
         before = os.fstat(src)
         if not stat.S_ISREG(before.st_mode):
             raise UnsafePath(f"{relpath}: not a regular file")
-        size = _pump(src, dst, run, before.st_size)
+        size = _pump(src, dst, inflight, before.st_size)
         os.ftruncate(dst, size)  # the caller may have preallocated more
         after = os.fstat(src)
     finally:
@@ -144,7 +144,7 @@ def _mtime_ns(info: dict[str, Any]) -> int | None:
     return None
 
 
-def _copy_remote(volume: Volume, relpath: str, dst: int, run: Inflight | None) -> Copied:
+def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | None) -> Copied:
     path = volume.full_path(relpath)
     with volume.fs.open(path, "rb") as src:
         # s3fs and friends attach the object's info to the open file (served
@@ -152,8 +152,8 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, run: Inflight | None) -
         info = getattr(src, "details", None) or volume.fs.info(path)
         size = 0
         while True:
-            if run is not None:
-                run.check()
+            if inflight is not None:
+                inflight.check()
             block = src.read(CHUNK)
             if not block:
                 break
@@ -169,31 +169,31 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, run: Inflight | None) -
     return Copied(size, version, _mtime_ns(info))
 
 
-def _copy_object(volume: Volume, relpath: str, dst: int, run: Inflight | None,
+def _copy_object(volume: Volume, relpath: str, dst: int, inflight: Inflight | None,
                  size: int) -> Copied:
     from .objget import get_into
 
-    got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, run=run)
+    got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, inflight=inflight)
     return Copied(got.size, got.etag, got.mtime_ns)
 
 
-def copy_to(volume: Volume, relpath: str, dst: int, run: Inflight | None = None,
+def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = None,
             size: int = 0) -> Copied:
     """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
     a preallocated file is overwritten and cut to the copied size).
 
-    With ``run`` (a warm's :class:`~ucstage.cache.inflight.Inflight`), the copy
+    With ``inflight`` (a warm's :class:`~ucstage.cache.inflight.Inflight`), the copy
     checks between chunks whether the warm stopped. ``size`` (the listed size)
     lets the object-store engine split a large object into ranged GETs.
 
     Raises:
-        Stopped: ``run`` stopped.
+        Stopped: ``inflight`` stopped.
         UnsafePath: the entry is a symlink or folder link leaving the volume.
         OSError: from the source or the local disk (ENOSPC included); the
             caller removes the temp file.
     """
     if volume.is_local:
-        return _copy_local(volume, relpath, dst, run)
+        return _copy_local(volume, relpath, dst, inflight)
     if objstore.engine(volume) == "obstore":
-        return _copy_object(volume, relpath, dst, run, size)
-    return _copy_remote(volume, relpath, dst, run)
+        return _copy_object(volume, relpath, dst, inflight, size)
+    return _copy_remote(volume, relpath, dst, inflight)

@@ -1,7 +1,7 @@
 """Stopping copies: the stop flag and the copies in flight, shared by a job's threads.
 
 A warm's worker threads (or a dataset's read-ahead threads, through
-``LocalCache.fetch(..., run=)``) copy one file each at a time. When the job
+``LocalCache.fetch(..., inflight=)``) copy one file each at a time. When the job
 must stop (Ctrl-C or SIGTERM reached the thread that waits for them, the
 cache is full, the loader shuts down), no thread may start another copy, and
 every copy still in flight is either ended by its thread or abandoned by the

@@ -6,16 +6,16 @@ the loop: at a hundred copies in flight the threads' wake-ups and the GIL
 hand-offs between them cost more CPU than the requests. Here one driver
 coroutine keeps as many copies in flight as the tuner allows, and each copy
 takes its stripe lock, reserves its temp file, awaits its GET and commits on
-the loop itself: those steps are short syscalls. The rules are the cache's
-own (:class:`ucstage.cache.LocalCache` ``_where``, ``_reserve_tmp``,
-``_commit_tmp``, ``_drop_tmp``, ``_retry_pause``), so every guarantee holds
-unchanged.
+the loop itself: those steps are short syscalls. The steps are the fetch
+protocol's own (:class:`ucstage.cache.fetch.Fetcher` ``where``, ``begin``,
+``reserve_tmp``, ``commit_tmp``, ``drop_tmp``, ``retry_pause``), so every
+guarantee holds unchanged.
 
 Two cases go to a thread instead, because they may wait: a stripe another
 copy holds (``flock`` without ``LOCK_NB`` would block the loop; another
 process, or an entry sharing the stripe), and a copy under a byte cap
 (reserving may evict or wait for a reader to make room). Those run the
-threaded fetch, the one ``LocalCache.fetch`` uses.
+threaded fetch, the one ``LocalCache.fetch`` uses (``Fetcher.fetch_once``).
 
 Stopping: the warm's :class:`~ucstage.cache.inflight.Inflight` stop cancels
 every copy's coroutine; a cancelled copy removes its temp file and gives its
@@ -49,9 +49,9 @@ class LoopWarm:
     each outcome on ``warm.results``, as the warm's threads would."""
 
     def __init__(self, warm: Any) -> None:
-        # ``warm`` is local.py's ``_Warm`` (not imported: local imports this module).
+        # ``warm`` is warm.py's ``WarmCopies`` (not imported: warm imports this module).
         self.warm = warm
-        self.cache, self.volume, self.run = warm.cache, warm.volume, warm.inflight
+        self.fetcher, self.volume, self.inflight = warm.fetcher, warm.volume, warm.inflight
         self.threaded = 0
         """Copies handed to a thread (a contended stripe, a byte cap)."""
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -85,10 +85,10 @@ class LoopWarm:
         def wake() -> None:  # called by the thread that stops the warm
             loop.call_soon_threadsafe(stop_all)
 
-        unwatch = self.run.watch(wake)
+        unwatch = self.inflight.watch(wake)
         try:
             pending = iter(warm.todo)
-            while not self.run.stopped:
+            while not self.inflight.stopped:
                 started = self._start(pending, tasks, room)
                 if started is None:
                     break  # every entry is started
@@ -108,7 +108,7 @@ class LoopWarm:
         started = 0
         while tuner.try_enter():
             entry = next(pending, None)
-            if entry is None or self.run.stopped:
+            if entry is None or self.inflight.stopped:
                 tuner.leave(0, counted=False)
                 return None
             with warm._take:
@@ -154,53 +154,52 @@ class LoopWarm:
         self.warm.results.put(batch)
 
     async def _fetch_retrying(self, entry: FileEntry) -> tuple[str, bool]:
-        """``LocalCache._fetch_retrying``, awaiting instead of sleeping."""
-        delay = self.cache.backoff
-        for attempt in range(self.cache.retries + 1):
+        """``Fetcher.fetch_retrying``, awaiting instead of sleeping."""
+        delay = self.fetcher.cache.backoff
+        for attempt in range(self.fetcher.cache.retries + 1):
             try:
                 return await self._fetch_once(entry)
             except Stopped:
                 raise
             except Exception as exc:
-                pause = self.cache._retry_pause(exc, entry, attempt, delay)
-            await self.run.asleep(pause)
+                pause = self.fetcher.retry_pause(exc, entry, attempt, delay)
+            await self.inflight.asleep(pause)
             delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _fetch_once(self, entry: FileEntry) -> tuple[str, bool]:
-        """``LocalCache._fetch_once`` with the GET awaited on the loop."""
-        cache, run, volume = self.cache, self.run, self.volume
-        rel, ns_dir, local, lock_path = cache._where(volume, entry)
-        run.check()
-        lock = FileLock(lock_path)
-        if cache.max_bytes is not None or not lock.acquire(blocking=False):
+        """``Fetcher.fetch_once`` with the GET awaited on the loop."""
+        fetcher, inflight, volume = self.fetcher, self.inflight, self.volume
+        copy = fetcher.where(volume, entry, inflight, self.warm.evicted)
+        inflight.check()
+        lock = FileLock(copy.lock)
+        if fetcher.cache.max_bytes is not None or not lock.acquire(blocking=False):
             self.threaded += 1
-            return await self._in_thread(cache._fetch_once, volume, entry, run,
+            return await self._in_thread(fetcher.fetch_once, volume, entry, inflight,
                                          self.warm.evicted)
         try:
-            hit = cache.lookup(volume, entry)
+            hit = fetcher.cache.lookup(volume, entry)
             if hit is not None:
                 return hit, False
-            token = run.begin()
+            copy = fetcher.begin(copy)
             try:
-                tmp, fd, reserved = cache._reserve_tmp(entry, rel, ns_dir, local, lock_path,
-                                                       run, token, self.warm.evicted)
+                pending = fetcher.reserve_tmp(copy)
                 try:
                     try:
                         got = await objget.fetch(
-                            volume, volume.full_path(rel), fd, size_hint=entry.size,
+                            volume, volume.full_path(copy.rel), pending.fd,
+                            size_hint=entry.size,
                             parts=objget.split(self.warm.tuner.limit, self._left))
                     finally:
-                        os.close(fd)
-                    cache._commit_tmp(entry, tmp, local, Copied(got.size, got.etag, got.mtime_ns),
-                                      reserved, run, token)
+                        os.close(pending.fd)
+                    fetcher.commit_tmp(copy, pending, Copied(got.size, got.etag, got.mtime_ns))
                 except BaseException as exc:
-                    cache._drop_tmp(exc, ns_dir, rel, entry, tmp, reserved, run, token)
+                    fetcher.drop_tmp(copy, pending, exc)
             finally:
-                run.release(token)
+                inflight.release(copy.token)
         finally:
             lock.release()
-        return local, True
+        return copy.local, True
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` in this warm's thread pool. A stop cancels the caller

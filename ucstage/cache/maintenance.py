@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import CacheError, InvalidArgument
-from ..volumes import FileEntry, Volume, list_files, resolve, safe_relpath
-from . import integrity, runstats
-from . import layout as cd
+from ..volumes import FileEntry, Volume, is_volumes_path, list_files, resolve, safe_relpath
+from . import integrity, paths, runstats
 from .reports import (
     CacheStatus,
     ClearReport,
@@ -53,21 +52,17 @@ def find(space: CacheSpace, source: str) -> list[Volume]:
     # Only a /Volumes path means different places under different settings of
     # $UCSTAGE_VOLUMES_ROOT; any other string resolves alike every time (a
     # relative path recorded as given would match the wrong folder elsewhere).
-    wanted = posixpath.normpath(current.source) if _is_volumes(current.source) else None
+    wanted = posixpath.normpath(current.source) if is_volumes_path(current.source) else None
     records = space.sources()
     found: list[Volume] = []
     for ns_dir in space.namespace_dirs():
         given, url = records.get(os.path.basename(ns_dir), ("", ""))
         if ns_dir == here:
             found.append(current)
-        elif wanted is not None and url and _is_volumes(given) \
+        elif wanted is not None and url and is_volumes_path(given) \
                 and posixpath.normpath(given) == wanted:
             found.append(dataclasses.replace(resolve(url, must_exist=False), source=given))
     return found
-
-
-def _is_volumes(source: str) -> bool:
-    return source == "/Volumes" or source.startswith("/Volumes/")
 
 
 def status(space: CacheSpace, volumes: Volumes, *, max_bytes: int | None) -> CacheStatus:
@@ -120,7 +115,7 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
             report.missing += 1
             continue
         # Read from the file, not the memo: verify must see what is on disk now.
-        stamp = cd.read_stamp(local)
+        stamp = paths.read_stamp(local)
         problem = ""
         if stamp is None:
             problem = "no validity stamp"

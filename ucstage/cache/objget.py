@@ -229,7 +229,7 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
 
 
 def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
-             run: Inflight | None = None, parts: int = PARTS_IN_FLIGHT) -> Got:
+             inflight: Inflight | None = None, parts: int = PARTS_IN_FLIGHT) -> Got:
     """GET the object at ``path`` (an fsspec path of ``volume``) into the open
     file ``fd`` from offset 0; returns what was written.
 
@@ -237,15 +237,15 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     ``parts`` is how many requests the object may have in flight.
 
     Raises:
-        Stopped: ``run`` stopped; the request was cancelled.
+        Stopped: ``inflight`` stopped; the request was cancelled.
         FileNotFoundError: the object is gone.
         PermissionError: the store refused (credentials, policy).
         OSError: any other store or disk error (the caller retries).
     """
     kind, bucket, key = objstore.location(volume, path)
     client = objstore.store(kind, bucket)
-    if run is not None:
-        run.check()
+    if inflight is not None:
+        inflight.check()
     future = asyncio.run_coroutine_threadsafe(
         _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}"), loop())
     # Sleep until the GET ends or the job stops; no polling, so hundreds of
@@ -253,10 +253,10 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     # the main thread (a library fetch).
     wake = threading.Event()
     future.add_done_callback(lambda _: wake.set())
-    unwatch = run.watch(wake.set) if run is not None else None
+    unwatch = inflight.watch(wake.set) if inflight is not None else None
     try:
         wake.wait()
-        if run is not None and run.stopped and not future.done():
+        if inflight is not None and inflight.stopped and not future.done():
             raise Stopped()
         return future.result()
     except BaseException as exc:

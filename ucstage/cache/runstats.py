@@ -24,8 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import integrity
-from . import layout as cd
+from . import integrity, paths
 
 __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run", "read_run"]
 
@@ -55,7 +54,7 @@ def job_id() -> str:
 
 
 def _runs_dir(root: str) -> str:
-    return os.path.join(root, cd.CONTROL, "runs")
+    return os.path.join(root, paths.CONTROL, "runs")
 
 
 _FLUSH_NS = 500_000_000

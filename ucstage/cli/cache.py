@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import manifest as manifest_mod
-from ..cache.layout import CACHE_DIR_ENV, user_root
 from ..cache.local import (
     DEFAULT_LEASE_SECONDS,
     MAX_BYTES_ENV,
@@ -26,12 +25,14 @@ from ..cache.local import (
     LocalCache,
     rank_entries,
 )
+from ..cache.paths import CACHE_DIR_ENV, user_root
 from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
 from ..manifest import Manifest
 from ..sharding import node_ranks
+from ..source import ManifestSource, VolumeSource, open_source
 from ..units import SIZE_HELP, format_rate
-from ..volumes import VOLUMES_ROOT_ENV, FileEntry, Volume, resolve
+from ..volumes import VOLUMES_ROOT_ENV, FileEntry, Volume, is_volumes_path
 from .args import size_flag
 from .output import (
     SKIP_UNREADABLE_META,
@@ -42,6 +43,7 @@ from .output import (
     format_bytes,
     json_option,
     read_source,
+    source_of,
     source_options,
     table,
 )
@@ -50,10 +52,6 @@ from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
-
-
-def _is_volumes(source: str) -> bool:
-    return source == "/Volumes" or source.startswith("/Volumes/")
 
 
 @contextmanager
@@ -377,7 +375,7 @@ def _job_env(m: Manifest, cache: LocalCache) -> dict[str, str]:
     ones this process used that differ from the defaults."""
     env = {}
     root = os.environ.get(VOLUMES_ROOT_ENV, "")
-    if _is_volumes(m.source) and root:
+    if is_volumes_path(m.source) and root:
         env[VOLUMES_ROOT_ENV] = root  # the manifest names /Volumes/...; this maps it
     if cache.root != user_root():
         env[CACHE_DIR_ENV] = cache.root
@@ -397,13 +395,14 @@ def _volumes_opt(cache: LocalCache, source: str | None) -> list[Volume] | None:
     """
     if source is None:
         return None
-    if manifest_mod.is_manifest_file(source):
-        source = manifest_mod.load(source).source
+    opened = open_source(source)
+    if isinstance(opened, ManifestSource):
+        source = opened.manifest.source
     found = cache.find(source)
     if found:
         return found
     try:
-        return [resolve(source)]
+        return [opened.volume()]
     except SourceNotFound as exc:
         raise SourceNotFound(f"nothing cached for {source} (and {source} does not exist)",
                              hint="`ucstage cache status` lists the cached sources") from exc
@@ -500,8 +499,8 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
       ucstage cache verify
     """
     cache = LocalCache()
-    found = (cache.find(source) if source is not None and manifest_path is None
-             and not manifest_mod.is_manifest_file(source) else [])
+    opened = None if source is None and manifest_path is None else source_of(source, manifest_path)
+    found = cache.find(opened.text) if isinstance(opened, VolumeSource) else []
     if source is None and manifest_path is None:
         ctx = click.get_current_context()
         if ctx.meta.get(SKIP_UNREADABLE_META):
@@ -515,12 +514,12 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
         report = VerifyReport([], checksum)
         for volume in found:
             m = read_source(volume.url, None, include, exclude, include_hidden)
-            label = volume.source if _is_volumes(volume.source) else m.source
+            label = volume.source if is_volumes_path(volume.source) else m.source
             checked = cache.verify(dataclasses.replace(m.volume(), source=label), m.entries,
                                    checksum=checksum)
             report.sources.extend(checked.sources)
     else:
-        m = read_source(source, manifest_path, include, exclude, include_hidden)
+        m = read_source(opened, None, include, exclude, include_hidden)
         report = cache.verify(m.volume(), m.entries, checksum=checksum)
     data = report.to_json()
 
@@ -542,8 +541,7 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
 
     emit(data, as_json, human)
     if not report.clean:
-        from_manifest = manifest_path is not None or (
-            source is not None and manifest_mod.is_manifest_file(source))
+        from_manifest = opened is not None and opened.frozen
         fail_found(_verify_failure(report, from_manifest, source))
 
 

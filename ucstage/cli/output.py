@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..manifest import Manifest, is_manifest_file, snapshot
+from ..manifest import Manifest
+from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +58,7 @@ __all__ = [
     "out",
     "print_error",
     "read_source",
+    "source_of",
     "source_options",
     "table",
     "truncated_rows",
@@ -119,8 +121,19 @@ def source_options(func: F) -> F:
     return func
 
 
+def source_of(source: str | None, manifest_path: str | None) -> Source:
+    """What SOURCE or ``--manifest FILE`` names, decided once
+    (:func:`ucstage.source.open_source`); refuses neither and both."""
+    if source is None and manifest_path is None:
+        raise click.UsageError("give a SOURCE (path, /Volumes/... or URL) or --manifest FILE")
+    if source is not None and manifest_path is not None:
+        raise click.UsageError("give SOURCE or --manifest FILE, not both (the manifest "
+                               "already names its source)")
+    return open_source(source, manifest=manifest_path)
+
+
 def read_source(
-    source: str | None,
+    source: str | Source | None,
     manifest_path: str | None,
     include: Sequence[str],
     exclude: Sequence[str],
@@ -128,22 +141,19 @@ def read_source(
     skip_unreadable: bool | None = None,
 ) -> Manifest:
     """Resolve the source options to a manifest; warn on stderr about refused
-    entries and skipped folders. ``skip_unreadable`` defaults to the running
-    command's ``--skip-unreadable``."""
+    entries and skipped folders. ``source`` may be what :func:`source_of`
+    returned. ``skip_unreadable`` defaults to the running command's
+    ``--skip-unreadable``."""
     if skip_unreadable is None:
         ctx = click.get_current_context(silent=True)
         skip_unreadable = bool(ctx and ctx.meta.get(SKIP_UNREADABLE_META))
-    if source is None and manifest_path is None:
-        raise click.UsageError("give a SOURCE (path, /Volumes/... or URL) or --manifest FILE")
-    if source is not None and manifest_path is not None:
-        raise click.UsageError("give SOURCE or --manifest FILE, not both (the manifest "
-                               "already names its source)")
-    frozen = manifest_path is not None or (source is not None and is_manifest_file(source))
-    if frozen and (include or exclude or include_hidden or skip_unreadable):
+    opened = (source if isinstance(source, (VolumeSource, ManifestSource))
+              else source_of(source, manifest_path))
+    if opened.frozen and (include or exclude or include_hidden or skip_unreadable):
         raise click.UsageError("--include/--exclude/--all/--skip-unreadable apply to a fresh "
                                "listing; a manifest is used as frozen (filter when you make it)")
-    result = snapshot(source, manifest=manifest_path, include=include, exclude=exclude,
-                      include_hidden=include_hidden, skip_unreadable=skip_unreadable)
+    result = opened.snapshot(include=include, exclude=exclude, include_hidden=include_hidden,
+                             skip_unreadable=skip_unreadable)
     for path, reason in result.refused[:5]:
         err.print(f"[yellow]warning:[/] skipped {escape(path)}: {escape(reason)}", markup=True)
     if len(result.refused) > 5:

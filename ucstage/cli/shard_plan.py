@@ -10,8 +10,8 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 
-from ..cache.layout import default_root
 from ..cache.local import MAX_BYTES_ENV
+from ..cache.paths import default_root
 from ..cache.space import free_bytes
 from ..errors import InvalidArgument
 from ..manifest import ArrowEntries, Manifest

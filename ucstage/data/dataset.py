@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from .. import manifest as _manifest
-from ..cache.layout import LISTINGS_DIR  # frozen listings live in the cache's control folder
+from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
@@ -475,7 +475,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[str]:
         rank, world, num_workers, worker = self.slot()
-        holding.check_window(self, self.cache(), num_workers)
+        holding.check_loader_window(self, self.cache(), num_workers)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
                                worker=worker)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of

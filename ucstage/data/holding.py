@@ -3,7 +3,7 @@
 The dataset's side of :mod:`ucstage.cache.leases`: :func:`open_reader` makes
 one :class:`~ucstage.cache.leases.Reader` per slot iterator (holds, and the
 run's counters of :mod:`ucstage.cache.runstats`), :func:`follow` lets each
-path go once the consumer is ``slack`` items further, :func:`check_window`
+path go once the consumer is ``slack`` items further, :func:`check_loader_window`
 refuses at once a read whose window cannot fit under the cap, and
 :func:`epoch_metrics` is what the DataLoader logs per epoch.
 """
@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import runstats
-from ..cache.leases import DEFAULT_SLACK, Reader
-from ..cache.leases import check_window as _check_window
+from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..sharding import effective_workers
 from . import warm
@@ -27,7 +26,7 @@ from . import warm
 VolumeDataset = Any
 """A :class:`ucstage.data.dataset.VolumeDataset` (not imported: it imports this module)."""
 
-__all__ = ["check_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
+__all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
            "unheld_lookup", "wrap"]
 
 
@@ -102,7 +101,7 @@ def local_ranks() -> int:
         return 1
 
 
-def check_window(dataset: VolumeDataset, cache: Any, num_workers: int) -> None:
+def check_loader_window(dataset: VolumeDataset, cache: Any, num_workers: int) -> None:
     """Refuse at once (``CacheFull``) a read that can never fit under the cap:
     a file larger than the cap, or the window of every reader on this node
     (``LOCAL_WORLD_SIZE`` x workers, each holding read_ahead + 1 + slack of
@@ -116,9 +115,9 @@ def check_window(dataset: VolumeDataset, cache: Any, num_workers: int) -> None:
         return
     largest_at = int(np.argmax(np.asarray(sizes)))
     largest = int(sizes[largest_at])
-    _check_window(cap, readers=local_ranks() * effective_workers(num_workers),
-                  depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
-                  largest_name=manifest.entries[largest_at].path)
+    check_window(cap, readers=local_ranks() * effective_workers(num_workers),
+                 depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
+                 largest_name=manifest.entries[largest_at].path)
 
 
 def rank_stats(dataset: VolumeDataset | None, rank: int) -> RunStats | None:

@@ -143,7 +143,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self._prepare()
         vds, rank = self.volume_dataset, _rank()
         if vds is not None:  # a window that can never fit fails here, before workers start
-            holding.check_window(vds, vds.cache(), self.num_workers)
+            holding.check_loader_window(vds, vds.cache(), self.num_workers)
         self._choose_start()
         before = holding.rank_stats(vds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)

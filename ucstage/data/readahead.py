@@ -47,22 +47,22 @@ def cache_fetcher(cache: Any, volume: Any) -> tuple[Callable[[FileEntry], str],
                                                     Callable[[], None] | None]:
     """``(fetch, stop, abandon)`` for a :class:`ReadAhead` over ``cache``.
 
-    When ``cache.fetch`` takes a ``run`` (the stop handle ``cache warm`` stops
-    its copies with: :class:`ucstage.cache.inflight.Inflight`; LocalCache does,
-    a cache object of the user's own may not), ``stop`` makes
+    When ``cache.fetch`` takes an ``inflight`` (the stop handle ``cache warm``
+    stops its copies with: :class:`ucstage.cache.inflight.Inflight`; LocalCache
+    does, a cache object of the user's own may not), ``stop`` makes
     copies in flight end at their next chunk and remove their temp files, and
-    ``abandon`` (``cache.abandon(run)``) removes the temp files of copies
+    ``abandon`` (``cache.abandon(inflight)``) removes the temp files of copies
     still blocked in a read. Otherwise both are None and a copy in flight is
     finished before the iterator closes.
     """
-    if not _takes(cache.fetch, "run"):
+    if not _takes(cache.fetch, "inflight"):
         return functools.partial(cache.fetch, volume), None, None
     from ..cache.inflight import Inflight
 
-    run = Inflight()
+    inflight = Inflight()
     abandon = getattr(cache, "abandon", None)
-    return (functools.partial(cache.fetch, volume, run=run), run.stop,
-            functools.partial(abandon, run) if callable(abandon) else None)
+    return (functools.partial(cache.fetch, volume, inflight=inflight), inflight.stop,
+            functools.partial(abandon, inflight) if callable(abandon) else None)
 
 
 def cache_lookup(cache: Any, volume: Any) -> Callable[[FileEntry], str | None] | None:

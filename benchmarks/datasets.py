@@ -1,0 +1,46 @@
+"""The reading datasets the loader benchmarks compare (loader, warm_epoch,
+small_cache, profile_warm_epoch): both open and read every file whole, so the
+only difference measured is how the paths are produced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch.utils.data as tud
+
+
+class ReadBytes(tud.IterableDataset):  # type: ignore[type-arg]
+    """ucstage side, the usual decoding wrapper: open and read every path a
+    VolumeDataset (or any iterable of paths) yields; yield its size."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[int]:
+        for path in self.paths:
+            with open(path, "rb") as fh:
+                yield len(fh.read())
+
+
+class RawPaths(tud.Dataset):  # type: ignore[type-arg]
+    """Plain side: open and read each of ``paths`` straight (no cache)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.paths[i], "rb") as fh:
+            return len(fh.read())
+
+
+class IterPaths(tud.IterableDataset):  # type: ignore[type-arg]
+    """The plain side as an IterableDataset of paths: torch's cost of iterating one."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)

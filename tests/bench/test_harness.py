@@ -1,0 +1,107 @@
+"""The benchmarks/ harness: the pairs arithmetic, the command timing, and the
+--json contract of one cheap benchmark (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.pairs import Comparison, alternate, order, schedule
+from benchmarks.report import Report, numbers, validate
+from benchmarks.timing import CommandFailed, run_command
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_alternating_order() -> None:
+    assert order(["a", "b"], 0) == ["a", "b"]
+    assert order(["a", "b"], 1) == ["b", "a"]
+    assert schedule(["a", "b"], 3) == [(0, "a"), (0, "b"), (1, "b"), (1, "a"),
+                                       (2, "a"), (2, "b")]
+    ran: list[str] = []
+    found = alternate({"a": lambda: ran.append("a") or 1.0,
+                       "b": lambda: ran.append("b") or 2.0}, 3)
+    assert ran == ["a", "b", "b", "a", "a", "b"]
+    assert found == {"a": [1.0, 1.0, 1.0], "b": [2.0, 2.0, 2.0]}
+    with pytest.raises(ValueError):
+        alternate({"a": lambda: 1.0}, 0)
+
+
+def test_comparison_by_hand() -> None:
+    # base 1, 3, 2 (median 2); head 2, 3, 6 (median 3); per pair 2, 1, 3 (median 2)
+    c = Comparison([1.0, 3.0, 2.0], [2.0, 3.0, 6.0])
+    assert (c.a_median, c.b_median) == (2.0, 3.0)
+    assert c.ratio == pytest.approx(1.5)
+    assert c.pair_ratios == [2.0, 1.0, 3.0]
+    assert c.median_pair_ratio == 2.0
+    assert not c.within(0.10) and c.within(0.5)
+    with pytest.raises(ValueError):
+        Comparison([1.0], [1.0, 2.0])
+
+
+def test_run_command_measures_the_child() -> None:
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\nprint('done')"
+    run = run_command([sys.executable, "-c", burn])
+    assert run.last_line == "done" and run.returncode == 0
+    assert run.timing.cpu_s >= 0.15 and run.timing.wall_s >= run.timing.cpu_s * 0.5
+    assert run.timing.peak_rss_mib > 1
+    with pytest.raises(CommandFailed):
+        run_command([sys.executable, "-c", "raise SystemExit(3)"])
+    assert run_command([sys.executable, "-c", "raise SystemExit(3)"], check=False).returncode == 3
+
+
+def test_numbers_key_rows_by_name() -> None:
+    doc = Report("x", {"n": 1}, [{"name": "step", "seconds": 2, "label": "s"}, {"v": 1.5}],
+                 {"peak": 3, "nested": {"a": [1, 2]}, "flag": True}).to_dict()
+    validate(doc)
+    assert numbers(doc) == {"summary.peak": 3.0, "summary.nested.a.0": 1.0,
+                            "summary.nested.a.1": 2.0, "results.step.seconds": 2.0,
+                            "results.1.v": 1.5}
+    with pytest.raises(ValueError):
+        validate({"benchmark": "x"})
+
+
+def test_shard_plan_json_contract(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.shard_plan", "--files", "2000",
+                           "--world-size", "4", "--num-workers", "2", "--json"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # stdout is the one document; the table went to stderr
+    validate(doc)
+    assert doc["benchmark"] == "shard_plan"
+    assert doc["params"] == {"files": 2000, "world_size": 4, "num_workers": 2}
+    names = [r["name"] for r in doc["results"]]
+    assert "fingerprint" in names and len(names) == len(set(names)) == 9
+    assert all(r["seconds"] >= 0 and r["peak_rss_mib"] > 0 for r in doc["results"])
+    assert doc["summary"]["slots"] == 8
+    assert Path(doc["env"]["ucstage_file"]).resolve().is_relative_to(ROOT)
+    assert "| step | seconds |" in proc.stderr
+
+
+def test_ab_compare_runs_both_sides(tmp_path: Path) -> None:
+    """Two commits' ucstage under this tree's benchmark: both sides in one document."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.ab_compare", "--base", "HEAD",
+                           "--head", str(ROOT), "--json", "--metric", "summary.slots",
+                           "shard_plan", "--files", "200", "--world-size", "2",
+                           "--num-workers", "3"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert [len(doc["runs"][side]) for side in ("base", "head")] == [3, 3]
+    assert doc["params"]["base_spec"] == "HEAD"
+    assert "/base-" in doc["runs"]["base"][0]["env"]["ucstage_file"]
+    assert Path(doc["runs"]["head"][0]["env"]["ucstage_file"]).resolve().is_relative_to(ROOT)
+    assert doc["results"] == [{"name": "summary.slots", "base": 6.0, "head": 6.0, "ratio": 1.0,
+                               "pair_ratios": [1.0, 1.0, 1.0], "median_pair_ratio": 1.0,
+                               "within": True}]

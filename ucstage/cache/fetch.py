@@ -1,0 +1,279 @@
+"""The fetch protocol: copying one entry into the cache, once, whoever asks.
+
+A copy takes the entry's lock stripe (:mod:`ucstage.cache.locks`), looks
+again (another process may have copied it meanwhile), reserves its
+preallocated temp file in the ledger (:meth:`ucstage.cache.space.CacheSpace.reserve`),
+copies the source's bytes into it (:func:`ucstage.cache.copy.copy_to`), stamps
+it and renames it into place; on any failure it removes the temp file and
+gives its bytes back. Transient source errors are retried with a jittered
+backoff. A job's :class:`~ucstage.cache.inflight.Inflight` can stop its
+copies at every step (see :mod:`ucstage.cache.inflight`).
+
+:class:`Fetcher` holds these steps for one :class:`ucstage.LocalCache` (the
+threaded fetch); :mod:`ucstage.cache.loopwarm` runs the same steps with the
+GET awaited on the object-store engine's loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import NamedTuple, NoReturn, Protocol
+
+from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
+from ..units import format_bytes
+from ..volumes import FileEntry, Volume, safe_relpath
+from . import paths
+from .copy import Copied, copy_to
+from .inflight import Inflight, Stopped
+from .locks import FileLock
+from .space import CacheSpace, Evicted, free_bytes, no_room
+
+__all__ = ["Copy", "Fetcher", "FetchingCache", "Pending", "disk_full", "retryable"]
+
+_PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
+              NotADirectoryError, FileExistsError)
+_FOLDERS_MAX = 1 << 16
+"""Cache folders remembered as existing per process."""
+
+
+class FetchingCache(Protocol):
+    """What a fetch (and a warm) reads of its cache (:class:`ucstage.LocalCache`):
+    its settings, read at each copy, its on-disk state, and its lookup."""
+
+    root: str
+    space: CacheSpace
+    max_bytes: int | None
+    lease_ns: int
+    wait_seconds: float
+    retries: int
+    backoff: float
+
+    def lookup(self, volume: Volume, entry: FileEntry, *, touch: bool = True) -> str | None:
+        """The cached file's path if it is valid for ``entry``, else None."""
+
+    def prepare(self, volume: Volume) -> str:
+        """Create the namespace folder and record which source it holds; return it."""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One copy of an entry into the cache, as its steps (reserve, copy,
+    commit or drop) pass it on: where it goes, and which job it belongs to."""
+
+    volume: Volume
+    entry: FileEntry
+    rel: str
+    """The entry's path, checked safe."""
+    ns_dir: str
+    """The namespace folder."""
+    local: str
+    """Where the cached file goes."""
+    lock: str
+    """The entry's lock stripe (held while the copy runs)."""
+    inflight: Inflight | None = None
+    """The job that may stop this copy (a warm, a read-ahead), or None."""
+    token: int = -1
+    """The copy's token in ``inflight`` (:meth:`Inflight.begin`)."""
+    evicted: Evicted | None = None
+    """Where files evicted to make room are counted."""
+
+
+class Pending(NamedTuple):
+    """A copy's reserved temp file: open, preallocated, counted in the ledger."""
+
+    tmp: str
+    fd: int
+    reserved: int
+    """Bytes reserved in the ledger for it."""
+
+
+class Fetcher:
+    """The fetch protocol of one cache (see the module docstring).
+
+    Args:
+        cache: whose settings, space and lookup the copies use.
+    """
+
+    def __init__(self, cache: FetchingCache) -> None:
+        self.cache = cache
+        self._folders: set[str] = set()
+        """Cache folders this process made or found (no ``makedirs`` per copy)."""
+
+    def fetch_retrying(self, volume: Volume, entry: FileEntry,
+                       inflight: Inflight | None = None,
+                       evicted: Evicted | None = None) -> tuple[str, bool]:
+        """``(local path, copied)`` for ``entry``, retrying transient errors.
+
+        Raises:
+            FetchFailed: permanent errors, or retries ran out.
+            Stopped: ``inflight`` was stopped.
+        """
+        delay = self.cache.backoff
+        for attempt in range(self.cache.retries + 1):
+            try:
+                return self.fetch_once(volume, entry, inflight, evicted)
+            except Stopped:
+                raise
+            except Exception as exc:
+                pause = self.retry_pause(exc, entry, attempt, delay)
+                if inflight is not None:
+                    inflight.sleep(pause)  # a stopping warm does not wait out the backoff
+                else:
+                    time.sleep(pause)
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def retry_pause(self, exc: Exception, entry: FileEntry, attempt: int,
+                    delay: float) -> float:
+        """The backoff before retrying a copy that raised ``exc`` on attempt
+        ``attempt`` (from 0), ``delay`` being the attempt's base delay.
+
+        Raises:
+            UcstageError: ``exc`` itself, or :exc:`FetchFailed` when it is
+                permanent (a missing file, a refusal) or retries ran out.
+        """
+        if isinstance(exc, _PERMANENT):
+            if isinstance(exc, UcstageError):
+                raise exc
+            raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
+        if attempt == self.cache.retries:
+            raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
+                              f"{_reason(exc)}") from exc
+        return delay * (1 + random.random() / 4)
+
+    def fetch_once(self, volume: Volume, entry: FileEntry, inflight: Inflight | None = None,
+                   evicted: Evicted | None = None) -> tuple[str, bool]:
+        """One copy attempt. With ``inflight`` (a warm), no copy starts once it
+        has stopped, and a copy it abandons is left to it (see :mod:`.inflight`)."""
+        copy = self.where(volume, entry, inflight, evicted)
+        if inflight is not None:
+            inflight.check()
+        with FileLock(copy.lock):
+            hit = self.cache.lookup(volume, entry)
+            if hit is not None:
+                return hit, False
+            copy = self.begin(copy)
+            try:
+                self.copy_locked(copy)
+            finally:
+                if inflight is not None:
+                    inflight.release(copy.token)
+        return copy.local, True
+
+    def where(self, volume: Volume, entry: FileEntry, inflight: Inflight | None = None,
+              evicted: Evicted | None = None) -> Copy:
+        """The copy of an entry (its token not taken yet: :meth:`begin`);
+        refuses unsafe paths."""
+        rel = safe_relpath(entry.path)
+        if paths.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
+            raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
+        ns_dir = self.cache.prepare(volume)
+        local = os.path.join(ns_dir, *rel.split("/"))
+        return Copy(volume, entry, rel, ns_dir, local, self.cache.space.entry_lock(ns_dir, rel),
+                    inflight, -1, evicted)
+
+    @staticmethod
+    def begin(copy: Copy) -> Copy:
+        """``copy`` with its token in its job taken (its stripe is held)."""
+        if copy.inflight is None:
+            return copy
+        return dataclasses.replace(copy, token=copy.inflight.begin())
+
+    def copy_locked(self, copy: Copy) -> None:
+        """Copy the entry to its local path through a temp file; its stripe is held."""
+        pending = self.reserve_tmp(copy)
+        try:
+            try:
+                copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
+                                 copy.entry.size)
+            finally:
+                os.close(pending.fd)
+            self.commit_tmp(copy, pending, copied)
+        except BaseException as exc:
+            self.drop_tmp(copy, pending, exc)
+
+    def reserve_tmp(self, copy: Copy) -> Pending:
+        """Create the entry's preallocated temp file and reserve its bytes.
+        Its stripe is held.
+
+        Raises:
+            Stopped: the copy's job stopped meanwhile (nothing is left behind).
+            CacheFull: no room on disk or under the cap.
+        """
+        cache, space, entry = self.cache, self.cache.space, copy.entry
+        folder = os.path.dirname(copy.local)
+        if folder not in self._folders:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            self._remember_folder(folder)
+        tmp = space.temp_path(copy.local, copy.lock)
+        for attempt in (1, 2):
+            try:
+                fd, reserved = space.reserve(tmp, entry.size, max_bytes=cache.max_bytes,
+                                             lease_ns=cache.lease_ns, name=copy.rel,
+                                             evicted=copy.evicted, wait_s=cache.wait_seconds,
+                                             inflight=copy.inflight)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                # The folder was removed since we made it (a clear): make it again.
+                self._folders.discard(folder)
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                if no_room(exc):
+                    raise disk_full(copy.ns_dir, copy.rel, entry.size) from exc
+                raise
+        if copy.inflight is not None and not copy.inflight.copying(copy.token, tmp, reserved):
+            os.close(fd)  # stopped while reserving: copy nothing
+            space.abandon(tmp, reserved)
+            raise Stopped()
+        return Pending(tmp, fd, reserved)
+
+    def commit_tmp(self, copy: Copy, pending: Pending, copied: Copied) -> None:
+        """Stamp the copied temp file and rename it into place."""
+        if copy.inflight is not None and not copy.inflight.claim(copy.token):
+            raise Stopped()  # abandoned: the temp file was removed, the path is not ours
+        paths.write_stamp(pending.tmp, copied.size, copied.version or copy.entry.version)
+        now = time.time_ns()
+        os.utime(pending.tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
+        self.cache.space.commit(pending.tmp, copy.local, copied.size, pending.reserved)
+
+    def drop_tmp(self, copy: Copy, pending: Pending, exc: BaseException) -> NoReturn:
+        """A copy failed (or stopped): remove its temp file unless the job
+        already did, and raise (a full disk as :exc:`CacheFull`)."""
+        if copy.inflight is None or copy.inflight.release(copy.token):
+            # else the warm removed it already
+            self.cache.space.abandon(pending.tmp, pending.reserved)
+        if no_room(exc):
+            raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
+        raise exc
+
+    def _remember_folder(self, folder: str) -> None:
+        if len(self._folders) >= _FOLDERS_MAX:
+            self._folders.clear()  # bounded memory; the next copies just ask again
+        self._folders.add(folder)
+
+
+def disk_full(ns_dir: str, rel: str, need: int) -> CacheFull:
+    """The error of a copy of ``rel`` (``need`` bytes) that found the disk full."""
+    return CacheFull(
+        f"no space left in the cache folder {ns_dir}: {rel} needs {format_bytes(need)}, "
+        f"{format_bytes(free_bytes(ns_dir))} free",
+        hint=f"free space or point {paths.CACHE_DIR_ENV} at a larger disk")
+
+
+def retryable(exc: UcstageError) -> bool:
+    """Whether a failed copy may succeed on a rerun: the source gave a transient
+    error until retries ran out (not a missing file, a permission, an unsafe path)."""
+    return isinstance(exc, FetchFailed) and exc.__cause__ is not None \
+        and not isinstance(exc.__cause__, _PERMANENT)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

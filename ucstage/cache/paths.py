@@ -1,0 +1,184 @@
+"""The cache folder's paths: where the root is, who may own it, and the names in it.
+
+The tree (docs/cache.md)::
+
+    <root>/                         0700, owned by this user
+      <namespace>/<relative path>   cached files, path-mirrored per source
+      <namespace>/.../.NNNN.<name>.ucstage-part   a copy in progress
+      .ucstage/namespaces/<ns>.json which source a namespace holds
+      .ucstage/locks/<ns>/NNNN.lock single-flight lock stripes
+      .ucstage/usage(.lock)         byte ledger for the cap
+      .ucstage/trash/               eviction staging (same filesystem)
+      .ucstage/manifests/           listings VolumeDataset froze (LISTINGS_DIR)
+
+Each cached file carries its validity stamp in the ``user.ucstage.v1`` xattr
+(``size NUL version`` of the source it was copied from). The stamp is set on
+the temp file before the rename, so data and stamp appear together or not at
+all.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import stat
+
+from ..errors import CacheError, CacheOwnershipError
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CONTROL",
+    "LISTINGS_DIR",
+    "PART_SUFFIX",
+    "STAMP_XATTR",
+    "default_root",
+    "lock_dir",
+    "namespace_name",
+    "open_root",
+    "part_lock",
+    "part_name",
+    "part_stripe",
+    "read_stamp",
+    "record_path",
+    "user_root",
+    "write_stamp",
+]
+
+CACHE_DIR_ENV = "UCSTAGE_CACHE_DIR"
+CONTROL = ".ucstage"
+PART_SUFFIX = ".ucstage-part"
+LISTINGS_DIR = os.path.join(CONTROL, "manifests")
+"""Where :class:`ucstage.VolumeDataset` keeps the listings it froze, relative
+to the root; ``clear`` of every source removes them."""
+STAMP_XATTR = "user.ucstage.v1"
+_NAME_MAX = 255
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def default_root() -> str:
+    """``$UCSTAGE_CACHE_DIR``, else :func:`user_root`."""
+    env = os.environ.get(CACHE_DIR_ENV, "").strip()
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    return user_root()
+
+
+def user_root() -> str:
+    """The root without ``$UCSTAGE_CACHE_DIR``: a private per-user folder under /tmp."""
+    return f"/tmp/ucstage-{os.getuid()}"
+
+
+def _check_private(root: str, st: os.stat_result) -> None:
+    # Never suggest deleting it: the folder may be the user's own data (a
+    # mistyped $UCSTAGE_CACHE_DIR) or another user's cache.
+    hint = (f"set {CACHE_DIR_ENV} to a folder only you can write (a new one: ucstage "
+            "creates it private)")
+    if stat.S_ISLNK(st.st_mode):
+        raise CacheOwnershipError(f"cache root {root} is a symlink; refusing to follow it", hint)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheOwnershipError(f"cache root {root} exists and is not a folder", hint)
+    if st.st_uid != os.getuid():
+        raise CacheOwnershipError(
+            f"cache root {root} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})",
+            hint)
+    if st.st_mode & 0o022:
+        raise CacheOwnershipError(
+            f"cache root {root} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})",
+            f"`chmod 700 {root}`, or {hint}")
+
+
+def open_root(root: str) -> str:
+    """Create ``root`` 0700, or check that an existing one is private; return it.
+
+    Refuses a symlink, a folder owned by another user, and a group- or
+    world-writable folder: in a shared /tmp another user could otherwise plant
+    files that training would read as data.
+
+    Raises:
+        CacheOwnershipError: the folder is not private to this user.
+    """
+    root = os.path.abspath(root)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        os.mkdir(root, 0o700)
+    except OSError as exc:
+        raise CacheError(f"cannot create cache root {root}: {exc.strerror}") from exc
+    _check_private(root, os.lstat(root))
+    for sub in ("", "locks", "namespaces", "trash"):
+        os.makedirs(os.path.join(root, CONTROL, sub), mode=0o700, exist_ok=True)
+    return root
+
+
+def namespace_name(url: str) -> str:
+    """A readable, collision-free folder name for a source URL or path.
+
+    The sanitised URL keeps people oriented (``s3_bucket_prefix-1a2b3c4d``);
+    the hash of the exact URL keeps two sources that sanitise alike apart.
+    """
+    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+    readable = _UNSAFE.sub("_", url.replace("://", "_")).strip("._-") or "source"
+    return f"{readable[-60:].lstrip('._-')}-{digest}"
+
+
+def part_name(stripe: int, name: str) -> str:
+    """Temp file name for ``name``: hidden, and carrying the lock stripe so a
+    later run can tell whether anyone is still writing it."""
+    candidate = f".{stripe:04d}.{name}{PART_SUFFIX}"
+    if len(candidate.encode()) > _NAME_MAX:
+        candidate = f".{stripe:04d}.{hashlib.sha256(name.encode()).hexdigest()[:32]}{PART_SUFFIX}"
+    return candidate
+
+
+def part_stripe(name: str) -> int | None:
+    """The stripe number in a temp file name, or None if ``name`` is not one."""
+    if not (name.startswith(".") and name.endswith(PART_SUFFIX)) or name[5:6] != ".":
+        return None
+    digits = name[1:5]
+    return int(digits) if digits.isdigit() else None
+
+
+def lock_dir(root: str, ns_dir: str) -> str:
+    """The folder of a namespace's lock stripes (``.ucstage/locks/<ns>``)."""
+    return os.path.join(root, CONTROL, "locks", os.path.basename(ns_dir))
+
+
+def part_lock(ns_lock_dir: str, stripe: int) -> str:
+    """The stripe lock a temp file's name points at (see :func:`part_name`)."""
+    return os.path.join(ns_lock_dir, f"{stripe:04d}.lock")
+
+
+def record_path(root: str, ns_dir: str) -> str:
+    """The record of which source a namespace holds (``.ucstage/namespaces/<ns>.json``)."""
+    return os.path.join(root, CONTROL, "namespaces", os.path.basename(ns_dir) + ".json")
+
+
+def write_stamp(path: str, size: int, version: str) -> None:
+    """Record which source state the (temp) file at ``path`` holds."""
+    try:
+        os.setxattr(path, STAMP_XATTR, f"{size}\0{version}".encode())
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise CacheError(
+                f"the cache folder's filesystem does not support user xattrs ({path})",
+                hint=f"set {CACHE_DIR_ENV} to a folder on ext4, xfs, btrfs or tmpfs",
+            ) from exc
+        raise
+
+
+def read_stamp(path: str) -> tuple[int, str] | None:
+    """``(size, version)`` recorded on a cached file, or None when absent."""
+    try:
+        raw = os.getxattr(path, STAMP_XATTR)
+    except OSError:
+        return None
+    size, _, version = raw.decode("utf-8", "replace").partition("\0")
+    try:
+        return int(size), version
+    except ValueError:
+        return None

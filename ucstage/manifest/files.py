@@ -1,0 +1,151 @@
+"""Manifest files: :func:`save`, :func:`load`, and whether a SOURCE is one
+(:func:`is_manifest_file`).
+
+A manifest file is a local path, or a ``/Volumes`` path or URL read where
+:func:`ucstage.volumes.resolve` maps it; its format (:mod:`ucstage.manifest.formats`)
+is chosen by name when saving and by its first bytes when loading.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..atomic import write_atomic
+from ..errors import InvalidArgument, ManifestError
+from ..volumes.location import is_mapped, resolve
+from . import formats
+from .formats import ARROW_MAGIC, ARROW_SUFFIX, not_a_manifest
+from .model import FORMAT, Manifest
+
+__all__ = ["FORMATS", "is_manifest_file", "load", "save"]
+
+FORMATS = ("arrow", "json")
+"""What :func:`save` writes: the columnar Arrow IPC file, or JSON."""
+
+
+def _format_for(path: str, format: str | None) -> str:
+    """The format :func:`save` writes: ``format`` if given, else by name
+    (``.arrow`` is columnar, anything else JSON)."""
+    if format is None:
+        return "arrow" if path.lower().endswith(".arrow") else "json"
+    if format not in FORMATS:
+        raise InvalidArgument(f"format must be one of {FORMATS}, got {format!r}")
+    if format == "arrow" and path.lower().endswith(".json"):
+        raise InvalidArgument(f"{path}: a .json name is read as a JSON manifest; give an "
+                              f"Arrow manifest a name ending in {ARROW_SUFFIX}")
+    return format
+
+
+def save(manifest: Manifest, path: str | os.PathLike[str], *, format: str | None = None) -> str:
+    """Write a manifest atomically and durably (:mod:`ucstage.atomic`); return its path.
+
+    ``format`` is ``"arrow"`` (the columnar Arrow IPC file) or ``"json"``;
+    by default a name ending in ``.arrow`` (``train.manifest.arrow``) is
+    written columnar and any other name (``train.manifest.json``) as JSON.
+    """
+    path = os.fspath(path)
+    kind = _format_for(path, format)
+    if os.path.isdir(path):
+        raise InvalidArgument(f"{path} is a folder; give the manifest a file name, "
+                              f"e.g. {os.path.join(path, 'train' + ARROW_SUFFIX)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise InvalidArgument(f"cannot write manifest {path}: {folder} is not a folder") from exc
+    if kind == "arrow":
+        write_atomic(path, memoryview(formats.arrow_bytes(manifest)))  # type: ignore[arg-type]
+        return path
+    write_atomic(path, formats.json_text(manifest))
+    return path
+
+
+def is_manifest_file(path: str) -> bool:
+    """True when the SOURCE ``path`` is read as a ucstage manifest.
+
+    The rule (docs/manifest.md): a name ending in ``.json`` or ``.manifest.arrow``
+    always is, wherever it lives (local, ``/Volumes``, URL), so a JSON file
+    that is not a manifest is refused by :func:`load`, never staged as a
+    one-file dataset; any other local file is when it starts like a manifest
+    (JSON with the format marker, or an Arrow file whose schema carries it).
+    """
+    lower = path.lower()
+    if lower.endswith(".json") or lower.endswith(ARROW_SUFFIX):
+        return is_mapped(path) or not os.path.isdir(path)
+    if is_mapped(path) or not os.path.isfile(path):
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    if head.startswith(ARROW_MAGIC):
+        return formats.arrow_marked(path)
+    return head.lstrip().startswith(b"{") and FORMAT.encode() in head
+
+
+def _open(path: str) -> tuple[Any, str | None]:
+    """An open binary file for the manifest ``path``, and its local name when
+    it is a local file (memory-mapped then). A URL or ``/Volumes`` path is
+    resolved once and read where it maps to (a missing one: SourceNotFound
+    says where it looked)."""
+    if not is_mapped(path):
+        return open(path, "rb"), path
+    volume = resolve(path)
+    where = volume.full_path(volume.file) if volume.file else volume.root
+    if volume.is_local:
+        return open(where, "rb"), where
+    return volume.fs.open(where, "rb"), None
+
+
+def load(path: str | os.PathLike[str], *, verify: bool = True,
+         expect_fingerprint: str | None = None, expect_size: int | None = None) -> Manifest:
+    """Load a manifest (columnar or JSON) and check it.
+
+    ``path`` is a local file, or a ``/Volumes`` path or URL read where
+    :func:`ucstage.volumes.resolve` maps it. A local columnar manifest is
+    memory-mapped: its rows are read from the page cache when accessed, so
+    every process of a node shares one copy.
+
+    Args:
+        verify: recompute the fingerprint from the files (the whole manifest is
+            read once, one record batch at a time). ``False`` checks only the
+            header of a columnar manifest: format, row count, and
+            ``expect_fingerprint`` / ``expect_size`` (the file's byte size) when
+            given. For workers of a process that verified the same file; a JSON
+            manifest is always verified.
+
+    Raises:
+        SourceNotFound: a ``/Volumes`` path or URL that does not exist (the
+            message says where it was looked up).
+        ManifestError: the file is missing, not a ucstage manifest (not JSON,
+            or no ``"format": "ucstage.manifest"``), malformed, its files
+            do not hash to its fingerprint, or it does not match what was expected.
+    """
+    path = os.fspath(path)
+    try:
+        if expect_size is not None and not is_mapped(path) and os.path.getsize(path) != expect_size:
+            raise ManifestError(
+                f"manifest {path} is {os.path.getsize(path):,} bytes, expected {expect_size:,} "
+                "(replaced or truncated since it was frozen)",
+                hint="freeze the listing again; every process must read the same manifest")
+        fh, local_path = _open(path)
+        with fh:
+            magic = fh.read(len(ARROW_MAGIC))
+            if magic == ARROW_MAGIC:
+                fh.seek(0)
+                result = formats.read_arrow(path, fh, local_path, verify=verify)
+            else:
+                raw = formats.json_bytes(fh)
+                if raw is None:
+                    raise not_a_manifest(path, f'no "format": "{FORMAT}"')
+                result = formats.parse_json(path, raw)
+    except FileNotFoundError as exc:
+        raise ManifestError(f"manifest {path} does not exist") from exc
+    except OSError as exc:
+        raise not_a_manifest(path, f"cannot be read: {exc}") from exc
+    if expect_fingerprint is not None and result.fingerprint != expect_fingerprint:
+        raise ManifestError(
+            f"manifest {path} holds fingerprint {result.fingerprint[:12]}, expected "
+            f"{expect_fingerprint[:12]} (replaced since it was frozen)",
+            hint="freeze the listing again; every process must read the same manifest")
+    return result
+

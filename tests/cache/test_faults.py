@@ -210,3 +210,26 @@ def test_a_bad_deadline_is_refused_naming_the_variable(
     result = CliRunner().invoke(cli, ["cache", "warm", src])
     assert result.exit_code != 0
     assert "UCSTAGE_REQUEST_DEADLINE='soon'" in result.output
+
+
+def test_no_hedge_and_deadline_flags_apply_to_the_warm_only(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UCSTAGE_HEDGE", raising=False)
+    monkeypatch.delenv("UCSTAGE_REQUEST_DEADLINE", raising=False)
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.05, prefix=_prefix(src))
+    code, doc = _warm_json(src, "--no-hedge", "--deadline", "1.5")
+    assert code == 0, doc
+    assert (doc["hedged"], doc["timeouts"]) == (0, 2)
+    assert "UCSTAGE_HEDGE" not in os.environ and "UCSTAGE_REQUEST_DEADLINE" not in os.environ
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_the_summary_says_what_the_network_did(fault_proxy: Faults) -> None:
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("flip", 0.05, prefix=_prefix(src))
+    result = CliRunner().invoke(cli, ["cache", "warm", src])
+    assert result.exit_code == 0, result.output
+    assert "network: 2 checksum mismatches retried" in result.output

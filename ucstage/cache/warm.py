@@ -35,6 +35,9 @@ fewer files would help; the library cannot name the CLI flags that choose
 them, so the CLI adds them."""
 GRACE = 1.0
 """Seconds a stopping warm lets its copies in flight finish before abandoning them."""
+_LATE_REPORTS = 0.2
+"""Seconds a stopped warm still listens, after abandoning, for copies that
+committed meanwhile."""
 
 
 def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry], *,
@@ -243,3 +246,22 @@ class WarmCopies:
         # (nobody holds their stripes once this process is gone).
         with contextlib.suppress(KeyboardInterrupt):
             self.inflight.abandon(self.fetcher.cache.space.abandon)
+            # A copy that committed just as the grace ran out (abandon waited
+            # for it) reports right after: count it, or the summary would
+            # miss a file that is cached.
+            self._drain(time.monotonic() + _LATE_REPORTS)
+
+    def _drain(self, until: float) -> None:
+        while True:
+            with self._take:
+                running = self.taken - self.received
+            left = until - time.monotonic()
+            if running <= 0 or left <= 0:
+                return
+            try:
+                batch = self.results.get(timeout=left)
+            except queue.Empty:
+                return
+            for entry, outcome in batch:
+                with contextlib.suppress(BaseException):
+                    self._record(entry, outcome)

@@ -20,9 +20,9 @@ WORKER = """
 import resource, sys, time
 t = time.perf_counter()
 from ucstage.manifest import load
-from ucstage.sharding import slot_array
+from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
 m = load(sys.argv[1], verify=False, expect_fingerprint=sys.argv[2])
-rows = m.take(slot_array(len(m), rank=5, world_size=128, num_workers=8, worker=3, shuffle=True))
+rows = m.take(slot_array(ReadOrder(len(m), shuffle=True), Layout(128, 8), Slot(5, 3)))
 print(len(rows), time.perf_counter() - t)
 """
 

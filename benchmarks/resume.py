@@ -35,18 +35,18 @@ from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import median_seconds as timed
 from benchmarks.timing import time_call
 from ucstage.resume import LoaderState
-from ucstage.sharding import EpochOrder, Segment, resume_slots
+from ucstage.sharding import EpochOrder, Layout, ReadOrder, Segment, resume_slots
 
 
 def resplit(n: int) -> dict[str, float]:
     order = EpochOrder(n, shuffle=True, seed=1, epoch=0)
-    saved = Segment(16, 4, tuple(n // 200 + s for s in range(64)))
+    saved = Segment(Layout(16, 4), tuple(n // 200 + s for s in range(64)))
     return {
-        "resplit_s": timed(lambda: resume_slots(order, [saved], Segment(24, 3, (0,) * 72))),
-        "continue_s": timed(lambda: resume_slots(order, [saved], Segment(16, 4, (0,) * 64))),
+        "resplit_s": timed(lambda: resume_slots(order, [saved], Layout(24, 3))),
+        "continue_s": timed(lambda: resume_slots(order, [saved], Layout(16, 4))),
         "state_bytes": len(json.dumps(LoaderState(
-            fingerprint="0" * 64, files=n, seed=1, epoch=0, shuffle=True,
-            shuffle_scope="global", equal_length=None, segments=(saved,)).to_dict())),
+            "0" * 64, ReadOrder(n, shuffle=True, seed=1, epoch=0, shuffle_scope="global"),
+            (saved,)).to_dict())),
     }
 
 

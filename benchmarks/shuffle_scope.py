@@ -21,7 +21,7 @@ import numpy as np
 from benchmarks.pairs import Comparison, alternate, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import time_call
-from ucstage.sharding import forecast, plan, slot_files
+from ucstage.sharding import Layout, ReadOrder, forecast, plan, slot_files
 
 
 def issue_forecast(lines: list[str]) -> list[dict[str, Any]]:
@@ -32,8 +32,8 @@ def issue_forecast(lines: list[str]) -> list[dict[str, Any]]:
     lines.append("|---|---:|---:|---:|---:|")
     rows = []
     for scope in ("global", "node"):
-        f = forecast(sizes, world_size=16, num_workers=4, epochs=3, seed=1,
-                     shuffle_scope=scope, nproc_per_node=8)
+        f = forecast(sizes, Layout(16, 4, 8), ReadOrder(len(sizes), shuffle=True, seed=1,
+                                                        shuffle_scope=scope), epochs=3)
         needed = 0
         for row in (r for r in f.rows if r.node == 0):
             needed += row.new_files

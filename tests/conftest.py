@@ -8,8 +8,20 @@ from collections.abc import Iterator
 import pytest
 
 from tests.common.backends import walking_store  # noqa: F401  (a fixture for every test)
+from tests.common.groups import pytest_collection_modifyitems  # noqa: F401  (xdist groups)
 from tests.common.parts import MotoServer, rclone_mount, unique, wait_visible
-from tests.common.spark import spark_session, warehouse, warehouse_root  # noqa: F401  (export fixtures)
+from tests.common.spark import (  # noqa: F401  (export fixtures)
+    TEST_JAVA_OPTIONS,
+    big_table,
+    spark_session,
+    warehouse,
+    warehouse_root,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """JVM options for the test JVMs (see TEST_JAVA_OPTIONS); a user's own win."""
+    os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JAVA_OPTIONS)
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +36,9 @@ def fuse_volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     """(backing folder, read-only rclone FUSE mount of it), for the whole session.
 
     Tests write into a fresh subfolder of the backing folder and read it
-    through the mount.
+    through the mount. Under pytest-xdist each worker mounts its own (about
+    0.2 s): one mount shared by the workers would need a lifetime none of
+    them owns.
     """
     base = tmp_path_factory.mktemp("fuse")
     backing, mnt = str(base / "backing"), str(base / "mnt")
@@ -35,7 +49,12 @@ def fuse_volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
 
 @pytest.fixture(scope="session")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    """A moto S3 server on 127.0.0.1; its env is applied for the session."""
+    """A moto S3 server on 127.0.0.1; its env is applied for the session.
+
+    Tests that need isolation take a fresh prefix of its bucket. Under
+    pytest-xdist each worker starts its own (under a second), as for
+    ``fuse_volume``.
+    """
     server = MotoServer(str(tmp_path_factory.mktemp("moto")))
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())

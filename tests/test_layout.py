@@ -107,7 +107,9 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing",
         "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
         "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.source", "ucstage.ports",
-        "ucstage.sharding", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
+        "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
+        "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
+        "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
         "ucstage.resume", "ucstage.objstore"}
 
 
@@ -142,3 +144,72 @@ def test_click_and_rich_only_in_the_cli():
 def test_pyspark_only_in_export():
     for name, hits in _third_party(("pyspark", "deltalake")).items():
         assert not hits or name.startswith("ucstage.export"), f"{name} imports {hits}"
+
+
+SLOT_RULE_KEYWORDS = {"rank", "world_size", "num_workers", "worker", "shuffle", "seed", "epoch",
+                      "shuffle_scope", "nproc_per_node", "equal_length"}
+"""What travels together as the slot rule's values (ucstage.sharding.values)."""
+KEYWORD_ENTRY_POINTS = {
+    # The public keyword forms users call; each builds the values and calls the library.
+    "ucstage.sharding.plan.plan",
+    "ucstage.sharding.rule.slot_files",
+    "ucstage.sharding.rule.equal_slot_files",
+    "ucstage.data.dataset.VolumeDataset.__init__",
+    # click commands: their parameters are the command's flags.
+    "ucstage.cli.shard_plan.shard_plan",
+    "ucstage.cli.cache.warm",
+}
+
+
+def _functions(name: str) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(qualified name, definition) of every function and method of module ``name``."""
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((f"{prefix}.{child.name}", child))
+                visit(child, f"{prefix}.{child.name}")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}.{child.name}")
+
+    visit(ast.parse(MODULES[name].read_text(), str(MODULES[name])), name)
+    return found
+
+
+def test_no_function_takes_the_slot_rule_as_loose_keywords():
+    """Five or more of the slot rule's keywords go as values (Layout, Slot,
+    ReadOrder), except in the public keyword entry points."""
+    loose = []
+    for name in MODULES:
+        for qualified, fn in _functions(name):
+            args = fn.args
+            params = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+            if len(params & SLOT_RULE_KEYWORDS) >= 5 and qualified not in KEYWORD_ENTRY_POINTS:
+                loose.append(qualified)
+    assert loose == [], f"pass Layout/Slot/ReadOrder instead of the keywords: {loose}"
+
+
+def test_the_entry_points_listed_exist():
+    known = {q for name in MODULES for q, _ in _functions(name)}
+    assert known >= KEYWORD_ENTRY_POINTS
+
+
+def _lines(name: str) -> int:
+    return len(MODULES[name].read_text().splitlines())
+
+
+def test_sharding_modules_hold_one_concept_each():
+    big = {name: _lines(name) for name in MODULES
+           if name.startswith("ucstage.sharding") and _lines(name) >= 500}
+    assert big == {}, f"split these modules: {big}"
+
+
+CLI_TOO_BIG = {"ucstage.cli.cache"}
+"""Not yet thin (issue 20 splits it): the rule below applies to every other command."""
+
+
+def test_cli_modules_stay_thin():
+    big = {name: _lines(name) for name in MODULES
+           if name.startswith("ucstage.cli") and name not in CLI_TOO_BIG and _lines(name) > 400}
+    assert big == {}, f"move domain logic out of these CLI modules into the library: {big}"

@@ -16,12 +16,16 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from .errors import InvalidArgument, ResumeMismatch
-from .sharding import EQUAL_LENGTH_MODES, EpochOrder, Segment
+from .sharding import Layout, ReadOrder, Segment, resume_slots
 
-__all__ = ["FORMAT", "LoaderState", "load_state", "merge_states"]
+__all__ = ["FORMAT", "LoaderState", "ResumePlan", "SlotRest", "load_state", "merge_states",
+           "resume_plan"]
 
 FORMAT = "ucstage-loader-state"
 VERSION = 1
@@ -32,12 +36,8 @@ class LoaderState:
     """A parsed loader state (the dict form is what ``state_dict()`` returns)."""
 
     fingerprint: str
-    files: int
-    seed: int
-    epoch: int
-    shuffle: bool
-    shuffle_scope: str
-    equal_length: str | None
+    order: ReadOrder
+    """What decides the epoch's read order: files, shuffle, seed, epoch, scope, equal_length."""
     segments: tuple[Segment, ...]
     rank: int | None = None
     """The rank that saved it, or None for a merged (global) state."""
@@ -49,9 +49,28 @@ class LoaderState:
         return self.segments[-1]
 
     @property
-    def order(self) -> EpochOrder:
-        return EpochOrder(self.files, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch,
-                          equal_length=self.equal_length, shuffle_scope=self.shuffle_scope)
+    def files(self) -> int:
+        return self.order.n
+
+    @property
+    def seed(self) -> int:
+        return self.order.seed
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
+
+    @property
+    def shuffle(self) -> bool:
+        return self.order.shuffle
+
+    @property
+    def shuffle_scope(self) -> str:
+        return self.order.shuffle_scope
+
+    @property
+    def equal_length(self) -> str | None:
+        return self.order.equal_length
 
     @property
     def complete(self) -> bool:
@@ -102,39 +121,27 @@ class LoaderState:
             raise InvalidArgument(f"state has version {doc.get('version')!r}; this ucstage "
                                   f"reads version {VERSION}")
         try:
-            segments = tuple(
-                Segment(_int(s["world_size"]), _int(s["num_workers"]),
-                        tuple(None if d is None else _int(d) for d in s["delivered"]),
-                        None if s.get("nproc_per_node") is None else _int(s["nproc_per_node"]))
-                for s in doc["segments"])
+            segments = tuple(_segment(s) for s in doc["segments"])
+            if not segments:
+                raise InvalidArgument("state is malformed: it has no segment")
+            order = _order(doc)
             state = cls(
-                fingerprint=str(doc["fingerprint"]), files=_int(doc["files"]),
-                seed=_int(doc["seed"]), epoch=_int(doc["epoch"]),
-                shuffle=bool(doc["shuffle"]), shuffle_scope=str(doc.get("shuffle_scope", "global")),
-                equal_length=doc.get("equal_length"), segments=segments,
+                fingerprint=str(doc["fingerprint"]), order=order, segments=segments,
                 rank=None if doc.get("rank") is None else _int(doc["rank"]),
                 finished=bool(doc.get("finished", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"state is malformed: {exc!r}") from exc
-        if not segments:
-            raise InvalidArgument("state is malformed: it has no segment")
-        if state.equal_length is not None and state.equal_length not in EQUAL_LENGTH_MODES:
-            raise InvalidArgument(f"state has equal_length {state.equal_length!r}")
-        for seg in segments:
-            if seg.world_size < 1 or seg.num_workers < 0 or len(seg.delivered) != seg.slots \
-                    or any(d is not None and d < 0 for d in seg.delivered):
-                raise InvalidArgument(
-                    f"state is malformed: a segment of world_size {seg.world_size} x "
-                    f"num_workers {seg.num_workers} lists {len(seg.delivered)} counts")
         return state
 
-    def check_fits(self, *, fingerprint: str, files: int, seed: int, shuffle: bool,
-                   equal_length: str | None, shuffle_scope: str = "global") -> None:
-        """Refuse to resume another listing or read order (never restart silently).
+    def check_fits(self, fingerprint: str, order: ReadOrder) -> None:
+        """Refuse to resume another listing (``fingerprint``, ``order.n``) or read
+        order (never restart silently); ``order.epoch`` is not compared.
 
         Raises:
             ResumeMismatch: naming what differs.
         """
+        files, seed, shuffle = order.n, order.seed, order.shuffle
+        shuffle_scope, equal_length = order.shuffle_scope, order.equal_length
         wrong = []
         if fingerprint != self.fingerprint or files != self.files:
             wrong.append(f"listing {self.fingerprint[:12]} ({self.files} files) in the state, "
@@ -153,6 +160,31 @@ class LoaderState:
                 "cannot resume epoch " f"{self.epoch} from this state: " + "; ".join(wrong),
                 hint="resume with the listing (a manifest) and the options the state was "
                      "saved with, or start without the state")
+
+
+def _order(doc: Any) -> ReadOrder:
+    """A state's read order (its values checked by ReadOrder)."""
+    try:
+        # No scope: a state saved before the node scope existed, which was global.
+        return ReadOrder(_int(doc["files"]), shuffle=bool(doc["shuffle"]),
+                         seed=_int(doc["seed"]), epoch=_int(doc["epoch"]),
+                         equal_length=doc.get("equal_length"),
+                         shuffle_scope=str(doc.get("shuffle_scope", "global")))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"state is malformed: {exc.message}") from exc
+
+
+def _segment(doc: Any) -> Segment:
+    """One segment of a state's ``segments`` list, checked."""
+    world, k = _int(doc["world_size"]), _int(doc["num_workers"])
+    delivered = tuple(None if d is None else _int(d) for d in doc["delivered"])
+    nproc = None if doc.get("nproc_per_node") is None else _int(doc["nproc_per_node"])
+    if world < 1 or k < 0 or len(delivered) != world * max(1, k) \
+            or any(d is not None and d < 0 for d in delivered):
+        raise InvalidArgument(
+            f"state is malformed: a segment of world_size {world} x "
+            f"num_workers {k} lists {len(delivered)} counts")
+    return Segment(Layout(world, k, nproc), delivered)
 
 
 def _int(value: Any) -> int:
@@ -181,7 +213,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                        finished=first.finished)
         if same != first or len(other.segments) != len(first.segments) \
                 or other.segments[:-1] != first.segments[:-1] \
-                or _layout(other.last) != _layout(first.last):
+                or other.last.layout != first.last.layout:
             raise InvalidArgument(
                 f"states are of different runs or epochs (rank {first.rank}: epoch "
                 f"{first.epoch}, {first.last.world_size} x {first.last.num_workers}; rank "
@@ -189,7 +221,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 f"{other.last.num_workers})",
                 hint="merge the states saved at one step of one run")
     last = first.last
-    k = max(1, last.num_workers)
+    k = last.layout.workers
     counts: list[int | None] = [None] * last.slots
     for state in parsed:
         for s, d in enumerate(state.last.delivered):
@@ -209,10 +241,6 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged.to_dict()
 
 
-def _layout(seg: Segment) -> tuple[int, int, int | None]:
-    return seg.world_size, seg.num_workers, seg.nproc_per_node
-
-
 def load_state(path: str | os.PathLike[str]) -> LoaderState:
     """Read a state saved as JSON (one state, or a list of per-rank states to merge)."""
     try:
@@ -226,3 +254,82 @@ def load_state(path: str | os.PathLike[str]) -> LoaderState:
     if isinstance(doc, list):
         doc = merge_states(doc)
     return LoaderState.from_dict(doc)
+
+
+@dataclass(frozen=True)
+class SlotRest:
+    """What one slot of the new layout still reads of a resumed epoch."""
+
+    rank: int
+    worker: int
+    files: np.ndarray
+    """Listing rows, in the order the slot reads them."""
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """A resumed epoch on a new layout (:func:`resume_plan`), slot by slot."""
+
+    state: LoaderState
+    layout: Layout
+    continued: bool
+    """Same layout as the state's: every slot continues where it stopped
+    (else what is left is re-split over the new slots)."""
+    slots: list[SlotRest]
+    """Every slot of ``layout``, in slot order."""
+
+    @property
+    def remaining_files(self) -> int:
+        return sum(len(s.files) for s in self.slots)
+
+    def slot(self, rank: int, worker: int) -> SlotRest:
+        """Slot ``rank:worker``'s rest.
+
+        Raises:
+            InvalidArgument: no such slot in the layout.
+        """
+        for s in self.slots:
+            if (s.rank, s.worker) == (rank, worker):
+                return s
+        raise InvalidArgument(f"no slot {rank}:{worker}: ranks are 0..{self.layout.world_size - 1}, "
+                              f"workers 0..{self.layout.workers - 1}")
+
+    def rank_totals(self, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """Per rank with a slot listed: files, bytes and (with ``batch_size``) the
+        batches a DataLoader makes of them (each worker batches its own files)."""
+        ranks: dict[int, dict[str, Any]] = {}
+        for s in self.slots:
+            r = ranks.setdefault(s.rank, {"rank": s.rank, "files": 0, "bytes": 0,
+                                          "batches": 0 if batch_size else None})
+            r["files"] += len(s.files)
+            r["bytes"] += s.bytes
+            if batch_size:
+                r["batches"] += -(-len(s.files) // batch_size)
+        return list(ranks.values())
+
+
+def resume_plan(state: LoaderState, layout: Layout, *, fingerprint: str,
+                sizes: Sequence[int] | np.ndarray) -> ResumePlan:
+    """What every slot of ``layout`` reads to finish the state's epoch over the
+    listing of ``fingerprint`` with file ``sizes`` (``shard-plan --resume``).
+
+    Raises:
+        ResumeMismatch: the state is of another listing.
+        InvalidArgument: the state does not hold every slot's count (a single
+            rank's state: merge them first).
+    """
+    import numpy as np
+
+    state.check_fits(fingerprint, replace(state.order, n=len(sizes)))
+    chain, rest = resume_slots(state.order, state.segments, layout)
+    size_arr = np.asarray(sizes, dtype=np.int64)
+    slots = []
+    for s, files in enumerate(rest):
+        slot = layout.slot_at(s)
+        if files is None:
+            raise InvalidArgument(f"the state does not say what slot {slot} delivered",
+                                  hint="merge every rank's state with ucstage.merge_states")
+        slots.append(SlotRest(slot.rank, slot.worker, files,
+                              int(size_arr.take(files).sum()) if len(files) else 0))
+    return ResumePlan(state, layout, len(chain) == len(state.segments), slots)

@@ -33,7 +33,7 @@ from ucstage.cache.paths import PART_SUFFIX, STAMP_XATTR, read_stamp
 from ucstage.errors import CacheFull, CacheOwnershipError, FetchFailed, UnsafePath
 from ucstage.manifest import snapshot
 from ucstage.progress import Callback
-from ucstage.sharding import plan
+from ucstage.sharding import Layout, ReadOrder, plan
 from ucstage.volumes import FileEntry
 
 KB = 1024
@@ -131,11 +131,17 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
     with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
-        # Kill points: during start-up, then 0 s, 0.3 s and 0.8 s after a copy
-        # is seen in progress (polling, so a slow machine still hits mid-copy);
-        # then more kills right after a copy shows, until one has landed
-        # mid-copy (on a loaded machine a kill can miss the window).
-        attempts = [None, 0.0, 0.3, 0.8, *[0.0] * 6]
+        # Kill points: during start-up, then 0 s and 0.3 s after a copy is seen
+        # in progress (polling, so a slow machine still hits mid-copy), then
+        # once a copy has landed while another is in progress (awaited, not
+        # timed: on a loaded machine 0.8 s could pass before any copy landed,
+        # leaving the rerun nothing to resume); then more kills right after a
+        # copy shows, until one has landed mid-copy.
+        def landed() -> bool:
+            ns = _only_namespace(cache_dir)
+            return ns is not None and bool(visible_files(ns)) and bool(partial_files(ns))
+
+        attempts: list[float | str | None] = [None, 0.0, 0.3, "landed", *[0.0] * 6]
         for n, after_partial in enumerate(attempts):
             if n >= 4 and saw_partial:
                 break
@@ -143,12 +149,16 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
                                     stderr=subprocess.DEVNULL)
             if after_partial is None:
                 time.sleep(0.2)
+            elif after_partial == "landed":
+                deadline = time.monotonic() + 60
+                while not landed() and time.monotonic() < deadline and proc.poll() is None:
+                    time.sleep(0.01)
             else:
                 deadline = time.monotonic() + 30
                 while not partial_files(cache_dir) and time.monotonic() < deadline \
                         and proc.poll() is None:
                     time.sleep(0.01)
-                time.sleep(after_partial)
+                time.sleep(float(after_partial))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             ns = _only_namespace(cache_dir)
@@ -186,6 +196,7 @@ _WORKER = textwrap.dedent("""
     from ucstage.cache import LocalCache
     m = manifest.load(sys.argv[1])
     expected = json.load(open(sys.argv[2]))
+    open(f"{sys.argv[3]}.ready{os.getpid()}", "w").close()
     while not os.path.exists(sys.argv[3]):
         time.sleep(0.01)
     vol, cache, bad = m.volume(), LocalCache(), 0
@@ -212,7 +223,11 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
     script.write_text(_WORKER)
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
                                str(go)], stdout=subprocess.PIPE, text=True) for _ in range(8)]
-    time.sleep(1.0)  # let them all import and wait at the gate
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready*"))) < 8:  # all imported, waiting at the gate
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.poll() for p in procs]
+        time.sleep(0.01)
     go.touch()
     outs = [p.communicate(timeout=150)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 8
@@ -583,8 +598,8 @@ def test_rank_entries_match_the_shard_plan(tmp_path: Path) -> None:
     p = plan([e.size for e in entries], world_size=4, num_workers=3, shuffle=True, seed=7,
              shuffle_scope="global", epoch=2)
     for rank in range(4):
-        mine = rank_entries(entries, ranks=[rank], world_size=4, num_workers=3,
-                            shuffle=True, seed=7, shuffle_scope="global", epoch=2)
+        mine = rank_entries(entries, [rank], Layout(4, 3),
+                            ReadOrder(len(entries), shuffle=True, seed=7, epoch=2, shuffle_scope="global"))
         want = sorted(i for s in p.slots if s.rank == rank for i in s.files)
         assert [e.path for e in mine] == [entries[i].path for i in want]
 
@@ -594,15 +609,15 @@ def test_rank_entries_under_the_node_scope_are_the_nodes_share(tmp_path: Path) -
     _, entries = _local_source(tmp_path, 37, 10)
     sizes = [e.size for e in entries]
     for rank in range(4):
-        mine = rank_entries(entries, ranks=[rank], world_size=4, num_workers=3, shuffle=True,
-                            seed=7, epoch=5, nproc_per_node=2)
+        mine = rank_entries(entries, [rank], Layout(4, 3, 2),
+                            ReadOrder(len(entries), shuffle=True, seed=7, epoch=5))
         for epoch in range(3):
             p = plan(sizes, world_size=4, num_workers=3, shuffle=True, seed=7, epoch=epoch,
                      nproc_per_node=2)
             want = sorted(i for s in p.slots if s.node == rank // 2 for i in s.files)
             assert [e.path for e in mine] == [entries[i].path for i in want]
     # One node (no nproc_per_node): its share is every file.
-    assert rank_entries(entries, ranks=[3], world_size=4, num_workers=3, shuffle=True) == \
+    assert rank_entries(entries, [3], Layout(4, 3), ReadOrder(len(entries), shuffle=True)) == \
         list(entries)
 
 
@@ -811,19 +826,20 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
     o = snapshot(str(other))
     LocalCache(tmp_path / "cache").warm(o.volume(), o.entries)
     cache = LocalCache(tmp_path / "cache", lease_seconds=0, max_bytes=1000)
-    entries = rank_entries(m.entries, ranks=[0, 1], world_size=2, num_workers=1)
+    entries = rank_entries(m.entries, [0, 1], Layout(2, 1), ReadOrder(len(m.entries)))
     from ucstage.cache import RankSlice
 
     warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
     assert warm.evicted_files == 1
-    doc = warm.to_json(rank_slice=RankSlice([0, 1], 2, 1, True, 0, 0, "node", 2, [0]),
+    doc = warm.to_json(rank_slice=RankSlice([0, 1], Layout(2, 1, 2),
+                                            ReadOrder(0, True, 0, 0, None, "node"), [0]),
                        refused=m.refused,
                        unreadable=[("dog", "Permission denied")])
     _same_shape(_documented("warm"), doc)
     assert doc["slice"] == {"ranks": [0, 1], "world_size": 2, "num_workers": 1,
                             "shuffle": True, "seed": 0, "epoch": 0, "shuffle_scope": "node",
                             "nproc_per_node": 2, "node_share": True, "nodes": [0]}
-    assert RankSlice([0], 2, 1).to_json()["node_share"] is False
+    assert RankSlice([0], Layout(2, 1), ReadOrder(0)).to_json()["node_share"] is False
     assert doc["namespace"] == cache.namespace_dir(vol) and doc["cache_dir"] == cache.root
     assert warm.to_json()["slice"] is None and warm.to_json()["refused"] == []
     assert cache.status().to_json()["last_run"] is None  # no training run read through it

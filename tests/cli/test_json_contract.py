@@ -120,12 +120,13 @@ def test_shard_plan(source: str) -> None:
 def test_shard_plan_resume(source: str, tmp_path: Path) -> None:
     from ucstage import manifest as mf
     from ucstage.resume import LoaderState
-    from ucstage.sharding import Segment
+    from ucstage.sharding import Layout, ReadOrder, Segment
 
     listing = mf.snapshot(source)
-    state = LoaderState(fingerprint=listing.fingerprint, files=12, seed=3, epoch=0, shuffle=True,
-                        shuffle_scope="global", equal_length=None,
-                        segments=(Segment(2, 2, (2, 1, 2, 1)),))
+    state = LoaderState(listing.fingerprint,
+                        ReadOrder(12, shuffle=True, seed=3, epoch=0, equal_length=None,
+                                  shuffle_scope="global"),
+                        (Segment(Layout(2, 2), (2, 1, 2, 1)),))
     path = tmp_path / "state.json"
     path.write_text(json.dumps(state.to_dict()))
     doc = run_json("shard-plan", source, "-w", "3", "-k", "1", "-b", "2", "--resume", str(path))

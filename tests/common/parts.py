@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -25,6 +25,7 @@ __all__ = [
     "REPO",
     "MotoServer",
     "free_port",
+    "in_lock_wait",
     "rclone_mount",
     "require",
     "small_tree",
@@ -32,6 +33,7 @@ __all__ = [
     "unique",
     "wait_port",
     "wait_synced",
+    "wait_until",
     "wait_visible",
 ]
 
@@ -194,6 +196,25 @@ def wait_visible(path: str, timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear in the FUSE mount")
         time.sleep(0.1)
+
+
+def wait_until(ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``ok`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def in_lock_wait(native_id: int) -> bool:
+    """Whether the thread ``native_id`` of this process sleeps in the kernel's
+    file-lock wait (its wait channel names it): it has reached ``flock``."""
+    try:
+        with open(f"/proc/self/task/{native_id}/wchan") as fh:
+            return "lock" in fh.read()
+    except OSError:
+        return False
 
 
 def unique(prefix: str = "t") -> str:

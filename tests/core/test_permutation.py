@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from ucstage.sharding import (
+    Layout,
     Permutation,
+    ReadOrder,
+    Slot,
     equal_slot_files,
     read_order,
     slot_array,
@@ -66,15 +69,15 @@ def test_one_slot_matches_the_slot_rule_on_the_whole_order(shuffle, mode):
             elif mode == "pad":
                 want += [full[(s + i * world * k) % n]
                          for i in range(len(want), -(-n // (world * k)))]
-            got = slot_array(n, rank=rank, world_size=world, num_workers=k, worker=worker,
-                             shuffle=shuffle, seed=9, epoch=4, equal_length=mode)
+            got = slot_array(ReadOrder(n, shuffle=shuffle, seed=9, epoch=4, equal_length=mode),
+                             Layout(world, k), Slot(rank, worker))
             assert got.tolist() == want
             if mode is None:
                 assert slot_files(n, rank=rank, world_size=world, num_workers=k,
                                   worker=worker, shuffle=shuffle, seed=9, epoch=4) == want
             else:
                 assert equal_slot_files(n, rank=rank, world_size=world, num_workers=k,
-                                        worker=worker, mode=mode, shuffle=shuffle, seed=9,
+                                        worker=worker, equal_length=mode, shuffle=shuffle, seed=9,
                                         epoch=4) == want
 
 
@@ -83,8 +86,8 @@ def test_one_slot_of_a_million_costs_the_slot_not_the_files():
     indices, not a million of anything."""
     tracemalloc.start()
     try:
-        files = slot_array(1_000_000, rank=5, world_size=128, num_workers=8, worker=3,
-                           shuffle=True, seed=0, epoch=0)
+        files = slot_array(ReadOrder(1_000_000, shuffle=True, seed=0, epoch=0), Layout(128, 8),
+                           Slot(5, 3))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

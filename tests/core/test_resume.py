@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from ucstage.errors import InvalidArgument, ResumeMismatch
 from ucstage.resume import LoaderState, load_state, merge_states
-from ucstage.sharding import EpochOrder, Segment, read_order, resume_slots, segment_runs
+from ucstage.sharding import (
+    EpochOrder,
+    Layout,
+    ReadOrder,
+    Segment,
+    read_order,
+    resume_slots,
+    segment_runs,
+)
 
 
 def deal(items: list[int], slots: int, mode: str | None) -> list[tuple[list[int], list[int]]]:
@@ -67,12 +75,12 @@ def test_resplit_matches_brute_force(n, shuffle, seed, mode, layouts, data) -> N
     segments: list[Segment] = []
     delivered: list[list[int]] = []
     for w, k in layouts[:-1]:
-        runs = segment_runs(order, [*segments, Segment(w, k, (0,) * (w * max(1, k)))])[-1]
+        runs = segment_runs(order, [*segments, Segment(Layout(w, k), (0,) * (w * max(1, k)))])[-1]
         counts = [data.draw(st.integers(0, len(r.files))) for r in runs]
-        segments.append(Segment(w, k, tuple(counts)))
+        segments.append(Segment(Layout(w, k), tuple(counts)))
         delivered.append(counts)
     w, k = layouts[-1]
-    target = Segment(w, k, (0,) * (w * max(1, k)))
+    target = Layout(w, k)
     expected, before = simulate(n, base, layouts, delivered, mode)
     chain, rest = resume_slots(order, segments, target)
     if (w, max(1, k)) == (layouts[-2][0], max(1, layouts[-2][1])):
@@ -96,20 +104,21 @@ def test_pad_reads_everything_and_every_slot_reads_the_same_count(n, layouts, da
     segments: list[Segment] = []
     before: list[int] = []
     for w, k in layouts:
-        runs = segment_runs(order, [*segments, Segment(w, k, (0,) * (w * max(1, k)))])[-1]
+        runs = segment_runs(order, [*segments, Segment(Layout(w, k), (0,) * (w * max(1, k)))])[-1]
         counts = tuple(data.draw(st.integers(0, len(r.files))) for r in runs)
         before += [int(f) for r, d in zip(runs, counts, strict=True) for f in r.files[:d]]
-        segments.append(Segment(w, k, counts))
-    chain, rest = resume_slots(order, segments, Segment(3, 1, (0, 0, 0)))
+        segments.append(Segment(Layout(w, k), counts))
+    chain, rest = resume_slots(order, segments, Layout(3, 1))
     if len(chain) > len(segments):
         assert len({len(r) for r in rest}) == 1
     assert set(before) | {int(f) for r in rest for f in r} == set(range(n))
 
 
 def state(**over) -> dict:  # type: ignore[no-untyped-def]
-    doc = LoaderState(fingerprint="ab" * 32, files=10, seed=1, epoch=0, shuffle=True,
-                      shuffle_scope="global", equal_length=None,
-                      segments=(Segment(2, 1, (3, None)),), rank=0).to_dict()
+    doc = LoaderState("ab" * 32,
+                      ReadOrder(10, shuffle=True, seed=1, epoch=0, equal_length=None,
+                                shuffle_scope="global"),
+                      (Segment(Layout(2, 1), (3, None)),), rank=0).to_dict()
     doc.update(over)
     return doc
 
@@ -132,13 +141,12 @@ def test_merge_states_fills_each_slot_from_its_rank() -> None:
 
 def test_a_state_for_another_listing_or_seed_is_refused() -> None:
     parsed = LoaderState.from_dict(state())
-    parsed.check_fits(fingerprint="ab" * 32, files=10, seed=1, shuffle=True, equal_length=None)
+    here = EpochOrder(10, shuffle=True, seed=1)  # a state without a scope: "global"
+    parsed.check_fits("ab" * 32, here)
     with pytest.raises(ResumeMismatch, match="listing abababababab"):
-        parsed.check_fits(fingerprint="cd" * 32, files=10, seed=1, shuffle=True,
-                          equal_length=None)
+        parsed.check_fits("cd" * 32, here)
     with pytest.raises(ResumeMismatch, match="seed 1 in the state, 2 here"):
-        parsed.check_fits(fingerprint="ab" * 32, files=10, seed=2, shuffle=True,
-                          equal_length=None)
+        parsed.check_fits("ab" * 32, EpochOrder(10, shuffle=True, seed=2))
     with pytest.raises(InvalidArgument, match="not a ucstage loader state"):
         LoaderState.from_dict({"epoch": 1})
 
@@ -150,4 +158,4 @@ def test_counts_beyond_a_slot_are_refused(tmp_path) -> None:  # type: ignore[no-
     path.write_text(json.dumps(doc))
     parsed = load_state(path)
     with pytest.raises(InvalidArgument, match="slot 0:0 delivered 6 files but reads only 5"):
-        resume_slots(parsed.order, parsed.segments, Segment(1, 0, (0,)))
+        resume_slots(parsed.order, parsed.segments, Layout(1, 0))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ucstage import sharding
-from ucstage.sharding import EpochOrder, Segment, resume_slots, segment_runs
+from ucstage.sharding import EpochOrder, Layout, Segment, resume_slots, segment_runs
 
 # The node scope is the slot rule's (node-stable shuffle); until the rule has
 # it, a node-scoped state deals like a global one and this cannot be checked.
@@ -35,12 +35,12 @@ def node_files(order: EpochOrder, seg: Segment) -> list[set[int]]:
        other_nodes=st.booleans(), data=st.data())
 def test_node_remainders_stay_on_their_node(n, nodes, per, k, per2, k2, other_nodes, data) -> None:  # type: ignore[no-untyped-def]
     order = EpochOrder(n, shuffle=True, seed=4, epoch=1, shuffle_scope="node")
-    first = Segment(nodes * per, k, (0,) * (nodes * per * max(1, k)), per)
+    first = Segment(Layout(nodes * per, k, per), (0,) * (nodes * per * max(1, k)))
     runs = segment_runs(order, [first])[0]
     counts = tuple(data.draw(st.integers(0, len(r.files))) for r in runs)
-    done = Segment(first.world_size, k, counts, per)
+    done = Segment(Layout(first.world_size, k, per), counts)
     nodes2 = nodes + 1 if other_nodes else nodes
-    target = Segment(nodes2 * per2, k2, (0,) * (nodes2 * per2 * max(1, k2)), per2)
+    target = Layout(nodes2 * per2, k2, per2)
     _, rest = resume_slots(order, [done], target)
     before = [int(f) for r, d in zip(runs, counts, strict=True) for f in r.files[:d]]
     assert Counter(before + [int(f) for r in rest for f in r]) == Counter(range(n))

@@ -11,6 +11,9 @@ from ucstage.errors import InvalidArgument
 from ucstage.sharding import (
     MAX_RANGES,
     EmptySlots,
+    Layout,
+    ReadOrder,
+    Slot,
     node_ranks,
     plan,
     rank_length,
@@ -251,15 +254,15 @@ def test_slot_plan_is_the_plans_slot_without_planning_the_rest():
     for workers in (3, [3, 1]):
         p = plan(sizes, world_size=2, num_workers=workers, shuffle=True, seed=4)
         for s in p.slots:
-            assert slot_plan(sizes, rank=s.rank, worker=s.worker, world_size=2,
-                             num_workers=workers, shuffle=True, seed=4) == s
-    empty = slot_plan([1] * 3, rank=1, worker=0, world_size=4, num_workers=1)
+            assert slot_plan(sizes, Layout(2, workers), ReadOrder(len(sizes), shuffle=True, seed=4),
+                             Slot(s.rank, s.worker)) == s
+    empty = slot_plan([1] * 3, Layout(4, 1), ReadOrder(len([1] * 3)), Slot(1, 0))
     assert (empty.files, empty.bytes) == ([1], 1)
-    assert slot_plan([1] * 3, rank=3, worker=0, world_size=4, num_workers=1).files == []
+    assert slot_plan([1] * 3, Layout(4, 1), ReadOrder(len([1] * 3)), Slot(3, 0)).files == []
     with pytest.raises(InvalidArgument, match=r"no slot 4:0: ranks are 0\.\.3"):
-        slot_plan([1], rank=4, worker=0, world_size=4, num_workers=1)
+        slot_plan([1], Layout(4, 1), ReadOrder(len([1])), Slot(4, 0))
     with pytest.raises(InvalidArgument, match=r"no slot 1:1: rank 1 has workers 0\.\.0"):
-        slot_plan([1], rank=1, worker=1, world_size=2, num_workers=[3, 0])
+        slot_plan([1], Layout(2, [3, 0]), ReadOrder(len([1])), Slot(1, 1))
 
 
 @settings(max_examples=150, deadline=None)
@@ -273,8 +276,40 @@ def test_lengths_are_the_lengths_of_the_slots(n, world, k, mode):
         for w in range(max(1, k)):
             kw = {"rank": rank, "world_size": world, "num_workers": k, "worker": w}
             files = (slot_files(n, **kw) if mode is None
-                     else equal_slot_files(n, mode=mode, **kw))
-            assert slot_length(n, equal_length=mode, **kw) == len(files)
+                     else equal_slot_files(n, equal_length=mode, **kw))
+            assert slot_length(ReadOrder(n, equal_length=mode), Layout(world, k),
+                               Slot(rank, w)) == len(files)
             total += len(files)
-        assert rank_length(n, rank=rank, world_size=world, num_workers=k,
-                           equal_length=mode) == total
+        assert rank_length(ReadOrder(n, equal_length=mode), Layout(world, k), rank) == total
+
+
+def test_the_unused_public_names_warn_they_are_deprecated():
+    from ucstage.sharding import slot_indices
+
+    with pytest.warns(DeprecationWarning, match="slot_indices"):
+        assert slot_indices(10, rank=1, world_size=2, num_workers=2, worker=1) == range(3, 10, 4)
+    p = plan([1, 2, 3], world_size=2, num_workers=[1, 2])
+    with pytest.warns(DeprecationWarning, match="workers_of"):
+        assert p.workers_of(1) == 2
+
+
+def test_the_values_are_checked_once_when_built():
+    from ucstage.sharding import stride
+
+    Invalid = InvalidArgument
+
+    layout = Layout(4, 3, 2)
+    assert (layout.slots, layout.nodes, layout.node_of(3), layout.ranks_per_node) == (12, 2, 1, 2)
+    assert Layout(2, [1, 2]).num_workers == (1, 2) and Layout(2, [3]).num_workers == 3
+    assert (stride(layout, Slot(3, 1), per_node=True).start, stride(layout, Slot(3, 1),
+            per_node=False).start) == (4, 10)
+    with pytest.raises(Invalid, match="world_size 6 is not a multiple of nproc_per_node 4") \
+            as info:
+        Layout(6, 1, 4)
+    assert "torchrun's nproc-per-node option" in info.value.hint  # in words, never a flag
+    with pytest.raises(Invalid, match=r"worker 3 is outside 0\.\.2"):
+        layout.slot(0, 3)
+    with pytest.raises(Invalid, match="equal_length must be one of"):
+        ReadOrder(3, equal_length="wrap")
+    with pytest.raises(Invalid, match="shuffle_scope must be one of"):
+        ReadOrder(3, shuffle_scope="rack")

@@ -9,7 +9,10 @@ from hypothesis import strategies as st
 
 from ucstage.errors import InvalidArgument
 from ucstage.sharding import (
+    Layout,
     Permutation,
+    ReadOrder,
+    Slot,
     equal_slot_files,
     forecast,
     node_count,
@@ -78,8 +81,8 @@ def test_plan_and_slots_equal_the_simulation(n, shape, k, seed, scope, epoch) ->
         kwargs = dict(rank=rank, world_size=world, num_workers=k, worker=worker, shuffle=True,
                       seed=seed, epoch=epoch, shuffle_scope=scope, nproc_per_node=nproc)
         assert slot_files(n, **kwargs) == files
-        assert slot_length(n, **{a: v for a, v in kwargs.items() if a not in ("seed", "epoch")}) \
-            == len(files)
+        assert slot_length(ReadOrder(n, shuffle=True, shuffle_scope=scope),
+                           Layout(world, k, nproc), Slot(rank, worker)) == len(files)
 
 
 @settings(max_examples=100, deadline=None)
@@ -112,8 +115,8 @@ def test_forecast_equals_the_simulation(n, shape, k, seed, scope, epochs, data) 
     world, nproc = shape
     nodes = world // nproc
     sizes = data.draw(st.lists(st.integers(0, 1000), min_size=n, max_size=n))
-    f = forecast(sizes, world_size=world, num_workers=k, epochs=epochs, seed=seed,
-                 shuffle_scope=scope, nproc_per_node=nproc)
+    f = forecast(sizes, Layout(world, k, nproc),
+                 ReadOrder(len(sizes), shuffle=True, seed=seed, shuffle_scope=scope), epochs=epochs)
     seen: list[set[int]] = [set() for _ in range(nodes)]
     rows = []
     for epoch in range(epochs):
@@ -148,11 +151,11 @@ def test_one_node_reduces_exactly_to_the_global_rule(n, world, k, seed, epoch, e
     p = plan(list(range(n)), world_size=world, num_workers=k, shuffle=shuffle, seed=seed,
              epoch=epoch, shuffle_scope="node", nproc_per_node=nproc)
     assert {(s.rank, s.worker): s.files for s in p.slots} == {a: v for a, v in old_rule.items() if v}
-    assert list(node_order(n, node=0, world_size=world, nproc_per_node=nproc, shuffle=shuffle,
-                           seed=seed, epoch=epoch)) == order
+    assert list(node_order(ReadOrder(n, shuffle=shuffle, seed=seed, epoch=epoch),
+                           Layout(world, 0, nproc), 0)) == order
     for mode in ("pad", "drop"):
         for (rank, worker) in old_rule:
-            common = dict(rank=rank, world_size=world, num_workers=k, worker=worker, mode=mode,
+            common = dict(rank=rank, world_size=world, num_workers=k, worker=worker, equal_length=mode,
                           shuffle=shuffle, seed=seed, epoch=epoch)
             assert equal_slot_files(n, **common, nproc_per_node=nproc) == \
                 equal_slot_files(n, **common, shuffle_scope="global")
@@ -172,11 +175,11 @@ def test_equal_length_under_node_scope(n, shape, k, seed, mode) -> None:  # type
         mine = node_files(reads, rank // nproc, nproc)
         for worker in range(max(k, 1)):
             files = equal_slot_files(n, rank=rank, world_size=world, num_workers=k, worker=worker,
-                                     mode=mode, shuffle=True, seed=seed, nproc_per_node=nproc)
+                                     equal_length=mode, shuffle=True, seed=seed, nproc_per_node=nproc)
             counts.add(len(files))
             assert set(files) <= mine  # padding re-reads the node's own files
-            assert slot_length(n, rank=rank, world_size=world, num_workers=k, worker=worker,
-                               equal_length=mode, shuffle=True, nproc_per_node=nproc) == len(files)
+            assert slot_length(ReadOrder(n, shuffle=True, equal_length=mode),
+                               Layout(world, k, nproc), Slot(rank, worker)) == len(files)
     assert len(counts) == 1  # every rank of every node: the same count (DDP needs it)
 
 
@@ -191,8 +194,7 @@ def test_bytes_per_node_and_node_field() -> None:
     doc = p.to_json([str(i) for i in range(10)], source="s", fingerprint="f")
     assert {s["node"] for s in doc["slots"]} == {0, 1}
     assert doc["shuffle_scope"] == "node" and doc["nproc_per_node"] == 2
-    one = slot_plan(sizes, rank=3, worker=0, world_size=4, num_workers=1, shuffle=True, seed=1,
-                    nproc_per_node=2)
+    one = slot_plan(sizes, Layout(4, 1, 2), ReadOrder(len(sizes), shuffle=True, seed=1), Slot(3, 0))
     assert one.node == 1 and one.files == next(s.files for s in p.slots if s.rank == 3)
 
 
@@ -201,7 +203,7 @@ def test_more_nodes_than_files_leaves_whole_nodes_empty() -> None:
     assert sorted(i for s in p.slots for i in s.files) == [0, 1, 2]
     assert p.empty.count == 16 - 3 and p.empty.ranks == 5
     with pytest.raises(InvalidArgument, match="pad"):
-        equal_slot_files(3, rank=7, world_size=8, num_workers=2, worker=0, mode="pad",
+        equal_slot_files(3, rank=7, world_size=8, num_workers=2, worker=0, equal_length="pad",
                          shuffle=True, nproc_per_node=2)
 
 
@@ -218,10 +220,8 @@ def test_world_size_must_be_a_multiple_of_nproc_per_node() -> None:
 
 def test_a_slot_costs_its_own_positions() -> None:
     """Node scope keeps the numpy arithmetic: a slot of a 10^9-file job takes no list."""
-    deal = slot_dealing(10**9, rank=5, world_size=8, num_workers=4, worker=3, shuffle=True,
-                        seed=2, epoch=1, nproc_per_node=4)
+    deal = slot_dealing(ReadOrder(10**9, shuffle=True, seed=2, epoch=1), Layout(8, 4, 4), Slot(5, 3))
     assert (deal.node, deal.nodes, deal.start, deal.step) == (1, 2, 7, 16)
     first = deal.order.take(np.arange(deal.start, deal.start + 5 * deal.step, deal.step))  # type: ignore[attr-defined]
     assert len(set(first.tolist())) == 5 and all(0 <= i < 10**9 for i in first)
-    assert rank_length(10**9, rank=5, world_size=8, num_workers=4, shuffle=True,
-                       nproc_per_node=4) == 10**9 // 8
+    assert rank_length(ReadOrder(10**9, shuffle=True), Layout(8, 4, 4), 5) == 10**9 // 8

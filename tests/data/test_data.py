@@ -112,8 +112,8 @@ def test_read_ahead_fetches_the_next_files_of_the_slot(tmp_path) -> None:  # typ
 def test_equal_length_gives_every_slot_the_same_count(n, world, k, seed, shuffle) -> None:  # type: ignore[no-untyped-def]
     slots = [(r, w) for r in range(world) for w in range(max(1, k))]
     kw = {"world_size": world, "num_workers": k, "shuffle": shuffle, "seed": seed}
-    pad = [equal_slot_files(n, rank=r, worker=w, mode="pad", **kw) for r, w in slots]
-    drop = [equal_slot_files(n, rank=r, worker=w, mode="drop", **kw) for r, w in slots]
+    pad = [equal_slot_files(n, rank=r, worker=w, equal_length="pad", **kw) for r, w in slots]
+    drop = [equal_slot_files(n, rank=r, worker=w, equal_length="drop", **kw) for r, w in slots]
     plain = [slot_files(n, rank=r, worker=w, **kw) for r, w in slots]
     s = len(slots)
     if n:

@@ -38,7 +38,7 @@ def test_nproc_per_node_comes_from_local_world_size(tmp_path, monkeypatch) -> No
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert rows(ds, 3, 4) == rule(50, 3, 4, shuffle_scope="global")  # one node
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun: 2 ranks per node, 2 nodes
-    assert ds.nodes_of(4) == 2
+    assert ds.ranks_per_node(4) == 2
     assert rows(ds, 3, 4) == rule(50, 3, 4, nproc_per_node=2)
     assert rows(ds, 3, 4) != rule(50, 3, 4, shuffle_scope="global")
     # The node keeps its files over epochs, and len() follows the node's block.
@@ -68,4 +68,4 @@ def test_bad_layouts_are_refused(tmp_path, monkeypatch) -> None:  # type: ignore
         VolumeDataset(str(tmp_path / "vol"), nproc_per_node=0)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(InvalidArgument, match="LOCAL_WORLD_SIZE"):
-        ds.nodes_of(4)
+        ds.ranks_per_node(4)

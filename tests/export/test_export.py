@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.common.parts import free_port, require, tmpfs
+from tests.common.parts import free_port, in_lock_wait, require, tmpfs, wait_until
 from tests.common.spark import (
     Warehouse,
     connect_script_server,
@@ -175,8 +175,10 @@ def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> Non
     dest = str(tmp_path / "events")
     spans: dict[str, list[float]] = {}
     b_told = Descriptions()
+    threads: dict[str, int] = {}
 
     def hold(name: str, seconds: float, callback: Callback = NO_PROGRESS) -> None:
+        threads[name] = threading.get_native_id()
         with dest_lock(dest, callback):
             spans[name] = [time.monotonic()]
             time.sleep(seconds)
@@ -185,7 +187,8 @@ def test_lock_excludes_a_waiter_that_locked_a_removed_file(tmp_path: Any) -> Non
     b = threading.Thread(target=hold, args=("B", 0.5, b_told))
     with dest_lock(dest, NO_PROGRESS):
         b.start()
-        time.sleep(0.5)  # B is now blocked in flock on A's file
+        wait_until(lambda: "B" in threads and in_lock_wait(threads["B"]),
+                   "B blocked in flock on A's file")
     c = threading.Thread(target=hold, args=("C", 0.5))
     c.start()
     b.join(10)
@@ -547,23 +550,12 @@ def test_volume_dest_through_volumes_root(spark_session: Any, warehouse: Warehou
 
 # -- failures while writing ----------------------------------------------------
 
-def _big_table(path: str, n: int) -> None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from deltalake import write_deltalake
-
-    ids = pa.array(range(n), pa.int64())
-    write_deltalake(path, pa.table({"id": ids, "text": pc.cast(ids, pa.string()),
-                                    "x": pc.multiply(ids, 3)}))
-
-
 @pytest.mark.filterwarnings("ignore:.*RETRIES_EXCEEDED")
-def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any,
+def test_server_killed_mid_write_keeps_the_previous_export(spark_session: Any, big_table: str,
                                                            tmp_path: Any) -> None:
     from ucstage.export.spark import EmbeddedServer
 
-    table = str(tmp_path / "big")
-    _big_table(table, 3_000_000)
+    table = big_table
     dest = str(tmp_path / "vol" / "big")
     export_table(table, dest)  # the previous export, through the shared server
     before = _listing(dest)

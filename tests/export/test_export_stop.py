@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from tests.common import spark as spark_parts
 from tests.common.spark import (
     BIG_ROWS,
     beside_dest,
@@ -33,7 +32,6 @@ from ucstage.export.embedded import LOCK_NAME
 from ucstage.export.interrupt import signals_deferred
 
 pytestmark = pytest.mark.spark
-big_table = spark_parts.big_table  # the fixture, for the tests below
 
 
 

@@ -72,7 +72,7 @@ def resume(source: str, state_file: str, workers: int) -> dict[str, Any]:
     return result
 
 
-def refuse(source: str, state_file: str) -> dict[str, Any]:
+def refuse(source: str, out: str, state_file: str) -> dict[str, Any]:
     with open(state_file, encoding="utf-8") as fh:
         state = json.load(fh)
     rank = dist.get_rank()
@@ -90,10 +90,15 @@ def refuse(source: str, state_file: str) -> dict[str, Any]:
     loader = DataLoader(Decode(paths), batch_size=4, num_workers=1, audit_timeout=3)
     iterator = iter(loader)
     next(iterator)
+    audited = os.path.join(out, "rank0-audited")
     if rank == 0:
-        result["rest"] = sum(1 for _ in iterator)
+        result["rest"] = sum(1 for _ in iterator)  # ends after the audit gave up
+        open(audited, "w").close()
     else:
-        time.sleep(5)  # longer than rank 0's audit_timeout
+        deadline = time.monotonic() + 120
+        while not os.path.exists(audited):  # the iterator stays open until then
+            assert time.monotonic() < deadline, "rank 0 never finished its epoch"
+            time.sleep(0.05)
     result["audits"] = audits(loader)
     return result
 
@@ -109,7 +114,7 @@ def main() -> int:
     elif mode == "resume":
         result = resume(source, sys.argv[4], int(sys.argv[5]))
     else:
-        result = refuse(source, sys.argv[4])
+        result = refuse(source, out, sys.argv[4])
     result["warnings"] = caught.messages
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from .. import objstore
 from ..manifest import Manifest
 from ..progress import NO_PROGRESS, Callback
+from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from .measure import Meter
 from .modes import MODE_TYPES, Job
 from .options import DEFAULT_MODES, DEFAULT_WORKERS, check_options
@@ -44,7 +45,7 @@ def run(
     scratch_dir: str | None = None,
     callback: Callback = NO_PROGRESS,
     shuffle: bool = False,
-    shuffle_scope: str = "node",
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
     nproc_per_node: int | None = None,
 ) -> BenchReport:
     """Measure read throughput for every mode and worker count.

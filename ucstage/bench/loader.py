@@ -17,6 +17,7 @@ import torch.utils.data as tud
 from ..cache.local import LocalCache
 from ..data import DataLoader, VolumeDataset
 from ..manifest import Manifest, fingerprint
+from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..volumes import FileEntry
 from .measure import BUFFER_BYTES, Meter, ReadTally
 
@@ -54,7 +55,7 @@ class ReadEach(tud.IterableDataset):  # type: ignore[type-arg]
 def loader_run(
     manifest: Manifest, entries: Sequence[FileEntry], workers: int, batch_size: int,
     cache_root: str, deadline: float | None, meter: Meter,
-    shuffle: tuple[bool, int, str, int | None] = (False, 0, "node", None),
+    shuffle: tuple[bool, int, str, int | None] = (False, 0, DEFAULT_SHUFFLE_SCOPE, None),
 ) -> tuple[ReadTally, float, bool]:
     """Read ``entries`` through a fresh private cache with ``workers`` DataLoader workers.
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 from ..errors import MissingDependency
 from ..manifest import Manifest
 from ..progress import Callback
+from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..volumes import FileEntry, Volume
 from .measure import FileReader, Meter, ReadTally, measure, raise_read_error
 from .pagecache import resident_share
@@ -53,7 +54,7 @@ class Job:
     scratch: str | None
     """The private folder for caches; None when no mode needs one."""
     notes: list[str] = field(default_factory=list)
-    shuffle: tuple[bool, int, str, int | None] = (False, 0, "node", None)
+    shuffle: tuple[bool, int, str, int | None] = (False, 0, DEFAULT_SHUFFLE_SCOPE, None)
     """The loader mode's (shuffle, seed, shuffle_scope, nproc_per_node)."""
     cache: LocalCache | None = None
     """The last cold run's cache, which warm runs reuse."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import InvalidArgument
-from ..sharding import SHUFFLE_SCOPES
+from ..sharding import DEFAULT_SHUFFLE_SCOPE, ReadOrder
 from .stats import MODES, check_sample_size
 
 __all__ = ["DEFAULT_MODES", "DEFAULT_WORKERS", "check_modes", "check_options", "check_workers"]
@@ -70,7 +70,7 @@ def check_options(
     modes: Sequence[str] = DEFAULT_MODES,
     batch_size: int = 32,
     max_seconds: float | None = None,
-    shuffle_scope: str = "node",
+    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
     nproc_per_node: int | None = None,
 ) -> tuple[list[int], list[str]]:
     """Check :func:`ucstage.bench.run`'s options; return (worker counts, modes) normalised.
@@ -86,9 +86,7 @@ def check_options(
     if batch_size < 1:
         raise InvalidArgument(f"batch_size must be at least 1, got {batch_size}")
     check_sample_size(files, sample_bytes, "sample_bytes")
-    if shuffle_scope not in SHUFFLE_SCOPES:
-        raise InvalidArgument(
-            f"shuffle_scope must be one of {SHUFFLE_SCOPES}, got {shuffle_scope!r}")
+    ReadOrder(0, shuffle_scope=shuffle_scope)  # checks the scope
     if nproc_per_node is not None and nproc_per_node != 1:
         # The loader mode is one rank: its job is one node of one rank.
         raise InvalidArgument(

@@ -36,14 +36,7 @@ from collections.abc import Sequence
 
 from ..errors import CacheError, InvalidArgument
 from ..progress import NO_PROGRESS, Callback
-from ..sharding import (
-    DEFAULT_SHUFFLE_SCOPE,
-    effective_workers,
-    node_count,
-    node_order,
-    node_share,
-    slot_files,
-)
+from ..sharding import rank_entries
 from ..units import SIZE_HELP, parse_size
 from ..volumes import FileEntry, Volume, safe_relpath
 from . import maintenance as maint
@@ -73,41 +66,6 @@ DEFAULT_LEASE_SECONDS = 10.0
 """The time lease of paths handed out by ``lookup``/``fetch`` (and ``warm``)."""
 DEFAULT_WAIT_SECONDS = 120.0
 """How long a copy waits for readers to make room under a full cap."""
-
-
-def rank_entries(
-    entries: Sequence[FileEntry], *, ranks: Sequence[int], world_size: int, num_workers: int,
-    shuffle: bool = False, seed: int = 0, epoch: int = 0,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE, nproc_per_node: int | None = None,
-) -> list[FileEntry]:
-    """The entries that ``ranks`` read under the slot rule, in listing order.
-
-    Calls :func:`ucstage.sharding.slot_files` for every worker of every rank,
-    the same function ``shard-plan`` and the dataset use. With ``shuffle``
-    under the ``"node"`` scope, a node's files are the same every epoch: the
-    whole share of every node holding one of ``ranks``
-    (:func:`ucstage.sharding.node_share`), whatever ``epoch``.
-    """
-    n = len(entries)
-    node_count(world_size, nproc_per_node)  # refuses a world size that is not a multiple
-    per_node = nproc_per_node if nproc_per_node is not None else world_size
-    wanted: set[int] = set()
-    if shuffle and shuffle_scope == "node":
-        for node in sorted({rank // per_node for rank in ranks}):
-            wanted.update(node_share(n, node=node, world_size=world_size,
-                                     nproc_per_node=nproc_per_node, seed=seed).tolist())
-        return [entries[i] for i in sorted(wanted)]
-    for rank in ranks:
-        order = node_order(n, node=rank // per_node, world_size=world_size,
-                           nproc_per_node=nproc_per_node, shuffle=shuffle, seed=seed,
-                           epoch=epoch, shuffle_scope=shuffle_scope)
-        for worker in range(effective_workers(num_workers)):
-            wanted.update(slot_files(n, rank=rank, world_size=world_size,
-                                     num_workers=num_workers, worker=worker, shuffle=shuffle,
-                                     seed=seed, epoch=epoch, order=order,
-                                     shuffle_scope=shuffle_scope,
-                                     nproc_per_node=nproc_per_node))
-    return [entries[i] for i in sorted(wanted)]
 
 
 class LocalCache:

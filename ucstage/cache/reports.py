@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .runstats import RunStats
+
+if TYPE_CHECKING:
+    from ..sharding import Layout, ReadOrder
 
 __all__ = [
     "CacheStatus",
@@ -37,23 +40,19 @@ class RankSlice:
     (the arguments :func:`ucstage.cache.rank_entries` was called with)."""
 
     ranks: list[int]
-    world_size: int
-    num_workers: int
-    shuffle: bool = False
-    seed: int = 0
-    epoch: int = 0
-    shuffle_scope: str = "node"
-    nproc_per_node: int | None = None
+    layout: Layout
+    order: ReadOrder
     nodes: list[int] | None = None
     """The nodes whose whole share was warmed (the node scope with shuffle:
-    the same files every epoch), or None: the ranks' files of ``epoch``."""
+    the same files every epoch), or None: the ranks' files of the order's epoch."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``slice`` object of docs/json-cache.md#warm."""
-        return {"ranks": list(self.ranks), "world_size": self.world_size,
-                "num_workers": self.num_workers, "shuffle": self.shuffle, "seed": self.seed,
-                "epoch": self.epoch,
-                "shuffle_scope": self.shuffle_scope, "nproc_per_node": self.nproc_per_node,
+        layout, order = self.layout, self.order
+        return {"ranks": list(self.ranks), "world_size": layout.world_size,
+                "num_workers": layout.num_workers, "shuffle": order.shuffle, "seed": order.seed,
+                "epoch": order.epoch,
+                "shuffle_scope": order.shuffle_scope, "nproc_per_node": layout.nproc_per_node,
                 "node_share": self.nodes is not None, "nodes": self.nodes}
 
 

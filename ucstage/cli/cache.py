@@ -29,7 +29,7 @@ from ..cache.paths import CACHE_DIR_ENV, user_root
 from ..cache.reports import RankSlice, VerifyReport, WarmReport
 from ..errors import CacheFull, InvalidArgument, SourceNotFound
 from ..manifest import Manifest
-from ..sharding import node_ranks
+from ..sharding import Layout, ReadOrder, node_ranks
 from ..source import ManifestSource, VolumeSource, open_source
 from ..units import SIZE_HELP, format_rate
 from ..volumes import VOLUMES_ROOT_ENV, FileEntry, Volume, is_volumes_path
@@ -212,14 +212,12 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     rank_slice: RankSlice | None = None
     if ranks is not None:
         assert world_size is not None and num_workers is not None
-        entries = rank_entries(entries, ranks=ranks, world_size=world_size,
-                               num_workers=num_workers, shuffle=shuffle, seed=seed or 0,
-                               epoch=epoch or 0, shuffle_scope=scope,
-                               nproc_per_node=nproc_per_node)
-        per_node = nproc_per_node or world_size
-        nodes = sorted({r // per_node for r in ranks}) if share else None
-        rank_slice = RankSlice(ranks, world_size, num_workers, shuffle, seed or 0, epoch or 0,
-                               scope, nproc_per_node, nodes)
+        layout = Layout(world_size, num_workers, nproc_per_node)
+        order = ReadOrder(len(entries), shuffle, seed or 0, epoch or 0, None, scope)
+        entries = rank_entries(entries, ranks, layout, order)
+        per_node = layout.ranks_per_node
+        nodes = sorted({layout.node_of(r) for r in ranks}) if share else None
+        rank_slice = RankSlice(ranks, layout, order, nodes)
         if nodes is not None:
             err.print(f"warming {_share_text(nodes, per_node, world_size)}: "
                       f"{_n(len(entries), 'file')} ({format_bytes(sum(e.size for e in entries))}"
@@ -282,9 +280,8 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
     who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
         f" for rank {ranks[0]}" if ranks else "")
     if rank_slice is not None and rank_slice.nodes is not None:
-        who = (" for " + _share_text(rank_slice.nodes,
-                                     rank_slice.nproc_per_node or rank_slice.world_size,
-                                     rank_slice.world_size)
+        who = (" for " + _share_text(rank_slice.nodes, rank_slice.layout.ranks_per_node,
+                                     rank_slice.layout.world_size)
                + ", which serves every epoch")
     console.print(
         f"[bold]Warmed[/] {_n(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "

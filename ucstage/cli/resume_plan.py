@@ -9,8 +9,9 @@ from rich.markup import escape
 
 from ..errors import InvalidArgument
 from ..manifest import Manifest
-from ..resume import LoaderState, load_state
-from ..sharding import Segment, effective_workers, resume_slots
+from ..resume import LoaderState, ResumePlan, SlotRest, load_state
+from ..resume import resume_plan as plan_resume
+from ..sharding import Layout
 from .output import emit, err, format_bytes, table, truncated_rows
 
 EXAMPLES = 3
@@ -25,47 +26,17 @@ def resume_plan(manifest: Manifest, state_path: str, *, world_size: int, num_wor
         raise InvalidArgument("--resume takes one num_workers for every rank",
                               hint="a resumed epoch is planned for one layout, e.g. -k 2")
     state = load_state(state_path)
-    state.check_fits(fingerprint=manifest.fingerprint, files=len(manifest.entries),
-                     seed=state.seed, shuffle=state.shuffle, equal_length=state.equal_length,
-                     shuffle_scope=state.shuffle_scope)
-    k = num_workers[0]
-    layout = Segment(world_size, k, (0,) * (world_size * effective_workers(k)), nproc_per_node)
-    chain, rest = resume_slots(state.order, state.segments, layout)
-    continued = len(chain) == len(state.segments)
-    import numpy as np
-
-    sizes = np.asarray(manifest.sizes(), dtype=np.int64)
-    slots = []
-    for s, files in enumerate(rest):
-        if files is None:
-            raise InvalidArgument(f"the state does not say what slot {s // effective_workers(k)}"
-                                  f":{s % effective_workers(k)} delivered",
-                                  hint="merge every rank's state with ucstage.merge_states")
-        slots.append((s // effective_workers(k), s % effective_workers(k), files,
-                      int(sizes.take(files).sum()) if len(files) else 0))
-    if slot is not None:
-        picked = [x for x in slots if (x[0], x[1]) == slot]
-        if not picked:
-            raise InvalidArgument(f"no slot {slot[0]}:{slot[1]}: ranks are 0..{world_size - 1}, "
-                                  f"workers 0..{effective_workers(k) - 1}")
-        slots = picked
-    doc = _json(manifest, state, slots, world_size, k, continued, batch_size)
+    layout = Layout(world_size, num_workers[0], nproc_per_node)
+    rest = plan_resume(state, layout, fingerprint=manifest.fingerprint, sizes=manifest.sizes())
+    doc = _json(manifest, rest, batch_size, rest.slots if slot is None else [rest.slot(*slot)])
     if slot is not None:
         doc = doc["slots"][0]
     emit(doc, as_json, lambda c: _render(c, manifest, state, doc, slot is not None))
 
 
-def _json(manifest: Manifest, state: LoaderState, slots: list[Any], world_size: int,
-          k: int, continued: bool, batch_size: int | None) -> dict[str, Any]:
-    remaining = sum(len(f) for _, _, f, _ in slots)
-    ranks: dict[int, dict[str, Any]] = {}
-    for rank, _, files, nbytes in slots:
-        r = ranks.setdefault(rank, {"rank": rank, "files": 0, "bytes": 0,
-                                    "batches": 0 if batch_size else None})
-        r["files"] += len(files)
-        r["bytes"] += nbytes
-        if batch_size:
-            r["batches"] += -(-len(files) // batch_size)
+def _json(manifest: Manifest, rest: ResumePlan, batch_size: int | None,
+          slots: list[SlotRest]) -> dict[str, Any]:
+    state = rest.state
     return {
         "source": manifest.source,
         "fingerprint": manifest.fingerprint,
@@ -78,16 +49,16 @@ def _json(manifest: Manifest, state: LoaderState, slots: list[Any], world_size: 
         "saved_layout": {"world_size": state.last.world_size,
                          "num_workers": state.last.num_workers,
                          "nproc_per_node": state.last.nproc_per_node},
-        "world_size": world_size,
-        "num_workers": k,
-        "mode": "continue" if continued else "resplit",
+        "world_size": rest.layout.world_size,
+        "num_workers": rest.layout.num_workers,
+        "mode": "continue" if rest.continued else "resplit",
         "resumed_files": state.delivered,
-        "remaining_files": remaining,
+        "remaining_files": sum(len(s.files) for s in slots),
         "batch_size": batch_size,
-        "ranks": list(ranks.values()),
-        "slots": [{"rank": rank, "worker": worker,
-                   "files": [e.path for e in manifest.take(files)], "bytes": nbytes}
-                  for rank, worker, files, nbytes in slots],
+        "ranks": ResumePlan(state, rest.layout, rest.continued, slots).rank_totals(batch_size),
+        "slots": [{"rank": s.rank, "worker": s.worker,
+                   "files": [e.path for e in manifest.take(s.files)], "bytes": s.bytes}
+                  for s in slots],
     }
 
 

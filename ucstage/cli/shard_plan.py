@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -11,13 +12,25 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..cache.local import MAX_BYTES_ENV
-from ..cache.paths import default_root
-from ..cache.space import free_bytes
 from ..errors import InvalidArgument
-from ..manifest import ArrowEntries, Manifest
-from ..sharding import SHUFFLE_SCOPES, Forecast, ShardPlan, SlotPlan, forecast, plan, slot_plan
+from ..manifest import Manifest
+from ..sharding import (
+    SHUFFLE_SCOPES,
+    Forecast,
+    Layout,
+    ReadOrder,
+    ShardPlan,
+    Slot,
+    SlotPlan,
+    forecast,
+    slot_plan,
+)
+from ..sharding import (
+    shard_plan as plan_shards,
+)
 from ..units import SIZE_HELP
 from .args import num_workers_list, size_flag
+from .forecast_view import forecast_json, render_forecast
 from .output import (
     emit,
     err,
@@ -47,10 +60,7 @@ def _parse_slot(value: str | None) -> tuple[int, int] | None:
 
 def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
     """The documented JSON contract (docs/json.md#shard-plan)."""
-    entries = manifest.entries
-    paths: list[str] = (entries.table.column(0).to_pylist()
-                        if isinstance(entries, ArrowEntries) else [e.path for e in entries])
-    return p.to_json(paths, source=manifest.source, fingerprint=manifest.fingerprint)
+    return p.to_json(manifest.paths(), source=manifest.source, fingerprint=manifest.fingerprint)
 
 
 class _Paths:
@@ -266,49 +276,39 @@ def shard_plan(
                     batch_size=batch_size, as_json=as_json, nproc_per_node=nproc_per_node)
         return
     sizes = manifest.sizes()  # a numpy array for a columnar manifest
+    layout = Layout(world_size, workers, nproc_per_node)
+    order = ReadOrder(len(sizes), shuffle, seed, epoch, None, scope)
     if wanted is not None:
-        s = slot_plan(sizes, rank=wanted[0], worker=wanted[1], world_size=world_size,
-                      num_workers=workers, shuffle=shuffle, seed=seed, epoch=epoch,
-                      shuffle_scope=scope, nproc_per_node=nproc_per_node)
-        _print_slot(manifest, s, as_json)
+        _print_slot(manifest, slot_plan(sizes, layout, order, Slot(*wanted)), as_json)
         return
-    p = plan(sizes, world_size=world_size, num_workers=workers, shuffle=shuffle, seed=seed,
-             epoch=epoch, batch_size=batch_size, shuffle_scope=scope,
-             nproc_per_node=nproc_per_node)
+    p = plan_shards(sizes, layout, order, batch_size=batch_size)
     forecasts: dict[str, Forecast] = {}
     if epochs is not None:
         # Both scopes, the chosen one first: the forecast shows what the other costs.
         for name in sorted(SHUFFLE_SCOPES, key=lambda x: x != scope):
-            forecasts[name] = forecast(sizes, world_size=world_size, num_workers=workers,
-                                       epochs=epochs, first_epoch=epoch, shuffle=shuffle,
-                                       seed=seed, shuffle_scope=name,
-                                       nproc_per_node=nproc_per_node)
+            forecasts[name] = forecast(sizes, layout, replace(order, shuffle_scope=name),
+                                       epochs=epochs)
     # The JSON names every file; the human plan names a few, so it never builds the list.
     data: dict[str, Any] = {}
     if as_json:
         data = plan_json(manifest, p)
         if forecasts:
-            data["forecast"] = _forecast_json(forecasts, scope, cap)
+            data["forecast"] = forecast_json(forecasts, scope, cap)
 
     def human(console: Console) -> None:
         _render(console, manifest, p)
         if forecasts:
-            _render_forecast(console, forecasts, scope, cap)
+            render_forecast(console, forecasts, scope, cap)
 
     emit(data, as_json, human)
-    problems = []
-    if not p.consistent:
-        problems.append(f"{len(p.duplicated):,} files read twice or more, "
-                        f"{len(p.skipped):,} never read")
-    if p.empty.count:
-        problems.append(f"{p.empty.count:,} of {p.slot_total:,} slots read nothing")
-    if not p.batches_equal:
-        problems.append("ranks would get different batch counts")
-    over = _over_cap(forecasts.get(scope), cap)
-    if over:
-        problems.append(f"{len(over):,} node shares exceed --max-bytes {format_bytes(cap or 0)}")
-    if problems:
-        fail_found("; ".join(problems))
+    chosen = forecasts.get(scope)
+    if p.ok and (chosen is None or chosen.fits(cap)):
+        return
+    problems = p.problems
+    if chosen is not None and not chosen.fits(cap):
+        problems.append(f"{len(chosen.over(cap)):,} node shares exceed --max-bytes "
+                        f"{format_bytes(cap or 0)}")
+    fail_found("; ".join(problems))
 
 
 def _check_shuffle_options(shuffle: bool) -> None:
@@ -351,83 +351,3 @@ def _cap(max_bytes: str | None) -> int | None:
     if max_bytes is not None:
         return size_flag(max_bytes, "--max-bytes")
     return size_flag(os.environ.get(MAX_BYTES_ENV) or None, f"${MAX_BYTES_ENV}")
-
-
-def _over_cap(f: Forecast | None, cap: int | None) -> list[int]:
-    """Nodes whose share (every file they read over the forecast) exceeds the cap."""
-    if f is None or cap is None:
-        return []
-    return [node for node, nbytes in enumerate(f.share_bytes) if nbytes > cap]
-
-
-def _disk_free() -> tuple[str, int]:
-    """This machine's cache folder (or its nearest existing parent) and its free bytes:
-    the disk a node's share lands on, if this is one of the job's nodes."""
-    path = default_root()
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    return default_root(), free_bytes(path)
-
-
-def _forecast_json(forecasts: dict[str, Forecast], scope: str,
-                   cap: int | None) -> dict[str, Any]:
-    """``forecast`` of docs/json.md#the-network-forecast---epochs."""
-    first = forecasts[scope]
-    root, free = _disk_free()
-    return {"epochs": len(first.epochs), "first_epoch": first.epochs[0],
-            "shuffle_scope": scope, "max_bytes": cap, "cache_dir": root, "disk_free": free,
-            "scopes": {name: f.to_json(cap) for name, f in forecasts.items()}}
-
-
-def _render_forecast(console: Console, forecasts: dict[str, Forecast], scope: str,
-                     cap: int | None) -> None:
-    f = forecasts[scope]
-    other_name = next(name for name in forecasts if name != scope)
-    other = forecasts[other_name]
-    console.print()
-    console.print(f"[bold]Network forecast[/] over {len(f.epochs)} epochs "
-                  f"({f.epochs[0]}..{f.epochs[-1]}): files a node reads that it did not read "
-                  "in an earlier epoch")
-    cols = ["epoch", "node", "reads", f"new ({scope})", "new bytes", f"new ({other_name})",
-            "new bytes "]
-    t = table(*cols)
-    rows, cut = truncated_rows(list(zip(f.rows, other.rows, strict=True)))
-    for pair in rows:
-        if pair is None:
-            t.add_row(f"… {cut} more", *[""] * (len(cols) - 1))
-            continue
-        mine, theirs = pair
-        t.add_row(str(mine.epoch), str(mine.node), f"{mine.files:,}", f"{mine.new_files:,}",
-                  format_bytes(mine.new_bytes), f"{theirs.new_files:,}",
-                  format_bytes(theirs.new_bytes))
-    console.print(t)
-    later = [e for e in f.epochs[1:]]
-    for name, g in ((scope, f), (other_name, other)):
-        after = sum(g.epoch_new(e)[0] for e in later)
-        after_bytes = sum(g.epoch_new(e)[1] for e in later)
-        tail = (f"; after epoch {f.epochs[0]}: {after:,} files ({format_bytes(after_bytes)})"
-                if later else "")
-        console.print(f"  {name + ' scope:':<14} the job fetches {g.new_files:,} files "
-                      f"({format_bytes(g.new_bytes)}){tail}")
-    if f.node_count > 1 and f.epochs and scope == "node":
-        console.print("  [green]✓[/] under the node scope each node reads the same files "
-                      "every epoch: its cache serves every epoch after the first")
-    shares = [(i, b) for i, b in enumerate(f.share_bytes)]
-    biggest = max(shares, key=lambda x: x[1]) if shares else (0, 0)
-    console.print(f"  cache a node needs for every epoch: up to "
-                  f"{format_bytes(biggest[1])} (node {biggest[0]}, {f.share_files[biggest[0]]:,} "
-                  "files)")
-    over = _over_cap(f, cap)
-    if over:
-        names = ", ".join(str(i) for i in over[:8]) + (" …" if len(over) > 8 else "")
-        console.print(f"  [red]✗[/] node shares over the cap of {format_bytes(cap or 0)} "
-                      f"(nodes {names}): those nodes evict and fetch again every epoch; "
-                      "raise the cap or add nodes")
-    elif cap is not None:
-        console.print(f"  [green]✓[/] every node's share fits under the cap of "
-                      f"{format_bytes(cap)}")
-    root, free = _disk_free()
-    if biggest[1] > free:
-        console.print(f"  [yellow]![/] the largest share does not fit in the "
-                      f"{format_bytes(free)} free here ({escape(root)}); if this machine is "
-                      "one of the job's nodes, give its cache a larger disk")

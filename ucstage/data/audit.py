@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..sharding import Segment, effective_workers, epoch_slot_length, segment_runs
+from ..sharding import Segment, epoch_slot_length, segment_runs
 
 if TYPE_CHECKING:
     from .state import LoaderProgress
@@ -78,22 +78,19 @@ class EpochAudit:
         self._pending_list: list[int] = []
         """Rows that came as lists (small batches' tags), counted in one go."""
         self._pending_rows = 0
-        k = effective_workers(progress.num_workers)
-        start = [progress.counts.get(s) for s in range(progress.world_size * k)]
+        layout = progress.layout
+        start = [progress.counts.get(s) for s in range(layout.slots)]
         self.prior = self.prior_real = self.prior_pad = 0
         self.planned_real = self.planned_pad = 0
         progress.listeners.append(self.add)
         if not progress.done and not any(start):
             # An epoch from its start: the rank's own slot lengths are arithmetic.
-            layout = Segment(progress.world_size, progress.num_workers, tuple(start),
-                             state.last.nproc_per_node)
             for s in progress.own:
-                length, real = epoch_slot_length(state.order, layout, s // k, s % k)
+                length, real = epoch_slot_length(state.order, layout, layout.slot_at(s))
                 self.planned_real += real
                 self.planned_pad += length - real
             return
-        current = Segment(progress.world_size, progress.num_workers, tuple(start),
-                          state.last.nproc_per_node)
+        current = Segment(layout, tuple(start))
         runs = segment_runs(state.order, [*progress.done, current])
         if progress.rank == 0:  # earlier segments are complete: one rank counts them
             for seg, seg_runs in zip(progress.done, runs, strict=False):

@@ -9,16 +9,12 @@ files of its slot in the background. The DataLoader that runs it lives in
 
 Usage and every argument: docs/training.md.
 
-How every rank gets the same listing: the listing is frozen once into a
-columnar manifest file (under the cache root,
-``.ucstage/manifests/<fingerprint>.manifest.arrow``), which every process
-opens memory-mapped: a node holds one copy in its page cache. The main
-process verifies its fingerprint once; workers check only its header
-(fingerprint, row count, byte size) and make only their slot's rows. When
-``torch.distributed`` is initialised, :meth:`VolumeDataset.freeze` lists on
-rank 0 only and broadcasts the manifest to the other ranks; the ucstage
-DataLoader calls it on every rank before starting workers. Or pass a
-manifest (``ucstage cache lazy`` writes one) and no rank lists at all.
+How every rank gets the same listing (:mod:`ucstage.data.frozen`): the
+listing is frozen once into a columnar manifest file under the cache root,
+which every process opens memory-mapped; with ``torch.distributed`` rank 0
+lists and broadcasts it (:meth:`VolumeDataset.freeze`, which the ucstage
+DataLoader calls on every rank before starting workers). Or pass a manifest
+(``ucstage cache lazy`` writes one) and no rank lists at all.
 
 How a worker learns its slot: rank and world size from ``torch.distributed``
 (in a forked worker its state is inherited; for spawned workers the values are
@@ -30,23 +26,19 @@ is worker 0 of 1.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
-from .. import manifest as _manifest
-from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..cache.runstats import job_id
-from ..errors import InvalidArgument, ManifestError, RankMismatch, UcstageError
+from ..errors import InvalidArgument
 from ..manifest import Manifest
 from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
-    EQUAL_LENGTH_MODES,
-    SHUFFLE_SCOPES,
-    node_count,
+    Layout,
+    ReadOrder,
     rank_length,
     slot_array,
     slot_length,
@@ -55,14 +47,13 @@ from ..volumes import FileEntry, Volume
 from . import dist as dist_
 from . import holding, warm
 from . import state as _state
+from .frozen import FrozenListing
 from .readahead import ReadAhead, cache_fetcher, cache_lookup
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
 __all__ = ["VolumeDataset"]
-
-_log = logging.getLogger("ucstage")
 
 DEFAULT_READ_AHEAD = 4
 DEFAULT_NUM_WORKERS = 6
@@ -87,17 +78,19 @@ def _env_nproc() -> int | None:
 
 
 def _equal_mode(value: bool | str | None) -> str | None:
+    """The public ``equal_length`` (False, True, "pad" or "drop") as a read order's
+    mode; :class:`~ucstage.sharding.ReadOrder` checks the mode's name."""
     if value is None or value is False:
         return None
     if value is True:
         return "pad"
-    if value in EQUAL_LENGTH_MODES:
-        return str(value)
+    if isinstance(value, str):
+        return value
     raise InvalidArgument(
         f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")
 
 
-class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
+class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-arg]
     """Local paths of a volume's files, sharded over ranks and workers, cached on first read.
 
     Args:
@@ -182,19 +175,15 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        if shuffle_scope not in SHUFFLE_SCOPES:
-            raise InvalidArgument(
-                f"shuffle_scope must be one of {SHUFFLE_SCOPES}, got {shuffle_scope!r}")
-        if nproc_per_node is not None and (isinstance(nproc_per_node, bool)
-                                           or not isinstance(nproc_per_node, int)
-                                           or nproc_per_node < 1):
-            raise InvalidArgument(f"nproc_per_node must be an int of at least 1, "
-                                  f"got {nproc_per_node!r}")
+        self.equal_length = _equal_mode(equal_length)
+        # Checked once here, by the values the slot rule takes (the listing's
+        # size and the world size come later).
+        ReadOrder(0, self.shuffle, self.seed, 0, self.equal_length, shuffle_scope)
+        Layout.one_node(nproc_per_node)
         self.shuffle_scope = shuffle_scope
         self.nproc_per_node = nproc_per_node
         self.epoch = 0
         self.read_ahead = int(read_ahead)
-        self.equal_length = _equal_mode(equal_length)
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
@@ -287,17 +276,11 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             raise TypeError(
                 "len(VolumeDataset) needs the frozen listing: call freeze() first (the "
                 "ucstage DataLoader does it before its workers start), or iterate once")
-        n = len(self._entries())
         rank, world, num_workers, worker = self.slot()
-        nproc = self.nodes_of(world)
         if tud.get_worker_info() is not None:
-            return slot_length(n, rank=rank, world_size=world, num_workers=num_workers,
-                               worker=worker, equal_length=self.equal_length,
-                               shuffle=self.shuffle, shuffle_scope=self.shuffle_scope,
-                               nproc_per_node=nproc)
-        return rank_length(n, rank=rank, world_size=world, num_workers=self.num_workers,
-                           equal_length=self.equal_length, shuffle=self.shuffle,
-                           shuffle_scope=self.shuffle_scope, nproc_per_node=nproc)
+            layout = self.layout(world, num_workers)
+            return slot_length(self.read_order(), layout, layout.slot(rank, worker))
+        return rank_length(self.read_order(), self.layout(world, self.num_workers), rank)
 
     def __bool__(self) -> bool:
         # Without this, `dataset or default` would call __len__ (and raise
@@ -308,115 +291,6 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         return (f"VolumeDataset({self._source!r}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, {frozen})")
-
-    # -- the listing -----------------------------------------------------------
-
-    def cache(self) -> LocalCache:
-        """The local cache this dataset copies files into."""
-        if self._cache is None:
-            from ..cache import LocalCache
-
-            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
-            if self._cache_dir is None:
-                self._cache_dir = str(getattr(self._cache, "root", "")) or None
-        return self._cache
-
-    def _manifest_file(self, fingerprint: str) -> str:
-        root = getattr(self.cache(), "root", None)
-        if not root:
-            raise ManifestError("the cache has no root folder to keep the frozen listing in")
-        return os.path.join(os.fspath(root), LISTINGS_DIR,
-                            f"{fingerprint}{_manifest.ARROW_SUFFIX}")
-
-    def _save_manifest(self, manifest: Manifest) -> None:
-        path = self._manifest_file(manifest.fingerprint)
-        if not os.path.exists(path):
-            _manifest.save(manifest, path, format="arrow")
-        self._manifest_path = path
-        self._manifest_size = os.path.getsize(path)
-
-    def _adopt(self, manifest: Manifest) -> Manifest:
-        self._manifest = manifest
-        self._fingerprint = manifest.fingerprint
-        # A manifest broadcast from rank 0 names rank 0's file, which may not
-        # exist on this node: keep a local copy then.
-        if manifest.path is not None and os.path.exists(manifest.path):
-            self._manifest_path = manifest.path
-            self._manifest_size = os.path.getsize(manifest.path)
-        elif not isinstance(manifest.entries, _manifest.ArrowEntries):
-            # Swap the Python listing for the mapped columns just written: the
-            # list is freed and workers forked later share the page cache.
-            self._save_manifest(manifest)
-            assert self._manifest_path is not None
-            manifest = _manifest.load(self._manifest_path, verify=False,
-                                      expect_fingerprint=manifest.fingerprint)
-            self._manifest = manifest
-        else:
-            self._save_manifest(manifest)
-        return manifest
-
-    def _snapshot(self) -> Manifest:
-        manifest = _manifest.snapshot(self._source, include=self.include, exclude=self.exclude,
-                                      include_hidden=self.include_hidden,
-                                      skip_unreadable=self.skip_unreadable)
-        for path, reason in manifest.unreadable:
-            _log.warning("skipped unreadable folder %s (%s): its files are not listed",
-                         path, reason)
-        return manifest
-
-    def _load_frozen(self) -> Manifest:
-        assert self._manifest_path is not None and self._fingerprint is not None
-        if os.path.exists(self._manifest_path):
-            if tud.get_worker_info() is not None:
-                # A worker: its main process verified this file; check the header only.
-                loaded = _manifest.load(self._manifest_path, verify=False,
-                                        expect_fingerprint=self._fingerprint,
-                                        expect_size=self._manifest_size)
-            else:
-                loaded = _manifest.load(self._manifest_path)
-        else:
-            # Unpickled on another node: re-list and insist on the same listing.
-            loaded = self._snapshot()
-            self._save_manifest(loaded)
-        if loaded.fingerprint != self._fingerprint:
-            raise ManifestError(
-                f"the listing of {self._source} changed since it was frozen "
-                f"(fingerprint {loaded.fingerprint[:12]}, expected {self._fingerprint[:12]})",
-                hint="freeze it into a manifest with `ucstage cache lazy` and pass that to every rank",
-            )
-        self._manifest = loaded
-        return loaded
-
-    def freeze(self, *, broadcast: bool | None = None) -> Manifest:
-        """Freeze the listing (once) and return it; lists the source on first call.
-
-        Args:
-            broadcast: list on rank 0 only and send the listing to the other
-                ranks through ``torch.distributed``. This is a collective:
-                every rank must call it. The default does so when a process
-                group is initialised and this is not a DataLoader worker; the
-                ucstage DataLoader calls it on every rank for you.
-        """
-        if self._manifest is not None:
-            return self._manifest
-        if self._manifest_path is not None:
-            return self._load_frozen()
-        dist = dist_.active()
-        if broadcast is None:
-            broadcast = dist is not None and tud.get_worker_info() is None
-        if not broadcast or dist is None or dist.get_world_size() == 1:
-            return self._adopt(self._snapshot())
-        request = (self._source, self.include, self.exclude, self.include_hidden,
-                   self.skip_unreadable)
-        return self._adopt(_broadcast_listing(dist, request, self._snapshot))
-
-    def _entries(self) -> Sequence[FileEntry]:
-        return self.freeze().entries
-
-    def _get_volume(self) -> Volume:
-        if self._volume is None:
-            self._volume = self.freeze().volume()
-        return self._volume
 
     # -- sharding --------------------------------------------------------------
 
@@ -434,7 +308,7 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
             return rank, world, 0, 0
         return rank, world, info.num_workers, info.id
 
-    def nodes_of(self, world_size: int) -> int | None:
+    def ranks_per_node(self, world_size: int) -> int | None:
         """The ``nproc_per_node`` this dataset shards with in a job of
         ``world_size`` ranks: the one given, else ``$LOCAL_WORLD_SIZE`` when
         the job has several ranks, else None (one node).
@@ -442,12 +316,24 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
         Raises:
             InvalidArgument: ``world_size`` is not a multiple of it.
         """
-        nproc = self.nproc_setting(world_size)
-        node_count(world_size, nproc)  # refuses a world size that is not a multiple
-        return nproc
+        return self.layout(world_size, 0).nproc_per_node
+
+    def layout(self, world_size: int, num_workers: int) -> Layout:
+        """The layout of a job of ``world_size`` ranks with ``num_workers`` workers
+        each, as this dataset shards it (its ranks per node: :meth:`ranks_per_node`).
+
+        Raises:
+            InvalidArgument: ``world_size`` is not a multiple of its ranks per node.
+        """
+        return Layout(world_size, num_workers, self.nproc_setting(world_size))
+
+    def read_order(self) -> ReadOrder:
+        """This epoch's read order over the frozen listing (freezes it)."""
+        return ReadOrder(len(self._entries()), self.shuffle, self.seed, self.epoch,
+                         self.equal_length, self.shuffle_scope)
 
     def nproc_setting(self, world_size: int) -> int | None:
-        """:meth:`nodes_of` without checking it against ``world_size`` (the
+        """:meth:`ranks_per_node` without checking it against ``world_size`` (the
         DataLoader's guard compares it across ranks first)."""
         if self.nproc_per_node is None and world_size > 1:
             return _env_nproc()
@@ -466,11 +352,8 @@ class VolumeDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
                    worker: int) -> _SlotRows:
         manifest = self.freeze()
-        indices = slot_array(len(manifest.entries), rank=rank, world_size=world_size,
-                             num_workers=num_workers, worker=worker, shuffle=self.shuffle,
-                             seed=self.seed, epoch=self.epoch, equal_length=self.equal_length,
-                             shuffle_scope=self.shuffle_scope,
-                             nproc_per_node=self.nodes_of(world_size))
+        layout = self.layout(world_size, num_workers)
+        indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
         return _SlotRows(manifest, indices)
 
     def __iter__(self) -> Iterator[str]:
@@ -564,51 +447,3 @@ class _SlotRows(Sequence[FileEntry]):
 
     def take_all(self) -> list[FileEntry]:
         return self._manifest.take(self._indices)
-
-
-def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:
-    """Rank 0 lists; every rank gets its manifest (or its error).
-
-    Ranks first compare what they ask for (source and filters): a rank must
-    not silently adopt a listing made with another rank's filters.
-    """
-    requests = dist_.all_gather(dist, request)
-    if len(set(requests)) > 1:
-        values = "; ".join(f"rank {r}: {_describe_request(q)}" for r, q in enumerate(requests))
-        raise RankMismatch(
-            f"ranks ask for different listings ({values})",
-            hint="pass the same source and include/exclude on every rank",
-        )
-    payload: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            payload[0] = ("ok", snapshot())
-        except UcstageError as exc:
-            payload[0] = ("error", type(exc).__name__, exc.message, exc.hint)
-        except Exception as exc:
-            payload[0] = ("error", "UcstageError", f"listing failed on rank 0: {exc!r}", "")
-    dist.broadcast_object_list(payload, src=0)
-    result = payload[0]
-    if result[0] == "error":
-        from .. import errors
-
-        cls = getattr(errors, result[1], UcstageError)
-        raise cls(result[2], result[3])
-    manifest: Manifest = result[1]
-    if _manifest.fingerprint(manifest.entries) != manifest.fingerprint:
-        raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
-    return manifest
-
-
-def _describe_request(request: tuple[Any, ...]) -> str:
-    source, include, exclude, hidden, skip = request
-    parts = [repr(source)]
-    if include:
-        parts.append(f"include={list(include)}")
-    if exclude:
-        parts.append(f"exclude={list(exclude)}")
-    if hidden:
-        parts.append("include_hidden=True")
-    if skip:
-        parts.append("skip_unreadable=True")
-    return " ".join(parts)

@@ -22,9 +22,7 @@ from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..sharding import effective_workers
 from . import warm
-
-VolumeDataset = Any
-"""A :class:`ucstage.data.dataset.VolumeDataset` (not imported: it imports this module)."""
+from .protocol import ShardedDataset
 
 __all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
            "unheld_lookup", "wrap"]
@@ -35,7 +33,7 @@ def _holds(cache: Any) -> bool:
     return hasattr(cache, "space") and hasattr(cache, "lookup")
 
 
-def open_reader(dataset: VolumeDataset, cache: Any, rank: int) -> Reader | None:
+def open_reader(dataset: ShardedDataset, cache: Any, rank: int) -> Reader | None:
     """The reader of one slot iterator; None for a cache object of the user's own."""
     if not _holds(cache):
         return None
@@ -101,7 +99,7 @@ def local_ranks() -> int:
         return 1
 
 
-def check_loader_window(dataset: VolumeDataset, cache: Any, num_workers: int) -> None:
+def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -> None:
     """Refuse at once (``CacheFull``) a read that can never fit under the cap:
     a file larger than the cap, or the window of every reader on this node
     (``LOCAL_WORLD_SIZE`` x workers, each holding read_ahead + 1 + slack of
@@ -120,7 +118,7 @@ def check_loader_window(dataset: VolumeDataset, cache: Any, num_workers: int) ->
                  largest_name=manifest.entries[largest_at].path)
 
 
-def rank_stats(dataset: VolumeDataset | None, rank: int) -> RunStats | None:
+def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:
     """This rank's counters in the dataset's run (None for a user's cache)."""
     if dataset is None:
         return None
@@ -130,7 +128,7 @@ def rank_stats(dataset: VolumeDataset | None, rank: int) -> RunStats | None:
     return runstats.read_run(cache.root, dataset.run, rank)
 
 
-def epoch_metrics(dataset: VolumeDataset | None, rank: int,
+def epoch_metrics(dataset: ShardedDataset | None, rank: int,
                   before: RunStats | None) -> dict[str, float]:
     """The epoch's cache metrics for MLflow: ``epoch_cache_hit_rate`` (hits /
     files this rank read), ``epoch_cache_wait_s`` (time copies waited for

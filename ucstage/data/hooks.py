@@ -21,6 +21,7 @@ from ..errors import InvalidArgument
 from . import audit as audit_
 from . import dist as dist_
 from . import state as state_
+from .protocol import ShardedDataset
 
 __all__ = ["LoaderHooks"]
 
@@ -52,7 +53,8 @@ atexit.register(_release_groups)
 class LoaderHooks:
     """Checkpoint/resume and audit for one loader (see the module docstring)."""
 
-    def __init__(self, loader: Any, vds: Any, *, audit: bool, audit_timeout: float,
+    def __init__(self, loader: Any, vds: ShardedDataset | None, *, audit: bool,
+                 audit_timeout: float,
                  find: Callable[[Any], Any]) -> None:
         if audit_timeout <= 0:
             raise InvalidArgument(f"audit_timeout must be positive, got {audit_timeout}")
@@ -94,7 +96,7 @@ class LoaderHooks:
         if progress is None:
             return inner, epoch_done
         if self.loader.num_workers > 0:
-            self.vds._resume = None  # the workers just started hold their copies
+            progress.vds._resume = None  # the workers just started hold their copies
 
         def done(stats: Any, next_step: int) -> None:
             if progress.live and stats.complete:

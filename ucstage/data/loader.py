@@ -22,6 +22,7 @@ from . import dist as dist_
 from . import holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
+from .protocol import ShardedDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
@@ -102,7 +103,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     def __init__(self, dataset: Any, *args: Any, log_mlflow: bool = True,
                  mlflow_prefix: str = "ucstage", mlflow_flush_every: int = 500,
                  mlflow_step_every: int = 1,
-                 guard: bool = True, volume_dataset: VolumeDataset | None = None,
+                 guard: bool = True, volume_dataset: ShardedDataset | None = None,
                  audit: bool = True, audit_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments
@@ -265,7 +266,7 @@ class _GuardInfo:
     when that setting is invalid on this rank, so the ranks still compare."""
 
     @classmethod
-    def of(cls, num_workers: int, vds: VolumeDataset | None, sharded: bool,
+    def of(cls, num_workers: int, vds: ShardedDataset | None, sharded: bool,
            world_size: int) -> _GuardInfo:
         if vds is None:
             return cls(num_workers, None, None, False, sharded)

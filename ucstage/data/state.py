@@ -16,52 +16,30 @@ The state format, merging and the re-split rule are torch-free
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
 from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
 from ..resume import LoaderState, merge_states
-from ..sharding import Segment, effective_workers, resume_slots
+from ..sharding import Segment, resume_slots
 from . import dist as dist_
+from .protocol import ShardedDataset
 
 if TYPE_CHECKING:
     import numpy as np
 
-# The VolumeDataset is passed in, never imported (dataset.py imports this module).
-VolumeDataset = Any
-
 __all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate"]
 
 
-def shuffle_scope(vds: VolumeDataset) -> str:
-    """The dataset's shuffle scope (one global permutation until scopes exist)."""
-    return str(getattr(vds, "shuffle_scope", "global"))
-
-
-def nproc_per_node(vds: VolumeDataset, world_size: int) -> int | None:
-    """The ranks per node the dataset shards with (None: the job is one node)."""
-    nodes_of = getattr(vds, "nodes_of", None)  # resolves $LOCAL_WORLD_SIZE where it exists
-    value = nodes_of(world_size) if nodes_of is not None else getattr(vds, "nproc_per_node",
-                                                                       None)
-    return None if value is None else int(value)
-
-
-def _layout(vds: VolumeDataset, world_size: int, num_workers: int) -> Segment:
-    k = effective_workers(num_workers)
-    return Segment(world_size, num_workers, (0,) * (world_size * k),
-                   nproc_per_node(vds, world_size))
-
-
-def check_fits(vds: VolumeDataset, state: LoaderState) -> None:
+def check_fits(vds: ShardedDataset, state: LoaderState) -> None:
     """Refuse a state for another listing, seed or read order (ResumeMismatch)."""
     manifest = vds.freeze()
-    state.check_fits(fingerprint=manifest.fingerprint, files=len(manifest.entries),
-                     seed=vds.seed, shuffle=vds.shuffle, equal_length=vds.equal_length,
-                     shuffle_scope=shuffle_scope(vds))
+    state.check_fits(manifest.fingerprint, vds.read_order())
 
 
-def load(vds: VolumeDataset, state: Any, *, check: bool = True) -> None:
+def load(vds: ShardedDataset, state: Any, *, check: bool = True) -> None:
     """Arm ``vds`` to resume the state's epoch at its next iteration."""
     parsed = LoaderState.from_dict(state)
     if check:
@@ -76,13 +54,13 @@ def _resumes_epoch(state: LoaderState) -> int:
     return state.epoch + 1 if state.finished else state.epoch
 
 
-def _pending(vds: VolumeDataset) -> LoaderState | None:
+def _pending(vds: ShardedDataset) -> LoaderState | None:
     """The loaded state, if it has an epoch's rest to deliver."""
     pending: LoaderState | None = vds._resume
     return None if pending is None or pending.finished else pending
 
 
-def on_set_epoch(vds: VolumeDataset, epoch: int) -> None:
+def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
     pending: LoaderState | None = vds._resume
     if pending is not None and epoch != _resumes_epoch(pending):
         wanted = _resumes_epoch(pending)
@@ -92,13 +70,13 @@ def on_set_epoch(vds: VolumeDataset, epoch: int) -> None:
                                "dataset's epoch is already set), or load no state")
 
 
-def resume_plan(vds: VolumeDataset, state: LoaderState, world_size: int, num_workers: int
+def resume_plan(vds: ShardedDataset, state: LoaderState, world_size: int, num_workers: int
                 ) -> tuple[list[Segment], list[np.ndarray | None]]:
     """The epoch's segments from now on, and what each slot still reads."""
     if state.epoch != vds.epoch:
         raise InvalidArgument(f"the loaded state resumes epoch {state.epoch}, but the dataset "
                               f"is at epoch {vds.epoch}")
-    return resume_slots(state.order, state.segments, _layout(vds, world_size, num_workers))
+    return resume_slots(state.order, state.segments, vds.layout(world_size, num_workers))
 
 
 _LIST_ROWS = 64
@@ -108,12 +86,13 @@ _LIST_ROWS = 64
 class SlotTracker:
     """Counts what one slot's iterator hands out, in the process that iterates it."""
 
-    def __init__(self, vds: VolumeDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def __init__(self, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
                  num_workers: int, worker: int, start: int, done: list[Segment]) -> None:
         self.vds = vds
         self.indices = indices
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        self.slot = rank * effective_workers(num_workers) + worker
+        self.layout = vds.layout(world_size, num_workers)
+        self.slot = self.layout.slot_index(self.layout.slot(rank, worker))
         self.start = start
         self._base = start
         """Paths pulled before the current run (see :meth:`run`)."""
@@ -126,7 +105,7 @@ class SlotTracker:
         self._taken = 0
 
     @classmethod
-    def begin(cls, vds: VolumeDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def begin(cls, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
               num_workers: int, worker: int) -> SlotTracker:
         """Start tracking an iteration; a pending resume picks the slot's rest."""
         loaded: LoaderState | None = vds._resume
@@ -134,7 +113,8 @@ class SlotTracker:
         if loaded is not None:
             check_fits(vds, loaded)
         pending = None if loaded is None or loaded.finished else loaded
-        slot = rank * effective_workers(num_workers) + worker
+        layout = vds.layout(world_size, num_workers)
+        slot = layout.slot_index(layout.slot(rank, worker))
         if pending is None:
             tracker = cls(vds, indices, rank=rank, world_size=world_size,
                           num_workers=num_workers, worker=worker, start=0, done=[])
@@ -195,25 +175,21 @@ class SlotTracker:
         return self.slot, position, rows.tolist() if len(rows) <= _LIST_ROWS else rows
 
     def state(self) -> LoaderState:
-        k = effective_workers(self.num_workers)
-        counts: list[int | None] = [None] * (self.world_size * k)
+        counts: list[int | None] = [None] * self.layout.slots
         counts[self.slot] = self.position
-        current = Segment(self.world_size, self.num_workers, tuple(counts),
-                          nproc_per_node(self.vds, self.world_size))
+        current = Segment(self.layout, tuple(counts))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
-                         finished=self.finished and self.world_size * k == 1, epoch=self.epoch)
+                         finished=self.finished and self.layout.slots == 1, epoch=self.epoch)
 
 
-def _state_of(vds: VolumeDataset, segments: list[Segment], *, rank: int | None,
+def _state_of(vds: ShardedDataset, segments: list[Segment], *, rank: int | None,
               finished: bool, epoch: int) -> LoaderState:
     manifest = vds.freeze()
-    return LoaderState(fingerprint=manifest.fingerprint, files=len(manifest.entries),
-                       seed=vds.seed, epoch=epoch, shuffle=vds.shuffle,
-                       shuffle_scope=shuffle_scope(vds), equal_length=vds.equal_length,
-                       segments=tuple(segments), rank=rank, finished=finished)
+    return LoaderState(manifest.fingerprint, replace(vds.read_order(), epoch=epoch),
+                       tuple(segments), rank=rank, finished=finished)
 
 
-def dataset_state(vds: VolumeDataset) -> dict[str, Any]:
+def dataset_state(vds: ShardedDataset) -> dict[str, Any]:
     """``VolumeDataset.state_dict()``: the loader's view in its main process,
     else this process's own iteration, else a state at the start of the epoch."""
     tracker: SlotTracker | None = vds._tracker
@@ -228,10 +204,9 @@ def dataset_state(vds: VolumeDataset) -> dict[str, Any]:
         return vds._resume.to_dict()  # loaded, not started: save what was loaded
     rank, world, _, _ = vds.slot()
     info = tud.get_worker_info()
-    num_workers = info.num_workers if info is not None else vds.num_workers
-    k = effective_workers(num_workers)
-    counts = tuple(0 if s // k == rank else None for s in range(world * k))
-    seg = Segment(world, num_workers, counts, nproc_per_node(vds, world))
+    layout = vds.layout(world, info.num_workers if info is not None else vds.num_workers)
+    counts = tuple(0 if layout.slot_at(s).rank == rank else None for s in range(layout.slots))
+    seg = Segment(layout, counts)
     return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
 
 
@@ -257,8 +232,8 @@ class Tagged:
 class TaggingCollate:
     """Wraps the loader's ``collate_fn``: tags each batch with its worker's position."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any], vds: VolumeDataset,
-                 find: Callable[[Any], VolumeDataset | None]) -> None:
+    def __init__(self, collate_fn: Callable[[Any], Any], vds: ShardedDataset,
+                 find: Callable[[Any], ShardedDataset | None]) -> None:
         self.collate_fn, self.vds, self.find = collate_fn, vds, find
         self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, its vds)
 
@@ -278,12 +253,13 @@ class TaggingCollate:
 class LoaderProgress:
     """What one rank's loader has delivered in the current epoch (main process)."""
 
-    def __init__(self, vds: VolumeDataset, *, rank: int, world_size: int, num_workers: int,
+    def __init__(self, vds: ShardedDataset, *, rank: int, world_size: int, num_workers: int,
                  resume: LoaderState | None) -> None:
         self.vds = vds
         self.epoch = vds.epoch
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        k = effective_workers(num_workers)
+        self.layout = vds.layout(world_size, num_workers)
+        k = self.layout.workers
         self.own = range(rank * k, (rank + 1) * k)
         self.resume = resume
         self.done: list[Segment] = []
@@ -323,12 +299,10 @@ class LoaderProgress:
 
     def state(self) -> LoaderState:
         self.sync()
-        k = effective_workers(self.num_workers)
-        counts: list[int | None] = [None] * (self.world_size * k)
+        counts: list[int | None] = [None] * self.layout.slots
         for s, d in self.counts.items():
             counts[s] = d
-        current = Segment(self.world_size, self.num_workers, tuple(counts),
-                          nproc_per_node(self.vds, self.world_size))
+        current = Segment(self.layout, tuple(counts))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
                          finished=self.finished, epoch=self.epoch)
 
@@ -362,7 +336,7 @@ class Untagging:
         return getattr(self._inner, name)
 
 
-def start_epoch(loader: Any, vds: VolumeDataset) -> LoaderProgress:
+def start_epoch(loader: Any, vds: ShardedDataset) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
     rank, world, _, _ = vds.slot()
     progress = LoaderProgress(vds, rank=rank, world_size=world, num_workers=loader.num_workers,
@@ -371,7 +345,7 @@ def start_epoch(loader: Any, vds: VolumeDataset) -> LoaderProgress:
     return progress
 
 
-def check_across_ranks(dist: Any, vds: VolumeDataset) -> None:
+def check_across_ranks(dist: Any, vds: ShardedDataset) -> None:
     """Every rank checks the loaded state; if any fails, every rank raises."""
     pending: LoaderState | None = vds._resume
     if dist is None or dist.get_world_size() == 1:

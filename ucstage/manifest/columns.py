@@ -144,8 +144,10 @@ class ArrowEntries(Sequence[FileEntry]):
         sizes = self._ints(1, indices)
         return list(map(_new_entry, zip(paths, sizes, versions, strict=True)))
 
-    def paths(self, indices: Sequence[int] | np.ndarray) -> list[str]:
-        """The relative paths at ``indices``."""
+    def paths(self, indices: Sequence[int] | np.ndarray | None = None) -> list[str]:
+        """The relative paths at ``indices`` (None: every path, in listing order)."""
+        if indices is None:
+            return self.table.column(0).to_pylist()  # type: ignore[no-any-return]
         return self._strings(0, indices)
 
     def _locate(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -87,10 +87,12 @@ class Manifest:
             return self.entries.take(indices)
         return [self.entries[int(i)] for i in indices]
 
-    def paths(self, indices: Sequence[int] | np.ndarray) -> list[str]:
-        """The relative paths at ``indices``."""
+    def paths(self, indices: Sequence[int] | np.ndarray | None = None) -> list[str]:
+        """The relative paths at ``indices`` (None: every path, in listing order)."""
         if isinstance(self.entries, ArrowEntries):
             return self.entries.paths(indices)
+        if indices is None:
+            return [e.path for e in self.entries]
         return [self.entries[int(i)].path for i in indices]
 
     def volume(self) -> Volume:

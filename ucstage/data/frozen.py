@@ -1,0 +1,210 @@
+"""The frozen-listing lifecycle of a sharded dataset: list once, freeze the
+listing into a columnar manifest file under the cache root, and share it.
+
+Every process opens the manifest file memory-mapped: a node holds one copy in
+its page cache. The main process verifies its fingerprint once; workers check
+only its header (fingerprint, row count, byte size). When
+``torch.distributed`` is initialised, :meth:`FrozenListing.freeze` lists on
+rank 0 only and broadcasts the manifest to the other ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data as tud
+
+from .. import manifest as _manifest
+from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
+from ..errors import ManifestError, RankMismatch, UcstageError
+from ..manifest import Manifest
+from ..volumes import FileEntry, Volume
+from . import dist as dist_
+
+if TYPE_CHECKING:
+    from ..cache import LocalCache
+
+__all__ = ["FrozenListing"]
+
+_log = logging.getLogger("ucstage")
+
+
+class FrozenListing:
+    """The listing half of :class:`~ucstage.data.dataset.VolumeDataset`: what it
+    lists, where the frozen manifest lives, and the cache it lives in.
+
+    Pickled state is the paths and the fingerprint only; the manifest, the
+    volume and the cache are rebuilt on demand in each process.
+    """
+
+    _source: str
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    include_hidden: bool
+    skip_unreadable: bool
+    _cache_dir: str | None
+    _max_bytes: int | None
+    _manifest_path: str | None
+    _fingerprint: str | None
+    _manifest_size: int | None
+    _cache: LocalCache | None
+    _manifest: Manifest | None
+    _volume: Volume | None
+
+    def cache(self) -> LocalCache:
+        """The local cache this dataset copies files into."""
+        if self._cache is None:
+            from ..cache import LocalCache
+
+            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
+            if self._cache_dir is None:
+                self._cache_dir = str(getattr(self._cache, "root", "")) or None
+        return self._cache
+
+    def _manifest_file(self, fingerprint: str) -> str:
+        root = getattr(self.cache(), "root", None)
+        if not root:
+            raise ManifestError("the cache has no root folder to keep the frozen listing in")
+        return os.path.join(os.fspath(root), LISTINGS_DIR,
+                            f"{fingerprint}{_manifest.ARROW_SUFFIX}")
+
+    def _save_manifest(self, manifest: Manifest) -> None:
+        path = self._manifest_file(manifest.fingerprint)
+        if not os.path.exists(path):
+            _manifest.save(manifest, path, format="arrow")
+        self._manifest_path = path
+        self._manifest_size = os.path.getsize(path)
+
+    def _adopt(self, manifest: Manifest) -> Manifest:
+        self._manifest = manifest
+        self._fingerprint = manifest.fingerprint
+        # A manifest broadcast from rank 0 names rank 0's file, which may not
+        # exist on this node: keep a local copy then.
+        if manifest.path is not None and os.path.exists(manifest.path):
+            self._manifest_path = manifest.path
+            self._manifest_size = os.path.getsize(manifest.path)
+        elif not isinstance(manifest.entries, _manifest.ArrowEntries):
+            # Swap the Python listing for the mapped columns just written: the
+            # list is freed and workers forked later share the page cache.
+            self._save_manifest(manifest)
+            assert self._manifest_path is not None
+            manifest = _manifest.load(self._manifest_path, verify=False,
+                                      expect_fingerprint=manifest.fingerprint)
+            self._manifest = manifest
+        else:
+            self._save_manifest(manifest)
+        return manifest
+
+    def _snapshot(self) -> Manifest:
+        manifest = _manifest.snapshot(self._source, include=self.include, exclude=self.exclude,
+                                      include_hidden=self.include_hidden,
+                                      skip_unreadable=self.skip_unreadable)
+        for path, reason in manifest.unreadable:
+            _log.warning("skipped unreadable folder %s (%s): its files are not listed",
+                         path, reason)
+        return manifest
+
+    def _load_frozen(self) -> Manifest:
+        assert self._manifest_path is not None and self._fingerprint is not None
+        if os.path.exists(self._manifest_path):
+            if tud.get_worker_info() is not None:
+                # A worker: its main process verified this file; check the header only.
+                loaded = _manifest.load(self._manifest_path, verify=False,
+                                        expect_fingerprint=self._fingerprint,
+                                        expect_size=self._manifest_size)
+            else:
+                loaded = _manifest.load(self._manifest_path)
+        else:
+            # Unpickled on another node: re-list and insist on the same listing.
+            loaded = self._snapshot()
+            self._save_manifest(loaded)
+        if loaded.fingerprint != self._fingerprint:
+            raise ManifestError(
+                f"the listing of {self._source} changed since it was frozen "
+                f"(fingerprint {loaded.fingerprint[:12]}, expected {self._fingerprint[:12]})",
+                hint="freeze it into a manifest with `ucstage cache lazy` and pass that to every rank",
+            )
+        self._manifest = loaded
+        return loaded
+
+    def freeze(self, *, broadcast: bool | None = None) -> Manifest:
+        """Freeze the listing (once) and return it; lists the source on first call.
+
+        Args:
+            broadcast: list on rank 0 only and send the listing to the other
+                ranks through ``torch.distributed``. This is a collective:
+                every rank must call it. The default does so when a process
+                group is initialised and this is not a DataLoader worker; the
+                ucstage DataLoader calls it on every rank for you.
+        """
+        if self._manifest is not None:
+            return self._manifest
+        if self._manifest_path is not None:
+            return self._load_frozen()
+        dist = dist_.active()
+        if broadcast is None:
+            broadcast = dist is not None and tud.get_worker_info() is None
+        if not broadcast or dist is None or dist.get_world_size() == 1:
+            return self._adopt(self._snapshot())
+        request = (self._source, self.include, self.exclude, self.include_hidden,
+                   self.skip_unreadable)
+        return self._adopt(_broadcast_listing(dist, request, self._snapshot))
+
+    def _entries(self) -> Sequence[FileEntry]:
+        return self.freeze().entries
+
+    def _get_volume(self) -> Volume:
+        if self._volume is None:
+            self._volume = self.freeze().volume()
+        return self._volume
+
+
+def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:
+    """Rank 0 lists; every rank gets its manifest (or its error).
+
+    Ranks first compare what they ask for (source and filters): a rank must
+    not silently adopt a listing made with another rank's filters.
+    """
+    requests = dist_.all_gather(dist, request)
+    if len(set(requests)) > 1:
+        values = "; ".join(f"rank {r}: {_describe_request(q)}" for r, q in enumerate(requests))
+        raise RankMismatch(
+            f"ranks ask for different listings ({values})",
+            hint="pass the same source and include/exclude on every rank",
+        )
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload[0] = ("ok", snapshot())
+        except UcstageError as exc:
+            payload[0] = ("error", type(exc).__name__, exc.message, exc.hint)
+        except Exception as exc:
+            payload[0] = ("error", "UcstageError", f"listing failed on rank 0: {exc!r}", "")
+    dist.broadcast_object_list(payload, src=0)
+    result = payload[0]
+    if result[0] == "error":
+        from .. import errors
+
+        cls = getattr(errors, result[1], UcstageError)
+        raise cls(result[2], result[3])
+    manifest: Manifest = result[1]
+    if _manifest.fingerprint(manifest.entries) != manifest.fingerprint:
+        raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
+    return manifest
+
+
+def _describe_request(request: tuple[Any, ...]) -> str:
+    source, include, exclude, hidden, skip = request
+    parts = [repr(source)]
+    if include:
+        parts.append(f"include={list(include)}")
+    if exclude:
+        parts.append(f"exclude={list(exclude)}")
+    if hidden:
+        parts.append("include_hidden=True")
+    if skip:
+        parts.append("skip_unreadable=True")
+    return " ".join(parts)

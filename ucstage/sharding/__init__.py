@@ -1,0 +1,132 @@
+"""The slot rule, shard plans, their statistics and mismatch diagnosis.
+
+One package, one concept per module:
+
+* :mod:`.values`: the rule's inputs as values, each validated once when built:
+  a job's :class:`Layout` (ranks, workers per rank, ranks per node), a
+  :class:`Slot` of it, and a :class:`ReadOrder` (files, shuffle, seed, epoch,
+  scope, equal length);
+* :mod:`.order`: read orders (:class:`Permutation`, :class:`NodeOrder`);
+* :mod:`.rule`: the slot rule itself (:func:`stride`, :func:`slot_array`) and
+  what is counted by it (:func:`slot_length`, :func:`rank_entries`);
+* :mod:`.plan` and :mod:`.stats`: whole-job plans (:func:`shard_plan`);
+* :mod:`.forecast`: the network over several epochs;
+* :mod:`.resplit`: resuming an interrupted epoch on another layout.
+
+``ucstage shard-plan``, ``ucstage cache warm --rank`` and
+:class:`ucstage.VolumeDataset` all call the one rule, so what the plan prints
+is what training reads.
+
+The rule (the platform's documented one): files in listing order, or in a
+permutation seeded by ``seed`` and ``epoch`` that is the same on every rank
+(:class:`Permutation`: a keyed bijection, so one slot's files cost only that
+slot's arithmetic, never a list of every file);
+``slots = world_size * num_workers``; slot ``s = rank * num_workers + worker``
+reads files ``s, s + slots, s + 2 * slots, ...``. ``num_workers = 0`` (the main
+process reads) counts as one worker.
+
+Shuffle scope (with ``shuffle``): under ``"global"`` every rank deals from the
+one permutation above. Under ``"node"`` (the default) the job is cut into nodes
+of ``nproc_per_node`` ranks (``node = rank // nproc_per_node``, as torchrun
+numbers ranks); files are assigned to nodes once per seed, in balanced blocks
+of a seeded permutation, and each epoch permutes each node's block and deals it
+over that node's ranks x workers with the same rule. With one node (no
+``nproc_per_node``) both scopes are exactly the rule above.
+"""
+
+from __future__ import annotations
+
+from .forecast import Forecast, ForecastRow, forecast
+from .order import NodeOrder, Permutation, node_block, node_order, node_share, read_order
+from .plan import ShardPlan, plan, shard_plan, slot_plan
+from .resplit import (
+    EpochOrder,
+    Segment,
+    SlotRun,
+    epoch_slot_length,
+    resume_nodes,
+    resume_slots,
+    same_layout,
+    segment_runs,
+)
+from .rule import (
+    Dealing,
+    Stride,
+    equal_count,
+    equal_slot_files,
+    rank_entries,
+    rank_length,
+    slot_array,
+    slot_dealing,
+    slot_files,
+    slot_indices,
+    slot_length,
+    stride,
+)
+from .stats import MAX_RANGES as MAX_RANGES
+from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
+from .values import (
+    DEFAULT_SHUFFLE_SCOPE,
+    EQUAL_LENGTH_MODES,
+    SHUFFLE_SCOPES,
+    Layout,
+    ReadOrder,
+    Slot,
+    effective_workers,
+    node_count,
+    node_ranks,
+    slot_count,
+    workers_per_rank,
+)
+
+__all__ = [
+    "DEFAULT_SHUFFLE_SCOPE",
+    "EQUAL_LENGTH_MODES",
+    "SHUFFLE_SCOPES",
+    "Dealing",
+    "EmptySlots",
+    "EpochOrder",
+    "Forecast",
+    "ForecastRow",
+    "Layout",
+    "NodeOrder",
+    "NodeStats",
+    "Permutation",
+    "RankStats",
+    "ReadOrder",
+    "Segment",
+    "ShardPlan",
+    "Slot",
+    "SlotPlan",
+    "SlotRun",
+    "Spread",
+    "Stride",
+    "effective_workers",
+    "epoch_slot_length",
+    "equal_count",
+    "equal_slot_files",
+    "forecast",
+    "node_block",
+    "node_count",
+    "node_order",
+    "node_ranks",
+    "node_share",
+    "plan",
+    "rank_entries",
+    "rank_length",
+    "read_order",
+    "resume_nodes",
+    "resume_slots",
+    "same_layout",
+    "segment_runs",
+    "shard_plan",
+    "slot_array",
+    "slot_count",
+    "slot_dealing",
+    "slot_files",
+    "slot_indices",
+    "slot_length",
+    "slot_plan",
+    "stride",
+    "workers_per_rank",
+]

@@ -1,0 +1,209 @@
+"""Read orders: the whole job's permutation and a node's own order."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, overload
+
+if TYPE_CHECKING:
+    import numpy as np
+
+from ..errors import InvalidArgument
+from .values import Layout, ReadOrder
+
+_ROUNDS = 6
+_M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+class Permutation(Sequence[int]):
+    """The shuffled read order of ``n`` files for ``(seed, epoch)``: a keyed bijection.
+
+    Position ``p`` reads file ``self[p]``, computed by arithmetic alone: a
+    6-round Feistel network over the smallest even-bit domain that holds
+    ``n``, keyed by SHA-512 of ``ucstage:{seed}:{epoch}``, with cycle walking
+    to stay below ``n``. Pure 64-bit integer arithmetic in numpy, so every
+    rank on every node, with any numpy or Python version, computes the same
+    order, and one slot's files (:meth:`take`) cost that slot, not ``n``.
+    """
+
+    def __init__(self, n: int, *, seed: int = 0, epoch: int = 0, stream: str = "") -> None:
+        if n < 0:
+            raise InvalidArgument(f"n must be 0 or more, got {n}")
+        self.n, self.seed, self.epoch, self.stream = n, int(seed), int(epoch), stream
+        # ``stream`` names an independent permutation of the same (seed, epoch)
+        # (a node's block, the node assignment); "" is the whole-job order.
+        label = f"ucstage:{seed}:{epoch}" + (f":{stream}" if stream else "")
+        digest = hashlib.sha512(label.encode()).digest()
+        self._keys = [int.from_bytes(digest[8 * i:8 * i + 8], "little") for i in range(_ROUNDS)]
+        self._half = max(1, ((n - 1).bit_length() + 1) // 2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        import numpy as np
+
+        half = np.uint64(self._half)
+        mask = np.uint64((1 << self._half) - 1)
+        left, right = x >> half, x & mask
+        for key in self._keys:
+            z = (right + np.uint64(key)) * np.uint64(_M1)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(_M2)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(_M3)
+            z ^= z >> np.uint64(31)
+            left, right = right, left ^ (z & mask)
+        return (left << half) | right
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The file indices at read-order ``positions`` (an int64 array)."""
+        import numpy as np
+
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= self.n):
+            raise IndexError("read-order position out of range")
+        out = self._feistel(pos.astype(np.uint64))
+        outside = np.flatnonzero(out >= np.uint64(self.n))
+        while outside.size:  # cycle walking: a permutation of the domain stays one below n
+            out[outside] = self._feistel(out[outside])
+            outside = outside[out[outside] >= np.uint64(self.n)]
+        return out.astype(np.int64)
+
+    def array(self) -> np.ndarray:
+        """The whole read order as an int64 array."""
+        import numpy as np
+
+        return self.take(np.arange(self.n, dtype=np.int64))
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [int(i) for i in self.take(range(self.n)[index])]
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError("read-order position out of range")
+        return int(self.take([index])[0])
+
+    def __iter__(self) -> Iterator[int]:
+        step = 1 << 16
+        for start in range(0, self.n, step):
+            yield from (int(i) for i in self.take(range(start, min(self.n, start + step))))
+
+    def __repr__(self) -> str:
+        stream = f", stream={self.stream!r}" if self.stream else ""
+        return f"Permutation({self.n}, seed={self.seed}, epoch={self.epoch}{stream})"
+
+
+def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Sequence[int]:
+    """File indices in read order: listing order (a ``range``), or a
+    :class:`Permutation` of it that depends only on ``(n, seed, epoch)``.
+
+    Neither holds a Python object per file: index it, or take a slot's
+    positions with :func:`slot_array`.
+    """
+    if not shuffle:
+        return range(n)
+    return Permutation(n, seed=seed, epoch=epoch)
+
+
+def node_block(n: int, node: int, nodes: int) -> range:
+    """Positions ``node``'s files take in the node assignment order: balanced
+    blocks, the first ``n % nodes`` nodes one file more, so node sizes differ
+    by at most one and the nodes with files are a prefix."""
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    q, r = divmod(n, nodes)
+    start = node * q + min(node, r)
+    return range(start, start + q + (1 if node < r else 0))
+
+
+class NodeOrder(Sequence[int]):
+    """One node's read order in one epoch under the ``"node"`` scope, with
+    several nodes: position ``p`` reads listing row ``self[p]``.
+
+    The node's files are block :func:`node_block` of the assignment
+    permutation (``Permutation(n, seed, stream="nodes")``: independent of the
+    epoch, so the node keeps its files); the epoch permutes them with
+    ``Permutation(len(block), seed, epoch, stream=f"node{node}")``. Arithmetic
+    only, like :class:`Permutation`: a slot costs its own positions.
+    """
+
+    def __init__(self, n: int, *, node: int, nodes: int, seed: int = 0, epoch: int = 0) -> None:
+        self.n, self.node, self.nodes = n, node, nodes
+        self.block = node_block(n, node, nodes)
+        self._assign = Permutation(n, seed=seed, stream="nodes")
+        self._within = Permutation(len(self.block), seed=seed, epoch=epoch,
+                                   stream=f"node{node}")
+
+    def __len__(self) -> int:
+        return len(self.block)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The listing rows at the node's read-order ``positions`` (int64)."""
+        return self._assign.take(self.block.start + self._within.take(positions))
+
+    def array(self) -> np.ndarray:
+        """The node's whole read order for the epoch."""
+        import numpy as np
+
+        return self.take(np.arange(len(self), dtype=np.int64))
+
+    def members(self) -> np.ndarray:
+        """The node's files (sorted listing rows): the same in every epoch."""
+        import numpy as np
+
+        return np.sort(self._assign.take(np.arange(self.block.start, self.block.stop,
+                                                   dtype=np.int64)))
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [int(i) for i in self.take(range(len(self))[index])]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("read-order position out of range")
+        return int(self.take([index])[0])
+
+    def __repr__(self) -> str:
+        return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"
+
+
+def node_share(n: int, layout: Layout, node: int, *, seed: int = 0) -> np.ndarray:
+    """The files (sorted listing rows) node ``node`` of ``layout`` reads under the
+    ``"node"`` scope with ``shuffle``: the same in every epoch, so warming them
+    serves every epoch. With one node, every file."""
+    import numpy as np
+
+    nodes = layout.nodes
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    if nodes == 1:
+        return np.arange(n, dtype=np.int64)
+    return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
+
+
+def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
+    """The read order node ``node``'s slots deal from in one epoch.
+
+    Under the ``"node"`` scope with several nodes and ``shuffle``, the node's
+    own :class:`NodeOrder`; otherwise (``"global"``, no shuffle, one node) the
+    whole job's :func:`read_order`, which every node deals from.
+    """
+    nodes = layout.nodes
+    if not 0 <= node < nodes:
+        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    if order.per_node(layout):
+        return NodeOrder(order.n, node=node, nodes=nodes, seed=order.seed, epoch=order.epoch)
+    return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch)

@@ -233,3 +233,17 @@ def test_the_summary_says_what_the_network_did(fault_proxy: Faults) -> None:
     result = CliRunner().invoke(cli, ["cache", "warm", src])
     assert result.exit_code == 0, result.output
     assert "network: 2 checksum mismatches retried" in result.output
+
+
+def test_counters_written_before_the_check_counts_still_read(tmp_path: Path) -> None:
+    """A run's counter file of the eight fields before the check counts."""
+    import struct
+
+    from ucstage.cache import runstats
+
+    folder = tmp_path / ".ucstage" / "runs" / "old-run"
+    folder.mkdir(parents=True)
+    (folder / "r0-1.counters").write_bytes(struct.pack("<8q", 3, 1, 30, 10, 0, 0, 0, 0))
+    stats = runstats.read_run(str(tmp_path), "old-run")
+    assert (stats.hits, stats.misses, stats.processes) == (3, 1, 1)
+    assert (stats.checked_md5, stats.checked_size, stats.mismatches) == (0, 0, 0)

@@ -22,6 +22,14 @@ asks ``If-Match`` the first one's ETag: an object replaced mid-copy fails the
 copy (and the cache retries it) instead of mixing two versions. The first
 part streams while the others run; only its headers are awaited first.
 
+Every request (a whole GET or one part) is read through
+:func:`ucstage.cache.hedge.read`: a late response gets a hedged second
+request, and none outlives the deadline. A copy is returned only after its
+bytes passed :mod:`ucstage.cache.integrity`'s check (the ETag's MD5, hashed
+as a whole GET streams or over the file once every part is written; else the
+size), which it records on the temp file; a mismatch raises
+:exc:`~ucstage.cache.integrity.Mismatch`, an ``OSError`` the cache retries.
+
 The loop and its thread belong to the process that made them; a forked child
 (a DataLoader worker) starts its own on first use.
 """

@@ -21,6 +21,7 @@ __all__ = [
     "InvalidArgument",
     "ManifestError",
     "MissingDependency",
+    "MountLost",
     "RankMismatch",
     "ResumeMismatch",
     "SourceNotFound",
@@ -113,6 +114,13 @@ class CacheFull(CacheError):
 
 class FetchFailed(UcstageError):
     """One or more files could not be copied from the source after retries."""
+
+    exit_code = 1
+
+
+class MountLost(SourceUnreadable):
+    """A mount the source is read through stopped answering mid-read (its
+    FUSE server died: ``ENOTCONN``, or ``EIO`` from a dead mount)."""
 
     exit_code = 1
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 
-__all__ = ["ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "engine",
+__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline", "engine",
            "forks_fall_back", "list_objects", "location", "serves", "store", "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
@@ -142,7 +142,8 @@ def store(kind: str, bucket: str) -> Any:
     global _used_in
     if _used_in is None:
         _used_in = os.getpid()
-    key = (os.getpid(), kind, bucket, *(os.environ.get(name, "") for name in _ENV[kind]))
+    key = (os.getpid(), kind, bucket, os.environ.get(DEADLINE_ENV, ""),
+           *(os.environ.get(name, "") for name in _ENV[kind]))
     client = _stores.get(key)
     if client is None:
         with _lock:
@@ -161,8 +162,41 @@ def _retry() -> Any:
     return {"max_retries": 0, "retry_timeout": timedelta(seconds=30)}
 
 
+DEADLINE_ENV = "UCSTAGE_REQUEST_DEADLINE"
+DEFAULT_DEADLINE = 30.0
+"""Seconds one GET may take at most by default (``object_store``'s own default)."""
+
+
+def deadline() -> float:
+    """Seconds one request may take at most: ``$UCSTAGE_REQUEST_DEADLINE``,
+    else :data:`DEFAULT_DEADLINE`. The engine drops a request at it
+    (:mod:`ucstage.cache.hedge`); the client's own timeout is a little later.
+
+    Raises:
+        InvalidArgument: the variable is not a positive number.
+    """
+    raw = os.environ.get(DEADLINE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DEADLINE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise InvalidArgument(f"{DEADLINE_ENV}={raw!r} is not a positive number of seconds",
+                              hint="set it to e.g. 30, or unset it")
+    return value
+
+
 def _client_options(endpoint: str) -> Any:
-    return {"allow_http": True} if endpoint.startswith("http://") else {}
+    from datetime import timedelta
+
+    # A backstop only: the engine's own deadline ends a request first, with
+    # a clear error (obstore's default overall timeout is 30 s too).
+    options: dict[str, Any] = {"timeout": timedelta(seconds=deadline() + 5)}
+    if endpoint.startswith("http://"):
+        options["allow_http"] = True
+    return options
 
 
 def _build(kind: str, bucket: str) -> Any:
@@ -205,7 +239,7 @@ def _build(kind: str, bucket: str) -> Any:
     key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
     if key:
         kwargs["account_key"] = key
-    return AzureStore(bucket, client_options={"allow_http": True} if emulator else {},
+    return AzureStore(bucket, client_options=_client_options("http://" if emulator else ""),
                       retry_config=_retry(), **kwargs)
 
 

@@ -20,7 +20,7 @@ from ucstage.cli.cache import command as cache_group
 WARM_KEYS = {"source", "cache_dir", "namespace", "slice", "files", "bytes", "fetched",
              "fetched_bytes", "already_cached", "already_cached_bytes", "failed", "refused",
              "unreadable", "seconds", "mb_per_s", "evicted_files", "evicted_bytes", "evicted_sources",
-             "engine", "jobs", "jobs_auto"}
+             "engine", "jobs", "jobs_auto", "checks", "checksum_mismatches", "etags_not_md5", "hedged", "timeouts"}
 
 
 def run(*args: str, code: int = 0) -> Any:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from .. import objstore
 from ..errors import UnsafePath
 from ..volumes import Volume, version_of
+from . import mounts
 from .inflight import Inflight
 
 __all__ = ["CHUNK", "Copied", "copy_to"]
@@ -118,19 +119,29 @@ def _pump(src: int, dst: int, inflight: Inflight | None, size: int) -> int:
 
 
 def _copy_local(volume: Volume, relpath: str, dst: int, inflight: Inflight | None) -> Copied:
-    src = _open_local(volume, relpath)
     try:
-        before = os.fstat(src)
-        if not stat.S_ISREG(before.st_mode):
-            raise UnsafePath(f"{relpath}: not a regular file")
-        size = _pump(src, dst, inflight, before.st_size)
-        os.ftruncate(dst, size)  # the caller may have preallocated more
-        after = os.fstat(src)
-    finally:
-        os.close(src)
+        src = _open_local(volume, relpath)
+        try:
+            before = os.fstat(src)
+            if not stat.S_ISREG(before.st_mode):
+                raise UnsafePath(f"{relpath}: not a regular file")
+            size = _pump(src, dst, inflight, before.st_size)
+            os.ftruncate(dst, size)  # the caller may have preallocated more
+            after = os.fstat(src)
+        finally:
+            os.close(src)
+    except OSError as exc:
+        gone = mounts.lost(volume.root, relpath, exc)
+        if gone is not None:
+            raise gone from exc  # not retried: the mount's server is gone
+        raise
     if (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
         # Rewritten while we read it: the bytes may mix two versions.
         raise InterruptedError(f"{relpath} changed while it was copied")
+    if size != before.st_size:
+        # Fewer bytes than the file has, and it did not change: a read cut
+        # short (a FUSE mount's glitch). Discarded and retried, never cached.
+        raise OSError(f"short read: {size} of {before.st_size} bytes of {relpath}")
     return Copied(size, version_of({"mtime": before.st_mtime}), before.st_mtime_ns)
 
 

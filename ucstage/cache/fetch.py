@@ -5,8 +5,9 @@ again (another process may have copied it meanwhile), reserves its
 preallocated temp file in the ledger (:meth:`ucstage.cache.space.CacheSpace.reserve`),
 copies the source's bytes into it (:func:`ucstage.cache.copy.copy_to`), stamps
 it and renames it into place; on any failure it removes the temp file and
-gives its bytes back. Transient source errors are retried with a jittered
-backoff. A job's :class:`~ucstage.cache.inflight.Inflight` can stop its
+gives its bytes back. Transient source errors are retried: throttling with a
+jittered backoff, other errors (resets, truncated bodies, checksum
+mismatches, timeouts) at once the first time and with the backoff after. A job's :class:`~ucstage.cache.inflight.Inflight` can stop its
 copies at every step (see :mod:`ucstage.cache.inflight`).
 
 :class:`Fetcher` holds these steps for one :class:`ucstage.LocalCache` (the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, NoReturn, Protocol
@@ -32,7 +34,8 @@ from .inflight import Inflight, Stopped
 from .locks import FileLock
 from .space import CacheSpace, Evicted, free_bytes, no_room
 
-__all__ = ["Copy", "Fetcher", "FetchingCache", "Pending", "disk_full", "retryable"]
+__all__ = ["Copy", "Fetcher", "FetchingCache", "Pending", "disk_full", "retryable", "slows_down",
+           "throttled"]
 
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
@@ -121,16 +124,24 @@ class Fetcher:
             except Exception as exc:
                 pause = self.retry_pause(exc, entry, attempt, delay)
                 if inflight is not None:
-                    inflight.sleep(pause)  # a stopping warm does not wait out the backoff
-                else:
+                    # A stopping warm does not wait out the backoff; only
+                    # throttling and timeouts tell ``--jobs auto`` to back off.
+                    inflight.sleep(pause, slow_down=slows_down(exc))
+                elif pause:
                     time.sleep(pause)
-                delay *= 2
+                if pause:
+                    delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
     def retry_pause(self, exc: Exception, entry: FileEntry, attempt: int,
                     delay: float) -> float:
         """The backoff before retrying a copy that raised ``exc`` on attempt
         ``attempt`` (from 0), ``delay`` being the attempt's base delay.
+
+        The retry rule: throttling (503, 429, SlowDown) always backs off; any
+        other transient error (a reset, a truncated body, a checksum
+        mismatch, a timeout) is retried at once the first time, and backs off
+        when it repeats.
 
         Raises:
             UcstageError: ``exc`` itself, or :exc:`FetchFailed` when it is
@@ -143,6 +154,8 @@ class Fetcher:
         if attempt == self.cache.retries:
             raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
                               f"{_reason(exc)}") from exc
+        if attempt == 0 and not throttled(exc):
+            return 0.0
         return delay * (1 + random.random() / 4)
 
     def fetch_once(self, volume: Volume, entry: FileEntry, inflight: Inflight | None = None,
@@ -271,6 +284,25 @@ def retryable(exc: UcstageError) -> bool:
     error until retries ran out (not a missing file, a permission, an unsafe path)."""
     return isinstance(exc, FetchFailed) and exc.__cause__ is not None \
         and not isinstance(exc.__cause__, _PERMANENT)
+
+
+_THROTTLED = re.compile(r"status(?: code)?:? (?:503|429)\b|\b(?:503|429) (?:Service Unavailable|"
+                        r"Slow ?Down|Too Many Requests)|SlowDown|Too ?Many ?Requests|"
+                        r"reduce your request rate|Throttl|RequestLimitExceeded", re.I)
+_TIMED_OUT = re.compile(r"timed? ?out|timeout|deadline", re.I)
+
+
+def throttled(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store asking for fewer requests (503 SlowDown,
+    429): the one error a retry must back off for from the start."""
+    return bool(_THROTTLED.search(str(exc)))
+
+
+def slows_down(exc: BaseException) -> bool:
+    """Whether ``exc`` tells ``--jobs auto`` to lower the copies in flight:
+    throttling, or a timeout. A reset, a truncated body or a checksum
+    mismatch does not: fewer requests would not have prevented it."""
+    return throttled(exc) or isinstance(exc, TimeoutError) or bool(_TIMED_OUT.search(str(exc)))
 
 
 def _reason(exc: BaseException) -> str:

@@ -95,21 +95,25 @@ class Inflight:
         if self._event.is_set():
             raise Stopped()
 
-    def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` (a retry's backoff), or less if the warm stops; then check."""
-        if self._on_retry is not None:
+    def sleep(self, seconds: float, *, slow_down: bool = True) -> None:
+        """Wait ``seconds`` (a retry's backoff), or less if the warm stops; then
+        check. ``slow_down``: the retry's error asks for fewer copies in
+        flight (throttling, a timeout), so the job's ``on_retry`` hears it."""
+        if slow_down and self._on_retry is not None:
             self._on_retry()
-        self._event.wait(seconds)
+        if seconds > 0:
+            self._event.wait(seconds)
         self.check()
 
-    async def asleep(self, seconds: float) -> None:
+    async def asleep(self, seconds: float, *, slow_down: bool = True) -> None:
         """:meth:`sleep` for a copy running as a coroutine: a stop cancels the
         coroutine itself (the driver's work), so this only waits and checks."""
         import asyncio
 
-        if self._on_retry is not None:
+        if slow_down and self._on_retry is not None:
             self._on_retry()
-        await asyncio.sleep(seconds)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
         self.check()
 
     # -- one copy's life ----------------------------------------------------------

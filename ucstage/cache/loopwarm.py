@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from ..volumes import FileEntry
 from . import objget
 from .copy import Copied
+from .fetch import slows_down
 from .inflight import Stopped
 from .locks import FileLock
 from .tuning import THREAD_CEILING
@@ -163,8 +164,10 @@ class LoopWarm:
                 raise
             except Exception as exc:
                 pause = self.fetcher.retry_pause(exc, entry, attempt, delay)
-            await self.inflight.asleep(pause)
-            delay *= 2
+                slow_down = slows_down(exc)
+            await self.inflight.asleep(pause, slow_down=slow_down)
+            if pause:
+                delay *= 2
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _fetch_once(self, entry: FileEntry) -> tuple[str, bool]:

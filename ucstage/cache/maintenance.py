@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import CacheError, InvalidArgument
 from ..volumes import FileEntry, Volume, is_volumes_path, list_files, resolve, safe_relpath
-from . import paths, runstats
+from . import integrity, paths, runstats
 from .reports import (
     CacheStatus,
     ClearReport,
@@ -125,8 +125,8 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
             report.stale.append((e.path, f"source is now {e.size} bytes version "
                                          f"{e.version!r}; cached {stamp[0]} bytes version "
                                          f"{stamp[1]!r}"))
-        elif checksum and _digest_local(local) != _digest_source(volume, e.path):
-            problem = "content differs from the source (sha256)"
+        elif checksum and (problem := _content_problem(volume, e.path, local)):
+            pass  # corrupt: handled below
         else:
             report.ok += 1
         if problem:
@@ -158,6 +158,21 @@ def prune(space: CacheSpace, max_bytes: int, *, lease_ns: int) -> PruneReport:
     if max_bytes < 0:
         raise CacheError(f"max_bytes must be 0 or more, got {max_bytes}")
     return PruneReport(max_bytes, *space.evict_to(max_bytes, lease_ns))
+
+
+def _content_problem(volume: Volume, relpath: str, local: str) -> str:
+    """Why a cached copy's bytes are wrong ('' when they are right): against
+    the checksum recorded when it was copied (checked against the store
+    then), else against the source's bytes, read again."""
+    recorded = integrity.recorded(local)
+    if recorded:
+        kind = recorded.partition(":")[0]
+        if integrity.file_checksum(local, kind) != recorded:
+            return f"content differs from the checksum recorded when it was copied ({kind})"
+        return ""
+    if _digest_local(local) != _digest_source(volume, relpath):
+        return "content differs from the source (sha256)"
+    return ""
 
 
 def _digest_local(path: str) -> str:

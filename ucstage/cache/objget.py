@@ -22,6 +22,14 @@ asks ``If-Match`` the first one's ETag: an object replaced mid-copy fails the
 copy (and the cache retries it) instead of mixing two versions. The first
 part streams while the others run; only its headers are awaited first.
 
+Every request (a whole GET or one part) is read through
+:func:`ucstage.cache.hedge.read`: a late response gets a hedged second
+request, and none outlives the deadline. A copy is returned only after its
+bytes passed :mod:`ucstage.cache.integrity`'s check (the ETag's MD5, hashed
+as a whole GET streams or over the file once every part is written; else the
+size), which it records on the temp file; a mismatch raises
+:exc:`~ucstage.cache.integrity.Mismatch`, an ``OSError`` the cache retries.
+
 The loop and its thread belong to the process that made them; a forked child
 (a DataLoader worker) starts its own on first use.
 """
@@ -32,11 +40,13 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import hashlib
 import os
 import threading
 from typing import Any, NamedTuple
 
 from .. import objstore
+from . import hedge, integrity
 from .inflight import Inflight, Stopped
 
 __all__ = ["PART", "PARTS_IN_FLIGHT", "SPLIT_AT", "Got", "fetch", "get_into", "loop", "split"]
@@ -67,6 +77,8 @@ class Got(NamedTuple):
     size: int
     etag: str
     mtime_ns: int | None
+    check: str = ""
+    """The check its bytes passed (:data:`ucstage.cache.integrity.CHECKS`)."""
 
 
 def _forget_after_fork() -> None:
@@ -114,13 +126,6 @@ def _write(fd: int, offset: int, data: Any) -> int:
     return done
 
 
-async def _stream(result: Any, fd: int, offset: int) -> int:
-    written = 0
-    async for chunk in result.stream(min_chunk_size=WHOLE):
-        written += _write(fd, offset + written, chunk)
-    return written
-
-
 def split(limit: int, objects_left: int) -> int:
     """Requests one object of a warm may have in flight: :data:`PARTS_IN_FLIGHT`
     when the job's ``limit`` leaves that many places for each of the
@@ -144,62 +149,91 @@ def _part_size(size: int, parts: int) -> int:
 
 
 async def _get(client: Any, key: str, fd: int, size_hint: int,
-               parts: int = PARTS_IN_FLIGHT) -> Got:
-    import obstore
-
+               parts: int = PARTS_IN_FLIGHT, source: str = "") -> Got:
     if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
-        result = await obstore.get_async(client, key)
-        meta = result.meta
-        if meta["size"] <= WHOLE:
-            # One await for the body instead of a stream's two or more: each
-            # await of a Rust future is a wake-up of the loop and a GIL
-            # hand-off, which cost more CPU than a small object's bytes.
-            size = _write(fd, 0, await result.bytes_async())
-        else:
-            size = await _stream(result, fd, 0)
+        check: dict[str, Any] = {"want": "", "digest": None}
+
+        def digest_for(meta: Any) -> Any:
+            # The MD5 as the bytes arrive: no second pass over the copy.
+            check["want"] = integrity.expect_md5(source, _etag(meta))
+            check["digest"] = hashlib.md5(usedforsecurity=False) if check["want"] else None
+            return check["digest"]
+
+        size, meta = await hedge.read(client, key, fd, 0, None, source=source, write=_write,
+                                      chunk=WHOLE, digest_for=digest_for)
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
+        digest = check["digest"]
+        verdict = integrity.judge(source, key, check["want"],
+                                  digest.hexdigest() if digest is not None else "")
     else:
-        step = _part_size(size_hint, parts)
-        gate = asyncio.Semaphore(max(1, parts))
-        await gate.acquire()  # the first part's place, held while it streams
-        first = await obstore.get_async(client, key, options={"range": (0, step)})
-        meta = first.meta
-        size = meta["size"]
-        etag = meta["e_tag"]
-        wrote: list[int] = []
-
-        async def stream_first() -> None:
-            try:
-                wrote.append(await _stream(first, fd, 0))
-            finally:
-                gate.release()
-
-        async def part(start: int) -> None:
-            async with gate:
-                options: Any = {"range": (start, min(size, start + step))}
-                if etag:
-                    options["if_match"] = etag
-                result = await obstore.get_async(client, key, options=options)
-                wrote.append(await _stream(result, fd, start))
-
-        # The others start as soon as the first part's headers name the ETag;
-        # the first part streams meanwhile.
-        tasks = [asyncio.ensure_future(stream_first())]
-        tasks += [asyncio.ensure_future(part(start)) for start in range(step, size, step)]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            # One part failed (or the copy was cancelled): no other part may
-            # go on writing into a file the caller is about to close.
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        if sum(wrote) != size:
-            raise OSError(f"short read: {sum(wrote)} of {size} bytes")
+        size, meta = await _get_ranged(client, key, fd, size_hint, parts, source)
+        want = integrity.expect_md5(source, _etag(meta))
+        # MD5 needs the bytes in order: hashed once every part is written
+        # (the copy is in the page cache then), off the loop.
+        got = await asyncio.get_running_loop().run_in_executor(
+            None, integrity.digest_file, fd, size) if want else ""
+        verdict = integrity.judge(source, key, want, got)
     os.ftruncate(fd, size)  # the caller may have preallocated more
-    return Got(size, objstore._etag(meta["e_tag"]), objstore.mtime_ns(meta["last_modified"]))
+    integrity.record(fd, verdict)
+    return Got(size, _etag(meta), objstore.mtime_ns(meta["last_modified"]), verdict.check)
+
+
+def _etag(meta: Any) -> str:
+    return objstore._etag(meta["e_tag"])
+
+
+async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
+                      parts: int, source: str) -> tuple[int, Any]:
+    """Parallel ranged GETs of one large object; returns (size, first part's meta)."""
+    step = _part_size(size_hint, parts)
+    gate = asyncio.Semaphore(max(1, parts))
+    await gate.acquire()  # the first part's place, held while it streams
+    headers: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    wrote: list[int] = []
+
+    def heard(meta: Any) -> None:
+        if not headers.done():
+            headers.set_result(meta)
+
+    async def first_part() -> Any:
+        try:
+            done, meta = await hedge.read(client, key, fd, 0, step, source=source, write=_write,
+                                          chunk=WHOLE, on_meta=heard)
+            wrote.append(done)
+            return meta
+        finally:
+            gate.release()
+
+    async def part(start: int, size: int, etag: str) -> None:
+        async with gate:
+            done, _ = await hedge.read(client, key, fd, start, min(size, start + step),
+                                       source=source, write=_write, chunk=WHOLE,
+                                       if_match=etag)
+            wrote.append(done)
+
+    # The others start as soon as the first part's headers name the size and
+    # the ETag; the first part streams meanwhile.
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(first_part())]
+    try:
+        await asyncio.wait([headers, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+        if not headers.done():
+            await tasks[0]  # failed before its headers: raises its error
+        meta = headers.result()
+        size, etag = int(meta["size"]), str(meta["e_tag"] or "")
+        tasks += [asyncio.ensure_future(part(start, size, etag))
+                  for start in range(step, size, step)]
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # One part failed (or the copy was cancelled): no other part may
+        # go on writing into a file the caller is about to close.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    if sum(wrote) != size:
+        raise OSError(f"short read: {sum(wrote)} of {size} bytes")
+    return size, meta
 
 
 def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
@@ -220,7 +254,8 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     client = objstore.store(kind, bucket)
     if inflight is not None:
         inflight.check()
-    future = asyncio.run_coroutine_threadsafe(_get(client, key, fd, size_hint, parts), loop())
+    future = asyncio.run_coroutine_threadsafe(
+        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}"), loop())
     # Sleep until the GET ends or the job stops; no polling, so hundreds of
     # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
     # the main thread (a library fetch).
@@ -254,7 +289,7 @@ async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     kind, bucket, key = objstore.location(volume, path)
     client = objstore.store(kind, bucket)
     try:
-        return await _get(client, key, fd, size_hint, parts)
+        return await _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}")
     except Exception as exc:
         raise _oserror(exc, path) from exc
 

@@ -105,6 +105,18 @@ class WarmReport:
     """Copies in flight: the value ``jobs="auto"`` settled on, or the one given."""
     jobs_auto: bool = False
     """Whether ``jobs`` was tuned (``"auto"``) rather than given."""
+    checks: dict[str, int] = field(default_factory=dict)
+    """Copies whose bytes passed each check (:data:`ucstage.cache.integrity.CHECKS`):
+    ``md5`` (the ETag), ``size`` only; ``none``: copies the engine did not
+    check (the fsspec engine, local and FUSE sources)."""
+    mismatches: int = 0
+    """Copies whose bytes differed from the store's checksum: retried, never cached."""
+    etags_not_md5: bool = False
+    """This warm found that the source's ETags are not MD5s (SSE-KMS): size only."""
+    hedged: int = 0
+    """GETs that were late and got a second, hedged request (:mod:`ucstage.cache.hedge`)."""
+    timeouts: int = 0
+    """Requests dropped at the deadline (each retried)."""
 
     @property
     def evicted_files(self) -> int:
@@ -156,7 +168,19 @@ class WarmReport:
             "evicted_files": self.evicted_files,
             "evicted_bytes": self.evicted_bytes,
             "evicted_sources": [e.to_json() for e in self.evicted],
+            "checks": self.check_counts(),
+            "checksum_mismatches": self.mismatches,
+            "etags_not_md5": self.etags_not_md5,
+            "hedged": self.hedged,
+            "timeouts": self.timeouts,
         }
+
+    def check_counts(self) -> dict[str, int]:
+        """``checks`` with every kind present, ``none`` being the fetched
+        copies no check vouched for."""
+        counts = {"md5": self.checks.get("md5", 0), "size": self.checks.get("size", 0)}
+        counts["none"] = max(0, self.fetched - counts["md5"] - counts["size"])
+        return counts
 
 
 @dataclass

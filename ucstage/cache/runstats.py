@@ -2,7 +2,7 @@
 
 Every process that reads through a :class:`ucstage.VolumeDataset` (the main
 process of each rank, each DataLoader worker) counts into one small file of
-its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.counters``: eight fixed-width
+its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.counters``: fixed-width
 integers rewritten in place after each file handed out (one ``pwrite``; no
 lock is shared between processes). Readers sum the files: ``cache status``
 the last run's (the run whose files changed last), the DataLoader its own
@@ -24,14 +24,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import paths
+from . import integrity, paths
 
 __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run", "read_run"]
 
 KEEP_RUNS = 8
 _FIELDS = ("hits", "misses", "hit_bytes", "miss_bytes", "evictions", "evicted_bytes",
-           "wait_ns", "waits")
-_RECORD = struct.Struct("<8q")
+           "wait_ns", "waits", "checked_md5", "checked_size", "mismatches")
+_RECORD = struct.Struct(f"<{len(_FIELDS)}q")
+_OLD_SIZE = 8 * 8
+"""Files written before the check counts hold the first eight fields."""
+_CHECKS = {"checked_md5": "md5", "checked_size": "size", "mismatches": "mismatches"}
+"""Counters taken from this process's integrity tally when written."""
 _job: str | None = None
 
 
@@ -70,12 +74,12 @@ class Counters:
         self._lock = threading.Lock()
         self._written = 0
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            raw = os.pread(self._fd, _RECORD.size, 0)
-            if len(raw) == _RECORD.size:
-                self._values = list(_RECORD.unpack(raw))
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            self._values = _unpack(os.pread(self._fd, _RECORD.size, 0)) or self._values
+        # The checks this process's copies make from now on count for this
+        # run (copies a reader made, and any other copy of the process).
+        self._checks_from = integrity.TALLY.snapshot()
+        self._checks_base = [self._values[_FIELDS.index(name)] for name in _CHECKS]
 
     def add(self, **values: int) -> None:
         """Add to named counters (``evictions=1, evicted_bytes=size``)."""
@@ -105,8 +109,18 @@ class Counters:
         """Write the counters out now."""
         with self._lock:
             self._written = time.monotonic_ns()
+            done = integrity.TALLY.since(self._checks_from)
+            for (name, kind), base in zip(_CHECKS.items(), self._checks_base, strict=True):
+                self._values[_FIELDS.index(name)] = base + done[kind]
             with contextlib.suppress(OSError):  # counting must never stop a training run
                 os.pwrite(self._fd, _RECORD.pack(*self._values), 0)
+
+
+def _unpack(raw: bytes) -> list[int] | None:
+    """A counters record (one written before the check counts too), or None."""
+    if len(raw) == _OLD_SIZE:
+        raw += bytes(_RECORD.size - _OLD_SIZE)
+    return list(_RECORD.unpack(raw)) if len(raw) == _RECORD.size else None
 
 
 _open: dict[tuple[str, str, int, int], Counters] = {}
@@ -182,6 +196,12 @@ class RunStats:
     updated: float = 0.0
     """When a counter last changed (Unix time)."""
     processes: int = 0
+    checked_md5: int = 0
+    """Files copied whose bytes matched the store's MD5 (the ETag)."""
+    checked_size: int = 0
+    """Files copied checked by size only (the store gave no usable checksum)."""
+    mismatches: int = 0
+    """Copies whose bytes differed from the store's checksum (retried, not cached)."""
 
     @property
     def hit_rate(self) -> float | None:
@@ -196,7 +216,9 @@ class RunStats:
                         self.evictions - before.evictions,
                         self.evicted_bytes - before.evicted_bytes,
                         self.wait_s - before.wait_s, self.waits - before.waits, self.updated,
-                        self.processes)
+                        self.processes, self.checked_md5 - before.checked_md5,
+                        self.checked_size - before.checked_size,
+                        self.mismatches - before.mismatches)
 
     def to_json(self) -> dict[str, Any]:
         """The ``last_run`` object of docs/json-cache.md#status."""
@@ -226,19 +248,19 @@ def read_run(root: str, run: str, rank: int | None = None) -> RunStats:
             continue
         try:
             with open(e.path, "rb") as fh:
-                raw = fh.read(_RECORD.size)
+                values = _unpack(fh.read(_RECORD.size))
             newest = max(newest, e.stat().st_mtime_ns)
         except OSError:
             continue
-        if len(raw) != _RECORD.size:
+        if values is None:
             continue
         count += 1
-        for i, value in enumerate(_RECORD.unpack(raw)):
+        for i, value in enumerate(values):
             totals[i] += value
     v = dict(zip(_FIELDS, totals, strict=True))
     return RunStats(run, v["hits"], v["misses"], v["hit_bytes"], v["miss_bytes"],
                     v["evictions"], v["evicted_bytes"], v["wait_ns"] / 1e9, v["waits"],
-                    newest / 1e9, count)
+                    newest / 1e9, count, v["checked_md5"], v["checked_size"], v["mismatches"])
 
 
 def last_run(root: str) -> RunStats | None:

@@ -20,7 +20,7 @@ from ..errors import CacheFull, InvalidArgument, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
 from ..volumes import FileEntry, Volume
-from . import paths
+from . import hedge, integrity, paths
 from .fetch import Fetcher, retryable
 from .inflight import Inflight, Stopped
 from .reports import EvictedSource, WarmReport
@@ -35,6 +35,9 @@ fewer files would help; the library cannot name the CLI flags that choose
 them, so the CLI's error mapper adds them (:func:`ucstage.cli.output.error_hint`)."""
 GRACE = 1.0
 """Seconds a stopping warm lets its copies in flight finish before abandoning them."""
+_LATE_REPORTS = 0.2
+"""Seconds a stopped warm still listens, after abandoning, for copies that
+committed meanwhile."""
 
 
 def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry], *,
@@ -51,6 +54,8 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
         raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
     engine = objstore.engine(volume)
     start = time.monotonic()
+    checked = integrity.TALLY.snapshot()
+    hedges = dict(hedge.STATS)
     ns_dir = cache.prepare(volume)
     cache.space.sweep(ns_dir)
     report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
@@ -82,6 +87,9 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
     tuner = Jobs(fixed, ceiling=ceiling)
     WarmCopies(fetcher, volume, todo, report, cb, evicted, tuner).run()
     report.jobs = tuner.settled
+    integrity.note(report, checked, volume.url)
+    report.hedged = hedge.STATS["hedges"] - hedges.get("hedges", 0)
+    report.timeouts = hedge.STATS["timeouts"] - hedges.get("timeouts", 0)
     sources = cache.space.sources()
     report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
                       for name, (files, nbytes) in evicted.by_namespace().items()]
@@ -238,3 +246,22 @@ class WarmCopies:
         # (nobody holds their stripes once this process is gone).
         with contextlib.suppress(KeyboardInterrupt):
             self.inflight.abandon(self.fetcher.cache.space.abandon)
+            # A copy that committed just as the grace ran out (abandon waited
+            # for it) reports right after: count it, or the summary would
+            # miss a file that is cached.
+            self._drain(time.monotonic() + _LATE_REPORTS)
+
+    def _drain(self, until: float) -> None:
+        while True:
+            with self._take:
+                running = self.taken - self.received
+            left = until - time.monotonic()
+            if running <= 0 or left <= 0:
+                return
+            try:
+                batch = self.results.get(timeout=left)
+            except queue.Empty:
+                return
+            for entry, outcome in batch:
+                with contextlib.suppress(BaseException):
+                    self._record(entry, outcome)

@@ -19,6 +19,7 @@ from ..sharding import Layout, ReadOrder
 from ..units import SIZE_HELP, format_rate
 from ..volumes import FileEntry
 from .args import size_flag
+from .network import network_options, network_summary
 from .output import (
     counted,
     emit,
@@ -84,12 +85,21 @@ class JobsType(click.ParamType):
               help="Epoch of the permutation (with --shuffle --shuffle-scope global; "
                    "default 0). Ignored under the node scope, whose share serves every epoch.")
 @shuffle_scope_option
+@click.option("--no-hedge", is_flag=True,
+              help="Do not hedge late GETs on the object-store engine (a second request "
+                   "when a response is late against the store's running latency); the "
+                   "deadline still bounds every request. Same as UCSTAGE_HEDGE=0.")
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS",
+              help="Seconds one object-store request may take at most before it is dropped "
+                   "and retried. Default $UCSTAGE_REQUEST_DEADLINE, else 30.")
 @json_option
 def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, jobs: int | str, max_bytes: str | None,
          rank: int | None, node_rank: int | None, nproc_per_node: int | None,
          world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
-         epoch: int | None, shuffle_scope: str | None, as_json: bool) -> None:
+         epoch: int | None, shuffle_scope: str | None, no_hedge: bool, deadline: float | None,
+         as_json: bool) -> None:
     """Copy SOURCE's files into the local cache now, in parallel; files already
     cached and unchanged are skipped, so a rerun resumes.
 
@@ -145,7 +155,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
                       "every epoch", markup=False)
     callback: Counting | None = None
     try:
-        with progress_bar(not as_json, "warming") as callback:
+        with progress_bar(not as_json, "warming") as callback, network_options(no_hedge, deadline):
             report = warm_slice(cache, volume, entries, slice_, jobs=jobs, callback=callback)
     except KeyboardInterrupt:
         err.print(_stopped(callback, entries), markup=False)
@@ -191,6 +201,7 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
         how = "settled on by --jobs auto" if report.jobs_auto else "--jobs"
         console.print(f"engine: {report.engine}, {report.jobs} copies in flight ({how})",
                       markup=False)
+    network_summary(console, report)
     # The one place failed files are listed for people (the progress display
     # only counts them), so each shows once.
     for path, reason in report.failed[:EXAMPLES]:

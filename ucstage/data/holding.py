@@ -132,7 +132,9 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
                   before: RunStats | None) -> dict[str, float]:
     """The epoch's cache metrics for MLflow: ``epoch_cache_hit_rate`` (hits /
     files this rank read), ``epoch_cache_wait_s`` (time copies waited for
-    room under the cap) and ``epoch_cache_evictions``."""
+    room under the cap), ``epoch_cache_evictions``, and the checks the
+    copies' bytes got (``epoch_checked_md5``, ``epoch_checked_size``,
+    ``epoch_check_mismatches``)."""
     after = rank_stats(dataset, rank)
     if after is None or before is None:
         return {}
@@ -141,4 +143,9 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
                                "epoch_cache_evictions": float(delta.evictions)}
     if delta.hit_rate is not None:
         found["epoch_cache_hit_rate"] = delta.hit_rate
+    # Which check the copies' bytes got: a store without usable checksums
+    # shows as size checks only.
+    found.update({"epoch_checked_md5": float(delta.checked_md5),
+                  "epoch_checked_size": float(delta.checked_size),
+                  "epoch_check_mismatches": float(delta.mismatches)})
     return found

@@ -26,6 +26,12 @@ Metric names (``PREFIX`` defaults to ``ucstage``):
 ``PREFIX/epoch_cache_wait_s``      time copies waited for readers to make room
                                    under the cap (part of the batch waits)
 ``PREFIX/epoch_cache_evictions``   cached files this rank's copies evicted
+``PREFIX/epoch_checked_md5``       files this rank copied whose bytes matched
+                                   the store's MD5 (the ETag)
+``PREFIX/epoch_checked_size``      files copied checked by size only (the
+                                   store gave no usable checksum)
+``PREFIX/epoch_check_mismatches``  copies whose bytes differed from the
+                                   store's checksum (retried, never cached)
 =================================  ===========================================
 
 mlflow is never imported here: a run can only be active if the user's code

@@ -1,0 +1,249 @@
+"""Network faults on the object-store engine, against real moto behind the
+fault proxy of tests/common/faults.py: a reset, a stalled or a corrupted
+response never leaves a wrong byte in the cache, and the checks each copy got
+are reported."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.common import faults as faultkit
+from tests.common.backends import make_source
+from tests.common.faults import Faults
+from ucstage.cache import LocalCache, integrity
+from ucstage.cli.app import cli
+from ucstage.manifest import snapshot
+
+KB = 1024
+MB = 1024 * KB
+
+fault_proxy = faultkit.fault_proxy
+
+
+def _files(n: int, size: int = 64 * KB) -> dict[str, bytes]:
+    return {f"d{i % 4}/f{i:04d}.bin": os.urandom(size) for i in range(n)}
+
+
+def _wrong(cache: LocalCache, src: str, files: dict[str, bytes]) -> list[str]:
+    """Cached files whose bytes differ from the source's (missing ones too)."""
+    m = snapshot(src)
+    wrong = []
+    for e in m.entries:
+        path = cache.lookup(m.volume(), e)
+        if path is None or Path(path).read_bytes() != files[e.path]:
+            wrong.append(e.path)
+    return wrong
+
+
+def _warm_json(src: str, *extra: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    result = CliRunner().invoke(cli, ["cache", "warm", src, "--json", *extra])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def _prefix(src: str) -> str:
+    return src[len("s3://"):]
+
+
+def test_corrupted_responses_are_retried_and_never_cached(fault_proxy: Faults) -> None:
+    files = _files(80)
+    src = make_source("s3", "", files)
+    fault_proxy.set("flip", 0.05, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert fault_proxy.done["flip"] == 4  # 80 first GETs: every 20th flipped
+    assert _wrong(LocalCache(), src, files) == []
+    assert doc["fetched"] == 80 and doc["failed"] == []
+    assert doc["checks"] == {"md5": 80, "size": 0, "none": 0}
+    assert doc["checksum_mismatches"] == fault_proxy.done["flip"]
+    assert doc["etags_not_md5"] is False
+
+
+def test_a_mismatch_on_every_attempt_fails_the_file_with_exit_1(fault_proxy: Faults) -> None:
+    files = _files(3)
+    src = make_source("s3", "", files)
+    # Every GET flipped (each a different byte is not needed: the ETag differs).
+    fault_proxy.set("flip", 1.0, prefix=_prefix(src), per_key=100)
+    code, doc = _warm_json(src)
+    assert code == 1
+    assert sorted(f["path"] for f in doc["failed"]) == sorted(files)
+    assert all("md5 mismatch" in f["reason"] and f["retryable"] for f in doc["failed"])
+    assert doc["fetched"] == 0
+    assert _wrong(LocalCache(), src, files) == sorted(files)  # nothing cached
+
+
+def test_resets_mid_body_leave_every_file_correct(fault_proxy: Faults) -> None:
+    files = _files(80)
+    src = make_source("s3", "", files)
+    fault_proxy.set("reset", 0.05, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert fault_proxy.done["reset"] == 4
+    assert doc["fetched"] == 80
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_multipart_etags_get_the_size_check_and_the_json_says_so(fault_proxy: Faults) -> None:
+    import s3fs
+
+    files = _files(4)
+    src = make_source("s3", "", files)
+    # A multipart upload: its ETag is "<hash>-<parts>", not an MD5.
+    with s3fs.S3FileSystem(skip_instance_cache=True).open(f"{_prefix(src)}/multi.bin", "wb",
+                                                          block_size=5 * MB) as fh:
+        fh.write(b"m" * (11 * MB))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert doc["checks"] == {"md5": 4, "size": 1, "none": 0}
+    assert doc["etags_not_md5"] is False
+
+
+def test_etags_that_are_not_md5s_mark_the_source_once(fault_proxy: Faults,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """SSE-KMS ETags: 32 hex digits that are not the body's MD5. The first
+    copies mismatch, their retries repeat the same digest: the source is
+    marked (one warning), every copy is checked by size, and the bytes are
+    right."""
+    files = _files(12)
+    src = make_source("s3", "", files)
+    fault_proxy.etags = "kms"
+    cache = LocalCache()
+    m = snapshot(src)
+    with caplog.at_level(logging.WARNING, logger="ucstage"):
+        report = cache.warm(m.volume(), m.entries)
+    assert report.failed == []
+    assert report.etags_not_md5
+    assert report.check_counts() == {"md5": 0, "size": 12, "none": 0}
+    assert 1 <= report.mismatches <= 12
+    assert len([r for r in caplog.records if "not MD5s" in r.getMessage()]) == 1
+    assert _wrong(cache, src, files) == []
+    assert integrity.marked() == {"s3://ucstage-test"}
+
+
+def test_verify_checksum_uses_the_recorded_md5_without_reading_the_source(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ucstage.cache import maintenance
+
+    files = _files(6)
+    src = make_source("s3", "", files)
+    cache = LocalCache()
+    m = snapshot(src)
+    assert cache.warm(m.volume(), m.entries).fetched == 6
+    victim = cache.lookup(m.volume(), m.entries[2])
+    assert victim is not None and integrity.recorded(victim).startswith("md5:")
+    with open(victim, "r+b") as fh:  # same size, same stamp: only the bytes say
+        fh.seek(100)
+        fh.write(b"\0")
+
+    def no_source(*_: object) -> str:
+        raise AssertionError("the source was read again")
+
+    monkeypatch.setattr(maintenance, "_digest_source", no_source)
+    report = cache.verify(m.volume(), m.entries, checksum=True)
+    [check] = report.sources
+    assert check.ok == 5
+    assert [p for p, _ in check.corrupt] == [m.entries[2].path]
+    assert "checksum recorded" in check.corrupt[0][1]
+
+
+def test_a_corrupted_ranged_part_fails_the_md5_of_the_whole_object(fault_proxy: Faults) -> None:
+    """A large single-part object is read as parallel ranged GETs and hashed
+    once every part is written: a flipped byte in one part is caught."""
+    from ucstage.cache.objget import PART
+
+    data = os.urandom(2 * PART + 12345)
+    src = make_source("s3", "", {"big.bin": data})
+    fault_proxy.set("flip", 1.0, prefix=_prefix(src))  # the first GET of the key only
+    cache = LocalCache()
+    m = snapshot(src)
+    report = cache.warm(m.volume(), m.entries)
+    assert report.failed == [] and report.fetched == 1
+    assert fault_proxy.done["flip"] == 1
+    assert report.mismatches == 1 and report.check_counts()["md5"] == 1
+    assert _wrong(cache, src, {"big.bin": data}) == []
+
+
+def test_stalled_responses_are_hedged_well_before_the_deadline(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A response that stops mid-body with the connection open: the late
+    request gets a hedged ranged GET, which wins; the stalled connection is
+    closed long before the deadline, and every file is right."""
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "8")
+    files = _files(150)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.02, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert fault_proxy.done["stall"] == 3
+    assert doc["fetched"] == 150 and doc["timeouts"] == 0
+    assert doc["hedged"] >= 3
+    assert len(fault_proxy.stalls) == 3 and max(fault_proxy.stalls) < 8
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_without_hedging_a_stall_ends_at_the_deadline_and_is_retried(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCSTAGE_HEDGE", "0")
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "1.5")
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.05, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert fault_proxy.done["stall"] == 2
+    assert (doc["hedged"], doc["timeouts"]) == (0, 2)
+    # Held from mid-body (the deadline runs from the request's start) until
+    # the deadline dropped the request.
+    assert all(0.5 < s < 3 for s in fault_proxy.stalls), fault_proxy.stalls
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_a_bad_deadline_is_refused_naming_the_variable(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "soon")
+    src = make_source("s3", "", _files(1))
+    result = CliRunner().invoke(cli, ["cache", "warm", src])
+    assert result.exit_code != 0
+    assert "UCSTAGE_REQUEST_DEADLINE='soon'" in result.output
+
+
+def test_no_hedge_and_deadline_flags_apply_to_the_warm_only(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UCSTAGE_HEDGE", raising=False)
+    monkeypatch.delenv("UCSTAGE_REQUEST_DEADLINE", raising=False)
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.05, prefix=_prefix(src))
+    code, doc = _warm_json(src, "--no-hedge", "--deadline", "1.5")
+    assert code == 0, doc
+    assert (doc["hedged"], doc["timeouts"]) == (0, 2)
+    assert "UCSTAGE_HEDGE" not in os.environ and "UCSTAGE_REQUEST_DEADLINE" not in os.environ
+    assert _wrong(LocalCache(), src, files) == []
+
+
+def test_the_summary_says_what_the_network_did(fault_proxy: Faults) -> None:
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("flip", 0.05, prefix=_prefix(src))
+    result = CliRunner().invoke(cli, ["cache", "warm", src])
+    assert result.exit_code == 0, result.output
+    assert "network: 2 checksum mismatches retried" in result.output
+
+
+def test_counters_written_before_the_check_counts_still_read(tmp_path: Path) -> None:
+    """A run's counter file of the eight fields before the check counts."""
+    import struct
+
+    from ucstage.cache import runstats
+
+    folder = tmp_path / ".ucstage" / "runs" / "old-run"
+    folder.mkdir(parents=True)
+    (folder / "r0-1.counters").write_bytes(struct.pack("<8q", 3, 1, 30, 10, 0, 0, 0, 0))
+    stats = runstats.read_run(str(tmp_path), "old-run")
+    assert (stats.hits, stats.misses, stats.processes) == (3, 1, 1)
+    assert (stats.checked_md5, stats.checked_size, stats.mismatches) == (0, 0, 0)

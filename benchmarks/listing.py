@@ -33,7 +33,7 @@ import tempfile
 from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import run_command
-from benchmarks.volumes import BIN, fresh_mount, remote_env, unmount
+from benchmarks.volumes import BIN, fresh_mount, remote_env, remote_server, unmount
 
 
 def upload(work: str, folders: int, files: int, top: int) -> None:
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     tools = ("find", "ucstage", "bare walk")
     med = {k: statistics.median(r[k] for r in rows) for k in (*tools, "ratio")}
     lines = [f"{args.folders} folders x {args.files} files ({args.top} top-level folders), "
-             f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount",
+             f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount "
+             f"({remote_server()} S3 server)",
              "| tool | median s | runs |", "|---|---:|---|"]
     for tool in tools:
         lines.append(f"| {tool} | {med[tool]:.2f} | "
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = ", ".join(f"{r['ratio']:.1f}x" for r in rows)
     lines.append(f"\nfind / ucstage: median {med['ratio']:.1f}x (rounds: {ratios})")
     results = [{"name": f"round {i + 1}", **r} for i, r in enumerate(rows)]
-    Report(benchmark_name(__file__), params_of(args), results,
+    Report(benchmark_name(__file__), {**params_of(args), "server": remote_server()}, results,
            {f"median_{k.replace(' ', '_')}": v for k, v in med.items()}).emit(
         args.json, "\n".join(lines))
     return 0

@@ -1,4 +1,4 @@
-"""The store's ceiling: a bare obstore asyncio loop and s5cmd, against ``cache warm s3://``.
+"""The store's ceiling: a bare obstore asyncio loop and s5cmd, against cache warm s3://.
 
 What the emulated remote volume (scripts/remote-volume.sh) lets a client
 reach, measured with clients that do nothing but copy, so every staging

@@ -9,7 +9,8 @@ rclone copy and s5cmd, in one run, and the warm-cache lookup rate.
   cache for everyone (dropping it would need root-wide cache drops on a shared
   machine), so the comparison is of per-file and per-byte FUSE cost, the part
   a copy tool controls.
-* S3: a moto server on 127.0.0.1; ucstage (through s3fs) vs ``s5cmd cp`` vs
+* S3: a local S3 server on 127.0.0.1 (``--server``: ``rclone serve s3`` by
+  default, or moto as before 2026-12-01); ucstage vs ``s5cmd cp`` vs
   ``rclone copy`` from the S3 side (an ``aws s3 sync``-style baseline).
 * Lookups: validated hits per second against a manifest, one process.
 
@@ -31,7 +32,7 @@ from benchmarks.files import tree_size, write_files
 from benchmarks.pairs import schedule
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import CommandFailed, run_command
-from benchmarks.volumes import BIN, Moto, mount_folder, unmount, which
+from benchmarks.volumes import BIN, mount_folder, s3_server, server_argument, unmount, which
 
 KB, MB = 1024, 1024 * 1024
 
@@ -89,8 +90,8 @@ def fuse_round(work: str, name: str, backing: str, jobs: int, repeat: int,
 
 
 def s3_round(work: str, backing: str, jobs: int, repeat: int,
-             only_ucstage: bool) -> dict[str, float]:
-    server = Moto(work)
+             only_ucstage: bool, kind: str = "rclone") -> dict[str, float]:
+    server = s3_server(kind, work)
     try:
         start = time.perf_counter()
         url = server.upload(backing, "bench-cache", "small")
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=16, help="ucstage --jobs")
     parser.add_argument("--repeat", type=int, default=2, help="runs per tool (best counts)")
     parser.add_argument("--skip-s3", action="store_true")
+    server_argument(parser)
     parser.add_argument("--only-ucstage", action="store_true",
                         help="time ucstage alone (for benchmarks.ab_compare: before vs after)")
     json_argument(parser)
@@ -164,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         sets["fuse_large"] = fuse_round(work, "large", large, args.jobs, repeat,
                                         args.only_ucstage)
         if not args.skip_s3:
-            sets["s3_small"] = s3_round(work, small, args.jobs, repeat, args.only_ucstage)
+            sets["s3_small"] = s3_round(work, small, args.jobs, repeat, args.only_ucstage,
+                                        args.server)
         lookup = lookup_rate(small)
     mb = {"fuse_small": args.small * 256 * KB / 1e6, "fuse_large": args.large * 64 * MB / 1e6,
           "s3_small": args.small * 256 * KB / 1e6}
@@ -185,7 +188,8 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]],
     titles = {"fuse_small": f"{args.small:,} x 256 KiB on an rclone FUSE mount (fresh mount "
                             "per run):",
               "fuse_large": f"{args.large} x 64 MiB on the same kind of mount:",
-              "s3_small": f"The {args.small:,} small files in a moto S3 bucket on 127.0.0.1:"}
+              "s3_small": f"The {args.small:,} small files in a {args.server} S3 bucket on "
+                          "127.0.0.1:"}
     parts = [f"Best of {max(1, args.repeat)} runs per tool (alternating order); ucstage "
              f"--jobs {args.jobs}.", ""]
     for name, title in titles.items():

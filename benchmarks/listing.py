@@ -33,7 +33,7 @@ import tempfile
 from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import run_command
-from benchmarks.volumes import BIN, fresh_mount, remote_env, unmount
+from benchmarks.volumes import BIN, fresh_mount, remote_env, remote_server, unmount
 
 
 def upload(work: str, folders: int, files: int, top: int) -> None:
@@ -68,13 +68,14 @@ while todo:
 """
 
 
-def timed(cmd: list[str], want: int, count_lines: bool) -> float:
+def timed(cmd: list[str], want: int, count_lines: bool) -> tuple[float, float]:
+    """Wall seconds and client CPU seconds (user + sys) of one listing."""
     done = run_command(cmd)
     got = (len(done.stdout.splitlines()) if count_lines
            else json.loads(done.stdout)["files"])
     if got != want:
         raise RuntimeError(f"{cmd[0]} found {got} files, expected {want}")
-    return done.timing.wall_s
+    return done.timing.wall_s, done.timing.cpu_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,35 +94,41 @@ def main(argv: list[str] | None = None) -> int:
         upload(work, args.folders, args.files, args.top)
         for pair in range(args.pairs):
             row: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for tool in order(["find", "ucstage", "bare walk"], pair):
                 mnt = fresh_mount(work, tool)
                 try:
                     tree = os.path.join(mnt, "tree")
                     if tool == "find":
-                        row[tool] = timed(["find", tree, "-type", "f"], want, True)
+                        row[tool], cpu[tool] = timed(["find", tree, "-type", "f"], want, True)
                     elif tool == "bare walk":
-                        row[tool] = timed([sys.executable, "-c", BARE_WALK, tree], want, True)
+                        row[tool], cpu[tool] = timed([sys.executable, "-c", BARE_WALK, tree],
+                                                     want, True)
                     else:
-                        row[tool] = timed([*ucstage, "shard-plan", tree, "-w", "1", "-k", "0",
-                                           "--json"], want, False)
+                        row[tool], cpu[tool] = timed([*ucstage, "shard-plan", tree, "-w", "1",
+                                                      "-k", "0", "--json"], want, False)
                 finally:
                     unmount(mnt)
             row["ratio"] = row["find"] / row["ucstage"]
+            row.update({f"{k} cpu_s": v for k, v in cpu.items()})
             rows.append(row)
             print(f"round {pair + 1}: find {row['find']:.2f} s, ucstage {row['ucstage']:.2f} s, "
                   f"bare walk {row['bare walk']:.2f} s, {row['ratio']:.1f}x", file=sys.stderr)
     tools = ("find", "ucstage", "bare walk")
     med = {k: statistics.median(r[k] for r in rows) for k in (*tools, "ratio")}
     lines = [f"{args.folders} folders x {args.files} files ({args.top} top-level folders), "
-             f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount",
+             f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount "
+             f"({remote_server()} S3 server)",
              "| tool | median s | runs |", "|---|---:|---|"]
     for tool in tools:
         lines.append(f"| {tool} | {med[tool]:.2f} | "
                      f"{', '.join(f'{r[tool]:.2f}' for r in rows)} |")
     ratios = ", ".join(f"{r['ratio']:.1f}x" for r in rows)
     lines.append(f"\nfind / ucstage: median {med['ratio']:.1f}x (rounds: {ratios})")
+    lines.append("client CPU per listing (user + sys, median): " + ", ".join(
+        f"{t} {statistics.median(r[f'{t} cpu_s'] for r in rows):.2f} s" for t in tools))
     results = [{"name": f"round {i + 1}", **r} for i, r in enumerate(rows)]
-    Report(benchmark_name(__file__), params_of(args), results,
+    Report(benchmark_name(__file__), {**params_of(args), "server": remote_server()}, results,
            {f"median_{k.replace(' ', '_')}": v for k, v in med.items()}).emit(
         args.json, "\n".join(lines))
     return 0

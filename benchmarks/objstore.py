@@ -18,12 +18,15 @@ Where the store is:
 * inside scripts/remote-volume.sh (an emulated remote volume at a given
   round trip): ``--url $UCSTAGE_REMOTE_URL/small`` and the endpoint from
   ``AWS_ENDPOINT_URL`` (the script sets both);
-* ``--moto SPEC``: a moto server started here on 127.0.0.1, filled with
-  ``s5cmd cp`` (SPEC is ``COUNTxSIZE``, e.g. ``2000x256K``; for ``list``,
-  ``100000x1``), stopped at the end.
+* ``--fill SPEC``: a server started here on 127.0.0.1 (``--server rclone``,
+  the default: ``rclone serve s3``; ``--server moto``: moto, filled with
+  ``s5cmd cp``), with SPEC objects (``COUNTxSIZE``, e.g. ``2000x256K``; for
+  ``list``, ``100000x1``), stopped at the end. ``--moto SPEC`` is
+  ``--server moto --fill SPEC`` (the form of the figures before 2026-12-01).
 
-    python -m benchmarks.objstore warm --moto 2000x256K --pairs 3 [--json]
-    python -m benchmarks.objstore list --moto 100000x1 --pairs 3
+    python -m benchmarks.objstore warm --fill 2000x256K --pairs 3 [--json]
+    python -m benchmarks.objstore warm --server moto --fill 2000x256K --pairs 3
+    python -m benchmarks.objstore list --fill 100000x1 --pairs 3
     scripts/remote-volume.sh --delay 20ms --small 1000x256K --large none -- \\
         .venv/bin/python -m benchmarks.objstore warm --url s3://ucstage-remote/small
 """
@@ -42,7 +45,7 @@ from typing import Any
 from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import CommandFailed, run_command
-from benchmarks.volumes import Moto, bytecode_env, s3_env, which
+from benchmarks.volumes import Moto, RcloneS3, bytecode_env, s3_env, s3_server, which
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
@@ -125,21 +128,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["warm", "list"])
     parser.add_argument("--url", help="the source (inside remote-volume.sh)")
-    parser.add_argument("--moto", metavar="COUNTxSIZE", help="start moto here and fill it")
+    parser.add_argument("--fill", metavar="COUNTxSIZE",
+                        help="start --server here and fill it with COUNT objects of SIZE")
+    parser.add_argument("--server", choices=("rclone", "moto"), default=None,
+                        help="the server --fill starts: rclone serve s3 (default) or moto")
+    parser.add_argument("--moto", metavar="COUNTxSIZE", help="--server moto --fill COUNTxSIZE")
     pairs_argument(parser)
     parser.add_argument("--ucstage-arg", action="append", default=[],
                         help="extra argument for ucstage cache warm (e.g. --jobs=32)")
     json_argument(parser)
     args = parser.parse_args(argv)
     work = tempfile.mkdtemp(prefix="ucstage-bench-obj-")
-    server = None
+    if args.moto:
+        args.fill, args.server = args.moto, args.server or "moto"
+    server: Moto | RcloneS3 | None = None
     try:
-        if args.moto:
-            server = Moto(work)
-            url, endpoint = server.fill(args.moto), server.endpoint
+        if args.fill:
+            args.server = args.server or "rclone"
+            server = s3_server(args.server, work)
+            url, endpoint = server.fill(args.fill), server.endpoint
         else:
             if not args.url or not os.environ.get("AWS_ENDPOINT_URL"):
-                sys.exit("objstore: pass --moto, or --url inside remote-volume.sh")
+                sys.exit("objstore: pass --fill (or --moto), or --url inside remote-volume.sh")
+            args.server = os.environ.get("UCSTAGE_REMOTE_SERVER", "moto")
             url, endpoint = args.url, os.environ["AWS_ENDPOINT_URL"]
         if args.what == "warm":
             result = warm(url, endpoint, args.pairs, work, args.ucstage_arg)

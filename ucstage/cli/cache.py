@@ -51,11 +51,13 @@ def command() -> None:
 @source_options
 @click.option("-o", "--output", metavar="FILE", default=None,
               help="Where to write the manifest (default <cache>/<namespace>.manifest.arrow, "
-                   "or .manifest.json with --format json).")
+                   "or .manifest.json with --format json). Written columnar (Arrow) "
+                   "whatever its name, unless --format json or a name ending in .json "
+                   "asks for JSON.")
 @click.option("--format", "fmt", type=click.Choice(["arrow", "json"]), default=None,
               help="Manifest format: arrow (columnar, memory-mapped by every process; the "
-                   "default) or json (for people and scripts). Default with -o: by the "
-                   "file name (.arrow is columnar, anything else JSON).")
+                   "default, also with -o) or json (for people and scripts; also chosen "
+                   "by an -o name ending in .json).")
 @json_option
 def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, output: str | None, fmt: str | None,
@@ -75,6 +77,10 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     volume = m.volume()
     ns_dir = cache.prepare(volume)
     # Columnar by default: every DataLoader process of the job maps one copy.
+    # Only --format json or an -o name ending in .json asks for JSON (the
+    # library's save() goes by the name alone, .arrow or not).
+    if fmt is None:
+        fmt = "json" if output and output.lower().endswith(".json") else "arrow"
     default = f"{ns_dir}{'.manifest.json' if fmt == 'json' else manifest_mod.ARROW_SUFFIX}"
     path = os.path.abspath(manifest_mod.save(m, output or default, format=fmt))
     env = _job_env(m, cache)

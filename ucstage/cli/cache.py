@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from .. import manifest as manifest_mod
 from ..cache.local import LocalCache
-from ..cache.sources import job_env as _job_env
+from ..cache.sources import job_env
 from .cache_maint import clear, prune, status, verify
 from .cache_warm import warm
 from .output import (
@@ -83,7 +83,7 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         fmt = "json" if output and output.lower().endswith(".json") else "arrow"
     default = f"{ns_dir}{'.manifest.json' if fmt == 'json' else manifest_mod.ARROW_SUFFIX}"
     path = os.path.abspath(manifest_mod.save(m, output or default, format=fmt))
-    env = _job_env(m, cache)
+    env = job_env(m, cache)
     data = {"source": m.source, "manifest": path, "fingerprint": m.fingerprint,
             "files": len(m.entries), "bytes": m.total_bytes, "cache_dir": cache.root,
             "namespace": ns_dir, "env": env}

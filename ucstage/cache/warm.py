@@ -35,9 +35,12 @@ fewer files would help; the library cannot name the CLI flags that choose
 them, so the CLI's error mapper adds them (:func:`ucstage.cli.output.error_hint`)."""
 GRACE = 1.0
 """Seconds a stopping warm lets its copies in flight finish before abandoning them."""
-_LATE_REPORTS = 0.2
+_LATE_REPORTS = 0.5
 """Seconds a stopped warm still listens, after abandoning, for copies that
-committed meanwhile."""
+committed meanwhile. It returns as soon as every copy has reported, so only a
+copy stuck in a hung read costs the whole wait; GRACE plus this stays well
+inside the 2 s a Ctrl-C may take. (0.2 s was too short for a starved thread
+on a loaded 2-core machine to hand in its result.)"""
 
 
 def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry], *,

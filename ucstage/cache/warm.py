@@ -39,8 +39,9 @@ _LATE_REPORTS = 0.5
 """Seconds a stopped warm still listens, after abandoning, for copies that
 committed meanwhile. It returns as soon as every copy has reported, so only a
 copy stuck in a hung read costs the whole wait; GRACE plus this stays well
-inside the 2 s a Ctrl-C may take. (0.2 s was too short for a starved thread
-on a loaded 2-core machine to hand in its result.)"""
+inside the 2 s a Ctrl-C may take. The margin is for a thread starved on a
+loaded 2-core machine: without this wait, one fresh-clone test run counted a
+file fewer than the cache held.)"""
 
 
 def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry], *,

@@ -214,3 +214,51 @@ def test_a_stale_record_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StaleEpochRecord, match="expected epoch record 4, found 3"):
         link.read()
     assert EpochLink(str(path), 3).read()["gen"] == 3
+    # A worker started for one epoch only may iterate its dataset again.
+    path.write_text('{"gen": 3, "persistent": false}')
+    fresh = EpochLink(str(path), 3)
+    assert fresh.read()["gen"] == 3 and fresh.read()["gen"] == 3
+
+
+class Twice(IterableDataset):  # type: ignore[type-arg]
+    def __init__(self, vds: VolumeDataset) -> None:
+        self.vds = vds
+
+    def __iter__(self) -> Any:
+        yield from self.vds
+        yield from self.vds
+
+
+class WithEnv(IterableDataset):  # type: ignore[type-arg]
+    def __init__(self, vds: VolumeDataset) -> None:
+        self.vds = vds
+
+    def __iter__(self) -> Any:
+        for path in self.vds:
+            yield path, os.environ.get("UCSTAGE_TEST_EPOCH_MARK")
+
+
+def test_persistent_workers_get_the_environment_of_each_epochs_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_files(str(tmp_path / "src"), 12)
+    ds = VolumeDataset(str(tmp_path / "src"), cache_dir=str(tmp_path / "cache"))
+    loader = DataLoader(WithEnv(ds), batch_size=None, num_workers=2, log_mlflow=False)
+    monkeypatch.setenv("UCSTAGE_TEST_EPOCH_MARK", "one")
+    assert {mark for _, mark in loader} == {"one"}
+    monkeypatch.setenv("UCSTAGE_TEST_EPOCH_MARK", "two")
+    assert {mark for _, mark in loader} == {"two"}
+    monkeypatch.delenv("UCSTAGE_TEST_EPOCH_MARK")
+    assert {mark for _, mark in loader} == {None}
+
+
+def test_a_second_iteration_in_a_persistent_worker_is_refused_loudly(tmp_path: Path) -> None:
+    write_files(str(tmp_path / "src"), 6)
+    ds = VolumeDataset(str(tmp_path / "src"), cache_dir=str(tmp_path / "cache"))
+    loader = DataLoader(Twice(ds), batch_size=None, num_workers=2, log_mlflow=False,
+                        audit=False)
+    with pytest.raises(StaleEpochRecord, match="expected epoch record"):
+        list(loader)
+    # Workers started for one epoch only may do it (nothing can be stale there).
+    again = DataLoader(Twice(ds), batch_size=None, num_workers=2, log_mlflow=False,
+                       audit=False, persistent_workers=False)
+    assert len(list(again)) == 12

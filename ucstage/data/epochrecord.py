@@ -33,6 +33,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -146,6 +147,8 @@ class EpochLink:
                 f"DataLoader worker could not read its epoch record {self.path}: {exc}",
                 hint="the loader that started this worker is gone") from exc
         gen = payload.get("gen")
+        if gen == self.expect - 1 and not payload.get("persistent", True):
+            return payload  # a worker of this epoch alone, iterating its dataset again
         if gen != self.expect:
             raise StaleEpochRecord(
                 f"DataLoader worker expected epoch record {self.expect}, found {gen}: it "
@@ -205,7 +208,7 @@ class _Watcher:
     def _loop(self) -> None:
         seen: dict[str, tuple[int, int]] = {}
         while True:
-            threading.Event().wait(POLL_SECONDS)
+            time.sleep(POLL_SECONDS)
             with self._lock:
                 runs = dict(self._runs)
             for path, (gen, stop) in runs.items():

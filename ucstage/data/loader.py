@@ -58,7 +58,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     """``torch.utils.data.DataLoader`` with ucstage defaults, timing and a rank guard.
 
     Takes every argument torch's DataLoader takes; the defaults differ:
-    ``num_workers=6`` and, when ``num_workers > 0``, ``prefetch_factor=4``.
+    ``num_workers=6`` and, when ``num_workers > 0``, ``prefetch_factor=4`` and
+    ``persistent_workers=True`` (not for an ``IterableDataset`` of the user's
+    own without a VolumeDataset inside). Each epoch's parameters (``set_epoch``,
+    a loaded state, ``equal_length``, the environment) reach persistent workers
+    through a per-epoch record (:mod:`ucstage.data.epochrecord`).
     The 6 is a constant, not the machine's CPU count, because every rank must
     shard with the same value; on a machine with fewer cores torch warns that
     it "will create 6 worker processes" (pass ``num_workers`` to choose).

@@ -45,7 +45,7 @@ from ..sharding import (
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
-from . import holding, warm
+from . import epochrecord, holding, warm
 from . import state as _state
 from .frozen import FrozenListing
 from .readahead import ReadAhead, cache_fetcher, cache_lookup
@@ -149,6 +149,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
     _resume: Any = None
     _tracker: Any = None
     _progress: Any = None
+    _epoch_link: Any = None
+    """Where a DataLoader worker reads each epoch's parameters (data/epochrecord.py)."""
 
     def __init__(
         self,
@@ -218,8 +220,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's permutation (with ``shuffle``); call it on every rank.
 
-        With ``persistent_workers=True`` the workers keep the epoch they
-        started with, as with torch's ``DistributedSampler``; leave it False.
+        The ucstage DataLoader passes the epoch to its workers, persistent
+        ones included, when the next epoch's iteration starts.
         """
         _state.on_set_epoch(self, int(epoch))
         self.epoch = int(epoch)
@@ -357,6 +359,11 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         return _SlotRows(manifest, indices)
 
     def __iter__(self) -> Iterator[str]:
+        # In a ucstage DataLoader's worker: this epoch's parameters, read from
+        # the loader's per-epoch record (persistent workers hold an old copy).
+        record = epochrecord.apply(self)
+        if record is not None and record["stopped"]:
+            return iter(())  # given up before this worker started it
         rank, world, num_workers, worker = self.slot()
         holding.check_loader_window(self, self.cache(), num_workers)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
@@ -367,7 +374,12 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
             rows = _SlotRows(rows._manifest, tracker.indices)
-        return self._fetch_all(rows, rank, tracker)
+        it = self._fetch_all(rows, rank, tracker)
+        if record is not None and record["persistent"]:
+            # A persistent worker outlives the epoch: a `break` must still end
+            # its read-ahead and holds (the record marks the epoch stopped).
+            return epochrecord.guarded(it, self._epoch_link, record["gen"])
+        return it
 
     def _fetch_all(self, entries: Sequence[FileEntry], rank: int,
                    tracker: _state.SlotTracker) -> Iterator[str]:

@@ -58,7 +58,9 @@ class LoaderHooks:
                  find: Callable[[Any], Any]) -> None:
         if audit_timeout <= 0:
             raise InvalidArgument(f"audit_timeout must be positive, got {audit_timeout}")
-        self.loader, self.vds = loader, vds
+        # A proxy: the loader owns its hooks, and without a cycle `del loader`
+        # shuts its (persistent) workers down at once, not at the next gc.
+        self.loader, self.vds = weakref.proxy(loader), vds
         self.audit, self.audit_timeout = audit, audit_timeout
         self.audits: list[audit_.AuditResult] = []
         self._group: Any = None  # the audit's gloo group; False once it timed out

@@ -19,7 +19,7 @@ import torch.utils.data as tud
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
-from . import holding, workerstart
+from . import epochrecord, holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .protocol import ShardedDataset
@@ -58,7 +58,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     """``torch.utils.data.DataLoader`` with ucstage defaults, timing and a rank guard.
 
     Takes every argument torch's DataLoader takes; the defaults differ:
-    ``num_workers=6`` and, when ``num_workers > 0``, ``prefetch_factor=4``.
+    ``num_workers=6`` and, when ``num_workers > 0``, ``prefetch_factor=4`` and
+    ``persistent_workers=True`` (not for an ``IterableDataset`` of the user's
+    own without a VolumeDataset inside). Each epoch's parameters (``set_epoch``,
+    a loaded state, ``equal_length``, the environment) reach persistent workers
+    through a per-epoch record (:mod:`ucstage.data.epochrecord`).
     The 6 is a constant, not the machine's CPU count, because every rank must
     shard with the same value; on a machine with fewer cores torch warns that
     it "will create 6 worker processes" (pass ``num_workers`` to choose).
@@ -113,7 +117,15 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         num_workers = bound.get("num_workers", kwargs.get("num_workers"))
         if "prefetch_factor" not in bound and num_workers:
             kwargs["prefetch_factor"] = 4
+        found = volume_dataset if volume_dataset is not None else find_volume_dataset(dataset)
+        if "persistent_workers" not in bound and num_workers and (
+                found is not None or not isinstance(dataset, tud.IterableDataset)):
+            # Workers live across epochs; each epoch's parameters reach them
+            # through the per-epoch record (data/epochrecord.py). Not for an
+            # iterable dataset of the user's own: its set_epoch could not reach them.
+            kwargs["persistent_workers"] = True
         super().__init__(dataset, *args, **kwargs)
+        self._record = epochrecord.EpochRecord()
         # None: the start method is ucstage's to choose each epoch (workerstart.py).
         self._given_context = self._chosen_context = self.multiprocessing_context
         self.log_mlflow = log_mlflow
@@ -123,8 +135,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             raise InvalidArgument(f"mlflow_step_every must be 1 or more, got {mlflow_step_every}")
         self.mlflow_step_every = mlflow_step_every
         self.guard = guard
-        self.volume_dataset = (volume_dataset if volume_dataset is not None
-                               else find_volume_dataset(dataset))
+        self.volume_dataset = found
         if self.volume_dataset is not None:
             # len(dataset) in this process counts the rank's files over these workers.
             self.volume_dataset.num_workers = self.num_workers
@@ -145,7 +156,9 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         vds, rank = self.volume_dataset, _rank()
         if vds is not None:  # a window that can never fit fails here, before workers start
             holding.check_loader_window(vds, vds.cache(), self.num_workers)
-        self._choose_start()
+        workers_alive = self._workers_alive()
+        if not workers_alive:  # persistent workers keep the start they were given
+            self._choose_start()
         before = holding.rank_stats(vds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
@@ -154,11 +167,42 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         epoch = self._epochs
         self._epochs += 1
         self._hooks.before_workers()
+        gen = self._publish_epoch(fresh=not workers_alive)
         inner, on_done = self._hooks.after_workers(super().__iter__(), sink, self._epoch_done)
+        if gen is not None:
+            on_done = self._record_done(on_done, gen)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every,
                              extra=lambda: holding.epoch_metrics(vds, rank, before))
+
+    def _workers_alive(self) -> bool:
+        return bool(self.persistent_workers and self.num_workers > 0
+                    and self._iterator is not None)
+
+    def _publish_epoch(self, *, fresh: bool) -> int | None:
+        """Write this epoch's parameters where the workers read them, before
+        torch starts or resets them; returns the record's generation."""
+        vds = self.volume_dataset
+        if vds is None or self.num_workers == 0:
+            return None
+        gen = self._record.write(vds, persistent=bool(self.persistent_workers), fresh=fresh)
+        if fresh:  # pickled into (or forked with) the workers that start now
+            vds._epoch_link = epochrecord.EpochLink(self._record.path, gen)
+        return gen
+
+    def _record_done(self, on_done: Any, gen: int) -> Any:
+        record = self._record
+
+        def done(stats: EpochStats, next_step: int) -> None:
+            if stats.complete:
+                record.done(gen)
+            else:
+                # Given up before its end (a `break`, close()): persistent workers
+                # close the epoch's iterators (read-ahead, holds) now, not next epoch.
+                record.stop(gen)
+            on_done(stats, next_step)
+        return done
 
     def state_dict(self, gather: bool = False) -> dict[str, Any]:
         """Where this epoch stands: small JSON-serialisable data, no file list.

@@ -39,6 +39,8 @@ class ShardedDataset(Protocol):
     _resume: Any
     _tracker: Any
     _progress: Any
+    _epoch_link: Any
+    """Where a worker reads each epoch's parameters (data/epochrecord.py)."""
 
     @property
     def fingerprint(self) -> str | None:

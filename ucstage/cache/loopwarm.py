@@ -113,7 +113,7 @@ class LoopWarm:
                 tuner.leave(0, counted=False)
                 return None
             with warm._take:
-                warm.taken += 1
+                warm.took(entry)
             task = asyncio.ensure_future(self._one(entry))
             tasks.add(task)
             task.add_done_callback(self._ended(entry, tasks, room))

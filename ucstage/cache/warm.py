@@ -146,6 +146,8 @@ class WarmCopies:
         self._pending = iter(todo)
         self._take = threading.Lock()
         self.taken = 0
+        self._open: set[FileEntry] = set()
+        """Entries taken whose outcome is not recorded yet (see :meth:`_settle`)."""
         self.received = 0
         self.done_bytes = 0
 
@@ -190,7 +192,7 @@ class WarmCopies:
                     tuner.leave(0, counted=False)
                     tuner.close()
                     return
-                self.taken += 1
+                self.took(entry)
             outcome: bool | BaseException
             try:
                 outcome = self.fetcher.fetch_retrying(self.volume, entry, self.inflight,
@@ -200,8 +202,15 @@ class WarmCopies:
             tuner.leave(entry.size if outcome is True else 0)
             self.results.put([(entry, outcome)])
 
+    def took(self, entry: FileEntry) -> None:
+        """A copy of ``entry`` starts (called under ``_take``)."""
+        self.taken += 1
+        self._open.add(entry)
+
     def _record(self, e: FileEntry, outcome: bool | BaseException) -> None:
         self.received += 1
+        with self._take:
+            self._open.discard(e)
         report, cb = self.report, self.cb
         if isinstance(outcome, Stopped):
             return
@@ -254,6 +263,24 @@ class WarmCopies:
             # for it) reports right after: count it, or the summary would
             # miss a file that is cached.
             self._drain(time.monotonic() + _LATE_REPORTS)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Count the copies still unreported that are in the cache now.
+
+        A thread starved past the wait above, or an outcome taken off the
+        queue just as Ctrl-C landed, would otherwise leave the summary a file
+        short of what the cache holds (seen on a loaded 2-core machine). The
+        cache itself is the truth: each open entry that is valid there now was
+        copied since the warm started (by this warm, or by another process
+        racing it, which the stop summary need not tell apart). At most the
+        copies in flight are looked up."""
+        with self._take:
+            still = list(self._open)
+        for entry in still:
+            if self.fetcher.cache.lookup(self.volume, entry, touch=False) is not None:
+                with contextlib.suppress(BaseException):
+                    self._record(entry, True)
 
     def _drain(self, until: float) -> None:
         while True:

@@ -4,7 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from ucstage.cache.tuning import OBJECT_STORE_CEILING, Jobs, check_jobs
+from tests.common.parts import unique
+from ucstage import LocalCache, objstore
+from ucstage.cache.tuning import (
+    FIRST_GUESS,
+    LOCAL,
+    MOUNT,
+    OBJECT_STORE,
+    OBJECT_STORE_CEILING,
+    REMOTE,
+    Jobs,
+    check_jobs,
+    first_guess,
+    mount_fstype,
+    source_kind,
+)
+from ucstage.volumes import list_files, resolve
 
 
 class Store:
@@ -98,3 +113,70 @@ def test_try_enter_takes_a_free_place_without_waiting() -> None:
     jobs.close()
     jobs.leave(0)
     assert not jobs.try_enter()  # closed
+
+
+def test_a_first_guess_is_where_a_tuned_job_starts_and_it_ramps_from_there() -> None:
+    store = Store(knee=100)
+    jobs = Jobs(None, ceiling=64, start=32, clock=lambda: store.now)
+    assert jobs.limit == 32
+    assert drive(jobs, store, 1) == [64]  # doubling from the guess while it pays
+    assert Jobs(None, ceiling=16, start=32).limit == 16  # never above the ceiling
+    assert Jobs(5, ceiling=64, start=32).limit == 5  # an explicit number wins
+
+
+def test_the_first_guess_of_a_fuse_mount(fuse_volume: tuple[str, str]) -> None:
+    _, mnt = fuse_volume
+    volume = resolve(mnt)
+    assert mount_fstype(mnt).startswith("fuse")
+    assert source_kind(volume, "fsspec") == MOUNT
+    assert first_guess(volume, "fsspec") == FIRST_GUESS[MOUNT] == 32
+
+
+def test_the_first_guess_of_a_local_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    volume = resolve(str(tmp_path))
+    assert source_kind(volume, "fsspec") == LOCAL
+    assert first_guess(volume, "fsspec") == FIRST_GUESS[LOCAL] == 8
+
+
+def test_the_first_guess_of_an_s3_volume(moto, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    volume = resolve(f"s3://ucstage-test/{unique()}", must_exist=False)
+    assert objstore.engine(volume) == "obstore"
+    assert first_guess(volume, objstore.engine(volume)) == FIRST_GUESS[OBJECT_STORE] == 64
+    monkeypatch.setenv("UCSTAGE_ENGINE", "fsspec")
+    volume = resolve(f"s3://ucstage-test/{unique()}", must_exist=False)
+    assert first_guess(volume, objstore.engine(volume)) == FIRST_GUESS[REMOTE] == 32
+
+
+def test_mountinfo_is_read_for_the_deepest_mount(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+        "40 22 0:39 / /mnt/my\\040data rw,relatime - fuse.rclone remote: rw\n"
+        "41 40 0:40 / /mnt/my\\040data/nfs rw - nfs4 srv:/x rw\n"
+        "broken line\n")
+    assert mount_fstype("/mnt/my data/a/b", str(info)) == "fuse.rclone"
+    assert mount_fstype("/mnt/my data/nfs/c", str(info)) == "nfs4"
+    assert mount_fstype("/mnt/my datax", str(info)) == "ext4"  # a prefix is not a parent
+    assert mount_fstype("/x", str(tmp_path / "missing")) == ""
+
+
+def test_warm_starts_from_the_sources_first_guess(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from ucstage.cache import warm
+
+    starts: list[int | None] = []
+
+    class Recorded(Jobs):
+        def __init__(self, jobs: int | None, **kw) -> None:  # type: ignore[no-untyped-def]
+            starts.append(kw.get("start"))
+            super().__init__(jobs, **kw)
+
+    monkeypatch.setattr(warm, "Jobs", Recorded)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"x")
+    volume = resolve(str(src))
+    cache = LocalCache(str(tmp_path / "cache"))
+    cache.warm(volume, list_files(volume).entries)
+    cache.warm(volume, list_files(volume).entries, jobs=3)
+    assert starts == [FIRST_GUESS[LOCAL], None]  # a fixed number has no guess

@@ -240,7 +240,9 @@ class LocalCache:
         """Copy every entry not already valid, ``jobs`` at a time.
 
         ``jobs="auto"`` (the default) tunes the copies in flight as the warm
-        runs (:mod:`ucstage.cache.tuning`): up while throughput rises, down on
+        runs (:mod:`ucstage.cache.tuning`): from a first guess for the kind of
+        source (local folder, FUSE or network mount, object store, other fsspec
+        remote), up while throughput rises, down on
         errors or falling throughput, up to 256 requests for object stores read
         by the obstore engine and 64 threads otherwise; the report's ``jobs``
         is the value it settled on. An int is used as given.

@@ -1,7 +1,10 @@
 """How many copies a job keeps in flight: a fixed number, or tuned as it runs.
 
-``jobs="auto"`` (the default of warm) starts low (8 threads, or 32 requests
-on the event loop) and doubles the copies in
+``jobs="auto"`` (the default of warm) starts from a first guess for the
+source's kind (:func:`first_guess`: a few threads on a local disk folder,
+dozens through a FUSE or network mount or an fsspec remote, more requests on
+the object-store engine's event loop), so that a short job is not spent
+ramping, and doubles the copies in
 flight while the measured throughput keeps rising by at least
 :data:`_GAIN`; when a doubling stops paying, it settles on the best value
 seen (and when even the first doubling did not pay, it tries halving the
@@ -19,20 +22,37 @@ have passed, so each measurement covers a full round of requests.
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["AUTO", "OBJECT_STORE_CEILING", "THREAD_CEILING", "Jobs", "check_jobs"]
+__all__ = ["AUTO", "FIRST_GUESS", "OBJECT_STORE_CEILING", "THREAD_CEILING", "Jobs",
+           "check_jobs", "first_guess", "mount_fstype", "source_kind"]
 
 AUTO = "auto"
 OBJECT_STORE_CEILING = 256
 THREAD_CEILING = 64
 _START = 8
-"""Where a tuned job starts with threads (mounts, folders, fsspec)."""
+"""Where a tuned job starts with threads when its caller gives no first guess."""
 _START_REQUESTS = 32
-"""Where it starts with requests on the event loop: cheap, and an object
-store at tens of ms per request needs dozens in flight to fill a link."""
+"""Where it starts with requests on the event loop when given no first guess."""
+LOCAL, MOUNT, OBJECT_STORE, REMOTE = "local", "mount", "object-store", "remote"
+FIRST_GUESS = {LOCAL: 8, MOUNT: 32, OBJECT_STORE: 64, REMOTE: 32}
+"""Where a tuned job starts, per source kind (:func:`source_kind`). A local
+disk gains nothing from many threads; a FUSE or network mount and an fsspec
+remote pay a round trip per file, which only dozens in flight hide (through
+an rclone mount at 20 ms, 1,000 x 256 KiB: 16-32 threads were the best bare
+copies, docs/benchmarks.md "--jobs auto's first guess"); requests on the
+object-store engine's event loop are cheap, so it starts higher still. From
+there the tuner ramps and backs off as before: the guess only saves the
+windows a short job would spend doubling from a low start."""
+_NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph",
+                         "lustre", "gpfs", "glusterfs", "afs", "beegfs"})
+"""Kernel filesystems that are a remote store behind a local path, as FUSE is."""
+_MOUNTINFO = "/proc/self/mountinfo"
 _WINDOW = 0.15
 _GAIN = 1.10
 """A doubling must raise throughput by this factor to count as rising."""
@@ -58,15 +78,67 @@ def check_jobs(jobs: int | str | None) -> int | None:
     return int(jobs)
 
 
+def mount_fstype(path: str, mountinfo: str = _MOUNTINFO) -> str:
+    """The filesystem type (``ext4``, ``fuse.rclone``...) of the mount that
+    holds ``path``, from ``/proc/self/mountinfo``; empty when unknown (not
+    Linux, unreadable). One read of a small file: cheap once per job."""
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    real = os.path.realpath(path)
+    best, fstype = -1, ""
+    for line in lines:
+        # "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER"
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        point = _unescape(fields[4])
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:  # the deepest; a later one over-mounts
+            best, fstype = len(point), tail[0]
+    return fstype
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def source_kind(volume: Any, engine: str) -> str:
+    """What kind of source ``volume`` is, for :data:`FIRST_GUESS`:
+    :data:`OBJECT_STORE` when the object-store engine reads it, :data:`REMOTE`
+    for another fsspec filesystem, :data:`MOUNT` for a local path on a FUSE
+    (``fuse``, ``fuse.*``) or network filesystem, else :data:`LOCAL`."""
+    if engine == "obstore":
+        return OBJECT_STORE
+    if not getattr(volume, "is_local", False):
+        return REMOTE
+    fstype = mount_fstype(volume.root)
+    if fstype == "fuse" or fstype.startswith("fuse.") or fstype in _NETWORK_FS:
+        return MOUNT
+    return LOCAL
+
+
+def first_guess(volume: Any, engine: str) -> int:
+    """Where ``jobs="auto"`` starts for ``volume`` read by ``engine``."""
+    return FIRST_GUESS[source_kind(volume, engine)]
+
+
 class Jobs:
     """The in-flight limit of one job. Workers call :meth:`enter` before a copy
     and :meth:`leave` after it; the limit moves between windows. Thread-safe."""
 
-    def __init__(self, jobs: int | None, *, ceiling: int,
+    def __init__(self, jobs: int | None, *, ceiling: int, start: int | None = None,
                  clock: Callable[[], float] | None = None) -> None:
+        """``start``: where a tuned job starts (:func:`first_guess`); by
+        default 8, or 32 when the ceiling is an event loop's."""
         self.fixed = jobs is not None
         self.ceiling = jobs if jobs is not None else ceiling
-        start = _START_REQUESTS if ceiling > 64 else _START
+        if start is None:
+            start = _START_REQUESTS if ceiling > 64 else _START
         self.limit = jobs if jobs is not None else min(start, ceiling)
         self.peak = self.limit
         """The highest limit reached (how many workers a job needed)."""

@@ -25,7 +25,7 @@ from .fetch import Fetcher, retryable
 from .inflight import Inflight, Stopped
 from .reports import EvictedSource, WarmReport
 from .space import Evicted, free_bytes
-from .tuning import AUTO, OBJECT_STORE_CEILING, THREAD_CEILING, Jobs, check_jobs
+from .tuning import AUTO, OBJECT_STORE_CEILING, THREAD_CEILING, Jobs, check_jobs, first_guess
 
 __all__ = ["GRACE", "WARM_FEWER", "WarmCopies", "warm_entries"]
 
@@ -88,7 +88,8 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
         cb.item_done(path, "failed", reason)
     evicted = Evicted()
     ceiling = OBJECT_STORE_CEILING if engine == "obstore" else THREAD_CEILING
-    tuner = Jobs(fixed, ceiling=ceiling)
+    start_at = first_guess(volume, engine) if fixed is None else None
+    tuner = Jobs(fixed, ceiling=ceiling, start=start_at)
     WarmCopies(fetcher, volume, todo, report, cb, evicted, tuner).run()
     report.jobs = tuner.settled
     integrity.note(report, checked, volume.url)

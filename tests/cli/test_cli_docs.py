@@ -10,20 +10,13 @@ from pathlib import Path
 
 import click
 
+from tests.common.clitree import commands
 from ucstage.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = re.compile(r"^(#{1,6}) (.*)$", re.MULTILINE)
 
 
-def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[
-        tuple[tuple[str, ...], click.Command]]:
-    yield path, group
-    for name, cmd in group.commands.items():
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, (*path, name))
-        else:
-            yield (*path, name), cmd
 
 
 def _section(text: str, path: tuple[str, ...]) -> str:
@@ -43,7 +36,7 @@ def _section(text: str, path: tuple[str, ...]) -> str:
 
 def test_docs_cli_documents_every_option_of_every_command() -> None:
     text = (ROOT / "docs" / "cli.md").read_text()
-    for path, cmd in _commands(cli):
+    for path, cmd in commands(cli):
         if isinstance(cmd, click.Group) and path:
             continue  # a group's options are its subcommands'
         section = _section(text, path)

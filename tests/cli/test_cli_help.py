@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterator
 
 import click
 from click.testing import CliRunner
 
+from tests.common.clitree import commands
 from ucstage.cli import cli
-
-
-def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[
-        tuple[tuple[str, ...], click.Command]]:
-    yield path, group
-    for name, cmd in group.commands.items():
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, (*path, name))
-        else:
-            yield (*path, name), cmd
 
 
 def _examples(cmd: click.Command) -> tuple[str, list[str]]:
@@ -41,9 +31,9 @@ def _parse(line: str) -> tuple[tuple[str, ...], click.Command, list[str]]:
 
 
 def test_every_command_and_group_help_ends_with_examples_that_parse() -> None:
-    seen = {" ".join(path) for path, _ in _commands(cli)}
+    seen = {" ".join(path) for path, _ in commands(cli)}
     assert {"", "export", "cache", "cache warm", "shard-plan", "bench"} <= seen
-    for path, cmd in _commands(cli):
+    for path, cmd in commands(cli):
         where = " ".join(("ucstage", *path))
         heading, examples = _examples(cmd)
         assert heading in ("Example:", "Examples:"), f"{where}: help does not end with examples"

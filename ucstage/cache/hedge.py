@@ -27,7 +27,9 @@ Everything here runs on the engine's event loop (one thread): no locks.
 
 from __future__ import annotations
 
-import asyncio
+# asyncio is imported inside the functions that run on the loop: importing
+# this module (every CLI command does, through the cache package) then does
+# not load asyncio, ssl and concurrent.futures (tens of ms of start-up).
 import collections
 import os
 import time
@@ -172,6 +174,8 @@ class _Leg:
 
     def __init__(self, client: Any, key: str, start: int, end: int | None, if_match: str,
                  chunk: int, hedged: bool) -> None:
+        import asyncio
+
         self.start, self.hedged = start, hedged
         self.began = time.monotonic()
         self.last = self.began
@@ -188,6 +192,8 @@ class _Leg:
 
     async def _run(self, client: Any, key: str, options: Any, end: int | None,
                    chunk: int) -> None:
+        import asyncio
+
         import obstore
 
         try:
@@ -221,6 +227,8 @@ def _take(leg: _Leg) -> Any:
 async def _next(legs: list[_Leg], timeout: float) -> tuple[_Leg, Any] | None:
     """The first item any of ``legs`` delivers within ``timeout`` seconds
     (the earliest leg's when several have one), or None."""
+    import asyncio
+
     for leg in legs:
         if leg.held or not leg.items.empty():
             return leg, _take(leg)

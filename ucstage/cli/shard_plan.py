@@ -46,6 +46,8 @@ from .resume_plan import resume_plan
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
 EXAMPLES = 5
+PRINT_LINES = 64
+"""Files per print of `--slot`'s list."""
 
 
 def _parse_slot(value: str | None) -> tuple[int, int] | None:
@@ -340,8 +342,13 @@ def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
 
     def human(console: Console) -> None:
         err.print(f"slot {s.rank}:{s.worker}: {len(files):,} files, {format_bytes(s.bytes)}")
-        for e in files:
-            console.print(e.path, markup=False)
+        # A print of joined lines renders as one print per line did (no markup,
+        # soft wrap, and rich's per-line rules: emoji codes and tabs never span
+        # a newline), without rich's fixed cost per call (977 calls were a
+        # fifth of a 1M-file `--slot` run). Still in small pieces, so that a
+        # reader that leaves (`| head`) stops the output early, as before.
+        for at in range(0, len(files), PRINT_LINES):
+            console.print("\n".join(e.path for e in files[at:at + PRINT_LINES]), markup=False)
 
     emit(data, as_json, human)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -33,7 +34,7 @@ def arrow_fingerprint(batches: Iterable[Any]) -> str:
     import pyarrow.compute as pc
 
     digest = hashlib.sha256()
-    lf = pa.scalar("\n", pa.large_string())
+    nul, lf, empty = (_large_string_scalar(text) for text in ("\0", "\n", ""))
     # Hashed in slices of HASH_ROWS: the joined records of one slice are the
     # only large buffer alive, so a full check of a huge manifest stays small.
     slices = (b.slice(at, HASH_ROWS) for b in batches for at in range(0, b.num_rows, HASH_ROWS))
@@ -41,8 +42,8 @@ def arrow_fingerprint(batches: Iterable[Any]) -> str:
         path, size, version = (batch.column(i) for i in range(3))
         joined = pc.binary_join_element_wise(
             pc.cast(path, pa.large_string()), pc.cast(size, pa.large_string()),
-            pc.cast(version, pa.large_string()), pa.scalar("\0", pa.large_string()))
-        records = pc.binary_join_element_wise(joined, lf, pa.scalar("", pa.large_string()))
+            pc.cast(version, pa.large_string()), nul)
+        records = pc.binary_join_element_wise(joined, lf, empty)
         offsets = records.buffers()[1]
         data = records.buffers()[2]
         import numpy as np
@@ -53,6 +54,20 @@ def arrow_fingerprint(batches: Iterable[Any]) -> str:
     return digest.hexdigest()
 
 
+def _large_string_scalar(text: str) -> Any:
+    """``pa.scalar(text, pa.large_string())``, built from its buffers.
+
+    Converting a Python object to Arrow (``pa.scalar``, ``pa.array`` of a
+    list) makes pyarrow import pandas, if installed, to check for pandas
+    types: about a second of start-up and ~30 MiB of anonymous memory in
+    every ``shard-plan`` that verifies a manifest, for three one-character
+    separators. From buffers, no Python value is converted.
+    """
+    import pyarrow as pa
+
+    data = text.encode()
+    offsets = pa.py_buffer(bytes(8) + len(data).to_bytes(8, sys.byteorder))  # int64 [0, len]
+    return pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)])[0]
 
 
 ARROW_FIELDS = (("path", "large_string"), ("size", "int64"), ("version", "large_string"))
@@ -197,7 +212,11 @@ class ArrowEntries(Sequence[FileEntry]):
         """Every file's size, in listing order (int64; no per-file Python objects)."""
         import numpy as np
 
-        chunks = [c.to_numpy() for c in self.table.column(1).chunks]
+        # Straight from the buffers (zero-copy, read-only, as to_numpy() was):
+        # pyarrow's to_numpy() imports pandas when it is installed (see
+        # _large_string_scalar). The column has no nulls (read_arrow checks).
+        chunks = [np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset:c.offset + len(c)]
+                  for c in self.table.column(1).chunks]
         if len(chunks) == 1:
             return chunks[0]
         return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)

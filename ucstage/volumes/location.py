@@ -22,10 +22,6 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-from fsspec.registry import known_implementations
-
 from .. import objstore
 from ..errors import (
     InvalidArgument,
@@ -90,6 +86,8 @@ class Volume:
 
     @property
     def is_local(self) -> bool:
+        from fsspec.implementations.local import LocalFileSystem
+
         return isinstance(self.fs, LocalFileSystem)
 
     def full_path(self, relpath: str) -> str:
@@ -116,6 +114,8 @@ def _install_hint(protocol: str, err: str) -> str:
     extra = _EXTRAS.get(protocol)
     if extra:
         return f"pip install '{extra}'"
+    from fsspec.registry import known_implementations
+
     package = str(known_implementations.get(protocol, {}).get("class", "")).split(".")[0]
     if package and package != "fsspec":
         return f"pip install {package}"
@@ -123,6 +123,12 @@ def _install_hint(protocol: str, err: str) -> str:
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
+    # fsspec is imported here, not at the top: reading a local manifest
+    # (`shard-plan MANIFEST --slot`) never needs it, and it is a third of the
+    # CLI's own start-up (asyncio, ssl, its registry).
+    import fsspec.core
+    from fsspec.registry import known_implementations
+
     protocol = url.split("://", 1)[0]
     if objstore.serves(url):
         return objstore.ObjectFS(protocol), url.split("://", 1)[1]
@@ -171,6 +177,8 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
         root = root.rstrip("/") or root
     else:
         local = target[len("file://"):] if target.startswith("file://") else target
+        from fsspec.implementations.local import LocalFileSystem
+
         fs = LocalFileSystem()
         root = os.path.abspath(os.path.expanduser(local))
     volume = Volume(source=canonical, fs=fs, root=root)

@@ -15,9 +15,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fsspec.asyn import AsyncFileSystem
-from fsspec.spec import AbstractFileSystem
-
 from ..errors import UnsafePath
 from .entry import FileEntry, version_of
 from .location import safe_relpath
@@ -212,6 +209,9 @@ def walks_by_ls(fs: Any) -> bool:
     """Whether ``fs.find`` is fsspec's own walk over ``ls``, which drops every
     folder it fails to list (``on_error="omit"``). Backends with their own
     ``find`` list an object store flat in one request, and raise."""
+    from fsspec.asyn import AsyncFileSystem  # here, not at the top: start-up time
+    from fsspec.spec import AbstractFileSystem
+
     cls = type(fs)
     if cls.find is not AbstractFileSystem.find:
         return False

@@ -72,10 +72,18 @@ _used_in: int | None = None
 """The process in which obstore's runtime was first used (None: not yet)."""
 
 
+_forked_away: list[Any] = []
+"""What a forked child keeps but never uses: the parent's clients."""
+
+
 def _forget_after_fork() -> None:
-    global _lock
+    global _lock, _stores
     _lock = threading.Lock()  # a lock held by another thread at fork stays held
-    _stores.clear()
+    # The parent's clients are set aside, never freed: an obstore client's
+    # Rust drop can block for good in the child on a lock of the runtime left
+    # in the parent (a forked worker hung in `_stores.clear()` once).
+    _forked_away.append(_stores)
+    _stores = {}
 
 
 def usable() -> bool:

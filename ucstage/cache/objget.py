@@ -81,9 +81,18 @@ class Got(NamedTuple):
     """The check its bytes passed (:data:`ucstage.cache.integrity.CHECKS`)."""
 
 
+_forked_away: list[Any] = []
+"""What a forked child keeps but never uses: the parent's loop."""
+
+
 def _forget_after_fork() -> None:
     global _loop, _loop_lock
-    _loop = None  # the loop's thread did not survive the fork
+    # The loop's thread did not survive the fork. The loop is set aside, not
+    # freed: its tasks hold obstore requests, whose Rust drop can block in
+    # the child on a lock of the runtime left in the parent.
+    if _loop is not None:
+        _forked_away.append(_loop)
+    _loop = None
     _loop_lock = threading.Lock()
 
 

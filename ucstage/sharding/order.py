@@ -16,7 +16,46 @@ _ROUNDS = 6
 _M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
-class Permutation(Sequence[int]):
+class _Order(Sequence[int]):
+    """A read order computed by ``take`` (positions -> file indices): what
+    indexing, slicing, iterating and ``array`` mean for every order here."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def array(self) -> np.ndarray:
+        """The whole read order as an int64 array."""
+        import numpy as np
+
+        return self.take(np.arange(len(self), dtype=np.int64))
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        n = len(self)
+        if isinstance(index, slice):
+            return [int(i) for i in self.take(range(n)[index])]
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("read-order position out of range")
+        return int(self.take([index])[0])
+
+    def __iter__(self) -> Iterator[int]:
+        # In blocks: one ``take`` per 65,536 positions, not one per file.
+        n, step = len(self), 1 << 16
+        for start in range(0, n, step):
+            yield from (int(i) for i in self.take(range(start, min(n, start + step))))
+
+
+class Permutation(_Order):
     """The shuffled read order of ``n`` files for ``(seed, epoch)``: a keyed bijection.
 
     Position ``p`` reads file ``self[p]``, computed by arithmetic alone: a
@@ -69,32 +108,6 @@ class Permutation(Sequence[int]):
             outside = outside[out[outside] >= np.uint64(self.n)]
         return out.astype(np.int64)
 
-    def array(self) -> np.ndarray:
-        """The whole read order as an int64 array."""
-        import numpy as np
-
-        return self.take(np.arange(self.n, dtype=np.int64))
-
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[int]: ...
-
-    def __getitem__(self, index: int | slice) -> int | list[int]:
-        if isinstance(index, slice):
-            return [int(i) for i in self.take(range(self.n)[index])]
-        if index < 0:
-            index += self.n
-        if not 0 <= index < self.n:
-            raise IndexError("read-order position out of range")
-        return int(self.take([index])[0])
-
-    def __iter__(self) -> Iterator[int]:
-        step = 1 << 16
-        for start in range(0, self.n, step):
-            yield from (int(i) for i in self.take(range(start, min(self.n, start + step))))
-
     def __repr__(self) -> str:
         stream = f", stream={self.stream!r}" if self.stream else ""
         return f"Permutation({self.n}, seed={self.seed}, epoch={self.epoch}{stream})"
@@ -123,7 +136,7 @@ def node_block(n: int, node: int, nodes: int) -> range:
     return range(start, start + q + (1 if node < r else 0))
 
 
-class NodeOrder(Sequence[int]):
+class NodeOrder(_Order):
     """One node's read order in one epoch under the ``"node"`` scope, with
     several nodes: position ``p`` reads listing row ``self[p]``.
 
@@ -148,33 +161,12 @@ class NodeOrder(Sequence[int]):
         """The listing rows at the node's read-order ``positions`` (int64)."""
         return self._assign.take(self.block.start + self._within.take(positions))
 
-    def array(self) -> np.ndarray:
-        """The node's whole read order for the epoch."""
-        import numpy as np
-
-        return self.take(np.arange(len(self), dtype=np.int64))
-
     def members(self) -> np.ndarray:
         """The node's files (sorted listing rows): the same in every epoch."""
         import numpy as np
 
         return np.sort(self._assign.take(np.arange(self.block.start, self.block.stop,
                                                    dtype=np.int64)))
-
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[int]: ...
-
-    def __getitem__(self, index: int | slice) -> int | list[int]:
-        if isinstance(index, slice):
-            return [int(i) for i in self.take(range(len(self))[index])]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("read-order position out of range")
-        return int(self.take([index])[0])
 
     def __repr__(self) -> str:
         return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"

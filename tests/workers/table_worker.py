@@ -67,10 +67,7 @@ def main() -> None:
     mode, source, out = sys.argv[1:4]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    if mode == "epochs":
-        result = epochs(source)
-    else:
-        result = stop(source, int(sys.argv[4]))
+    result = epochs(source) if mode == "epochs" else stop(source, int(sys.argv[4]))
     result["rank"] = rank
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh)

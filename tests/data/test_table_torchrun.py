@@ -103,3 +103,21 @@ def test_stopped_run_resumes_on_another_layout_with_every_row_once(fuse_volume, 
     assert sorted(got) == list(range(ROWS)) and set(got.values()) == {1}
     audit = loader.audits[-1]
     assert (audit.files, audit.duplicates, audit.gaps, audit.coverage_ok) == (32, 0, 0, True)
+
+
+def test_each_node_caches_its_share_not_the_table(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes (two cache folders) under the node shuffle scope: each holds
+    the row groups its node reads, every epoch the same, <= 0.6x the table."""
+    source = make_table(fuse_volume)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    proc = torchrun("nodes", source, out)
+    assert proc.returncode == 0, proc.stderr[:6000]
+    ranks = results(out)
+    for epoch in range(2):
+        got = Counter(i for r in ranks for i in r["ids"][epoch])
+        assert sorted(got) == list(range(ROWS)) and set(got.values()) == {1}
+    table_bytes = ranks[0]["table_bytes"]
+    for r in ranks:
+        assert 0 < r["cached"] <= 0.6 * table_bytes, (r["cached"], table_bytes)
+    assert ranks[0]["cached"] + ranks[1]["cached"] == table_bytes  # each row group once

@@ -6,6 +6,8 @@
 ``epochs``: 2 shuffled epochs of a TableDataset through ``ucstage.DataLoader``
 (2 workers per rank, persistent by default); records the ids each rank got
 per epoch, ``len(loader)``, the batches it counted and the audit.
+``nodes``: two simulated nodes (``nproc_per_node=1``), each rank caching in
+its own folder; records the ids per epoch and the bytes each cache holds.
 ``stop``: epoch 0 until BATCHES batches, then the merged state
 (``state_dict(gather=True)``) and the ids delivered so far.
 """
@@ -63,11 +65,30 @@ def stop(source: str, batches: int) -> dict[str, Any]:
     return {"ids": got, "state": state}
 
 
+def nodes(source: str, out: str) -> dict[str, Any]:
+    """Two simulated nodes (one rank each, each its own cache folder)."""
+    rank = dist.get_rank()
+    cache_dir = os.path.join(out, f"cache{rank}")
+    ds = TableDataset(source, columns=["id", "v", "s"], batch_rows=50, shuffle=True,
+                      nproc_per_node=1, cache_dir=cache_dir)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    got = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got.append([int(i) for b in loader for i in b.column("id").to_pylist()])
+    cached = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache_dir)
+                 for f in fs if ".ucstage-ranges" in d)
+    return {"ids": got, "cached": cached, "table_bytes": ds.freeze().bytes}
+
+
 def main() -> None:
     mode, source, out = sys.argv[1:4]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    result = epochs(source) if mode == "epochs" else stop(source, int(sys.argv[4]))
+    if mode == "nodes":
+        result = nodes(source, out)
+    else:
+        result = epochs(source) if mode == "epochs" else stop(source, int(sys.argv[4]))
     result["rank"] = rank
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh)

@@ -250,3 +250,27 @@ def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
         TableDataset(str(tmp_path / "dv")).freeze()
     for error in (NotParquet, SchemaMismatch, UnknownColumn, UnsupportedTable):
         assert error("x").exit_code == 2
+
+
+def test_warming_row_group_entries_copies_only_their_ranges(engine: str, moto: Any,
+                                                            tmp_path: Path) -> None:
+    """``LocalCache.warm`` of RangeEntries (what ``cache warm --unit row-group``
+    warms), on each object-store engine: each entry holds exactly its chunks,
+    and the dataset then reads them as hits."""
+    from tests.common.parts import unique
+    from ucstage.tables import row_groups
+    from ucstage.tables.entries import group_entries
+
+    url = f"s3://ucstage-test/{unique()}"
+    fs = moto.filesystem()
+    fs.pipe(f"{url[5:]}/a.parquet", parquet(table(0, 130)))
+    m = row_groups(url)
+    cache = LocalCache(tmp_path / "cache")
+    entries = group_entries(m, ["id"])
+    cache.warm(m.volume(), entries)
+    for e in entries:
+        local = cache.lookup(m.volume(), e)
+        assert local is not None and os.path.getsize(local) == e.size
+    ds = TableDataset(url, columns=["id"], cache=cache)
+    assert ids(ds) == list(range(130))
+    assert cached_bytes(cache, ds) == sum(e.size for e in entries)

@@ -274,3 +274,30 @@ def test_warming_row_group_entries_copies_only_their_ranges(engine: str, moto: A
     ds = TableDataset(url, columns=["id"], cache=cache)
     assert ids(ds) == list(range(130))
     assert cached_bytes(cache, ds) == sum(e.size for e in entries)
+
+
+def test_an_export_destination_is_read_by_its_record(tmp_path: Path) -> None:
+    """The record's files only (a stray Parquet file beside them is not the
+    export's), its Delta version in the manifest."""
+    import json
+
+    from ucstage.tables import RECORD_NAME
+
+    dest = tmp_path / "dest"
+    (dest / "label=1").mkdir(parents=True)
+    pq.write_table(table(0, 90), dest / "label=1" / "part-0.parquet", row_group_size=40)
+    pq.write_table(table(500, 5), dest / "stray.parquet")
+    record = {"format": "ucstage-export/1", "table": "main.ml.ev",
+              "source": {"kind": "delta", "location": "/x"}, "delta_version": 4,
+              "row_count": 90, "schema": {},
+              "files": [{"path": "label=1/part-0.parquet",
+                         "bytes": os.path.getsize(dest / "label=1" / "part-0.parquet"),
+                         "rows": 90}],
+              "bytes": 0, "options": {}, "created_at": "2026-12-01T00:00:00Z",
+              "ucstage_version": "0"}
+    (dest / RECORD_NAME).write_text(json.dumps(record))
+    ds = TableDataset(str(dest), columns=["id"], batch_rows=25)
+    assert ids(ds) == list(range(90))
+    assert ds.freeze().kind == "export" and ds.freeze().table_version == 4
+    with pytest.raises(InvalidArgument, match="format must be one of"):
+        TableDataset(str(dest), format="pandas")

@@ -6,6 +6,7 @@ resume, and one clear error for each kind of bad input."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +302,22 @@ def test_an_export_destination_is_read_by_its_record(tmp_path: Path) -> None:
     assert ds.freeze().kind == "export" and ds.freeze().table_version == 4
     with pytest.raises(InvalidArgument, match="format must be one of"):
         TableDataset(str(dest), format="pandas")
+
+
+def test_workers_read_an_object_store_table(monkeypatch: pytest.MonkeyPatch, moto: Any,
+                                            tmp_path: Path) -> None:
+    """Two DataLoader workers over moto S3 on the object-store engine (they start
+    by forkserver once obstore ran in this process): every row once."""
+    from tests.common.parts import unique
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    url = f"s3://ucstage-test/{unique()}"
+    fs = moto.filesystem()
+    for i in range(3):
+        fs.pipe(f"{url[5:]}/p{i}.parquet", parquet(table(i * 100, 100), rows=30))
+    ds = TableDataset(url, columns=["id", "v"], format="torch", batch_rows=16, shuffle=True,
+                      cache=LocalCache(tmp_path / "cache"))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    got = Counter(ids(loader))
+    assert sorted(got) == list(range(300)) and set(got.values()) == {1}
+    assert loader.audits[-1].coverage_ok

@@ -132,8 +132,8 @@ class TableTracker(_state.SlotTracker):
         counts: list[int | None] = [None] * self.layout.slots
         counts[self.slot] = self._pos
         current = Segment(self.layout, tuple(counts))
-        partial = {g: n for g, n in self.skip.items()
-                   if not any(int(x) == g for x in self.run[:self._pos])}
+        lead = set(self.run[:self._pos].tolist())  # delivered whole: no skip needed
+        partial = {g: n for g, n in self.skip.items() if g not in lead}
         partial.update(self._partial)
         return _state._state_of(self.vds, [*self.done, current], rank=self.rank,
                                 finished=self.finished and self.layout.slots == 1,

@@ -353,3 +353,18 @@ def test_a_row_group_finished_inside_an_interrupted_window_is_counted_once(
                                          + list(range(2000, 2100)))
     audit = again.audits[-1]
     assert (audit.files, audit.duplicates, audit.gaps, audit.coverage_ok) == (3, 0, 0, True)
+
+
+def test_partition_folders_are_columns(tmp_path: Path) -> None:
+    """``COL=value/`` folders (``export --partition-by``) read back as columns:
+    whole numbers as int64, others as strings, Spark's null folder as null."""
+    root = tmp_path / "t"
+    for i, (label, region) in enumerate([(1, "eu"), (2, "us"), (2, "__HIVE_DEFAULT_PARTITION__")]):
+        folder = root / f"label={label}" / f"region={region}"
+        folder.mkdir(parents=True)
+        pq.write_table(table(i * 10, 10).select(["id"]), folder / "part-0.parquet")
+    ds = TableDataset(str(root), columns=["id", "label", "region"])
+    assert ds.freeze().schema.field("label").type == pa.int64()
+    rows = sorted(pa.Table.from_batches(list(ds)).to_pylist(), key=lambda r: r["id"])
+    assert [(r["label"], r["region"]) for r in rows] == \
+        [(1, "eu")] * 10 + [(2, "us")] * 10 + [(2, None)] * 10

@@ -368,3 +368,22 @@ def test_partition_folders_are_columns(tmp_path: Path) -> None:
     rows = sorted(pa.Table.from_batches(list(ds)).to_pylist(), key=lambda r: r["id"])
     assert [(r["label"], r["region"]) for r in rows] == \
         [(1, "eu")] * 10 + [(2, "us")] * 10 + [(2, None)] * 10
+
+
+def test_a_cache_smaller_than_the_table(tmp_path: Path) -> None:
+    """Under a byte cap of about a third of the table, two epochs still read
+    every row once each; the cache never holds more than the cap."""
+    (tmp_path / "t").mkdir()
+    for i in range(4):
+        pq.write_table(table(i * 400, 400), tmp_path / "t" / f"p{i}.parquet", row_group_size=50)
+    probe = TableDataset(str(tmp_path / "t"))
+    m = probe.freeze()
+    cap = int(m.bytes * 0.35)
+    assert 5 * int(m.group_bytes().max()) < cap  # the readers' window fits
+    cache = LocalCache(tmp_path / "cache", max_bytes=cap)
+    ds = TableDataset(str(tmp_path / "t"), cache=cache, read_ahead=1, shuffle=True)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got = Counter(ids(DataLoader(ds, batch_size=None, num_workers=0)))
+        assert sorted(got) == list(range(1600)) and set(got.values()) == {1}
+        assert cached_bytes(cache, ds) <= cap

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
@@ -35,6 +35,7 @@ import torch.utils.data as tud
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
+from ..manifest.groups import Grouping, group_manifest
 from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
     Layout,
@@ -45,7 +46,7 @@ from ..sharding import (
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
-from . import epochrecord, holding, warm
+from . import epochrecord, holding, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
 from .readahead import ReadAhead, cache_fetcher, cache_lookup
@@ -127,6 +128,18 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         cache_dir: cache root when ``cache`` is not given (default:
             ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
         max_bytes: byte cap for a cache built from ``cache_dir``.
+        group: ``"key"`` makes files sharing a key one sample (the key is the
+            relative path up to the first ``.`` of the file name; a name
+            without a dot is its own key, suffix ``""``), or a callable from
+            relative path to key (module-level, so that it pickles into
+            workers). The dataset then yields ``{suffix: local path}`` per
+            sample (``{"jpg": ..., "json": ...}``), every member cached first;
+            samples are the unit of the slot rule, the shuffle,
+            ``equal_length``, ``len()``, resume and the audit.
+        require: with ``group``, suffixes every sample must have
+            (case-sensitive), e.g. ``("jpg", "json")``.
+        on_incomplete: with ``require``, ``"drop"`` (default: such samples are
+            left out, counted in one warning with examples) or ``"error"``.
 
     Building one lists nothing and pickles to a few hundred bytes: the
     listing is frozen into a manifest file on first use and only its path
@@ -169,6 +182,9 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         cache: LocalCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
+        group: str | Callable[[str], str] | None = None,
+        require: Sequence[str] = (),
+        on_incomplete: str = "drop",
     ) -> None:
         super().__init__()
         if read_ahead < 0:
@@ -190,6 +206,11 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
         self.skip_unreadable = bool(skip_unreadable)
+        if group is None and (tuple(require) or on_incomplete != "drop"):
+            raise InvalidArgument("require and on_incomplete apply to grouped samples: pass "
+                                  'group="key" (or a key callable) too')
+        self._grouping = (Grouping(group, tuple(require), on_incomplete)
+                          if group is not None else None)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._max_bytes = max_bytes
         self._manifest_path: str | None = None
@@ -209,6 +230,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             if self.include or self.exclude:
                 raise InvalidArgument("include/exclude do not apply to a manifest (it is frozen)")
             self._source = source.source
+            if self._grouping is not None:
+                source = self._group(source)
             self._manifest = source
             self._fingerprint = source.fingerprint
             self._manifest_path = source.path
@@ -330,9 +353,12 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         return Layout(world_size, num_workers, self.nproc_setting(world_size))
 
     def read_order(self) -> ReadOrder:
-        """This epoch's read order over the frozen listing (freezes it)."""
-        return ReadOrder(len(self._entries()), self.shuffle, self.seed, self.epoch,
-                         self.equal_length, self.shuffle_scope)
+        """This epoch's read order over the frozen listing (freezes it): over
+        its samples when grouped (``n`` is the item count either way)."""
+        manifest = self.freeze()
+        n = manifest.groups.count if manifest.groups is not None else len(manifest.entries)
+        return ReadOrder(n, self.shuffle, self.seed, self.epoch, self.equal_length,
+                         self.shuffle_scope)
 
     def nproc_setting(self, world_size: int) -> int | None:
         """:meth:`ranks_per_node` without checking it against ``world_size`` (the
@@ -342,8 +368,9 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         return self.nproc_per_node
 
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
-                     worker: int) -> list[FileEntry]:
-        """The files slot (rank, worker) reads this epoch, in read order.
+                     worker: int) -> list[FileEntry] | list[samples.Sample]:
+        """The files slot (rank, worker) reads this epoch, in read order (when
+        grouped, its samples: tuples of member entries).
 
         Computed with :func:`ucstage.sharding.slot_files` (or its equal-length
         variant), the rule ``ucstage shard-plan`` prints.
@@ -352,10 +379,12 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
                                worker=worker).take_all()
 
     def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
-                   worker: int) -> _SlotRows:
+                   worker: int) -> _SlotRows | samples.SampleRows:
         manifest = self.freeze()
         layout = self.layout(world_size, num_workers)
         indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+        if manifest.groups is not None:
+            return samples.SampleRows(manifest, indices)
         return _SlotRows(manifest, indices)
 
     def __iter__(self) -> Iterator[str]:
@@ -373,7 +402,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         tracker = _state.SlotTracker.begin(self, rows._indices, rank=rank, world_size=world,
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
-            rows = _SlotRows(rows._manifest, tracker.indices)
+            rows = rows.with_indices(tracker.indices)
         it = self._fetch_all(rows, rank, tracker)
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
@@ -389,23 +418,28 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         try:
             # Without a cap, the leading run of hits goes out in blocks (data/warm.py).
             lookup = holding.unheld_lookup(reader, cache, volume)
+            grouped = isinstance(entries, samples.SampleRows)
+            if lookup is not None and grouped:
+                lookup = samples.run_lookup(lookup)
             done = 0
             if lookup is not None:
                 counters = reader.counters if reader is not None else None
                 done = yield from warm.hits(entries, lookup, counters, tracker)
             if done < len(entries):
-                rest = (entries.tail(done) if isinstance(entries, _SlotRows)
+                rest = (entries.tail(done) if isinstance(entries, (_SlotRows, samples.SampleRows))
                         else entries[done:])
-                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume))
+                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, grouped))
         finally:
             if reader is not None:
                 reader.close()
         tracker.end()
 
-    def _fetch_rest(self, entries: Sequence[FileEntry], reader: Any, cache: LocalCache,
-                    volume: Volume) -> Iterator[str]:
+    def _fetch_rest(self, entries: Sequence[Any], reader: Any, cache: LocalCache,
+                    volume: Volume, grouped: bool = False) -> Iterator[Any]:
         if self.read_ahead == 0:
-            fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+            fetch: Any = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+            if grouped:  # a sample's members, every one cached before it is handed out
+                fetch = samples.fetcher(fetch)
             yield from holding.follow((fetch(entry) for entry in entries), reader)
             return
         # A window of fetches runs ahead of the consumer; results come back in
@@ -415,10 +449,12 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         # before it returns: nothing is copied for an iterator that is gone.
         # Hits are looked up in this thread; only misses are handed to threads.
         fetch, stop, abandon = cache_fetcher(cache, volume)
-        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, self.read_ahead,
-                          stop=stop, abandon=abandon,
-                          lookup=holding.lookup(reader, cache, volume,
-                                                cache_lookup(cache, volume)))
+        held, look = (holding.wrap(reader, cache, volume, fetch),
+                      holding.lookup(reader, cache, volume, cache_lookup(cache, volume)))
+        if grouped:  # the window counts samples; each is fetched whole
+            held, look = samples.fetcher(held), samples.looker(look, reader)
+        ahead = ReadAhead(held, entries, self.read_ahead, stop=stop, abandon=abandon,
+                          lookup=look)
         try:
             yield from holding.follow(iter(ahead), reader)
         finally:
@@ -456,6 +492,9 @@ class _SlotRows(Sequence[FileEntry]):
     def tail(self, start: int) -> _SlotRows:
         """The entries from ``start`` on (a view: no entry is made)."""
         return self if start == 0 else _SlotRows(self._manifest, self._indices[start:])
+
+    def with_indices(self, indices: Any) -> _SlotRows:
+        return _SlotRows(self._manifest, indices)
 
     def take_all(self) -> list[FileEntry]:
         return self._manifest.take(self._indices)

@@ -21,6 +21,7 @@ from .. import manifest as _manifest
 from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest
+from ..manifest.groups import Grouping, group_manifest
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 
@@ -53,6 +54,7 @@ class FrozenListing:
     _cache: LocalCache | None
     _manifest: Manifest | None
     _volume: Volume | None
+    _grouping: Grouping | None = None
 
     def cache(self) -> LocalCache:
         """The local cache this dataset copies files into."""
@@ -105,7 +107,23 @@ class FrozenListing:
         for path, reason in manifest.unreadable:
             _log.warning("skipped unreadable folder %s (%s): its files are not listed",
                          path, reason)
+        if self._grouping is not None and manifest.groups is None:
+            manifest = self._group(manifest)
         return manifest
+
+    def _group(self, manifest: Manifest) -> Manifest:
+        """The listing grouped into samples (frozen with the listing, on the
+        rank that lists, so no worker regroups it); dropped samples warned of."""
+        assert self._grouping is not None
+        grouped, found = group_manifest(manifest, self._grouping)
+        if found.groups.dropped:
+            examples = "; ".join(f"{key} lacks {', '.join(missing)}"
+                                 for key, missing in found.incomplete)
+            _log.warning("dropped %d of %d samples of %s that lack a required member "
+                         "(require=%s), e.g. %s", found.groups.dropped,
+                         found.groups.dropped + found.groups.count, self._source,
+                         list(self._grouping.require), examples)
+        return grouped
 
     def _load_frozen(self) -> Manifest:
         assert self._manifest_path is not None and self._fingerprint is not None
@@ -149,8 +167,11 @@ class FrozenListing:
             broadcast = dist is not None and tud.get_worker_info() is None
         if not broadcast or dist is None or dist.get_world_size() == 1:
             return self._adopt(self._snapshot())
+        grouping = self._grouping
         request = (self._source, self.include, self.exclude, self.include_hidden,
-                   self.skip_unreadable)
+                   self.skip_unreadable,
+                   None if grouping is None else (grouping.label, grouping.require,
+                                                  grouping.on_incomplete))
         return self._adopt(_broadcast_listing(dist, request, self._snapshot))
 
     def _entries(self) -> Sequence[FileEntry]:
@@ -173,7 +194,7 @@ def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Ma
         values = "; ".join(f"rank {r}: {_describe_request(q)}" for r, q in enumerate(requests))
         raise RankMismatch(
             f"ranks ask for different listings ({values})",
-            hint="pass the same source and include/exclude on every rank",
+            hint="pass the same source, include/exclude and group on every rank",
         )
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
@@ -191,13 +212,13 @@ def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Ma
         cls = getattr(errors, result[1], UcstageError)
         raise cls(result[2], result[3])
     manifest: Manifest = result[1]
-    if _manifest.fingerprint(manifest.entries) != manifest.fingerprint:
+    if manifest.computed_fingerprint() != manifest.fingerprint:
         raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
     return manifest
 
 
 def _describe_request(request: tuple[Any, ...]) -> str:
-    source, include, exclude, hidden, skip = request
+    source, include, exclude, hidden, skip, grouping = request
     parts = [repr(source)]
     if include:
         parts.append(f"include={list(include)}")
@@ -207,4 +228,7 @@ def _describe_request(request: tuple[Any, ...]) -> str:
         parts.append("include_hidden=True")
     if skip:
         parts.append("skip_unreadable=True")
+    if grouping is not None:
+        parts.append(f"group={grouping[0]} require={list(grouping[1])} "
+                     f"on_incomplete={grouping[2]}")
     return " ".join(parts)

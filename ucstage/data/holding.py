@@ -21,7 +21,7 @@ from ..cache import runstats
 from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..sharding import effective_workers
-from . import warm
+from . import samples, warm
 from .protocol import ShardedDataset
 
 __all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
@@ -81,13 +81,13 @@ def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
             # The consumer asked for the next item: it has opened this one.
             recent.append(path)
             while len(recent) > reader.slack:
-                reader.release(recent.popleft())
+                samples.release(reader, recent.popleft())
     finally:
         close = getattr(paths, "close", None)
         if close is not None:
             close()
         while recent:
-            reader.release(recent.popleft())
+            samples.release(reader, recent.popleft())
         reader.close()
 
 
@@ -109,13 +109,20 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -
         return
     manifest = dataset.freeze()
     sizes = manifest.sizes()
+    groups = manifest.groups
+    if groups is not None:  # a grouped dataset holds whole samples
+        sizes = groups.sample_sizes(sizes)
     if not len(sizes):
         return
     largest_at = int(np.argmax(np.asarray(sizes)))
     largest = int(sizes[largest_at])
+    row = int(groups.offsets[largest_at]) if groups is not None else largest_at
+    name = manifest.entries[row].path
+    if groups is not None:
+        name = f"sample {samples.Sample((manifest.entries[row],)).path!r}"
     check_window(cap, readers=local_ranks() * effective_workers(num_workers),
                  depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
-                 largest_name=manifest.entries[largest_at].path)
+                 largest_name=name)
 
 
 def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:

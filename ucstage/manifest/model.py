@@ -27,6 +27,8 @@ from .columns import ArrowEntries
 if TYPE_CHECKING:
     import numpy as np
 
+    from .groups import Groups
+
 __all__ = ["FORMAT", "FORMAT_VERSION", "Manifest", "fingerprint"]
 
 FORMAT = "ucstage.manifest"
@@ -64,6 +66,16 @@ class Manifest:
     unreadable: Sequence[tuple[str, str]] = ()
     """(folder, reason) of folders a fresh listing skipped because they could
     not be read (only with ``skip_unreadable``); paths relative to the source."""
+    groups: Groups | None = None
+    """Sample boundaries when the rows are grouped into samples
+    (:func:`ucstage.manifest.groups.group_manifest`); the fingerprint then
+    covers them too."""
+
+    def computed_fingerprint(self) -> str:
+        """The fingerprint recomputed from the rows (and the grouping)."""
+        from .groups import combined_fingerprint
+
+        return combined_fingerprint(fingerprint(self.entries), self.groups)
 
     @property
     def total_bytes(self) -> int:
@@ -145,6 +157,7 @@ class Manifest:
             "fingerprint": self.fingerprint,
             "files_count": len(self.entries),
             "bytes": self.total_bytes,
+            **({"grouping": self.groups.header()} if self.groups is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@ column, and the slot rule dealing samples (hypothesis against a brute-force mode
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 import pytest
@@ -10,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ucstage.errors import GroupingError, InvalidArgument, ManifestError
-from ucstage.manifest import Manifest, fingerprint, load, save
-from ucstage.manifest.groups import Grouping, group_manifest, split_name
+from ucstage.manifest import Manifest, fingerprint, group_manifest, load, save
+from ucstage.manifest.groups import Grouping, split_name
 from ucstage.sharding import Layout, ReadOrder, slot_array
 from ucstage.volumes import FileEntry
 
@@ -25,7 +26,7 @@ def samples_of(m: Manifest) -> list[list[str]]:
     assert m.groups is not None
     off = m.groups.offsets.tolist()
     paths = m.paths()
-    return [paths[a:b] for a, b in zip(off, off[1:], strict=False)]
+    return [paths[a:b] for a, b in itertools.pairwise(off)]
 
 
 def by_folder(path: str) -> str:
@@ -51,7 +52,7 @@ def test_a_name_without_a_dot_is_its_own_sample() -> None:
 
 
 def test_two_members_with_one_suffix_name_both() -> None:
-    with pytest.raises(GroupingError, match="x/1.jpg and x/2.jpg"):
+    with pytest.raises(GroupingError, match=r"x/1\.jpg and x/2\.jpg"):
         group_manifest(manifest_of(["x/1.jpg", "x/2.jpg"]), Grouping(by_folder))
 
 

@@ -17,7 +17,7 @@ from tests.common.parts import unique, wait_synced
 from tests.common.resume import RankedDataset
 from ucstage import merge_states
 from ucstage.data import DataLoader, VolumeDataset
-from ucstage.errors import GroupingError, InvalidArgument
+from ucstage.errors import GroupingError, InvalidArgument, ResumeMismatch
 
 pytestmark = [pytest.mark.fuse]
 
@@ -142,5 +142,5 @@ def test_resume_on_another_layout_delivers_each_sample_once(volume, tmp_path) ->
         assert Counter(before + after) == Counter(keys()), (world, workers)
     # A state of the ungrouped listing does not fit the grouped one.
     plain = VolumeDataset(volume, cache_dir=tmp_path / "c")
-    with pytest.raises(Exception, match="listing|fingerprint"):
+    with pytest.raises(ResumeMismatch):
         plain.load_state_dict(merged)

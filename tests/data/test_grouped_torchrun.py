@@ -54,7 +54,7 @@ def test_every_sample_once_per_epoch_whole_and_cached(fuse_volume, tmp_path) -> 
         assert keys == Counter(want), epoch  # exactly once, incomplete ones dropped
         assert all(members == ["jpg", "json"] and ok for _, members, ok in items)
         # The two ranks read disjoint samples: no sample was split between them.
-        per_rank = [{tuple(i)[0] for i in r["epochs"][epoch]["items"]} for r in ranks]
+        per_rank = [{i[0] for i in r["epochs"][epoch]["items"]} for r in ranks]
         assert not per_rank[0] & per_rank[1] and len(per_rank[0]) == 150
         audit = ranks[0]["epochs"][epoch]["audit"]
         assert audit is not None and audit["coverage_ok"] and audit["files"] == N_SAMPLES

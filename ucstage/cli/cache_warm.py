@@ -19,6 +19,7 @@ from ..sharding import Layout, ReadOrder
 from ..units import SIZE_HELP, format_rate
 from ..volumes import FileEntry
 from .args import size_flag
+from .group_plan import group_option, grouped
 from .network import network_options, network_summary
 from .output import (
     counted,
@@ -31,7 +32,6 @@ from .output import (
     read_source,
     source_options,
 )
-from .group_plan import group_option, grouped
 from .progress import Counting, progress_bar
 from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 

@@ -9,8 +9,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from ..manifest import Manifest
-from ..manifest.groups import KEY, Grouping, group_manifest, split_name
+from ..manifest import Manifest, group_manifest
+from ..manifest.groups import KEY, Grouping, split_name
 from ..sharding import ShardPlan
 
 GROUP_HELP = ("Group files sharing a key (the path up to the first '.' of the file name) "

@@ -35,7 +35,7 @@ import torch.utils.data as tud
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
-from ..manifest.groups import Grouping, group_manifest
+from ..manifest.groups import Grouping
 from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
     Layout,
@@ -387,7 +387,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             return samples.SampleRows(manifest, indices)
         return _SlotRows(manifest, indices)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
         record = epochrecord.apply(self)
@@ -410,14 +410,14 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             return epochrecord.guarded(it, self._epoch_link, record["gen"])
         return it
 
-    def _fetch_all(self, entries: Sequence[FileEntry], rank: int,
-                   tracker: _state.SlotTracker) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[Any], rank: int,
+                   tracker: _state.SlotTracker) -> Iterator[Any]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
         try:
             # Without a cap, the leading run of hits goes out in blocks (data/warm.py).
-            lookup = holding.unheld_lookup(reader, cache, volume)
+            lookup: Any = holding.unheld_lookup(reader, cache, volume)
             grouped = isinstance(entries, samples.SampleRows)
             if lookup is not None and grouped:
                 lookup = samples.run_lookup(lookup)
@@ -449,8 +449,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         # before it returns: nothing is copied for an iterator that is gone.
         # Hits are looked up in this thread; only misses are handed to threads.
         fetch, stop, abandon = cache_fetcher(cache, volume)
-        held, look = (holding.wrap(reader, cache, volume, fetch),
-                      holding.lookup(reader, cache, volume, cache_lookup(cache, volume)))
+        held: Any = holding.wrap(reader, cache, volume, fetch)
+        look: Any = holding.lookup(reader, cache, volume, cache_lookup(cache, volume))
         if grouped:  # the window counts samples; each is fetched whole
             held, look = samples.fetcher(held), samples.looker(look, reader)
         ahead = ReadAhead(held, entries, self.read_ahead, stop=stop, abandon=abandon,

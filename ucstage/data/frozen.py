@@ -20,8 +20,8 @@ import torch.utils.data as tud
 from .. import manifest as _manifest
 from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import ManifestError, RankMismatch, UcstageError
-from ..manifest import Manifest
-from ..manifest.groups import Grouping, group_manifest
+from ..manifest import Manifest, group_manifest
+from ..manifest.groups import Grouping
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 

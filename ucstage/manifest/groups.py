@@ -7,7 +7,7 @@ what a callable makes of the path; its suffix is the rest of its name after
 that dot (``seg.png``), ``""`` for a name without a dot. Files sharing a key
 are one sample, as in the WebDataset convention.
 
-:func:`group_manifest` orders samples by key and members by suffix (path
+:func:`ucstage.manifest.group_manifest` orders samples by key and members by suffix (path
 order does not keep a sample together: ``d/K.jpg`` < ``d/K.jpgx/a.txt`` <
 ``d/K.json``), drops or refuses samples missing a required suffix, and
 returns a manifest whose rows are in that order with the boundaries as
@@ -32,17 +32,14 @@ from ..errors import GroupingError, InvalidArgument, ManifestError
 if TYPE_CHECKING:
     import numpy as np
 
-    from .model import Manifest
-
 __all__ = ["KEY", "ON_INCOMPLETE", "Grouped", "Grouping", "Groups", "combined_fingerprint",
-           "group_manifest", "group_paths", "split_name"]
+           "group_paths", "split_name"]
 
 KEY = "key"
 """``group="key"``: the WebDataset key (the path up to the first dot of the name)."""
 ON_INCOMPLETE = ("drop", "error")
 EXAMPLES = 5
 """Incomplete samples named in a message."""
-_PATTERN = r"(?s)^(?P<key>(?:.*/)?[^/.]*)(?:\.(?P<suffix>.*))?$"
 
 
 def split_name(relpath: str) -> tuple[str, str]:
@@ -68,7 +65,7 @@ class Grouping:
     on_incomplete: str = "drop"
 
     def __post_init__(self) -> None:
-        if isinstance(self.by, str) and self.by != KEY or not (
+        if (isinstance(self.by, str) and self.by != KEY) or not (
                 isinstance(self.by, str) or callable(self.by)):
             raise InvalidArgument(f'group must be "key" or a callable from relative path to '
                                   f"key, got {self.by!r}")
@@ -199,35 +196,99 @@ class Grouped:
 
 
 def _bools(arr: Any) -> np.ndarray:
-    """An Arrow boolean (chunked) array as numpy, from its buffers (pyarrow's
-    own conversion may import pandas)."""
+    """An Arrow boolean (chunked) array without nulls as numpy, unpacked from
+    its bitmaps (pyarrow's own conversion may import pandas)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    as_bytes = pc.cast(arr, pa.uint8())
-    chunks = as_bytes.chunks if isinstance(as_bytes, pa.ChunkedArray) else [as_bytes]
-    parts = [np.frombuffer(c.buffers()[1], dtype=np.uint8)[c.offset:c.offset + len(c)]
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    parts = [np.unpackbits(np.frombuffer(c.buffers()[1], dtype=np.uint8),
+                           bitorder="little")[c.offset:c.offset + len(c)].astype(bool)
              for c in chunks if len(c)]
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)).astype(bool)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
 
-def _keys(paths: Any, grouping: Grouping) -> tuple[Any, Any]:
-    """(keys, suffixes) of an Arrow array of paths, as large_string arrays."""
+@dataclass(frozen=True)
+class _Column:
+    """A column of ``n`` strings: element ``i`` is ``arr[at + step * i]`` (the
+    keys and suffixes are every third piece of one array over the paths' bytes)."""
+
+    arr: Any
+    at: int
+    step: int
+    n: int
+
+    def consecutive(self, op: Any) -> np.ndarray:
+        """``op(x[i + 1], x[i])`` for ``i`` in ``0 .. n-2``, as numpy bools:
+        one kernel over the whole array, every ``step``-th result kept."""
+        span = self.step * (self.n - 2) + 1  # compares element 0's slot .. element n-2's
+        later = self.arr[self.at + self.step:self.at + self.step + span]
+        return _bools(op(later, self.arr[self.at:self.at + span]))[::self.step]
+
+    def equals(self, value: str) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        return _bools(pc.equal(self.arr, value))[self.at::self.step][:self.n]
+
+    def get(self, i: int) -> str:
+        return str(self.arr[self.at + self.step * i].as_py())
+
+    def array(self) -> Any:
+        """The ``n`` strings as their own array (copied when strided)."""
+        import numpy as np
+        import pyarrow as pa
+
+        if self.step == 1:
+            return self.arr.slice(self.at, self.n)
+        return self.arr.take(pa.array(np.arange(self.at, self.at + self.step * self.n,
+                                                self.step, dtype=np.int64)))
+
+
+def _columns(paths: Any, grouping: Grouping) -> tuple[_Column, _Column]:
+    """(keys, suffixes) of an Arrow large_string array of paths.
+
+    The name's first dot is found in numpy over the column's bytes (``/`` and
+    ``.`` never occur inside a multi-byte UTF-8 character); then one array of
+    three pieces per row (key, its dot or nothing, suffix) over the same bytes
+    needs only new offsets: no string is copied or made in Python.
+    """
+    import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    parts = pc.extract_regex(paths, _PATTERN)
-    if isinstance(parts, pa.ChunkedArray):
-        parts = parts.combine_chunks()
-    suffixes = parts.field("suffix").cast(pa.large_string())
+    n = len(paths)
+    if not n:
+        empty = _Column(pa.array([], pa.large_string()), 0, 1, 0)
+        return empty, empty
+    _, offsets_buf, data_buf = paths.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[paths.offset:paths.offset + n + 1]
+    data = (np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None
+            else np.zeros(0, dtype=np.uint8))
+    begin, end = offsets[:-1], offsets[1:]
+    slashes = np.flatnonzero(data == ord("/"))
+    dots = np.flatnonzero(data == ord("."))
+    at = np.searchsorted(slashes, end) - 1  # the last slash before each row's end
+    last = np.where(at >= 0, slashes[np.maximum(at, 0)] if len(slashes) else begin - 1,
+                    begin - 1)
+    name = np.maximum(last + 1, begin)  # a slash before the row's start is another row's
+    first = np.searchsorted(dots, name)  # the first dot of the name
+    dot = dots[np.minimum(first, max(len(dots) - 1, 0))] if len(dots) else end
+    has_dot = (first < len(dots)) & (dot < end) if len(dots) else np.zeros(n, dtype=bool)
+    key_end = np.where(has_dot, dot, end)
+    cuts = np.empty(3 * n + 1, dtype=np.int64)
+    cuts[0:3 * n:3] = begin
+    cuts[1:3 * n:3] = key_end
+    cuts[2:3 * n:3] = key_end + has_dot
+    cuts[3 * n] = end[-1]
+    pieces = pa.Array.from_buffers(pa.large_string(), 3 * n,
+                                   [None, pa.py_buffer(cuts), data_buf])
+    suffixes = _Column(pieces, 2, 3, n)
     if isinstance(grouping.by, str):
-        return parts.field("key").cast(pa.large_string()), suffixes
+        return _Column(pieces, 0, 3, n), suffixes
     made = [grouping.by(p) for p in paths.to_pylist()]
     bad = next((k for k in made if not isinstance(k, str)), None)
     if bad is not None:
         raise InvalidArgument(f"group={grouping.label} must return a str key, got {bad!r}")
-    return pa.array(made, pa.large_string()), suffixes
+    return _Column(pa.array(made, pa.large_string()), 0, 1, n), suffixes
 
 
 def group_paths(paths: Any, grouping: Grouping) -> Grouped:
@@ -243,37 +304,37 @@ def group_paths(paths: Any, grouping: Grouping) -> Grouped:
 
     if isinstance(paths, pa.ChunkedArray):
         paths = paths.combine_chunks()
+    if paths.type != pa.large_string():
+        paths = paths.cast(pa.large_string())
     n = len(paths)
-    keys, suffixes = _keys(paths, grouping)
+    keys, suffixes = _columns(paths, grouping)
     order: np.ndarray | None = None
     same = np.zeros(max(n - 1, 0), dtype=bool)
     if n > 1:
-        k0, k1, s0, s1 = keys[:-1], keys[1:], suffixes[:-1], suffixes[1:]
-        eq = pc.equal(k1, k0)
-        out_of_order = pc.or_(pc.less(k1, k0), pc.and_(eq, pc.less_equal(s1, s0)))
-        if pc.any(out_of_order).as_py():
-            sorted_at = pc.sort_indices(pa.table({"k": keys, "s": suffixes}),
+        same = keys.consecutive(pc.equal)
+        # Already in sample order (a listing in path order usually is): no sort.
+        if (keys.consecutive(pc.less) | (same & suffixes.consecutive(pc.less_equal))).any():
+            k, s = keys.array(), suffixes.array()
+            sorted_at = pc.sort_indices(pa.table({"k": k, "s": s}),
                                         sort_keys=[("k", "ascending"), ("s", "ascending")])
             order = _ints(sorted_at)
-            keys, suffixes = keys.take(sorted_at), suffixes.take(sorted_at)
-            k0, k1, s0, s1 = keys[:-1], keys[1:], suffixes[:-1], suffixes[1:]
-            eq = pc.equal(k1, k0)
-            dup = _bools(pc.and_(eq, pc.equal(s1, s0)))
+            keys = _Column(k.take(sorted_at), 0, 1, n)
+            suffixes = _Column(s.take(sorted_at), 0, 1, n)
+            same = keys.consecutive(pc.equal)
+            dup = same & suffixes.consecutive(pc.equal)
             if dup.any():
                 at = int(np.flatnonzero(dup)[0])
-                rows = [at, at + 1] if order is None else [int(order[at]), int(order[at + 1])]
-                a, b = (paths[r].as_py() for r in rows)
+                a, b = (paths[int(order[r])].as_py() for r in (at, at + 1))
                 raise GroupingError(
-                    f"{a} and {b} are both member {suffixes[at].as_py()!r} of sample "
-                    f"{keys[at].as_py()!r}", hint="make the group key tell them apart")
-        same = _bools(eq)
+                    f"{a} and {b} are both member {suffixes.get(at)!r} of sample "
+                    f"{keys.get(at)!r}", hint="make the group key tell them apart")
     offsets = np.concatenate(([0], np.flatnonzero(~same) + 1, [n])).astype(np.int64)
     if not n:
         offsets = np.zeros(1, dtype=np.int64)
     groups = Groups(offsets, grouping.label, grouping.require)
     if not grouping.require or not groups.count:
         return Grouped(order, groups, [])
-    return _require(paths, order, groups, keys, suffixes, grouping)
+    return _require(order, groups, keys, suffixes, grouping)
 
 
 def _ints(arr: Any) -> np.ndarray:
@@ -285,23 +346,22 @@ def _ints(arr: Any) -> np.ndarray:
                                                             ].astype(np.int64)
 
 
-def _require(paths: Any, order: np.ndarray | None, groups: Groups, keys: Any, suffixes: Any,
+def _require(order: np.ndarray | None, groups: Groups, keys: _Column, suffixes: _Column,
              grouping: Grouping) -> Grouped:
     import numpy as np
-    import pyarrow.compute as pc
 
     starts = groups.offsets[:-1]
     keep = np.ones(groups.count, dtype=bool)
     missing: dict[str, np.ndarray] = {}
     for suffix in grouping.require:
-        has = np.add.reduceat(_bools(pc.equal(suffixes, suffix)).astype(np.int64), starts) > 0
+        has = np.add.reduceat(suffixes.equals(suffix).astype(np.int64), starts) > 0
         missing[suffix] = ~has
         keep &= has
     dropped = int((~keep).sum())
     if not dropped:
         return Grouped(order, groups, [])
     lacking = np.flatnonzero(~keep)[:EXAMPLES]
-    examples = [(str(keys[int(starts[i])].as_py()), [s for s in grouping.require if missing[s][i]])
+    examples = [(keys.get(int(starts[i])), [s for s in grouping.require if missing[s][i]])
                 for i in lacking.tolist()]
     if grouping.on_incomplete == "error":
         named = "; ".join(f"{k!r} lacks {', '.join(m)}" for k, m in examples)
@@ -314,28 +374,3 @@ def _require(paths: Any, order: np.ndarray | None, groups: Groups, keys: Any, su
     final = rows if order is None else order[rows]
     return Grouped(final, Groups(offsets, groups.by, groups.require, dropped), examples)
 
-
-def group_manifest(manifest: Manifest, grouping: Grouping) -> tuple[Manifest, Grouped]:
-    """``manifest`` grouped: its rows in sample order (incomplete samples left
-    out), its :attr:`~ucstage.manifest.Manifest.groups` set and its
-    fingerprint covering both; and what :func:`group_paths` found."""
-    import dataclasses
-
-    from . import columns
-    from .columns import ArrowEntries
-
-    if manifest.groups is not None:
-        raise InvalidArgument("this manifest is already grouped into samples")
-    table = columns.table(manifest.entries).select([0, 1, 2])
-    found = group_paths(table.column(0), grouping)
-    rows_fingerprint = manifest.fingerprint
-    if found.order is not None:
-        table = table.take(found.order)
-        rows_fingerprint = columns.arrow_fingerprint(table.to_batches())
-    grouped = dataclasses.replace(
-        manifest, entries=ArrowEntries(table), groups=found.groups, path=None,
-        fingerprint=combined_fingerprint(rows_fingerprint, found.groups))
-    listed = manifest.__dict__.get("_listed")
-    if listed is not None:  # the fresh listing's volume (Manifest.volume)
-        object.__setattr__(grouped, "_listed", listed)
-    return grouped, found

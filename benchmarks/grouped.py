@@ -42,19 +42,20 @@ def _read(paths: Any) -> int:
     return total
 
 
-def second_epoch(make: Any, expect: int) -> float:
-    """Seconds of the second epoch over a fresh dataset (the first warms the memo)."""
+def second_epoch(make: Any, expect: int) -> tuple[float, float]:
+    """(wall, CPU) seconds of the second epoch over a fresh dataset (the first
+    warms the stamp memo); CPU is this process's, all threads."""
     ds = make()
-    seconds = 0.0
+    seconds = cpu = 0.0
     for _ in range(2):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         total = 0
         for item in ds:
             total += _read(item.values()) if isinstance(item, dict) else _read((item,))
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
         if total != expect:
             raise RuntimeError(f"read {total} bytes, expected {expect}")
-    return seconds
+    return seconds, cpu
 
 
 def warm(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
@@ -77,15 +78,18 @@ def warm(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
                                                expect),
              "grouped": lambda: second_epoch(lambda: VolumeDataset(data, cache_dir=cache_dir,
                                                                    group="key"), expect)},
-            args.pairs, lambda r, side, s: print(f"pair {r + 1}: {side} {s:.3f} s",
-                                                 file=sys.stderr))
-    c = Comparison(found["ungrouped"], found["grouped"])
-    rows = [{"name": "warm epoch", "ungrouped_s": c.a_median, "grouped_s": c.b_median,
-             "ratio": c.median_pair_ratio, "pair_ratios": c.pair_ratios, "target": 1.1}]
-    return rows, (f"{args.samples:,} samples x 2 files x {args.size_kib} KiB, warm cache, "
-                  f"second epoch, {args.pairs} alternating pairs: ungrouped {c.a_median:.3f} s, "
-                  f"grouped {c.b_median:.3f} s, grouped / ungrouped {c.median_pair_ratio:.2f}x "
-                  f"(pairs {', '.join(f'{x:.2f}x' for x in c.pair_ratios)})")
+            args.pairs, lambda r, side, s: print(f"pair {r + 1}: {side} {s[0]:.3f} s wall, "
+                                                 f"{s[1]:.3f} s CPU", file=sys.stderr))
+    pairs = {what: Comparison([t[i] for t in found["ungrouped"]], [t[i] for t in found["grouped"]])
+             for i, what in enumerate(("wall", "CPU"))}
+    rows = [{"name": f"warm epoch ({what})", "ungrouped_s": c.a_median, "grouped_s": c.b_median,
+             "ratio": c.median_pair_ratio, "pair_ratios": c.pair_ratios, "target": 1.1}
+            for what, c in pairs.items()]
+    return rows, "\n".join(
+        f"{args.samples:,} samples x 2 files x {args.size_kib} KiB, warm cache, second epoch, "
+        f"{args.pairs} alternating pairs, {what}: ungrouped {c.a_median:.3f} s, grouped "
+        f"{c.b_median:.3f} s, grouped / ungrouped {c.median_pair_ratio:.2f}x "
+        f"(pairs {', '.join(f'{x:.2f}x' for x in c.pair_ratios)})" for what, c in pairs.items())
 
 
 def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
@@ -99,21 +103,25 @@ def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
         del entries
         base = [sys.executable, "-m", "ucstage", "shard-plan", path, "-w", "128", "-k", "8"]
 
-        def side(extra: list[str]) -> float:
+        def side(extra: list[str]) -> Any:
             return run_command(base + extra, env={**os.environ, "PYTHONPATH": os.getcwd()}
-                               ).timing.wall_s
+                               ).timing
 
         found = alternate({"ungrouped": lambda: side([]),
                            "grouped": lambda: side(["--group", "key"])}, args.pairs,
-                          lambda r, s, t: print(f"pair {r + 1}: {s} {t:.2f} s", file=sys.stderr))
-    c = Comparison(found["ungrouped"], found["grouped"])
-    rows = [{"name": f"shard-plan {n:,} files -w 128 -k 8", "ungrouped_s": c.a_median,
+                          lambda r, s, t: print(f"pair {r + 1}: {s} {t.wall_s:.2f} s wall, "
+                                                f"{t.cpu_s:.2f} s CPU", file=sys.stderr))
+    wall = Comparison([t.wall_s for t in found["ungrouped"]], [t.wall_s for t in found["grouped"]])
+    cpu = Comparison([t.cpu_s for t in found["ungrouped"]], [t.cpu_s for t in found["grouped"]])
+    rows = [{"name": f"shard-plan {n:,} files -w 128 -k 8 ({what})", "ungrouped_s": c.a_median,
              "grouped_s": c.b_median, "ratio": c.median_pair_ratio,
-             "pair_ratios": c.pair_ratios, "target": 1.5}]
-    return rows, (f"shard-plan of a {n:,}-file Arrow manifest, 128 x 8 slots, "
-                  f"{args.pairs} alternating pairs: ungrouped {c.a_median:.2f} s, grouped "
-                  f"{c.b_median:.2f} s, grouped / ungrouped {c.median_pair_ratio:.2f}x "
-                  f"(pairs {', '.join(f'{x:.2f}x' for x in c.pair_ratios)})")
+             "pair_ratios": c.pair_ratios, "target": 1.5}
+            for what, c in (("wall", wall), ("CPU", cpu))]
+    return rows, "\n".join(
+        f"shard-plan of a {n:,}-file Arrow manifest, 128 x 8 slots, {args.pairs} alternating "
+        f"pairs, {what}: ungrouped {c.a_median:.2f} s, grouped {c.b_median:.2f} s, grouped / "
+        f"ungrouped {c.median_pair_ratio:.2f}x (pairs {', '.join(f'{x:.2f}x' for x in c.pair_ratios)})"
+        for what, c in (("wall", wall), ("CPU (user + sys)", cpu)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -75,6 +75,9 @@ def test_every_sample_whole_and_cached(volume, tmp_path, max_bytes, read_ahead) 
     loader = DataLoader(Decode(ds), batch_size=5, num_workers=2, audit=False)
     assert Counter(k for batch in loader for k in batch) == Counter(keys())
     assert len(ds) == N
+    first = ds.slot_entries(rank=0, world_size=1, num_workers=0, worker=0)[0]
+    assert first.suffixes == ("jpg", "json", "seg.png") and first.path == "s0/0000"
+    assert [e.path for e in first] == ["s0/0000.jpg", "s0/0000.json", "s0/0000.seg.png"]
 
 
 def test_incomplete_samples_are_dropped_with_one_warning_or_refused(volume, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]

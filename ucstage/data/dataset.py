@@ -370,7 +370,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
                      worker: int) -> list[FileEntry] | list[samples.Sample]:
         """The files slot (rank, worker) reads this epoch, in read order (when
-        grouped, its samples: tuples of member entries).
+        grouped, its samples: :class:`~ucstage.data.samples.Sample`, whose
+        ``members`` are the entries and ``suffixes`` their suffixes).
 
         Computed with :func:`ucstage.sharding.slot_files` (or its equal-length
         variant), the rule ``ucstage shard-plan`` prints.

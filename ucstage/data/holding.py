@@ -20,6 +20,7 @@ import numpy as np
 from ..cache import runstats
 from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
+from ..manifest.groups import split_name
 from ..sharding import effective_workers
 from . import samples, warm
 from .protocol import ShardedDataset
@@ -119,7 +120,7 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -
     row = int(groups.offsets[largest_at]) if groups is not None else largest_at
     name = manifest.entries[row].path
     if groups is not None:
-        name = f"sample {samples.Sample((manifest.entries[row],)).path!r}"
+        name = f"sample {split_name(manifest.entries[row].path)[0]!r}"
     check_window(cap, readers=local_ranks() * effective_workers(num_workers),
                  depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
                  largest_name=name)

@@ -11,7 +11,8 @@ half cached, and the read-ahead's window counts samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..manifest import Manifest
@@ -22,26 +23,53 @@ __all__ = ["Sample", "SampleRows", "fetcher", "looker", "release", "run_lookup"]
 
 
 class Sample(tuple):  # type: ignore[type-arg]
-    """One sample's members (:class:`FileEntry`, in suffix order)."""
+    """One sample: its members (:class:`FileEntry`, in suffix order), their
+    suffixes and its bytes. Iterating it (and ``len()``) gives the members.
+
+    One tuple ``(suffixes, size, *members)`` (a slot's samples are made a
+    block at a time: one object each, the suffix tuples shared, keeps the
+    garbage collector's work per sample small).
+    """
 
     __slots__ = ()
+
+    def __new__(cls, members: Sequence[FileEntry], suffixes: Sequence[str] | None = None,
+                size: int | None = None) -> Sample:
+        if suffixes is None:
+            suffixes = tuple(split_name(e.path)[1] for e in members)
+        if size is None:
+            size = sum(e.size for e in members)
+        return tuple.__new__(cls, (tuple(suffixes), size, *members))
+
+    @property
+    def members(self) -> tuple[FileEntry, ...]:
+        return tuple.__getitem__(self, slice(2, None))  # type: ignore[no-any-return]
+
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        return tuple.__getitem__(self, 0)  # type: ignore[no-any-return]
 
     @property
     def size(self) -> int:
         """The sample's bytes."""
-        return sum(e.size for e in self)
+        return tuple.__getitem__(self, 1)  # type: ignore[no-any-return]
 
-    @property
-    def files(self) -> int:
-        return len(self)
+    def __iter__(self) -> Iterator[FileEntry]:
+        return itertools.islice(tuple.__iter__(self), 2, None)
+
+    def __len__(self) -> int:
+        return tuple.__len__(self) - 2
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.members[index]
+
+    def __repr__(self) -> str:
+        return f"Sample({self.path!r}, {list(self.suffixes)})"
 
     @property
     def path(self) -> str:
         """The sample's key (what messages name it by)."""
-        return split_name(self[0].path)[0]
-
-    def suffixes(self) -> list[str]:
-        return [split_name(e.path)[1] for e in self]
+        return split_name(tuple.__getitem__(self, 2).path)[0]
 
 
 class SampleRows(Sequence[Sample]):
@@ -60,13 +88,25 @@ class SampleRows(Sequence[Sample]):
         return len(self._indices)
 
     def _make(self, samples: Any) -> list[Sample]:
-        entries = self._manifest.take(self._groups.rows(samples))
-        counts = self._groups.members()[samples].tolist()
-        out, at = [], 0
-        for count in counts:
-            out.append(Sample(entries[at:at + count]))
-            at += count
-        return out
+        import numpy as np
+
+        offsets = self._groups.offsets
+        rows = self._groups.rows(samples)
+        entries = self._manifest.take(rows)
+        counts = offsets[samples + 1] - offsets[samples]
+        starts = np.cumsum(counts) - counts
+        sizes = (np.add.reduceat(np.asarray(self._manifest.sizes())[rows], starts).tolist()
+                 if len(rows) else [])
+        # Each member's suffix: its name's part after the first dot (split_name, inlined).
+        names = [e[0] for e in entries]
+        suffixes = [p[d + 1:] if (d := p.find(".", p.rfind("/") + 1)) >= 0 else ""
+                    for p in names]
+        shared: dict[tuple[str, ...], tuple[str, ...]] = {}
+        make = tuple.__new__
+        return [make(Sample, (shared.setdefault(tuple(suffixes[a:a + c]),
+                                                tuple(suffixes[a:a + c])), size,
+                              *entries[a:a + c]))
+                for a, c, size in zip(starts.tolist(), counts.tolist(), sizes, strict=True)]
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -103,7 +143,7 @@ def fetcher(fetch: Callable[[FileEntry], str]) -> Callable[[Sample], dict[str, s
     """``fetch(sample)``: every member through the file ``fetch``, in order."""
 
     def fetch_sample(sample: Sample) -> dict[str, str]:
-        return dict(zip(sample.suffixes(), map(fetch, sample), strict=True))
+        return dict(zip(sample.suffixes, map(fetch, sample.members), strict=True))
 
     return fetch_sample
 
@@ -117,7 +157,7 @@ def looker(lookup: Callable[[FileEntry], str | None] | None, reader: Any
 
     def lookup_sample(sample: Sample) -> dict[str, str] | None:
         found: dict[str, str] = {}
-        for suffix, entry in zip(sample.suffixes(), sample, strict=True):
+        for suffix, entry in zip(sample.suffixes, sample.members, strict=True):
             path = lookup(entry)
             if path is None:
                 if reader is not None:
@@ -135,14 +175,14 @@ def run_lookup(lookup_run: Callable[[Sequence[FileEntry]], list[str]]
     whose members are all valid hits."""
 
     def samples_run(block: Sequence[Sample]) -> list[dict[str, str]]:
-        paths = lookup_run([e for s in block for e in s])
+        paths = lookup_run([e for s in block for e in s.members])
         out: list[dict[str, str]] = []
         at = 0
         for sample in block:
             end = at + len(sample)
             if end > len(paths):
                 break
-            out.append(dict(zip(sample.suffixes(), paths[at:end], strict=True)))
+            out.append(dict(zip(sample.suffixes, paths[at:end], strict=True)))
             at = end
         return out
 

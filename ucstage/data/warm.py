@@ -70,9 +70,9 @@ def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]
 
 
 def _files(run: Sequence[Any]) -> int:
-    """Files in a run of entries, or of grouped samples (tuples of entries)."""
+    """Files in a run of entries, or of grouped samples (each ``len()`` members)."""
     if run and not isinstance(run[0], FileEntry):
-        return sum(len(s) for s in run)
+        return sum(map(len, run))
     return len(run)
 
 

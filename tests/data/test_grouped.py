@@ -147,3 +147,14 @@ def test_resume_on_another_layout_delivers_each_sample_once(volume, tmp_path) ->
     plain = VolumeDataset(volume, cache_dir=tmp_path / "c")
     with pytest.raises(ResumeMismatch):
         plain.load_state_dict(merged)
+
+
+def test_the_rank_guard_compares_the_grouping() -> None:
+    from ucstage.data.loader import _check_listings, _GuardInfo
+    from ucstage.errors import RankMismatch
+
+    same = [_GuardInfo(2, "f" * 64, 10, True, True, grouping="a" * 64)] * 2
+    _check_listings(same)
+    other = [same[0], _GuardInfo(2, "f" * 64, 10, True, True, grouping="b" * 64)]
+    with pytest.raises(RankMismatch, match="grouping bbbbbbbbbbbb"):
+        _check_listings(other)

@@ -380,13 +380,13 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
                                worker=worker).take_all()
 
     def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
-                   worker: int) -> _SlotRows | samples.SampleRows:
+                   worker: int) -> samples.SlotRows:
         manifest = self.freeze()
         layout = self.layout(world_size, num_workers)
         indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
         if manifest.groups is not None:
             return samples.SampleRows(manifest, indices)
-        return _SlotRows(manifest, indices)
+        return samples.SlotRows(manifest, indices)
 
     def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
@@ -427,7 +427,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
                 counters = reader.counters if reader is not None else None
                 done = yield from warm.hits(entries, lookup, counters, tracker)
             if done < len(entries):
-                rest = (entries.tail(done) if isinstance(entries, (_SlotRows, samples.SampleRows))
+                rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])
                 yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, grouped))
         finally:
@@ -461,41 +461,3 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         finally:
             ahead.close()
 
-
-class _SlotRows(Sequence[FileEntry]):
-    """A slot's entries, made from the manifest a block at a time as they are
-    read: a worker never holds a FileEntry per file of its slot."""
-
-    BLOCK = 1024
-
-    def __init__(self, manifest: Manifest, indices: Any) -> None:
-        self._manifest = manifest
-        self._indices = indices
-        # One (block, rows) tuple, replaced whole: read-ahead threads index
-        # concurrently and must never see one block's number with another's rows.
-        self._cached: tuple[int, list[FileEntry]] = (-1, [])
-
-    def __len__(self) -> int:
-        return len(self._indices)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self._manifest.take(self._indices[index])
-        if not 0 <= index < len(self._indices):
-            raise IndexError("slot index out of range")
-        block, start = index // self.BLOCK, index // self.BLOCK * self.BLOCK
-        cached_block, rows = self._cached
-        if cached_block != block:  # read-ahead threads read near one another, in order
-            rows = self._manifest.take(self._indices[start:start + self.BLOCK])
-            self._cached = (block, rows)
-        return rows[index - start]
-
-    def tail(self, start: int) -> _SlotRows:
-        """The entries from ``start`` on (a view: no entry is made)."""
-        return self if start == 0 else _SlotRows(self._manifest, self._indices[start:])
-
-    def with_indices(self, indices: Any) -> _SlotRows:
-        return _SlotRows(self._manifest, indices)
-
-    def take_all(self) -> list[FileEntry]:
-        return self._manifest.take(self._indices)

@@ -1,4 +1,5 @@
-"""Grouped samples in a VolumeDataset's slot: a sample's files fetched as one item.
+"""A VolumeDataset slot's items (:class:`SlotRows`), and grouped samples: a
+sample's files fetched as one item.
 
 A grouped manifest (:mod:`ucstage.manifest.groups`) keeps each sample's
 members in consecutive rows; the slot rule deals sample numbers, and
@@ -19,7 +20,7 @@ from ..manifest import Manifest
 from ..manifest.groups import split_name
 from ..volumes import FileEntry
 
-__all__ = ["Sample", "SampleRows", "fetcher", "looker", "release", "run_lookup"]
+__all__ = ["Sample", "SampleRows", "SlotRows", "fetcher", "looker", "release", "run_lookup"]
 
 
 class Sample(tuple):  # type: ignore[type-arg]
@@ -72,20 +73,58 @@ class Sample(tuple):  # type: ignore[type-arg]
         return split_name(tuple.__getitem__(self, 2).path)[0]
 
 
-class SampleRows(Sequence[Sample]):
-    """A slot's samples, made from the manifest a block at a time as they are read."""
+class SlotRows(Sequence[Any]):
+    """A slot's items, made from the manifest a block at a time as they are
+    read: a worker never holds an object per item of its slot. The items are
+    the rows' :class:`FileEntry` values; :class:`SampleRows`' are samples."""
+
+    BLOCK = 1024
+
+    def __init__(self, manifest: Manifest, indices: Any) -> None:
+        self._manifest = manifest
+        self._indices = indices
+        # One (block, items) tuple, replaced whole: read-ahead threads index
+        # concurrently and must never see one block's number with another's items.
+        self._cached: tuple[int, list[Any]] = (-1, [])
+
+    def _make(self, indices: Any) -> list[Any]:
+        return self._manifest.take(indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self._make(self._indices[index])
+        if not 0 <= index < len(self._indices):
+            raise IndexError("slot index out of range")
+        block, start = index // self.BLOCK, index // self.BLOCK * self.BLOCK
+        cached_block, rows = self._cached
+        if cached_block != block:  # read-ahead threads read near one another, in order
+            rows = self._make(self._indices[start:start + self.BLOCK])
+            self._cached = (block, rows)
+        return rows[index - start]
+
+    def tail(self, start: int) -> SlotRows:
+        """The items from ``start`` on (a view: no item is made)."""
+        return self if start == 0 else self.with_indices(self._indices[start:])
+
+    def with_indices(self, indices: Any) -> SlotRows:
+        return type(self)(self._manifest, indices)
+
+    def take_all(self) -> list[Any]:
+        return self._make(self._indices)
+
+
+class SampleRows(SlotRows):
+    """A grouped slot's samples (the slot rule dealt sample numbers)."""
 
     BLOCK = 512
 
     def __init__(self, manifest: Manifest, indices: Any) -> None:
         assert manifest.groups is not None
-        self._manifest = manifest
+        super().__init__(manifest, indices)
         self._groups = manifest.groups
-        self._indices = indices
-        self._cached: tuple[int, list[Sample]] = (-1, [])
-
-    def __len__(self) -> int:
-        return len(self._indices)
 
     def _make(self, samples: Any) -> list[Sample]:
         import numpy as np
@@ -107,27 +146,6 @@ class SampleRows(Sequence[Sample]):
                                                 tuple(suffixes[a:a + c])), size,
                               *entries[a:a + c]))
                 for a, c, size in zip(starts.tolist(), counts.tolist(), sizes, strict=True)]
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self._make(self._indices[index])
-        if not 0 <= index < len(self._indices):
-            raise IndexError("slot index out of range")
-        block, start = index // self.BLOCK, index // self.BLOCK * self.BLOCK
-        cached_block, rows = self._cached
-        if cached_block != block:
-            rows = self._make(self._indices[start:start + self.BLOCK])
-            self._cached = (block, rows)
-        return rows[index - start]
-
-    def tail(self, start: int) -> SampleRows:
-        return self if start == 0 else SampleRows(self._manifest, self._indices[start:])
-
-    def with_indices(self, indices: Any) -> SampleRows:
-        return SampleRows(self._manifest, indices)
-
-    def take_all(self) -> list[Sample]:
-        return self._make(self._indices)
 
 
 def release(reader: Any, item: Any, *, consumed: bool = True) -> None:

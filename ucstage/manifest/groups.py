@@ -244,13 +244,31 @@ class _Column:
                                                 self.step, dtype=np.int64)))
 
 
+def _name_dots(data: np.ndarray, begin: np.ndarray, end: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(key end, has a dot) of the rows ``begin:end`` of ``data``: the first dot
+    after each row's last slash, from every ``/`` and ``.`` of the bytes."""
+    import numpy as np
+
+    slashes = np.flatnonzero(data == ord("/"))
+    dots = np.flatnonzero(data == ord("."))
+    at = np.searchsorted(slashes, end) - 1  # the last slash before each row's end
+    last = np.where(at >= 0, slashes[np.maximum(at, 0)] if len(slashes) else begin - 1,
+                    begin - 1)
+    name = np.maximum(last + 1, begin)  # a slash before the row's start is another row's
+    first = np.searchsorted(dots, name)
+    dot = dots[np.minimum(first, max(len(dots) - 1, 0))] if len(dots) else end
+    has_dot = (first < len(dots)) & (dot < end) if len(dots) else np.zeros(len(begin), bool)
+    return np.where(has_dot, dot, end), has_dot
+
+
 def _columns(paths: Any, grouping: Grouping) -> tuple[_Column, _Column]:
     """(keys, suffixes) of an Arrow large_string array of paths.
 
-    The name's first dot is found in numpy over the column's bytes (``/`` and
-    ``.`` never occur inside a multi-byte UTF-8 character); then one array of
-    three pieces per row (key, its dot or nothing, suffix) over the same bytes
-    needs only new offsets: no string is copied or made in Python.
+    The name's first dot is found in numpy over the column's bytes (``/``
+    and ``.`` never occur inside a multi-byte UTF-8 character); then one
+    array of three pieces per row (key, its dot or nothing, suffix) over the
+    same bytes needs only new offsets: no string is copied or made in Python.
     """
     import numpy as np
     import pyarrow as pa
@@ -264,16 +282,7 @@ def _columns(paths: Any, grouping: Grouping) -> tuple[_Column, _Column]:
     data = (np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None
             else np.zeros(0, dtype=np.uint8))
     begin, end = offsets[:-1], offsets[1:]
-    slashes = np.flatnonzero(data == ord("/"))
-    dots = np.flatnonzero(data == ord("."))
-    at = np.searchsorted(slashes, end) - 1  # the last slash before each row's end
-    last = np.where(at >= 0, slashes[np.maximum(at, 0)] if len(slashes) else begin - 1,
-                    begin - 1)
-    name = np.maximum(last + 1, begin)  # a slash before the row's start is another row's
-    first = np.searchsorted(dots, name)  # the first dot of the name
-    dot = dots[np.minimum(first, max(len(dots) - 1, 0))] if len(dots) else end
-    has_dot = (first < len(dots)) & (dot < end) if len(dots) else np.zeros(n, dtype=bool)
-    key_end = np.where(has_dot, dot, end)
+    key_end, has_dot = _name_dots(data, begin, end)
     cuts = np.empty(3 * n + 1, dtype=np.int64)
     cuts[0:3 * n:3] = begin
     cuts[1:3 * n:3] = key_end

@@ -293,8 +293,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         self.__dict__.update(state)
 
     def __len__(self) -> int:
-        """Files this process yields per epoch: a worker's slot, or the rank's
-        files in the main process (see the class docstring)."""
+        """Items this process yields per epoch (files, or samples when grouped):
+        a worker's slot, or the rank's in the main process (see the class docstring)."""
         if self._fingerprint is None:
             # TypeError is what len() of a length-less object raises, so
             # operator.length_hint and list() pass over it as they should.
@@ -314,8 +314,10 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
-        return (f"VolumeDataset({self._source!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, {frozen})")
+        group = "" if self._grouping is None else f"group={self._grouping.label!r}, "
+        return (f"VolumeDataset({self._source!r}, {group}shuffle={self.shuffle}, "
+                f"seed={self.seed}, shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, "
+                f"{frozen})")
 
     # -- sharding --------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import tempfile
 import time
 from typing import Any
 
+import ucstage
 from benchmarks.pairs import Comparison, alternate, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import run_command
@@ -102,10 +103,13 @@ def plan(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
         save(Manifest("/Volumes/main/ml/train", entries, fingerprint(entries)), path)
         del entries
         base = [sys.executable, "-m", "ucstage", "shard-plan", path, "-w", "128", "-k", "8"]
+        # The child runs the ucstage this process imported (ab_compare picks which).
+        home = os.path.dirname(os.path.dirname(os.path.abspath(ucstage.__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (home, os.environ.get("PYTHONPATH", "")) if p)}
 
         def side(extra: list[str]) -> Any:
-            return run_command(base + extra, env={**os.environ, "PYTHONPATH": os.getcwd()}
-                               ).timing
+            return run_command(base + extra, env=env).timing
 
         found = alternate({"ungrouped": lambda: side([]),
                            "grouped": lambda: side(["--group", "key"])}, args.pairs,

@@ -17,8 +17,12 @@ from ucstage.sharding import Layout, ReadOrder, slot_array
 from ucstage.volumes import FileEntry
 
 
-def manifest_of(paths: list[str]) -> Manifest:
+def manifest_of(paths: list[str], *, reverse: bool = False) -> Manifest:
+    """A manifest of ``paths`` in listing (path) order, or reversed (as a JSON
+    manifest written by hand may be: grouping then sorts)."""
     entries = [FileEntry(p, 10 + i, f"v{i}") for i, p in enumerate(sorted(paths))]
+    if reverse:
+        entries.reverse()
     return Manifest("/data", entries, fingerprint(entries))
 
 
@@ -39,11 +43,17 @@ def test_key_is_the_path_up_to_the_first_dot_of_the_name() -> None:
     assert split_name(".hidden") == ("", "hidden")
 
 
-def test_path_order_does_not_keep_a_sample_together() -> None:
+def test_path_order_does_not_keep_a_sample_together(tmp_path) -> None:  # type: ignore[no-untyped-def]
     grouped, found = group_manifest(manifest_of(["d/K.jpg", "d/K.jpgx/a.txt", "d/K.json"]),
                                     Grouping())
     assert samples_of(grouped) == [["d/K.jpg", "d/K.json"], ["d/K.jpgx/a.txt"]]
     assert found.order is not None
+    path = str(tmp_path / "k.manifest.arrow")  # the reordered rows survive a full check
+    save(grouped, path)
+    assert samples_of(load(path)) == samples_of(grouped)
+    # K-1 sorts before K by path ('-' < '.'), after it by key.
+    again, _ = group_manifest(manifest_of(["K-1.jpg", "K.jpg", "K.json"]), Grouping())
+    assert samples_of(again) == [["K.jpg", "K.json"], ["K-1.jpg"]]
 
 
 def test_a_name_without_a_dot_is_its_own_sample() -> None:
@@ -113,11 +123,12 @@ names = st.text(alphabet="ab.-/", min_size=1, max_size=7).filter(
 @settings(max_examples=150, deadline=None)
 @given(paths=st.lists(names, min_size=0, max_size=40, unique=True),
        world=st.integers(1, 3), workers=st.integers(0, 3), shuffle=st.booleans(),
-       seed=st.integers(0, 5))
-def test_grouped_slots_match_a_brute_force_model(paths, world, workers, shuffle, seed) -> None:  # type: ignore[no-untyped-def]
+       seed=st.integers(0, 5), reverse=st.booleans())
+def test_grouped_slots_match_a_brute_force_model(paths, world, workers, shuffle, seed,  # type: ignore[no-untyped-def]
+                                                 reverse) -> None:
     # A path can't be both a file and a folder in a listing.
     files = [p for p in paths if not any(q.startswith(p + "/") for q in paths)]
-    m = manifest_of(files)
+    m = manifest_of(files, reverse=reverse)
     # The model: a dict of key -> members sorted by suffix, samples sorted by key.
     model: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for p in files:
@@ -141,6 +152,8 @@ def test_grouped_slots_match_a_brute_force_model(paths, world, workers, shuffle,
         assert grouped.groups is not None
         rows = grouped.groups.rows(dealt).tolist()
         got = [grouped.paths([r])[0] for r in rows]
+        sizes = {e.path: e.size for e in m.entries}  # each row keeps its own size and version
+        assert [e.size for e in grouped.take(rows)] == [sizes[p] for p in got]
         assert got == [p for s in dealt.tolist() for p in want[s]]  # whole samples, in order
         seen += got
     assert sorted(seen) == sorted(files)  # every file once, no sample split over slots

@@ -158,3 +158,14 @@ def test_the_rank_guard_compares_the_grouping() -> None:
     other = [same[0], _GuardInfo(2, "f" * 64, 10, True, True, grouping="b" * 64)]
     with pytest.raises(RankMismatch, match="grouping bbbbbbbbbbbb"):
         _check_listings(other)
+
+
+def test_the_readers_window_is_sized_by_the_largest_sample(volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ucstage.errors import CacheFull
+
+    # A sample is 3 files of about 190-200 bytes: 7 samples (read_ahead 4 + 3) do not fit in
+    # 3,000 bytes, though 7 of its largest files would.
+    ds = VolumeDataset(volume, group="key", require=("jpg",), cache_dir=tmp_path / "c",
+                       max_bytes=3000)
+    with pytest.raises(CacheFull, match=r"7 samples held each .* the largest sample 760 B"):
+        next(iter(ds))

@@ -123,7 +123,7 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -
         name = f"sample {split_name(manifest.entries[row].path)[0]!r}"
     check_window(cap, readers=local_ranks() * effective_workers(num_workers),
                  depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
-                 largest_name=name)
+                 largest_name=name, unit="file" if groups is None else "sample")
 
 
 def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:

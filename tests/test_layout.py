@@ -106,7 +106,7 @@ def test_the_cycle_finder_finds_cycles():
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.entry",
         "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing", "ucstage.volumes.ranges",
         "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
-        "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.source", "ucstage.ports",
+        "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.manifest.groups", "ucstage.source", "ucstage.ports",
         "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
         "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
         "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",

@@ -18,6 +18,7 @@ __all__ = [
     "EmptySource",
     "ExportError",
     "FetchFailed",
+    "GroupingError",
     "InvalidArgument",
     "ManifestError",
     "MissingDependency",
@@ -87,6 +88,11 @@ class UnreadableFolders(SourceUnreadable):
 
 class EmptySource(UcstageError):
     """The source exists but lists no files after filtering."""
+
+
+class GroupingError(UcstageError):
+    """Files cannot be grouped into samples: two members of one sample share a
+    suffix, or a sample lacks a required member (``on_incomplete="error"``)."""
 
 
 class ManifestError(UcstageError):

@@ -26,7 +26,7 @@ is worker 0 of 1.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
@@ -34,6 +34,7 @@ import torch.utils.data as tud
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
+from ..manifest.groups import Grouping
 from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
     Layout,
@@ -43,7 +44,7 @@ from ..sharding import (
     slot_length,
 )
 from ..volumes import FileEntry, Volume
-from . import epochrecord, holding, warm
+from . import epochrecord, holding, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
 from .sharded import SlotRule, equal_mode
@@ -94,6 +95,18 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         cache_dir: cache root when ``cache`` is not given (default:
             ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
         max_bytes: byte cap for a cache built from ``cache_dir``.
+        group: ``"key"`` makes files sharing a key one sample (the key is the
+            relative path up to the first ``.`` of the file name; a name
+            without a dot is its own key, suffix ``""``), or a callable from
+            relative path to key (module-level, so that it pickles into
+            workers). The dataset then yields ``{suffix: local path}`` per
+            sample (``{"jpg": ..., "json": ...}``), every member cached first;
+            samples are the unit of the slot rule, the shuffle,
+            ``equal_length``, ``len()``, resume and the audit.
+        require: with ``group``, suffixes every sample must have
+            (case-sensitive), e.g. ``("jpg", "json")``.
+        on_incomplete: with ``require``, ``"drop"`` (default: such samples are
+            left out, counted in one warning with examples) or ``"error"``.
 
     Building one lists nothing and pickles to a few hundred bytes: the
     listing is frozen into a manifest file on first use and only its path
@@ -136,6 +149,9 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         cache: LocalCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
+        group: str | Callable[[str], str] | None = None,
+        require: Sequence[str] = (),
+        on_incomplete: str = "drop",
     ) -> None:
         super().__init__()
         if read_ahead < 0:
@@ -157,6 +173,11 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
         self.skip_unreadable = bool(skip_unreadable)
+        if group is None and (tuple(require) or on_incomplete != "drop"):
+            raise InvalidArgument("require and on_incomplete apply to grouped samples: pass "
+                                  'group="key" (or a key callable) too')
+        self._grouping = (Grouping(group, tuple(require), on_incomplete)
+                          if group is not None else None)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._max_bytes = max_bytes
         self._manifest_path: str | None = None
@@ -176,6 +197,8 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             if self.include or self.exclude:
                 raise InvalidArgument("include/exclude do not apply to a manifest (it is frozen)")
             self._source = source.source
+            if self._grouping is not None:
+                source = self._group(source)
             self._manifest = source
             self._fingerprint = source.fingerprint
             self._manifest_path = source.path
@@ -190,8 +213,8 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         return super().__getstate__()
 
     def __len__(self) -> int:
-        """Files this process yields per epoch: a worker's slot, or the rank's
-        files in the main process (see the class docstring)."""
+        """Items this process yields per epoch (files, or samples when grouped):
+        a worker's slot, or the rank's in the main process (see the class docstring)."""
         if self._fingerprint is None:
             # TypeError is what len() of a length-less object raises, so
             # operator.length_hint and list() pass over it as they should.
@@ -206,19 +229,26 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
-        return (f"VolumeDataset({self._source!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, {frozen})")
+        group = "" if self._grouping is None else f"group={self._grouping.label!r}, "
+        return (f"VolumeDataset({self._source!r}, {group}shuffle={self.shuffle}, "
+                f"seed={self.seed}, shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, "
+                f"{frozen})")
 
     # -- sharding --------------------------------------------------------------
 
     def read_order(self) -> ReadOrder:
-        """This epoch's read order over the frozen listing (freezes it)."""
-        return ReadOrder(len(self._entries()), self.shuffle, self.seed, self.epoch,
-                         self.equal_length, self.shuffle_scope)
+        """This epoch's read order over the frozen listing (freezes it): over
+        its samples when grouped (``n`` is the item count either way)."""
+        manifest = self.freeze()
+        n = manifest.groups.count if manifest.groups is not None else len(manifest.entries)
+        return ReadOrder(n, self.shuffle, self.seed, self.epoch, self.equal_length,
+                         self.shuffle_scope)
 
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
-                     worker: int) -> list[FileEntry]:
-        """The files slot (rank, worker) reads this epoch, in read order.
+                     worker: int) -> list[FileEntry] | list[samples.Sample]:
+        """The files slot (rank, worker) reads this epoch, in read order (when
+        grouped, its samples: :class:`~ucstage.data.samples.Sample`, whose
+        ``members`` are the entries and ``suffixes`` their suffixes).
 
         Computed with :func:`ucstage.sharding.slot_files` (or its equal-length
         variant), the rule ``ucstage shard-plan`` prints.
@@ -227,13 +257,15 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
                                worker=worker).take_all()
 
     def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
-                   worker: int) -> _SlotRows:
+                   worker: int) -> samples.SlotRows:
         manifest = self.freeze()
         layout = self.layout(world_size, num_workers)
         indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
-        return _SlotRows(manifest, indices)
+        if manifest.groups is not None:
+            return samples.SampleRows(manifest, indices)
+        return samples.SlotRows(manifest, indices)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
         record = epochrecord.apply(self)
@@ -248,7 +280,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         tracker = _state.SlotTracker.begin(self, rows._indices, rank=rank, world_size=world,
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
-            rows = _SlotRows(rows._manifest, tracker.indices)
+            rows = rows.with_indices(tracker.indices)
         it = self._fetch_all(rows, rank, tracker)
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
@@ -256,63 +288,32 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             return epochrecord.guarded(it, self._epoch_link, record["gen"])
         return it
 
-    def _fetch_all(self, entries: Sequence[FileEntry], rank: int,
-                   tracker: _state.SlotTracker) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[Any], rank: int,
+                   tracker: _state.SlotTracker) -> Iterator[Any]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
         try:
             # Without a cap, the leading run of hits goes out in blocks (data/warm.py).
-            lookup = holding.unheld_lookup(reader, cache, volume)
+            lookup: Any = holding.unheld_lookup(reader, cache, volume)
+            grouped = isinstance(entries, samples.SampleRows)
+            if lookup is not None and grouped:
+                lookup = samples.run_lookup(lookup)
             done = 0
             if lookup is not None:
                 counters = reader.counters if reader is not None else None
                 done = yield from warm.hits(entries, lookup, counters, tracker)
             if done < len(entries):
-                rest = (entries.tail(done) if isinstance(entries, _SlotRows)
+                rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])
-                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume))
+                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, grouped))
         finally:
             if reader is not None:
                 reader.close()
         tracker.end()
 
-    def _fetch_rest(self, entries: Sequence[FileEntry], reader: Any, cache: LocalCache,
-                    volume: Volume) -> Iterator[str]:
-        return holding.fetch_in_order(entries, reader, cache, volume, self.read_ahead)
+    def _fetch_rest(self, entries: Sequence[Any], reader: Any, cache: LocalCache,
+                    volume: Volume, grouped: bool = False) -> Iterator[Any]:
+        return holding.fetch_in_order(entries, reader, cache, volume, self.read_ahead,
+                                      grouped=grouped)
 
-
-class _SlotRows(Sequence[FileEntry]):
-    """A slot's entries, made from the manifest a block at a time as they are
-    read: a worker never holds a FileEntry per file of its slot."""
-
-    BLOCK = 1024
-
-    def __init__(self, manifest: Manifest, indices: Any) -> None:
-        self._manifest = manifest
-        self._indices = indices
-        # One (block, rows) tuple, replaced whole: read-ahead threads index
-        # concurrently and must never see one block's number with another's rows.
-        self._cached: tuple[int, list[FileEntry]] = (-1, [])
-
-    def __len__(self) -> int:
-        return len(self._indices)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self._manifest.take(self._indices[index])
-        if not 0 <= index < len(self._indices):
-            raise IndexError("slot index out of range")
-        block, start = index // self.BLOCK, index // self.BLOCK * self.BLOCK
-        cached_block, rows = self._cached
-        if cached_block != block:  # read-ahead threads read near one another, in order
-            rows = self._manifest.take(self._indices[start:start + self.BLOCK])
-            self._cached = (block, rows)
-        return rows[index - start]
-
-    def tail(self, start: int) -> _SlotRows:
-        """The entries from ``start`` on (a view: no entry is made)."""
-        return self if start == 0 else _SlotRows(self._manifest, self._indices[start:])
-
-    def take_all(self) -> list[FileEntry]:
-        return self._manifest.take(self._indices)

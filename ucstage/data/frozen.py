@@ -20,7 +20,8 @@ import torch.utils.data as tud
 from .. import manifest as _manifest
 from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import ManifestError, RankMismatch, UcstageError
-from ..manifest import Manifest
+from ..manifest import Manifest, group_manifest
+from ..manifest.groups import Grouping
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 
@@ -53,6 +54,7 @@ class FrozenListing:
     _cache: LocalCache | None
     _manifest: Manifest | None
     _volume: Volume | None
+    _grouping: Grouping | None = None
 
     if TYPE_CHECKING:
         def cache(self) -> LocalCache:
@@ -99,7 +101,23 @@ class FrozenListing:
         for path, reason in manifest.unreadable:
             _log.warning("skipped unreadable folder %s (%s): its files are not listed",
                          path, reason)
+        if self._grouping is not None and manifest.groups is None:
+            manifest = self._group(manifest)
         return manifest
+
+    def _group(self, manifest: Manifest) -> Manifest:
+        """The listing grouped into samples (frozen with the listing, on the
+        rank that lists, so no worker regroups it); dropped samples warned of."""
+        assert self._grouping is not None
+        grouped, found = group_manifest(manifest, self._grouping)
+        if found.groups.dropped:
+            examples = "; ".join(f"{key} lacks {', '.join(missing)}"
+                                 for key, missing in found.incomplete)
+            _log.warning("dropped %d of %d samples of %s that lack a required member "
+                         "(require=%s), e.g. %s", found.groups.dropped,
+                         found.groups.dropped + found.groups.count, self._source,
+                         list(self._grouping.require), examples)
+        return grouped
 
     def _load_frozen(self) -> Manifest:
         assert self._manifest_path is not None and self._fingerprint is not None
@@ -134,8 +152,11 @@ class FrozenListing:
                 group is initialised and this is not a DataLoader worker; the
                 ucstage DataLoader calls it on every rank for you.
         """
+        grouping = self._grouping
         request = (self._source, self.include, self.exclude, self.include_hidden,
-                   self.skip_unreadable)
+                   self.skip_unreadable,
+                   None if grouping is None else (grouping.label, grouping.require,
+                                                  grouping.on_incomplete))
         manifest: Manifest = freeze_once(self, broadcast, self._snapshot, request)
         return manifest
 
@@ -182,7 +203,7 @@ def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,
         values = "; ".join(f"rank {r}: {describe(q)}" for r, q in enumerate(requests))
         raise RankMismatch(
             f"ranks ask for different listings ({values})",
-            hint="pass the same source and include/exclude on every rank",
+            hint="pass the same source, include/exclude and group on every rank",
         )
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
@@ -202,14 +223,15 @@ def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,
     manifest = result[1]
     if check is None:
         def check(m: Any) -> bool:
-            return bool(_manifest.fingerprint(m.entries) == m.fingerprint)
+            # The grouping is part of the fingerprint (manifest/groups.py).
+            return bool(m.computed_fingerprint() == m.fingerprint)
     if not check(manifest):
         raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
     return manifest
 
 
 def _describe_request(request: tuple[Any, ...]) -> str:
-    source, include, exclude, hidden, skip = request
+    source, include, exclude, hidden, skip, grouping = request
     parts = [repr(source)]
     if include:
         parts.append(f"include={list(include)}")
@@ -219,4 +241,7 @@ def _describe_request(request: tuple[Any, ...]) -> str:
         parts.append("include_hidden=True")
     if skip:
         parts.append("skip_unreadable=True")
+    if grouping is not None:
+        parts.append(f"group={grouping[0]} require={list(grouping[1])} "
+                     f"on_incomplete={grouping[2]}")
     return " ".join(parts)

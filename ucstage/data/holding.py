@@ -21,8 +21,9 @@ import numpy as np
 from ..cache import runstats
 from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
+from ..manifest.groups import split_name
 from ..sharding import effective_workers
-from . import warm
+from . import samples, warm
 from .protocol import ShardedDataset
 from .readahead import ReadAhead, cache_fetcher, cache_lookup
 
@@ -83,18 +84,18 @@ def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
             # The consumer asked for the next item: it has opened this one.
             recent.append(path)
             while len(recent) > reader.slack:
-                reader.release(recent.popleft())
+                samples.release(reader, recent.popleft())
     finally:
         close = getattr(paths, "close", None)
         if close is not None:
             close()
         while recent:
-            reader.release(recent.popleft())
+            samples.release(reader, recent.popleft())
         reader.close()
 
 
 def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, volume: Any,
-                   read_ahead: int) -> Iterator[str]:
+                   read_ahead: int, *, grouped: bool = False) -> Iterator[Any]:
     """The local paths of ``entries`` in order, fetched through ``cache``
     ``read_ahead`` entries ahead of the consumer, each held until it moves on.
 
@@ -104,15 +105,22 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
     generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
     before it returns: nothing is copied for an iterator that is gone.
     Hits are looked up in this thread; only misses are handed to threads.
+
+    ``grouped``: the entries are samples (``data/samples.py``); the window
+    counts samples, each fetched whole before it is handed out.
     """
     if read_ahead == 0:
-        fetch = wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+        fetch: Any = wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+        if grouped:
+            fetch = samples.fetcher(fetch)
         yield from follow((fetch(entry) for entry in entries), reader)
         return
     fetch, stop, abandon = cache_fetcher(cache, volume)
-    ahead = ReadAhead(wrap(reader, cache, volume, fetch), entries, read_ahead,
-                      stop=stop, abandon=abandon,
-                      lookup=lookup(reader, cache, volume, cache_lookup(cache, volume)))
+    held: Any = wrap(reader, cache, volume, fetch)
+    look: Any = lookup(reader, cache, volume, cache_lookup(cache, volume))
+    if grouped:
+        held, look = samples.fetcher(held), samples.looker(look, reader)
+    ahead = ReadAhead(held, entries, read_ahead, stop=stop, abandon=abandon, lookup=look)
     try:
         yield from follow(iter(ahead), reader)
     finally:
@@ -137,13 +145,20 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -
         return
     manifest = dataset.freeze()
     sizes = manifest.sizes()
+    groups = getattr(manifest, "groups", None)  # a row-group manifest has no grouping
+    if groups is not None:  # a grouped dataset holds whole samples
+        sizes = groups.sample_sizes(sizes)
     if not len(sizes):
         return
     largest_at = int(np.argmax(np.asarray(sizes)))
     largest = int(sizes[largest_at])
+    row = int(groups.offsets[largest_at]) if groups is not None else largest_at
+    name = manifest.entries[row].path
+    if groups is not None:
+        name = f"sample {split_name(manifest.entries[row].path)[0]!r}"
     check_window(cap, readers=local_ranks() * effective_workers(num_workers),
                  depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
-                 largest_name=manifest.entries[largest_at].path)
+                 largest_name=name, unit="file" if groups is None else "sample")
 
 
 def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:

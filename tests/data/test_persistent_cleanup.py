@@ -200,3 +200,33 @@ def test_three_shuffled_epochs_deliver_what_shard_plan_prints_per_slot(
         assert pids is None or now == pids  # the same worker processes every epoch
         pids = now
     assert sorted(got[0] + [p for w in range(1, WORKERS) for p in got[w]]) == sorted(FILES)
+
+
+def test_resume_mid_epoch_into_live_persistent_workers(source: str, tmp_path: Path) -> None:
+    """A state taken mid-epoch, loaded into loaders whose workers are alive
+    (the same loader after a `break`, and one of another worker count): each
+    delivers the rest of that epoch, every file once."""
+    ds = VolumeDataset(source, cache_dir=str(tmp_path / "cache"), shuffle=True, seed=2)
+    loader = DataLoader(BySlot(ds), batch_size=4, collate_fn=_listify, log_mlflow=False,
+                        num_workers=WORKERS)
+    for _ in loader:  # epoch 0 whole: the workers live on from here
+        pass
+    ds.set_epoch(1)
+    first: list[str] = []
+    for i, batch in enumerate(loader):
+        first += [path for _, path in batch]
+        if i == 9:
+            break
+    state = loader.state_dict()
+    pids = [w.pid for w in loader._iterator._workers]  # type: ignore[union-attr]
+    other = DataLoader(BySlot(VolumeDataset(source, cache_dir=str(tmp_path / "cache"),
+                                            shuffle=True, seed=2)),
+                       batch_size=4, collate_fn=_listify, log_mlflow=False, num_workers=4)
+    for _ in other:  # its workers start (epoch 0) before the state is loaded
+        pass
+    for resumed in (loader, other):
+        resumed.load_state_dict(state)
+        rest = [path for batch in resumed for _, path in batch]
+        got = sorted(os.path.relpath(p, tmp_path / "cache") for p in first + rest)
+        assert len(got) == len(FILES) and len(set(got)) == len(FILES), "a file twice or never"
+    assert [w.pid for w in loader._iterator._workers] == pids  # type: ignore[union-attr]

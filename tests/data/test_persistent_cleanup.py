@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.common.backends import make_source
-from tests.common.parts import REPO, unique, wait_visible
+from tests.common.parts import REPO, pid_alive, unique, wait_visible
 from ucstage.data import DataLoader, VolumeDataset
 
 from .test_persistent import BySlot, _held_or_copying, _listify
@@ -64,10 +64,8 @@ def _marked(marker: str) -> list[int]:
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as fh:
-                if marker.encode() in fh.read():
-                    with open(f"/proc/{name}/stat") as st:
-                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(name))
+                if marker.encode() in fh.read() and pid_alive(int(name)):
+                    found.append(int(name))
         except OSError:  # gone meanwhile, or a kernel thread
             continue
     return found

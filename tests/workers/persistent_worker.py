@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+from tests.common.parts import pid_alive
 from ucstage import DataLoader, VolumeDataset
 
 WORKERS = 6
@@ -48,15 +49,7 @@ def children(pid: int) -> list[int]:
                 found += [int(p) for p in fh.read().split()]
         except FileNotFoundError:
             pass
-    return sorted(p for p in set(found) if running(p))
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return sorted(p for p in set(found) if pid_alive(p))
 
 
 def cmdline(pid: int) -> str:
@@ -97,7 +90,7 @@ def main() -> int:
 
         def left() -> dict[str, Any]:
             others = [p for p in children(os.getpid()) if p not in pids]
-            return {"workers": [p for p in pids if running(p)],
+            return {"workers": [p for p in pids if pid_alive(p)],
                     "children": {str(p): cmdline(p) for p in others},
                     "threads": sorted(t.name for t in set(threading.enumerate()) - threads),
                     "record_folder": bool(folder and os.path.exists(folder))}

@@ -49,6 +49,7 @@ ucstage is faster), median over the rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -167,15 +168,22 @@ def one_run(loader: str, src: str, workers: int, epochs: int, want: int) -> dict
 
 # --- the parent: fresh mounts, alternating rounds ------------------------------------
 
-def mount_prefix(prefix: str, where: str) -> str:
+def mount_prefix(prefix: str, where: str, log: str) -> str:
     """A fresh read-only rclone mount of the bucket's ``prefix`` (a flat folder) at ``where``."""
     os.makedirs(where, exist_ok=True)
     subprocess.run([remote_rclone(), "mount", f"{remote_env('UCSTAGE_REMOTE_RCLONE')}/{prefix}",
                     where, "--daemon", "--read-only", "--use-server-modtime",
-                    "--dir-cache-time", "5m", "--log-file", where + ".log"],
+                    "--dir-cache-time", "5m", "--log-file", log],
                    check=True, env=without_ca_bundle())
-    wait_mounted(where, where + ".log")
+    wait_mounted(where, log)
     return where
+
+
+def unmount_prefix(where: str) -> None:
+    """Unmount ``where``; remove it and the folders above it that are left empty."""
+    unmount(where)
+    with contextlib.suppress(OSError):
+        os.removedirs(where)  # stops at the first folder that is not empty
 
 
 def litdata_copy(url: str, prefix: str, endpoint: str) -> str:
@@ -213,8 +221,9 @@ def one_round(label: str, prefix: str, workers: int, rnd: int, args: argparse.Na
         else:
             mnt = None
             if name in FUSE_LOADERS:
-                mnt = mount_prefix(prefix, os.path.join(
-                    VOLUMES, label, f"w{workers}-r{rnd + 1}-{name.split()[0]}"))
+                run = f"w{workers}-r{rnd + 1}-{name.split()[0]}"
+                mnt = mount_prefix(prefix, os.path.join(VOLUMES, label, run),
+                                   os.path.join(ctx["work"], f"{label}-{run}.rclone.log"))
                 src = mnt
             elif name == "litdata s3":
                 src = ctx["litdata"][label]
@@ -225,8 +234,7 @@ def one_round(label: str, prefix: str, workers: int, rnd: int, args: argparse.Na
                 row = run_loader(name, src, workers, epochs, ctx["files"][label], ctx["work"])
             finally:
                 if mnt:
-                    unmount(mnt)
-                    shutil.rmtree(mnt, ignore_errors=True)
+                    unmount_prefix(mnt)
         row.update({"name": f"{label} w{workers} round {rnd + 1} {name}", "set": label,
                     "workers": workers, "round": rnd + 1, "loader": name})
         rows.append(row)

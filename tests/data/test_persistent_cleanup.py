@@ -125,6 +125,7 @@ def _assert_nothing_left(tmp_path: Path, info: dict[str, Any], record_folder: st
     assert (held, parts) == ([], []), f"held {held}, part files {parts}"
 
 
+@pytest.mark.torchrun  # a script and its 6 workers: not beside the other process-heavy tests
 def test_del_loader_leaves_nothing(source: str, tmp_path: Path,
                                    scripts: list[subprocess.Popen[str]]) -> None:
     proc, info = _script(tmp_path, source, "del", scripts)
@@ -141,6 +142,7 @@ def test_del_loader_leaves_nothing(source: str, tmp_path: Path,
     _assert_nothing_left(tmp_path, info, "/nonexistent")
 
 
+@pytest.mark.torchrun
 def test_ctrl_c_ends_the_script_and_leaves_nothing(source: str, tmp_path: Path,
                                                    scripts: list[subprocess.Popen[str]]) -> None:
     proc, info = _script(tmp_path, source, "sigint", scripts)

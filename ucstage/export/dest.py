@@ -29,6 +29,7 @@ from ..atomic import write_atomic
 from ..errors import ExportError, InvalidArgument
 from ..progress import Callback
 from ..volumes import resolve
+from .options import ExportOptions
 from .record import RECORD_NAME, ExportedFile, ExportRecord
 
 __all__ = [
@@ -224,7 +225,8 @@ def unchanged_export(dest: str, *, table: str, source_kind: str, source_location
         return None
     if (record.table != table or record.source_kind != source_kind
             or record.source_location != source_location
-            or record.delta_version != delta_version or record.options != options):
+            or record.delta_version != delta_version
+            or ExportOptions.recorded(record.options) != options):
         return None
     for entry in record.files:
         try:
@@ -424,6 +426,26 @@ def verify_staged(staging: str, expected_rows: int, files: int | None) -> list[E
             f"({expected_rows:,} rows: some of the {files} slices were empty)",
             hint="ask for fewer files than rows")
     return written
+
+
+def footer_row_groups(folder: str, files: list[ExportedFile]) -> list[list[int]]:
+    """The rows of each row group of each of ``files`` in ``folder``, from the footers.
+
+    What the writer actually did (its byte limit, and each file's last
+    group, end groups before ``row_group_rows``); an unreadable footer
+    counts as no row groups (the export was verified when it was written).
+    """
+    import pyarrow.parquet as pq
+
+    out: list[list[int]] = []
+    for entry in files:
+        try:
+            meta = pq.ParquetFile(os.path.join(folder, entry["path"])).metadata
+        except Exception:
+            out.append([])
+            continue
+        out.append([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+    return out
 
 
 def publish(staging: str, dest: str, record: ExportRecord) -> None:

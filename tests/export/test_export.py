@@ -382,6 +382,8 @@ def test_partitioned_table_keeps_partition_columns(spark_session: Any, warehouse
     result = export_table("main.ml.parted", by_year, partition_by=["year"])
     assert {f["path"].split("/")[0] for f in result.files} == {"year=2020", "year=2021",
                                                                "year=2022"}
+    # The row groups are found in the COL=value/ folders too, file by file.
+    assert [sum(g) for g in result.row_groups] == [f["rows"] for f in result.files]
     again = exported_table(by_year, partitioned=True)
     assert sorted(again.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
 

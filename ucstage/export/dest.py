@@ -16,7 +16,6 @@ the second of two concurrent exports finds the first one's record and skips.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -28,9 +27,9 @@ from typing import Any
 from ..atomic import write_atomic
 from ..errors import ExportError, InvalidArgument
 from ..progress import Callback
+from ..tables.record import RECORD_NAME, ExportedFile, ExportRecord, load_record
 from ..volumes import resolve
 from .options import ExportOptions
-from .record import RECORD_NAME, ExportedFile, ExportRecord
 
 __all__ = [
     "HADOOP_GLOB_CHARS",
@@ -199,15 +198,6 @@ def read_record(dest: str) -> ExportRecord | None:
     ``/Volumes/...`` path or a local folder).
     """
     return load_record(resolve_dest(dest))
-
-
-def load_record(folder: str) -> ExportRecord | None:
-    """The record in local ``folder``, or None if there is none or it is unreadable."""
-    try:
-        with open(os.path.join(folder, RECORD_NAME), encoding="utf-8") as f:
-            return ExportRecord.from_json(json.load(f))
-    except (OSError, ValueError):
-        return None
 
 
 def unchanged_export(dest: str, *, table: str, source_kind: str, source_location: str | None,
@@ -429,23 +419,25 @@ def verify_staged(staging: str, expected_rows: int, files: int | None) -> list[E
 
 
 def footer_row_groups(folder: str, files: list[ExportedFile]) -> list[list[int]]:
-    """The rows of each row group of each of ``files`` in ``folder``, from the footers.
+    """The rows of each row group of each of ``files`` of the export in ``folder``.
 
-    What the writer actually did (its byte limit, and each file's last
-    group, end groups before ``row_group_rows``); an unreadable footer
-    counts as no row groups (the export was verified when it was written).
+    From the footers, through the table listing TableDataset reads
+    (:func:`ucstage.tables.row_groups`): what the writer actually did (its
+    byte limit, and each file's last group, end groups before
+    ``row_group_rows``). A listing that fails (an export of no rows) gives
+    no row groups; the export itself was verified when it was written.
     """
-    import pyarrow.parquet as pq
+    from ..errors import UcstageError
+    from ..tables import row_groups
 
-    out: list[list[int]] = []
-    for entry in files:
-        try:
-            meta = pq.ParquetFile(os.path.join(folder, entry["path"])).metadata
-        except Exception:
-            out.append([])
-            continue
-        out.append([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
-    return out
+    try:
+        manifest = row_groups(folder)
+    except UcstageError:
+        return [[] for _ in files]
+    held: dict[str, list[int]] = {}
+    for f, rows in zip(manifest.file.tolist(), manifest.rows_per_group.tolist(), strict=True):
+        held.setdefault(manifest.files[f].path, []).append(int(rows))
+    return [held.get(entry["path"], []) for entry in files]
 
 
 def publish(staging: str, dest: str, record: ExportRecord) -> None:

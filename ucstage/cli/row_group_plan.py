@@ -1,0 +1,192 @@
+"""``ucstage shard-plan SOURCE --unit row-group``: the row groups, rows and bytes
+each slot of a table reads, and the batches each rank yields
+(:func:`ucstage.tables.slots.plan_row_groups`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import InvalidArgument
+from ..sharding import Layout, ReadOrder
+from .output import emit, fail_found, format_bytes, table, truncated_rows
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+UNITS = ("file", "row-group")
+ROW_GROUP_ONLY = ("batch_rows", "equal_length", "columns", "version")
+"""Options that mean something only with ``--unit row-group``."""
+FILE_ONLY = ("include", "exclude", "include_hidden", "batch_size", "slot", "resume", "epochs",
+             "max_bytes")
+"""Options of the file plan that a row-group plan does not take."""
+
+
+def row_group_options(func: F) -> F:
+    """``--unit``, and what a row-group plan takes: ``--batch-rows``,
+    ``--equal-length``, ``--columns``, ``--version``."""
+    options = [
+        click.option("--unit", type=click.Choice(UNITS), default="file", show_default=True,
+                     help="What the slot rule deals: files, or the row groups of a table "
+                          "SOURCE (a Parquet folder, an export destination, a Delta table "
+                          "path or catalog.schema.table), as TableDataset reads it."),
+        click.option("--batch-rows", type=int, default=None, metavar="N",
+                     help="With --unit row-group: rows per batch, as TableDataset's "
+                          "batch_rows (default: one row group per batch); counts each "
+                          "rank's batches for the batch check."),
+        click.option("--equal-length", type=click.Choice(["pad", "drop"]), default=None,
+                     help="With --unit row-group and --batch-rows: every slot yields the "
+                          "same number of batches, as TableDataset(equal_length=...) does."),
+        click.option("--columns", metavar="A,B,...", default=None,
+                     help="With --unit row-group: count only these columns' bytes."),
+        click.option("--version", "version", type=int, default=None, metavar="N",
+                     help="With --unit row-group: this Delta table version (default: "
+                          "the latest)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def check_unit_options(unit: str) -> None:
+    """Refuse the options that do not go with ``unit``: one line, exit 2."""
+    ctx = click.get_current_context()
+
+    def given(name: str) -> bool:
+        if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT):
+            return False
+        return ctx.params.get(name) not in (None, (), False)
+
+    flag = {"include_hidden": "--all", "max_bytes": "--max-bytes"}
+    if unit == "file":
+        wrong = [n for n in ROW_GROUP_ONLY if given(n)]
+        if wrong:
+            names = " and ".join("--" + n.replace("_", "-") for n in wrong)
+            raise InvalidArgument(f"{names} only apply to --unit row-group",
+                                  hint="add --unit row-group, or leave them out")
+        return
+    wrong = [n for n in FILE_ONLY if given(n)]
+    if wrong:
+        names = " and ".join(flag.get(n, "--" + n.replace("_", "-")) for n in wrong)
+        hint = "use --batch-rows for rows per batch" if "batch_size" in wrong else \
+            "a row-group plan takes -w, -k, the shuffle options, --batch-rows, " \
+            "--equal-length, --columns and --version"
+        raise InvalidArgument(f"{names} do not apply to --unit row-group", hint=hint)
+
+
+def _columns(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if any(not p for p in parts):
+        raise InvalidArgument(f"empty column name in {value!r}",
+                              hint="separate column names with single commas")
+    return parts
+
+
+def row_group_plan(source: str | None, manifest_path: str | None, *, layout: Layout,
+                   shuffle: bool, seed: int, epoch: int, scope: str, batch_rows: int | None,
+                   equal_length: str | None, columns: str | None, version: int | None,
+                   as_json: bool) -> None:
+    """Plan, print, and exit 1 when the plan has a problem."""
+    from ..tables import RowGroupManifest, row_groups
+    from ..tables.slots import plan_row_groups
+
+    if batch_rows is not None and batch_rows < 1:
+        raise InvalidArgument(f"--batch-rows must be at least 1, got {batch_rows}")
+    if equal_length is not None and batch_rows is None:
+        raise InvalidArgument("--equal-length counts batches, so it needs --batch-rows")
+    wanted = _columns(columns)
+    if (source is None) == (manifest_path is None):
+        raise click.UsageError("give a table SOURCE or --manifest FILE.rowgroups.arrow")
+    if manifest_path is not None:
+        if version is not None:
+            raise InvalidArgument("--version chooses a Delta version to list; a frozen "
+                                  "row-group manifest already has one")
+        manifest = RowGroupManifest.load(manifest_path)
+    else:
+        assert source is not None
+        manifest = row_groups(source, version=version)
+    order = ReadOrder(manifest.row_groups, shuffle, seed, epoch, None, scope)
+    p = plan_row_groups(manifest, layout, order, columns=wanted, batch_rows=batch_rows,
+                        equal_length=equal_length)
+    emit(p.to_json() if as_json else {}, as_json, lambda console: _render(console, p))
+    if p.problems:
+        fail_found("; ".join(p.problems))
+
+
+def _spread(values: dict[str, float], fmt: Callable[[float], str]) -> str:
+    return f"min {fmt(values['min'])} / mean {fmt(values['mean'])} / max {fmt(values['max'])}"
+
+
+def _render(console: Console, p: Any) -> None:
+    m, plan = p.manifest, p.plan
+    doc = p.to_json()["summary"]
+    version = f", version {m.table_version}" if m.table_version is not None else ""
+    console.print(f"[bold]Row-group plan[/] for {escape(m.source)} [dim]({m.kind}{version}; "
+                  f"fingerprint {m.fingerprint[:12]})[/]")
+    summary = table("", "", numeric=False)
+    summary.show_header = False
+    summary.add_row("rows", f"{m.rows:,} in {m.row_groups:,} row groups of "
+                            f"{len(m.files):,} files ({format_bytes(plan.total_bytes)})")
+    if p.columns != m.columns:
+        summary.add_row("columns", ", ".join(p.columns))
+    workers = plan.num_workers
+    spec = f"{workers} on every rank" if isinstance(workers, int) else \
+        ",".join(str(k) for k in workers)
+    summary.add_row("ranks x workers",
+                    f"{plan.world_size:,} x {spec} = {plan.slot_total:,} slots")
+    if plan.nproc_per_node is not None:
+        summary.add_row("nodes", f"{plan.node_count:,} x {plan.nproc_per_node:,} ranks per node")
+    order = "listing order" if not plan.shuffle else \
+        f"shuffled (seed {plan.seed}, epoch {plan.epoch}, scope {plan.shuffle_scope})"
+    summary.add_row("read order", order)
+    summary.add_row("row groups per slot",
+                    _spread(doc["row_groups_per_slot"], lambda v: f"{v:,.1f}".rstrip("0")
+                            .rstrip(".")))
+    summary.add_row("rows per slot", _spread(doc["rows_per_slot"], lambda v: f"{v:,.0f}"))
+    summary.add_row("bytes per slot", _spread(doc["bytes_per_slot"], format_bytes))
+    batches = (f"{p.batch_rows:,} rows" if p.batch_rows else "one row group")
+    if p.equal is not None:
+        batches += f"; equal_length={p.equal_length}: {p.equal:,} batches per slot"
+    summary.add_row("batches", batches)
+    console.print(summary)
+    console.print()
+    ranks = table("rank", "workers", "row groups", "rows", "bytes", "batches")
+    rows, cut = truncated_rows(p.ranks)
+    for r in rows:
+        if r is None:
+            ranks.add_row(f"… {cut} more", "", "", "", "", "")
+            continue
+        ranks.add_row(str(r.rank), str(r.num_workers), f"{r.row_groups:,}", f"{r.rows:,}",
+                      format_bytes(r.bytes), f"{r.batches:,}")
+    console.print(ranks)
+    if plan.empty.ranks:
+        console.print(f"[dim]{plan.empty.ranks:,} ranks read no row group and are not "
+                      "listed[/]")
+    console.print()
+    if plan.consistent and not plan.empty.count:
+        console.print("[green]✓[/] every row group is read exactly once")
+    elif not plan.consistent:
+        console.print(f"[red]✗[/] ranks disagree on num_workers: {len(plan.duplicated):,} "
+                      f"row groups are read twice or more, {len(plan.skipped):,} never")
+    if plan.empty.count:
+        console.print(f"[yellow]![/] {plan.empty.count:,} of {plan.slot_total:,} slots read "
+                      f"no row group (more slots than the {m.row_groups:,} row groups): "
+                      "use fewer slots, or export with more row groups (ucstage export "
+                      "--row-group-rows N)")
+    if p.batches_equal:
+        counts = {r.batches for r in p.ranks}
+        if counts:
+            console.print(f"[green]✓[/] every rank yields {counts.pop():,} batches")
+    else:
+        spread = sorted({r.batches for r in p.ranks})
+        console.print(
+            f"[yellow]![/] ranks yield different batch counts ({spread[0]:,}..{spread[-1]:,}): "
+            "DDP hangs at the end of the epoch waiting for the rank with more batches. "
+            "Use --batch-rows N with --equal-length drop (or pad), as "
+            "TableDataset(batch_rows=N, equal_length=...) reads.")

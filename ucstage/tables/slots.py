@@ -161,8 +161,8 @@ def plan_row_groups(manifest: RowGroupManifest, layout: Layout, order: ReadOrder
         slot_batches = [equal] * len(slot_rows)
     elif batch_rows:
         slot_batches = [-(-n // batch_rows) for n in slot_rows]
-    else:
-        slot_batches = [s.count for s in planned.slots]
+    else:  # one batch per row group that has rows, as the dataset yields them
+        slot_batches = [int((rows[s.indices] > 0).sum()) for s in planned.slots]
     ranks: list[RankRows] = []
     for s, n, b in zip(planned.slots, slot_rows, slot_batches, strict=True):
         if ranks and ranks[-1].rank == s.rank:

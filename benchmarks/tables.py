@@ -109,6 +109,17 @@ def make_tables(root: str, rows: int, vector_rows: int, files: int,
     return out
 
 
+def numeric_columns(folder: str) -> list[str]:
+    """The columns ``format="torch"`` takes (numbers, fixed-size lists): the
+    small table's text is left out there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(_parquet_files(folder)[0])
+    return [f.name for f in schema if pa.types.is_integer(f.type)
+            or pa.types.is_floating(f.type) or pa.types.is_fixed_size_list(f.type)]
+
+
 def _bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(folder) for n in ns)
 
@@ -160,7 +171,7 @@ def child_first(spec: dict[str, Any]) -> dict[str, Any]:
             batch_size=FIRST_ROWS))
         rows = batch.num_rows
     else:
-        import ucstage  # noqa: F401 - the import is not the dataset's cost
+        from ucstage import TableDataset  # noqa: F401 - imports (torch) are not the cost
 
         t0 = time.perf_counter()
         batch = next(iter(_table_dataset(spec, batch_rows=FIRST_ROWS)))
@@ -180,7 +191,7 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
         return {"seconds": time.perf_counter() - t0, "rows": rows}
     from ucstage import DataLoader
 
-    ds = _table_dataset(spec, format=spec.get("format", "arrow"))
+    ds = _table_dataset(spec, format=spec.get("format", "arrow"), columns=spec.get("columns"))
     loader = DataLoader(ds, batch_size=None, num_workers=workers, log_mlflow=False)
     peaks: dict[int, float] = {}
     rows = batches = 0
@@ -277,9 +288,10 @@ def part_epoch(tables: dict[str, str], work: str, pairs: int) -> list[dict[str, 
         cache = _fresh(work, f"epoch-{name}")
         warm = _child("epoch", {"tool": "table", "table": folder, "cache": cache})
         _log(f"epoch {name}: cache warmed in {warm['seconds']:.1f} s ({warm['rows']:,} rows)")
-        arms: dict[str, dict[str, Any]] = {"pyarrow": {"tool": "pyarrow"},
-                "table_0w": {"tool": "table"},
-                "table_torch_2w": {"tool": "table", "format": "torch", "workers": 2}}
+        arms: dict[str, dict[str, Any]] = {
+            "pyarrow": {"tool": "pyarrow"}, "table_0w": {"tool": "table"},
+            "table_torch_2w": {"tool": "table", "format": "torch", "workers": 2,
+                               "columns": numeric_columns(folder)}}
         rate: dict[str, list[float]] = {k: [] for k in arms}
         for _, arm in schedule(list(arms), pairs):
             got = _child("epoch", {**arms[arm], "table": folder, "cache": cache})
@@ -303,13 +315,13 @@ def _two_ranks(mode: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                json.dumps(s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})
              for s in specs]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate()
-        if p.returncode != 0:
-            raise RuntimeError(f"a rank exited {p.returncode}: {stderr.strip()[-800:]}")
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
+    done = [(p.returncode, *p.communicate()) for p in procs]
+    done = [(p.returncode, out, err) for p, (_, out, err) in zip(procs, done, strict=True)]
+    failed = [f"rank {k} exited {code}: {err.strip()[-600:]}"
+              for k, (code, _, err) in enumerate(done) if code != 0]
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in done]
 
 
 def part_stream(tables: dict[str, str], work: str, pairs: int) -> list[dict[str, Any]]:
@@ -361,7 +373,8 @@ def part_memory(tables: dict[str, str], work: str, pairs: int) -> list[dict[str,
         peaks: list[float] = []
         for _ in range(pairs):
             got = _child("epoch", {"tool": "table", "table": folder, "cache": cache,
-                                   "format": "torch", "workers": 2, "sample": True})
+                                   "format": "torch", "workers": 2, "sample": True,
+                                   "columns": numeric_columns(folder)})
             peaks.append(max(got["worker_rss_anon_mib"], default=float("nan")))
             _log(f"memory {name}: worker RssAnon peaks {got['worker_rss_anon_mib']} MiB")
         rows.append({"name": f"memory_{name}", "worker_rss_anon_mib": _med(peaks),

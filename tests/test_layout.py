@@ -178,6 +178,7 @@ KEYWORD_ENTRY_POINTS = {
     "ucstage.sharding.rule.slot_files",
     "ucstage.sharding.rule.equal_slot_files",
     "ucstage.data.dataset.VolumeDataset.__init__",
+    "ucstage.data.table.TableDataset.__init__",
     # click commands: their parameters are the command's flags.
     "ucstage.cli.shard_plan.shard_plan",
     "ucstage.cli.cache_warm.warm",

@@ -23,14 +23,16 @@ from . import epochrecord, holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .protocol import ShardedDataset
+from .table import TableDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
 
 
-def find_volume_dataset(dataset: Any, depth: int = 3) -> VolumeDataset | None:
-    """The VolumeDataset inside a user's wrapper dataset (its attributes, a few levels deep)."""
-    if isinstance(dataset, VolumeDataset):
+def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
+    """The sharded dataset (a VolumeDataset, a TableDataset) inside a user's
+    wrapper dataset (its attributes, a few levels deep)."""
+    if isinstance(dataset, (VolumeDataset, TableDataset)):
         return dataset
     if depth == 0:
         return None

@@ -67,6 +67,22 @@ class RowGroupManifest:
     def row_groups(self) -> int:
         return len(self.rows_per_group)
 
+    def __len__(self) -> int:
+        """Row groups (what the slot rule deals)."""
+        return self.row_groups
+
+    def sizes(self) -> Any:
+        """Bytes per row group, every column (what the loader's window check sizes)."""
+        return self.group_bytes()
+
+    @property
+    def entries(self) -> list[FileEntry]:
+        """One entry per row group, named ``<file>#row-group-<index>`` (for messages)."""
+        sizes = self.sizes()
+        return [FileEntry(f"{self.files[int(f)].path}#row-group-{int(i)}", int(n),
+                          self.files[int(f)].version)
+                for f, i, n in zip(self.file, self.index, sizes, strict=True)]
+
     @property
     def rows(self) -> int:
         return int(self.rows_per_group.sum())

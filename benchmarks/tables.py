@@ -194,6 +194,7 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     ds = _table_dataset(spec, format=spec.get("format", "arrow"), columns=spec.get("columns"))
     loader = DataLoader(ds, batch_size=None, num_workers=workers, log_mlflow=False)
     peaks: dict[int, float] = {}
+    first: dict[int, float] = {}
     rows = batches = 0
     t0 = time.perf_counter()
     it = iter(loader)
@@ -202,10 +203,14 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
         batches += 1
         if spec.get("sample") and workers:
             for w in it._workers:  # type: ignore[attr-defined]
-                peaks[w.pid] = max(peaks.get(w.pid, 0.0), _rss_anon(w.pid))
+                now = _rss_anon(w.pid)
+                first.setdefault(w.pid, now)
+                peaks[w.pid] = max(peaks.get(w.pid, 0.0), now)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "rows": rows, "batches": batches,
-            "worker_rss_anon_mib": sorted(peaks.values()), "main_rss_anon_mib":
+            "worker_rss_anon_mib": sorted(peaks.values()),
+            "worker_growth_mib": max((peaks[p] - first[p] for p in peaks), default=0.0),
+            "main_rss_anon_mib":
                 _rss_anon(os.getpid())}
 
 
@@ -331,6 +336,12 @@ def part_stream(tables: dict[str, str], work: str, pairs: int) -> list[dict[str,
     for name, folder in tables.items():
         table_bytes = _bytes(folder)
         group_rows = pq.ParquetFile(_parquet_files(folder)[0]).metadata.row_group(0).num_rows
+        # The row groups frozen once and that file given to both ranks (docs/training.md):
+        # the broadcast from rank 0 fails its fingerprint check on this branch (the
+        # pickled pyarrow schema serializes to other bytes), so it is not used here.
+        from ucstage.tables import row_groups
+
+        frozen = row_groups(folder).save(os.path.join(work, f"{name}.rowgroups.arrow"))
         rate: dict[str, list[float]] = {"datasets": [], "table_cold": [], "table_warm": []}
         node_share: list[float] = []
         for r, tool in schedule(["datasets", "table"], pairs):
@@ -342,8 +353,9 @@ def part_stream(tables: dict[str, str], work: str, pairs: int) -> list[dict[str,
             else:
                 rendezvous = _fresh(work, f"rdv-{r}")
                 got = _two_ranks("stream", [
-                    {**base, "rank": k, "epochs": 2, "rendezvous": rendezvous,
-                     "cache": _fresh(work, f"node{k}")} for k in range(2)])
+                    {**base, "table": frozen, "rank": k, "epochs": 2,
+                     "rendezvous": rendezvous, "cache": _fresh(work, f"node{k}")}
+                    for k in range(2)])
                 for e, key in ((0, "table_cold"), (1, "table_warm")):
                     total = sum(g["epochs"][e]["rows"] for g in got)
                     rate[key].append(total / max(g["epochs"][e]["seconds"] for g in got))
@@ -371,13 +383,16 @@ def part_memory(tables: dict[str, str], work: str, pairs: int) -> list[dict[str,
         meta = pq.ParquetFile(_parquet_files(folder)[0]).metadata
         group_bytes = meta.row_group(0).total_byte_size
         peaks: list[float] = []
+        growth: list[float] = []
         for _ in range(pairs):
             got = _child("epoch", {"tool": "table", "table": folder, "cache": cache,
                                    "format": "torch", "workers": 2, "sample": True,
                                    "columns": numeric_columns(folder)})
             peaks.append(max(got["worker_rss_anon_mib"], default=float("nan")))
+            growth.append(got["worker_growth_mib"])
             _log(f"memory {name}: worker RssAnon peaks {got['worker_rss_anon_mib']} MiB")
         rows.append({"name": f"memory_{name}", "worker_rss_anon_mib": _med(peaks),
+                     "worker_growth_mib": _med(growth),
                      "table_mib": _bytes(folder) / 2**20,
                      "row_group_mib": group_bytes / 2**20, "runs": peaks})
     return rows

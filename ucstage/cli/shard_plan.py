@@ -43,7 +43,7 @@ from .output import (
     truncated_rows,
 )
 from .resume_plan import resume_plan
-from .row_group_plan import check_unit_options, row_group_options, row_group_plan
+from .row_groups import check_unit_options, row_group_options, row_group_plan
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
 EXAMPLES = 5

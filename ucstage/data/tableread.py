@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..tables import RowGroupManifest
+from ..tables.entries import group_entry
 from ..volumes import RangeEntry
 
 __all__ = ["FORMATS", "convert", "group_entry", "read_group"]
@@ -86,19 +87,6 @@ class _Chunks(io.RawIOBase):
         if not self.closed:
             os.close(self._fd)
         super().close()
-
-
-def group_entry(manifest: RowGroupManifest, group: int, columns: Sequence[str] | None
-                ) -> RangeEntry:
-    """The cache entry of row group ``group``'s chunks of ``columns``."""
-    f = int(manifest.file[group])
-    held = manifest.file_columns(f, columns)
-    name = f"rg{int(manifest.index[group])}"
-    if columns is not None:
-        import hashlib
-
-        name += "-" + hashlib.sha256("\0".join(held).encode()).hexdigest()[:12]
-    return RangeEntry.of(manifest.files[f], name, tuple(manifest.ranges(group, columns)))
 
 
 def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEntry,

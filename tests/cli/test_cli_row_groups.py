@@ -199,3 +199,81 @@ def test_a_saved_row_group_manifest_plans_the_same(folder: str, tmp_path: Path) 
                             "--json").stdout)
     assert frozen["fingerprint"] == direct["fingerprint"]
     assert frozen["slots"] == direct["slots"]
+
+
+# -- cache warm --unit row-group --------------------------------------------------
+
+def warm(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["cache", "warm", *args], catch_exceptions=False)
+
+
+def _cached_groups(cache_dir: Path) -> set[tuple[str, str]]:
+    """(file, entry name) of every row-group entry under the cache root."""
+    found = set()
+    for ns in cache_dir.iterdir():
+        ranges = ns / ".ucstage-ranges"
+        if ranges.is_dir():
+            for d, _, names in os.walk(ranges):
+                for n in names:
+                    if n.startswith("rg"):
+                        found.add((os.path.relpath(d, ranges), n))
+    return found
+
+
+def test_warm_a_nodes_share_is_what_its_ranks_read(folder: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from ucstage.tables import row_groups
+
+    manifest = row_groups(folder)
+    names = [(manifest.files[int(f)].path, f"rg{int(i)}")
+             for f, i in zip(manifest.file, manifest.index, strict=True)]
+    job = ["-w", "4", "-k", "2", "--nproc-per-node", "2", "--shuffle", "--seed", "5"]
+    plan = json.loads(run(folder, "--unit", "row-group", *job, "--json").stdout)
+    for node in (0, 1):
+        cache = tmp_path / f"node{node}"
+        monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(cache))
+        result = warm(folder, "--unit", "row-group", "--node-rank", str(node), *job,
+                      "--json")
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout)
+        mine = {g for s in plan["slots"] if s["node"] == node for g in s["row_groups"]}
+        assert doc["files"] == len(mine) and doc["failed"] == []
+        assert _cached_groups(cache) == {names[g] for g in mine}
+        again = warm(folder, "--unit", "row-group", "--node-rank", str(node), *job)
+        assert f"Warmed {len(mine)} row groups" in again.output
+        assert f"already cached {len(mine)}" in again.output
+
+
+def test_warmed_columns_serve_table_dataset_without_the_source(
+        folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from ucstage import TableDataset
+    from ucstage.tables import row_groups
+
+    saved = row_groups(folder).save(str(tmp_path / "events.rowgroups.arrow"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(cache))
+    result = warm("--manifest", saved, "--unit", "row-group", "--columns", "id")
+    assert result.exit_code == 0, result.output
+    assert "Warmed 11 row groups" in result.output
+    assert all("-" in name for _, name in _cached_groups(cache))  # named by their columns
+    # The source is gone: only the warmed entries can deliver these rows.
+    os.rename(folder, folder + ".gone")
+    ds = TableDataset(saved, columns=["id"], cache_dir=str(cache))
+    ids = sorted(i for batch in ds for i in batch.column("id").to_pylist())
+    assert ids == list(range(148))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--unit", "row-group", "--include", "*.parquet"],
+     "--include do not apply to --unit row-group"),
+    (["--columns", "id"], "--columns only apply to --unit row-group"),
+    (["--unit", "row-group", "--columns", "nope"], "has no column 'nope'"),
+])
+def test_warm_bad_input_exits_2(folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                args: list[str], message: str) -> None:
+    monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(tmp_path / "cache"))
+    result = warm(folder, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "cache").exists() or not _cached_groups(tmp_path / "cache")

@@ -1,10 +1,15 @@
-"""``ucstage shard-plan SOURCE --unit row-group``: the row groups, rows and bytes
+"""``--unit row-group``: the slot rule over a table's row groups, from the shell.
+
+``ucstage shard-plan SOURCE --unit row-group``: the row groups, rows and bytes
 each slot of a table reads, and the batches each rank yields
-(:func:`ucstage.tables.slots.plan_row_groups`)."""
+(:func:`ucstage.tables.slots.plan_row_groups`). ``ucstage cache warm SOURCE
+--unit row-group``: the table's row-group cache entries
+(:func:`ucstage.tables.entries.group_entries`), which the warm deals by the
+same rule as files."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -26,23 +31,17 @@ FILE_ONLY = ("include", "exclude", "include_hidden", "batch_size", "slot", "resu
 """Options of the file plan that a row-group plan does not take."""
 
 
-def row_group_options(func: F) -> F:
-    """``--unit``, and what a row-group plan takes: ``--batch-rows``,
-    ``--equal-length``, ``--columns``, ``--version``."""
+UNIT_HELP = ("What the slot rule deals: files, or the row groups of a table SOURCE (a "
+             "Parquet folder, an export destination, a Delta table path or "
+             "catalog.schema.table), as TableDataset reads it.")
+
+
+def table_options(func: F, *, columns_help: str) -> F:
+    """``--unit``, ``--columns`` and ``--version``."""
     options = [
         click.option("--unit", type=click.Choice(UNITS), default="file", show_default=True,
-                     help="What the slot rule deals: files, or the row groups of a table "
-                          "SOURCE (a Parquet folder, an export destination, a Delta table "
-                          "path or catalog.schema.table), as TableDataset reads it."),
-        click.option("--batch-rows", type=int, default=None, metavar="N",
-                     help="With --unit row-group: rows per batch, as TableDataset's "
-                          "batch_rows (default: one row group per batch); counts each "
-                          "rank's batches for the batch check."),
-        click.option("--equal-length", type=click.Choice(["pad", "drop"]), default=None,
-                     help="With --unit row-group and --batch-rows: every slot yields the "
-                          "same number of batches, as TableDataset(equal_length=...) does."),
-        click.option("--columns", metavar="A,B,...", default=None,
-                     help="With --unit row-group: count only these columns' bytes."),
+                     help=UNIT_HELP),
+        click.option("--columns", metavar="A,B,...", default=None, help=columns_help),
         click.option("--version", "version", type=int, default=None, metavar="N",
                      help="With --unit row-group: this Delta table version (default: "
                           "the latest)."),
@@ -52,7 +51,36 @@ def row_group_options(func: F) -> F:
     return func
 
 
-def check_unit_options(unit: str) -> None:
+def warm_options(func: F) -> F:
+    """What ``cache warm`` takes for a table: ``--unit``, ``--columns``, ``--version``."""
+    return table_options(func, columns_help="With --unit row-group: warm only these "
+                         "columns' chunks (pass the same columns to TableDataset).")
+
+
+def row_group_options(func: F) -> F:
+    """``--unit``, and what a row-group plan takes: ``--batch-rows``,
+    ``--equal-length``, ``--columns``, ``--version``."""
+    func = table_options(func, columns_help="With --unit row-group: count only these "
+                         "columns' bytes.")
+    options = [
+        click.option("--batch-rows", type=int, default=None, metavar="N",
+                     help="With --unit row-group: rows per batch, as TableDataset's "
+                          "batch_rows (default: one row group per batch); counts each "
+                          "rank's batches for the batch check."),
+        click.option("--equal-length", type=click.Choice(["pad", "drop"]), default=None,
+                     help="With --unit row-group and --batch-rows: every slot yields the "
+                          "same number of batches, as TableDataset(equal_length=...) does."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+WARM_FILE_ONLY = ("include", "exclude", "include_hidden")
+
+
+def check_unit_options(unit: str, file_only: Sequence[str] = FILE_ONLY,
+                       row_group_only: Sequence[str] = ROW_GROUP_ONLY) -> None:
     """Refuse the options that do not go with ``unit``: one line, exit 2."""
     ctx = click.get_current_context()
 
@@ -63,18 +91,17 @@ def check_unit_options(unit: str) -> None:
 
     flag = {"include_hidden": "--all", "max_bytes": "--max-bytes"}
     if unit == "file":
-        wrong = [n for n in ROW_GROUP_ONLY if given(n)]
+        wrong = [n for n in row_group_only if given(n)]
         if wrong:
             names = " and ".join("--" + n.replace("_", "-") for n in wrong)
             raise InvalidArgument(f"{names} only apply to --unit row-group",
                                   hint="add --unit row-group, or leave them out")
         return
-    wrong = [n for n in FILE_ONLY if given(n)]
+    wrong = [n for n in file_only if given(n)]
     if wrong:
         names = " and ".join(flag.get(n, "--" + n.replace("_", "-")) for n in wrong)
         hint = "use --batch-rows for rows per batch" if "batch_size" in wrong else \
-            "a row-group plan takes -w, -k, the shuffle options, --batch-rows, " \
-            "--equal-length, --columns and --version"
+            "a table is read whole by row group: give --columns to choose columns"
         raise InvalidArgument(f"{names} do not apply to --unit row-group", hint=hint)
 
 
@@ -88,12 +115,37 @@ def _columns(value: str | None) -> list[str] | None:
     return parts
 
 
+def _manifest(source: str | None, manifest_path: str | None, version: int | None) -> Any:
+    """The row groups of a table SOURCE, or of a saved ``.rowgroups.arrow``."""
+    from ..tables import RowGroupManifest, row_groups
+
+    if (source is None) == (manifest_path is None):
+        raise click.UsageError("give a table SOURCE or --manifest FILE.rowgroups.arrow")
+    if manifest_path is not None:
+        if version is not None:
+            raise InvalidArgument("--version chooses a Delta version to list; a frozen "
+                                  "row-group manifest already has one")
+        return RowGroupManifest.load(manifest_path)
+    assert source is not None
+    return row_groups(source, version=version)
+
+
+def table_entries(source: str | None, manifest_path: str | None, columns: str | None,
+                  version: int | None) -> tuple[Any, list[Any]]:
+    """(volume, one cache entry per row group) of a table, for ``cache warm``."""
+    from ..tables.entries import group_entries
+
+    wanted = _columns(columns)
+    manifest = _manifest(source, manifest_path, version)
+    manifest.check_columns(wanted)
+    return manifest.volume(), group_entries(manifest, wanted)
+
+
 def row_group_plan(source: str | None, manifest_path: str | None, *, layout: Layout,
                    shuffle: bool, seed: int, epoch: int, scope: str, batch_rows: int | None,
                    equal_length: str | None, columns: str | None, version: int | None,
                    as_json: bool) -> None:
     """Plan, print, and exit 1 when the plan has a problem."""
-    from ..tables import RowGroupManifest, row_groups
     from ..tables.slots import plan_row_groups
 
     if batch_rows is not None and batch_rows < 1:
@@ -101,16 +153,7 @@ def row_group_plan(source: str | None, manifest_path: str | None, *, layout: Lay
     if equal_length is not None and batch_rows is None:
         raise InvalidArgument("--equal-length counts batches, so it needs --batch-rows")
     wanted = _columns(columns)
-    if (source is None) == (manifest_path is None):
-        raise click.UsageError("give a table SOURCE or --manifest FILE.rowgroups.arrow")
-    if manifest_path is not None:
-        if version is not None:
-            raise InvalidArgument("--version chooses a Delta version to list; a frozen "
-                                  "row-group manifest already has one")
-        manifest = RowGroupManifest.load(manifest_path)
-    else:
-        assert source is not None
-        manifest = row_groups(source, version=version)
+    manifest = _manifest(source, manifest_path, version)
     order = ReadOrder(manifest.row_groups, shuffle, seed, epoch, None, scope)
     p = plan_row_groups(manifest, layout, order, columns=wanted, batch_rows=batch_rows,
                         equal_length=equal_length)

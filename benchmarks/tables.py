@@ -336,12 +336,6 @@ def part_stream(tables: dict[str, str], work: str, pairs: int) -> list[dict[str,
     for name, folder in tables.items():
         table_bytes = _bytes(folder)
         group_rows = pq.ParquetFile(_parquet_files(folder)[0]).metadata.row_group(0).num_rows
-        # The row groups frozen once and that file given to both ranks (docs/training.md):
-        # the broadcast from rank 0 fails its fingerprint check on this branch (the
-        # pickled pyarrow schema serializes to other bytes), so it is not used here.
-        from ucstage.tables import row_groups
-
-        frozen = row_groups(folder).save(os.path.join(work, f"{name}.rowgroups.arrow"))
         rate: dict[str, list[float]] = {"datasets": [], "table_cold": [], "table_warm": []}
         node_share: list[float] = []
         for r, tool in schedule(["datasets", "table"], pairs):
@@ -353,7 +347,7 @@ def part_stream(tables: dict[str, str], work: str, pairs: int) -> list[dict[str,
             else:
                 rendezvous = _fresh(work, f"rdv-{r}")
                 got = _two_ranks("stream", [
-                    {**base, "table": frozen, "rank": k, "epochs": 2,
+                    {**base, "rank": k, "epochs": 2,
                      "rendezvous": rendezvous, "cache": _fresh(work, f"node{k}")}
                     for k in range(2)])
                 for e, key in ((0, "table_cold"), (1, "table_warm")):

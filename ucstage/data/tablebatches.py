@@ -11,6 +11,7 @@ from typing import Any
 
 from ..sharding import slot_array
 from ..tables import RowGroupManifest
+from ..tables.manifest import int_array
 from ..tables.plan import WindowPlan, slot_rows, windows
 from . import holding
 from .tableread import convert, group_entry, read_group
@@ -116,7 +117,12 @@ class _Windows:
                 at += int(sizes[i])
             if tables:
                 window = pa.concat_tables(tables)
-                window = window.take(pa.array(offsets[plan.label] + plan.row))
+                order = offsets[plan.label] + plan.row
+                if len(order) and int(order[-1]) - int(order[0]) == len(order) - 1 and \
+                        bool((np.diff(order) == 1).all()):
+                    window = window.slice(int(order[0]), len(order))  # in order: no copy
+                else:
+                    window = window.take(int_array(order, pa.int64()))
             else:
                 window = None
             yield plan, window, sizes - left, sizes

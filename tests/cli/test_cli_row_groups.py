@@ -277,3 +277,26 @@ def test_warm_bad_input_exits_2(folder: str, tmp_path: Path, monkeypatch: pytest
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "cache").exists() or not _cached_groups(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("equal", [None, "drop", "pad"])
+def test_plan_counts_the_batches_table_dataset_yields(folder: str, tmp_path: Path,
+                                                      equal: str | None) -> None:
+    pytest.importorskip("torch")
+    from ucstage import TableDataset
+
+    extra = ["--equal-length", equal] if equal else []
+    doc = json.loads(run(folder, "--unit", "row-group", "-w", "1", "-k", "3",
+                         "--batch-rows", "8", *extra, "--json").stdout)
+    ds = TableDataset(folder, batch_rows=8, equal_length=equal or False,
+                      cache_dir=str(tmp_path / "cache"))
+    ds.freeze()
+    ds.num_workers = 3  # what the DataLoader sets: len() counts the rank's 3 slots
+    assert len(ds) == doc["ranks"][0]["batches"]
+    # Read in the main process (one slot, worker 0 of 1): the rows the plan gives it.
+    one = json.loads(run(folder, "--unit", "row-group", "-w", "1", "-k", "0",
+                         "--batch-rows", "8", *extra, "--json").stdout)
+    got = list(ds)
+    assert len(got) == one["slots"][0]["batches"]
+    if equal is None:
+        assert sum(b.num_rows for b in got) == one["slots"][0]["rows"] == 148

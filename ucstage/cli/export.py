@@ -15,19 +15,8 @@ from rich.text import Text
 
 from ..errors import InvalidArgument
 from ..progress import Callback
-from .args import num_workers_list
+from .args import column_list, num_workers_list
 from .output import emit, err, flag_names, format_bytes, json_option, table
-
-
-def _split(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    parts = [p.strip() for p in value.split(",")]
-    if any(not p for p in parts):
-        raise InvalidArgument(f"empty column name in {value!r}",
-                              hint="separate column names with single commas")
-    return parts
-
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
@@ -282,7 +271,7 @@ def command(
     workers: list[int] | None = None
     if world_size is not None and num_workers is not None:
         workers = workers_per_rank(num_workers_list(num_workers), world_size)
-    column_list, partition_list = _split(columns), _split(partition_by)
+    columns_list, partition_list = column_list(columns), column_list(partition_by)
     # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     # ...and warns when its bounded retries run out; the error line says that.
@@ -290,7 +279,7 @@ def command(
     status = _Status(err)
     try:
         result = export_table(
-            table_name, dest, remote=remote, columns=column_list, where=where,
+            table_name, dest, remote=remote, columns=columns_list, where=where,
             partition_by=partition_list, files=files,
             max_records_per_file=max_records_per_file, compression=compression,
             row_group_rows=row_group_rows, force=force, callback=status)

@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder
+from .args import column_list
 from .output import emit, fail_found, format_bytes, table, truncated_rows
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,16 +106,6 @@ def check_unit_options(unit: str, file_only: Sequence[str] = FILE_ONLY,
         raise InvalidArgument(f"{names} do not apply to --unit row-group", hint=hint)
 
 
-def _columns(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    parts = [p.strip() for p in value.split(",")]
-    if any(not p for p in parts):
-        raise InvalidArgument(f"empty column name in {value!r}",
-                              hint="separate column names with single commas")
-    return parts
-
-
 def _manifest(source: str | None, manifest_path: str | None, version: int | None) -> Any:
     """The row groups of a table SOURCE, or of a saved ``.rowgroups.arrow``."""
     from ..tables import RowGroupManifest, row_groups
@@ -135,7 +126,7 @@ def table_entries(source: str | None, manifest_path: str | None, columns: str | 
     """(volume, one cache entry per row group) of a table, for ``cache warm``."""
     from ..tables.entries import group_entries
 
-    wanted = _columns(columns)
+    wanted = column_list(columns)
     manifest = _manifest(source, manifest_path, version)
     manifest.check_columns(wanted)
     return manifest.volume(), group_entries(manifest, wanted)
@@ -152,7 +143,7 @@ def row_group_plan(source: str | None, manifest_path: str | None, *, layout: Lay
         raise InvalidArgument(f"--batch-rows must be at least 1, got {batch_rows}")
     if equal_length is not None and batch_rows is None:
         raise InvalidArgument("--equal-length counts batches, so it needs --batch-rows")
-    wanted = _columns(columns)
+    wanted = column_list(columns)
     manifest = _manifest(source, manifest_path, version)
     order = ReadOrder(manifest.row_groups, shuffle, seed, epoch, None, scope)
     p = plan_row_groups(manifest, layout, order, columns=wanted, batch_rows=batch_rows,

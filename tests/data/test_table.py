@@ -6,6 +6,7 @@ resume, and one clear error for each kind of bad input."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,139 @@ def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
         TableDataset(str(tmp_path / "dv")).freeze()
     for error in (NotParquet, SchemaMismatch, UnknownColumn, UnsupportedTable):
         assert error("x").exit_code == 2
+
+
+def test_warming_row_group_entries_copies_only_their_ranges(engine: str, moto: Any,
+                                                            tmp_path: Path) -> None:
+    """``LocalCache.warm`` of RangeEntries (what ``cache warm --unit row-group``
+    warms), on each object-store engine: each entry holds exactly its chunks,
+    and the dataset then reads them as hits."""
+    from tests.common.parts import unique
+    from ucstage.tables import row_groups
+    from ucstage.tables.entries import group_entries
+
+    url = f"s3://ucstage-test/{unique()}"
+    fs = moto.filesystem()
+    fs.pipe(f"{url[5:]}/a.parquet", parquet(table(0, 130)))
+    m = row_groups(url)
+    cache = LocalCache(tmp_path / "cache")
+    entries = group_entries(m, ["id"])
+    cache.warm(m.volume(), entries)
+    for e in entries:
+        local = cache.lookup(m.volume(), e)
+        assert local is not None and os.path.getsize(local) == e.size
+    ds = TableDataset(url, columns=["id"], cache=cache)
+    assert ids(ds) == list(range(130))
+    assert cached_bytes(cache, ds) == sum(e.size for e in entries)
+
+
+def test_an_export_destination_is_read_by_its_record(tmp_path: Path) -> None:
+    """The record's files only (a stray Parquet file beside them is not the
+    export's), its Delta version in the manifest."""
+    import json
+
+    from ucstage.tables import RECORD_NAME
+
+    dest = tmp_path / "dest"
+    (dest / "label=1").mkdir(parents=True)
+    pq.write_table(table(0, 90), dest / "label=1" / "part-0.parquet", row_group_size=40)
+    pq.write_table(table(500, 5), dest / "stray.parquet")
+    record = {"format": "ucstage-export/1", "table": "main.ml.ev",
+              "source": {"kind": "delta", "location": "/x"}, "delta_version": 4,
+              "row_count": 90, "schema": {},
+              "files": [{"path": "label=1/part-0.parquet",
+                         "bytes": os.path.getsize(dest / "label=1" / "part-0.parquet"),
+                         "rows": 90}],
+              "bytes": 0, "options": {}, "created_at": "2026-12-01T00:00:00Z",
+              "ucstage_version": "0"}
+    (dest / RECORD_NAME).write_text(json.dumps(record))
+    ds = TableDataset(str(dest), columns=["id"], batch_rows=25)
+    assert ids(ds) == list(range(90))
+    assert ds.freeze().kind == "export" and ds.freeze().table_version == 4
+    with pytest.raises(InvalidArgument, match="format must be one of"):
+        TableDataset(str(dest), format="pandas")
+
+
+def test_workers_read_an_object_store_table(monkeypatch: pytest.MonkeyPatch, moto: Any,
+                                            tmp_path: Path) -> None:
+    """Two DataLoader workers over moto S3 on the object-store engine (they start
+    by forkserver once obstore ran in this process): every row once."""
+    from tests.common.parts import unique
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    url = f"s3://ucstage-test/{unique()}"
+    fs = moto.filesystem()
+    for i in range(3):
+        fs.pipe(f"{url[5:]}/p{i}.parquet", parquet(table(i * 100, 100), rows=30))
+    ds = TableDataset(url, columns=["id", "v"], format="torch", batch_rows=16, shuffle=True,
+                      cache=LocalCache(tmp_path / "cache"))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    got = Counter(ids(loader))
+    assert sorted(got) == list(range(300)) and set(got.values()) == {1}
+    assert loader.audits[-1].coverage_ok
+
+
+@pytest.mark.parametrize("same_layout", [True, False])
+def test_a_row_group_finished_inside_an_interrupted_window_is_counted_once(
+        tmp_path: Path, same_layout: bool) -> None:
+    """A small row group finishes early in a shuffle window while the window's
+    first one does not: the state holds it whole in ``partial`` (past the
+    slot's leading count); after the resume it is neither read again nor
+    missing from the audit."""
+    (tmp_path / "t").mkdir()
+    for i, n in enumerate([100, 5, 100]):
+        pq.write_table(table(i * 1000, n), tmp_path / "t" / f"p{i}.parquet")
+
+    def make(workers: int) -> DataLoader:
+        ds = TableDataset(str(tmp_path / "t"), columns=["id"], shuffle=True, seed=19,
+                          shuffle_window=3, batch_rows=30)
+        return DataLoader(ds, batch_size=None, num_workers=workers)
+
+    loader = make(0)
+    it = iter(loader)
+    head = [i for _ in range(5) for i in next(it).column("id").to_pylist()]
+    state = loader.state_dict()
+    del it
+    small = [g for g, n in state["partial"] if n == 5]
+    assert small and state["segments"][0]["delivered"] == [0]  # finished past the lead
+    again = make(0 if same_layout else 2)
+    again.load_state_dict(state)
+    rest = ids(again)
+    assert sorted(head + rest) == sorted(list(range(100)) + list(range(1000, 1005))
+                                         + list(range(2000, 2100)))
+    audit = again.audits[-1]
+    assert (audit.files, audit.duplicates, audit.gaps, audit.coverage_ok) == (3, 0, 0, True)
+
+
+def test_partition_folders_are_columns(tmp_path: Path) -> None:
+    """``COL=value/`` folders (``export --partition-by``) read back as columns:
+    whole numbers as int64, others as strings, Spark's null folder as null."""
+    root = tmp_path / "t"
+    for i, (label, region) in enumerate([(1, "eu"), (2, "us"), (2, "__HIVE_DEFAULT_PARTITION__")]):
+        folder = root / f"label={label}" / f"region={region}"
+        folder.mkdir(parents=True)
+        pq.write_table(table(i * 10, 10).select(["id"]), folder / "part-0.parquet")
+    ds = TableDataset(str(root), columns=["id", "label", "region"])
+    assert ds.freeze().schema.field("label").type == pa.int64()
+    rows = sorted(pa.Table.from_batches(list(ds)).to_pylist(), key=lambda r: r["id"])
+    assert [(r["label"], r["region"]) for r in rows] == \
+        [(1, "eu")] * 10 + [(2, "us")] * 10 + [(2, None)] * 10
+
+
+def test_a_cache_smaller_than_the_table(tmp_path: Path) -> None:
+    """Under a byte cap of about a third of the table, two epochs still read
+    every row once each; the cache never holds more than the cap."""
+    (tmp_path / "t").mkdir()
+    for i in range(4):
+        pq.write_table(table(i * 400, 400), tmp_path / "t" / f"p{i}.parquet", row_group_size=50)
+    probe = TableDataset(str(tmp_path / "t"))
+    m = probe.freeze()
+    cap = int(m.bytes * 0.35)
+    assert 5 * int(m.group_bytes().max()) < cap  # the readers' window fits
+    cache = LocalCache(tmp_path / "cache", max_bytes=cap)
+    ds = TableDataset(str(tmp_path / "t"), cache=cache, read_ahead=1, shuffle=True)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got = Counter(ids(DataLoader(ds, batch_size=None, num_workers=0)))
+        assert sorted(got) == list(range(1600)) and set(got.values()) == {1}
+        assert cached_bytes(cache, ds) <= cap

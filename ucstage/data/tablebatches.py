@@ -193,7 +193,7 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
         have = sum(t.num_rows for t in carry)
         for plan, window, done, sizes in stream:
             if counted:
-                tracker.delivered(plan.first, done, sizes)  # groups a resume left whole
+                tracker.delivered(plan.first, done, sizes, before=True)  # what a resume left
             if window is None:
                 continue
             n = window.num_rows

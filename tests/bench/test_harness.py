@@ -119,3 +119,26 @@ def test_ab_compare_runs_both_sides(tmp_path: Path) -> None:
     assert doc["results"] == [{"name": "summary.slots", "base": 6.0, "head": 6.0, "ratio": 1.0,
                                "pair_ratios": [1.0, 1.0, 1.0], "median_pair_ratio": 1.0,
                                "within": True}]
+
+
+def test_tables_json_contract(tmp_path: Path) -> None:
+    """benchmarks.tables at a tiny scale: every arm runs in its own process, the
+    TableDataset one included, and the document follows the contract."""
+    pytest.importorskip("datasets")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.tables", "--rows", "3000",
+                           "--vector-rows", "60", "--files", "2", "--groups-per-file", "3",
+                           "--pairs", "1", "--only", "first,epoch", "--tables", "small",
+                           "--dir", str(tmp_path / "b"), "--json"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert doc["benchmark"] == "tables"
+    rows = {r["name"]: r for r in doc["results"]}
+    assert set(rows) == {"first_batch_small", "epoch_small"}
+    first = rows["first_batch_small"]
+    assert all(first[f"{k}_s"] > 0 for k in ("datasets", "table", "pyarrow"))
+    epoch = rows["epoch_small"]
+    assert all(epoch[f"{k}_rows_s"] > 0 for k in ("pyarrow", "table_0w", "table_torch_2w"))
+    assert "epoch_small.table_0w_over_pyarrow" in doc["summary"]

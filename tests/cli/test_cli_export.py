@@ -25,7 +25,8 @@ def test_help_has_examples_and_every_option() -> None:
     result = run("--help")
     assert result.exit_code == 0
     for text in ("Examples:", "--remote", "--columns", "--where", "--partition-by", "--files",
-                 "--max-records-per-file", "--compression", "--force", "--json"):
+                 "--max-records-per-file", "--compression", "--row-group-rows", "--force",
+                 "--json"):
         assert text in result.output
 
 
@@ -90,9 +91,37 @@ def test_options_reach_the_library(spark_session: Any, warehouse: Warehouse,
     data = json.loads(result.stdout)
     assert data["options"] == {"columns": ["id", "year", "region"], "where": "id < 100",
                                "partition_by": ["year"], "files": None,
-                               "max_records_per_file": None, "compression": "snappy"}
+                               "max_records_per_file": None, "compression": "snappy",
+                               "row_group_rows": None}
     assert all(f["path"].startswith("year=") for f in data["files"])
     assert data["row_count"] == 90  # ids 0..99 minus the deleted multiples of 10
+
+
+def test_row_groups_and_the_slots_they_fill(spark_session: Any, warehouse: Warehouse,
+                                           tmp_path: Any) -> None:
+    dest = str(tmp_path / "g")
+    result = run("main.ml.events", dest, "--files", "2", "--row-group-rows", "200",
+                 "-w", "2", "-k", "2", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["options"]["row_group_rows"] == 200
+    groups = data["row_groups"]
+    assert groups["count"] == sum(groups["per_file"]) >= 8 and groups["rows_max"] == 200
+    assert data["row_group_slots"]["slots"] == 4 and data["row_group_slots"]["filled"] == 4
+    human = run("main.ml.events", dest, "--files", "2", "--row-group-rows", "200",
+                "-w", "2", "-k", "2")
+    assert "unchanged" in human.output
+    assert f"{groups['count']} in 2 files, " in human.output
+    assert "fill 4 of 4 loader slots" in human.output
+    assert "--row-group-rows" not in human.output.split("record")[1]  # no advice: all filled
+    # More slots than row groups: the advice names a limit that fills them.
+    wide = run("main.ml.events", dest, "--files", "2", "--row-group-rows", "200",
+               "-w", "4", "-k", "8")
+    assert f"fill {groups['count']} of 32 loader slots" in wide.output
+    assert "empty: use --row-group-rows 50 so every slot reads a row group" in wide.output
+    hints = [ln for ln in human.stdout.splitlines() if ln.startswith(("load: ", "  or: "))]
+    assert hints == [f"load: datasets.load_dataset('parquet', data_files='{dest}/*.parquet')",
+                     f"  or: ucstage.TableDataset('{dest}')"]
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -118,6 +147,8 @@ def test_usage_errors_exit_2_with_one_line(warehouse: Warehouse, tmp_path: Any,
 @pytest.mark.parametrize(("args", "error", "hint"), [
     (["--files", "0"], "--files must be at least 1, got 0", ""),
     (["--max-records-per-file", "0"], "--max-records-per-file must be at least 1, got 0", ""),
+    (["--row-group-rows", "0"], "--row-group-rows must be at least 1, got 0", ""),
+    (["--row-group-rows", "-5"], "--row-group-rows must be at least 1, got -5", ""),
     (["--files", "2", "--max-records-per-file", "5"],
      "--files and --max-records-per-file exclude each other",
      "--files writes exactly that many files, --max-records-per-file caps the rows in each: "

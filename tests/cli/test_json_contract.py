@@ -179,5 +179,10 @@ def test_export(spark_session: Any, warehouse: Any, tmp_path: Path) -> None:
     headings = doc_examples("export.md")
     record = next(v for k, v in headings.items() if "_ucstage_export.json" in k)
     problems = check(doc, schema_of({**record, "skipped_unchanged": False, "seconds": 1.0,
-                                     "dest": "/x", "suggested_files": 2}))
+                                     "dest": "/x", "suggested_files": 2,
+                                     "row_groups": {"count": 2, "rows_min": 800,
+                                                    "rows_max": 800, "per_file": [1, 1]},
+                                     "row_group_slots": {"slots": 2, "filled": 2,
+                                                         "row_groups": [1, 1],
+                                                         "rows": [800, 800]}}))
     assert problems == [], "\n".join(problems)

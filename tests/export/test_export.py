@@ -106,6 +106,7 @@ def test_option_conflicts_are_refused(tmp_path: Any, warehouse: Warehouse) -> No
     ({"files": 2, "max_records_per_file": 10},
      r"^files and max_records_per_file exclude each other$"),
     ({"compression": "lz4"}, r"^compression must be one of zstd, snappy, none, got 'lz4'$"),
+    ({"row_group_rows": 0}, r"^row_group_rows must be at least 1, got 0$"),
     ({"columns": []}, r"^columns is empty$"),
     ({"where": " "}, r"^where is empty$"),
     ({"files": 2, "partition_by": ["label"]},
@@ -326,7 +327,7 @@ def test_record_is_read_back_as_an_export_record(spark_session: Any, warehouse: 
     # The JSON document is the record plus what the call did.
     doc = result.to_json(world_size=2, num_workers=[1, 2])
     assert list(doc) == [*_RECORD_KEYS, "skipped_unchanged", "seconds", "dest", "warnings",
-                         "suggested_files"]
+                         "row_groups", "suggested_files", "row_group_slots"]
     assert doc["warnings"] == []
     assert doc["dest"] == dest and doc["suggested_files"] == 3
     assert "suggested_files" not in result.to_json()
@@ -381,6 +382,8 @@ def test_partitioned_table_keeps_partition_columns(spark_session: Any, warehouse
     result = export_table("main.ml.parted", by_year, partition_by=["year"])
     assert {f["path"].split("/")[0] for f in result.files} == {"year=2020", "year=2021",
                                                                "year=2022"}
+    # The row groups are found in the COL=value/ folders too, file by file.
+    assert [sum(g) for g in result.row_groups] == [f["rows"] for f in result.files]
     again = exported_table(by_year, partitioned=True)
     assert sorted(again.column("id").to_pylist()) == sorted(expected.column("id").to_pylist())
 
@@ -450,6 +453,44 @@ def test_rerun_does_no_work_and_force_reexports(spark_session: Any, warehouse: W
     assert sorted(n for n in os.listdir(dest) if n.endswith(".parquet")) == \
         sorted(f["path"] for f in forced.files)
     _no_leftovers(dest)
+
+
+def test_row_group_rows_caps_each_row_group(spark_session: Any, warehouse: Warehouse,
+                                           tmp_path: Any) -> None:
+    import pyarrow.parquet as pq
+
+    dest = str(tmp_path / "grouped")
+    result = export_table("main.ml.events", dest, files=2, row_group_rows=300)
+    assert result.record.options["row_group_rows"] == 300
+    footers = [pq.ParquetFile(os.path.join(dest, f["path"])).metadata for f in result.files]
+    held = [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in footers]
+    assert result.row_groups == held
+    # An upper bound that the writer reaches: full groups, then each file's rest.
+    for f, groups in zip(result.files, held, strict=True):
+        assert sum(groups) == f["rows"] and max(groups) <= 300
+        assert len(groups) == -(-f["rows"] // 300)
+    assert result.to_json()["row_groups"] == {
+        "count": sum(map(len, held)), "rows_min": min(map(min, held)), "rows_max": 300,
+        "per_file": [len(g) for g in held]}
+    slots = result.to_json(world_size=2, num_workers=2)["row_group_slots"]
+    assert slots["slots"] == 4 and slots["filled"] == 4
+    assert sum(map(len, held)) >= 6 and slots["rows"][1] <= 2 * 300
+
+    # Without the option Spark writes one group per file here (its byte limit is 128 MiB).
+    plain = export_table("main.ml.events", str(tmp_path / "plain"), files=2)
+    assert plain.row_groups == [[f["rows"]] for f in plain.files]
+    assert plain.record.options["row_group_rows"] is None
+    # A record written before the option existed still matches an export without it.
+    path = os.path.join(tmp_path, "plain", RECORD_NAME)
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    del old["options"]["row_group_rows"]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(old, f)
+    again = export_table("main.ml.events", str(tmp_path / "plain"), files=2)
+    assert again.skipped_unchanged and again.row_groups == plain.row_groups
+    assert not export_table("main.ml.events", dest, files=2, row_group_rows=400
+                            ).skipped_unchanged
 
 
 def test_new_table_version_is_exported(spark_session: Any, tmp_path: Any) -> None:

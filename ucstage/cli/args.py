@@ -12,7 +12,18 @@ from ..bench import check_modes
 from ..errors import InvalidArgument
 from ..units import parse_size
 
-__all__ = ["int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
+__all__ = ["column_list", "int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
+
+
+def column_list(value: str | None) -> list[str] | None:
+    """``"id,text"`` -> ``["id", "text"]`` (None stays None); an empty name is refused."""
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if any(not p for p in parts):
+        raise InvalidArgument(f"empty column name in {value!r}",
+                              hint="separate column names with single commas")
+    return parts
 
 
 def int_list(text: str, flag: str, *, minimum: int, example: str) -> list[int]:

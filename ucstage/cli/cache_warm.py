@@ -33,6 +33,7 @@ from .output import (
     source_options,
 )
 from .progress import Counting, progress_bar
+from .row_groups import WARM_FILE_ONLY, check_unit_options, table_entries, warm_options
 from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -95,13 +96,15 @@ class JobsType(click.ParamType):
               help="Seconds one object-store request may take at most before it is dropped "
                    "and retried. Default $UCSTAGE_REQUEST_DEADLINE, else 30.")
 @group_option
+@warm_options
 @json_option
 def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, jobs: int | str, max_bytes: str | None,
          rank: int | None, node_rank: int | None, nproc_per_node: int | None,
          world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
          epoch: int | None, shuffle_scope: str | None, no_hedge: bool, deadline: float | None,
-         group: str | None, as_json: bool) -> None:
+         group: str | None, unit: str, columns: str | None, version: int | None,
+         as_json: bool) -> None:
     """Copy SOURCE's files into the local cache now, in parallel; files already
     cached and unchanged are skipped, so a rerun resumes.
 
@@ -111,6 +114,9 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     node, which serves every epoch (the whole source when the job is one node,
     i.e. without --nproc-per-node); it is checked against --max-bytes and the
     free disk before anything is copied.
+    With --unit row-group, SOURCE is a table and the unit is its row group:
+    each row group's column chunks (of --columns) become one cache entry, the
+    ones TableDataset reads, dealt by the same rule.
     Exits 1 when files fail after retries (they are listed) or do not fit.
     Off a terminal, a progress line is printed every 10 s. Ctrl-C (or SIGTERM)
     stops within about 2 s: copies in flight finish or are removed, and the
@@ -122,7 +128,10 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm s3://bucket/train --max-bytes 200G
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
+      ucstage cache warm /Volumes/main/ml/train/events --unit row-group --node-rank 0 \
+          --nproc-per-node 4 -w 8 -k 2 --shuffle
     """
+    check_unit_options(unit, WARM_FILE_ONLY, ("columns", "version"))
     ranks = warm_ranks(rank, node_rank, world_size=world_size, num_workers=num_workers,
                        nproc_per_node=nproc_per_node)
     if (seed is not None or epoch is not None) and not shuffle:
@@ -140,22 +149,29 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
                   "is the same every epoch, so it is warmed whole", markup=False)
     cap = size_flag(max_bytes, "--max-bytes")
     cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
-    with listing(source):
-        m = grouped(read_source(source, manifest_path, include, exclude, include_hidden),
-                    group)
-    volume = m.volume()
-    entries = list(m.entries)
+    refused: Sequence[tuple[str, str]] = ()
+    unreadable: Sequence[tuple[str, str]] = ()
+    noun = "row group" if unit == "row-group" else "file"
+    groups = None
+    if unit == "row-group":
+        volume, entries = table_entries(source, manifest_path, columns, version)
+    else:
+        with listing(source):
+            m = grouped(read_source(source, manifest_path, include, exclude, include_hidden),
+                        group)
+        volume, entries = m.volume(), list(m.entries)
+        refused, unreadable, groups = m.refused, m.unreadable, m.groups
     slice_: RankSlice | None = None
     if ranks is not None:
         assert world_size is not None and num_workers is not None
-        items = len(entries) if m.groups is None else m.groups.count  # samples with --group
+        items = len(entries) if groups is None else groups.count  # samples with --group
         entries, slice_ = rank_slice(
             entries, ranks, Layout(world_size, num_workers, nproc_per_node),
-            ReadOrder(items, shuffle, seed or 0, epoch or 0, None, scope), m.groups)
+            ReadOrder(items, shuffle, seed or 0, epoch or 0, None, scope), groups)
         if slice_.nodes is not None:
             err.print(f"warming {share_text(slice_.nodes, slice_.layout)}: "
-                      f"{counted(len(entries), 'file')} "
-                      f"({format_bytes(sum(e.size for e in entries))}), the same files "
+                      f"{counted(len(entries), noun)} "
+                      f"({format_bytes(sum(e.size for e in entries))}), the same {noun}s "
                       "every epoch", markup=False)
     callback: Counting | None = None
     try:
@@ -164,9 +180,9 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     except KeyboardInterrupt:
         err.print(_stopped(callback, entries), markup=False)
         raise
-    data = report.to_json(rank_slice=slice_, refused=m.refused, unreadable=m.unreadable)
+    data = report.to_json(rank_slice=slice_, refused=refused, unreadable=unreadable)
     emit(data, as_json, lambda console: _warm_summary(console, report, ranks, cache.max_bytes,
-                                                      slice_))
+                                                      slice_, noun))
     if report.failed:
         names = ", ".join(p for p, _ in report.failed[:3])
         fail_found(f"{len(report.failed):,} of {counted(report.files, 'file')} failed: "
@@ -187,7 +203,8 @@ def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:
 
 
 def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
-                  cap: int | None, rank_slice: RankSlice | None = None) -> None:
+                  cap: int | None, rank_slice: RankSlice | None = None,
+                  noun: str = "file") -> None:
     rate = (f", {format_rate(report.fetched_bytes / report.seconds)}"
             if report.fetched_bytes and report.seconds else "")
     who = f" for ranks {ranks[0]}..{ranks[-1]}" if ranks and len(ranks) > 1 else (
@@ -196,7 +213,7 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
         who = (" for " + share_text(rank_slice.nodes, rank_slice.layout)
                + ", which serves every epoch")
     console.print(
-        f"[bold]Warmed[/] {counted(report.files, 'file')} ({format_bytes(report.bytes)}){who} in "
+        f"[bold]Warmed[/] {counted(report.files, noun)} ({format_bytes(report.bytes)}){who} in "
         f"{report.seconds:.1f} s: fetched {report.fetched:,} "
         f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
         f"{report.already_cached:,}, failed {len(report.failed):,}")

@@ -15,19 +15,8 @@ from rich.text import Text
 
 from ..errors import InvalidArgument
 from ..progress import Callback
-from .args import num_workers_list
+from .args import column_list, num_workers_list
 from .output import emit, err, flag_names, format_bytes, json_option, table
-
-
-def _split(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    parts = [p.strip() for p in value.split(",")]
-    if any(not p for p in parts):
-        raise InvalidArgument(f"empty column name in {value!r}",
-                              hint="separate column names with single commas")
-    return parts
-
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
@@ -150,12 +139,47 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
     opts = data["options"]
     shown = {k: v for k, v in opts.items() if v not in (None, [], "")}
     summary.add_row("options", ", ".join(f"{k}={v}" for k, v in shown.items()))
+    summary.add_row("row groups", _row_groups(data))
     summary.add_row("record", Text(f"{data['dest']}/{RECORD_NAME}"))
     console.print(summary)
-    if suggestion:
-        console.print(f"[yellow]![/] {suggestion}")
+    for advice in (suggestion, _slots_advice(data)):
+        if advice:
+            console.print(f"[yellow]![/] {advice}")
     console.print(Text(f"load: {load_hint(data['dest'], bool(opts.get('partition_by')))}",
                        style="dim"))
+    console.print(Text(f"  or: {stream_hint(data['dest'])}", style="dim"))
+
+
+def _row_groups(data: dict[str, Any]) -> str:
+    """What the footers hold, and the loader slots that fills."""
+    groups = data["row_groups"]
+    count, files = groups["count"], len(data["files"])
+    if not count:
+        return f"none in {files:,} file{'s' * (files != 1)}"
+    low, high = groups["rows_min"], groups["rows_max"]
+    rows = f"{high:,}" if low == high else f"{low:,}-{high:,}"
+    text = f"{count:,} in {files:,} file{'s' * (files != 1)}, {rows} rows each"
+    slots = data.get("row_group_slots")
+    if slots is None:
+        return text + f": up to {count:,} loader slots"
+    (least, most), (rows_lo, rows_hi) = slots["row_groups"], slots["rows"]
+    per = f"{least:,}" if least == most else f"{least:,}-{most:,}"
+    per += " row group" + "s" * (most != 1)
+    span = f"{rows_lo:,}" if rows_lo == rows_hi else f"{rows_lo:,}-{rows_hi:,}"
+    return (text + f": fill {slots['filled']:,} of {slots['slots']:,} loader slots "
+            f"({per}, {span} rows per slot)")
+
+
+def _slots_advice(data: dict[str, Any]) -> str | None:
+    """The --row-group-rows advice when some loader slots get no row group."""
+    slots = data.get("row_group_slots")
+    if slots is None or slots["filled"] >= slots["slots"] or not data["row_count"]:
+        return None
+    # Each file's ceil(rows / N) groups sum to at least row_count / N.
+    limit = max(1, data["row_count"] // slots["slots"])
+    return (f"{data['row_groups']['count']:,} row groups leave "
+            f"{slots['slots'] - slots['filled']:,} of {slots['slots']:,} loader slots "
+            f"empty: use --row-group-rows {limit:,} so every slot reads a row group")
 
 
 def load_hint(dest: str, partitioned: bool) -> str:
@@ -168,6 +192,12 @@ def load_hint(dest: str, partitioned: bool) -> str:
     if partitioned:
         return f"pyarrow.dataset.dataset({dest!r}, format='parquet', partitioning='hive')"
     return f"datasets.load_dataset('parquet', data_files={dest + '/*.parquet'!r})"
+
+
+def stream_hint(dest: str) -> str:
+    """The same export as a :class:`ucstage.TableDataset`: streamed by row group,
+    dealt over ranks and workers, each node caching its share."""
+    return f"ucstage.TableDataset({dest!r})"
 
 
 @click.command("export", context_settings={"help_option_names": ["-h", "--help"]})
@@ -189,6 +219,11 @@ def load_hint(dest: str, partitioned: bool) -> str:
               help="At most N rows per file.")
 @click.option("--compression", type=click.Choice(["zstd", "snappy", "none"]), default="zstd",
               show_default=True, help="Parquet compression codec.")
+@click.option("--row-group-rows", type=int, default=None, metavar="N",
+              help="At most N rows per Parquet row group (an upper bound: the writer's byte "
+                   "limit and each file's last group end groups sooner). Row groups are the "
+                   "unit TableDataset deals over ranks and workers; the summary says how "
+                   "many the footers hold.")
 @click.option("--force", is_flag=True,
               help="Export even if the table version and options match the last export. "
                    "Also replaces a DEST of Parquet files that ucstage did not write, and "
@@ -202,7 +237,7 @@ def load_hint(dest: str, partitioned: bool) -> str:
 def command(
     table_name: str, dest: str, remote: str | None, columns: str | None, where: str | None,
     partition_by: str | None, files: int | None, max_records_per_file: int | None,
-    compression: str, force: bool, world_size: int | None, num_workers: str | None,
+    compression: str, row_group_rows: int | None, force: bool, world_size: int | None, num_workers: str | None,
     as_json: bool,
 ) -> None:
     """Export a Delta table to Parquet files in DEST, atomically, and only when it changed.
@@ -222,6 +257,7 @@ def command(
     Examples:
       ucstage export main.ml.events /Volumes/main/ml/train/events
       ucstage export main.ml.events /Volumes/main/ml/train/events --files 16 -w 2 -k 4
+      ucstage export main.ml.events /Volumes/main/ml/train/events --files 6 --row-group-rows 100000
       ucstage export ./tables/events out/events --where "day >= '2024-01-01'" --columns id,text
       ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
     """
@@ -235,7 +271,7 @@ def command(
     workers: list[int] | None = None
     if world_size is not None and num_workers is not None:
         workers = workers_per_rank(num_workers_list(num_workers), world_size)
-    column_list, partition_list = _split(columns), _split(partition_by)
+    columns_list, partition_list = column_list(columns), column_list(partition_by)
     # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     # ...and warns when its bounded retries run out; the error line says that.
@@ -243,10 +279,10 @@ def command(
     status = _Status(err)
     try:
         result = export_table(
-            table_name, dest, remote=remote, columns=column_list, where=where,
+            table_name, dest, remote=remote, columns=columns_list, where=where,
             partition_by=partition_list, files=files,
-            max_records_per_file=max_records_per_file, compression=compression, force=force,
-            callback=status)
+            max_records_per_file=max_records_per_file, compression=compression,
+            row_group_rows=row_group_rows, force=force, callback=status)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what was done, then exit 130/143
         from ..export.interrupt import notes
 

@@ -44,6 +44,7 @@ from .output import (
     truncated_rows,
 )
 from .resume_plan import resume_plan
+from .row_groups import check_unit_options, row_group_options, row_group_plan
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
 EXAMPLES = 5
@@ -225,6 +226,7 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
                    "the files each slot of -w x -k still reads. Shuffle, seed and epoch "
                    "come from the state.")
 @group_option
+@row_group_options
 @json_option
 def shard_plan(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
@@ -232,7 +234,8 @@ def shard_plan(
     shuffle: bool, seed: int, epoch: int, shuffle_scope: str | None,
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
     batch_size: int | None, slot: str | None, resume: str | None, group: str | None,
-    as_json: bool,
+    unit: str, batch_rows: int | None, equal_length: str | None, columns: str | None,
+    version: int | None, as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
     num_workers mismatch between ranks duplicates or skips.
@@ -244,6 +247,11 @@ def shard_plan(
     slots would read no file (more slots than files), when ranks would get
     different batch counts, or when a node's share exceeds --max-bytes.
 
+    With --unit row-group, SOURCE is a table (a Parquet folder, an export
+    destination, a Delta table) and the slot rule deals its row groups, as
+    TableDataset does: rows, row groups and bytes per slot, and each rank's
+    rows and batches (--batch-rows, --equal-length).
+
     \b
     Examples:
       ucstage shard-plan /Volumes/main/ml/train --world-size 8 --num-workers 6
@@ -251,7 +259,18 @@ def shard_plan(
       ucstage shard-plan manifest.json -w 2 -k 2 --slot 1:0
       ucstage shard-plan data/ -w 16 -k 4 --nproc-per-node 8 --shuffle --epochs 3
       ucstage shard-plan manifest.json -w 3 -k 1 --resume state.json
+      ucstage shard-plan /Volumes/main/ml/train/events --unit row-group -w 2 -k 4 --batch-rows 4096
     """
+    check_unit_options(unit)
+    if unit == "row-group":
+        _check_shuffle_options(shuffle)
+        row_group_plan(source, manifest_path,
+                       layout=Layout(world_size, num_workers_list(num_workers), nproc_per_node),
+                       shuffle=shuffle, seed=seed, epoch=epoch,
+                       scope=scope_of(shuffle_scope, shuffle), batch_rows=batch_rows,
+                       equal_length=equal_length, columns=columns, version=version,
+                       as_json=as_json)
+        return
     wanted = _parse_slot(slot)
     if resume is not None:
         _check_resume_options(shuffle)

@@ -29,6 +29,7 @@ from ..errors import ExportError, InvalidArgument
 from ..progress import Callback
 from ..tables.record import RECORD_NAME, ExportedFile, ExportRecord, load_record
 from ..volumes import resolve
+from .options import ExportOptions
 
 __all__ = [
     "HADOOP_GLOB_CHARS",
@@ -214,7 +215,8 @@ def unchanged_export(dest: str, *, table: str, source_kind: str, source_location
         return None
     if (record.table != table or record.source_kind != source_kind
             or record.source_location != source_location
-            or record.delta_version != delta_version or record.options != options):
+            or record.delta_version != delta_version
+            or ExportOptions.recorded(record.options) != options):
         return None
     for entry in record.files:
         try:
@@ -414,6 +416,28 @@ def verify_staged(staging: str, expected_rows: int, files: int | None) -> list[E
             f"({expected_rows:,} rows: some of the {files} slices were empty)",
             hint="ask for fewer files than rows")
     return written
+
+
+def footer_row_groups(folder: str, files: list[ExportedFile]) -> list[list[int]]:
+    """The rows of each row group of each of ``files`` of the export in ``folder``.
+
+    From the footers, through the table listing TableDataset reads
+    (:func:`ucstage.tables.row_groups`): what the writer actually did (its
+    byte limit, and each file's last group, end groups before
+    ``row_group_rows``). A listing that fails (an export of no rows) gives
+    no row groups; the export itself was verified when it was written.
+    """
+    from ..errors import UcstageError
+    from ..tables import row_groups
+
+    try:
+        manifest = row_groups(folder)
+    except UcstageError:
+        return [[] for _ in files]
+    held: dict[str, list[int]] = {}
+    for f, rows in zip(manifest.file.tolist(), manifest.rows_per_group.tolist(), strict=True):
+        held.setdefault(manifest.files[f].path, []).append(int(rows))
+    return [held.get(entry["path"], []) for entry in files]
 
 
 def publish(staging: str, dest: str, record: ExportRecord) -> None:

@@ -29,6 +29,9 @@ class ExportOptions:
     files: int | None = None
     max_records_per_file: int | None = None
     compression: str = "zstd"
+    row_group_rows: int | None = None
+    """Parquet's row-count limit per row group (an upper bound: the writer's
+    byte limit, and each file's last group, may end a group sooner)."""
 
     def validate(self) -> None:
         """Refuse what is wrong with the options alone.
@@ -48,6 +51,10 @@ class ExportOptions:
         if self.max_records_per_file is not None and self.max_records_per_file < 1:
             raise InvalidArgument("max_records_per_file must be at least 1, "
                                   f"got {self.max_records_per_file}")
+        if self.row_group_rows is not None and (
+                not isinstance(self.row_group_rows, int) or isinstance(self.row_group_rows, bool)
+                or self.row_group_rows < 1):
+            raise InvalidArgument(f"row_group_rows must be at least 1, got {self.row_group_rows}")
         if self.files is not None and self.partition_by:
             raise InvalidArgument(
                 "files counts the files of one folder and cannot be combined with partition_by",
@@ -65,7 +72,16 @@ class ExportOptions:
         """The options as the export record stores them (key order is part of the file)."""
         return {"columns": self.columns, "where": self.where, "partition_by": self.partition_by,
                 "files": self.files, "max_records_per_file": self.max_records_per_file,
-                "compression": self.compression}
+                "compression": self.compression, "row_group_rows": self.row_group_rows}
+
+    @staticmethod
+    def recorded(options: dict[str, Any]) -> dict[str, Any]:
+        """A record's ``options`` with the keys an older record lacks at their defaults.
+
+        A record written before ``row_group_rows`` existed was made without
+        it, so it still matches an export that does not ask for it.
+        """
+        return {**ExportOptions().as_dict(), **options}
 
 
 def check_partition_by(partition_by: Sequence[str], columns: Sequence[str], *,

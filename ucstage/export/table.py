@@ -64,6 +64,7 @@ from .dest import (
     check_replaceable,
     check_unlisted,
     dest_lock,
+    footer_row_groups,
     publish,
     remove_path,
     resolve_dest,
@@ -241,6 +242,7 @@ def export_table(
     files: int | None = None,
     max_records_per_file: int | None = None,
     compression: str = "zstd",
+    row_group_rows: int | None = None,
     force: bool = False,
     callback: Callback = NO_PROGRESS,
 ) -> ExportResult:
@@ -258,6 +260,10 @@ def export_table(
         files: write exactly this many files (``repartition(files)``).
         max_records_per_file: cap rows per file (Spark's ``maxRecordsPerFile``).
         compression: ``zstd``, ``snappy`` or ``none``.
+        row_group_rows: at most this many rows per Parquet row group (Parquet's
+            ``parquet.block.row.count.limit``; an upper bound, since the
+            writer's byte limit and each file's last group end groups sooner).
+            :attr:`ExportResult.row_groups` says what the footers hold.
         force: export even when the export record says the table is unchanged.
         callback: told the slow step under way through ``set_description``
             (starting the server, waiting for the lock, writing, verifying);
@@ -282,7 +288,8 @@ def export_table(
     options = ExportOptions(
         columns=list(columns) if columns is not None else None, where=where,
         partition_by=list(partition_by or []), files=files,
-        max_records_per_file=max_records_per_file, compression=compression)
+        max_records_per_file=max_records_per_file, compression=compression,
+        row_group_rows=row_group_rows)
     options.validate()
     dest_path = resolve_dest(dest)
     check_dest_writable(dest_path)
@@ -379,7 +386,8 @@ def _result(dest: str, record: ExportRecord, skipped: bool, started: float,
         total = source.state.num_records if source.state is not None else None
         of = f" of the table's {total:,}" if total else ""
         warnings.append(f"where selected 0{of} rows ({where!r}): the export holds no rows")
-    return ExportResult(dest, record, skipped, time.monotonic() - started, warnings)
+    return ExportResult(dest, record, skipped, time.monotonic() - started, warnings,
+                        footer_row_groups(dest, record.files))
 
 
 def _unchanged(dest: str, source: _Source, options: ExportOptions) -> ExportRecord | None:
@@ -394,6 +402,9 @@ def _write(df: Any, staging: str, options: ExportOptions) -> None:
     writer = writer_df.write.mode("error").option("compression", options.compression)
     if options.max_records_per_file:
         writer = writer.option("maxRecordsPerFile", options.max_records_per_file)
+    if options.row_group_rows:
+        # Spark hands a write's options to the Parquet writer's Hadoop settings.
+        writer = writer.option("parquet.block.row.count.limit", options.row_group_rows)
     if options.partition_by:
         writer = writer.partitionBy(*options.partition_by)
     try:

@@ -16,9 +16,11 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,7 +74,17 @@ def _marked(marker: str) -> list[int]:
 
 
 @pytest.fixture
-def scripts() -> Iterator[list[subprocess.Popen[str]]]:
+def short_tmp() -> Iterator[Path]:
+    """The script's $TMPDIR: short, because the forkserver binds a Unix socket
+    in it and such a path is at most 107 bytes (pytest's tmp_path under xdist
+    is longer: 'AF_UNIX path too long')."""
+    tmp = Path(tempfile.mkdtemp(prefix="ucpc-", dir="/tmp"))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def scripts(short_tmp: Path) -> Iterator[list[subprocess.Popen[str]]]:
     """The scripts a test starts; whatever is left of their sessions is killed at teardown."""
     started: list[subprocess.Popen[str]] = []
     yield started
@@ -82,10 +94,8 @@ def scripts() -> Iterator[list[subprocess.Popen[str]]]:
         proc.wait()
 
 
-def _script(tmp_path: Path, src: str, mode: str,
+def _script(tmp_path: Path, tmp: Path, src: str, mode: str,
             started: list[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
     marker = f"UCSTAGE_TEST_MARK={unique('mark')}"
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": REPO,
            marker.split("=")[0]: marker.split("=")[1]}
@@ -126,9 +136,9 @@ def _assert_nothing_left(tmp_path: Path, info: dict[str, Any], record_folder: st
 
 
 @pytest.mark.torchrun  # a script and its 6 workers: not beside the other process-heavy tests
-def test_del_loader_leaves_nothing(source: str, tmp_path: Path,
+def test_del_loader_leaves_nothing(source: str, tmp_path: Path, short_tmp: Path,
                                    scripts: list[subprocess.Popen[str]]) -> None:
-    proc, info = _script(tmp_path, source, "del", scripts)
+    proc, info = _script(tmp_path, short_tmp, source, "del", scripts)
     left = json.loads(_line(proc, "LEFT ", info))
     assert proc.wait(30) == 0, Path(info["stderr"]).read_text()[-3000:]
     assert left["workers"] == [] and left["threads"] == [] and not left["record_folder"], left
@@ -143,9 +153,9 @@ def test_del_loader_leaves_nothing(source: str, tmp_path: Path,
 
 
 @pytest.mark.torchrun
-def test_ctrl_c_ends_the_script_and_leaves_nothing(source: str, tmp_path: Path,
+def test_ctrl_c_ends_the_script_and_leaves_nothing(source: str, tmp_path: Path, short_tmp: Path,
                                                    scripts: list[subprocess.Popen[str]]) -> None:
-    proc, info = _script(tmp_path, source, "sigint", scripts)
+    proc, info = _script(tmp_path, short_tmp, source, "sigint", scripts)
     ready = json.loads(_line(proc, "READY ", info))
     # Forked, or forked by the forkserver: either way the marker finds them.
     assert len(ready["workers"]) == WORKERS

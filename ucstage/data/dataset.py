@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
+from ..cache import tuning
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
@@ -48,14 +49,14 @@ from . import dist as dist_
 from . import epochrecord, holding, warm
 from . import state as _state
 from .frozen import FrozenListing
-from .readahead import ReadAhead, cache_fetcher, cache_lookup
+from .readahead import AUTO, ReadAhead, Share, cache_fetcher, cache_lookup, check_read_ahead
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
 __all__ = ["VolumeDataset"]
 
-DEFAULT_READ_AHEAD = 4
+DEFAULT_READ_AHEAD = AUTO
 DEFAULT_NUM_WORKERS = 6
 """The ucstage DataLoader's default ``num_workers``. A constant, never the
 machine's CPU count: every rank must shard with the same value."""
@@ -116,7 +117,11 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             running, else the whole job is one node, where both scopes read
             exactly the same. ``world_size`` must be a multiple of it.
         read_ahead: how many files of this slot to fetch in the background
-            ahead of the one being consumed (0 fetches synchronously).
+            ahead of the one being consumed (0 fetches synchronously), or
+            ``"auto"`` (default): each reader of the node takes a share of the
+            copies ``cache warm --jobs auto`` would keep in flight for this
+            source, tuned as it runs and cut to fit a byte cap
+            (:func:`ucstage.data.readahead.node_share`).
         equal_length: ``False`` (default) reads exactly the shard plan;
             ``"pad"`` (or ``True``) gives every slot ``ceil(n / slots)`` files
             by re-reading a few from the start of the read order; ``"drop"``
@@ -164,15 +169,17 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         seed: int = 0,
         shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
         nproc_per_node: int | None = None,
-        read_ahead: int = DEFAULT_READ_AHEAD,
+        read_ahead: int | str = DEFAULT_READ_AHEAD,
         equal_length: bool | str | None = False,
         cache: LocalCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
     ) -> None:
         super().__init__()
-        if read_ahead < 0:
-            raise InvalidArgument(f"read_ahead must be 0 or more, got {read_ahead}")
+        try:
+            read_ahead = check_read_ahead(read_ahead)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
         if cache is not None and cache_dir is not None:
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
@@ -185,7 +192,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         self.shuffle_scope = shuffle_scope
         self.nproc_per_node = nproc_per_node
         self.epoch = 0
-        self.read_ahead = int(read_ahead)
+        self.read_ahead: int | str = read_ahead
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
@@ -365,7 +372,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
         rank, world, num_workers, worker = self.slot()
-        holding.check_loader_window(self, self.cache(), num_workers)
+        share = holding.check_loader_window(self, self.cache(), num_workers)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
                                worker=worker)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
@@ -374,7 +381,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
             rows = _SlotRows(rows._manifest, tracker.indices)
-        it = self._fetch_all(rows, rank, tracker)
+        it = self._fetch_all(rows, rank, tracker, share)
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
             # its read-ahead and holds (the record marks the epoch stopped).
@@ -382,7 +389,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         return it
 
     def _fetch_all(self, entries: Sequence[FileEntry], rank: int,
-                   tracker: _state.SlotTracker) -> Iterator[str]:
+                   tracker: _state.SlotTracker, share: Share) -> Iterator[str]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
@@ -396,15 +403,15 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             if done < len(entries):
                 rest = (entries.tail(done) if isinstance(entries, _SlotRows)
                         else entries[done:])
-                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume))
+                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, share))
         finally:
             if reader is not None:
                 reader.close()
         tracker.end()
 
     def _fetch_rest(self, entries: Sequence[FileEntry], reader: Any, cache: LocalCache,
-                    volume: Volume) -> Iterator[str]:
-        if self.read_ahead == 0:
+                    volume: Volume, share: Share) -> Iterator[str]:
+        if share.ceiling == 0:
             fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
             yield from holding.follow((fetch(entry) for entry in entries), reader)
             return
@@ -415,10 +422,14 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         # before it returns: nothing is copied for an iterator that is gone.
         # Hits are looked up in this thread; only misses are handed to threads.
         fetch, stop, abandon = cache_fetcher(cache, volume)
-        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, self.read_ahead,
+        # read_ahead="auto": this reader's share of the node's copies in flight,
+        # tuned as `cache warm --jobs auto` tunes its own (readahead.node_share).
+        jobs = (tuning.Jobs(None, ceiling=share.ceiling, start=share.start)
+                if share.tuned else None)
+        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, share.ceiling,
                           stop=stop, abandon=abandon,
                           lookup=holding.lookup(reader, cache, volume,
-                                                cache_lookup(cache, volume)))
+                                                cache_lookup(cache, volume)), jobs=jobs)
         try:
             yield from holding.follow(iter(ahead), reader)
         finally:

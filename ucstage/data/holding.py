@@ -23,6 +23,7 @@ from ..cache.runstats import RunStats
 from ..sharding import effective_workers
 from . import warm
 from .protocol import ShardedDataset
+from .readahead import Share, node_share
 
 __all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
            "unheld_lookup", "wrap"]
@@ -99,23 +100,32 @@ def local_ranks() -> int:
         return 1
 
 
-def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -> None:
-    """Refuse at once (``CacheFull``) a read that can never fit under the cap:
+def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
+                        volume: Any = None) -> Share:
+    """This node's readers' share of copies in flight (:func:`~.readahead.node_share`;
+    ``volume`` picks the first guess, the dataset's own by default), after
+    refusing at once (``CacheFull``) a read that can never fit under the cap:
     a file larger than the cap, or the window of every reader on this node
-    (``LOCAL_WORLD_SIZE`` x workers, each holding read_ahead + 1 + slack of
-    the largest file) larger than it."""
+    (``LOCAL_WORLD_SIZE`` x workers, each holding its share + 1 + slack of
+    the largest file) larger than it. Under ``read_ahead="auto"`` the share
+    is cut to fit the cap first."""
+    readers = local_ranks() * effective_workers(num_workers)
+    if volume is None:
+        volume = getattr(dataset, "_get_volume", lambda: None)()
     cap = getattr(cache, "max_bytes", None)
     if cap is None or not _holds(cache):
-        return
+        return node_share(dataset.read_ahead, volume, readers)
     manifest = dataset.freeze()
     sizes = manifest.sizes()
     if not len(sizes):
-        return
+        return node_share(dataset.read_ahead, volume, readers)
     largest_at = int(np.argmax(np.asarray(sizes)))
     largest = int(sizes[largest_at])
-    check_window(cap, readers=local_ranks() * effective_workers(num_workers),
-                 depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
-                 largest_name=manifest.entries[largest_at].path)
+    fits = cap // max(1, readers * largest) - 1 - DEFAULT_SLACK
+    share = node_share(dataset.read_ahead, volume, readers, cap_depth=max(1, fits))
+    check_window(cap, readers=readers, depth=share.ceiling + 1 + DEFAULT_SLACK,
+                 largest=largest, largest_name=manifest.entries[largest_at].path)
+    return share
 
 
 def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:

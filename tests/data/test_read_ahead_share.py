@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from tests.common.backends import make_source
-from ucstage import DataLoader, LocalCache, VolumeDataset
+from ucstage import LocalCache, VolumeDataset
 from ucstage.cache import tuning
 from ucstage.data import holding
 from ucstage.data.readahead import AUTO, ReadAhead, Share, node_share

@@ -18,17 +18,21 @@ __all__ = [
     "EmptySource",
     "ExportError",
     "FetchFailed",
+    "GroupingError",
     "InvalidArgument",
     "ManifestError",
     "MissingDependency",
     "MountLost",
+    "NotParquet",
     "RankMismatch",
     "ResumeMismatch",
+    "SchemaMismatch",
     "SourceNotFound",
     "SourceUnreadable",
     "SparkUnavailable",
     "TableNotFound",
     "UcstageError",
+    "UnknownColumn",
     "UnreadableFolders",
     "UnsafePath",
     "UnsupportedTable",
@@ -84,6 +88,11 @@ class UnreadableFolders(SourceUnreadable):
 
 class EmptySource(UcstageError):
     """The source exists but lists no files after filtering."""
+
+
+class GroupingError(UcstageError):
+    """Files cannot be grouped into samples: two members of one sample share a
+    suffix, or a sample lacks a required member (``on_incomplete="error"``)."""
 
 
 class ManifestError(UcstageError):
@@ -147,6 +156,18 @@ class TableNotFound(UcstageError):
 
 class UnsupportedTable(UcstageError):
     """The table uses a Delta reader feature this read path cannot honour."""
+
+
+class NotParquet(UcstageError):
+    """A file of a table source is not a readable Parquet file."""
+
+
+class SchemaMismatch(UcstageError):
+    """The Parquet files of a table source have schemas that cannot be unified."""
+
+
+class UnknownColumn(InvalidArgument):
+    """A column asked for is not in the table."""
 
 
 class SparkUnavailable(UcstageError):

@@ -84,6 +84,20 @@ def test_shard_plan_json_contract(tmp_path: Path) -> None:
     assert "| step | seconds |" in proc.stderr
 
 
+@pytest.mark.parametrize("mode", ["warm", "plan"])
+def test_grouped_json_contract(tmp_path: Path, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "UCSTAGE_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.grouped", mode, "--samples", "30",
+                           "--files", "4000", "--pairs", "1", "--dir", str(tmp_path), "--json"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert doc["benchmark"] == "grouped" and doc["params"]["mode"] == mode
+    assert [r["target"] for r in doc["results"]] == [1.1 if mode == "warm" else 1.5] * 2
+    assert all(r["ungrouped_s"] > 0 and r["grouped_s"] > 0 for r in doc["results"])
+
+
 def test_ab_compare_runs_both_sides(tmp_path: Path) -> None:
     """Two commits' ucstage under this tree's benchmark: both sides in one document."""
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],

@@ -117,6 +117,12 @@ def test_shard_plan(source: str) -> None:
     assert_matches("json.md", "The network forecast (`--epochs`)", {"forecast": doc["forecast"]})
 
 
+def test_shard_plan_group(source: str) -> None:
+    doc = run_json("shard-plan", source, "-w", "2", "-k", "2", "--group", "key")
+    assert_matches("json.md", "`ucstage shard-plan`", doc)
+    assert_matches("json.md", "Grouped samples (`--group key`)", doc)
+
+
 def test_shard_plan_resume(source: str, tmp_path: Path) -> None:
     from ucstage import manifest as mf
     from ucstage.resume import LoaderState

@@ -307,15 +307,6 @@ def server_pids(folder: str) -> list[int]:
     return pids
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def dest_listing(dest: str) -> dict[str, tuple[int, int]]:
     """Every file under an export DEST with its inode and mtime: equal before
     and after means DEST was not touched."""

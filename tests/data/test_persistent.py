@@ -14,6 +14,7 @@ import pytest
 from torch.utils.data import IterableDataset, get_worker_info
 
 from tests.common.backends import make_source
+from tests.common.parts import pid_alive
 from ucstage.cache import paths
 from ucstage.cache.leases import take_exclusive
 from ucstage.data import DataLoader, VolumeDataset
@@ -178,14 +179,6 @@ def test_break_mid_epoch_lets_go_of_holds_and_copies_within_a_second(
     assert sum(len(v) for v in _by_slot(ds, loader).values()) == n
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_del_loader_leaves_no_process_thread_or_file(tmp_path: Path) -> None:
     write_files(str(tmp_path / "src"), 30)
     ds = VolumeDataset(str(tmp_path / "src"), cache_dir=str(tmp_path / "cache"))
@@ -200,9 +193,9 @@ def test_del_loader_leaves_no_process_thread_or_file(tmp_path: Path) -> None:
     del loader
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (
-            [p for p in pids if _running(p)] or set(threading.enumerate()) - threads):
+            [p for p in pids if pid_alive(p)] or set(threading.enumerate()) - threads):
         time.sleep(0.05)
-    assert not [p for p in pids if _running(p)]
+    assert not [p for p in pids if pid_alive(p)]
     assert not set(threading.enumerate()) - threads
     assert not os.path.exists(folder)
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from tests.common.parts import pid_alive
 from tests.common.spark import (
     BIG_ROWS,
     beside_dest,
     dest_listing,
     export_process,
     exported_table,
-    pid_alive,
     server_folders,
     server_pids,
     wait_writing,

@@ -245,13 +245,14 @@ class Reader:
 
 
 def check_window(max_bytes: int | None, *, readers: int, depth: int, largest: int,
-                 largest_name: str = "") -> None:
+                 largest_name: str = "", unit: str = "file") -> None:
     """Refuse at once a read that can never fit under ``max_bytes``.
 
     ``readers`` slots each hold up to ``depth`` files at once (read-ahead, the
     current file and the slack); with files of up to ``largest`` bytes that
     window alone must fit under the cap, else readers would wait for each
-    other forever.
+    other forever. ``unit``: what is held, as messages name it (``"sample"``
+    for a grouped dataset, whose ``largest`` is its largest sample's bytes).
 
     Raises:
         CacheFull: the largest file, or the window, is larger than the cap.
@@ -259,15 +260,15 @@ def check_window(max_bytes: int | None, *, readers: int, depth: int, largest: in
     if max_bytes is None:
         return
     if largest > max_bytes:
-        name = f"{largest_name} is " if largest_name else "the largest file is "
+        name = f"{largest_name} is " if largest_name else f"the largest {unit} is "
         raise CacheFull(f"{name}{format_bytes(largest)}, larger than the whole cache cap "
                         f"{format_bytes(max_bytes)}", hint="raise max_bytes")
     window = readers * depth * largest
     if window > max_bytes:
         raise CacheFull(
             f"the readers' window does not fit under the cache cap {format_bytes(max_bytes)}: "
-            f"{readers} readers x {depth} files held each (read_ahead + the current file + "
-            f"{DEFAULT_SLACK} of slack) x the largest file {format_bytes(largest)} = "
+            f"{readers} readers x {depth} {unit}s held each (read_ahead + the current {unit} + "
+            f"{DEFAULT_SLACK} of slack) x the largest {unit} {format_bytes(largest)} = "
             f"{format_bytes(window)}",
             hint=f"raise max_bytes to at least {format_bytes(window)} (more leaves room for "
                  "hits), or lower read_ahead or num_workers")

@@ -11,6 +11,7 @@ and its errors say so.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import CacheFull, InvalidArgument
 from ..progress import NO_PROGRESS, Callback
@@ -19,6 +20,9 @@ from ..volumes import FileEntry, Volume
 from .local import LocalCache
 from .reports import RankSlice, WarmReport
 from .tuning import AUTO
+
+if TYPE_CHECKING:
+    from ..manifest.groups import Groups
 
 __all__ = ["rank_slice", "share_text", "warm_ranks", "warm_slice"]
 
@@ -56,14 +60,20 @@ def warm_ranks(rank: int | None = None, node_rank: int | None = None, *,
 
 
 def rank_slice(entries: Sequence[FileEntry], ranks: Sequence[int], layout: Layout,
-               order: ReadOrder) -> tuple[list[FileEntry], RankSlice]:
+               order: ReadOrder, groups: Groups | None = None
+               ) -> tuple[list[FileEntry], RankSlice]:
     """The entries ``ranks`` read (:func:`ucstage.sharding.rank_entries`) and the
     :class:`RankSlice` that says so. With ``order.shuffle`` under the node
-    scope, that is the whole share of the ranks' nodes (``RankSlice.nodes``)."""
+    scope, that is the whole share of the ranks' nodes (``RankSlice.nodes``).
+    With ``groups`` (a grouped manifest's), the slot rule deals samples
+    (``order.n`` is their count) and every member of each is taken."""
     share = order.shuffle and order.shuffle_scope == "node"
     nodes = sorted({layout.node_of(r) for r in ranks}) if share else None
-    return rank_entries(entries, ranks, layout, order), RankSlice(list(ranks), layout, order,
-                                                                   nodes)
+    found = RankSlice(list(ranks), layout, order, nodes)
+    if groups is None:
+        return rank_entries(entries, ranks, layout, order), found
+    picked = rank_entries(range(groups.count), ranks, layout, order)
+    return [entries[int(r)] for r in groups.rows(picked)], found
 
 
 def share_text(nodes: Sequence[int], layout: Layout) -> str:

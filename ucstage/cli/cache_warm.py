@@ -19,6 +19,7 @@ from ..sharding import Layout, ReadOrder
 from ..units import SIZE_HELP, format_rate
 from ..volumes import FileEntry
 from .args import size_flag
+from .group_plan import group_option, grouped
 from .network import network_options, network_summary
 from .output import (
     counted,
@@ -93,13 +94,14 @@ class JobsType(click.ParamType):
               metavar="SECONDS",
               help="Seconds one object-store request may take at most before it is dropped "
                    "and retried. Default $UCSTAGE_REQUEST_DEADLINE, else 30.")
+@group_option
 @json_option
 def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, jobs: int | str, max_bytes: str | None,
          rank: int | None, node_rank: int | None, nproc_per_node: int | None,
          world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
          epoch: int | None, shuffle_scope: str | None, no_hedge: bool, deadline: float | None,
-         as_json: bool) -> None:
+         group: str | None, as_json: bool) -> None:
     """Copy SOURCE's files into the local cache now, in parallel; files already
     cached and unchanged are skipped, so a rerun resumes.
 
@@ -139,15 +141,17 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     cap = size_flag(max_bytes, "--max-bytes")
     cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
     with listing(source):
-        m = read_source(source, manifest_path, include, exclude, include_hidden)
+        m = grouped(read_source(source, manifest_path, include, exclude, include_hidden),
+                    group)
     volume = m.volume()
     entries = list(m.entries)
     slice_: RankSlice | None = None
     if ranks is not None:
         assert world_size is not None and num_workers is not None
+        items = len(entries) if m.groups is None else m.groups.count  # samples with --group
         entries, slice_ = rank_slice(
             entries, ranks, Layout(world_size, num_workers, nproc_per_node),
-            ReadOrder(len(entries), shuffle, seed or 0, epoch or 0, None, scope))
+            ReadOrder(items, shuffle, seed or 0, epoch or 0, None, scope), m.groups)
         if slice_.nodes is not None:
             err.print(f"warming {share_text(slice_.nodes, slice_.layout)}: "
                       f"{counted(len(entries), 'file')} "

@@ -31,6 +31,7 @@ from ..sharding import (
 from ..units import SIZE_HELP
 from .args import num_workers_list, size_flag
 from .forecast_view import forecast_json, render_forecast
+from .group_plan import ItemNames, group_option, grouped, item_sizes, members_json, render_members
 from .output import (
     emit,
     err,
@@ -62,21 +63,11 @@ def _parse_slot(value: str | None) -> tuple[int, int] | None:
 
 def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
     """The documented JSON contract (docs/json.md#shard-plan)."""
-    return p.to_json(manifest.paths(), source=manifest.source, fingerprint=manifest.fingerprint)
+    paths: Any = manifest.paths() if manifest.groups is None else ItemNames(manifest)
+    doc = p.to_json(paths, source=manifest.source, fingerprint=manifest.fingerprint)
+    grouping = members_json(manifest, p)
+    return doc if grouping is None else {**doc, "grouping": grouping}
 
-
-class _Paths:
-    """``paths[i]`` of a manifest, made per access: the human plan names only
-    a few files, and a columnar manifest then makes no object per file."""
-
-    def __init__(self, manifest: Manifest) -> None:
-        self._manifest = manifest
-
-    def __getitem__(self, index: int) -> str:  # only for a few example files
-        return self._manifest.entries[int(index)].path
-
-    def __len__(self) -> int:
-        return len(self._manifest.entries)
 
 
 def _workers_text(p: ShardPlan) -> str:
@@ -151,7 +142,7 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
             console.print(f"[dim]{p.node_count - len(p.nodes):,} nodes read no file and are "
                           "not listed[/]")
     console.print()
-    paths = _Paths(manifest)
+    paths = ItemNames(manifest)
     if p.consistent and not p.empty.count:
         console.print("[green]✓[/] every file is read exactly once")
     elif not p.consistent:
@@ -233,13 +224,15 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
                    "(DataLoader.state_dict(), merged; or a JSON list of per-rank states): "
                    "the files each slot of -w x -k still reads. Shuffle, seed and epoch "
                    "come from the state.")
+@group_option
 @json_option
 def shard_plan(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
     exclude: tuple[str, ...], include_hidden: bool, world_size: int, num_workers: str,
     shuffle: bool, seed: int, epoch: int, shuffle_scope: str | None,
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
-    batch_size: int | None, slot: str | None, resume: str | None, as_json: bool,
+    batch_size: int | None, slot: str | None, resume: str | None, group: str | None,
+    as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
     num_workers mismatch between ranks duplicates or skips.
@@ -270,14 +263,18 @@ def shard_plan(
         raise InvalidArgument("--max-bytes checks the forecast's node shares; it needs --epochs")
     cap = _cap(max_bytes) if epochs is not None else None
     workers = num_workers_list(num_workers)
-    manifest = read_source(source, manifest_path, include, exclude, include_hidden)
+    if group is not None and resume is not None:
+        raise InvalidArgument("--resume plans a file listing's state; it does not combine "
+                              "with --group yet")
+    manifest = grouped(read_source(source, manifest_path, include, exclude, include_hidden),
+                       group)
     if resume is not None:
         # What a resumed epoch reads (cli/resume_plan.py); exit 2 for a state
         # that does not fit this listing.
         resume_plan(manifest, resume, world_size=world_size, num_workers=workers, slot=wanted,
                     batch_size=batch_size, as_json=as_json, nproc_per_node=nproc_per_node)
         return
-    sizes = manifest.sizes()  # a numpy array for a columnar manifest
+    sizes = item_sizes(manifest)  # numpy for a columnar manifest; per sample with --group
     layout = Layout(world_size, workers, nproc_per_node)
     order = ReadOrder(len(sizes), shuffle, seed, epoch, None, scope)
     if wanted is not None:
@@ -299,6 +296,7 @@ def shard_plan(
 
     def human(console: Console) -> None:
         _render(console, manifest, p)
+        render_members(console, members_json(manifest, p))
         if forecasts:
             render_forecast(console, forecasts, scope, cap)
 
@@ -336,7 +334,8 @@ def _check_resume_options(shuffle: bool) -> None:
 
 
 def _print_slot(manifest: Manifest, s: SlotPlan, as_json: bool) -> None:
-    files = manifest.take(s.indices)  # only this slot's rows
+    rows = s.indices if manifest.groups is None else manifest.groups.rows(s.indices)
+    files = manifest.take(rows)  # only this slot's rows (its samples' members with --group)
     data = {"rank": s.rank, "worker": s.worker, "node": s.node,
             "files": [e.path for e in files], "bytes": s.bytes}
 

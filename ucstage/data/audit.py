@@ -83,12 +83,23 @@ class EpochAudit:
         self.prior = self.prior_real = self.prior_pad = 0
         self.planned_real = self.planned_pad = 0
         progress.listeners.append(self.add)
+        # Row groups a resumed state holds as delivered whole past a slot's
+        # leading count (TableDataset's partial): one rank counts them.
+        whole = getattr(progress.vds, "audit_prior", None)
+        if whole is not None and progress.rank == 0 and progress.resume is not None:
+            done = whole(progress.resume)
+            if len(done):
+                self._prior(done, len(done))
         if not progress.done and not any(start):
             # An epoch from its start: the rank's own slot lengths are arithmetic.
             for s in progress.own:
                 length, real = epoch_slot_length(state.order, layout, layout.slot_at(s))
                 self.planned_real += real
                 self.planned_pad += length - real
+            # A dataset that equalises by rows (TableDataset) says what it completes.
+            planned = getattr(progress.vds, "audit_planned", None)
+            if planned is not None and (found := planned(progress)) is not None:
+                self.planned_real = found
             return
         current = Segment(layout, tuple(start))
         runs = segment_runs(state.order, [*progress.done, current])

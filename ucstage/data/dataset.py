@@ -25,17 +25,16 @@ is worker 0 of 1.
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
-from ..cache import tuning
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
+from ..manifest.groups import Grouping
 from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
     Layout,
@@ -45,11 +44,11 @@ from ..sharding import (
     slot_length,
 )
 from ..volumes import FileEntry, Volume
-from . import dist as dist_
-from . import epochrecord, holding, warm
+from . import epochrecord, holding, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
-from .readahead import AUTO, ReadAhead, Share, cache_fetcher, cache_lookup, check_read_ahead
+from .readahead import AUTO, Share, check_read_ahead
+from .sharded import SlotRule, equal_mode
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -60,38 +59,7 @@ DEFAULT_READ_AHEAD = AUTO
 DEFAULT_NUM_WORKERS = 6
 """The ucstage DataLoader's default ``num_workers``. A constant, never the
 machine's CPU count: every rank must shard with the same value."""
-LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
-"""Set by torchrun on every rank: its ranks per node."""
-
-
-def _env_nproc() -> int | None:
-    text = os.environ.get(LOCAL_WORLD_SIZE_ENV)
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidArgument(f"${LOCAL_WORLD_SIZE_ENV} must be a whole number of at least 1, "
-                              f"got {text!r}", hint="pass nproc_per_node explicitly")
-    return value
-
-
-def _equal_mode(value: bool | str | None) -> str | None:
-    """The public ``equal_length`` (False, True, "pad" or "drop") as a read order's
-    mode; :class:`~ucstage.sharding.ReadOrder` checks the mode's name."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return "pad"
-    if isinstance(value, str):
-        return value
-    raise InvalidArgument(
-        f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")
-
-
-class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-arg]
+class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     """Local paths of a volume's files, sharded over ranks and workers, cached on first read.
 
     Args:
@@ -132,6 +100,18 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         cache_dir: cache root when ``cache`` is not given (default:
             ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
         max_bytes: byte cap for a cache built from ``cache_dir``.
+        group: ``"key"`` makes files sharing a key one sample (the key is the
+            relative path up to the first ``.`` of the file name; a name
+            without a dot is its own key, suffix ``""``), or a callable from
+            relative path to key (module-level, so that it pickles into
+            workers). The dataset then yields ``{suffix: local path}`` per
+            sample (``{"jpg": ..., "json": ...}``), every member cached first;
+            samples are the unit of the slot rule, the shuffle,
+            ``equal_length``, ``len()``, resume and the audit.
+        require: with ``group``, suffixes every sample must have
+            (case-sensitive), e.g. ``("jpg", "json")``.
+        on_incomplete: with ``require``, ``"drop"`` (default: such samples are
+            left out, counted in one warning with examples) or ``"error"``.
 
     Building one lists nothing and pickles to a few hundred bytes: the
     listing is frozen into a manifest file on first use and only its path
@@ -174,6 +154,9 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         cache: LocalCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         max_bytes: int | None = None,
+        group: str | Callable[[str], str] | None = None,
+        require: Sequence[str] = (),
+        on_incomplete: str = "drop",
     ) -> None:
         super().__init__()
         try:
@@ -184,7 +167,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        self.equal_length = _equal_mode(equal_length)
+        self.equal_length = equal_mode(equal_length)
         # Checked once here, by the values the slot rule takes (the listing's
         # size and the world size come later).
         ReadOrder(0, self.shuffle, self.seed, 0, self.equal_length, shuffle_scope)
@@ -197,6 +180,11 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
         self.skip_unreadable = bool(skip_unreadable)
+        if group is None and (tuple(require) or on_incomplete != "drop"):
+            raise InvalidArgument("require and on_incomplete apply to grouped samples: pass "
+                                  'group="key" (or a key callable) too')
+        self._grouping = (Grouping(group, tuple(require), on_incomplete)
+                          if group is not None else None)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._max_bytes = max_bytes
         self._manifest_path: str | None = None
@@ -216,6 +204,8 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             if self.include or self.exclude:
                 raise InvalidArgument("include/exclude do not apply to a manifest (it is frozen)")
             self._source = source.source
+            if self._grouping is not None:
+                source = self._group(source)
             self._manifest = source
             self._fingerprint = source.fingerprint
             self._manifest_path = source.path
@@ -224,61 +214,14 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
 
     # -- state ---------------------------------------------------------------
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch's permutation (with ``shuffle``); call it on every rank.
-
-        The ucstage DataLoader passes the epoch to its workers, persistent
-        ones included, when the next epoch's iteration starts.
-        """
-        _state.on_set_epoch(self, int(epoch))
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands, as small JSON-serialisable data (no file list).
-
-        In a DataLoader worker (torchdata's ``StatefulDataLoader`` calls it
-        there) it is the worker's slot; in the main process of a ucstage
-        ``DataLoader``, every slot of this rank, counting only files whose
-        batch the loader returned. See docs/training.md, "Checkpoint and resume".
-        """
-        return _state.dataset_state(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the state's epoch at the next iteration (same or another layout).
-
-        Raises:
-            ResumeMismatch: the state is for another listing, seed, shuffle or
-                equal_length.
-        """
-        _state.load(self, state)
-
-    @property
-    def fingerprint(self) -> str | None:
-        """The frozen listing's fingerprint, or None before :meth:`freeze`."""
-        return self._fingerprint
-
-    @property
-    def source(self) -> str:
-        return self._source
-
     def __getstate__(self) -> dict[str, Any]:
         if self._manifest is not None and self._manifest_path is None:
             self._save_manifest(self._manifest)
-        state = dict(self.__dict__)
-        for key in ("_cache", "_manifest", "_volume", "_tracker", "_progress"):
-            state[key] = None
-        dist = dist_.active()
-        if dist is not None:
-            # A spawned worker has no process group: give it this rank's view.
-            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        return super().__getstate__()
 
     def __len__(self) -> int:
-        """Files this process yields per epoch: a worker's slot, or the rank's
-        files in the main process (see the class docstring)."""
+        """Items this process yields per epoch (files, or samples when grouped):
+        a worker's slot, or the rank's in the main process (see the class docstring)."""
         if self._fingerprint is None:
             # TypeError is what len() of a length-less object raises, so
             # operator.length_hint and list() pass over it as they should.
@@ -291,66 +234,28 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             return slot_length(self.read_order(), layout, layout.slot(rank, worker))
         return rank_length(self.read_order(), self.layout(world, self.num_workers), rank)
 
-    def __bool__(self) -> bool:
-        # Without this, `dataset or default` would call __len__ (and raise
-        # before freezing, or be False for an empty slot).
-        return True
-
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
-        return (f"VolumeDataset({self._source!r}, shuffle={self.shuffle}, seed={self.seed}, "
-                f"shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, {frozen})")
+        group = "" if self._grouping is None else f"group={self._grouping.label!r}, "
+        return (f"VolumeDataset({self._source!r}, {group}shuffle={self.shuffle}, "
+                f"seed={self.seed}, shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, "
+                f"{frozen})")
 
     # -- sharding --------------------------------------------------------------
 
-    def slot(self) -> tuple[int, int, int, int]:
-        """(rank, world_size, num_workers, worker) of the calling process."""
-        info = tud.get_worker_info()
-        dist = dist_.active()
-        if dist is not None:
-            rank, world = dist.get_rank(), dist.get_world_size()
-        elif info is not None and self._dist_rank_world is not None:
-            rank, world = self._dist_rank_world
-        else:
-            rank, world = 0, 1
-        if info is None:
-            return rank, world, 0, 0
-        return rank, world, info.num_workers, info.id
-
-    def ranks_per_node(self, world_size: int) -> int | None:
-        """The ``nproc_per_node`` this dataset shards with in a job of
-        ``world_size`` ranks: the one given, else ``$LOCAL_WORLD_SIZE`` when
-        the job has several ranks, else None (one node).
-
-        Raises:
-            InvalidArgument: ``world_size`` is not a multiple of it.
-        """
-        return self.layout(world_size, 0).nproc_per_node
-
-    def layout(self, world_size: int, num_workers: int) -> Layout:
-        """The layout of a job of ``world_size`` ranks with ``num_workers`` workers
-        each, as this dataset shards it (its ranks per node: :meth:`ranks_per_node`).
-
-        Raises:
-            InvalidArgument: ``world_size`` is not a multiple of its ranks per node.
-        """
-        return Layout(world_size, num_workers, self.nproc_setting(world_size))
-
     def read_order(self) -> ReadOrder:
-        """This epoch's read order over the frozen listing (freezes it)."""
-        return ReadOrder(len(self._entries()), self.shuffle, self.seed, self.epoch,
-                         self.equal_length, self.shuffle_scope)
-
-    def nproc_setting(self, world_size: int) -> int | None:
-        """:meth:`ranks_per_node` without checking it against ``world_size`` (the
-        DataLoader's guard compares it across ranks first)."""
-        if self.nproc_per_node is None and world_size > 1:
-            return _env_nproc()
-        return self.nproc_per_node
+        """This epoch's read order over the frozen listing (freezes it): over
+        its samples when grouped (``n`` is the item count either way)."""
+        manifest = self.freeze()
+        n = manifest.groups.count if manifest.groups is not None else len(manifest.entries)
+        return ReadOrder(n, self.shuffle, self.seed, self.epoch, self.equal_length,
+                         self.shuffle_scope)
 
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
-                     worker: int) -> list[FileEntry]:
-        """The files slot (rank, worker) reads this epoch, in read order.
+                     worker: int) -> list[FileEntry] | list[samples.Sample]:
+        """The files slot (rank, worker) reads this epoch, in read order (when
+        grouped, its samples: :class:`~ucstage.data.samples.Sample`, whose
+        ``members`` are the entries and ``suffixes`` their suffixes).
 
         Computed with :func:`ucstage.sharding.slot_files` (or its equal-length
         variant), the rule ``ucstage shard-plan`` prints.
@@ -359,13 +264,15 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
                                worker=worker).take_all()
 
     def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
-                   worker: int) -> _SlotRows:
+                   worker: int) -> samples.SlotRows:
         manifest = self.freeze()
         layout = self.layout(world_size, num_workers)
         indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
-        return _SlotRows(manifest, indices)
+        if manifest.groups is not None:
+            return samples.SampleRows(manifest, indices)
+        return samples.SlotRows(manifest, indices)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
         record = epochrecord.apply(self)
@@ -380,7 +287,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         tracker = _state.SlotTracker.begin(self, rows._indices, rank=rank, world_size=world,
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
-            rows = _SlotRows(rows._manifest, tracker.indices)
+            rows = rows.with_indices(tracker.indices)
         it = self._fetch_all(rows, rank, tracker, share)
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
@@ -388,85 +295,34 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             return epochrecord.guarded(it, self._epoch_link, record["gen"])
         return it
 
-    def _fetch_all(self, entries: Sequence[FileEntry], rank: int,
-                   tracker: _state.SlotTracker, share: Share) -> Iterator[str]:
+    def _fetch_all(self, entries: Sequence[Any], rank: int,
+                   tracker: _state.SlotTracker, share: Share) -> Iterator[Any]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
         try:
             # Without a cap, the leading run of hits goes out in blocks (data/warm.py).
-            lookup = holding.unheld_lookup(reader, cache, volume)
+            lookup: Any = holding.unheld_lookup(reader, cache, volume)
+            grouped = isinstance(entries, samples.SampleRows)
+            if lookup is not None and grouped:
+                lookup = samples.run_lookup(lookup)
             done = 0
             if lookup is not None:
                 counters = reader.counters if reader is not None else None
                 done = yield from warm.hits(entries, lookup, counters, tracker)
             if done < len(entries):
-                rest = (entries.tail(done) if isinstance(entries, _SlotRows)
+                rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])
-                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, share))
+                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, share,
+                                                          grouped))
         finally:
             if reader is not None:
                 reader.close()
         tracker.end()
 
-    def _fetch_rest(self, entries: Sequence[FileEntry], reader: Any, cache: LocalCache,
-                    volume: Volume, share: Share) -> Iterator[str]:
-        if share.ceiling == 0:
-            fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
-            yield from holding.follow((fetch(entry) for entry in entries), reader)
-            return
-        # A window of fetches runs ahead of the consumer; results come back in
-        # slot order. Fetches of one file by several processes are single-flight
-        # in the cache, so read-ahead never copies a file twice. Closing this
-        # generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
-        # before it returns: nothing is copied for an iterator that is gone.
-        # Hits are looked up in this thread; only misses are handed to threads.
-        fetch, stop, abandon = cache_fetcher(cache, volume)
+    def _fetch_rest(self, entries: Sequence[Any], reader: Any, cache: LocalCache,
+                    volume: Volume, share: Share, grouped: bool = False) -> Iterator[Any]:
         # read_ahead="auto": this reader's share of the node's copies in flight,
         # tuned as `cache warm --jobs auto` tunes its own (readahead.node_share).
-        jobs = (tuning.Jobs(None, ceiling=share.ceiling, start=share.start)
-                if share.tuned else None)
-        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, share.ceiling,
-                          stop=stop, abandon=abandon,
-                          lookup=holding.lookup(reader, cache, volume,
-                                                cache_lookup(cache, volume)), jobs=jobs)
-        try:
-            yield from holding.follow(iter(ahead), reader)
-        finally:
-            ahead.close()
+        return holding.fetch_in_order(entries, reader, cache, volume, share, grouped=grouped)
 
-
-class _SlotRows(Sequence[FileEntry]):
-    """A slot's entries, made from the manifest a block at a time as they are
-    read: a worker never holds a FileEntry per file of its slot."""
-
-    BLOCK = 1024
-
-    def __init__(self, manifest: Manifest, indices: Any) -> None:
-        self._manifest = manifest
-        self._indices = indices
-        # One (block, rows) tuple, replaced whole: read-ahead threads index
-        # concurrently and must never see one block's number with another's rows.
-        self._cached: tuple[int, list[FileEntry]] = (-1, [])
-
-    def __len__(self) -> int:
-        return len(self._indices)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return self._manifest.take(self._indices[index])
-        if not 0 <= index < len(self._indices):
-            raise IndexError("slot index out of range")
-        block, start = index // self.BLOCK, index // self.BLOCK * self.BLOCK
-        cached_block, rows = self._cached
-        if cached_block != block:  # read-ahead threads read near one another, in order
-            rows = self._manifest.take(self._indices[start:start + self.BLOCK])
-            self._cached = (block, rows)
-        return rows[index - start]
-
-    def tail(self, start: int) -> _SlotRows:
-        """The entries from ``start`` on (a view: no entry is made)."""
-        return self if start == 0 else _SlotRows(self._manifest, self._indices[start:])
-
-    def take_all(self) -> list[FileEntry]:
-        return self._manifest.take(self._indices)

@@ -20,14 +20,15 @@ import torch.utils.data as tud
 from .. import manifest as _manifest
 from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import ManifestError, RankMismatch, UcstageError
-from ..manifest import Manifest
+from ..manifest import Manifest, group_manifest
+from ..manifest.groups import Grouping
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
-__all__ = ["FrozenListing"]
+__all__ = ["FrozenListing", "broadcast_listing", "freeze_once"]
 
 _log = logging.getLogger("ucstage")
 
@@ -53,16 +54,11 @@ class FrozenListing:
     _cache: LocalCache | None
     _manifest: Manifest | None
     _volume: Volume | None
+    _grouping: Grouping | None = None
 
-    def cache(self) -> LocalCache:
-        """The local cache this dataset copies files into."""
-        if self._cache is None:
-            from ..cache import LocalCache
-
-            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
-            if self._cache_dir is None:
-                self._cache_dir = str(getattr(self._cache, "root", "")) or None
-        return self._cache
+    if TYPE_CHECKING:
+        def cache(self) -> LocalCache:
+            """The dataset's cache (:class:`~ucstage.data.sharded.SlotRule`)."""
 
     def _manifest_file(self, fingerprint: str) -> str:
         root = getattr(self.cache(), "root", None)
@@ -105,7 +101,23 @@ class FrozenListing:
         for path, reason in manifest.unreadable:
             _log.warning("skipped unreadable folder %s (%s): its files are not listed",
                          path, reason)
+        if self._grouping is not None and manifest.groups is None:
+            manifest = self._group(manifest)
         return manifest
+
+    def _group(self, manifest: Manifest) -> Manifest:
+        """The listing grouped into samples (frozen with the listing, on the
+        rank that lists, so no worker regroups it); dropped samples warned of."""
+        assert self._grouping is not None
+        grouped, found = group_manifest(manifest, self._grouping)
+        if found.groups.dropped:
+            examples = "; ".join(f"{key} lacks {', '.join(missing)}"
+                                 for key, missing in found.incomplete)
+            _log.warning("dropped %d of %d samples of %s that lack a required member "
+                         "(require=%s), e.g. %s", found.groups.dropped,
+                         found.groups.dropped + found.groups.count, self._source,
+                         list(self._grouping.require), examples)
+        return grouped
 
     def _load_frozen(self) -> Manifest:
         assert self._manifest_path is not None and self._fingerprint is not None
@@ -140,18 +152,13 @@ class FrozenListing:
                 group is initialised and this is not a DataLoader worker; the
                 ucstage DataLoader calls it on every rank for you.
         """
-        if self._manifest is not None:
-            return self._manifest
-        if self._manifest_path is not None:
-            return self._load_frozen()
-        dist = dist_.active()
-        if broadcast is None:
-            broadcast = dist is not None and tud.get_worker_info() is None
-        if not broadcast or dist is None or dist.get_world_size() == 1:
-            return self._adopt(self._snapshot())
+        grouping = self._grouping
         request = (self._source, self.include, self.exclude, self.include_hidden,
-                   self.skip_unreadable)
-        return self._adopt(_broadcast_listing(dist, request, self._snapshot))
+                   self.skip_unreadable,
+                   None if grouping is None else (grouping.label, grouping.require,
+                                                  grouping.on_incomplete))
+        manifest: Manifest = freeze_once(self, broadcast, self._snapshot, request)
+        return manifest
 
     def _entries(self) -> Sequence[FileEntry]:
         return self.freeze().entries
@@ -162,18 +169,41 @@ class FrozenListing:
         return self._volume
 
 
-def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:
+def freeze_once(ds: Any, broadcast: bool | None, listing: Any, request: tuple[Any, ...],
+                **check: Any) -> Any:
+    """The freeze lifecycle every sharded dataset shares: the frozen listing
+    if there is one (``ds._manifest``, or the file ``ds._manifest_path``
+    through ``ds._load_frozen()``), else ``listing()`` here or, when
+    broadcasting, on rank 0 (:func:`broadcast_listing`, with ``check``),
+    handed to ``ds._adopt``."""
+    if ds._manifest is not None:
+        return ds._manifest
+    if ds._manifest_path is not None:
+        return ds._load_frozen()
+    dist = dist_.active()
+    if broadcast is None:
+        broadcast = dist is not None and tud.get_worker_info() is None
+    if not broadcast or dist is None or dist.get_world_size() == 1:
+        return ds._adopt(listing())
+    return ds._adopt(broadcast_listing(dist, request, listing, **check))
+
+
+def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,
+                       check: Any = None, describe: Any = None) -> Any:
     """Rank 0 lists; every rank gets its manifest (or its error).
 
     Ranks first compare what they ask for (source and filters): a rank must
-    not silently adopt a listing made with another rank's filters.
+    not silently adopt a listing made with another rank's filters. ``check``
+    (manifest -> its fingerprint holds) defaults to a file listing's;
+    ``describe`` says a request in the mismatch message.
     """
     requests = dist_.all_gather(dist, request)
     if len(set(requests)) > 1:
-        values = "; ".join(f"rank {r}: {_describe_request(q)}" for r, q in enumerate(requests))
+        describe = describe or _describe_request
+        values = "; ".join(f"rank {r}: {describe(q)}" for r, q in enumerate(requests))
         raise RankMismatch(
             f"ranks ask for different listings ({values})",
-            hint="pass the same source and include/exclude on every rank",
+            hint="pass the same source, include/exclude and group on every rank",
         )
     payload: list[Any] = [None]
     if dist.get_rank() == 0:
@@ -190,14 +220,18 @@ def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Ma
 
         cls = getattr(errors, result[1], UcstageError)
         raise cls(result[2], result[3])
-    manifest: Manifest = result[1]
-    if _manifest.fingerprint(manifest.entries) != manifest.fingerprint:
+    manifest = result[1]
+    if check is None:
+        def check(m: Any) -> bool:
+            # The grouping is part of the fingerprint (manifest/groups.py).
+            return bool(m.computed_fingerprint() == m.fingerprint)
+    if not check(manifest):
         raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
     return manifest
 
 
 def _describe_request(request: tuple[Any, ...]) -> str:
-    source, include, exclude, hidden, skip = request
+    source, include, exclude, hidden, skip, grouping = request
     parts = [repr(source)]
     if include:
         parts.append(f"include={list(include)}")
@@ -207,4 +241,7 @@ def _describe_request(request: tuple[Any, ...]) -> str:
         parts.append("include_hidden=True")
     if skip:
         parts.append("skip_unreadable=True")
+    if grouping is not None:
+        parts.append(f"group={grouping[0]} require={list(grouping[1])} "
+                     f"on_incomplete={grouping[2]}")
     return " ".join(parts)

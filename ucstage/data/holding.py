@@ -11,21 +11,23 @@ refuses at once a read whose window cannot fit under the cap, and
 from __future__ import annotations
 
 import collections
+import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..cache import runstats
+from ..cache import runstats, tuning
 from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
+from ..manifest.groups import split_name
 from ..sharding import effective_workers
-from . import warm
+from . import samples, warm
 from .protocol import ShardedDataset
-from .readahead import Share, node_share
+from .readahead import ReadAhead, Share, cache_fetcher, cache_lookup, node_share
 
-__all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
+__all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup", "open_reader", "rank_stats",
            "unheld_lookup", "wrap"]
 
 
@@ -82,14 +84,54 @@ def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
             # The consumer asked for the next item: it has opened this one.
             recent.append(path)
             while len(recent) > reader.slack:
-                reader.release(recent.popleft())
+                samples.release(reader, recent.popleft())
     finally:
         close = getattr(paths, "close", None)
         if close is not None:
             close()
         while recent:
-            reader.release(recent.popleft())
+            samples.release(reader, recent.popleft())
         reader.close()
+
+
+def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, volume: Any,
+                   read_ahead: int | Share, *, grouped: bool = False) -> Iterator[Any]:
+    """The local paths of ``entries`` in order, fetched through ``cache``
+    ``read_ahead`` entries ahead of the consumer, each held until it moves on.
+    A :class:`~.readahead.Share` (``read_ahead="auto"``: :func:`check_loader_window`)
+    runs its ceiling ahead, with as many copies at once as its tuned
+    :class:`~ucstage.cache.tuning.Jobs` allows.
+
+    A window of fetches runs ahead of the consumer; results come back in
+    slot order. Fetches of one file by several processes are single-flight
+    in the cache, so read-ahead never copies a file twice. Closing this
+    generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
+    before it returns: nothing is copied for an iterator that is gone.
+    Hits are looked up in this thread; only misses are handed to threads.
+
+    ``grouped``: the entries are samples (``data/samples.py``); the window
+    counts samples, each fetched whole before it is handed out.
+    """
+    share = read_ahead if isinstance(read_ahead, Share) else \
+        Share(int(read_ahead), int(read_ahead), False)
+    if share.ceiling == 0:
+        fetch: Any = wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+        if grouped:
+            fetch = samples.fetcher(fetch)
+        yield from follow((fetch(entry) for entry in entries), reader)
+        return
+    fetch, stop, abandon = cache_fetcher(cache, volume)
+    held: Any = wrap(reader, cache, volume, fetch)
+    look: Any = lookup(reader, cache, volume, cache_lookup(cache, volume))
+    if grouped:
+        held, look = samples.fetcher(held), samples.looker(look, reader)
+    jobs = tuning.Jobs(None, ceiling=share.ceiling, start=share.start) if share.tuned else None
+    ahead = ReadAhead(held, entries, share.ceiling, stop=stop, abandon=abandon, lookup=look,
+                      jobs=jobs)
+    try:
+        yield from follow(iter(ahead), reader)
+    finally:
+        ahead.close()
 
 
 def local_ranks() -> int:
@@ -117,14 +159,22 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
         return node_share(dataset.read_ahead, volume, readers)
     manifest = dataset.freeze()
     sizes = manifest.sizes()
+    groups = getattr(manifest, "groups", None)  # a row-group manifest has no grouping
+    if groups is not None:  # a grouped dataset holds whole samples
+        sizes = groups.sample_sizes(sizes)
     if not len(sizes):
         return node_share(dataset.read_ahead, volume, readers)
     largest_at = int(np.argmax(np.asarray(sizes)))
     largest = int(sizes[largest_at])
+    row = int(groups.offsets[largest_at]) if groups is not None else largest_at
+    name = manifest.entries[row].path
+    if groups is not None:
+        name = f"sample {split_name(manifest.entries[row].path)[0]!r}"
     fits = cap // max(1, readers * largest) - 1 - DEFAULT_SLACK
     share = node_share(dataset.read_ahead, volume, readers, cap_depth=max(1, fits))
     check_window(cap, readers=readers, depth=share.ceiling + 1 + DEFAULT_SLACK,
-                 largest=largest, largest_name=manifest.entries[largest_at].path)
+                 largest=largest, largest_name=name,
+                 unit="file" if groups is None else "sample")
     return share
 
 

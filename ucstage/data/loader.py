@@ -24,14 +24,16 @@ from . import epochrecord, holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .protocol import ShardedDataset
+from .table import TableDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
 
 
-def find_volume_dataset(dataset: Any, depth: int = 3) -> VolumeDataset | None:
-    """The VolumeDataset inside a user's wrapper dataset (its attributes, a few levels deep)."""
-    if isinstance(dataset, VolumeDataset):
+def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
+    """The sharded dataset (a VolumeDataset, a TableDataset) inside a user's
+    wrapper dataset (its attributes, a few levels deep)."""
+    if isinstance(dataset, (VolumeDataset, TableDataset)):
         return dataset
     if depth == 0:
         return None
@@ -329,6 +331,8 @@ class _GuardInfo:
     nproc_per_node: int | str | None = None
     """The dataset's ranks per node (given or $LOCAL_WORLD_SIZE); a string
     when that setting is invalid on this rank, so the ranks still compare."""
+    grouping: str | None = None
+    """The digest of its grouping into samples (None: one file per item)."""
 
     @classmethod
     def of(cls, num_workers: int, vds: ShardedDataset | None, sharded: bool,
@@ -341,8 +345,10 @@ class _GuardInfo:
             nproc = vds.nproc_setting(world_size)
         except InvalidArgument as exc:  # raised on every rank after the comparison
             nproc = f"invalid ({exc.message})"
+        groups = getattr(vds.freeze(), "groups", None) if frozen else None  # tables: none
         return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True,
-                   sharded, vds.shuffle, vds.shuffle_scope, nproc)
+                   sharded, vds.shuffle, vds.shuffle_scope, nproc,
+                   groups.digest if groups is not None else None)
 
 
 def _check_scope(gathered: list[_GuardInfo]) -> None:
@@ -379,10 +385,11 @@ def _check_workers(gathered: list[_GuardInfo]) -> None:
 
 
 def _check_listings(gathered: list[_GuardInfo]) -> None:
-    if len({g.fingerprint for g in gathered if g.has_dataset}) <= 1:
+    if len({(g.fingerprint, g.grouping) for g in gathered if g.has_dataset}) <= 1:
         return
     values = ", ".join(
-        f"rank {r}: fingerprint {(g.fingerprint or 'none')[:12]} ({g.files} files)"
+        f"rank {r}: fingerprint {(g.fingerprint or 'none')[:12]} ({g.files} files"
+        f"{'' if g.grouping is None else ', grouping ' + g.grouping[:12]})"
         for r, g in enumerate(gathered) if g.has_dataset)
     raise RankMismatch(
         f"ranks shard different listings ({values}); they would read overlapping or "

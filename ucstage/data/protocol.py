@@ -2,8 +2,7 @@
 
 The loader's guard, checkpoint state, exactly-once audit and holds work
 through :class:`ShardedDataset`, never through :class:`VolumeDataset`
-itself, so every sharded dataset (a volume's files today; tables and mixes
-later) plugs into the same loader.
+itself, so every sharded dataset (a volume's files, a table's row groups) plugs into the same loader.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..manifest import Manifest
     from ..sharding import Layout, ReadOrder
+    from ..tables import RowGroupManifest
 
 __all__ = ["ShardedDataset"]
 
@@ -25,8 +25,11 @@ class ShardedDataset(Protocol):
     """The epoch whose read order it deals (:meth:`set_epoch`)."""
     num_workers: int
     """The DataLoader ``num_workers`` the main process assumes."""
-    read_ahead: int | str
-    """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
+
+    @property
+    def read_ahead(self) -> int | str:
+        """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
+
     run: str
     """The job its cache counters belong to."""
     shuffle: bool
@@ -46,8 +49,9 @@ class ShardedDataset(Protocol):
     def fingerprint(self) -> str | None:
         """The frozen listing's fingerprint, or None before :meth:`freeze`."""
 
-    def freeze(self, *, broadcast: bool | None = None) -> Manifest:
-        """Freeze the listing every rank shards (a collective when broadcasting)."""
+    def freeze(self, *, broadcast: bool | None = None) -> Manifest | RowGroupManifest:
+        """Freeze the listing every rank shards (a collective when broadcasting):
+        files (a Manifest) or row groups (a RowGroupManifest)."""
 
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen listing."""

@@ -247,15 +247,16 @@ class ReadAhead:
                 self._results[index] = result
                 self._done.notify()
 
-    def _fetched(self, index: int) -> str:
-        """Wait for a thread's fetch of entry ``index``; raise what it raised."""
+    def _fetched(self, index: int) -> Any:
+        """Wait for a thread's fetch of entry ``index``; raise what it raised
+        (a path, or what the fetch returns: a grouped sample's dict)."""
         with self._done:
             while index not in self._results:
                 self._done.wait()
             ok, value = self._results.pop(index)
         if not ok:
             raise value
-        return str(value)
+        return value
 
     def __iter__(self) -> Iterator[str]:
         """The local paths of the entries, in order, each once its fetch is done.

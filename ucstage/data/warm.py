@@ -61,12 +61,20 @@ def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]
                 paths = []
             if paths:
                 if counters is not None:
-                    counters.count(True, sum(map(_size, block[:len(paths)])), len(paths))
+                    run = block[:len(paths)]
+                    counters.count(True, sum(map(_size, run)), _files(run))
                 yield from tracker.run(paths)
                 done += len(paths)
             if len(paths) < len(block):
                 return done
     return done
+
+
+def _files(run: Sequence[Any]) -> int:
+    """Files in a run of entries, or of grouped samples (each ``len()`` members)."""
+    if run and not isinstance(run[0], FileEntry):
+        return sum(map(len, run))
+    return len(run)
 
 
 def run_lookup(cache: Any, volume: Any) -> Callable[[Sequence[FileEntry]], list[str]] | None:

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 from .columns import BATCH_ROWS, ArrowEntries
 from .files import FORMATS, is_manifest_file, load, save
 from .formats import ARROW_SUFFIX, MANIFEST_SUFFIX
-from .model import FORMAT, FORMAT_VERSION, Manifest, fingerprint
+from .model import FORMAT, FORMAT_VERSION, Manifest, fingerprint, group_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..source import snapshot
 
 __all__ = ["ARROW_SUFFIX", "BATCH_ROWS", "FORMAT", "FORMATS", "FORMAT_VERSION", "MANIFEST_SUFFIX",
-           "ArrowEntries", "Manifest", "fingerprint", "is_manifest_file", "load", "save",
+           "ArrowEntries", "Manifest", "fingerprint", "group_manifest", "is_manifest_file", "load", "save",
            "snapshot"]
 
 

@@ -20,12 +20,15 @@ from ..volumes.entry import FileEntry
 from ..volumes.location import is_mapped
 from . import columns
 from .columns import ARROW_FIELDS, BATCH_ROWS, ArrowEntries
+from .groups import Groups, combined_fingerprint
 from .model import FORMAT, FORMAT_VERSION, Manifest, fingerprint
 
 __all__ = ["ARROW_MAGIC", "ARROW_SUFFIX", "MANIFEST_SUFFIX", "arrow_bytes", "arrow_marked",
            "json_bytes", "json_text", "not_a_manifest", "parse_json", "read_arrow"]
 
 ARROW_MAGIC = b"ARROW1"
+SAMPLE_FIELD = ("sample", "int64")
+"""The fourth column of a grouped manifest (docs/manifest.md)."""
 MANIFEST_SUFFIX = ".manifest.json"
 ARROW_SUFFIX = ".manifest.arrow"
 
@@ -57,7 +60,10 @@ def arrow_bytes(manifest: Manifest) -> Any:
     import pyarrow.ipc as ipc
 
     header = {k: json.dumps(v, ensure_ascii=False) for k, v in manifest.header().items()}
-    table = columns.table(manifest.entries)
+    table = columns.table(manifest.entries).select([0, 1, 2])
+    if manifest.groups is not None:  # a grouped manifest: each row's sample number
+        table = table.append_column(pa.field(SAMPLE_FIELD[0], pa.int64(), nullable=False),
+                                    pa.array(manifest.groups.column(), pa.int64()))
     table = table.replace_schema_metadata(header)
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema) as writer:
@@ -107,7 +113,9 @@ def read_arrow(path: str, fh: Any, local_path: str | None, *, verify: bool) -> M
     if version != FORMAT_VERSION:
         raise ManifestError(f"manifest {path} has format_version {version!r}; "
                             f"this ucstage reads version {FORMAT_VERSION}")
-    if tuple((f.name, str(f.type)) for f in reader.schema) != ARROW_FIELDS:
+    grouping = _header_value(meta, "grouping", path) if b"grouping" in meta else None
+    wanted = ARROW_FIELDS + ((SAMPLE_FIELD,) if grouping is not None else ())
+    if tuple((f.name, str(f.type)) for f in reader.schema) != wanted:
         raise ManifestError(f"manifest {path} is malformed: columns {reader.schema.names}")
     expected = str(_header_value(meta, "fingerprint", path))
     rows = _header_value(meta, "files_count", path)
@@ -116,8 +124,15 @@ def read_arrow(path: str, fh: Any, local_path: str | None, *, verify: bool) -> M
         raise ManifestError(f"manifest {path} fails its header check "
                             f"({table.num_rows} rows, header says {rows})",
                             hint="recreate it from the source")
+    groups = None
+    if grouping is not None:
+        groups = Groups.from_column(_int_column(table.column(3)), grouping, path)
+        if verify and groups.digest != grouping.get("digest"):
+            raise ManifestError(f"manifest {path} fails its grouping check",
+                                hint="recreate it from the source")
     if verify:
-        matches = columns.arrow_fingerprint(_batches(local_path, reader)) == expected
+        rows = columns.arrow_fingerprint(_batches(local_path, reader))
+        matches = combined_fingerprint(rows, groups) == expected
         # The check's buffers are freed; hand their pages back now rather than
         # keep them in the allocator for the life of a long training process.
         pa.default_memory_pool().release_unused()
@@ -133,7 +148,17 @@ def read_arrow(path: str, fh: Any, local_path: str | None, *, verify: bool) -> M
         created=str(_header_value(meta, "created", path) or ""),
         filters=dict(_header_value(meta, "filters", path) or {}),
         path=path,
+        groups=groups,
     )
+
+
+def _int_column(column: Any) -> Any:
+    """An int64 Arrow column as one numpy array (from its buffers)."""
+    import numpy as np
+
+    chunks = [np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset:c.offset + len(c)]
+              for c in column.chunks if len(c)]
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
 
 
 def _batches(local_path: str | None, reader: Any) -> Iterator[Any]:
@@ -156,6 +181,9 @@ def _batches(local_path: str | None, reader: Any) -> Iterator[Any]:
 
 def json_text(manifest: Manifest) -> str:
     """The JSON manifest file's text."""
+    if manifest.groups is not None:
+        raise ManifestError("a manifest grouped into samples is saved in the Arrow format only",
+                            hint=f"give it a name ending in {ARROW_SUFFIX}")
     # One dumps() + write is several times faster than dump()'s many small writes.
     return json.dumps(manifest.to_json(), ensure_ascii=False, separators=(",", ":"))
 

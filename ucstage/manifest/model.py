@@ -18,16 +18,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidArgument
 from ..volumes.entry import FileEntry
 from ..volumes.listing import Listing
 from ..volumes.location import Volume, is_volumes_path, resolve
 from . import columns
 from .columns import ArrowEntries
+from .groups import Grouped, Grouping, Groups, combined_fingerprint, group_paths
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Manifest", "fingerprint"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Manifest", "fingerprint", "group_manifest"]
 
 FORMAT = "ucstage.manifest"
 FORMAT_VERSION = 1
@@ -64,6 +66,14 @@ class Manifest:
     unreadable: Sequence[tuple[str, str]] = ()
     """(folder, reason) of folders a fresh listing skipped because they could
     not be read (only with ``skip_unreadable``); paths relative to the source."""
+    groups: Groups | None = None
+    """Sample boundaries when the rows are grouped into samples
+    (:func:`ucstage.manifest.groups.group_manifest`); the fingerprint then
+    covers them too."""
+
+    def computed_fingerprint(self) -> str:
+        """The fingerprint recomputed from the rows (and the grouping)."""
+        return combined_fingerprint(fingerprint(self.entries), self.groups)
 
     @property
     def total_bytes(self) -> int:
@@ -145,9 +155,30 @@ class Manifest:
             "fingerprint": self.fingerprint,
             "files_count": len(self.entries),
             "bytes": self.total_bytes,
+            **({"grouping": self.groups.header()} if self.groups is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
         """The JSON manifest's document (docs/manifest.md)."""
         return {**self.header(), "files": [list(e) for e in self.entries]}
 
+
+def group_manifest(manifest: Manifest, grouping: Grouping) -> tuple[Manifest, Grouped]:
+    """``manifest`` grouped: its rows in sample order (incomplete samples left
+    out), its :attr:`~ucstage.manifest.Manifest.groups` set and its
+    fingerprint covering both; and what :func:`group_paths` found."""
+    if manifest.groups is not None:
+        raise InvalidArgument("this manifest is already grouped into samples")
+    table = columns.table(manifest.entries).select([0, 1, 2])
+    found = group_paths(table.column(0), grouping)
+    rows_fingerprint = manifest.fingerprint
+    if found.order is not None:
+        table = table.take(found.order)
+        rows_fingerprint = columns.arrow_fingerprint(table.to_batches())
+    grouped = dataclasses.replace(
+        manifest, entries=ArrowEntries(table), groups=found.groups, path=None,
+        fingerprint=combined_fingerprint(rows_fingerprint, found.groups))
+    listed = manifest.__dict__.get("_listed")
+    if listed is not None:  # the fresh listing's volume (Manifest.volume)
+        object.__setattr__(grouped, "_listed", listed)
+    return grouped, found

@@ -1,0 +1,140 @@
+"""Reading one cached row group, and turning batches into what the dataset yields.
+
+A row group's cache entry holds only its column chunks of the chosen
+columns, one after another (``ucstage.volumes.RangeEntry``). pyarrow reads it
+as the file's first bytes (:func:`_sparse`: each chunk at its own offset in
+an untouched zero mapping), with the footer the manifest kept
+(``ParquetFile(..., metadata=...)``): no footer is fetched, no other byte is
+needed. The table is then conformed to the table's schema: a column a file
+does not hold (added later) is null, a partition column is the log's value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InvalidArgument
+from ..tables import RowGroupManifest
+from ..tables.entries import group_entry
+from ..volumes import RangeEntry
+
+__all__ = ["FORMATS", "convert", "group_entry", "read_group"]
+
+FORMATS = ("arrow", "torch", "numpy")
+
+
+def _sparse(path: str, ranges: Sequence[tuple[int, int]]) -> Any:
+    """The file's bytes up to its last cached range, as one in-memory buffer:
+    the cached ranges at their own offsets, zeros elsewhere. The zeros are
+    never written (a fresh anonymous mapping), so only the chunks' pages
+    become resident; pyarrow then reads it natively (and in parallel), and
+    never uses a byte outside the chunks it was told of."""
+    import numpy as np
+    import pyarrow as pa
+
+    end = max((off + n for off, n in ranges), default=0)
+    memory = np.zeros(end, dtype=np.uint8)
+    view = memoryview(memory)  # type: ignore[arg-type]
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        at = 0
+        for off, n in ranges:
+            got = os.preadv(fd, [view[off:off + n]], at)
+            if got != n:
+                raise OSError(f"the cached row group {path} is short ({got} of {n} bytes)")
+            at += n
+    finally:
+        os.close(fd)
+    return pa.BufferReader(pa.py_buffer(memory))
+
+
+def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEntry,
+               columns: Sequence[str]) -> Any:
+    """Row group ``group`` read from its cache entry at ``path``, as a
+    ``pyarrow.Table`` of ``columns`` in the table's schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = int(manifest.file[group])
+    held = manifest.file_columns(f, columns)
+    n = int(manifest.rows_per_group[group])
+    if held:
+        pf = pq.ParquetFile(_sparse(path, entry.ranges), metadata=manifest.metadata(f))
+        got = pf.read_row_group(int(manifest.index[group]), columns=held)
+    else:
+        got = pa.table({"__n": pa.nulls(n)}).drop_columns(["__n"])
+    out = []
+    parts = manifest.partition_values[f] if manifest.partition_values else {}
+    for name in columns:
+        field = manifest.schema.field(name)
+        if name in got.column_names:
+            col = got.column(name)
+            out.append(col if col.type == field.type else col.cast(field.type))
+        elif name in parts:
+            value = parts[name]
+            out.append(pa.array([value] * n, type=pa.string()).cast(field.type)
+                       if value is not None else pa.nulls(n, type=field.type))
+        else:
+            out.append(pa.nulls(n, type=field.type))
+    return pa.Table.from_arrays(out, schema=pa.schema([manifest.schema.field(c)
+                                                       for c in columns]))
+
+
+def check_format(schema: Any, columns: Sequence[str], fmt: str, fill_null: Any) -> None:
+    """Refuse up front what ``format`` cannot convert, naming the columns."""
+    import pyarrow as pa
+
+    if fmt != "torch":
+        return
+    bad = []
+    for name in columns:
+        t = schema.field(name).type
+        while pa.types.is_fixed_size_list(t):
+            t = t.value_type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            bad.append(f"{name} ({schema.field(name).type})")
+    if bad:
+        raise InvalidArgument(f'format="torch" takes numeric and fixed-size-list columns; '
+                              f"not {', '.join(bad)}",
+                              hint='pick columns=..., or use format="arrow" or "numpy"')
+
+
+def convert(batch: Any, fmt: str, fill_null: Any) -> Any:
+    """A ``pyarrow.RecordBatch`` as the dataset yields it."""
+    if fmt == "arrow":
+        return batch
+    import numpy as np
+    import pyarrow as pa
+
+    out = {}
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        if col.null_count:
+            if fmt == "torch" and fill_null is None:
+                raise InvalidArgument(f"column {name!r} has {col.null_count} null(s), which "
+                                      'format="torch" cannot hold',
+                                      hint="pass fill_null=VALUE, or pick other columns")
+            if fill_null is not None:
+                col = col.fill_null(pa.scalar(fill_null).cast(col.type)) \
+                    if not pa.types.is_fixed_size_list(col.type) else col
+        shape: list[int] = []
+        t = col.type
+        while pa.types.is_fixed_size_list(t):
+            shape.append(t.list_size)
+            t = t.value_type
+        if shape:
+            flat = col.flatten()
+            for _ in shape[1:]:
+                flat = flat.flatten()
+            arr = flat.to_numpy(zero_copy_only=False).reshape(len(col), *shape)
+        else:
+            arr = col.to_numpy(zero_copy_only=False)
+        if fmt == "torch":
+            import torch
+
+            arr = np.ascontiguousarray(arr)
+            out[name] = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        else:
+            out[name] = arr
+    return out

@@ -5,8 +5,10 @@ Writes FILES files of SIZE_KIB KiB into a local folder (read once, so their
 pages are cached), warms a ucstage cache with them, then for each
 num_workers alternates, PAIRS times:
 
-* plain: ``torch.utils.data.DataLoader`` (torch's defaults) over a map-style
-  dataset of the local files' paths, each item opened and read whole;
+* plain: ``torch.utils.data.DataLoader`` (torch's defaults, but
+  ``persistent_workers=True`` with workers, as ucstage's default has it since
+  issue 21) over a map-style dataset of the local files' paths, each item
+  opened and read whole;
 * ucstage: ``ucstage.DataLoader`` (ucstage's defaults) over an IterableDataset
   that opens and reads whole every path a ``VolumeDataset`` of the folder
   yields (its cached copies);
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         for k in args.workers:
             def plain(k: int = k) -> float:
                 return second_epoch(tud.DataLoader(RawPaths(paths), batch_size=None,
-                                                   num_workers=k), args.files, size)
+                                                   num_workers=k, persistent_workers=k > 0),
+                                    args.files, size)
 
             def ours(k: int = k) -> float:
                 return second_epoch(DataLoader(ReadBytes(VolumeDataset(data, cache_dir=cache_dir)),

@@ -47,6 +47,7 @@ from ..volumes import FileEntry, Volume
 from . import epochrecord, holding, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
+from .readahead import AUTO, Share, check_read_ahead
 from .sharded import SlotRule, equal_mode
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VolumeDataset"]
 
-DEFAULT_READ_AHEAD = 4
+DEFAULT_READ_AHEAD = AUTO
 DEFAULT_NUM_WORKERS = 6
 """The ucstage DataLoader's default ``num_workers``. A constant, never the
 machine's CPU count: every rank must shard with the same value."""
@@ -84,7 +85,11 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             running, else the whole job is one node, where both scopes read
             exactly the same. ``world_size`` must be a multiple of it.
         read_ahead: how many files of this slot to fetch in the background
-            ahead of the one being consumed (0 fetches synchronously).
+            ahead of the one being consumed (0 fetches synchronously), or
+            ``"auto"`` (default): each reader of the node takes a share of the
+            copies ``cache warm --jobs auto`` would keep in flight for this
+            source, tuned as it runs and cut to fit a byte cap
+            (:func:`ucstage.data.readahead.node_share`).
         equal_length: ``False`` (default) reads exactly the shard plan;
             ``"pad"`` (or ``True``) gives every slot ``ceil(n / slots)`` files
             by re-reading a few from the start of the read order; ``"drop"``
@@ -144,7 +149,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         seed: int = 0,
         shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
         nproc_per_node: int | None = None,
-        read_ahead: int = DEFAULT_READ_AHEAD,
+        read_ahead: int | str = DEFAULT_READ_AHEAD,
         equal_length: bool | str | None = False,
         cache: LocalCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -154,8 +159,10 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         on_incomplete: str = "drop",
     ) -> None:
         super().__init__()
-        if read_ahead < 0:
-            raise InvalidArgument(f"read_ahead must be 0 or more, got {read_ahead}")
+        try:
+            read_ahead = check_read_ahead(read_ahead)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
         if cache is not None and cache_dir is not None:
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
@@ -168,7 +175,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         self.shuffle_scope = shuffle_scope
         self.nproc_per_node = nproc_per_node
         self.epoch = 0
-        self.read_ahead = int(read_ahead)
+        self.read_ahead: int | str = read_ahead
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.include_hidden = bool(include_hidden)
@@ -272,7 +279,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
         rank, world, num_workers, worker = self.slot()
-        holding.check_loader_window(self, self.cache(), num_workers)
+        share = holding.check_loader_window(self, self.cache(), num_workers)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
                                worker=worker)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
@@ -281,7 +288,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
             rows = rows.with_indices(tracker.indices)
-        it = self._fetch_all(rows, rank, tracker)
+        it = self._fetch_all(rows, rank, tracker, share)
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
             # its read-ahead and holds (the record marks the epoch stopped).
@@ -289,7 +296,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         return it
 
     def _fetch_all(self, entries: Sequence[Any], rank: int,
-                   tracker: _state.SlotTracker) -> Iterator[Any]:
+                   tracker: _state.SlotTracker, share: Share) -> Iterator[Any]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
@@ -306,14 +313,16 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             if done < len(entries):
                 rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])
-                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, grouped))
+                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, share,
+                                                          grouped))
         finally:
             if reader is not None:
                 reader.close()
         tracker.end()
 
     def _fetch_rest(self, entries: Sequence[Any], reader: Any, cache: LocalCache,
-                    volume: Volume, grouped: bool = False) -> Iterator[Any]:
-        return holding.fetch_in_order(entries, reader, cache, volume, self.read_ahead,
-                                      grouped=grouped)
+                    volume: Volume, share: Share, grouped: bool = False) -> Iterator[Any]:
+        # read_ahead="auto": this reader's share of the node's copies in flight,
+        # tuned as `cache warm --jobs auto` tunes its own (readahead.node_share).
+        return holding.fetch_in_order(entries, reader, cache, volume, share, grouped=grouped)
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import runstats
+from ..cache import runstats, tuning
 from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..manifest.groups import split_name
 from ..sharding import effective_workers
 from . import samples, warm
 from .protocol import ShardedDataset
-from .readahead import ReadAhead, cache_fetcher, cache_lookup
+from .readahead import ReadAhead, Share, cache_fetcher, cache_lookup, node_share
 
 __all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup", "open_reader", "rank_stats",
            "unheld_lookup", "wrap"]
@@ -95,9 +95,12 @@ def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
 
 
 def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, volume: Any,
-                   read_ahead: int, *, grouped: bool = False) -> Iterator[Any]:
+                   read_ahead: int | Share, *, grouped: bool = False) -> Iterator[Any]:
     """The local paths of ``entries`` in order, fetched through ``cache``
     ``read_ahead`` entries ahead of the consumer, each held until it moves on.
+    A :class:`~.readahead.Share` (``read_ahead="auto"``: :func:`check_loader_window`)
+    runs its ceiling ahead, with as many copies at once as its tuned
+    :class:`~ucstage.cache.tuning.Jobs` allows.
 
     A window of fetches runs ahead of the consumer; results come back in
     slot order. Fetches of one file by several processes are single-flight
@@ -109,7 +112,9 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
     ``grouped``: the entries are samples (``data/samples.py``); the window
     counts samples, each fetched whole before it is handed out.
     """
-    if read_ahead == 0:
+    share = read_ahead if isinstance(read_ahead, Share) else \
+        Share(int(read_ahead), int(read_ahead), False)
+    if share.ceiling == 0:
         fetch: Any = wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
         if grouped:
             fetch = samples.fetcher(fetch)
@@ -120,7 +125,9 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
     look: Any = lookup(reader, cache, volume, cache_lookup(cache, volume))
     if grouped:
         held, look = samples.fetcher(held), samples.looker(look, reader)
-    ahead = ReadAhead(held, entries, read_ahead, stop=stop, abandon=abandon, lookup=look)
+    jobs = tuning.Jobs(None, ceiling=share.ceiling, start=share.start) if share.tuned else None
+    ahead = ReadAhead(held, entries, share.ceiling, stop=stop, abandon=abandon, lookup=look,
+                      jobs=jobs)
     try:
         yield from follow(iter(ahead), reader)
     finally:
@@ -135,30 +142,40 @@ def local_ranks() -> int:
         return 1
 
 
-def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int) -> None:
-    """Refuse at once (``CacheFull``) a read that can never fit under the cap:
+def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
+                        volume: Any = None) -> Share:
+    """This node's readers' share of copies in flight (:func:`~.readahead.node_share`;
+    ``volume`` picks the first guess, the dataset's own by default), after
+    refusing at once (``CacheFull``) a read that can never fit under the cap:
     a file larger than the cap, or the window of every reader on this node
-    (``LOCAL_WORLD_SIZE`` x workers, each holding read_ahead + 1 + slack of
-    the largest file) larger than it."""
+    (``LOCAL_WORLD_SIZE`` x workers, each holding its share + 1 + slack of
+    the largest file) larger than it. Under ``read_ahead="auto"`` the share
+    is cut to fit the cap first."""
+    readers = local_ranks() * effective_workers(num_workers)
+    if volume is None:
+        volume = getattr(dataset, "_get_volume", lambda: None)()
     cap = getattr(cache, "max_bytes", None)
     if cap is None or not _holds(cache):
-        return
+        return node_share(dataset.read_ahead, volume, readers)
     manifest = dataset.freeze()
     sizes = manifest.sizes()
     groups = getattr(manifest, "groups", None)  # a row-group manifest has no grouping
     if groups is not None:  # a grouped dataset holds whole samples
         sizes = groups.sample_sizes(sizes)
     if not len(sizes):
-        return
+        return node_share(dataset.read_ahead, volume, readers)
     largest_at = int(np.argmax(np.asarray(sizes)))
     largest = int(sizes[largest_at])
     row = int(groups.offsets[largest_at]) if groups is not None else largest_at
     name = manifest.entries[row].path
     if groups is not None:
         name = f"sample {split_name(manifest.entries[row].path)[0]!r}"
-    check_window(cap, readers=local_ranks() * effective_workers(num_workers),
-                 depth=dataset.read_ahead + 1 + DEFAULT_SLACK, largest=largest,
-                 largest_name=name, unit="file" if groups is None else "sample")
+    fits = cap // max(1, readers * largest) - 1 - DEFAULT_SLACK
+    share = node_share(dataset.read_ahead, volume, readers, cap_depth=max(1, fits))
+    check_window(cap, readers=readers, depth=share.ceiling + 1 + DEFAULT_SLACK,
+                 largest=largest, largest_name=name,
+                 unit="file" if groups is None else "sample")
+    return share
 
 
 def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from .. import objstore
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
@@ -150,6 +151,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self._steps = 0
         self._epochs = 0
         self._sinks: list[MlflowSink] = []
+        self._start_early()
 
     def __iter__(self) -> TimedIterator:  # type: ignore[override]
         if self.volume_dataset is not None:
@@ -241,6 +243,25 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         for sink in self._sinks:
             sink.flush()
         self._sinks = []
+
+    def _start_early(self) -> None:
+        """Start the forkserver now when the first epoch's workers will use it
+        (workerstart.start_early). Never lists: an unfrozen dataset is judged
+        by its source's URL (a listing here could be a collective)."""
+        vds = self.volume_dataset
+        if vds is None or self.num_workers <= 0:
+            return
+        try:
+            if getattr(vds, "_manifest", None) is None and \
+                    getattr(vds, "_manifest_path", None) is None:
+                source = getattr(vds, "_source", None)
+                store = isinstance(source, str) and objstore.serves(source)
+            else:
+                store = workerstart.reads_object_store(vds._get_volume())
+            workerstart.start_early(self._given_context, self.num_workers, store,
+                                    self.dataset, self.collate_fn, self.worker_init_fn)
+        except Exception:  # only a head start: the first epoch decides again
+            return
 
     def _choose_start(self) -> None:
         """fork, or forkserver when forked workers could not use obstore (workerstart.py)."""

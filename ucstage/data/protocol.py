@@ -25,8 +25,11 @@ class ShardedDataset(Protocol):
     """The epoch whose read order it deals (:meth:`set_epoch`)."""
     num_workers: int
     """The DataLoader ``num_workers`` the main process assumes."""
-    read_ahead: int
-    """Items fetched ahead of the consumer in each slot."""
+
+    @property
+    def read_ahead(self) -> int | str:
+        """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
+
     run: str
     """The job its cache counters belong to."""
     shuffle: bool

@@ -18,6 +18,17 @@ remove their temp files, and one still blocked in a read after
 :data:`GRACE_SECONDS` is abandoned (its temp file removed at once). Otherwise
 each copy in flight is finished first: at most one file per thread, within
 :data:`JOIN_SECONDS`.
+
+**How many in flight** (``read_ahead="auto"``, the default): every reader of
+a node (``LOCAL_WORLD_SIZE`` x DataLoader workers) takes an equal share of
+the node's budget (:func:`node_share`): the first guess ``cache warm --jobs
+auto`` starts from for the source's kind (:data:`ucstage.cache.tuning.FIRST_GUESS`)
+and its ceiling, so the node's copies in flight start where a warm's do and
+may ramp as far. Each reader's share is then tuned as it runs by the same
+rule as ``--jobs auto`` (:class:`ucstage.cache.tuning.Jobs`: doubling while
+its throughput rises, backing off on errors). Under a byte cap the share's
+ceiling is cut so that every reader's window (its share, the current file
+and the slack, of the largest file) fits under the cap.
 """
 
 from __future__ import annotations
@@ -28,11 +39,20 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..cache import tuning
 from ..volumes import FileEntry
 
-__all__ = ["ReadAhead", "cache_fetcher", "cache_lookup"]
+__all__ = ["AUTO", "ReadAhead", "Share", "cache_fetcher", "cache_lookup", "check_read_ahead",
+           "node_share"]
+
+AUTO = "auto"
+FALLBACK = 4
+"""The read-ahead of ``"auto"`` when there is no volume to size it by."""
+READER_CEILING = 64
+"""The most copies one reader (a DataLoader worker's slot iterator) keeps in
+flight, whatever its share: each is a thread waiting on its copy."""
 
 GRACE_SECONDS = 2.0
 """How long :meth:`ReadAhead.close` lets stopped copies reach their next
@@ -73,6 +93,60 @@ def cache_lookup(cache: Any, volume: Any) -> Callable[[FileEntry], str | None] |
     return functools.partial(lookup, volume) if callable(lookup) else None
 
 
+class Share(NamedTuple):
+    """One reader's part of the node's copies in flight."""
+
+    start: int
+    """Where its tuning starts."""
+    ceiling: int
+    """The most it keeps in flight (its window beyond the current file)."""
+    tuned: bool
+    """False for a fixed ``read_ahead=N``: ``start == ceiling == N``."""
+
+
+def check_read_ahead(value: int | str) -> int | str:
+    """``"auto"`` or the read-ahead as a non-negative int.
+
+    Raises:
+        ValueError: anything else (the caller names its parameter).
+    """
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"read_ahead must be 0 or more, or 'auto', got {value!r}")
+    return int(value)
+
+
+def node_share(read_ahead: int | str, volume: Any, readers: int,
+               cap_depth: int | None = None) -> Share:
+    """One reader's :class:`Share` of the node's copies in flight.
+
+    Args:
+        read_ahead: the dataset's ``read_ahead``: a fixed N (used as given), or
+            :data:`AUTO`.
+        volume: the source (its kind picks the first guess, see
+            :func:`ucstage.cache.tuning.first_guess`).
+        readers: readers on this node (``LOCAL_WORLD_SIZE`` x workers).
+        cap_depth: the most files a reader may fetch ahead under the cache's
+            byte cap (None: no cap).
+    """
+    if read_ahead != AUTO:
+        depth = int(read_ahead)
+        return Share(depth, depth, False)
+    if volume is None:  # a dataset of the user's own, with no volume to size by
+        return Share(FALLBACK, FALLBACK, False)
+    from .. import objstore
+
+    engine = objstore.engine(volume)
+    readers = max(1, readers)
+    total = tuning.first_guess(volume, engine)
+    top = tuning.OBJECT_STORE_CEILING if engine == "obstore" else tuning.THREAD_CEILING
+    ceiling = min(READER_CEILING, max(1, -(-top // readers)))
+    if cap_depth is not None:
+        ceiling = max(1, min(ceiling, cap_depth))
+    return Share(min(ceiling, max(1, -(-total // readers))), ceiling, True)
+
+
 def _takes(func: Callable[..., Any], name: str) -> bool:
     try:
         return name in inspect.signature(func).parameters
@@ -96,20 +170,29 @@ class ReadAhead:
             consumer's thread looks each entry up as it enters the window and
             only misses go to the threads, which start at the first miss: an
             epoch over a warm cache pays no thread hand-off and starts none.
+        jobs: how many of the ``depth`` threads may copy at once, tuned as
+            they run (``read_ahead="auto"``: :func:`node_share`); None lets
+            every thread copy.
     """
 
     def __init__(self, fetch: Callable[[FileEntry], str], entries: Sequence[FileEntry],
                  depth: int, *, stop: Callable[[], None] | None = None,
                  abandon: Callable[[], None] | None = None,
-                 lookup: Callable[[FileEntry], str | None] | None = None) -> None:
+                 lookup: Callable[[FileEntry], str | None] | None = None,
+                 jobs: tuning.Jobs | None = None) -> None:
         self._fetch = fetch
+        self._jobs = jobs
         self._lookup = lookup
         self._stop_copies = stop
         self._abandon = abandon
         self._entries = entries
         self._depth = depth
         self._count = len(entries)
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        """The threads wait on it for a miss (one woken per miss queued)."""
+        self._done = threading.Condition(lock)
+        """The consumer waits on it for a result."""
         self._stop = threading.Event()
         self._window = 0
         """The threads may end once this reaches the entry count and no miss
@@ -126,7 +209,7 @@ class ReadAhead:
             # saw the window at the end and nothing queued would end for good.
             self._window = index + 1
             self._misses.append(index)
-            self._cond.notify_all()
+            self._cond.notify()
             if not self._threads:
                 self._threads = [
                     threading.Thread(target=self._work, name=f"ucstage-read-ahead-{i}",
@@ -145,21 +228,31 @@ class ReadAhead:
             return self._misses.popleft()
 
     def _work(self) -> None:
+        jobs = self._jobs
         while (index := self._claim()) is not None:
+            entry = self._entries[index]
+            copied = 0
             try:
-                result: tuple[bool, Any] = (True, self._fetch(self._entries[index]))
+                if jobs is not None and not jobs.enter():
+                    raise RuntimeError("read-ahead closed")  # never reaches the consumer
+                try:
+                    result: tuple[bool, Any] = (True, self._fetch(entry))
+                    copied = int(getattr(entry, "size", 0) or 0)
+                finally:
+                    if jobs is not None:
+                        jobs.leave(copied, counted=bool(copied))
             except BaseException as exc:  # handed to the consumer, which raises it
                 result = (False, exc)
             with self._cond:
                 self._results[index] = result
-                self._cond.notify_all()
+                self._done.notify()
 
     def _fetched(self, index: int) -> Any:
         """Wait for a thread's fetch of entry ``index``; raise what it raised
         (a path, or what the fetch returns: a grouped sample's dict)."""
-        with self._cond:
+        with self._done:
             while index not in self._results:
-                self._cond.wait()
+                self._done.wait()
             ok, value = self._results.pop(index)
         if not ok:
             raise value
@@ -204,6 +297,8 @@ class ReadAhead:
             self._stop.set()
             self._cond.notify_all()
             threads = list(self._threads)
+        if self._jobs is not None:
+            self._jobs.close()  # threads waiting for a place in flight give up
         if not threads:
             return  # nothing was ever copied by this iterator
         if self._stop_copies is not None:

@@ -35,7 +35,8 @@ BLOCK = 16
 """Entries looked up before their run is handed out: enough that the
 per-run work (a list, a count) is small beside the lookups, few enough that
 a path's proof is at most this many files old when it is handed out (the
-read-ahead's lookups run ``read_ahead`` files ahead, 4 by default)."""
+read-ahead's lookups run its window ahead: ``read_ahead`` files, or under
+``"auto"`` the reader's share, :func:`ucstage.data.readahead.node_share`)."""
 ROWS = 1024
 """Entries made from the manifest at once (making them has a fixed cost per call)."""
 _size = operator.attrgetter("size")

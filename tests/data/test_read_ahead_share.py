@@ -1,0 +1,120 @@
+"""``read_ahead="auto"`` (the default): each reader of a node takes a share of
+the copies in flight ``cache warm --jobs auto`` would use, tuned as it runs and
+cut to fit a byte cap; and the loader starts the forkserver when it is made."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from tests.common.backends import make_source
+from ucstage import LocalCache, VolumeDataset
+from ucstage.cache import tuning
+from ucstage.data import holding
+from ucstage.data.readahead import AUTO, ReadAhead, Share, node_share
+from ucstage.errors import InvalidArgument
+from ucstage.volumes import FileEntry
+
+KB = 1024
+
+
+def _folder(tmp_path, n: int, size: int) -> str:  # type: ignore[no-untyped-def]
+    src = tmp_path / "vol"
+    src.mkdir()
+    for i in range(n):
+        (src / f"f{i:03}.bin").write_bytes(bytes([i % 251]) * size)
+    return str(src)
+
+
+def test_auto_is_the_default_and_bad_values_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = _folder(tmp_path, 2, KB)
+    assert VolumeDataset(src).read_ahead == AUTO
+    for bad in (-1, "eight", 2.5, True):
+        with pytest.raises(InvalidArgument, match="read_ahead"):
+            VolumeDataset(src, read_ahead=bad)  # type: ignore[arg-type]
+
+
+def test_each_reader_takes_its_share_of_the_first_guess_and_the_ceiling(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ds = VolumeDataset(_folder(tmp_path, 2, KB), cache_dir=str(tmp_path / "cache"))
+    volume = ds._get_volume()
+    local = tuning.FIRST_GUESS[tuning.LOCAL]
+    assert node_share(AUTO, volume, 1) == Share(local, tuning.THREAD_CEILING, True)
+    four = node_share(AUTO, volume, 4)
+    assert four == Share(-(-local // 4), tuning.THREAD_CEILING // 4, True)
+    assert node_share(AUTO, volume, 1000) == Share(1, 1, True)  # never below one
+    assert node_share(AUTO, volume, 4, cap_depth=1) == Share(1, 1, True)
+    assert node_share(3, volume, 4) == Share(3, 3, False)  # a fixed N is used as given
+    assert node_share(AUTO, None, 4) == Share(4, 4, False)  # nothing to size it by
+
+
+def test_under_a_cap_the_share_is_cut_to_fit_and_the_epoch_reads_every_file(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    src = _folder(tmp_path, 40, 64 * KB)
+    cache = LocalCache(str(tmp_path / "cache"), max_bytes=1024 * KB)
+    ds = VolumeDataset(src, cache=cache)
+    share = holding.check_loader_window(ds, cache, 0)
+    # One reader, 64 KiB files: 16 fit, less the current file and 2 of slack.
+    assert share == Share(8, 13, True)
+    names = [os.path.basename(p) for p in ds]
+    assert sorted(names) == [f"f{i:03}.bin" for i in range(40)]
+    # Two ranks per node with 2 workers each: 4 readers, 4 files each fit.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert holding.check_loader_window(ds, cache, 2) == Share(1, 1, True)
+
+
+def test_the_tuned_limit_bounds_the_copies_in_flight() -> None:
+    """The threads never copy more at once than the job's limit allows."""
+    entries = [FileEntry(f"f{i}", 10, "v") for i in range(60)]
+    lock = threading.Lock()
+    running, most = [0], [0]
+    release = threading.Event()
+
+    def fetch(entry: FileEntry) -> str:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(0.002)
+        with lock:
+            running[0] -= 1
+        return entry.path
+
+    jobs = tuning.Jobs(3, ceiling=8)  # fixed: the limit stays 3
+    ahead = ReadAhead(fetch, entries, 8, jobs=jobs)
+    try:
+        assert list(ahead) == [e.path for e in entries]
+    finally:
+        ahead.close()
+    assert 1 <= most[0] <= 3
+    assert ahead.alive == 0
+
+
+SCRIPT = textwrap.dedent("""
+    import multiprocessing.forkserver as fs, sys
+    from ucstage import DataLoader, VolumeDataset
+
+    if __name__ == "__main__":
+        ds = VolumeDataset(sys.argv[1], cache_dir=sys.argv[2])
+        loader = DataLoader(ds, batch_size=None, num_workers=2, log_mlflow=False)
+        early = fs._forkserver._forkserver_pid is not None
+        listed = ds.fingerprint is not None
+        got = sorted(p.rsplit("/", 1)[-1] for p in loader)
+        print(early, listed, loader.multiprocessing_context.get_start_method(), len(got))
+""")
+
+
+def test_the_loader_starts_the_forkserver_when_it_is_made_without_listing(
+        moto, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = make_source("s3", "", {f"f{i}.bin": os.urandom(2 * KB) for i in range(6)})
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "UCSTAGE_ENGINE": "obstore",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, str(script), src, str(tmp_path / "cache")], env=env,
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    # Started at DataLoader(), before any listing; the epoch then used it.
+    assert out.split() == ["True", "False", "forkserver", "6"]

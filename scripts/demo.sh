@@ -66,4 +66,6 @@ step ucstage export main.ml.events /Volumes/main/ml/train/events --files 6 --wor
 step ucstage export main.ml.events /Volumes/main/ml/train/events --files 6 --world-size 2 --num-workers 3
 # A bad filter is refused by Spark before anything is written (exits 2).
 step ucstage export main.ml.events /Volumes/main/ml/train/events --where "labl = 1"
+step ucstage shard-plan /Volumes/main/ml/train/events --unit row-group -w 2 -k 2 --batch-rows 64 --equal-length drop
+step python docs/examples/train_table.py /Volumes/main/ml/train/events --epochs 2
 step env HF_DATASETS_OFFLINE=1 python -c "import datasets; print(datasets.load_dataset('parquet', data_files='$UCSTAGE_VOLUMES_ROOT/main/ml/train/events/*.parquet', split='train'))"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +161,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         vds, rank = self.volume_dataset, _rank()
         if vds is not None:  # a window that can never fit fails here, before workers start
             holding.check_loader_window(vds, vds.cache(), self.num_workers)
+            _warn_if_empty(vds, rank)
         workers_alive = self._workers_alive()
         if not workers_alive:  # persistent workers keep the start they were given
             self._choose_start()
@@ -310,6 +312,23 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded,
                                                           dist.get_world_size()))
         _check_listings(latest)
+
+
+def _warn_if_empty(ds: Any, rank: int) -> None:
+    """Warn when this rank reads nothing of a listing that has items: a loop
+    over the loader would run no step, silently (too few files or row groups
+    for the slots, or equal_length="drop" cut to an empty slot)."""
+    try:
+        mine, items = len(ds), len(ds.freeze())
+    except (TypeError, AttributeError):  # a dataset without a length
+        return
+    if mine or not items:
+        return
+    cut = ' (equal_length="drop" cuts every slot to the shortest)' \
+        if "drop" in (getattr(ds, "equal_length", None),
+                      getattr(ds, "table_equal_length", None)) else ""
+    warnings.warn(f"rank {rank} reads nothing this epoch from a listing of {items} items"
+                  f"{cut}; `ucstage shard-plan` shows each slot's share", stacklevel=3)
 
 
 def _rank() -> int:

@@ -221,8 +221,12 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
     go = tmp_path / "go"
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
+    # UCSTAGE_HEDGE=0: a hedged GET (a late response on a loaded machine) is a
+    # second GET of one fetch by design; this counts fetches.
+    env = dict(os.environ, UCSTAGE_HEDGE="0")
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
-                               str(go)], stdout=subprocess.PIPE, text=True) for _ in range(8)]
+                               str(go)], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(8)]
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("go.ready*"))) < 8:  # all imported, waiting at the gate
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \

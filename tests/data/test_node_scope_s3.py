@@ -41,7 +41,11 @@ def two_nodes(moto: MotoServer, source: str, scope: str, tmp: Path) -> list[dict
                f"--node_rank={node}", f"--nproc_per_node={PER_NODE}",
                "--master_addr=127.0.0.1", f"--master_port={port}",
                WORKER, source, str(out), scope, str(EPOCHS)]
+        # UCSTAGE_HEDGE=0: a hedged GET is a second GET of one fetch by design
+        # (tests/cache/test_faults.py), and on a loaded machine the latency
+        # estimate fires hedges; the count below is of fetches.
         env = dict(os.environ, **moto.env(), OMP_NUM_THREADS="1", PYTHONPATH=REPO,
+                   UCSTAGE_HEDGE="0",
                    UCSTAGE_CACHE_DIR=str(tmp / f"cache-{scope}-node{node}"))
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))

@@ -23,6 +23,7 @@ __all__ = [
     "FileEntry",
     "LocalCache",
     "Manifest",
+    "Mix",
     "UcstageError",
     "VolumeDataset",
     "__version__",
@@ -38,6 +39,7 @@ __all__ = [
 
 _LAZY = {
     "VolumeDataset": "ucstage.data",
+    "Mix": "ucstage.data",
     "DataLoader": "ucstage.data",
     "LocalCache": "ucstage.cache",
     "export_table": "ucstage.export",
@@ -46,7 +48,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import LocalCache
-    from .data import DataLoader, VolumeDataset
+    from .data import DataLoader, Mix, VolumeDataset
     from .export import export_table, read_table
 
 

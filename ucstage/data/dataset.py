@@ -358,6 +358,12 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
         indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
         return _SlotRows(manifest, indices)
 
+    def iter_rows(self, rows: Any, rank: int) -> Iterator[str]:
+        """The local paths of listing ``rows`` (an int array), in order, fetched
+        through the cache with this dataset's read-ahead and holds, untracked:
+        what :class:`ucstage.Mix` reads of each of its sources."""
+        return self._fetch_all(_SlotRows(self.freeze(), rows), rank, _UNTRACKED)
+
     def __iter__(self) -> Iterator[str]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
@@ -423,6 +429,25 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             yield from holding.follow(iter(ahead), reader)
         finally:
             ahead.close()
+
+
+class _Untracked:
+    """A slot tracker that counts nothing: a mix counts its own positions."""
+
+    @staticmethod
+    def run(paths: list[str]) -> Iterator[str]:
+        return iter(paths)
+
+    @staticmethod
+    def count(paths: Iterator[str]) -> Iterator[str]:
+        return paths
+
+    @staticmethod
+    def end() -> None:
+        return None
+
+
+_UNTRACKED: Any = _Untracked()
 
 
 class _SlotRows(Sequence[FileEntry]):

@@ -24,7 +24,7 @@ from ..sharding import effective_workers
 from . import warm
 from .protocol import ShardedDataset
 
-__all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
+__all__ = ["check_loader_window", "epoch_metrics", "source_metrics", "follow", "lookup", "open_reader", "rank_stats",
            "unheld_lookup", "wrap"]
 
 
@@ -149,3 +149,12 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
                   "epoch_checked_size": float(delta.checked_size),
                   "epoch_check_mismatches": float(delta.mismatches)})
     return found
+
+
+def source_metrics(dataset: Any) -> dict[str, float]:
+    """A mix's items per source this rank's loader returned this epoch
+    (``epoch_items_<source>``); nothing for a single source."""
+    delivered = getattr(dataset, "delivered", None)
+    if not isinstance(delivered, dict):
+        return {}
+    return {f"epoch_items_{name}": float(count) for name, count in delivered.items()}

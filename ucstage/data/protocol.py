@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from ..manifest import Manifest
     from ..sharding import Layout, ReadOrder
 
-__all__ = ["ShardedDataset"]
+__all__ = ["MixSource", "ShardedDataset"]
 
 
 class ShardedDataset(Protocol):
@@ -79,3 +79,28 @@ class ShardedDataset(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class MixSource(Protocol):
+    """What :class:`ucstage.Mix` needs of each of its sources."""
+
+    read_ahead: int
+    run: str
+
+    @property
+    def fingerprint(self) -> str | None: ...
+
+    def freeze(self, *, broadcast: bool | None = None) -> Any:
+        """The frozen listing: ``len()`` items, a ``fingerprint`` (and ``sizes()``)."""
+
+    def iter_rows(self, rows: Any, rank: int) -> Any:
+        """The items at listing ``rows`` (an int array), in order, fetched and
+        untracked (the mix tracks its own positions)."""
+
+    def nproc_setting(self, world_size: int) -> int | None: ...
+
+    def slot(self) -> tuple[int, int, int, int]: ...
+
+    def cache(self) -> LocalCache: ...
+
+    def _get_volume(self) -> Any: ...

@@ -31,6 +31,7 @@ from ..sharding import (
 from ..units import SIZE_HELP
 from .args import num_workers_list, size_flag
 from .forecast_view import forecast_json, render_forecast
+from .mix_plan import REFUSED, refused, run_mix_plan
 from .output import (
     emit,
     err,
@@ -233,13 +234,25 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
                    "(DataLoader.state_dict(), merged; or a JSON list of per-rank states): "
                    "the files each slot of -w x -k still reads. Shuffle, seed and epoch "
                    "come from the state.")
+@click.argument("more_sources", nargs=-1, metavar="[SOURCE2 ...]")
+@click.option("--weights", metavar="W1,W2,...", default=None,
+              help="Mix the SOURCEs by weight (each >= 0, sum > 0, normalised): print per "
+                   "slot the items from each source and the passes each source makes.")
+@click.option("--repeat", metavar="R1,R2,...", default=None,
+              help="Mix the SOURCEs, each read R times its size per epoch (2.5, 0.1), "
+                   "instead of --weights.")
+@click.option("--epoch-size", type=int, default=None, metavar="N",
+              help="With --weights: items per mixed epoch (default: the largest source's "
+                   "items / its weight, rounded up).")
 @json_option
 def shard_plan(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
     exclude: tuple[str, ...], include_hidden: bool, world_size: int, num_workers: str,
     shuffle: bool, seed: int, epoch: int, shuffle_scope: str | None,
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
-    batch_size: int | None, slot: str | None, resume: str | None, as_json: bool,
+    batch_size: int | None, slot: str | None, resume: str | None,
+    more_sources: tuple[str, ...], weights: str | None, repeat: str | None,
+    epoch_size: int | None, as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
     num_workers mismatch between ranks duplicates or skips.
@@ -258,7 +271,18 @@ def shard_plan(
       ucstage shard-plan manifest.json -w 2 -k 2 --slot 1:0
       ucstage shard-plan data/ -w 16 -k 4 --nproc-per-node 8 --shuffle --epochs 3
       ucstage shard-plan manifest.json -w 3 -k 1 --resume state.json
+      ucstage shard-plan data/a data/b -w 2 -k 4 --weights 0.7,0.3 --epoch-size 1000
     """
+    if more_sources or weights is not None or repeat is not None or epoch_size is not None:
+        ctx = click.get_current_context()
+        refused([n for n in REFUSED if ctx.get_parameter_source(n) not in
+                 (None, ParameterSource.DEFAULT)])
+        run_mix_plan([s for s in (source, *more_sources) if s is not None], include=include,
+                     exclude=exclude, include_hidden=include_hidden,
+                     layout=Layout(world_size, num_workers_list(num_workers), nproc_per_node),
+                     seed=seed, epoch=epoch, weights=weights, repeat=repeat,
+                     epoch_size=epoch_size, as_json=as_json)
+        return
     wanted = _parse_slot(slot)
     if resume is not None:
         _check_resume_options(shuffle)

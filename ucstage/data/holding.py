@@ -24,8 +24,8 @@ from ..sharding import effective_workers
 from . import warm
 from .protocol import ShardedDataset
 
-__all__ = ["check_loader_window", "epoch_metrics", "source_metrics", "follow", "lookup", "open_reader", "rank_stats",
-           "unheld_lookup", "wrap"]
+__all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
+           "source_metrics", "unheld_lookup", "wrap"]
 
 
 def _holds(cache: Any) -> bool:

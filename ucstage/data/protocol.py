@@ -12,10 +12,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
-    from ..manifest import Manifest
     from ..sharding import Layout, ReadOrder
 
-__all__ = ["MixSource", "ShardedDataset"]
+__all__ = ["Listing", "MixSource", "ShardedDataset"]
+
+
+class Listing(Protocol):
+    """What the loader reads of a frozen listing (a :class:`~ucstage.Manifest`,
+    or a mix's positions): its fingerprint, its length, the files' sizes."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def sizes(self) -> Any: ...
+
+    @property
+    def entries(self) -> Any: ...
 
 
 class ShardedDataset(Protocol):
@@ -46,7 +60,7 @@ class ShardedDataset(Protocol):
     def fingerprint(self) -> str | None:
         """The frozen listing's fingerprint, or None before :meth:`freeze`."""
 
-    def freeze(self, *, broadcast: bool | None = None) -> Manifest:
+    def freeze(self, *, broadcast: bool | None = None) -> Listing:
         """Freeze the listing every rank shards (a collective when broadcasting)."""
 
     def read_order(self) -> ReadOrder:

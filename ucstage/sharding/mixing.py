@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,8 +40,8 @@ from .order import Permutation
 from .rule import slot_array
 from .values import Layout, ReadOrder, Slot
 
-__all__ = ["MixOrder", "MixShares", "SourceStream", "check_shares", "largest_remainder",
-           "mix_shares", "slot_mix"]
+__all__ = ["MixOrder", "MixPlan", "MixShares", "SourceStream", "check_shares",
+           "largest_remainder", "mix_plan", "mix_shares", "slot_mix"]
 
 
 def _fraction(value: float | int | Fraction, name: str) -> Fraction:
@@ -277,3 +277,46 @@ def slot_mix(shares: MixShares, layout: Layout, slot: Slot, *, seed: int, epoch:
     src, items, passes = MixOrder(shares, seed=seed, epoch=epoch,
                                   slots=layout.slots).take(positions)
     return SlotMix(slot, src, items, passes)
+
+
+@dataclass(frozen=True)
+class MixPlan:
+    """What ``shard-plan SRC1 SRC2 --weights`` prints: each source's share and
+    passes, and per slot the items it reads from each source."""
+
+    names: tuple[str, ...]
+    shares: MixShares
+    layout: Layout
+    seed: int
+    epoch: int
+    slots: tuple[tuple[Slot, tuple[int, ...]], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        sources = []
+        for i, name in enumerate(self.names):
+            first, last = self.shares.pass_range(i, self.epoch)
+            sources.append({"source": name, "items": self.shares.sizes[i],
+                            "per_epoch": self.shares.counts[i],
+                            "passes_per_epoch": self.shares.passes(i),
+                            "passes": [first, last] if last >= first else []})
+        return {"epoch_size": self.shares.epoch_size, "seed": self.seed, "epoch": self.epoch,
+                "world_size": self.layout.world_size, "num_workers": self.layout.num_workers,
+                "sources": sources,
+                "slots": [{"rank": s.rank, "worker": s.worker, "items": list(counts),
+                           "total": sum(counts)} for s, counts in self.slots]}
+
+
+def mix_plan(names: Sequence[str], shares: MixShares, layout: Layout, *, seed: int = 0,
+             epoch: int = 0) -> MixPlan:
+    """Per slot of ``layout``, the items it reads from each source in ``epoch``."""
+    import numpy as np
+
+    order = MixOrder(shares, seed=seed, epoch=epoch, slots=layout.slots)
+    read = ReadOrder(shares.epoch_size, False, seed, epoch, None, "global")
+    rows = []
+    for rank in range(layout.world_size):
+        for worker in range(layout.readers_of(rank)):
+            slot = layout.slot(rank, worker)
+            found = order.sources(slot_array(read, layout, slot))
+            rows.append((slot, tuple(np.bincount(found, minlength=len(names)).tolist())))
+    return MixPlan(tuple(names), shares, layout, int(seed), int(epoch), tuple(rows))

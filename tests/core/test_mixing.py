@@ -45,9 +45,9 @@ def test_weights_give_exact_counts_and_within_one_per_slot(sizes, data, world, k
     quotas = [Fraction(epoch_size * w, total) for w in weights]
     # Largest remainder: floor or ceil of each quota, and a source rounded up
     # never has a smaller fractional part than one rounded down.
-    assert all(math.floor(q) <= c <= math.ceil(q) for q, c in zip(quotas, shares.counts))
-    up = [q - math.floor(q) for q, c in zip(quotas, shares.counts) if c > q]
-    down = [q - math.floor(q) for q, c in zip(quotas, shares.counts) if c < q]
+    assert all(math.floor(q) <= c <= math.ceil(q) for q, c in zip(quotas, shares.counts, strict=True))
+    up = [q - math.floor(q) for q, c in zip(quotas, shares.counts, strict=True) if c > q]
+    down = [q - math.floor(q) for q, c in zip(quotas, shares.counts, strict=True) if c < q]
     assert not up or not down or min(up) >= max(down)
     layout = Layout(world, k)
     order = MixOrder(shares, seed=seed, epoch=epoch, slots=layout.slots)

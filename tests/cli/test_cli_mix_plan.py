@@ -66,3 +66,10 @@ def test_bad_input_is_one_clear_error_and_exit_2(two, args, message) -> None:  #
     result = CliRunner().invoke(cli, ["shard-plan", *two, "-w", "2", "-k", "1", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_json_matches_the_documented_contract(two) -> None:  # type: ignore[no-untyped-def]
+    from tests.cli.test_json_contract import assert_matches
+
+    doc = json.loads(run(*two, "-w", "2", "-k", "2", "--weights", "0.7,0.3", "--json").output)
+    assert_matches("json.md", "A mix (`--weights`, `--repeat`)", doc)

@@ -15,8 +15,9 @@ import pytest
 
 from tests.common.resume import Decode, RankedDataset
 from ucstage import merge_states
+from ucstage.cache import LocalCache
 from ucstage.data import DataLoader, Mix, VolumeDataset
-from ucstage.errors import InvalidArgument, ResumeMismatch
+from ucstage.errors import CacheFull, InvalidArgument, ResumeMismatch
 
 
 def make_source(root: str, label: str, n: int) -> str:
@@ -167,3 +168,15 @@ def test_only_sharded_datasets_mix(sources) -> None:  # type: ignore[no-untyped-
     mix = mix_of(sources)
     with pytest.raises(InvalidArgument, match="got Mix"):
         Mix([mix])
+
+
+def test_a_mix_reads_through_a_capped_cache(sources, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cache = LocalCache(str(tmp_path / "capped"), max_bytes=4000)  # 150 files of 4 bytes
+    parts = [VolumeDataset(path, cache=cache, read_ahead=1) for path in sources[:2]]
+    mix = Mix(parts, weights=[1, 1], epoch_size=60)
+    (items,), dl = run(mix, workers=2)
+    assert Counter(i[0] for i in items) == {"a": 30, "b": 30}
+    assert dl.audits[0].coverage_ok
+    tiny = LocalCache(str(tmp_path / "tiny"), max_bytes=6)  # a window that can never fit
+    with pytest.raises(CacheFull):
+        run(Mix([VolumeDataset(path, cache=tiny) for path in sources[:2]]), workers=2)

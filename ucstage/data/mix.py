@@ -345,13 +345,13 @@ class Mix(tud.IterableDataset):  # type: ignore[type-arg]
 
     def _read(self, order: MixOrder, tracker: _state.SlotTracker, rank: int) -> Iterator[Any]:
         src, items, _ = order.take(tracker.indices)
-        nexts, opened = [], []
-        for s, ds in enumerate(self.datasets):
-            it = ds.iter_rows(items[src == s], rank)
-            opened.append(it)
-            nexts.append(it.__next__)
+        opened = [iter(ds.iter_rows(items[src == s], rank))
+                  for s, ds in enumerate(self.datasets)]
+        # The source's iterator for each position, advanced from C (map(next)):
+        # no Python frame of the mix's own between the consumer and the source.
+        ordered = [opened[s] for s in src.tolist()]
         try:
-            yield from tracker.count(nexts[s]() for s in src.tolist())
+            yield from tracker.count(map(next, ordered))
         finally:
             for it in opened:
                 close = getattr(it, "close", None)

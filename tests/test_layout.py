@@ -104,7 +104,7 @@ def test_the_cycle_finder_finds_cycles():
 
 
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.entry",
-        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing",
+        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing", "ucstage.volumes.ranges",
         "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
         "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.source", "ucstage.ports",
         "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
@@ -141,9 +141,32 @@ def test_click_and_rich_only_in_the_cli():
         assert not hits or name.startswith("ucstage.cli"), f"{name} imports {hits}"
 
 
-def test_pyspark_only_in_export():
-    for name, hits in _third_party(("pyspark", "deltalake")).items():
+def test_pyspark_only_in_export_and_deltalake_in_tables():
+    for name, hits in _third_party(("pyspark",)).items():
         assert not hits or name.startswith("ucstage.export"), f"{name} imports {hits}"
+    for name, hits in _third_party(("deltalake",)).items():
+        assert not hits or name.startswith(("ucstage.export", "ucstage.tables")), \
+            f"{name} imports {hits}"
+        assert all(not top for _, _, top in hits), f"{name} imports deltalake eagerly: {hits}"
+
+
+TABLES = sorted(name for name in MODULES if name.startswith("ucstage.tables"))
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_tables_sit_on_the_core_alone(name):
+    """tables/ is what data/ and export/ share: it imports only the core."""
+    above = [(t, line) for t, line, _ in _imports(name)
+             if t.startswith("ucstage.") and t not in CORE and not t.startswith("ucstage.tables")]
+    assert above == [], f"{name} imports from above tables/: {above}"
+
+
+def test_export_and_data_do_not_import_each_other():
+    for name in MODULES:
+        for target, line, _ in _imports(name):
+            for a, b in (("ucstage.data", "ucstage.export"), ("ucstage.export", "ucstage.data")):
+                assert not (name.startswith(a) and target.startswith(b)), \
+                    f"{name} imports {target} (line {line}): share it through ucstage.tables"
 
 
 SLOT_RULE_KEYWORDS = {"rank", "world_size", "num_workers", "worker", "shuffle", "seed", "epoch",
@@ -155,6 +178,7 @@ KEYWORD_ENTRY_POINTS = {
     "ucstage.sharding.rule.slot_files",
     "ucstage.sharding.rule.equal_slot_files",
     "ucstage.data.dataset.VolumeDataset.__init__",
+    "ucstage.data.table.TableDataset.__init__",
     # click commands: their parameters are the command's flags.
     "ucstage.cli.shard_plan.shard_plan",
     "ucstage.cli.cache_warm.warm",

@@ -24,6 +24,7 @@ __all__ = [
     "LocalCache",
     "Manifest",
     "Mix",
+    "TableDataset",
     "UcstageError",
     "VolumeDataset",
     "__version__",
@@ -40,6 +41,7 @@ __all__ = [
 _LAZY = {
     "VolumeDataset": "ucstage.data",
     "Mix": "ucstage.data",
+    "TableDataset": "ucstage.data",
     "DataLoader": "ucstage.data",
     "LocalCache": "ucstage.cache",
     "export_table": "ucstage.export",
@@ -48,7 +50,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import LocalCache
-    from .data import DataLoader, Mix, VolumeDataset
+    from .data import DataLoader, Mix, TableDataset, VolumeDataset
     from .export import export_table, read_table
 
 

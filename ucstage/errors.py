@@ -22,13 +22,16 @@ __all__ = [
     "ManifestError",
     "MissingDependency",
     "MountLost",
+    "NotParquet",
     "RankMismatch",
     "ResumeMismatch",
+    "SchemaMismatch",
     "SourceNotFound",
     "SourceUnreadable",
     "SparkUnavailable",
     "TableNotFound",
     "UcstageError",
+    "UnknownColumn",
     "UnreadableFolders",
     "UnsafePath",
     "UnsupportedTable",
@@ -147,6 +150,18 @@ class TableNotFound(UcstageError):
 
 class UnsupportedTable(UcstageError):
     """The table uses a Delta reader feature this read path cannot honour."""
+
+
+class NotParquet(UcstageError):
+    """A file of a table source is not a readable Parquet file."""
+
+
+class SchemaMismatch(UcstageError):
+    """The Parquet files of a table source have schemas that cannot be unified."""
+
+
+class UnknownColumn(InvalidArgument):
+    """A column asked for is not in the table."""
 
 
 class SparkUnavailable(UcstageError):

@@ -28,7 +28,12 @@ __all__ = ["FORMAT", "LoaderState", "ResumePlan", "SlotRest", "load_state", "mer
            "resume_plan"]
 
 FORMAT = "ucstage-loader-state"
-VERSION = 1
+VERSION = 2
+"""Version 2 added ``unit`` (``"file"`` or ``"row-group"``) and ``partial``
+(rows delivered of row groups begun but not finished); version 1 states
+(files, nothing partial) still load."""
+READS = (1, 2)
+UNITS = ("file", "row-group")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,12 @@ class LoaderState:
     """The rank that saved it, or None for a merged (global) state."""
     finished: bool = False
     """The epoch was delivered to its end when the state was saved."""
+    unit: str = "file"
+    """What the read order orders: ``"file"`` (VolumeDataset) or ``"row-group"``
+    (TableDataset, whose segments count row groups delivered whole)."""
+    partial: tuple[tuple[int, int], ...] = ()
+    """(row group, rows delivered) of row groups begun but not delivered whole
+    (TableDataset): a resume skips exactly those rows."""
 
     @property
     def last(self) -> Segment:
@@ -102,6 +113,8 @@ class LoaderState:
             "segments": [{"world_size": s.world_size, "num_workers": s.num_workers,
                           "nproc_per_node": s.nproc_per_node, "delivered": list(s.delivered)}
                          for s in self.segments],
+            "unit": self.unit,
+            "partial": [list(p) for p in self.partial],
         }
 
     @classmethod
@@ -117,18 +130,24 @@ class LoaderState:
             raise InvalidArgument("state is not a ucstage loader state (no "
                                   f"\"format\": \"{FORMAT}\")",
                                   hint="pass what DataLoader.state_dict() returned")
-        if doc.get("version") != VERSION:
+        if doc.get("version") not in READS:
             raise InvalidArgument(f"state has version {doc.get('version')!r}; this ucstage "
-                                  f"reads version {VERSION}")
+                                  f"reads versions {', '.join(map(str, READS))}")
         try:
             segments = tuple(_segment(s) for s in doc["segments"])
             if not segments:
                 raise InvalidArgument("state is malformed: it has no segment")
             order = _order(doc)
+            unit = str(doc.get("unit", "file"))
+            if unit not in UNITS:
+                raise InvalidArgument(f"state is malformed: unit {unit!r}")
+            partial = tuple(sorted((_int(g), _int(n)) for g, n in doc.get("partial", [])))
+            if any(n < 0 or not 0 <= g < order.n for g, n in partial):
+                raise InvalidArgument("state is malformed: a partial row group out of range")
             state = cls(
                 fingerprint=str(doc["fingerprint"]), order=order, segments=segments,
                 rank=None if doc.get("rank") is None else _int(doc["rank"]),
-                finished=bool(doc.get("finished", False)))
+                finished=bool(doc.get("finished", False)), unit=unit, partial=partial)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidArgument(f"state is malformed: {exc!r}") from exc
         return state
@@ -210,7 +229,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     first = parsed[0]
     for other in parsed[1:]:
         same = replace(other, segments=first.segments, rank=first.rank,
-                       finished=first.finished)
+                       finished=first.finished, partial=first.partial)
         if same != first or len(other.segments) != len(first.segments) \
                 or other.segments[:-1] != first.segments[:-1] \
                 or other.last.layout != first.last.layout:
@@ -236,8 +255,13 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         raise InvalidArgument(
             f"no state for rank{'s' if len(missing) > 1 else ''} "
             f"{', '.join(map(str, missing[:10]))}", hint="pass the state of every rank")
+    partial: dict[int, int] = {}
+    for state in parsed:  # each rank's row groups begun; the most delivered wins
+        for g, n in state.partial:
+            partial[g] = max(partial.get(g, 0), n)
     merged = replace(first, rank=None, finished=all(p.finished for p in parsed),
-                     segments=(*first.segments[:-1], replace(last, delivered=tuple(counts))))
+                     segments=(*first.segments[:-1], replace(last, delivered=tuple(counts))),
+                     partial=tuple(sorted(partial.items())))
     return merged.to_dict()
 
 

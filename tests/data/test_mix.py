@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from torch.utils.data import get_worker_info
 
 from tests.common.resume import Decode, RankedDataset
 from ucstage import merge_states
@@ -36,6 +37,21 @@ def sources(tmp_path) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
             str(tmp_path / "cache"))
 
 
+class RankedMix(Mix):
+    """A Mix that is rank ``rank`` of ``world`` without a process group (as
+    tests/common/resume.py's RankedDataset)."""
+
+    def __init__(self, *args: Any, rank: int = 0, world: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank, self.world = rank, world
+
+    def slot(self) -> tuple[int, int, int, int]:
+        info = get_worker_info()
+        if info is None:
+            return self.rank, self.world, 0, 0
+        return self.rank, self.world, info.num_workers, info.id
+
+
 def mix_of(sources: tuple[str, str, str], *, rank: int = 0, world: int = 1,
            **options: Any) -> Mix:
     a, b, cache = sources
@@ -43,7 +59,7 @@ def mix_of(sources: tuple[str, str, str], *, rank: int = 0, world: int = 1,
              for name, path in (("a", a), ("b", b))}
     options.setdefault("weights", [0.5, 0.5])
     options.setdefault("epoch_size", 200)
-    return Mix(parts, **options)
+    return RankedMix(parts, rank=rank, world=world, **options)
 
 
 def run(mix: Mix, *, workers: int = 2, epochs: int = 1, state: dict[str, Any] | None = None,
@@ -166,7 +182,7 @@ def test_only_sharded_datasets_mix(sources) -> None:  # type: ignore[no-untyped-
     with pytest.raises(InvalidArgument, match="got list"):
         Mix([VolumeDataset(sources[0]), ["x"]])
     mix = mix_of(sources)
-    with pytest.raises(InvalidArgument, match="got Mix"):
+    with pytest.raises(InvalidArgument, match="got RankedMix"):
         Mix([mix])
 
 
@@ -180,3 +196,36 @@ def test_a_mix_reads_through_a_capped_cache(sources, tmp_path) -> None:  # type:
     tiny = LocalCache(str(tmp_path / "tiny"), max_bytes=6)  # a window that can never fit
     with pytest.raises(CacheFull):
         run(Mix([VolumeDataset(path, cache=tiny) for path in sources[:2]]), workers=2)
+
+
+def test_a_table_mixes_with_a_volume_by_row_group(sources, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ucstage.data import TableDataset
+
+    folder = tmp_path / "table"
+    folder.mkdir()
+    ids = pa.table({"id": pa.array(range(120), pa.int64())})
+    pq.write_table(ids, folder / "part-0.parquet", row_group_size=10)  # 12 row groups
+    table = TableDataset(str(folder), cache_dir=sources[2])
+    files = VolumeDataset(sources[1], cache_dir=sources[2])  # b: 50 files
+    mix = Mix({"t": table, "b": files}, weights=[0.5, 0.5], epoch_size=48, seed=2)
+    dl = DataLoader(mix, batch_size=None, num_workers=2, log_mlflow=False)
+    epochs = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        epochs.append(list(dl))
+    for got in epochs:
+        batches = [x for x in got if isinstance(x, pa.RecordBatch)]
+        paths = [x for x in got if isinstance(x, str)]
+        assert len(batches) == 24 and len(paths) == 24  # 24 row groups: two passes of 12
+        rows = Counter(v for batch in batches for v in batch.column("id").to_pylist())
+        assert rows == {i: 2 for i in range(120)}
+        assert len(set(paths)) == 24
+    assert [a.coverage_ok for a in dl.audits] == [True, True]
+    assert [(s.name, s.items, s.duplicates) for s in dl.audits[0].sources] == [
+        ("t", 24, 0), ("b", 24, 0)]
+    # b's 50 files in windows of 24: epoch 1 reads files epoch 0 did not.
+    assert not set(p for p in epochs[0] if isinstance(p, str)) & \
+        set(p for p in epochs[1] if isinstance(p, str))

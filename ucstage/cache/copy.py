@@ -21,11 +21,12 @@ from typing import Any, NamedTuple
 
 from .. import objstore
 from ..errors import UnsafePath
-from ..volumes import Volume, version_of
+from ..volumes import RangeEntry, Volume, version_of
+from ..volumes.ranges import read_ranges
 from . import mounts
 from .inflight import Inflight
 
-__all__ = ["CHUNK", "Copied", "copy_to"]
+__all__ = ["CHUNK", "Copied", "copy_ranges", "copy_to"]
 
 _HASH_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c")
 CHUNK = 8 * 1024 * 1024
@@ -208,3 +209,37 @@ def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = 
     if objstore.engine(volume) == "obstore":
         return _copy_object(volume, relpath, dst, inflight, size)
     return _copy_remote(volume, relpath, dst, inflight)
+
+
+def copy_ranges(volume: Volume, entry: RangeEntry, dst: int,
+                inflight: Inflight | None = None) -> Copied:
+    """Copy the byte ranges of ``entry`` (of its source file) into ``dst``, one
+    after another: ranged reads (ranged GETs on the object-store engine), each
+    checked against the source file's listed version
+    (:func:`ucstage.volumes.ranges.read_ranges`).
+
+    Raises:
+        Stopped: ``inflight`` stopped.
+        InterruptedError: the file changed since it was listed (retried).
+        OSError: from the source or the local disk.
+    """
+    if inflight is not None:
+        inflight.check()
+    if volume.is_local:
+        # The folders on the way must stay inside the volume, as for whole files.
+        os.close(_open_local(volume, entry.source))
+    try:
+        blobs, seen = read_ranges(volume, entry.source, entry.ranges, version=entry.version)
+    except OSError as exc:
+        gone = mounts.lost(volume.root, entry.source, exc) if volume.is_local else None
+        if gone is not None:
+            raise gone from exc
+        raise
+    size = 0
+    for blob in blobs:
+        view = memoryview(blob)
+        while view:
+            written = os.pwrite(dst, view, size)
+            view, size = view[written:], size + written
+    os.ftruncate(dst, size)
+    return Copied(size, seen or entry.version, None)

@@ -27,9 +27,9 @@ from typing import NamedTuple, NoReturn, Protocol
 
 from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
 from ..units import format_bytes
-from ..volumes import FileEntry, Volume, safe_relpath
+from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
 from . import paths
-from .copy import Copied, copy_to
+from .copy import Copied, copy_ranges, copy_to
 from .inflight import Inflight, Stopped
 from .locks import FileLock
 from .space import CacheSpace, Evicted, free_bytes, no_room
@@ -184,6 +184,8 @@ class Fetcher:
         rel = safe_relpath(entry.path)
         if paths.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
             raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
+        if is_range_path(rel) and not isinstance(entry, RangeEntry):
+            raise UnsafePath(f"{rel}: the folder is where ucstage keeps byte-range entries")
         ns_dir = self.cache.prepare(volume)
         local = os.path.join(ns_dir, *rel.split("/"))
         return Copy(volume, entry, rel, ns_dir, local, self.cache.space.entry_lock(ns_dir, rel),
@@ -201,8 +203,11 @@ class Fetcher:
         pending = self.reserve_tmp(copy)
         try:
             try:
-                copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
-                                 copy.entry.size)
+                if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
+                    copied = copy_ranges(copy.volume, copy.entry, pending.fd, copy.inflight)
+                else:
+                    copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
+                                     copy.entry.size)
             finally:
                 os.close(pending.fd)
             self.commit_tmp(copy, pending, copied)

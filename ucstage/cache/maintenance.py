@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import CacheError, InvalidArgument
-from ..volumes import FileEntry, Volume, is_volumes_path, list_files, resolve, safe_relpath
+from ..volumes import (
+    RANGES_DIR,
+    FileEntry,
+    Volume,
+    is_volumes_path,
+    list_files,
+    resolve,
+    safe_relpath,
+)
 from . import integrity, paths, runstats
 from .reports import (
     CacheStatus,
@@ -135,7 +143,46 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
             # may still match the source, so only deleting it makes warm refetch it.
             if space.discard(ns_dir, rel, local, st):
                 report.removed.append(e.path)
+    _verify_ranges(space, ns_dir, entries, report)
     return report
+
+
+def _verify_ranges(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
+                   report: SourceCheck) -> None:
+    """The byte-range entries (a table's row groups) of the listed files: each
+    is stamped with its file's version, so a changed file makes them stale.
+    (``checksum`` does not apply: a range has no whole-file digest.)"""
+    top = os.path.join(ns_dir, RANGES_DIR)
+    if not os.path.isdir(top):
+        return
+    by_path = {e.path: e for e in entries}
+    for folder, _, names in os.walk(top):
+        source = os.path.relpath(folder, top).replace(os.sep, "/")
+        e = by_path.get(source)
+        for name in names:
+            if paths.part_stripe(name) is not None:
+                continue  # a copy in flight (swept above when dead)
+            if e is None:
+                continue  # a file this check was not asked about (or gone: prune evicts)
+            local = os.path.join(folder, name)
+            rel = f"{RANGES_DIR}/{source}/{name}"
+            report.checked += 1
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                continue
+            stamp = paths.read_stamp(local)
+            if stamp is None or stamp[0] != st.st_size:
+                problem = "no validity stamp" if stamp is None else \
+                    f"{st.st_size} bytes on disk, {stamp[0]} copied"
+                report.corrupt.append((rel, problem))
+                if space.discard(ns_dir, rel, local, st):
+                    report.removed.append(rel)
+            elif stamp[1] != e.version:
+                report.stale.append((rel, f"source file is now version {e.version!r}; "
+                                          f"cached ranges of version {stamp[1]!r}"))
+            else:
+                report.ok += 1
 
 
 def clear(space: CacheSpace, volumes: Volumes) -> ClearReport:

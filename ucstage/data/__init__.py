@@ -1,4 +1,5 @@
-"""Training-side API: :class:`VolumeDataset`, :class:`Mix` and :class:`DataLoader`.
+"""Training-side API: :class:`VolumeDataset`, :class:`TableDataset`, :class:`Mix` and
+:class:`DataLoader`.
 
 torch is imported here (and, lazily, by bench's loader mode) and nowhere
 else. ``dataset`` shards and fetches, ``loader`` runs it with ucstage's
@@ -20,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from .dataset import VolumeDataset
 from .loader import DataLoader
 from .mix import Mix
+from .table import TableDataset
 from .timing import EpochStats
 
-__all__ = ["DataLoader", "EpochStats", "Mix", "VolumeDataset"]
+__all__ = ["DataLoader", "EpochStats", "Mix", "TableDataset", "VolumeDataset"]

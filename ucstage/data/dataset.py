@@ -25,7 +25,6 @@ is worker 0 of 1.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,7 +47,7 @@ from . import dist as dist_
 from . import epochrecord, holding, warm
 from . import state as _state
 from .frozen import FrozenListing
-from .readahead import ReadAhead, cache_fetcher, cache_lookup
+from .sharded import SlotRule, equal_mode
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -59,38 +58,7 @@ DEFAULT_READ_AHEAD = 4
 DEFAULT_NUM_WORKERS = 6
 """The ucstage DataLoader's default ``num_workers``. A constant, never the
 machine's CPU count: every rank must shard with the same value."""
-LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
-"""Set by torchrun on every rank: its ranks per node."""
-
-
-def _env_nproc() -> int | None:
-    text = os.environ.get(LOCAL_WORLD_SIZE_ENV)
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidArgument(f"${LOCAL_WORLD_SIZE_ENV} must be a whole number of at least 1, "
-                              f"got {text!r}", hint="pass nproc_per_node explicitly")
-    return value
-
-
-def _equal_mode(value: bool | str | None) -> str | None:
-    """The public ``equal_length`` (False, True, "pad" or "drop") as a read order's
-    mode; :class:`~ucstage.sharding.ReadOrder` checks the mode's name."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return "pad"
-    if isinstance(value, str):
-        return value
-    raise InvalidArgument(
-        f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")
-
-
-class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-arg]
+class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     """Local paths of a volume's files, sharded over ranks and workers, cached on first read.
 
     Args:
@@ -177,7 +145,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        self.equal_length = _equal_mode(equal_length)
+        self.equal_length = equal_mode(equal_length)
         # Checked once here, by the values the slot rule takes (the listing's
         # size and the world size come later).
         ReadOrder(0, self.shuffle, self.seed, 0, self.equal_length, shuffle_scope)
@@ -216,34 +184,6 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             self._source = os.fspath(source)
 
     # -- state ---------------------------------------------------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch's permutation (with ``shuffle``); call it on every rank.
-
-        The ucstage DataLoader passes the epoch to its workers, persistent
-        ones included, when the next epoch's iteration starts.
-        """
-        _state.on_set_epoch(self, int(epoch))
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands, as small JSON-serialisable data (no file list).
-
-        In a DataLoader worker (torchdata's ``StatefulDataLoader`` calls it
-        there) it is the worker's slot; in the main process of a ucstage
-        ``DataLoader``, every slot of this rank, counting only files whose
-        batch the loader returned. See docs/training.md, "Checkpoint and resume".
-        """
-        return _state.dataset_state(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the state's epoch at the next iteration (same or another layout).
-
-        Raises:
-            ResumeMismatch: the state is for another listing, seed, shuffle or
-                equal_length.
-        """
-        _state.load(self, state)
 
     @property
     def fingerprint(self) -> str | None:
@@ -284,11 +224,6 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
             return slot_length(self.read_order(), layout, layout.slot(rank, worker))
         return rank_length(self.read_order(), self.layout(world, self.num_workers), rank)
 
-    def __bool__(self) -> bool:
-        # Without this, `dataset or default` would call __len__ (and raise
-        # before freezing, or be False for an empty slot).
-        return True
-
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         return (f"VolumeDataset({self._source!r}, shuffle={self.shuffle}, seed={self.seed}, "
@@ -296,50 +231,10 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
 
     # -- sharding --------------------------------------------------------------
 
-    def slot(self) -> tuple[int, int, int, int]:
-        """(rank, world_size, num_workers, worker) of the calling process."""
-        info = tud.get_worker_info()
-        dist = dist_.active()
-        if dist is not None:
-            rank, world = dist.get_rank(), dist.get_world_size()
-        elif info is not None and self._dist_rank_world is not None:
-            rank, world = self._dist_rank_world
-        else:
-            rank, world = 0, 1
-        if info is None:
-            return rank, world, 0, 0
-        return rank, world, info.num_workers, info.id
-
-    def ranks_per_node(self, world_size: int) -> int | None:
-        """The ``nproc_per_node`` this dataset shards with in a job of
-        ``world_size`` ranks: the one given, else ``$LOCAL_WORLD_SIZE`` when
-        the job has several ranks, else None (one node).
-
-        Raises:
-            InvalidArgument: ``world_size`` is not a multiple of it.
-        """
-        return self.layout(world_size, 0).nproc_per_node
-
-    def layout(self, world_size: int, num_workers: int) -> Layout:
-        """The layout of a job of ``world_size`` ranks with ``num_workers`` workers
-        each, as this dataset shards it (its ranks per node: :meth:`ranks_per_node`).
-
-        Raises:
-            InvalidArgument: ``world_size`` is not a multiple of its ranks per node.
-        """
-        return Layout(world_size, num_workers, self.nproc_setting(world_size))
-
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen listing (freezes it)."""
         return ReadOrder(len(self._entries()), self.shuffle, self.seed, self.epoch,
                          self.equal_length, self.shuffle_scope)
-
-    def nproc_setting(self, world_size: int) -> int | None:
-        """:meth:`ranks_per_node` without checking it against ``world_size`` (the
-        DataLoader's guard compares it across ranks first)."""
-        if self.nproc_per_node is None and world_size > 1:
-            return _env_nproc()
-        return self.nproc_per_node
 
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
                      worker: int) -> list[FileEntry]:
@@ -410,25 +305,7 @@ class VolumeDataset(FrozenListing, tud.IterableDataset):  # type: ignore[type-ar
 
     def _fetch_rest(self, entries: Sequence[FileEntry], reader: Any, cache: LocalCache,
                     volume: Volume) -> Iterator[str]:
-        if self.read_ahead == 0:
-            fetch = holding.wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
-            yield from holding.follow((fetch(entry) for entry in entries), reader)
-            return
-        # A window of fetches runs ahead of the consumer; results come back in
-        # slot order. Fetches of one file by several processes are single-flight
-        # in the cache, so read-ahead never copies a file twice. Closing this
-        # generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
-        # before it returns: nothing is copied for an iterator that is gone.
-        # Hits are looked up in this thread; only misses are handed to threads.
-        fetch, stop, abandon = cache_fetcher(cache, volume)
-        ahead = ReadAhead(holding.wrap(reader, cache, volume, fetch), entries, self.read_ahead,
-                          stop=stop, abandon=abandon,
-                          lookup=holding.lookup(reader, cache, volume,
-                                                cache_lookup(cache, volume)))
-        try:
-            yield from holding.follow(iter(ahead), reader)
-        finally:
-            ahead.close()
+        return holding.fetch_in_order(entries, reader, cache, volume, self.read_ahead)
 
 
 class _Untracked:

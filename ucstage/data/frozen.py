@@ -27,7 +27,7 @@ from . import dist as dist_
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
-__all__ = ["FrozenListing"]
+__all__ = ["FrozenListing", "broadcast_listing"]
 
 _log = logging.getLogger("ucstage")
 
@@ -151,7 +151,7 @@ class FrozenListing:
             return self._adopt(self._snapshot())
         request = (self._source, self.include, self.exclude, self.include_hidden,
                    self.skip_unreadable)
-        return self._adopt(_broadcast_listing(dist, request, self._snapshot))
+        return self._adopt(broadcast_listing(dist, request, self._snapshot))
 
     def _entries(self) -> Sequence[FileEntry]:
         return self.freeze().entries
@@ -162,15 +162,19 @@ class FrozenListing:
         return self._volume
 
 
-def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Manifest:
+def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,
+                       check: Any = None, describe: Any = None) -> Any:
     """Rank 0 lists; every rank gets its manifest (or its error).
 
     Ranks first compare what they ask for (source and filters): a rank must
-    not silently adopt a listing made with another rank's filters.
+    not silently adopt a listing made with another rank's filters. ``check``
+    (manifest -> its fingerprint holds) defaults to a file listing's;
+    ``describe`` says a request in the mismatch message.
     """
     requests = dist_.all_gather(dist, request)
     if len(set(requests)) > 1:
-        values = "; ".join(f"rank {r}: {_describe_request(q)}" for r, q in enumerate(requests))
+        describe = describe or _describe_request
+        values = "; ".join(f"rank {r}: {describe(q)}" for r, q in enumerate(requests))
         raise RankMismatch(
             f"ranks ask for different listings ({values})",
             hint="pass the same source and include/exclude on every rank",
@@ -190,8 +194,11 @@ def _broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any) -> Ma
 
         cls = getattr(errors, result[1], UcstageError)
         raise cls(result[2], result[3])
-    manifest: Manifest = result[1]
-    if _manifest.fingerprint(manifest.entries) != manifest.fingerprint:
+    manifest = result[1]
+    if check is None:
+        def check(m: Any) -> bool:
+            return bool(_manifest.fingerprint(m.entries) == m.fingerprint)
+    if not check(manifest):
         raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
     return manifest
 

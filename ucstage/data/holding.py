@@ -11,8 +11,9 @@ refuses at once a read whose window cannot fit under the cap, and
 from __future__ import annotations
 
 import collections
+import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,10 @@ from ..cache.runstats import RunStats
 from ..sharding import effective_workers
 from . import warm
 from .protocol import ShardedDataset
+from .readahead import ReadAhead, cache_fetcher, cache_lookup
 
-__all__ = ["check_loader_window", "epoch_metrics", "follow", "lookup", "open_reader", "rank_stats",
-           "source_metrics", "unheld_lookup", "wrap"]
+__all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup",
+           "open_reader", "rank_stats", "source_metrics", "unheld_lookup", "wrap"]
 
 
 def _holds(cache: Any) -> bool:
@@ -89,6 +91,32 @@ def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
         while recent:
             reader.release(recent.popleft())
         reader.close()
+
+
+def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, volume: Any,
+                   read_ahead: int) -> Iterator[str]:
+    """The local paths of ``entries`` in order, fetched through ``cache``
+    ``read_ahead`` entries ahead of the consumer, each held until it moves on.
+
+    A window of fetches runs ahead of the consumer; results come back in
+    slot order. Fetches of one file by several processes are single-flight
+    in the cache, so read-ahead never copies a file twice. Closing this
+    generator (a `break`, Ctrl-C, the loader's shutdown) stops the threads
+    before it returns: nothing is copied for an iterator that is gone.
+    Hits are looked up in this thread; only misses are handed to threads.
+    """
+    if read_ahead == 0:
+        fetch = wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
+        yield from follow((fetch(entry) for entry in entries), reader)
+        return
+    fetch, stop, abandon = cache_fetcher(cache, volume)
+    ahead = ReadAhead(wrap(reader, cache, volume, fetch), entries, read_ahead,
+                      stop=stop, abandon=abandon,
+                      lookup=lookup(reader, cache, volume, cache_lookup(cache, volume)))
+    try:
+        yield from follow(iter(ahead), reader)
+    finally:
+        ahead.close()
 
 
 def local_ranks() -> int:

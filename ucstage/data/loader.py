@@ -24,15 +24,16 @@ from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .mix import Mix
 from .protocol import ShardedDataset
+from .table import TableDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
 __all__ = ["DataLoader", "find_volume_dataset"]
 
 
 def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
-    """The sharded dataset (a VolumeDataset, a Mix) inside a user's wrapper dataset
-    (its attributes, a few levels deep); a mix is found before its sources."""
-    if isinstance(dataset, (Mix, VolumeDataset)):
+    """The sharded dataset (a VolumeDataset, a TableDataset, a Mix) inside a user's
+    wrapper dataset (its attributes, a few levels deep); a mix is found before its sources."""
+    if isinstance(dataset, (Mix, VolumeDataset, TableDataset)):
         return dataset
     if depth == 0:
         return None

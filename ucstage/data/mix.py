@@ -26,10 +26,12 @@ import torch.utils.data as tud
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, rank_length, slot_array, slot_length
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
+from . import dist as dist_
 from . import epochrecord, holding
 from . import state as _state
 from .audit import SourceAudit
-from .dataset import DEFAULT_NUM_WORKERS, _equal_mode
+from .dataset import DEFAULT_NUM_WORKERS
+from .sharded import SlotRule, equal_mode
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -77,7 +79,7 @@ class _Entries:
         raise IndexError(index)
 
 
-class Mix(tud.IterableDataset):  # type: ignore[type-arg]
+class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     """Several sharded datasets (``VolumeDataset``, ``TableDataset``) mixed by weight.
 
     Args:
@@ -133,13 +135,14 @@ class Mix(tud.IterableDataset):  # type: ignore[type-arg]
         check_shares(len(sources), self.weights, self.repeat, epoch_size)
         self.seed = int(seed)
         self.epoch = 0
-        self.equal_length = _equal_mode(equal_length)
+        self.equal_length = equal_mode(equal_length)
         ReadOrder(0, False, self.seed, 0, self.equal_length, "global")
         # What the loader's guard and per-epoch record read (the mix deals in
         # one order over the whole job: no shuffle of its own, no node scope).
         self.shuffle = False
         self.shuffle_scope = "global"
-        self.nproc_per_node: int | None = None
+        self.nproc_per_node: int | None = getattr(sources[0], "nproc_per_node", None)
+        self._dist_rank_world: tuple[int, int] | None = None
         # Every source's readers hold files at once: the window is their sum.
         self.read_ahead = sum(ds.read_ahead for ds in sources) + 3 * (len(sources) - 1)
         self.run = sources[0].run
@@ -192,21 +195,7 @@ class Mix(tud.IterableDataset):  # type: ignore[type-arg]
         return ReadOrder(self.shares.epoch_size, False, self.seed, self.epoch,
                          self.equal_length, "global")
 
-    # -- the protocol: layout, slot, cache -------------------------------------
-
-    def nproc_setting(self, world_size: int) -> int | None:
-        if self.nproc_per_node is not None:
-            return self.nproc_per_node
-        return self.datasets[0].nproc_setting(world_size)
-
-    def ranks_per_node(self, world_size: int) -> int | None:
-        return self.layout(world_size, 0).nproc_per_node
-
-    def layout(self, world_size: int, num_workers: int) -> Layout:
-        return Layout(world_size, num_workers, self.nproc_setting(world_size))
-
-    def slot(self) -> tuple[int, int, int, int]:
-        return self.datasets[0].slot()
+    # -- the protocol: cache, volume (slot, layout, epoch, state: SlotRule) ----
 
     def cache(self) -> LocalCache:
         """The first source's cache (the loader's hit-rate counts the sources on its root)."""
@@ -214,20 +203,6 @@ class Mix(tud.IterableDataset):  # type: ignore[type-arg]
 
     def _get_volume(self) -> Any:
         return self.datasets[0]._get_volume()
-
-    # -- epochs and state ------------------------------------------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        _state.on_set_epoch(self, int(epoch))
-        self.epoch = int(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands, as for ``VolumeDataset.state_dict``."""
-        return _state.dataset_state(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the state's epoch at the next iteration (same or another layout)."""
-        _state.load(self, state)
 
     def order(self, slots: int) -> MixOrder:
         """This epoch's interleaving, dealt over ``slots`` slots."""
@@ -312,9 +287,6 @@ class Mix(tud.IterableDataset):  # type: ignore[type-arg]
             total += np.bincount(order.sources(positions), minlength=len(self.datasets))
         return dict(zip(self.names, total.tolist(), strict=True))
 
-    def __bool__(self) -> bool:
-        return True
-
     def __repr__(self) -> str:
         return (f"Mix({len(self.datasets)} sources {self.names}, seed={self.seed}, "
                 f"epoch={self.epoch})")
@@ -322,6 +294,9 @@ class Mix(tud.IterableDataset):  # type: ignore[type-arg]
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_tracker"] = state["_progress_"] = None
+        dist = dist_.active()
+        if dist is not None:  # a spawned worker has no process group: this rank's view
+            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
         return state
 
     # -- iteration -------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 The loader's guard, checkpoint state, exactly-once audit and holds work
 through :class:`ShardedDataset`, never through :class:`VolumeDataset`
-itself, so every sharded dataset (a volume's files today; tables and mixes
-later) plugs into the same loader.
+itself, so every sharded dataset (a volume's files, a table's row groups,
+a mix of them) plugs into the same loader.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ __all__ = ["Listing", "MixSource", "ShardedDataset"]
 
 
 class Listing(Protocol):
-    """What the loader reads of a frozen listing (a :class:`~ucstage.Manifest`,
-    or a mix's positions): its fingerprint, its length, the files' sizes."""
+    """What the loader reads of a frozen listing (a :class:`~ucstage.Manifest`, a
+    row-group manifest, or a mix's positions): its fingerprint, its length, sizes."""
 
     @property
     def fingerprint(self) -> str: ...
@@ -61,7 +61,8 @@ class ShardedDataset(Protocol):
         """The frozen listing's fingerprint, or None before :meth:`freeze`."""
 
     def freeze(self, *, broadcast: bool | None = None) -> Listing:
-        """Freeze the listing every rank shards (a collective when broadcasting)."""
+        """Freeze the listing every rank shards (a collective when broadcasting):
+        files (a Manifest), row groups (a RowGroupManifest) or a mix's positions."""
 
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen listing."""
@@ -110,10 +111,6 @@ class MixSource(Protocol):
     def iter_rows(self, rows: Any, rank: int) -> Any:
         """The items at listing ``rows`` (an int array), in order, fetched and
         untracked (the mix tracks its own positions)."""
-
-    def nproc_setting(self, world_size: int) -> int | None: ...
-
-    def slot(self) -> tuple[int, int, int, int]: ...
 
     def cache(self) -> LocalCache: ...
 

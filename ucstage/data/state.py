@@ -183,10 +183,13 @@ class SlotTracker:
 
 
 def _state_of(vds: ShardedDataset, segments: list[Segment], *, rank: int | None,
-              finished: bool, epoch: int) -> LoaderState:
+              finished: bool, epoch: int, partial: dict[int, int] | None = None
+              ) -> LoaderState:
     manifest = vds.freeze()
     return LoaderState(manifest.fingerprint, replace(vds.read_order(), epoch=epoch),
-                       tuple(segments), rank=rank, finished=finished)
+                       tuple(segments), rank=rank, finished=finished,
+                       unit=getattr(vds, "state_unit", "file"),
+                       partial=tuple(sorted((partial or {}).items())))
 
 
 def dataset_state(vds: ShardedDataset) -> dict[str, Any]:
@@ -275,6 +278,8 @@ class LoaderProgress:
                             f"the state does not hold what rank {rank}'s slots delivered",
                             hint="merge every rank's state with ucstage.merge_states")
                     self.counts[s] = d
+        self.partial: dict[int, int] = dict(resume.partial) if resume is not None else {}
+        """Rows delivered of row groups begun, not finished (a TableDataset's tags)."""
         self.finished = False
         self.listeners: list[Callable[[Any], None]] = []
         self.live = num_workers == 0
@@ -290,10 +295,14 @@ class LoaderProgress:
         if tracker is not None and tracker.epoch == self.epoch:
             self.record(tracker.take())
 
-    def record(self, tag: tuple[int, int, Any]) -> None:
-        slot, position, rows = tag
+    def record(self, tag: tuple[Any, ...]) -> None:
+        slot, position, rows = tag[:3]
         if slot in self.counts:
             self.counts[slot] = max(self.counts[slot], position)
+        if len(tag) > 3:  # a TableDataset's: row groups finished, and rows of those begun
+            for g in rows:
+                self.partial.pop(int(g), None)
+            self.partial.update(tag[3])
         for listener in self.listeners:
             listener(rows)
 
@@ -304,7 +313,7 @@ class LoaderProgress:
             counts[s] = d
         current = Segment(self.layout, tuple(counts))
         return _state_of(self.vds, [*self.done, current], rank=self.rank,
-                         finished=self.finished, epoch=self.epoch)
+                         finished=self.finished, epoch=self.epoch, partial=self.partial)
 
 
 class Untagging:

@@ -16,7 +16,6 @@ the second of two concurrent exports finds the first one's record and skips.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -28,8 +27,8 @@ from typing import Any
 from ..atomic import write_atomic
 from ..errors import ExportError, InvalidArgument
 from ..progress import Callback
+from ..tables.record import RECORD_NAME, ExportedFile, ExportRecord, load_record
 from ..volumes import resolve
-from .record import RECORD_NAME, ExportedFile, ExportRecord
 
 __all__ = [
     "HADOOP_GLOB_CHARS",
@@ -198,15 +197,6 @@ def read_record(dest: str) -> ExportRecord | None:
     ``/Volumes/...`` path or a local folder).
     """
     return load_record(resolve_dest(dest))
-
-
-def load_record(folder: str) -> ExportRecord | None:
-    """The record in local ``folder``, or None if there is none or it is unreadable."""
-    try:
-        with open(os.path.join(folder, RECORD_NAME), encoding="utf-8") as f:
-            return ExportRecord.from_json(json.load(f))
-    except (OSError, ValueError):
-        return None
 
 
 def unchanged_export(dest: str, *, table: str, source_kind: str, source_location: str | None,

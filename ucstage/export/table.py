@@ -50,13 +50,12 @@ from typing import Any
 from .. import __version__
 from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
 from ..progress import NO_PROGRESS, Callback
-from .delta import (
+from ..tables.delta import TableState, table_state
+from ..tables.names import (
     TableName,
-    TableState,
     is_table_path,
     local_table_path,
     parse_table_name,
-    table_state,
     warehouse_path,
 )
 from .dest import (

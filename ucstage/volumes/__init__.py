@@ -14,7 +14,7 @@ Every name users import from ``ucstage.volumes`` is re-exported here.
 from __future__ import annotations
 
 from ..errors import UnreadableFolders
-from .entry import FileEntry, version_of
+from .entry import RANGES_DIR, FileEntry, RangeEntry, is_range_path, version_of
 from .listing import Listing, list_files, matches
 from .location import VOLUMES_ROOT_ENV, Volume, is_mapped, is_volumes_path, resolve, safe_relpath
 
@@ -22,12 +22,15 @@ from .location import VOLUMES_ROOT_ENV, Volume, is_mapped, is_volumes_path, reso
 from .walk import LIST_THREADS as LIST_THREADS
 
 __all__ = [
+    "RANGES_DIR",
     "VOLUMES_ROOT_ENV",
     "FileEntry",
     "Listing",
+    "RangeEntry",
     "UnreadableFolders",
     "Volume",
     "is_mapped",
+    "is_range_path",
     "is_volumes_path",
     "list_files",
     "matches",

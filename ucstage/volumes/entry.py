@@ -5,7 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-__all__ = ["FileEntry", "version_of"]
+__all__ = ["RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path", "version_of"]
+
+RANGES_DIR = ".ucstage-ranges"
+"""The top folder of a namespace that holds byte-range entries (row groups of
+a table): ``.ucstage-ranges/<file's path>/<name>``. A listed file under it is
+refused by the cache, so a whole file can never take a range entry's place."""
 
 # Keys fsspec backends use for a change marker, best first. An ETag or checksum
 # changes with the content; an mtime is what local and FUSE files have.
@@ -23,6 +28,32 @@ class FileEntry(NamedTuple):
     version: str
     """A change marker: ETag where the store has one, else the mtime."""
 
+
+class RangeEntry(NamedTuple):
+    """Byte ranges of one listed file, cached as an entry of their own (the
+    chunks of one Parquet row group); read like a :class:`FileEntry`."""
+
+    path: str
+    """Where the entry lives in the cache namespace: ``RANGES_DIR/<source>/<name>``."""
+    size: int
+    """The ranges' total bytes (the entry's size)."""
+    version: str
+    """The source file's change marker (the entry is stale when the file changes)."""
+    source: str
+    """The file's path relative to the source root."""
+    ranges: tuple[tuple[int, int], ...]
+    """(offset, length) in the file, in the order the entry holds them."""
+
+    @classmethod
+    def of(cls, entry: FileEntry, name: str, ranges: tuple[tuple[int, int], ...]
+           ) -> RangeEntry:
+        return cls(f"{RANGES_DIR}/{entry.path}/{name}", sum(n for _, n in ranges),
+                   entry.version, entry.path, ranges)
+
+
+def is_range_path(relpath: str) -> bool:
+    """Whether a namespace path is under :data:`RANGES_DIR`."""
+    return relpath == RANGES_DIR or relpath.startswith(RANGES_DIR + "/")
 
 
 def version_of(info: dict[str, Any]) -> str:

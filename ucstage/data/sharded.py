@@ -1,0 +1,132 @@
+"""What every dataset sharded by the slot rule does the same way: its slot
+(rank, world size, workers) in the calling process, its layout and ranks per
+node, its epoch, and its checkpoint state through :mod:`ucstage.data.state`.
+
+:class:`SlotRule` is the mixin ``VolumeDataset`` and ``TableDataset`` share,
+so the rank guard, the state and the audit see one behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch.utils.data as tud
+
+from ..errors import InvalidArgument
+from ..sharding import Layout
+from . import dist as dist_
+from . import state as _state
+
+__all__ = ["LOCAL_WORLD_SIZE_ENV", "SlotRule", "equal_mode"]
+
+LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
+"""Set by torchrun on every rank: its ranks per node."""
+
+
+def _env_nproc() -> int | None:
+    text = os.environ.get(LOCAL_WORLD_SIZE_ENV)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidArgument(f"${LOCAL_WORLD_SIZE_ENV} must be a whole number of at least 1, "
+                              f"got {text!r}", hint="pass nproc_per_node explicitly")
+    return value
+
+
+def equal_mode(value: bool | str | None) -> str | None:
+    """The public ``equal_length`` (False, True, "pad" or "drop") as a read order's
+    mode; :class:`~ucstage.sharding.ReadOrder` checks the mode's name."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "pad"
+    if isinstance(value, str):
+        return value
+    raise InvalidArgument(
+        f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")
+
+
+class SlotRule:
+    """The slot-rule half of a sharded dataset (see the module docstring)."""
+
+    epoch: int
+    nproc_per_node: int | None
+    _dist_rank_world: tuple[int, int] | None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch's permutation (with ``shuffle``); call it on every rank.
+
+        The ucstage DataLoader passes the epoch to its workers, persistent
+        ones included, when the next epoch's iteration starts.
+        """
+        _state.on_set_epoch(self, int(epoch))  # type: ignore[arg-type]
+        self.epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands, as small JSON-serialisable data (no file list).
+
+        In a DataLoader worker (torchdata's ``StatefulDataLoader`` calls it
+        there) it is the worker's slot; in the main process of a ucstage
+        ``DataLoader``, every slot of this rank, counting only files whose
+        batch the loader returned. See docs/training.md, "Checkpoint and resume".
+        """
+        return _state.dataset_state(self)  # type: ignore[arg-type]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the state's epoch at the next iteration (same or another layout).
+
+        Raises:
+            ResumeMismatch: the state is for another listing, seed, shuffle or
+                equal_length.
+        """
+        _state.load(self, state)  # type: ignore[arg-type]
+
+    def __bool__(self) -> bool:
+        # Without this, `dataset or default` would call __len__ (and raise
+        # before freezing, or be False for an empty slot).
+        return True
+
+    def slot(self) -> tuple[int, int, int, int]:
+        """(rank, world_size, num_workers, worker) of the calling process."""
+        info = tud.get_worker_info()
+        dist = dist_.active()
+        if dist is not None:
+            rank, world = dist.get_rank(), dist.get_world_size()
+        elif info is not None and self._dist_rank_world is not None:
+            rank, world = self._dist_rank_world
+        else:
+            rank, world = 0, 1
+        if info is None:
+            return rank, world, 0, 0
+        return rank, world, info.num_workers, info.id
+
+    def ranks_per_node(self, world_size: int) -> int | None:
+        """The ``nproc_per_node`` this dataset shards with in a job of
+        ``world_size`` ranks: the one given, else ``$LOCAL_WORLD_SIZE`` when
+        the job has several ranks, else None (one node).
+
+        Raises:
+            InvalidArgument: ``world_size`` is not a multiple of it.
+        """
+        return self.layout(world_size, 0).nproc_per_node
+
+    def layout(self, world_size: int, num_workers: int) -> Layout:
+        """The layout of a job of ``world_size`` ranks with ``num_workers`` workers
+        each, as this dataset shards it (its ranks per node: :meth:`ranks_per_node`).
+
+        Raises:
+            InvalidArgument: ``world_size`` is not a multiple of its ranks per node.
+        """
+        return Layout(world_size, num_workers, self.nproc_setting(world_size))
+
+    def nproc_setting(self, world_size: int) -> int | None:
+        """:meth:`ranks_per_node` without checking it against ``world_size`` (the
+        DataLoader's guard compares it across ranks first)."""
+        if self.nproc_per_node is None and world_size > 1:
+            return _env_nproc()
+        return self.nproc_per_node

@@ -1,0 +1,270 @@
+""":class:`TableDataset`: a table streamed by row group, sharded by the slot rule.
+
+The unit of sharding is the row group: the table's footers are read once
+(rank 0 in a job) into a row-group manifest (:mod:`ucstage.tables`), frozen
+under the cache root and broadcast; every slot reads its row groups by the
+same slot rule as :class:`~ucstage.data.dataset.VolumeDataset`
+(``slot_array``, node-stable shuffle, the rank guard). Each row group's
+column chunks of the chosen ``columns`` are one cache entry of their own
+(ranged reads; :mod:`ucstage.data.tableread`), fetched ``read_ahead`` row
+groups ahead. Rows come out in windows (:mod:`ucstage.tables.plan`) cut
+into batches of ``batch_rows``; checkpoint state is exact to the row
+(:mod:`ucstage.data.tablestate`).
+
+Usage and every argument: docs/training.md, "Tables".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch.utils.data as tud
+
+from ..cache.paths import LISTINGS_DIR
+from ..cache.runstats import job_id
+from ..errors import InvalidArgument, ManifestError
+from ..sharding import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, slot_array
+from ..tables import RowGroupManifest, row_groups
+from ..tables.manifest import SUFFIX
+from ..tables.plan import equal_batches
+from . import dist as dist_
+from . import epochrecord, holding
+from .frozen import broadcast_listing
+from .sharded import SlotRule, equal_mode
+from .tablebatches import group_items, slot_batches, slot_totals
+from .tableread import check_format
+from .tablestate import TableTracker
+
+if TYPE_CHECKING:
+    from ..cache import LocalCache
+    from ..volumes import Volume
+
+__all__ = ["TableDataset"]
+
+DEFAULT_WINDOW = 4
+DEFAULT_READ_AHEAD = 2
+
+
+class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
+    """A Delta table, an export or a folder of Parquet files, streamed by row group.
+
+    Args:
+        source: a folder of Parquet files (local, ``/Volumes/...``, an fsspec
+            or object-store URL), an export destination, a Delta table path
+            (with ``_delta_log``) or ``catalog.schema.table`` under
+            ``$UCSTAGE_WAREHOUSE``, or a row-group manifest file.
+        columns: the columns to read (default: all); only their column
+            chunks are fetched.
+        version: the Delta version (default: the latest).
+        batch_rows: rows per batch (default: about one row group per batch).
+        format: ``"arrow"`` (``pyarrow.RecordBatch``), ``"torch"`` (a dict of
+            tensors; numeric and fixed-size-list columns) or ``"numpy"``.
+        fill_null: the value nulls become (needed by ``"torch"`` for a column
+            with nulls).
+        shuffle, seed, shuffle_scope, nproc_per_node: as for ``VolumeDataset``,
+            over row groups; with ``shuffle`` rows are also shuffled within
+            windows of ``shuffle_window`` row groups.
+        shuffle_window: row groups per shuffle window (B).
+        read_ahead: row groups fetched ahead of the consumer per slot.
+        equal_length: ``"pad"`` (or True) or ``"drop"``: every slot yields
+            the same number of batches of ``batch_rows`` (needs it).
+        cache, cache_dir, max_bytes: the local cache, as for ``VolumeDataset``.
+    """
+
+    num_workers: int = 6
+    state_unit = "row-group"
+    _resume: Any = None
+    _tracker: Any = None
+    _progress: Any = None
+    _epoch_link: Any = None
+
+    def __init__(self, source: str | os.PathLike[str], *, columns: Sequence[str] | None = None,
+                 version: int | None = None, batch_rows: int | None = None,
+                 format: str = "arrow", fill_null: Any = None, shuffle: bool = False,
+                 seed: int = 0, shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
+                 shuffle_window: int = DEFAULT_WINDOW, nproc_per_node: int | None = None,
+                 read_ahead: int = DEFAULT_READ_AHEAD, equal_length: bool | str | None = False,
+                 cache: LocalCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 max_bytes: int | None = None) -> None:
+        super().__init__()
+        if read_ahead < 0:
+            raise InvalidArgument(f"read_ahead must be 0 or more, got {read_ahead}")
+        if batch_rows is not None and (isinstance(batch_rows, bool) or batch_rows < 1):
+            raise InvalidArgument(f"batch_rows must be 1 or more, got {batch_rows!r}")
+        if shuffle_window < 1:
+            raise InvalidArgument(f"shuffle_window must be 1 or more, got {shuffle_window}")
+        if cache is not None and cache_dir is not None:
+            raise InvalidArgument("pass cache or cache_dir, not both")
+        check_format(None, [], format, fill_null) if format not in ("arrow", "torch", "numpy") \
+            else None
+        self.shuffle, self.seed = bool(shuffle), int(seed)
+        self.table_equal_length = equal_mode(equal_length)
+        equal_batches([], batch_rows, self.table_equal_length)  # needs batch_rows
+        self.equal_length: str | None = None  # the slot rule over row groups: no pad or drop
+        ReadOrder(0, self.shuffle, self.seed, 0, None, shuffle_scope)
+        Layout.one_node(nproc_per_node)
+        self.shuffle_scope, self.nproc_per_node = shuffle_scope, nproc_per_node
+        self.shuffle_window, self.read_ahead = int(shuffle_window), int(read_ahead)
+        self.columns = None if columns is None else [columns] if isinstance(columns, str) \
+            else list(columns)
+        self.version, self.batch_rows = version, batch_rows
+        self.format, self.fill_null = format, fill_null
+        self.epoch = 0
+        self.run = job_id()
+        self._source = os.fspath(source)
+        self._cache: LocalCache | None = cache
+        self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else \
+            (str(getattr(cache, "root", "")) or None if cache is not None else None)
+        self._max_bytes = getattr(cache, "max_bytes", max_bytes) if cache is not None \
+            else max_bytes
+        self._manifest: RowGroupManifest | None = None
+        self._manifest_path: str | None = None
+        self._fingerprint: str | None = None
+        self._dist_rank_world: tuple[int, int] | None = None
+        if self._source.endswith(SUFFIX) and os.path.isfile(self._source):
+            self._adopt(RowGroupManifest.load(self._source))
+
+    # -- the frozen row groups -------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self._fingerprint
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def cache(self) -> LocalCache:
+        if self._cache is None:
+            from ..cache import LocalCache
+
+            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
+            self._cache_dir = str(getattr(self._cache, "root", "")) or None
+        return self._cache
+
+    def _list(self) -> RowGroupManifest:
+        return row_groups(self._source, version=self.version)
+
+    def _adopt(self, manifest: RowGroupManifest) -> RowGroupManifest:
+        self._checked(manifest)
+        self._manifest, self._fingerprint = manifest, manifest.fingerprint
+        if manifest.path is not None and os.path.exists(manifest.path):
+            self._manifest_path = manifest.path
+            return manifest
+        root = getattr(self.cache(), "root", None)
+        if root:
+            path = os.path.join(os.fspath(root), LISTINGS_DIR, manifest.fingerprint + SUFFIX)
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                manifest.save(path)
+            self._manifest_path = path
+        return manifest
+
+    def _checked(self, manifest: RowGroupManifest) -> None:
+        columns = manifest.check_columns(self.columns)
+        check_format(manifest.schema, columns, self.format, self.fill_null)
+
+    def freeze(self, *, broadcast: bool | None = None) -> RowGroupManifest:
+        """Read the footers (once) and freeze the row groups; with a process
+        group, rank 0 reads and broadcasts (a collective: every rank calls it)."""
+        if self._manifest is not None:
+            return self._manifest
+        if self._manifest_path is not None:
+            return self._load_frozen()
+        dist = dist_.active()
+        if broadcast is None:
+            broadcast = dist is not None and tud.get_worker_info() is None
+        if not broadcast or dist is None or dist.get_world_size() == 1:
+            return self._adopt(self._list())
+        request = (self._source, self.version)
+        return self._adopt(broadcast_listing(
+            dist, request, self._list,
+            check=lambda m: m.compute_fingerprint() == m.fingerprint,
+            describe=lambda q: f"{q[0]!r} version={q[1]}"))
+
+    def _load_frozen(self) -> RowGroupManifest:
+        assert self._manifest_path is not None
+        if os.path.exists(self._manifest_path):
+            worker = tud.get_worker_info() is not None
+            loaded = RowGroupManifest.load(self._manifest_path, verify=not worker)
+        else:  # unpickled on another node: read the footers again, insist on the same
+            loaded = self._list()
+        if loaded.fingerprint != self._fingerprint:
+            raise ManifestError(
+                f"the row groups of {self._source} changed since they were frozen "
+                f"(fingerprint {loaded.fingerprint[:12]}, expected "
+                f"{(self._fingerprint or '')[:12]})",
+                hint="freeze them once (ucstage.tables.row_groups(...).save(path)) and pass "
+                     "that file to every rank")
+        self._manifest = loaded
+        return loaded
+
+    def _get_volume(self) -> Volume:
+        return self.freeze().volume()
+
+    def read_order(self) -> ReadOrder:
+        return ReadOrder(len(self.freeze()), self.shuffle, self.seed, self.epoch, None,
+                         self.shuffle_scope)
+
+    # -- pickling, length --------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_cache", "_manifest", "_tracker", "_progress"):
+            state[key] = None
+        dist = dist_.active()
+        if dist is not None:
+            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        """Batches this process yields per epoch: a worker's slot, or the
+        rank's slots in the main process (for :attr:`num_workers` workers)."""
+        if self._fingerprint is None:
+            raise TypeError("len(TableDataset) needs the frozen row groups: call freeze() "
+                            "first (the ucstage DataLoader does it), or iterate once")
+        rank, world, k, worker = self.slot()
+        in_worker = tud.get_worker_info() is not None
+        layout = self.layout(world, k if in_worker else self.num_workers)
+        totals, counts = slot_totals(self, layout)
+        fixed = equal_batches(totals, self.batch_rows, self.table_equal_length)
+        slots = [layout.slot_index(layout.slot(rank, worker))] if in_worker else \
+            [layout.slot_index(layout.slot(rank, w)) for w in range(layout.readers_of(rank))]
+        return sum(fixed if fixed is not None else counts[s] for s in slots)
+
+    def __repr__(self) -> str:
+        frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
+        return (f"TableDataset({self._source!r}, columns={self.columns}, shuffle={self.shuffle}, "
+                f"seed={self.seed}, epoch={self.epoch}, {frozen})")
+
+    # -- iteration ---------------------------------------------------------------
+
+    def iter_rows(self, rows: Any, rank: int) -> Iterator[Any]:
+        """Row groups ``rows``, in order, each one batch of its rows: what a
+        :class:`~ucstage.Mix` reads of this table (its item is a row group)."""
+        return group_items(self, rows, rank)
+
+    def __iter__(self) -> Iterator[Any]:
+        record = epochrecord.apply(self)
+        if record is not None and record["stopped"]:
+            return iter(())
+        rank, world, k, worker = self.slot()
+        manifest = self.freeze()
+        holding.check_loader_window(self, self.cache(), k)
+        layout = self.layout(world, k)
+        run = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+        tracker = TableTracker.begin_table(self, run, rank=rank, world_size=world,
+                                           num_workers=k, worker=worker)
+        count = None
+        if self.table_equal_length is not None:
+            totals, _ = slot_totals(self, layout, tracker)
+            count = equal_batches(totals, self.batch_rows, self.table_equal_length)
+        it = slot_batches(self, manifest, tracker, rank, count)
+        if record is not None and record["persistent"]:
+            return epochrecord.guarded(it, self._epoch_link, record["gen"])
+        return it

@@ -1,0 +1,204 @@
+"""One slot's batches of a :class:`~ucstage.data.table.TableDataset`: its row
+groups fetched through the cache in read order, their rows taken window by
+window (:func:`ucstage.tables.plan.windows`), cut into batches, each batch's
+delivery counted by the slot's :class:`~ucstage.data.tablestate.TableTracker`
+just before it is handed out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..tables import RowGroupManifest
+from ..tables.plan import WindowPlan, slot_rows, windows
+from . import holding
+from .tableread import convert, group_entry, read_group
+from .tablestate import TableTracker, slot_runs
+
+__all__ = ["group_items", "slot_batches", "slot_totals"]
+
+
+def slot_totals(vds: Any, layout: Any, tracker: TableTracker | None = None
+                ) -> tuple[list[int], list[int]]:
+    """Per slot of ``layout``: rows it delivers this iteration, and its batches
+    without ``equal_length`` (``batch_rows`` each, else one per row group)."""
+    manifest: RowGroupManifest = vds.freeze()
+    rows = manifest.rows_per_group
+    pending = tracker.pending if tracker is not None else None
+    skip = dict(pending.partial) if pending is not None else {}
+    totals, counts = [], []
+    for run, start in slot_runs(vds, layout, pending):
+        total = slot_rows(run, start, rows, skip)
+        totals.append(total)
+        if vds.batch_rows:
+            counts.append(-(-total // vds.batch_rows))
+        else:
+            rest = [int(g) for g in run[start:]]
+            counts.append(sum(1 for g in rest if int(rows[g]) > skip.get(g, 0)))
+    return totals, counts
+
+
+def _todo(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> list[int]:
+    """Run positions whose row group still has rows to deliver, in order."""
+    first = (start // size) * size
+    return [p for p in range(max(first, start), len(run))
+            if skip.get(int(run[p]), 0) < int(rows[int(run[p])])]
+
+
+def _batch(table: Any) -> Any:
+    import pyarrow as pa
+
+    batches = table.combine_chunks().to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=table.schema)
+    return pa.concat_batches(batches)
+
+
+class _Windows:
+    """The tables of a slot's windows, read from the cache in order."""
+
+    def __init__(self, vds: Any, manifest: RowGroupManifest, run: Any, start: int,
+                 skip: dict[int, int], slot_key: tuple[int, ...], reader: Any) -> None:
+        self.vds, self.manifest = vds, manifest
+        self.columns = manifest.check_columns(vds.columns)
+        size = vds.shuffle_window if vds.shuffle else 1
+        rows = manifest.rows_per_group
+        todo = _todo(run, start, rows, skip, size)
+        self.entries = [group_entry(manifest, int(run[p]), vds.columns) for p in todo]
+        self.paths = holding.fetch_in_order(self.entries, reader, vds.cache(),
+                                            manifest.volume(), vds.read_ahead)
+        self.plans = windows(run, start, rows, skip, window=vds.shuffle_window,
+                             shuffle=vds.shuffle, seed=vds.seed, epoch=vds.epoch,
+                             slot_key=slot_key)
+        self._next = 0
+
+    def __iter__(self) -> Iterator[tuple[WindowPlan, Any, Any, Any]]:
+        """(plan, its rows in delivery order, rows each group had delivered, sizes)."""
+        import numpy as np
+        import pyarrow as pa
+
+        rows = self.manifest.rows_per_group
+        for plan in self.plans:
+            sizes = rows[plan.groups].astype(np.int64)
+            left = np.bincount(plan.label, minlength=len(plan.groups))
+            tables, offsets, at = [], np.zeros(len(plan.groups), dtype=np.int64), 0
+            for i, g in enumerate(plan.groups.tolist()):
+                if not left[i]:
+                    continue
+                path = next(self.paths)
+                entry = self.entries[self._next]
+                self._next += 1
+                tables.append(read_group(self.manifest, g, path, entry, self.columns))
+                offsets[i] = at
+                at += int(sizes[i])
+            if tables:
+                window = pa.concat_tables(tables)
+                window = window.take(pa.array(offsets[plan.label] + plan.row))
+            else:
+                window = None
+            yield plan, window, sizes - left, sizes
+
+    def close(self) -> None:
+        self.paths.close()  # type: ignore[attr-defined]  # a generator
+
+
+def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, rank: int,
+                 count: int | None) -> Iterator[Any]:
+    """The slot's batches, in order (see the module docstring); ``count``: the
+    equal-length number of batches (``"drop"`` stops there, ``"pad"``
+    re-reads the slot's rows from its start until there)."""
+    import numpy as np
+    import pyarrow as pa
+
+    reader = holding.open_reader(vds, vds.cache(), rank)
+    b = vds.batch_rows
+    key = (tracker.slot, tracker.segment)
+    yielded = 0
+    carry: list[Any] = []
+    accs: list[tuple[int, Any, Any]] = []
+    streams: list[_Windows] = []
+
+    def emit(parts: list[Any]) -> Any:
+        nonlocal yielded, accs
+        for first, counts, sizes in accs:
+            tracker.delivered(first, counts, sizes)
+        accs = []
+        yielded += 1
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        return convert(_batch(table), vds.format, vds.fill_null)
+
+    def cut(stream: _Windows, counted: bool) -> Iterator[Any]:
+        nonlocal carry, accs
+        have = sum(t.num_rows for t in carry)
+        for plan, window, done, sizes in stream:
+            if counted:
+                tracker.delivered(plan.first, done, sizes)  # groups a resume left whole
+            if window is None:
+                continue
+            n = window.num_rows
+            if b is None:
+                edges = [len(e) for e in np.array_split(np.arange(n),
+                                                        max(1, int((done < sizes).sum())))]
+                stops = np.cumsum(edges).tolist()
+            else:
+                stops = list(range(b - have, n + 1, b)) if b - have <= n else []
+            lo = 0
+            for z in stops:
+                if count is not None and yielded >= count:
+                    return
+                if z <= lo and not carry:
+                    continue
+                if counted:
+                    after = done + np.bincount(plan.label[:z], minlength=len(plan.groups))
+                    accs.append((plan.first, after, sizes))
+                parts = [*carry, window.slice(lo, z - lo)]
+                carry, have = [], 0
+                yield emit(parts)
+                lo = z
+            if lo < n:
+                carry.append(window.slice(lo, n - lo))
+                have += n - lo
+                if counted:
+                    accs.append((plan.first, sizes.copy(), sizes))
+
+    try:
+        real = _Windows(vds, manifest, tracker.run, tracker.start, tracker.skip, key, reader)
+        streams.append(real)
+        yield from cut(real, True)
+        if vds.table_equal_length == "pad" and count is not None:
+            while yielded < count and int(manifest.rows_per_group[tracker.run].sum()):
+                pad = _Windows(vds, manifest, tracker.run, 0, {}, key, reader)
+                streams.append(pad)
+                yield from cut(pad, False)
+        elif carry and (count is None or yielded < count) and \
+                vds.table_equal_length != "drop":
+            yield emit(carry)
+            carry = []
+        tracker.end()
+    finally:
+        for stream in streams:
+            stream.close()
+        if reader is not None:
+            reader.close()
+
+
+def group_items(vds: Any, groups: Any, rank: int) -> Iterator[Any]:
+    """Row groups ``groups`` (an int array), in order, each as one batch of its
+    rows (in the table's ``format``), fetched ``read_ahead`` ahead and held
+    while read; untracked: what a :class:`~ucstage.Mix` reads of a table."""
+    manifest: RowGroupManifest = vds.freeze()
+    columns = manifest.check_columns(vds.columns)
+    entries = [group_entry(manifest, int(g), vds.columns) for g in groups]
+    reader = holding.open_reader(vds, vds.cache(), rank)
+    paths = holding.fetch_in_order(entries, reader, vds.cache(), manifest.volume(),
+                                   vds.read_ahead)
+    try:
+        for g, path, entry in zip(groups, paths, entries):  # noqa: B905 (paths: a generator)
+            table = read_group(manifest, int(g), path, entry, columns)
+            yield convert(_batch(table), vds.format, vds.fill_null)
+    finally:
+        paths.close()  # type: ignore[attr-defined]  # a generator
+        if reader is not None:
+            reader.close()

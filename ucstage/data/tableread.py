@@ -1,0 +1,194 @@
+"""Reading one cached row group, and turning batches into what the dataset yields.
+
+A row group's cache entry holds only its column chunks of the chosen
+columns, one after another (``ucstage.volumes.RangeEntry``). pyarrow reads it
+as the whole file through :class:`_Chunks`, a read-only file that maps the
+file's offsets onto the entry's, with the footer the manifest kept
+(``ParquetFile(..., metadata=...)``): no footer is fetched, no other byte is
+needed. The table is then conformed to the table's schema: a column a file
+does not hold (added later) is null, a partition column is the log's value.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InvalidArgument
+from ..tables import RowGroupManifest
+from ..volumes import RangeEntry
+
+__all__ = ["FORMATS", "convert", "group_entry", "read_group"]
+
+FORMATS = ("arrow", "torch", "numpy")
+
+
+class _Chunks(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only ``ranges`` exist,
+    stored one after another in the local file ``path``."""
+
+    def __init__(self, path: str, ranges: Sequence[tuple[int, int]], size: int) -> None:
+        super().__init__()
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._ranges = []
+        at = 0
+        for off, n in ranges:
+            self._ranges.append((off, n, at))
+            at += n
+        self._ranges.sort()
+        self._starts = [off for off, _, _ in self._ranges]
+        self._size, self._pos = size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        """Fill ``buf`` from the position on: bytes of the cached ranges, and
+        zeros between them (pyarrow coalesces nearby reads across such gaps,
+        and never uses their bytes)."""
+        view = memoryview(buf).cast("B")
+        want = min(len(view), max(0, self._size - self._pos))
+        done = 0
+        while done < want:
+            pos = self._pos + done
+            i = bisect.bisect_right(self._starts, pos) - 1
+            if i >= 0:
+                off, n, at = self._ranges[i]
+                if pos < off + n:
+                    take = min(want - done, off + n - pos)
+                    got = os.preadv(self._fd, [view[done:done + take]], at + pos - off)
+                    if got <= 0:
+                        raise OSError(f"the cached row group at {at + pos - off} is short")
+                    done += got
+                    continue
+            nxt = self._starts[i + 1] if i + 1 < len(self._starts) else self._size
+            take = min(want - done, nxt - pos)
+            view[done:done + take] = bytes(take)
+            done += take
+        self._pos += done
+        return done
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+def group_entry(manifest: RowGroupManifest, group: int, columns: Sequence[str] | None
+                ) -> RangeEntry:
+    """The cache entry of row group ``group``'s chunks of ``columns``."""
+    f = int(manifest.file[group])
+    held = manifest.file_columns(f, columns)
+    name = f"rg{int(manifest.index[group])}"
+    if columns is not None:
+        import hashlib
+
+        name += "-" + hashlib.sha256("\0".join(held).encode()).hexdigest()[:12]
+    return RangeEntry.of(manifest.files[f], name, tuple(manifest.ranges(group, columns)))
+
+
+def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEntry,
+               columns: Sequence[str]) -> Any:
+    """Row group ``group`` read from its cache entry at ``path``, as a
+    ``pyarrow.Table`` of ``columns`` in the table's schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = int(manifest.file[group])
+    held = manifest.file_columns(f, columns)
+    n = int(manifest.rows_per_group[group])
+    if held:
+        with _Chunks(path, entry.ranges, manifest.files[f].size) as raw:
+            pf = pq.ParquetFile(raw, metadata=manifest.metadata(f))
+            got = pf.read_row_group(int(manifest.index[group]), columns=held)
+    else:
+        got = pa.table({"__n": pa.nulls(n)}).drop_columns(["__n"])
+    out = []
+    parts = manifest.partition_values[f] if manifest.partition_values else {}
+    for name in columns:
+        field = manifest.schema.field(name)
+        if name in got.column_names:
+            col = got.column(name)
+            out.append(col if col.type == field.type else col.cast(field.type))
+        elif name in parts:
+            value = parts[name]
+            out.append(pa.array([value] * n, type=pa.string()).cast(field.type)
+                       if value is not None else pa.nulls(n, type=field.type))
+        else:
+            out.append(pa.nulls(n, type=field.type))
+    return pa.Table.from_arrays(out, schema=pa.schema([manifest.schema.field(c)
+                                                       for c in columns]))
+
+
+def check_format(schema: Any, columns: Sequence[str], fmt: str, fill_null: Any) -> None:
+    """Refuse up front what ``format`` cannot convert, naming the columns."""
+    import pyarrow as pa
+
+    if fmt not in FORMATS:
+        raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt != "torch":
+        return
+    bad = []
+    for name in columns:
+        t = schema.field(name).type
+        while pa.types.is_fixed_size_list(t):
+            t = t.value_type
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            bad.append(f"{name} ({schema.field(name).type})")
+    if bad:
+        raise InvalidArgument(f'format="torch" takes numeric and fixed-size-list columns; '
+                              f"not {', '.join(bad)}",
+                              hint='pick columns=..., or use format="arrow" or "numpy"')
+
+
+def convert(batch: Any, fmt: str, fill_null: Any) -> Any:
+    """A ``pyarrow.RecordBatch`` as the dataset yields it."""
+    if fmt == "arrow":
+        return batch
+    import numpy as np
+    import pyarrow as pa
+
+    out = {}
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        if col.null_count:
+            if fmt == "torch" and fill_null is None:
+                raise InvalidArgument(f"column {name!r} has {col.null_count} null(s), which "
+                                      'format="torch" cannot hold',
+                                      hint="pass fill_null=VALUE, or pick other columns")
+            if fill_null is not None:
+                col = col.fill_null(pa.scalar(fill_null).cast(col.type)) \
+                    if not pa.types.is_fixed_size_list(col.type) else col
+        shape: list[int] = []
+        t = col.type
+        while pa.types.is_fixed_size_list(t):
+            shape.append(t.list_size)
+            t = t.value_type
+        if shape:
+            flat = col.flatten()
+            for _ in shape[1:]:
+                flat = flat.flatten()
+            arr = flat.to_numpy(zero_copy_only=False).reshape(len(col), *shape)
+        else:
+            arr = col.to_numpy(zero_copy_only=False)
+        if fmt == "torch":
+            import torch
+
+            arr = np.ascontiguousarray(arr)
+            out[name] = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        else:
+            out[name] = arr
+    return out

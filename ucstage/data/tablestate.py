@@ -1,0 +1,156 @@
+"""Checkpoint and resume of a :class:`~ucstage.data.table.TableDataset` slot,
+exact at row granularity.
+
+The loader's machinery (:mod:`ucstage.data.state`) counts, per slot, the
+items of its run delivered whole: here the leading row groups of the slot's
+run whose every row was delivered. What a batch leaves half done travels in
+the batch's tag as ``partial`` (row group -> rows delivered, a prefix of the
+order :mod:`ucstage.tables.plan` reads its rows in), and lands in the state's
+``partial``; a resume skips exactly those rows, on the same layout (the
+slot continues, its window replayed) or another one (the row group goes,
+with its skip, to whichever slot the re-split deals it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ResumeMismatch
+from ..resume import LoaderState
+from ..sharding import Segment, segment_runs
+from . import state as _state
+from .protocol import ShardedDataset
+
+__all__ = ["TableTracker", "slot_runs"]
+
+
+class TableTracker(_state.SlotTracker):
+    """A slot's delivery, by row group and row (see the module docstring)."""
+
+    run: Any
+    """The slot's row groups in this segment, in order (int64)."""
+    skip: dict[int, int]
+    """Rows already delivered of row groups begun before this iteration."""
+    segment: int
+    """The segment's number in the epoch (seeds the windows with the slot)."""
+    pending: LoaderState | None
+    """The state this iteration resumes, if any."""
+
+    @classmethod
+    def begin_table(cls, vds: ShardedDataset, run: Any, *, rank: int, world_size: int,
+                    num_workers: int, worker: int) -> TableTracker:
+        """Start tracking; a pending resume picks the slot's run, start and skips."""
+        loaded: LoaderState | None = vds._resume
+        vds._resume = None
+        if loaded is not None:
+            _state.check_fits(vds, loaded)
+        pending = None if loaded is None or loaded.finished else loaded
+        layout = vds.layout(world_size, num_workers)
+        slot = layout.slot_index(layout.slot(rank, worker))
+        if pending is None:
+            tracker = cls(vds, run, rank=rank, world_size=world_size, num_workers=num_workers,
+                          worker=worker, start=0, done=[])
+            tracker._setup(run, 0, {}, 0)
+            tracker.pending = None
+            vds._tracker = tracker
+            return tracker
+        chain, rest = _state.resume_plan(vds, pending, world_size, num_workers)
+        if rest[slot] is None:
+            raise ResumeMismatch(
+                f"the state does not hold what slot {rank}:{worker} delivered",
+                hint="merge every rank's state with ucstage.merge_states and load the result")
+        start = 0
+        full: Any = rest[slot]
+        if len(chain) == len(pending.segments):  # the same layout: continue the slot
+            start = chain[-1].delivered[slot] or 0
+            full = segment_runs(pending.order, chain)[-1][slot].files
+        tracker = cls(vds, full, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, start=start, done=chain[:-1])
+        tracker._setup(full, start, dict(pending.partial), len(chain) - 1)
+        tracker.pending = pending
+        vds._tracker = tracker
+        return tracker
+
+    def _setup(self, run: Any, start: int, skip: dict[int, int], segment: int) -> None:
+        import numpy as np
+
+        self.run = np.asarray(run, dtype=np.int64)
+        self.skip = skip
+        self.segment = segment
+        self._pos = start
+        self._started = start
+        self._complete = np.zeros(len(self.run), dtype=bool)
+        self._complete[:start] = True
+        self._finished: list[int] = []
+        self._partial: dict[int, int] = {}
+        self._frozen = False
+
+    @property
+    def position(self) -> int:
+        """Leading row groups of the run delivered whole."""
+        return self._pos
+
+    def freeze(self) -> None:
+        """From now on batches are padding (``equal_length="pad"``): not counted."""
+        self._frozen = True
+
+    def delivered(self, first: int, counts: Any, sizes: Any) -> None:
+        """After a batch: ``counts[i]`` rows delivered of the window's group at
+        run position ``first + i``, of its ``sizes[i]``."""
+        if self._frozen:
+            return
+        partial = {}
+        for i, (c, n) in enumerate(zip(counts.tolist(), sizes.tolist(), strict=True)):
+            p = first + i
+            if p < self._started or self._complete[p]:
+                continue
+            g = int(self.run[p])
+            if c >= n:
+                self._complete[p] = True
+                self._finished.append(g)
+            elif c:
+                partial[g] = c
+        while self._pos < len(self.run) and self._complete[self._pos]:
+            self._pos += 1
+        # Row groups past the leading run that are done stay partial (with all their rows).
+        for i, (c, n) in enumerate(zip(counts.tolist(), sizes.tolist(), strict=True)):
+            p = first + i
+            if p >= self._pos and c >= n and p >= self._started:
+                partial[int(self.run[p])] = c
+        self._partial = partial
+
+    def take(self) -> tuple[int, int, Any, dict[int, int]]:  # type: ignore[override]
+        """(slot, position, row groups finished since the last take, rows of those begun)."""
+        finished, self._finished = self._finished, []
+        return self.slot, self._pos, finished, dict(self._partial)
+
+    def state(self) -> LoaderState:
+        counts: list[int | None] = [None] * self.layout.slots
+        counts[self.slot] = self._pos
+        current = Segment(self.layout, tuple(counts))
+        partial = {g: n for g, n in self.skip.items()
+                   if not any(int(x) == g for x in self.run[:self._pos])}
+        partial.update(self._partial)
+        return _state._state_of(self.vds, [*self.done, current], rank=self.rank,
+                                finished=self.finished and self.layout.slots == 1,
+                                epoch=self.epoch, partial=partial)
+
+
+def slot_runs(vds: ShardedDataset, layout: Any, pending: LoaderState | None
+              ) -> list[tuple[Any, int]]:
+    """(run, start) of every slot of ``layout`` in this iteration: the epoch's
+    slot rule, or what a resumed state leaves each slot (it must say what
+    every slot delivered: a merged state)."""
+    from ..sharding import slot_array
+
+    order = vds.read_order()
+    if pending is None:
+        return [(slot_array(order, layout, layout.slot_at(s)), 0) for s in range(layout.slots)]
+    chain, rest = _state.resume_plan(vds, pending, layout.world_size, layout.num_workers)
+    if any(r is None for r in rest):
+        raise ResumeMismatch("equal_length on a resumed epoch needs every slot's count",
+                             hint="load the state merged over every rank (ucstage.merge_states)")
+    if len(chain) == len(pending.segments):
+        runs = segment_runs(pending.order, chain)[-1]
+        return [(runs[s].files, chain[-1].delivered[s] or 0) for s in range(layout.slots)]
+    return [(r, 0) for r in rest]

@@ -1,0 +1,153 @@
+"""Reading a table's Parquet footers once: every row group with its file, row
+count and column-chunk byte ranges, and the schema every batch is read as.
+
+Footers are read in threads (a footer is two small reads at the end of a
+file: on a store, two round trips). A file whose footer does not parse is
+:class:`~ucstage.errors.NotParquet`, named; footers whose schemas cannot be
+unified (a plain Parquet folder) are :class:`~ucstage.errors.SchemaMismatch`,
+naming two files that disagree. For Delta the log's schema is authoritative.
+"""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import NotParquet, SchemaMismatch
+from ..volumes import FileEntry, Volume
+from ..volumes.ranges import read_ranges
+from .source import TableSource
+
+__all__ = ["FileFooter", "chunk_ranges", "read_footers", "table_schema"]
+
+FOOTER_THREADS = 16
+"""Footers read at once from a remote source."""
+
+
+@dataclass(frozen=True)
+class FileFooter:
+    """One file's parsed footer and the row groups it holds."""
+
+    entry: FileEntry
+    footer: bytes
+    """The serialised footer (``PAR1`` + metadata + length + ``PAR1``)."""
+    metadata: Any
+    """The parsed ``pyarrow.parquet.FileMetaData``."""
+    leaves: list[str]
+    """The file's leaf columns (``path_in_schema``), in column order."""
+
+
+def _footer_bytes(metadata: Any) -> bytes:
+    buf = io.BytesIO()
+    metadata.write_metadata_file(buf)
+    return buf.getvalue()
+
+
+_TAIL = 64 * 1024
+"""Bytes read from a file's end at first: most footers fit, so one read does."""
+
+
+def _parse_tail(volume: Volume, entry: FileEntry) -> Any:
+    """The footer of ``entry`` from ranged reads of its end."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    size = entry.size
+    if size < 12:
+        raise ValueError(f"{size} bytes, too small for Parquet")
+    n = min(size, _TAIL)
+    (tail,), _ = read_ranges(volume, entry.path, [(size - n, n)])
+    if tail[-4:] != b"PAR1":
+        raise ValueError("no Parquet magic at the end")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 8 > size - 4:
+        raise ValueError(f"a footer of {length} bytes in a file of {size}")
+    if length + 8 > n:
+        (tail,), _ = read_ranges(volume, entry.path, [(size - length - 8, length + 8)])
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(length + 8):]))
+
+
+def _read_one(volume: Volume, entry: FileEntry, label: str) -> FileFooter:
+    import pyarrow as pa
+
+    try:
+        metadata = _parse_tail(volume, entry)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError, InterruptedError)):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NotParquet(f"{label}: {entry.path} is not a Parquet file ({first})",
+                         hint="a table source holds Parquet files only (names starting "
+                              "with _ or . are not read)") from exc
+    leaves = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    return FileFooter(entry, _footer_bytes(metadata), metadata, leaves)
+
+
+def read_footers(table: TableSource) -> list[FileFooter]:
+    """Every file's footer, in the source's file order."""
+    volume = table.volume
+    threads = 1 if volume.is_local and len(table.files) < 8 else FOOTER_THREADS
+    if threads == 1:
+        return [_read_one(volume, e, table.source) for e in table.files]
+    with ThreadPoolExecutor(min(threads, max(1, len(table.files)))) as pool:
+        return list(pool.map(lambda e: _read_one(volume, e, table.source), table.files))
+
+
+def table_schema(table: TableSource, footers: list[FileFooter]) -> Any:
+    """The ``pyarrow.Schema`` every batch of the table is read as.
+
+    Delta: the log's (partition columns included). Otherwise the footers'
+    schemas unified; a column that is null-typed in some files takes the
+    others' type.
+
+    Raises:
+        SchemaMismatch: two files' schemas cannot be unified.
+    """
+    import pyarrow as pa
+
+    if table.schema is not None:
+        return table.schema
+    schemas = [f.metadata.schema.to_arrow_schema().remove_metadata() for f in footers]
+    if not schemas:
+        return pa.schema([])
+    try:
+        return pa.unify_schemas(schemas)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        first = schemas[0]
+        for footer, schema in zip(footers[1:], schemas[1:], strict=True):
+            try:
+                pa.unify_schemas([first, schema])
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                clash = _clash(first, schema)
+                raise SchemaMismatch(
+                    f"{table.source}: the schemas of {footers[0].entry.path} and "
+                    f"{footer.entry.path} cannot be unified{clash}",
+                    hint="rewrite the files with one schema, or read them as separate "
+                         "sources") from exc
+        raise SchemaMismatch(f"{table.source}: the files' schemas cannot be unified "
+                             f"({str(exc).splitlines()[0]})") from exc
+
+
+def _clash(a: Any, b: Any) -> str:
+    for field in a:
+        if field.name in b.names:
+            other = b.field(field.name)
+            if other.type != field.type:
+                return f" (column {field.name!r} is {field.type} in one, {other.type} in the other)"
+    return ""
+
+
+def chunk_ranges(metadata: Any, index: int) -> list[tuple[int, int]]:
+    """(offset, length) of every column chunk of row group ``index``, in column order."""
+    rg = metadata.row_group(index)
+    out = []
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset is not None \
+                and 0 < col.dictionary_page_offset < start:
+            start = col.dictionary_page_offset
+        out.append((int(start), int(col.total_compressed_size)))
+    return out

@@ -1,0 +1,70 @@
+"""The row-group listing: a table SOURCE resolved, its footers read once,
+frozen into a :class:`~ucstage.tables.manifest.RowGroupManifest`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .footers import FileFooter, chunk_ranges, read_footers, table_schema
+from .manifest import RowGroupManifest
+from .source import TableSource, resolve_table
+
+__all__ = ["from_footers", "row_groups"]
+
+
+def row_groups(source: str | os.PathLike[str], *, version: int | None = None
+               ) -> RowGroupManifest:
+    """Every row group of a table SOURCE, frozen, with its fingerprint.
+
+    ``source``: a folder of Parquet files (local, ``/Volumes/...``, an fsspec
+    or object-store URL), an export destination (its record), a Delta table
+    path or ``catalog.schema.table`` under ``$UCSTAGE_WAREHOUSE``.
+    ``version``: a Delta version (default: the latest).
+
+    Raises:
+        NotParquet, SchemaMismatch, TableNotFound, UnsupportedTable,
+        SourceNotFound, EmptySource, InvalidArgument: each a one-line error.
+    """
+    table = resolve_table(source, version=version)
+    footers = read_footers(table)
+    return from_footers(table, footers, table_schema(table, footers))
+
+
+def from_footers(table: TableSource, footers: list[FileFooter], schema: Any
+                 ) -> RowGroupManifest:
+    """The manifest of ``table`` from its read footers and its schema."""
+    import numpy as np
+
+    file, index, rows, start = [], [], [], [0]
+    col, off, length = [], [], []
+    footer_bytes: dict[int, bytes] = {}
+    for f, footer in enumerate(footers):
+        md = footer.metadata
+        if md.num_row_groups:
+            footer_bytes[f] = footer.footer
+        for g in range(md.num_row_groups):
+            file.append(f)
+            index.append(g)
+            rows.append(md.row_group(g).num_rows)
+            for c, (o, n) in enumerate(chunk_ranges(md, g)):
+                col.append(c)
+                off.append(o)
+                length.append(n)
+            start.append(len(col))
+    manifest = RowGroupManifest(
+        source=table.source, kind=table.kind, table_version=table.table_version,
+        volume_url=table.volume.url, files=list(table.files),
+        partition_values=list(table.partition_values) or [{} for _ in table.files],
+        leaves=[f.leaves for f in footers], schema=schema,
+        file=np.array(file, dtype=np.int32), index=np.array(index, dtype=np.int32),
+        rows_per_group=np.array(rows, dtype=np.int64), chunk_start=np.array(start, dtype=np.int64),
+        chunk_column=np.array(col, dtype=np.int32), chunk_offset=np.array(off, dtype=np.int64),
+        chunk_length=np.array(length, dtype=np.int64), footers=footer_bytes)
+    return _with_fingerprint(manifest)
+
+
+def _with_fingerprint(manifest: RowGroupManifest) -> RowGroupManifest:
+    from dataclasses import replace
+
+    return replace(manifest, fingerprint=manifest.compute_fingerprint())

@@ -1,0 +1,130 @@
+"""The rows one slot delivers, in order: row groups by the slot rule, rows
+within shuffle windows, equal-length batch counts. Pure arithmetic on the
+row-group manifest (no I/O), so the dataset, the audit and ``shard-plan``
+compute the same thing.
+
+**Rows in a window.** A slot reads its row groups in windows of ``window``
+consecutive positions of its run. Without ``shuffle`` the window is one row
+group read in file order. With ``shuffle`` each row group's rows are first
+permuted by a seed of (seed, epoch, row group) — the same in whatever slot
+it lands — and the window's rows are then interleaved by a seed of (seed,
+epoch, slot key, window): a uniform permutation of the window's rows, in
+which every row group's rows still come out in its own permuted order. So
+"rows of row group ``g`` delivered" is always a prefix of that order, and a
+resume, on any layout, skips exactly that many rows of ``g`` (the state's
+``partial``), replaying the interrupted window exactly on the same layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidArgument
+
+__all__ = ["EQUAL_MODES", "WindowPlan", "equal_batches", "row_permutation", "slot_rows",
+           "windows"]
+
+EQUAL_MODES = ("pad", "drop")
+
+
+def row_permutation(rows: int, seed: int, epoch: int, group: int) -> Any:
+    """The order row group ``group``'s rows are read in with ``shuffle`` (int64)."""
+    import numpy as np
+
+    return np.random.default_rng([seed, epoch, group, 0x7AB1E]).permutation(rows)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One window of a slot: its row groups and the rows it still delivers, in order."""
+
+    groups: Any
+    """Row-group indices of the window (int64), in run order."""
+    label: Any
+    """Per delivered row, in delivery order: its row group's number in ``groups``."""
+    row: Any
+    """Per delivered row: its row index in that row group (as stored in the file)."""
+    first: int
+    """The window's first position in the run."""
+
+
+def windows(run: Any, start: int, rows: Any, skip: Mapping[int, int], *, window: int,
+            shuffle: bool, seed: int, epoch: int, slot_key: Sequence[int]
+            ) -> Iterator[WindowPlan]:
+    """The windows of a slot's ``run`` (row-group indices) from position ``start``.
+
+    ``rows``: rows per row group (the manifest's ``rows_per_group``);
+    ``skip``: rows of a row group already delivered (a resume's ``partial``);
+    positions before ``start`` are delivered. Without ``shuffle`` a window
+    is one row group.
+    """
+    import numpy as np
+
+    size = window if shuffle else 1
+    first = (start // size) * size
+    for lo in range(first, len(run), size):
+        groups = np.asarray(run[lo:lo + size], dtype=np.int64)
+        sizes = rows[groups].astype(np.int64)
+        done = np.array([sizes[i] if lo + i < start else min(int(skip.get(int(g), 0)),
+                                                              int(sizes[i]))
+                         for i, g in enumerate(groups)], dtype=np.int64)
+        label = np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
+        if shuffle and len(label) > 1:
+            rng = np.random.default_rng([seed, epoch, *slot_key, lo, 0x5107])
+            label = label[rng.permutation(len(label))]
+        # occ: the k-th row of its row group in delivery order
+        order = np.argsort(label, kind="stable")
+        occ = np.empty(len(label), dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        occ[order] = np.arange(len(label), dtype=np.int64) - np.repeat(offsets[:-1], sizes)
+        keep = occ >= done[label]
+        label, occ = label[keep], occ[keep]
+        if shuffle:
+            perms = [row_permutation(int(n), seed, epoch, int(g))
+                     for g, n in zip(groups, sizes, strict=True)]
+            row = np.empty(len(label), dtype=np.int64)
+            for i, perm in enumerate(perms):
+                mine = label == i
+                row[mine] = perm[occ[mine]]
+        else:
+            row = occ
+        yield WindowPlan(groups, label, row, lo)
+
+
+def slot_rows(run: Any, start: int, rows: Any, skip: Mapping[int, int]) -> int:
+    """Rows a slot still delivers: its run from ``start``, less what ``skip`` says."""
+    import numpy as np
+
+    rest = np.asarray(run[start:], dtype=np.int64)
+    total = int(rows[rest].sum()) if len(rest) else 0
+    return total - sum(min(int(skip.get(int(g), 0)), int(rows[g])) for g in rest
+                       if int(g) in skip)
+
+
+def equal_batches(slot_totals: Sequence[int], batch_rows: int | None,
+                  mode: str | None) -> int | None:
+    """Batches of ``batch_rows`` every slot yields with ``equal_length`` (None
+    without): ``"drop"`` the fewest full batches any slot has, ``"pad"`` the
+    most any slot needs (short slots re-read their own rows from the start).
+
+    Raises:
+        InvalidArgument: ``equal_length`` without ``batch_rows``; ``"pad"`` with
+            a slot that has no rows to re-read.
+    """
+    if mode is None:
+        return None
+    if not batch_rows:
+        raise InvalidArgument("equal_length counts batches, so it needs batch_rows",
+                              hint="pass batch_rows=N (rows per batch)")
+    if not slot_totals:
+        return 0
+    if mode == "drop":
+        return min(slot_totals) // batch_rows
+    if any(t == 0 for t in slot_totals) and max(slot_totals):
+        raise InvalidArgument(
+            f'equal_length="pad" needs rows in every slot: {sum(1 for t in slot_totals if not t)}'
+            f" of {len(slot_totals)} slots have none",
+            hint='use fewer slots (ranks x workers) than row groups, or equal_length="drop"')
+    return -(-max(slot_totals) // batch_rows)

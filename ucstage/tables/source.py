@@ -1,0 +1,143 @@
+"""A table SOURCE resolved once: which Parquet files, from which volume, with
+which schema and table version.
+
+Three kinds, told apart in this order:
+
+* ``delta``: a folder with ``_delta_log`` (a path or ``file://`` URL), or a
+  ``catalog.schema.table`` name under ``$UCSTAGE_WAREHOUSE``. The live files
+  of the latest version (or ``version=N``) come from the log; the log's
+  schema is authoritative and partition values come from the log.
+* ``export``: a folder holding an export record (``_ucstage_export.json``):
+  its files, row count and Delta version.
+* ``parquet``: any other folder, by any SOURCE form (local, ``/Volumes/...``,
+  an fsspec or object-store URL): every listed file (names starting with
+  ``_`` or ``.`` are not listed) is a Parquet file.
+
+The files are listed through :func:`ucstage.volumes.list_files`, so each
+carries the change marker the cache stamps its copies with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import EmptySource, InvalidArgument, SourceNotFound, TableNotFound
+from ..volumes import FileEntry, Volume, list_files, resolve
+from .delta import table_state
+from .names import WAREHOUSE_ENV, is_table_path, local_table_path, parse_table_name, warehouse_path
+from .record import RECORD_NAME, ExportRecord
+
+__all__ = ["KINDS", "TableSource", "resolve_table"]
+
+KINDS = ("delta", "export", "parquet")
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """What a table SOURCE names, resolved (see the module docstring)."""
+
+    source: str
+    """The SOURCE as given."""
+    kind: str
+    """``delta``, ``export`` or ``parquet``."""
+    volume: Volume
+    """The folder the files are read from (and cached under)."""
+    files: list[FileEntry]
+    """The table's data files, paths relative to the volume, sorted."""
+    table_version: int | None = None
+    """The Delta version (``delta``; ``export`` when its record names one)."""
+    schema: Any = None
+    """The authoritative ``pyarrow.Schema`` (the Delta log's), or None: unify the footers'."""
+    partition_values: list[dict[str, Any]] = field(default_factory=list)
+    """Per file (``delta``), the partition values the log gives; else empty."""
+    rows: int | None = None
+    """Rows the source says it holds (the log's statistics, the record), if it says."""
+
+
+def _is_name(source: str) -> bool:
+    return not is_table_path(source) and source.count(".") >= 2 and \
+        not os.path.exists(source)
+
+
+def _local_folder(source: str) -> str | None:
+    if source.startswith("file://") or "://" not in source:
+        if source.startswith("/Volumes/"):
+            return None  # resolved (and mapped) by ucstage.volumes
+        return local_table_path(source)
+    return None
+
+
+def _select(volume: Volume, wanted: list[str], label: str) -> list[FileEntry]:
+    """The listed entries of ``wanted`` relative paths (each must be listed)."""
+    listed = {e.path: e for e in list_files(volume, include_hidden=True).entries}
+    missing = [p for p in wanted if p not in listed]
+    if missing:
+        raise SourceNotFound(f"{label}: {len(missing)} data file(s) are missing, e.g. "
+                             f"{missing[0]}", hint="the table was vacuumed or copied "
+                                                   "incompletely")
+    return sorted((listed[p] for p in wanted), key=lambda e: e.path)
+
+
+def _delta(source: str, folder: str, label: str, version: int | None) -> TableSource:
+    state = table_state(folder, label=label, version=version)
+    volume = resolve(folder)
+    rel = [os.path.relpath(f, folder).replace(os.sep, "/") for f in state.files]
+    entries = _select(volume, rel, label)
+    values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
+    return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
+                       [values[e.path] for e in entries], state.num_records)
+
+
+def _record(volume: Volume) -> ExportRecord | None:
+    try:
+        raw = volume.fs.cat_file(volume.full_path(RECORD_NAME))
+    except (OSError, ValueError):
+        return None
+    try:
+        return ExportRecord.from_json(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
+                  ) -> TableSource:
+    """Resolve a table SOURCE (see the module docstring).
+
+    Raises:
+        TableNotFound: a table name that is not under ``$UCSTAGE_WAREHOUSE``,
+            or a Delta version that does not exist.
+        UnsupportedTable: a Delta table with deletion vectors or column mapping.
+        SourceNotFound, EmptySource: no such folder, or no files in it.
+        InvalidArgument: ``version`` for a source that is not a Delta table.
+    """
+    text = os.fspath(source)
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or version < 0):
+        raise InvalidArgument(f"version must be a Delta version (0 or more), got {version!r}")
+    if _is_name(text):
+        name = parse_table_name(text)
+        folder = warehouse_path(name)
+        if folder is None:
+            raise TableNotFound(f"table {name} needs ${WAREHOUSE_ENV} to find its folder",
+                                hint=f"set {WAREHOUSE_ENV} to the folder holding "
+                                     "<catalog>/<schema>/<table>, or pass the table's path")
+        return _delta(text, folder, str(name), version)
+    local = _local_folder(text)
+    if local is not None and os.path.isdir(os.path.join(local, "_delta_log")):
+        return _delta(text, local, text, version)
+    volume = resolve(text)
+    if version is not None:
+        raise InvalidArgument(f"version applies to Delta tables; {text} has no _delta_log")
+    record = _record(volume) if not volume.file else None
+    if record is not None:
+        entries = _select(volume, [f["path"] for f in record.files], text)
+        return TableSource(text, "export", volume, entries, record.delta_version,
+                           rows=record.row_count)
+    entries = list_files(volume).entries
+    if not entries:
+        raise EmptySource(f"{text} holds no Parquet files",
+                          hint="files whose names start with _ or . are not listed")
+    return TableSource(text, "parquet", volume, list(entries))

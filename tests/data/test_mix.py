@@ -12,9 +12,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from torch.utils.data import get_worker_info
 
-from tests.common.resume import Decode, RankedDataset
+from tests.common.resume import Decode, Ranked, RankedDataset
 from ucstage import merge_states
 from ucstage.cache import LocalCache
 from ucstage.data import DataLoader, Mix, VolumeDataset
@@ -37,19 +36,8 @@ def sources(tmp_path) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
             str(tmp_path / "cache"))
 
 
-class RankedMix(Mix):
-    """A Mix that is rank ``rank`` of ``world`` without a process group (as
-    tests/common/resume.py's RankedDataset)."""
-
-    def __init__(self, *args: Any, rank: int = 0, world: int = 1, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rank, self.world = rank, world
-
-    def slot(self) -> tuple[int, int, int, int]:
-        info = get_worker_info()
-        if info is None:
-            return self.rank, self.world, 0, 0
-        return self.rank, self.world, info.num_workers, info.id
+class RankedMix(Ranked, Mix):
+    """A Mix that is rank ``rank`` of ``world`` without a process group."""
 
 
 def mix_of(sources: tuple[str, str, str], *, rank: int = 0, world: int = 1,

@@ -38,9 +38,7 @@ from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
     Layout,
     ReadOrder,
-    rank_length,
     slot_array,
-    slot_length,
 )
 from ..volumes import FileEntry, Volume
 from . import dist as dist_
@@ -218,11 +216,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             raise TypeError(
                 "len(VolumeDataset) needs the frozen listing: call freeze() first (the "
                 "ucstage DataLoader does it before its workers start), or iterate once")
-        rank, world, num_workers, worker = self.slot()
-        if tud.get_worker_info() is not None:
-            layout = self.layout(world, num_workers)
-            return slot_length(self.read_order(), layout, layout.slot(rank, worker))
-        return rank_length(self.read_order(), self.layout(world, self.num_workers), rank)
+        return self.rule_length()
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"

@@ -24,7 +24,7 @@ import numpy as np
 import torch.utils.data as tud
 
 from ..errors import InvalidArgument
-from ..sharding import Layout, ReadOrder, rank_length, slot_array, slot_length
+from ..sharding import Layout, ReadOrder, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
 from . import dist as dist_
 from . import epochrecord, holding
@@ -264,11 +264,7 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         if self._fingerprint is None:
             raise TypeError("len(Mix) needs the frozen listings: call freeze() first (the "
                             "ucstage DataLoader does it before its workers start)")
-        rank, world, num_workers, worker = self.slot()
-        if tud.get_worker_info() is not None:
-            layout = self.layout(world, num_workers)
-            return slot_length(self.read_order(), layout, layout.slot(rank, worker))
-        return rank_length(self.read_order(), self.layout(world, self.num_workers), rank)
+        return self.rule_length()
 
     @property
     def lengths(self) -> dict[str, int]:

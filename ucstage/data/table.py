@@ -33,7 +33,7 @@ from . import dist as dist_
 from . import epochrecord, holding
 from .frozen import broadcast_listing
 from .sharded import SlotRule, equal_mode
-from .tablebatches import group_items, slot_batches, slot_totals
+from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
 from .tableread import check_format
 from .tablestate import TableTracker
 
@@ -241,6 +241,18 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         return (f"TableDataset({self._source!r}, columns={self.columns}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, epoch={self.epoch}, {frozen})")
+
+    def audit_planned(self, progress: Any) -> int | None:
+        """Row groups the rank's slots deliver whole this epoch under
+        ``equal_length="drop"`` (the rest are the audit's expected gaps); None
+        otherwise. Called by the audit at the start of an epoch."""
+        if self.table_equal_length != "drop":
+            return None
+        layout = progress.layout
+        totals, _ = slot_totals(self, layout)
+        count = equal_batches(totals, self.batch_rows, "drop") or 0
+        return sum(whole_groups(self, layout, s, count * (self.batch_rows or 0))
+                   for s in progress.own)
 
     # -- iteration ---------------------------------------------------------------
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..sharding import slot_array
 from ..tables import RowGroupManifest
 from ..tables.plan import WindowPlan, slot_rows, windows
 from . import holding
 from .tableread import convert, group_entry, read_group
 from .tablestate import TableTracker, slot_runs
 
-__all__ = ["group_items", "slot_batches", "slot_totals"]
+__all__ = ["group_items", "slot_batches", "slot_totals", "whole_groups"]
 
 
 def slot_totals(vds: Any, layout: Any, tracker: TableTracker | None = None
@@ -36,6 +37,26 @@ def slot_totals(vds: Any, layout: Any, tracker: TableTracker | None = None
             rest = [int(g) for g in run[start:]]
             counts.append(sum(1 for g in rest if int(rows[g]) > skip.get(g, 0)))
     return totals, counts
+
+
+def whole_groups(vds: Any, layout: Any, slot: int, limit: int) -> int:
+    """Row groups slot ``slot`` of a fresh epoch delivers whole within its first
+    ``limit`` rows (what ``equal_length="drop"`` completes)."""
+    import numpy as np
+
+    manifest: RowGroupManifest = vds.freeze()
+    run = slot_array(vds.read_order(), layout, layout.slot_at(slot))
+    whole, seen = 0, 0
+    for plan in windows(run, 0, manifest.rows_per_group, {}, window=vds.shuffle_window,
+                        shuffle=vds.shuffle, seed=vds.seed, epoch=vds.epoch,
+                        slot_key=(slot, 0)):
+        take = max(0, min(len(plan.label), limit - seen))
+        counts = np.bincount(plan.label[:take], minlength=len(plan.groups))
+        whole += int((counts == manifest.rows_per_group[plan.groups]).sum())
+        seen += len(plan.label)
+        if seen >= limit:
+            break
+    return whole
 
 
 def _todo(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> list[int]:

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..atomic import write_atomic
@@ -158,6 +158,14 @@ class RowGroupManifest:
     def volume(self) -> Volume:
         return _volume(self.volume_url)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The schema travels in its IPC form: pickling a pyarrow schema renames
+        # a fixed-size list's child field (element -> item), which would
+        # change the fingerprint on the receiving rank.
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["schema"] = self.schema.serialize().to_pybytes()
+        return (_rebuild, (values,))
+
     # -- the file -------------------------------------------------------------
 
     def header(self) -> dict[str, Any]:
@@ -257,6 +265,13 @@ class RowGroupManifest:
         if verify and manifest.compute_fingerprint() != manifest.fingerprint:
             raise ManifestError(f"{target} fails its fingerprint check (changed or damaged)")
         return manifest
+
+
+def _rebuild(values: dict[str, Any]) -> RowGroupManifest:
+    import pyarrow as pa
+
+    values = dict(values, schema=pa.ipc.read_schema(pa.py_buffer(values["schema"])))
+    return RowGroupManifest(**values)
 
 
 def is_row_group_manifest(path: str) -> bool:

@@ -1,0 +1,257 @@
+"""TableDataset in one process: every source kind (a Parquet folder on local,
+FUSE, moto S3 through both engines, memory; Delta tables written with
+deltalake), the cache holding only the chosen column chunks, formats, exact
+resume, and one clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ucstage import DataLoader, LocalCache, TableDataset
+from ucstage.errors import (
+    InvalidArgument,
+    NotParquet,
+    SchemaMismatch,
+    UnknownColumn,
+    UnsupportedTable,
+)
+from ucstage.volumes import RANGES_DIR
+
+
+def table(start: int, n: int) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({"id": ids, "x": ids.astype(np.float32) / 2,
+                     "v": pa.FixedSizeListArray.from_arrays(
+                         pa.array(np.repeat(ids, 8).astype(np.float32)), 8),
+                     "s": pa.array([f"row{i}" * 3 for i in ids])})
+
+
+def parquet(t: pa.Table, rows: int = 50) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(t, buf, row_group_size=rows)
+    return buf.getvalue()
+
+
+def ids(loader: Any) -> list[int]:
+    out: list[int] = []
+    for b in loader:
+        out += (b["id"].tolist() if isinstance(b, dict) else b.column("id").to_pylist())
+    return out
+
+
+def cached_bytes(cache: LocalCache, ds: TableDataset) -> int:
+    top = os.path.join(cache.namespace_dir(ds.freeze().volume()), RANGES_DIR)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(top) for f in fs)
+
+
+def test_every_backend_reads_every_row_and_caches_only_the_columns(backend: Any,
+                                                                   tmp_path: Path) -> None:
+    parts = [table(0, 180), table(180, 77), table(257, 3)]
+    backend.write_many({f"d/part-{i}.parquet": parquet(t) for i, t in enumerate(parts)})
+    cache = LocalCache(tmp_path / "cache")
+    ds = TableDataset(f"{backend.url}/d", columns=["id", "x"], cache=cache)
+    got = ids(DataLoader(ds, batch_size=None, num_workers=0))
+    assert got == list(range(260))  # no shuffle: file order, row-group order
+    m = ds.freeze()
+    assert m.row_groups == 4 + 2 + 1
+    # The cache holds exactly the id and x chunks of every row group, nothing else.
+    assert cached_bytes(cache, ds) == int(m.group_bytes(["id", "x"]).sum()) < m.bytes // 2
+    # A second epoch reads from the cache (hits), the same rows.
+    assert ids(DataLoader(ds, batch_size=None, num_workers=0)) == got
+
+
+def test_batches_formats_and_the_default_batch(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    pq.write_table(table(0, 230), tmp_path / "t" / "a.parquet", row_group_size=100)
+    src = str(tmp_path / "t")
+    default = list(TableDataset(src))
+    assert [b.num_rows for b in default] == [100, 100, 30]  # one row group per batch
+    assert isinstance(default[0], pa.RecordBatch) and default[0].schema.names == [
+        "id", "x", "v", "s"]
+    sized = list(TableDataset(src, batch_rows=64, columns=["id"]))
+    assert [b.num_rows for b in sized] == [64, 64, 64, 38]
+    torch_batches = list(TableDataset(src, batch_rows=64, columns=["id", "v"], format="torch"))
+    import torch
+
+    assert torch_batches[0]["v"].shape == (64, 8) and torch_batches[0]["v"].dtype == torch.float32
+    assert torch.cat([b["id"] for b in torch_batches]).tolist() == list(range(230))
+    np_batches = list(TableDataset(src, batch_rows=100, columns=["x"], format="numpy"))
+    assert isinstance(np_batches[0]["x"], np.ndarray) and len(np_batches) == 3
+
+
+def test_torch_refuses_strings_and_nulls_by_name(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    t = table(0, 10).append_column("maybe", pa.array([1.0, None] * 5))
+    pq.write_table(t, tmp_path / "t" / "a.parquet")
+    with pytest.raises(InvalidArgument, match=r"not s \(string\)"):
+        TableDataset(str(tmp_path / "t"), format="torch").freeze()
+    with pytest.raises(InvalidArgument, match="column 'maybe' has 5 null"):
+        list(TableDataset(str(tmp_path / "t"), columns=["maybe"], format="torch"))
+    filled = list(TableDataset(str(tmp_path / "t"), columns=["maybe"], format="torch",
+                               fill_null=-1.0))
+    assert filled[0]["maybe"].tolist() == [1.0, -1.0] * 5
+
+
+def test_shuffle_mixes_rows_within_windows_and_each_epoch_differs(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    for i in range(4):
+        pq.write_table(table(i * 200, 200), tmp_path / "t" / f"p{i}.parquet", row_group_size=50)
+    ds = TableDataset(str(tmp_path / "t"), columns=["id"], shuffle=True, seed=1,
+                      shuffle_window=4, batch_rows=40)
+    first = ids(ds)
+    assert sorted(first) == list(range(800)) and first != sorted(first)
+    assert len({i // 50 for i in first[:40]}) > 2  # a batch mixes the window's row groups
+    assert ids(ds) == first  # same epoch, same order
+    ds.set_epoch(1)
+    assert sorted(ids(ds)) == list(range(800)) and ids(ds) != first
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_on_the_same_layout_replays_the_rest_exactly(tmp_path: Path,
+                                                              workers: int) -> None:
+    (tmp_path / "t").mkdir()
+    for i in range(3):
+        pq.write_table(table(i * 170, 170), tmp_path / "t" / f"p{i}.parquet", row_group_size=40)
+
+    def make() -> tuple[TableDataset, DataLoader]:
+        ds = TableDataset(str(tmp_path / "t"), columns=["id"], shuffle=True, seed=5,
+                          shuffle_window=3, batch_rows=23)
+        return ds, DataLoader(ds, batch_size=None, num_workers=workers)
+
+    _, whole = make()
+    full = [b.column("id").to_pylist() for b in whole]
+    _, loader = make()
+    it = iter(loader)
+    head = [next(it).column("id").to_pylist() for _ in range(7)]
+    state = loader.state_dict()
+    del it
+    assert state["partial"] and state["unit"] == "row-group"
+    _, again = make()
+    again.load_state_dict(state)
+    rest = [b.column("id").to_pylist() for b in again]
+    if workers == 0:
+        assert head + rest == full  # batch for batch: the interrupted windows replayed
+    else:  # each slot replays its batches; the loader may interleave the workers anew
+        assert sorted(map(tuple, head + rest)) == sorted(map(tuple, full))
+    assert again.audits[-1].coverage_ok and again.audits[-1].gaps == 0
+
+
+def test_equal_length_counts_batches(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    pq.write_table(table(0, 330), tmp_path / "t" / "a.parquet", row_group_size=100)
+    with pytest.raises(InvalidArgument, match="needs batch_rows"):
+        TableDataset(str(tmp_path / "t"), equal_length="drop")
+    def batches(mode: str, workers: int) -> list[list[int]]:
+        ds = TableDataset(str(tmp_path / "t"), batch_rows=60, columns=["id"],
+                          equal_length=mode)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        got = [b.column("id").to_pylist() for b in loader]
+        assert len(got) == len(loader)
+        assert loader.audits[-1].coverage_ok  # drop's gaps are the ones it plans
+        return got
+
+    # One slot: 330 rows are 5 full batches of 60 (drop) or 6 with a wrap (pad).
+    assert [len(b) for b in batches("drop", 0)] == [60] * 5
+    pad = batches("pad", 0)
+    assert [len(b) for b in pad] == [60] * 6 and pad[-1][-30:] == list(range(30))
+    # Two workers: row groups 0, 2 (200 rows) and 1, 3 (130 rows).
+    assert len(batches("drop", 2)) == 2 * 2   # min(200, 130) // 60 each
+    pad2 = batches("pad", 2)
+    assert len(pad2) == 2 * 4 and all(len(b) == 60 for b in pad2)  # ceil(200 / 60) each
+
+
+# -- Delta ---------------------------------------------------------------------------
+
+
+def test_a_delta_table_after_append_delete_overwrite_and_a_new_column(tmp_path: Path) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, table(0, 100).drop_columns(["s"]))                      # v0
+    write_deltalake(path, table(100, 50), mode="append", schema_mode="merge")    # v1: + s
+    DeltaTable(path).delete("id >= 90 and id < 110")                             # v2
+    got = list(TableDataset(path, columns=["id", "s"]))
+    rows = pa.Table.from_batches(got).sort_by("id").to_pylist()
+    assert [r["id"] for r in rows] == [i for i in range(150) if not 90 <= i < 110]
+    # Rows written before ADD COLUMN read it as null; later ones have it.
+    assert all(r["s"] is None for r in rows if r["id"] < 90)
+    assert all(r["s"] == f"row{r['id']}" * 3 for r in rows if r["id"] >= 110)
+    assert sorted(ids(TableDataset(path, version=0))) == list(range(100))
+    write_deltalake(path, table(7, 3), mode="overwrite", schema_mode="overwrite")  # v3
+    assert sorted(ids(TableDataset(path))) == [7, 8, 9]
+
+
+def test_delta_partition_columns_come_from_the_log(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltalake import write_deltalake
+
+    t = table(0, 60).append_column("region", pa.array(["eu", "us", "ap"] * 20))
+    write_deltalake(str(tmp_path / "main" / "ml" / "ev"), t, partition_by=["region"])
+    monkeypatch.setenv("UCSTAGE_WAREHOUSE", str(tmp_path))
+    got = pa.Table.from_batches(list(TableDataset("main.ml.ev", columns=["id", "region"])))
+    rows = sorted(got.to_pylist(), key=lambda r: r["id"])
+    assert [r["region"] for r in rows] == ["eu", "us", "ap"] * 20
+
+
+# -- the cache -----------------------------------------------------------------------
+
+
+def test_cache_verify_knows_row_group_entries(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    pq.write_table(table(0, 120), tmp_path / "t" / "a.parquet", row_group_size=50)
+    cache = LocalCache(tmp_path / "cache")
+    ds = TableDataset(str(tmp_path / "t"), columns=["id"], cache=cache)
+    assert len(ids(ds)) == 120
+    report = cache.verify(ds.freeze().volume())
+    assert report.sources[0].ok == 3 and report.sources[0].clean
+    os.utime(tmp_path / "t" / "a.parquet", (1, 1))  # a new version of the file
+    report = cache.verify(ds.freeze().volume())
+    assert len(report.sources[0].stale) == 3
+    assert all(p.startswith(RANGES_DIR + "/a.parquet/") for p, _ in report.sources[0].stale)
+
+
+def test_a_listed_file_cannot_take_a_range_entry_s_place(tmp_path: Path) -> None:
+    from ucstage.errors import UnsafePath
+    from ucstage.volumes import FileEntry, resolve
+
+    (tmp_path / "v" / RANGES_DIR).mkdir(parents=True)
+    (tmp_path / "v" / RANGES_DIR / "x").write_bytes(b"abc")
+    cache = LocalCache(tmp_path / "cache")
+    volume = resolve(str(tmp_path / "v"))
+    with pytest.raises(UnsafePath, match="byte-range entries"):
+        cache.fetch(volume, FileEntry(f"{RANGES_DIR}/x", 3, ""))
+
+
+# -- bad input -----------------------------------------------------------------------
+
+
+def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    (tmp_path / "np").mkdir()
+    (tmp_path / "np" / "a.csv").write_text("id\n1\n")
+    with pytest.raises(NotParquet, match=r"a\.csv is not a Parquet file"):
+        TableDataset(str(tmp_path / "np")).freeze()
+    (tmp_path / "mix").mkdir()
+    pq.write_table(table(0, 5), tmp_path / "mix" / "a.parquet")
+    pq.write_table(pa.table({"id": ["x"]}), tmp_path / "mix" / "b.parquet")
+    with pytest.raises(SchemaMismatch, match="cannot be unified"):
+        TableDataset(str(tmp_path / "mix")).freeze()
+    (tmp_path / "ok").mkdir()
+    pq.write_table(table(0, 5), tmp_path / "ok" / "a.parquet")
+    with pytest.raises(UnknownColumn, match="no column 'nope'"):
+        TableDataset(str(tmp_path / "ok"), columns=["id", "nope"]).freeze()
+    write_deltalake(str(tmp_path / "dv"), table(0, 5),
+                    configuration={"delta.enableDeletionVectors": "true"})
+    with pytest.raises(UnsupportedTable, match="deletionVectors"):
+        TableDataset(str(tmp_path / "dv")).freeze()
+    for error in (NotParquet, SchemaMismatch, UnknownColumn, UnsupportedTable):
+        assert error("x").exit_code == 2

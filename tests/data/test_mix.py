@@ -217,3 +217,43 @@ def test_a_table_mixes_with_a_volume_by_row_group(sources, tmp_path) -> None:  #
     # b's 50 files in windows of 24: epoch 1 reads files epoch 0 did not.
     assert not set(p for p in epochs[0] if isinstance(p, str)) & \
         set(p for p in epochs[1] if isinstance(p, str))
+
+
+MLFLOW_MIX = r"""
+import json, sys
+import mlflow
+from mlflow.tracking import MlflowClient
+from ucstage import DataLoader, Mix, VolumeDataset
+
+a, b, out = sys.argv[1:4]
+mix = Mix({"a": VolumeDataset(a), "b": VolumeDataset(b)}, weights=[3, 1], epoch_size=80)
+loader = DataLoader(mix, batch_size=4, num_workers=2, collate_fn=list)
+mlflow.set_experiment("ucstage-mix")
+with mlflow.start_run() as run:
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        for batch in loader:
+            pass
+    loader.flush_metrics()
+client = MlflowClient()
+json.dump({n: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, n)]
+           for n in ("ucstage/epoch_items_a", "ucstage/epoch_items_b")}, open(out, "w"))
+"""
+
+
+def test_mlflow_counts_each_source_per_epoch(sources, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(MLFLOW_MIX)
+    out = tmp_path / "out.json"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db",
+               PYTHONPATH=os.getcwd(), UCSTAGE_CACHE_DIR=sources[2])
+    proc = subprocess.run([sys.executable, str(script), sources[0], sources[1], str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert sorted(got["ucstage/epoch_items_a"]) == [[0, 60.0], [1, 60.0]]
+    assert sorted(got["ucstage/epoch_items_b"]) == [[0, 20.0], [1, 20.0]]

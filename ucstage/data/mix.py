@@ -204,9 +204,10 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     def _get_volume(self) -> Any:
         return self.datasets[0]._get_volume()
 
-    def order(self, slots: int) -> MixOrder:
-        """This epoch's interleaving, dealt over ``slots`` slots."""
-        return MixOrder(self.shares, seed=self.seed, epoch=self.epoch, slots=slots)
+    def order(self, slots: int, epoch: int | None = None) -> MixOrder:
+        """This epoch's (or ``epoch``'s) interleaving, dealt over ``slots`` slots."""
+        return MixOrder(self.shares, seed=self.seed,
+                        epoch=self.epoch if epoch is None else epoch, slots=slots)
 
     @staticmethod
     def _dealt_slots(resume: Any, layout: Layout) -> int:
@@ -227,7 +228,7 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         self._delivered = np.zeros(len(self.datasets), dtype=np.int64)
         if progress is None:
             return
-        order = self.order(self._dealt_slots(progress.resume, progress.layout))
+        order = self.order(self._dealt_slots(progress.resume, progress.layout), progress.epoch)
 
         def count(rows: Any) -> None:
             if len(rows):
@@ -245,17 +246,15 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
 
     def audit_sources(self, progress: Any, total: np.ndarray) -> tuple[SourceAudit, ...]:
         """The audit's per-source view: ``total`` counts deliveries per position."""
-        order = self.order(self._dealt_slots(progress.resume, progress.layout))
-        src, _, passes = order.take(np.arange(len(total), dtype=np.int64))
+        order = self.order(self._dealt_slots(progress.resume, progress.layout), progress.epoch)
+        src = order.sources(np.arange(len(total), dtype=np.int64))
         found = []
         for s, name in enumerate(self.names):
             mine = total[src == s]
             items = int(np.count_nonzero(mine))
-            span = passes[src == s]
             found.append(SourceAudit(
                 name=name, items=items, duplicates=int(mine.sum()) - items,
-                gaps=len(mine) - items,
-                passes=(int(span.min()), int(span.max())) if len(span) else (0, -1)))
+                gaps=len(mine) - items, passes=self.shares.pass_range(s, progress.epoch)))
         return tuple(found)
 
     # -- lengths ---------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.utils.data as tud
 
+from ..cache.leases import DEFAULT_SLACK
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
@@ -143,8 +144,10 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         self.shuffle_scope = "global"
         self.nproc_per_node: int | None = getattr(sources[0], "nproc_per_node", None)
         self._dist_rank_world: tuple[int, int] | None = None
-        # Every source's readers hold files at once: the window is their sum.
-        self.read_ahead = sum(ds.read_ahead for ds in sources) + 3 * (len(sources) - 1)
+        # Every source's reader holds files at once (read-ahead, the one being
+        # read, the slack): the window is their sum, as one reader's read-ahead.
+        self.read_ahead = sum(ds.read_ahead for ds in sources) + \
+            (1 + DEFAULT_SLACK) * (len(sources) - 1)
         self.run = sources[0].run
         self._shares: MixShares | None = None
         self._fingerprint: str | None = None

@@ -257,3 +257,21 @@ def test_mlflow_counts_each_source_per_epoch(sources, tmp_path) -> None:  # type
     got = json.loads(out.read_text())
     assert sorted(got["ucstage/epoch_items_a"]) == [[0, 60.0], [1, 60.0]]
     assert sorted(got["ucstage/epoch_items_b"]) == [[0, 20.0], [1, 20.0]]
+
+
+def test_persistent_workers_leave_an_epoch_early_and_read_the_next_whole(sources) -> None:  # type: ignore[no-untyped-def]
+    mix = mix_of(sources, seed=6)
+    dl = DataLoader(Decode(mix), batch_size=4, num_workers=2, log_mlflow=False)
+    assert dl.persistent_workers
+    for n, _ in enumerate(dl, 1):
+        if n == 3:
+            break  # epoch 0 given up: the workers close its iterators
+    workers = dl._iterator._workers  # type: ignore[union-attr]
+    mix.set_epoch(1)
+    whole = list(item for batch in dl for item in batch)
+    assert dl._iterator._workers == workers  # type: ignore[union-attr]  # the same processes
+    assert Counter(i[0] for i in whole) == {"a": 100, "b": 100}
+    again = mix_of(sources, seed=6)
+    again.set_epoch(1)
+    dl2 = DataLoader(Decode(again), batch_size=4, num_workers=2, log_mlflow=False)
+    assert list(item for batch in dl2 for item in batch) == whole  # epoch 1 as set

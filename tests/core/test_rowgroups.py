@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.common.tables import parquet_bytes, table
 from ucstage.errors import (
     EmptySource,
     InvalidArgument,
@@ -29,20 +29,6 @@ from ucstage.errors import (
     UnsupportedTable,
 )
 from ucstage.tables import RECORD_NAME, RowGroupManifest, row_groups
-
-
-def table(start: int, n: int) -> pa.Table:
-    ids = np.arange(start, start + n, dtype=np.int64)
-    return pa.table({"id": ids, "x": ids.astype(np.float32) / 2,
-                     "v": pa.FixedSizeListArray.from_arrays(
-                         pa.array(np.repeat(ids, 4).astype(np.float32)), 4),
-                     "s": pa.array([f"row{i}" for i in ids])})
-
-
-def parquet_bytes(t: pa.Table, row_group_rows: int) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(t, buf, row_group_size=row_group_rows)
-    return buf.getvalue()
 
 
 def brute(files: list[pa.Table], row_group_rows: int) -> list[int]:

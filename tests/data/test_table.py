@@ -5,7 +5,6 @@ resume, and one clear error for each kind of bad input."""
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.common.tables import parquet_bytes
+from tests.common.tables import table as common_table
 from ucstage import DataLoader, LocalCache, TableDataset
 from ucstage.errors import (
     InvalidArgument,
@@ -27,17 +28,11 @@ from ucstage.volumes import RANGES_DIR
 
 
 def table(start: int, n: int) -> pa.Table:
-    ids = np.arange(start, start + n, dtype=np.int64)
-    return pa.table({"id": ids, "x": ids.astype(np.float32) / 2,
-                     "v": pa.FixedSizeListArray.from_arrays(
-                         pa.array(np.repeat(ids, 8).astype(np.float32)), 8),
-                     "s": pa.array([f"row{i}" * 3 for i in ids])})
+    return common_table(start, n, width=8, repeat=3)
 
 
 def parquet(t: pa.Table, rows: int = 50) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(t, buf, row_group_size=rows)
-    return buf.getvalue()
+    return parquet_bytes(t, rows)
 
 
 def ids(loader: Any) -> list[int]:

@@ -41,7 +41,6 @@ from ..sharding import (
     slot_array,
 )
 from ..volumes import FileEntry, Volume
-from . import dist as dist_
 from . import epochrecord, holding, warm
 from . import state as _state
 from .frozen import FrozenListing
@@ -183,29 +182,10 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
 
     # -- state ---------------------------------------------------------------
 
-    @property
-    def fingerprint(self) -> str | None:
-        """The frozen listing's fingerprint, or None before :meth:`freeze`."""
-        return self._fingerprint
-
-    @property
-    def source(self) -> str:
-        return self._source
-
     def __getstate__(self) -> dict[str, Any]:
         if self._manifest is not None and self._manifest_path is None:
             self._save_manifest(self._manifest)
-        state = dict(self.__dict__)
-        for key in ("_cache", "_manifest", "_volume", "_tracker", "_progress"):
-            state[key] = None
-        dist = dist_.active()
-        if dist is not None:
-            # A spawned worker has no process group: give it this rank's view.
-            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        return super().__getstate__()
 
     def __len__(self) -> int:
         """Files this process yields per epoch: a worker's slot, or the rank's

@@ -27,7 +27,7 @@ from . import dist as dist_
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
-__all__ = ["FrozenListing", "broadcast_listing"]
+__all__ = ["FrozenListing", "broadcast_listing", "freeze_once"]
 
 _log = logging.getLogger("ucstage")
 
@@ -54,15 +54,9 @@ class FrozenListing:
     _manifest: Manifest | None
     _volume: Volume | None
 
-    def cache(self) -> LocalCache:
-        """The local cache this dataset copies files into."""
-        if self._cache is None:
-            from ..cache import LocalCache
-
-            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
-            if self._cache_dir is None:
-                self._cache_dir = str(getattr(self._cache, "root", "")) or None
-        return self._cache
+    if TYPE_CHECKING:
+        def cache(self) -> LocalCache:
+            """The dataset's cache (:class:`~ucstage.data.sharded.SlotRule`)."""
 
     def _manifest_file(self, fingerprint: str) -> str:
         root = getattr(self.cache(), "root", None)
@@ -140,18 +134,10 @@ class FrozenListing:
                 group is initialised and this is not a DataLoader worker; the
                 ucstage DataLoader calls it on every rank for you.
         """
-        if self._manifest is not None:
-            return self._manifest
-        if self._manifest_path is not None:
-            return self._load_frozen()
-        dist = dist_.active()
-        if broadcast is None:
-            broadcast = dist is not None and tud.get_worker_info() is None
-        if not broadcast or dist is None or dist.get_world_size() == 1:
-            return self._adopt(self._snapshot())
         request = (self._source, self.include, self.exclude, self.include_hidden,
                    self.skip_unreadable)
-        return self._adopt(broadcast_listing(dist, request, self._snapshot))
+        manifest: Manifest = freeze_once(self, broadcast, self._snapshot, request)
+        return manifest
 
     def _entries(self) -> Sequence[FileEntry]:
         return self.freeze().entries
@@ -160,6 +146,25 @@ class FrozenListing:
         if self._volume is None:
             self._volume = self.freeze().volume()
         return self._volume
+
+
+def freeze_once(ds: Any, broadcast: bool | None, listing: Any, request: tuple[Any, ...],
+                **check: Any) -> Any:
+    """The freeze lifecycle every sharded dataset shares: the frozen listing
+    if there is one (``ds._manifest``, or the file ``ds._manifest_path``
+    through ``ds._load_frozen()``), else ``listing()`` here or, when
+    broadcasting, on rank 0 (:func:`broadcast_listing`, with ``check``),
+    handed to ``ds._adopt``."""
+    if ds._manifest is not None:
+        return ds._manifest
+    if ds._manifest_path is not None:
+        return ds._load_frozen()
+    dist = dist_.active()
+    if broadcast is None:
+        broadcast = dist is not None and tud.get_worker_info() is None
+    if not broadcast or dist is None or dist.get_world_size() == 1:
+        return ds._adopt(listing())
+    return ds._adopt(broadcast_listing(dist, request, listing, **check))
 
 
 def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,

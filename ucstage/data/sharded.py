@@ -9,7 +9,7 @@ so the rank guard, the state and the audit see one behaviour.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
@@ -17,6 +17,9 @@ from ..errors import InvalidArgument
 from ..sharding import Layout, rank_length, slot_length
 from . import dist as dist_
 from . import state as _state
+
+if TYPE_CHECKING:
+    from ..cache import LocalCache
 
 __all__ = ["LOCAL_WORLD_SIZE_ENV", "SlotRule", "equal_mode"]
 
@@ -57,6 +60,47 @@ class SlotRule:
     epoch: int
     nproc_per_node: int | None
     _dist_rank_world: tuple[int, int] | None
+    _UNPICKLED = ("_cache", "_manifest", "_volume", "_tracker", "_progress")
+    """Rebuilt on demand in each process, never pickled."""
+
+    _source: str
+    _fingerprint: str | None
+    _cache: Any
+    _cache_dir: str | None
+    _max_bytes: int | None
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The frozen listing's fingerprint, or None before :meth:`freeze`."""
+        return self._fingerprint
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def cache(self) -> LocalCache:
+        """The local cache this dataset copies into (built on first use)."""
+        if self._cache is None:
+            from ..cache import LocalCache
+
+            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
+            if self._cache_dir is None:
+                self._cache_dir = str(getattr(self._cache, "root", "")) or None
+        return self._cache  # type: ignore[no-any-return]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in self._UNPICKLED:
+            if key in state:
+                state[key] = None
+        dist = dist_.active()
+        if dist is not None:
+            # A spawned worker has no process group: give it this rank's view.
+            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's permutation (with ``shuffle``); call it on every rank.

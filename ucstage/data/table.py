@@ -29,9 +29,8 @@ from ..sharding import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, slot_array
 from ..tables import RowGroupManifest, row_groups
 from ..tables.manifest import SUFFIX
 from ..tables.plan import equal_batches
-from . import dist as dist_
 from . import epochrecord, holding
-from .frozen import broadcast_listing
+from .frozen import freeze_once
 from .sharded import SlotRule, equal_mode
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
 from .tableread import check_format
@@ -128,22 +127,6 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
 
     # -- the frozen row groups -------------------------------------------------
 
-    @property
-    def fingerprint(self) -> str | None:
-        return self._fingerprint
-
-    @property
-    def source(self) -> str:
-        return self._source
-
-    def cache(self) -> LocalCache:
-        if self._cache is None:
-            from ..cache import LocalCache
-
-            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
-            self._cache_dir = str(getattr(self._cache, "root", "")) or None
-        return self._cache
-
     def _list(self) -> RowGroupManifest:
         return row_groups(self._source, version=self.version)
 
@@ -169,20 +152,11 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     def freeze(self, *, broadcast: bool | None = None) -> RowGroupManifest:
         """Read the footers (once) and freeze the row groups; with a process
         group, rank 0 reads and broadcasts (a collective: every rank calls it)."""
-        if self._manifest is not None:
-            return self._manifest
-        if self._manifest_path is not None:
-            return self._load_frozen()
-        dist = dist_.active()
-        if broadcast is None:
-            broadcast = dist is not None and tud.get_worker_info() is None
-        if not broadcast or dist is None or dist.get_world_size() == 1:
-            return self._adopt(self._list())
-        request = (self._source, self.version)
-        return self._adopt(broadcast_listing(
-            dist, request, self._list,
+        manifest: RowGroupManifest = freeze_once(
+            self, broadcast, self._list, (self._source, self.version),
             check=lambda m: m.compute_fingerprint() == m.fingerprint,
-            describe=lambda q: f"{q[0]!r} version={q[1]}"))
+            describe=lambda q: f"{q[0]!r} version={q[1]}")
+        return manifest
 
     def _load_frozen(self) -> RowGroupManifest:
         assert self._manifest_path is not None
@@ -208,19 +182,7 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         return ReadOrder(len(self.freeze()), self.shuffle, self.seed, self.epoch, None,
                          self.shuffle_scope)
 
-    # -- pickling, length --------------------------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for key in ("_cache", "_manifest", "_tracker", "_progress"):
-            state[key] = None
-        dist = dist_.active()
-        if dist is not None:
-            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    # -- length --------------------------------------------------------------------
 
     def __len__(self) -> int:
         """Batches this process yields per epoch: a worker's slot, or the

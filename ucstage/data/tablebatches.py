@@ -116,7 +116,11 @@ class _Windows:
                 at += int(sizes[i])
             if tables:
                 window = pa.concat_tables(tables)
-                window = window.take(pa.array(offsets[plan.label] + plan.row))
+                at_rows = offsets[plan.label] + plan.row
+                if self.vds.shuffle:
+                    window = window.take(pa.array(at_rows))
+                elif len(at_rows):  # one row group in file order: its rows from the skip on
+                    window = window.slice(int(at_rows[0]), len(at_rows))
             else:
                 window = None
             yield plan, window, sizes - left, sizes

@@ -2,8 +2,8 @@
 
 A row group's cache entry holds only its column chunks of the chosen
 columns, one after another (``ucstage.volumes.RangeEntry``). pyarrow reads it
-as the whole file through :class:`_Chunks`, a read-only file that maps the
-file's offsets onto the entry's, with the footer the manifest kept
+as the file's first bytes (:func:`_sparse`: each chunk at its own offset in
+an untouched zero mapping), with the footer the manifest kept
 (``ParquetFile(..., metadata=...)``): no footer is fetched, no other byte is
 needed. The table is then conformed to the table's schema: a column a file
 does not hold (added later) is null, a partition column is the log's value.
@@ -11,8 +11,6 @@ does not hold (added later) is null, a partition column is the log's value.
 
 from __future__ import annotations
 
-import bisect
-import io
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -26,66 +24,29 @@ __all__ = ["FORMATS", "convert", "group_entry", "read_group"]
 FORMATS = ("arrow", "torch", "numpy")
 
 
-class _Chunks(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only ``ranges`` exist,
-    stored one after another in the local file ``path``."""
+def _sparse(path: str, ranges: Sequence[tuple[int, int]]) -> Any:
+    """The file's bytes up to its last cached range, as one in-memory buffer:
+    the cached ranges at their own offsets, zeros elsewhere. The zeros are
+    never written (a fresh anonymous mapping), so only the chunks' pages
+    become resident; pyarrow then reads it natively (and in parallel), and
+    never uses a byte outside the chunks it was told of."""
+    import numpy as np
+    import pyarrow as pa
 
-    def __init__(self, path: str, ranges: Sequence[tuple[int, int]], size: int) -> None:
-        super().__init__()
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._ranges = []
+    end = max((off + n for off, n in ranges), default=0)
+    memory = np.zeros(end, dtype=np.uint8)
+    view = memoryview(memory)  # type: ignore[arg-type]
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
         at = 0
         for off, n in ranges:
-            self._ranges.append((off, n, at))
+            got = os.preadv(fd, [view[off:off + n]], at)
+            if got != n:
+                raise OSError(f"the cached row group {path} is short ({got} of {n} bytes)")
             at += n
-        self._ranges.sort()
-        self._starts = [off for off, _, _ in self._ranges]
-        self._size, self._pos = size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, buf: Any) -> int:
-        """Fill ``buf`` from the position on: bytes of the cached ranges, and
-        zeros between them (pyarrow coalesces nearby reads across such gaps,
-        and never uses their bytes)."""
-        view = memoryview(buf).cast("B")
-        want = min(len(view), max(0, self._size - self._pos))
-        done = 0
-        while done < want:
-            pos = self._pos + done
-            i = bisect.bisect_right(self._starts, pos) - 1
-            if i >= 0:
-                off, n, at = self._ranges[i]
-                if pos < off + n:
-                    take = min(want - done, off + n - pos)
-                    got = os.preadv(self._fd, [view[done:done + take]], at + pos - off)
-                    if got <= 0:
-                        raise OSError(f"the cached row group at {at + pos - off} is short")
-                    done += got
-                    continue
-            nxt = self._starts[i + 1] if i + 1 < len(self._starts) else self._size
-            take = min(want - done, nxt - pos)
-            view[done:done + take] = bytes(take)
-            done += take
-        self._pos += done
-        return done
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self._fd)
-        super().close()
+    finally:
+        os.close(fd)
+    return pa.BufferReader(pa.py_buffer(memory))
 
 
 def group_entry(manifest: RowGroupManifest, group: int, columns: Sequence[str] | None
@@ -112,9 +73,8 @@ def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEn
     held = manifest.file_columns(f, columns)
     n = int(manifest.rows_per_group[group])
     if held:
-        with _Chunks(path, entry.ranges, manifest.files[f].size) as raw:
-            pf = pq.ParquetFile(raw, metadata=manifest.metadata(f))
-            got = pf.read_row_group(int(manifest.index[group]), columns=held)
+        pf = pq.ParquetFile(_sparse(path, entry.ranges), metadata=manifest.metadata(f))
+        got = pf.read_row_group(int(manifest.index[group]), columns=held)
     else:
         got = pa.table({"__n": pa.nulls(n)}).drop_columns(["__n"])
     out = []

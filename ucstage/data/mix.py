@@ -27,7 +27,6 @@ from ..cache.leases import DEFAULT_SLACK
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
-from . import dist as dist_
 from . import epochrecord, holding
 from . import state as _state
 from .audit import SourceAudit
@@ -112,6 +111,8 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     _tracker: Any = None
     _epoch_link: Any = None
     _progress_: Any = None
+    _UNPICKLED = ("_tracker", "_progress_", "_progress", "_cache", "_manifest")
+    """The loader's bookkeeping of this process (SlotRule's pickling drops them)."""
 
     def __init__(self, datasets: Sequence[Any] | Mapping[str, Any],
                  weights: Sequence[float] | Mapping[str, float] | None = None,
@@ -288,14 +289,6 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return (f"Mix({len(self.datasets)} sources {self.names}, seed={self.seed}, "
                 f"epoch={self.epoch})")
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_tracker"] = state["_progress_"] = None
-        dist = dist_.active()
-        if dist is not None:  # a spawned worker has no process group: this rank's view
-            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
-        return state
 
     # -- iteration -------------------------------------------------------------
 

@@ -275,3 +275,14 @@ def test_persistent_workers_leave_an_epoch_early_and_read_the_next_whole(sources
     again.set_epoch(1)
     dl2 = DataLoader(Decode(again), batch_size=4, num_workers=2, log_mlflow=False)
     assert list(item for batch in dl2 for item in batch) == whole  # epoch 1 as set
+
+
+def test_spawned_workers_unpickle_the_mix(sources) -> None:  # type: ignore[no-untyped-def]
+    a, b, cache = sources
+    mix = Mix([VolumeDataset(a, cache_dir=cache), VolumeDataset(b, cache_dir=cache)],
+              repeat=[0.5, 1], seed=3)
+    mix.freeze()
+    dl = DataLoader(mix, batch_size=None, num_workers=2, multiprocessing_context="spawn",
+                    log_mlflow=False)
+    got = Counter(os.path.basename(p)[0] for p in dl)
+    assert got == {"a": 50, "b": 50}

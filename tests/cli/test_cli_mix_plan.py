@@ -61,6 +61,7 @@ def test_repeat_and_a_single_source(two) -> None:  # type: ignore[no-untyped-def
     (("--weights", "1,1", "--slot", "0:0"), "--slot plan one source"),
     (("--weights", "1,1", "--shuffle"), "--shuffle plan one source"),
     (("--repeat", "1,1", "--epoch-size", "9"), "--epoch-size goes with weights"),
+    (("--weights", "1,1", "-k", "2,1"), "one value for every rank"),
 ])
 def test_bad_input_is_one_clear_error_and_exit_2(two, args, message) -> None:  # type: ignore[no-untyped-def]
     result = CliRunner().invoke(cli, ["shard-plan", *two, "-w", "2", "-k", "1", *args])

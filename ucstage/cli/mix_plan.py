@@ -25,6 +25,9 @@ def run_mix_plan(sources: Sequence[str], *, include: Sequence[str], exclude: Seq
                  weights: str | None, repeat: str | None, epoch_size: int | None,
                  as_json: bool) -> None:
     """List every source, plan the mix, print it."""
+    if not layout.uniform:
+        raise InvalidArgument("--num-workers takes one value for every rank in a mix plan",
+                              hint="see what a mismatch does with one SOURCE")
     ws = float_list(weights, "--weights", example="0.7,0.3") if weights is not None else None
     rs = float_list(repeat, "--repeat", example="2.5,0.1") if repeat is not None else None
     manifests = [read_source(s, None, include, exclude, include_hidden) for s in sources]

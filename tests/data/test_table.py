@@ -6,6 +6,7 @@ resume, and one clear error for each kind of bad input."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,73 @@ def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
         TableDataset(str(tmp_path / "dv")).freeze()
     for error in (NotParquet, SchemaMismatch, UnknownColumn, UnsupportedTable):
         assert error("x").exit_code == 2
+
+
+def test_warming_row_group_entries_copies_only_their_ranges(engine: str, moto: Any,
+                                                            tmp_path: Path) -> None:
+    """``LocalCache.warm`` of RangeEntries (what ``cache warm --unit row-group``
+    warms), on each object-store engine: each entry holds exactly its chunks,
+    and the dataset then reads them as hits."""
+    from tests.common.parts import unique
+    from ucstage.tables import row_groups
+    from ucstage.tables.entries import group_entries
+
+    url = f"s3://ucstage-test/{unique()}"
+    fs = moto.filesystem()
+    fs.pipe(f"{url[5:]}/a.parquet", parquet(table(0, 130)))
+    m = row_groups(url)
+    cache = LocalCache(tmp_path / "cache")
+    entries = group_entries(m, ["id"])
+    cache.warm(m.volume(), entries)
+    for e in entries:
+        local = cache.lookup(m.volume(), e)
+        assert local is not None and os.path.getsize(local) == e.size
+    ds = TableDataset(url, columns=["id"], cache=cache)
+    assert ids(ds) == list(range(130))
+    assert cached_bytes(cache, ds) == sum(e.size for e in entries)
+
+
+def test_an_export_destination_is_read_by_its_record(tmp_path: Path) -> None:
+    """The record's files only (a stray Parquet file beside them is not the
+    export's), its Delta version in the manifest."""
+    import json
+
+    from ucstage.tables import RECORD_NAME
+
+    dest = tmp_path / "dest"
+    (dest / "label=1").mkdir(parents=True)
+    pq.write_table(table(0, 90), dest / "label=1" / "part-0.parquet", row_group_size=40)
+    pq.write_table(table(500, 5), dest / "stray.parquet")
+    record = {"format": "ucstage-export/1", "table": "main.ml.ev",
+              "source": {"kind": "delta", "location": "/x"}, "delta_version": 4,
+              "row_count": 90, "schema": {},
+              "files": [{"path": "label=1/part-0.parquet",
+                         "bytes": os.path.getsize(dest / "label=1" / "part-0.parquet"),
+                         "rows": 90}],
+              "bytes": 0, "options": {}, "created_at": "2026-12-01T00:00:00Z",
+              "ucstage_version": "0"}
+    (dest / RECORD_NAME).write_text(json.dumps(record))
+    ds = TableDataset(str(dest), columns=["id"], batch_rows=25)
+    assert ids(ds) == list(range(90))
+    assert ds.freeze().kind == "export" and ds.freeze().table_version == 4
+    with pytest.raises(InvalidArgument, match="format must be one of"):
+        TableDataset(str(dest), format="pandas")
+
+
+def test_workers_read_an_object_store_table(monkeypatch: pytest.MonkeyPatch, moto: Any,
+                                            tmp_path: Path) -> None:
+    """Two DataLoader workers over moto S3 on the object-store engine (they start
+    by forkserver once obstore ran in this process): every row once."""
+    from tests.common.parts import unique
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    url = f"s3://ucstage-test/{unique()}"
+    fs = moto.filesystem()
+    for i in range(3):
+        fs.pipe(f"{url[5:]}/p{i}.parquet", parquet(table(i * 100, 100), rows=30))
+    ds = TableDataset(url, columns=["id", "v"], format="torch", batch_rows=16, shuffle=True,
+                      cache=LocalCache(tmp_path / "cache"))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    got = Counter(ids(loader))
+    assert sorted(got) == list(range(300)) and set(got.values()) == {1}
+    assert loader.audits[-1].coverage_ok

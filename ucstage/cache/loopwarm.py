@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..volumes import FileEntry
+from ..volumes import FileEntry, RangeEntry
 from . import objget
 from .copy import Copied
 from .fetch import slows_down
@@ -176,7 +176,9 @@ class LoopWarm:
         copy = fetcher.where(volume, entry, inflight, self.warm.evicted)
         inflight.check()
         lock = FileLock(copy.lock)
-        if fetcher.cache.max_bytes is not None or not lock.acquire(blocking=False):
+        # Byte ranges (a table's row groups) are ranged reads: copy_ranges, in a thread.
+        if isinstance(entry, RangeEntry) or fetcher.cache.max_bytes is not None or \
+                not lock.acquire(blocking=False):
             self.threaded += 1
             return await self._in_thread(fetcher.fetch_once, volume, entry, inflight,
                                          self.warm.evicted)

@@ -33,7 +33,7 @@ from . import epochrecord, holding
 from .frozen import freeze_once
 from .sharded import SlotRule, equal_mode
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
-from .tableread import check_format
+from .tableread import FORMATS, check_format
 from .tablestate import TableTracker
 
 if TYPE_CHECKING:
@@ -96,8 +96,8 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
             raise InvalidArgument(f"shuffle_window must be 1 or more, got {shuffle_window}")
         if cache is not None and cache_dir is not None:
             raise InvalidArgument("pass cache or cache_dir, not both")
-        check_format(None, [], format, fill_null) if format not in ("arrow", "torch", "numpy") \
-            else None
+        if format not in FORMATS:
+            raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.table_equal_length = equal_mode(equal_length)
         equal_batches([], batch_rows, self.table_equal_length)  # needs batch_rows

@@ -6,17 +6,25 @@ just before it is handed out."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..sharding import slot_array
 from ..tables import RowGroupManifest
+from ..tables.manifest import int_array
 from ..tables.plan import WindowPlan, slot_rows, windows
 from . import holding
 from .tableread import convert, group_entry, read_group
 from .tablestate import TableTracker, slot_runs
 
 __all__ = ["group_items", "slot_batches", "slot_totals", "whole_groups"]
+
+DECODE_THREADS = 2
+"""Threads decoding a slot's next row groups while the consumer takes batches."""
+DECODE_AHEAD = 2
+"""Row groups decoded ahead (at most ``read_ahead``; one without read-ahead)."""
 
 
 def slot_totals(vds: Any, layout: Any, tracker: TableTracker | None = None
@@ -87,13 +95,40 @@ class _Windows:
         size = vds.shuffle_window if vds.shuffle else 1
         rows = manifest.rows_per_group
         todo = _todo(run, start, rows, skip, size)
-        self.entries = [group_entry(manifest, int(run[p]), vds.columns) for p in todo]
+        self.groups = [int(run[p]) for p in todo]
+        self.entries = [group_entry(manifest, g, vds.columns) for g in self.groups]
         self.paths = holding.fetch_in_order(self.entries, reader, vds.cache(),
                                             manifest.volume(), vds.read_ahead)
         self.plans = windows(run, start, rows, skip, window=vds.shuffle_window,
                              shuffle=vds.shuffle, seed=vds.seed, epoch=vds.epoch,
                              slot_key=slot_key)
-        self._next = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._tables = self._decoded(max(1, min(vds.read_ahead, DECODE_AHEAD)))
+
+    def _decoded(self, depth: int) -> Iterator[Any]:
+        """The todo row groups' tables in order, ``depth`` decoded ahead in
+        threads (pyarrow decodes without the GIL): what ``pyarrow.dataset``
+        gains from reading several row groups at once."""
+        pending: collections.deque[Future[Any]] = collections.deque()
+        order = iter(range(len(self.entries)))
+
+        def submit() -> None:
+            i = next(order, None)
+            if i is None:
+                return
+            path = next(self.paths)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(DECODE_THREADS,
+                                                thread_name_prefix="ucstage-decode")
+            pending.append(self._pool.submit(read_group, self.manifest, self.groups[i], path,
+                                             self.entries[i], self.columns))
+
+        for _ in range(depth):
+            submit()
+        while pending:
+            table = pending.popleft().result()
+            submit()
+            yield table
 
     def __iter__(self) -> Iterator[tuple[WindowPlan, Any, Any, Any]]:
         """(plan, its rows in delivery order, rows each group had delivered, sizes)."""
@@ -105,27 +140,27 @@ class _Windows:
             sizes = rows[plan.groups].astype(np.int64)
             left = np.bincount(plan.label, minlength=len(plan.groups))
             tables, offsets, at = [], np.zeros(len(plan.groups), dtype=np.int64), 0
-            for i, g in enumerate(plan.groups.tolist()):
+            for i in range(len(plan.groups)):
                 if not left[i]:
                     continue
-                path = next(self.paths)
-                entry = self.entries[self._next]
-                self._next += 1
-                tables.append(read_group(self.manifest, g, path, entry, self.columns))
+                tables.append(next(self._tables))
                 offsets[i] = at
                 at += int(sizes[i])
             if tables:
                 window = pa.concat_tables(tables)
-                at_rows = offsets[plan.label] + plan.row
-                if self.vds.shuffle:
-                    window = window.take(pa.array(at_rows))
-                elif len(at_rows):  # one row group in file order: its rows from the skip on
-                    window = window.slice(int(at_rows[0]), len(at_rows))
+                order = offsets[plan.label] + plan.row
+                if len(order) and int(order[-1]) - int(order[0]) == len(order) - 1 and \
+                        bool((np.diff(order) == 1).all()):
+                    window = window.slice(int(order[0]), len(order))  # in order: no copy
+                else:
+                    window = window.take(int_array(order, pa.int64()))
             else:
                 window = None
             yield plan, window, sizes - left, sizes
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.paths.close()  # type: ignore[attr-defined]  # a generator
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..tables import RowGroupManifest
+from ..tables.entries import group_entry
 from ..volumes import RangeEntry
 
 __all__ = ["FORMATS", "convert", "group_entry", "read_group"]
@@ -47,19 +48,6 @@ def _sparse(path: str, ranges: Sequence[tuple[int, int]]) -> Any:
     finally:
         os.close(fd)
     return pa.BufferReader(pa.py_buffer(memory))
-
-
-def group_entry(manifest: RowGroupManifest, group: int, columns: Sequence[str] | None
-                ) -> RangeEntry:
-    """The cache entry of row group ``group``'s chunks of ``columns``."""
-    f = int(manifest.file[group])
-    held = manifest.file_columns(f, columns)
-    name = f"rg{int(manifest.index[group])}"
-    if columns is not None:
-        import hashlib
-
-        name += "-" + hashlib.sha256("\0".join(held).encode()).hexdigest()[:12]
-    return RangeEntry.of(manifest.files[f], name, tuple(manifest.ranges(group, columns)))
 
 
 def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEntry,
@@ -98,8 +86,6 @@ def check_format(schema: Any, columns: Sequence[str], fmt: str, fill_null: Any) 
     """Refuse up front what ``format`` cannot convert, naming the columns."""
     import pyarrow as pa
 
-    if fmt not in FORMATS:
-        raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt != "torch":
         return
     bad = []

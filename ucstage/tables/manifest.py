@@ -24,7 +24,7 @@ from ..atomic import write_atomic
 from ..errors import ManifestError, UnknownColumn
 from ..volumes import FileEntry, Volume, resolve
 
-__all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "is_row_group_manifest"]
+__all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "int_array", "is_row_group_manifest"]
 
 FORMAT = "ucstage-rowgroups/1"
 SUFFIX = ".rowgroups.arrow"
@@ -195,20 +195,23 @@ class RowGroupManifest:
         """Write the manifest as one Arrow IPC file (atomically); returns the path."""
         import pyarrow as pa
 
-        offsets = pa.array(self.chunk_start, type=pa.int32())
+        # Arrays built from their buffers: pa.array() of a numpy array (and
+        # to_numpy() in load) make pyarrow import pandas when it is installed,
+        # ~0.9 s and ~30 MiB in every process that freezes or loads a table.
+        offsets = int_array(self.chunk_start, pa.int32())
         footer = [self.footers.get(int(f)) if i == 0 else None
                   for f, i in zip(self.file, self.index, strict=True)]
         table = pa.table({
-            "file": pa.array(self.file, type=pa.int32()),
-            "row_group": pa.array(self.index, type=pa.int32()),
-            "rows": pa.array(self.rows_per_group, type=pa.int64()),
-            "chunk_column": pa.ListArray.from_arrays(offsets, pa.array(self.chunk_column,
-                                                                      type=pa.int32())),
-            "chunk_offset": pa.ListArray.from_arrays(offsets, pa.array(self.chunk_offset,
-                                                                      type=pa.int64())),
-            "chunk_length": pa.ListArray.from_arrays(offsets, pa.array(self.chunk_length,
-                                                                      type=pa.int64())),
-            "footer": pa.array(footer, type=pa.binary()),
+            "file": int_array(self.file, pa.int32()),
+            "row_group": int_array(self.index, pa.int32()),
+            "rows": int_array(self.rows_per_group, pa.int64()),
+            "chunk_column": pa.ListArray.from_arrays(offsets, int_array(self.chunk_column,
+                                                                    pa.int32())),
+            "chunk_offset": pa.ListArray.from_arrays(offsets, int_array(self.chunk_offset,
+                                                                    pa.int64())),
+            "chunk_length": pa.ListArray.from_arrays(offsets, int_array(self.chunk_length,
+                                                                    pa.int64())),
+            "footer": _binary(footer),
         })
         meta = {**self.header(), "fingerprint": self.fingerprint}
         table = table.replace_schema_metadata({_KEY: json.dumps(meta).encode()})
@@ -240,7 +243,7 @@ class RowGroupManifest:
             raise ManifestError(f"{target} is not a {FORMAT} manifest ({exc})") from exc
 
         def flat(name: str) -> Any:
-            return table.column(name).combine_chunks().values.to_numpy(zero_copy_only=False)
+            return _numbers(table.column(name).combine_chunks().values)
 
         lists = table.column("chunk_length").combine_chunks()
         files = meta["files"]
@@ -254,10 +257,10 @@ class RowGroupManifest:
             partition_values=[dict(f["partition"]) for f in files],
             leaves=[list(x) for x in meta["leaves"]],
             schema=pa.ipc.read_schema(pa.py_buffer(base64.b64decode(meta["schema"]))),
-            file=table.column("file").to_numpy().astype(np.int32),
-            index=table.column("row_group").to_numpy().astype(np.int32),
-            rows_per_group=table.column("rows").to_numpy().astype(np.int64),
-            chunk_start=lists.offsets.to_numpy().astype(np.int64),
+            file=_numbers(table.column("file").combine_chunks()).astype(np.int32),
+            index=_numbers(table.column("row_group").combine_chunks()).astype(np.int32),
+            rows_per_group=_numbers(table.column("rows").combine_chunks()).astype(np.int64),
+            chunk_start=_numbers(lists.offsets).astype(np.int64),
             chunk_column=flat("chunk_column").astype(np.int32),
             chunk_offset=flat("chunk_offset").astype(np.int64),
             chunk_length=flat("chunk_length").astype(np.int64),
@@ -265,6 +268,42 @@ class RowGroupManifest:
         if verify and manifest.compute_fingerprint() != manifest.fingerprint:
             raise ManifestError(f"{target} fails its fingerprint check (changed or damaged)")
         return manifest
+
+
+def int_array(values: Any, kind: Any) -> Any:
+    """A pyarrow integer array of ``kind`` over a copy of ``values``, built from its
+    buffer: ``pa.array()`` of a numpy array makes pyarrow import pandas."""
+    import numpy as np
+    import pyarrow as pa
+
+    arr = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())
+    return pa.Array.from_buffers(kind, len(arr), [None, pa.py_buffer(arr)])
+
+
+def _binary(values: Sequence[bytes | None]) -> Any:
+    """A pyarrow binary array of ``values`` (None: null), built from its buffers."""
+    import numpy as np
+    import pyarrow as pa
+
+    sizes = np.array([len(v) if v is not None else 0 for v in values], dtype=np.int32)
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    valid = np.packbits(np.array([v is not None for v in values], dtype=bool),
+                        bitorder="little")
+    data = b"".join(v for v in values if v is not None)
+    return pa.Array.from_buffers(pa.binary(), len(values), [
+        pa.py_buffer(valid.tobytes()), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)])
+
+
+def _numbers(array: Any) -> Any:
+    """An integer array without nulls as numpy, from its data buffer (no pandas)."""
+    import numpy as np
+
+    dtype = array.type.to_pandas_dtype()
+    if not len(array):
+        return np.zeros(0, dtype=dtype)
+    data = np.frombuffer(array.buffers()[1], dtype=dtype)
+    return data[array.offset:array.offset + len(array)]
 
 
 def _rebuild(values: dict[str, Any]) -> RowGroupManifest:

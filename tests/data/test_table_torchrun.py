@@ -48,6 +48,23 @@ def torchrun(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
+def run_ranks(fuse_volume: tuple[str, str], tmp_path: Any, mode: str, *extra: str
+              ) -> tuple[str, list[dict[str, Any]]]:
+    """A fresh table on the mount, torchrun of ``mode`` over it: (source, each rank's result)."""
+    source = make_table(fuse_volume)
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    proc = torchrun(mode, source, out, *extra)
+    assert proc.returncode == 0, proc.stderr[:6000]
+    return source, results(out)
+
+
+def once(ids: Any) -> bool:
+    """Every row of the table exactly once."""
+    got = Counter(ids)
+    return sorted(got) == list(range(ROWS)) and set(got.values()) == {1}
+
+
 def results(out: str) -> list[dict[str, Any]]:
     found = []
     for rank in (0, 1):
@@ -57,16 +74,10 @@ def results(out: str) -> list[dict[str, Any]]:
 
 
 def test_every_row_once_per_epoch_on_two_ranks_two_workers(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    source = make_table(fuse_volume)
-    out = str(tmp_path / "out")
-    os.makedirs(out)
-    proc = torchrun("epochs", source, out)
-    assert proc.returncode == 0, proc.stderr[:6000]
-    ranks = results(out)
+    _, ranks = run_ranks(fuse_volume, tmp_path, "epochs")
     orders = []
     for epoch in range(2):
-        got = Counter(i for r in ranks for i in r["epochs"][epoch]["ids"])
-        assert sorted(got) == list(range(ROWS)) and set(got.values()) == {1}, epoch
+        assert once(i for r in ranks for i in r["epochs"][epoch]["ids"]), epoch
         for r in ranks:
             e = r["epochs"][epoch]
             assert e["persistent"]  # the loader's default applies to TableDataset too
@@ -83,12 +94,7 @@ def test_stopped_run_resumes_on_another_layout_with_every_row_once(fuse_volume, 
                                                                    monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from ucstage import DataLoader, TableDataset
 
-    source = make_table(fuse_volume)
-    out = str(tmp_path / "out")
-    os.makedirs(out)
-    proc = torchrun("stop", source, out, "5")
-    assert proc.returncode == 0, proc.stderr[:6000]
-    ranks = results(out)
+    source, ranks = run_ranks(fuse_volume, tmp_path, "stop", "5")
     before = [i for r in ranks for i in r["ids"]]
     assert len(before) == 2 * 5 * 37
     state = ranks[0]["state"]
@@ -99,8 +105,7 @@ def test_stopped_run_resumes_on_another_layout_with_every_row_once(fuse_volume, 
     loader = DataLoader(ds, batch_size=None, num_workers=3)
     loader.load_state_dict(state)
     after = [int(i) for b in loader for i in b["id"].tolist()]
-    got = Counter(before + after)
-    assert sorted(got) == list(range(ROWS)) and set(got.values()) == {1}
+    assert once(before + after)
     audit = loader.audits[-1]
     assert (audit.files, audit.duplicates, audit.gaps, audit.coverage_ok) == (32, 0, 0, True)
 
@@ -108,15 +113,9 @@ def test_stopped_run_resumes_on_another_layout_with_every_row_once(fuse_volume, 
 def test_each_node_caches_its_share_not_the_table(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Two nodes (two cache folders) under the node shuffle scope: each holds
     the row groups its node reads, every epoch the same, <= 0.6x the table."""
-    source = make_table(fuse_volume)
-    out = str(tmp_path / "out")
-    os.makedirs(out)
-    proc = torchrun("nodes", source, out)
-    assert proc.returncode == 0, proc.stderr[:6000]
-    ranks = results(out)
+    _, ranks = run_ranks(fuse_volume, tmp_path, "nodes")
     for epoch in range(2):
-        got = Counter(i for r in ranks for i in r["ids"][epoch])
-        assert sorted(got) == list(range(ROWS)) and set(got.values()) == {1}
+        assert once(i for r in ranks for i in r["ids"][epoch])
     table_bytes = ranks[0]["table_bytes"]
     for r in ranks:
         assert 0 < r["cached"] <= 0.6 * table_bytes, (r["cached"], table_bytes)

@@ -98,6 +98,13 @@ class EpochAudit:
         self.prior = self.prior_real = self.prior_pad = 0
         self.planned_real = self.planned_pad = 0
         progress.listeners.append(self.add)
+        # Row groups a resumed state holds as delivered whole past a slot's
+        # leading count (TableDataset's partial): one rank counts them.
+        whole = getattr(progress.vds, "audit_prior", None)
+        if whole is not None and progress.rank == 0 and progress.resume is not None:
+            done = whole(progress.resume)
+            if len(done):
+                self._prior(done, len(done))
         if not progress.done and not any(start):
             # An epoch from its start: the rank's own slot lengths are arithmetic.
             for s in progress.own:

@@ -204,6 +204,14 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         return (f"TableDataset({self._source!r}, columns={self.columns}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, epoch={self.epoch}, {frozen})")
 
+    def audit_prior(self, state: Any) -> Any:
+        """Row groups ``state`` holds as delivered whole in its ``partial`` (past
+        their slot's leading count): delivered before the restart."""
+        import numpy as np
+
+        rows = self.freeze().rows_per_group
+        return np.array([g for g, n in state.partial if n >= int(rows[g])], dtype=np.int64)
+
     def audit_planned(self, progress: Any) -> int | None:
         """Row groups the rank's slots deliver whole this epoch under
         ``equal_length="drop"`` (the rest are the audit's expected gaps); None

@@ -148,12 +148,11 @@ class _Windows:
                 at += int(sizes[i])
             if tables:
                 window = pa.concat_tables(tables)
-                order = offsets[plan.label] + plan.row
-                if len(order) and int(order[-1]) - int(order[0]) == len(order) - 1 and \
-                        bool((np.diff(order) == 1).all()):
-                    window = window.slice(int(order[0]), len(order))  # in order: no copy
-                else:
-                    window = window.take(int_array(order, pa.int64()))
+                at_rows = offsets[plan.label] + plan.row
+                if self.vds.shuffle:
+                    window = window.take(int_array(at_rows, pa.int64()))
+                elif len(at_rows):  # one row group in file order: its rows from the skip on
+                    window = window.slice(int(at_rows[0]), len(at_rows))
             else:
                 window = None
             yield plan, window, sizes - left, sizes
@@ -194,7 +193,7 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
         have = sum(t.num_rows for t in carry)
         for plan, window, done, sizes in stream:
             if counted:
-                tracker.delivered(plan.first, done, sizes)  # groups a resume left whole
+                tracker.delivered(plan.first, done, sizes, before=True)  # what a resume left
             if window is None:
                 continue
             n = window.num_rows

@@ -94,9 +94,12 @@ class TableTracker(_state.SlotTracker):
         """From now on batches are padding (``equal_length="pad"``): not counted."""
         self._frozen = True
 
-    def delivered(self, first: int, counts: Any, sizes: Any) -> None:
+    def delivered(self, first: int, counts: Any, sizes: Any, *, before: bool = False) -> None:
         """After a batch: ``counts[i]`` rows delivered of the window's group at
-        run position ``first + i``, of its ``sizes[i]``."""
+        run position ``first + i``, of its ``sizes[i]``. ``before``: the
+        window's start, where the counts are what a resumed state delivered
+        (a group complete then was counted before the restart: the audit's
+        prior, never again)."""
         if self._frozen:
             return
         partial = {}
@@ -107,7 +110,8 @@ class TableTracker(_state.SlotTracker):
             g = int(self.run[p])
             if c >= n:
                 self._complete[p] = True
-                self._finished.append(g)
+                if not before:
+                    self._finished.append(g)
             elif c:
                 partial[g] = c
         while self._pos < len(self.run) and self._complete[self._pos]:
@@ -128,8 +132,8 @@ class TableTracker(_state.SlotTracker):
         counts: list[int | None] = [None] * self.layout.slots
         counts[self.slot] = self._pos
         current = Segment(self.layout, tuple(counts))
-        partial = {g: n for g, n in self.skip.items()
-                   if not any(int(x) == g for x in self.run[:self._pos])}
+        lead = set(self.run[:self._pos].tolist())  # delivered whole: no skip needed
+        partial = {g: n for g, n in self.skip.items() if g not in lead}
         partial.update(self._partial)
         return _state._state_of(self.vds, [*self.done, current], rank=self.rank,
                                 finished=self.finished and self.layout.slots == 1,

@@ -113,7 +113,7 @@ def table_schema(table: TableSource, footers: list[FileFooter]) -> Any:
     if not schemas:
         return pa.schema([])
     try:
-        return pa.unify_schemas(schemas)
+        return _with_folders(pa.unify_schemas(schemas), table.partition_values)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         first = schemas[0]
         for footer, schema in zip(footers[1:], schemas[1:], strict=True):
@@ -128,6 +128,20 @@ def table_schema(table: TableSource, footers: list[FileFooter]) -> Any:
                          "sources") from exc
         raise SchemaMismatch(f"{table.source}: the files' schemas cannot be unified "
                              f"({str(exc).splitlines()[0]})") from exc
+
+
+def _with_folders(schema: Any, values: list[dict[str, Any]]) -> Any:
+    """``schema`` plus the ``COL=value`` folder columns the files do not hold:
+    int64 when every value is a whole number, else string."""
+    import pyarrow as pa
+
+    for name in (values[0] if values else {}):
+        if name in schema.names:
+            continue
+        seen = [v[name] for v in values if v[name] is not None]
+        whole = bool(seen) and all(str(x).lstrip("-").isdigit() for x in seen)
+        schema = schema.append(pa.field(name, pa.int64() if whole else pa.string()))
+    return schema
 
 
 def _clash(a: Any, b: Any) -> str:

@@ -135,9 +135,33 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
     if record is not None:
         entries = _select(volume, [f["path"] for f in record.files], text)
         return TableSource(text, "export", volume, entries, record.delta_version,
-                           rows=record.row_count)
+                           partition_values=hive_values(entries), rows=record.row_count)
     entries = list_files(volume).entries
     if not entries:
         raise EmptySource(f"{text} holds no Parquet files",
                           hint="files whose names start with _ or . are not listed")
-    return TableSource(text, "parquet", volume, list(entries))
+    return TableSource(text, "parquet", volume, list(entries),
+                       partition_values=hive_values(entries))
+
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+"""The folder value Spark writes for a null partition value."""
+
+
+def hive_values(entries: list[FileEntry]) -> list[dict[str, Any]]:
+    """Per file, the ``COL=value`` folders of its path (``export --partition-by``
+    writes them; the column then lives in the folder name, not the file), or
+    empty when the files do not all name the same columns."""
+    from urllib.parse import unquote
+
+    found = []
+    for e in entries:
+        values: dict[str, Any] = {}
+        for part in e.path.split("/")[:-1]:
+            key, eq, value = part.partition("=")
+            if eq and key:
+                values[unquote(key)] = None if value == HIVE_NULL else unquote(value)
+        found.append(values)
+    if not found or not found[0] or any(f.keys() != found[0].keys() for f in found):
+        return []
+    return found

@@ -23,6 +23,7 @@ __all__ = [
     "FileEntry",
     "LocalCache",
     "Manifest",
+    "Mix",
     "TableDataset",
     "UcstageError",
     "VolumeDataset",
@@ -39,6 +40,7 @@ __all__ = [
 
 _LAZY = {
     "VolumeDataset": "ucstage.data",
+    "Mix": "ucstage.data",
     "TableDataset": "ucstage.data",
     "DataLoader": "ucstage.data",
     "LocalCache": "ucstage.cache",
@@ -48,7 +50,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import LocalCache
-    from .data import DataLoader, TableDataset, VolumeDataset
+    from .data import DataLoader, Mix, TableDataset, VolumeDataset
     from .export import export_table, read_table
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from tests.common.parts import unique, wait_synced
 from ucstage.data import DataLoader, VolumeDataset
 
-__all__ = ["Decode", "RankedDataset", "make_named_volume", "run_rank"]
+__all__ = ["Decode", "Ranked", "RankedDataset", "make_named_volume", "run_rank"]
 
 
 def make_named_volume(fuse_volume: tuple[str, str], n: int) -> tuple[str, list[str]]:
@@ -42,8 +42,9 @@ class Decode(IterableDataset):  # type: ignore[type-arg]
                 yield fh.read()
 
 
-class RankedDataset(VolumeDataset):
-    """A VolumeDataset that is rank ``rank`` of ``world`` without a process group."""
+class Ranked:
+    """A sharded dataset (mixed in first) that is rank ``rank`` of ``world``
+    without a process group."""
 
     def __init__(self, *args: Any, rank: int = 0, world: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -54,6 +55,10 @@ class RankedDataset(VolumeDataset):
         if info is None:
             return self.rank, self.world, 0, 0
         return self.rank, self.world, info.num_workers, info.id
+
+
+class RankedDataset(Ranked, VolumeDataset):
+    """A VolumeDataset that is rank ``rank`` of ``world`` without a process group."""
 
 
 def run_rank(source: str, *, rank: int, world: int, workers: int, state: dict[str, Any] | None,

@@ -75,7 +75,8 @@ def test_resume_on_three_ranks_delivers_the_epoch_exactly_once(interrupted, tmp_
         first_audit, second_audit = r["audits"]
         assert first_audit == {"epoch": 0, "files": N, "duplicates": 0, "gaps": 0,
                                "expected_duplicates": 0, "expected_gaps": 0,
-                               "resumed_files": 40, "coverage_ok": True}
+                               "resumed_files": 40, "coverage_ok": True,
+                               "sources": []}  # one source: no per-source split
         assert second_audit["resumed_files"] == 0 and second_audit["coverage_ok"]
         assert not r["warnings"]
 

@@ -12,7 +12,7 @@ from ..bench import check_modes
 from ..errors import InvalidArgument
 from ..units import parse_size
 
-__all__ = ["column_list", "int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
+__all__ = ["column_list", "float_list", "int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
 
 
 def column_list(value: str | None) -> list[str] | None:
@@ -42,6 +42,18 @@ def int_list(text: str, flag: str, *, minimum: int, example: str) -> list[int]:
             raise InvalidArgument(f"{flag} must be {kind} separated by commas, e.g. {example}; "
                                   f"got {token!r}")
         values.append(value)
+    return values
+
+
+def float_list(text: str, flag: str, *, example: str) -> list[float]:
+    """``"0.7,0.3"`` -> ``[0.7, 0.3]``; the library checks the values' ranges."""
+    values: list[float] = []
+    for token in (t.strip() for t in text.split(",")):
+        try:
+            values.append(float(token))
+        except ValueError:
+            raise InvalidArgument(f"{flag} must be numbers separated by commas, e.g. {example}; "
+                                  f"got {token!r}") from None
     return values
 
 

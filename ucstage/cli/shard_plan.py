@@ -32,6 +32,7 @@ from ..units import SIZE_HELP
 from .args import num_workers_list, size_flag
 from .forecast_view import forecast_json, render_forecast
 from .group_plan import ItemNames, group_option, grouped, item_sizes, members_json, render_members
+from .mix_plan import REFUSED, mix_options, refused, run_mix_plan
 from .output import (
     emit,
     err,
@@ -68,7 +69,6 @@ def plan_json(manifest: Manifest, p: ShardPlan) -> dict[str, Any]:
     doc = p.to_json(paths, source=manifest.source, fingerprint=manifest.fingerprint)
     grouping = members_json(manifest, p)
     return doc if grouping is None else {**doc, "grouping": grouping}
-
 
 
 def _workers_text(p: ShardPlan) -> str:
@@ -227,6 +227,7 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
                    "come from the state.")
 @group_option
 @row_group_options
+@mix_options
 @json_option
 def shard_plan(
     source: str | None, manifest_path: str | None, include: tuple[str, ...],
@@ -235,7 +236,8 @@ def shard_plan(
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
     batch_size: int | None, slot: str | None, resume: str | None, group: str | None,
     unit: str, batch_rows: int | None, equal_length: str | None, columns: str | None,
-    version: int | None, as_json: bool,
+    version: int | None, more_sources: tuple[str, ...], weights: str | None,
+    repeat: str | None, epoch_size: int | None, as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
     num_workers mismatch between ranks duplicates or skips.
@@ -260,7 +262,18 @@ def shard_plan(
       ucstage shard-plan data/ -w 16 -k 4 --nproc-per-node 8 --shuffle --epochs 3
       ucstage shard-plan manifest.json -w 3 -k 1 --resume state.json
       ucstage shard-plan /Volumes/main/ml/train/events --unit row-group -w 2 -k 4 --batch-rows 4096
+      ucstage shard-plan data/a data/b -w 2 -k 4 --weights 0.7,0.3 --epoch-size 1000
     """
+    if more_sources or weights is not None or repeat is not None or epoch_size is not None:
+        ctx = click.get_current_context()
+        refused([n for n in REFUSED if ctx.get_parameter_source(n) not in
+                 (None, ParameterSource.DEFAULT)])
+        run_mix_plan([s for s in (source, *more_sources) if s is not None], include=include,
+                     exclude=exclude, include_hidden=include_hidden,
+                     layout=Layout(world_size, num_workers_list(num_workers), nproc_per_node),
+                     seed=seed, epoch=epoch, weights=weights, repeat=repeat,
+                     epoch_size=epoch_size, as_json=as_json)
+        return
     check_unit_options(unit)
     if unit == "row-group":
         _check_shuffle_options(shuffle)

@@ -1,4 +1,5 @@
-"""Training-side API: :class:`VolumeDataset`, :class:`TableDataset` and :class:`DataLoader`.
+"""Training-side API: :class:`VolumeDataset`, :class:`TableDataset`, :class:`Mix` and
+:class:`DataLoader`.
 
 torch is imported here (and, lazily, by bench's loader mode) and nowhere
 else. ``dataset`` shards and fetches, ``loader`` runs it with ucstage's
@@ -19,7 +20,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from .dataset import VolumeDataset
 from .loader import DataLoader
+from .mix import Mix
 from .table import TableDataset
 from .timing import EpochStats
 
-__all__ = ["DataLoader", "EpochStats", "TableDataset", "VolumeDataset"]
+__all__ = ["DataLoader", "EpochStats", "Mix", "TableDataset", "VolumeDataset"]

@@ -16,7 +16,7 @@ the slot rule: only what goes beyond them is reported.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +27,26 @@ from ..sharding import Segment, epoch_slot_length, segment_runs
 if TYPE_CHECKING:
     from .state import LoaderProgress
 
-__all__ = ["AuditResult", "EpochAudit", "side_group"]
+__all__ = ["AuditResult", "EpochAudit", "SourceAudit", "side_group"]
 
 log = logging.getLogger("ucstage")
 
 
 _FLUSH_ROWS = 65536
 """Delivered rows collected before they are counted into the bitmap."""
+
+
+@dataclass(frozen=True)
+class SourceAudit:
+    """One source of a :class:`ucstage.Mix` in an audited epoch: its positions
+    delivered once (``items``), more than once, or never."""
+
+    name: str
+    items: int
+    duplicates: int
+    gaps: int
+    passes: tuple[int, int]
+    """The first and last pass over the source that the epoch read."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,8 @@ class AuditResult:
     """Files ``equal_length="drop"`` leaves out."""
     resumed_files: int
     """Files delivered before the restart (0 for an epoch run in one go)."""
+    sources: tuple[SourceAudit, ...] = ()
+    """Per source, for a mix: exactly once within each pass of each source."""
 
     @property
     def coverage_ok(self) -> bool:
@@ -180,11 +195,17 @@ class EpochAudit:
             gaps=n - files, expected_duplicates=sum(g[5] for g in gathered),
             expected_gaps=max(0, n - sum(g[4] for g in gathered)),
             resumed_files=sum(g[3] for g in gathered))
+        per_source = getattr(self._progress.vds, "audit_sources", None)
+        if per_source is not None:  # a mix: the same count, split by source
+            result = replace(result, sources=per_source(self._progress, total))
         if not result.coverage_ok:
             log.warning("ucstage: epoch %d was not delivered exactly once: %d duplicate "
                         "deliveries and %d files never delivered, beyond equal_length's "
                         "%d and %d", self.epoch, result.duplicates, result.gaps,
                         result.expected_duplicates, result.expected_gaps)
+            for src in result.sources:
+                log.warning("ucstage: epoch %d, source %s: %d duplicate and %d missing items",
+                            self.epoch, src.name, src.duplicates, src.gaps)
         return result
 
 

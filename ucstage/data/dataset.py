@@ -39,9 +39,7 @@ from ..sharding import (
     DEFAULT_SHUFFLE_SCOPE,
     Layout,
     ReadOrder,
-    rank_length,
     slot_array,
-    slot_length,
 )
 from ..volumes import FileEntry, Volume
 from . import epochrecord, holding, samples, warm
@@ -228,11 +226,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             raise TypeError(
                 "len(VolumeDataset) needs the frozen listing: call freeze() first (the "
                 "ucstage DataLoader does it before its workers start), or iterate once")
-        rank, world, num_workers, worker = self.slot()
-        if tud.get_worker_info() is not None:
-            layout = self.layout(world, num_workers)
-            return slot_length(self.read_order(), layout, layout.slot(rank, worker))
-        return rank_length(self.read_order(), self.layout(world, self.num_workers), rank)
+        return self.rule_length()
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
@@ -271,6 +265,20 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         if manifest.groups is not None:
             return samples.SampleRows(manifest, indices)
         return samples.SlotRows(manifest, indices)
+
+    def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Iterator[Any]:
+        """The items at ``rows`` of the read order (an int array: listing rows,
+        or sample numbers when grouped), in order, fetched through the cache
+        with this dataset's read-ahead and holds, untracked: what
+        :class:`ucstage.Mix` reads of each of its sources (``sharers`` of them
+        read in each worker: under ``read_ahead="auto"`` each takes that part
+        of the worker's share)."""
+        manifest = self.freeze()
+        items = (samples.SampleRows(manifest, rows) if manifest.groups is not None
+                 else samples.SlotRows(manifest, rows))
+        share = holding.check_loader_window(self, self.cache(), self.slot()[2],
+                                            sharers=sharers)
+        return self._fetch_all(items, rank, _UNTRACKED, share)
 
     def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
@@ -326,3 +334,21 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         # tuned as `cache warm --jobs auto` tunes its own (readahead.node_share).
         return holding.fetch_in_order(entries, reader, cache, volume, share, grouped=grouped)
 
+
+class _Untracked:
+    """A slot tracker that counts nothing: a mix counts its own positions."""
+
+    @staticmethod
+    def run(paths: list[str]) -> Iterator[str]:
+        return iter(paths)
+
+    @staticmethod
+    def count(paths: Iterator[str]) -> Iterator[str]:
+        return paths
+
+    @staticmethod
+    def end() -> None:
+        return None
+
+
+_UNTRACKED: Any = _Untracked()

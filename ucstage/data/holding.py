@@ -27,8 +27,8 @@ from . import samples, warm
 from .protocol import ShardedDataset
 from .readahead import ReadAhead, Share, cache_fetcher, cache_lookup, node_share
 
-__all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup", "open_reader", "rank_stats",
-           "unheld_lookup", "wrap"]
+__all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup",
+           "open_reader", "rank_stats", "source_metrics", "unheld_lookup", "wrap"]
 
 
 def _holds(cache: Any) -> bool:
@@ -143,15 +143,16 @@ def local_ranks() -> int:
 
 
 def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
-                        volume: Any = None) -> Share:
+                        volume: Any = None, *, sharers: int = 1) -> Share:
     """This node's readers' share of copies in flight (:func:`~.readahead.node_share`;
     ``volume`` picks the first guess, the dataset's own by default), after
     refusing at once (``CacheFull``) a read that can never fit under the cap:
     a file larger than the cap, or the window of every reader on this node
     (``LOCAL_WORLD_SIZE`` x workers, each holding its share + 1 + slack of
     the largest file) larger than it. Under ``read_ahead="auto"`` the share
-    is cut to fit the cap first."""
-    readers = local_ranks() * effective_workers(num_workers)
+    is cut to fit the cap first. ``sharers``: readers per worker (a mix's
+    sources), each taking its part."""
+    readers = local_ranks() * effective_workers(num_workers) * max(1, sharers)
     if volume is None:
         volume = getattr(dataset, "_get_volume", lambda: None)()
     cap = getattr(cache, "max_bytes", None)
@@ -209,3 +210,12 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
                   "epoch_checked_size": float(delta.checked_size),
                   "epoch_check_mismatches": float(delta.mismatches)})
     return found
+
+
+def source_metrics(dataset: Any) -> dict[str, float]:
+    """A mix's items per source this rank's loader returned this epoch
+    (``epoch_items_<source>``); nothing for a single source."""
+    delivered = getattr(dataset, "delivered", None)
+    if not isinstance(delivered, dict):
+        return {}
+    return {f"epoch_items_{name}": float(count) for name, count in delivered.items()}

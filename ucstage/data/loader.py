@@ -24,6 +24,7 @@ from . import dist as dist_
 from . import epochrecord, holding, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
+from .mix import Mix
 from .protocol import ShardedDataset
 from .table import TableDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
@@ -32,9 +33,9 @@ __all__ = ["DataLoader", "find_volume_dataset"]
 
 
 def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
-    """The sharded dataset (a VolumeDataset, a TableDataset) inside a user's
-    wrapper dataset (its attributes, a few levels deep)."""
-    if isinstance(dataset, (VolumeDataset, TableDataset)):
+    """The sharded dataset (a VolumeDataset, a TableDataset, a Mix) inside a user's
+    wrapper dataset (its attributes, a few levels deep); a mix is found before its sources."""
+    if isinstance(dataset, (Mix, VolumeDataset, TableDataset)):
         return dataset
     if depth == 0:
         return None
@@ -180,7 +181,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every,
-                             extra=lambda: holding.epoch_metrics(vds, rank, before))
+                             extra=lambda: {**holding.epoch_metrics(vds, rank, before),
+                                            **holding.source_metrics(vds)})
 
     def _workers_alive(self) -> bool:
         return bool(self.persistent_workers and self.num_workers > 0

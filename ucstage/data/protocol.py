@@ -2,7 +2,8 @@
 
 The loader's guard, checkpoint state, exactly-once audit and holds work
 through :class:`ShardedDataset`, never through :class:`VolumeDataset`
-itself, so every sharded dataset (a volume's files, a table's row groups) plugs into the same loader.
+itself, so every sharded dataset (a volume's files, a table's row groups,
+a mix of them) plugs into the same loader.
 """
 
 from __future__ import annotations
@@ -11,11 +12,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
-    from ..manifest import Manifest
     from ..sharding import Layout, ReadOrder
-    from ..tables import RowGroupManifest
 
-__all__ = ["ShardedDataset"]
+__all__ = ["Listing", "MixSource", "ShardedDataset"]
+
+
+class Listing(Protocol):
+    """What the loader reads of a frozen listing (a :class:`~ucstage.Manifest`, a
+    row-group manifest, or a mix's positions): its fingerprint, its length, sizes."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def sizes(self) -> Any: ...
+
+    @property
+    def entries(self) -> Any: ...
 
 
 class ShardedDataset(Protocol):
@@ -49,9 +63,9 @@ class ShardedDataset(Protocol):
     def fingerprint(self) -> str | None:
         """The frozen listing's fingerprint, or None before :meth:`freeze`."""
 
-    def freeze(self, *, broadcast: bool | None = None) -> Manifest | RowGroupManifest:
+    def freeze(self, *, broadcast: bool | None = None) -> Listing:
         """Freeze the listing every rank shards (a collective when broadcasting):
-        files (a Manifest) or row groups (a RowGroupManifest)."""
+        files (a Manifest), row groups (a RowGroupManifest) or a mix's positions."""
 
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen listing."""
@@ -83,3 +97,29 @@ class ShardedDataset(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class MixSource(Protocol):
+    """What :class:`ucstage.Mix` needs of each of its sources."""
+
+    read_ahead: int | str
+    run: str
+
+    @property
+    def fingerprint(self) -> str | None: ...
+
+    def freeze(self, *, broadcast: bool | None = None) -> Any:
+        """The frozen listing: ``len()`` items, a ``fingerprint`` (and ``sizes()``)."""
+
+    def read_order(self) -> ReadOrder:
+        """Its read order; ``n`` is its item count (files, samples, row groups)."""
+
+    def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Any:
+        """The items at ``rows`` of its read order (an int array), in order,
+        fetched and untracked (the mix tracks its own positions); ``sharers``:
+        the sources whose readers share each worker (their read-ahead shares
+        split the node's copies in flight among them)."""
+
+    def cache(self) -> LocalCache: ...
+
+    def _get_volume(self) -> Any: ...

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from ..errors import InvalidArgument
-from ..sharding import Layout
+from ..sharding import Layout, rank_length, slot_length
 from . import dist as dist_
 from . import state as _state
 
@@ -134,6 +134,17 @@ class SlotRule:
         # Without this, `dataset or default` would call __len__ (and raise
         # before freezing, or be False for an empty slot).
         return True
+
+    def rule_length(self) -> int:
+        """Items the slot rule gives this process per epoch over ``read_order()``:
+        a worker's slot, or the rank's slots in the main process (for its
+        ``num_workers``)."""
+        rank, world, num_workers, worker = self.slot()
+        order = self.read_order()  # type: ignore[attr-defined]
+        if tud.get_worker_info() is not None:
+            layout = self.layout(world, num_workers)
+            return slot_length(order, layout, layout.slot(rank, worker))
+        return rank_length(order, self.layout(world, self.num_workers), rank)  # type: ignore[attr-defined]
 
     def slot(self) -> tuple[int, int, int, int]:
         """(rank, world_size, num_workers, worker) of the calling process."""

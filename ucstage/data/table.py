@@ -32,7 +32,7 @@ from ..tables.plan import equal_batches
 from . import epochrecord, holding
 from .frozen import freeze_once
 from .sharded import SlotRule, equal_mode
-from .tablebatches import slot_batches, slot_totals, whole_groups
+from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
 from .tableread import FORMATS, check_format
 from .tablestate import TableTracker
 
@@ -225,6 +225,12 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
                    for s in progress.own)
 
     # -- iteration ---------------------------------------------------------------
+
+    def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Iterator[Any]:
+        """Row groups ``rows``, in order, each one batch of its rows: what a
+        :class:`~ucstage.Mix` reads of this table (its item is a row group;
+        its read-ahead is a fixed count, so ``sharers`` changes nothing)."""
+        return group_items(self, rows, rank)
 
     def __iter__(self) -> Iterator[Any]:
         record = epochrecord.apply(self)

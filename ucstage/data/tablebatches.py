@@ -19,7 +19,7 @@ from . import holding
 from .tableread import convert, group_entry, read_group
 from .tablestate import TableTracker, slot_runs
 
-__all__ = ["slot_batches", "slot_totals", "whole_groups"]
+__all__ = ["group_items", "slot_batches", "slot_totals", "whole_groups"]
 
 DECODE_THREADS = 2
 """Threads decoding a slot's next row groups while the consumer takes batches."""
@@ -239,5 +239,25 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
     finally:
         for stream in streams:
             stream.close()
+        if reader is not None:
+            reader.close()
+
+
+def group_items(vds: Any, groups: Any, rank: int) -> Iterator[Any]:
+    """Row groups ``groups`` (an int array), in order, each as one batch of its
+    rows (in the table's ``format``), fetched ``read_ahead`` ahead and held
+    while read; untracked: what a :class:`~ucstage.Mix` reads of a table."""
+    manifest: RowGroupManifest = vds.freeze()
+    columns = manifest.check_columns(vds.columns)
+    entries = [group_entry(manifest, int(g), vds.columns) for g in groups]
+    reader = holding.open_reader(vds, vds.cache(), rank)
+    paths = holding.fetch_in_order(entries, reader, vds.cache(), manifest.volume(),
+                                   vds.read_ahead)
+    try:
+        for g, path, entry in zip(groups, paths, entries):  # noqa: B905 (paths: a generator)
+            table = read_group(manifest, int(g), path, entry, columns)
+            yield convert(_batch(table), vds.format, vds.fill_null)
+    finally:
+        paths.close()  # type: ignore[attr-defined]  # a generator
         if reader is not None:
             reader.close()

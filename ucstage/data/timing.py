@@ -32,6 +32,8 @@ Metric names (``PREFIX`` defaults to ``ucstage``):
                                    store gave no usable checksum)
 ``PREFIX/epoch_check_mismatches``  copies whose bytes differed from the
                                    store's checksum (retried, never cached)
+``PREFIX/epoch_items_<source>``    a :class:`~ucstage.Mix`'s items from each
+                                   source that this rank's loader returned
 =================================  ===========================================
 
 mlflow is never imported here: a run can only be active if the user's code
@@ -88,6 +90,8 @@ class EpochStats:
     without a VolumeDataset on ucstage's cache, or when it read nothing)."""
     cache_wait_s: float = 0.0
     """Time this rank's copies waited for room under the cache cap."""
+    source_items: dict[str, int] | None = None
+    """A mix's items per source that this rank's loader returned (None without a mix)."""
 
 
 def summarise(epoch: int, waits: list[float], wall_s: float, overhead_s: float,
@@ -284,6 +288,9 @@ class TimedIterator:
         overhead = self._overhead + time.perf_counter() - t0
         stats = summarise(self._epoch, self._waits, wall, overhead, complete)
         if extra:
+            items = {k[len("epoch_items_"):]: int(v) for k, v in extra.items()
+                     if k.startswith("epoch_items_")}
             stats = dataclasses.replace(stats, cache_hit_rate=extra.get("epoch_cache_hit_rate"),
-                                        cache_wait_s=extra.get("epoch_cache_wait_s", 0.0))
+                                        cache_wait_s=extra.get("epoch_cache_wait_s", 0.0),
+                                        source_items=items or None)
         self._on_done(stats, self._step)

@@ -1,0 +1,332 @@
+""":class:`Mix`: several sharded datasets mixed by weight into one epoch.
+
+Each source keeps its own listing, cache namespace and read-ahead; the mix
+decides which of its items an epoch reads and in which order, with the
+torch-free arithmetic of :mod:`ucstage.sharding.mixing`: each source's share
+of the epoch (weights or repeat), its passes (a new permutation per pass),
+and one interleaving of ``epoch_size`` positions, the same on every rank.
+The slot rule (:func:`ucstage.sharding.slot_array`) deals those positions, so
+checkpoint and resume, the exactly-once audit and the rank guard of the
+ucstage DataLoader work on a mix exactly as on one :class:`VolumeDataset`:
+its "listing" is the epoch's positions, its fingerprint covers every
+source's and the shares.
+
+Usage and every argument: docs/training.md, "Mixing sources".
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch.utils.data as tud
+
+from ..cache.leases import DEFAULT_SLACK
+from ..errors import InvalidArgument
+from ..sharding import Layout, ReadOrder, slot_array
+from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
+from . import epochrecord, holding
+from . import state as _state
+from .audit import SourceAudit
+from .dataset import DEFAULT_NUM_WORKERS
+from .readahead import AUTO
+from .sharded import SlotRule, equal_mode
+
+if TYPE_CHECKING:
+    from ..cache import LocalCache
+    from .protocol import MixSource
+
+__all__ = ["Mix"]
+
+
+class MixListing:
+    """What :meth:`Mix.freeze` returns: the epoch's positions as the loader's
+    "listing" (its length, fingerprint), and the sources' files for the
+    loader's window check (``sizes``, ``entries``)."""
+
+    def __init__(self, fingerprint: str, positions: int, listings: list[Any]) -> None:
+        self.fingerprint = fingerprint
+        self._n = positions
+        self._listings = listings
+        self.path: str | None = None
+        self.source = "mix"
+
+    def __len__(self) -> int:
+        return self._n
+
+    def sizes(self) -> np.ndarray:
+        parts = [np.asarray(m.sizes(), dtype=np.int64) for m in self._listings
+                 if hasattr(m, "sizes")]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    @property
+    def entries(self) -> _Entries:
+        return _Entries(self._listings)
+
+
+class _Entries:
+    """The sources' entries, one after the other (indexed only for a few names)."""
+
+    def __init__(self, listings: list[Any]) -> None:
+        self._listings = [m for m in listings if hasattr(m, "sizes")]
+
+    def __getitem__(self, index: int) -> Any:
+        for m in self._listings:
+            if index < len(m):
+                return m.entries[index]
+            index -= len(m)
+        raise IndexError(index)
+
+
+class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
+    """Several sharded datasets (``VolumeDataset``, ``TableDataset``) mixed by weight.
+
+    Args:
+        datasets: the sources, a sequence or a mapping of names to datasets
+            (names label the per-source counts; default ``"0"``, ``"1"``, ...).
+        weights: each source's share of an epoch (each >= 0, sum > 0,
+            normalised); a sequence in the sources' order, or a mapping by name.
+        epoch_size: items per epoch with ``weights`` (default ``ceil(n_L /
+            w_L)``, ``L`` the source with the most items).
+        seed: seeds the passes' permutations and the interleaving.
+        repeat: instead of weights, how many times each source is read per
+            epoch (2.5: twice and a half; 0.1: a tenth, a new tenth each epoch).
+        equal_length: ``False`` (default), ``"pad"`` (or ``True``) or ``"drop"``,
+            as for :class:`VolumeDataset`, over the mix's positions: every slot
+            then reads the same count, so ranks get equal batch counts.
+
+    Without weights or repeat, each source is read once per epoch. A source
+    smaller than its share repeats with a new permutation per pass; a larger
+    one is subsampled by disjoint windows of one permutation. The sources' own
+    ``shuffle``, ``seed`` and ``equal_length`` do not apply: the mix deals.
+
+    ``len(mix)`` is one integer (this worker's slot, or the rank's slots in
+    the main process, like ``VolumeDataset``); :attr:`counts` holds each
+    source's items per epoch and :attr:`lengths` this process's.
+    """
+
+    num_workers: int = DEFAULT_NUM_WORKERS
+    _resume: Any = None
+    _tracker: Any = None
+    _epoch_link: Any = None
+    _progress_: Any = None
+    _UNPICKLED = ("_tracker", "_progress_", "_progress", "_cache", "_manifest")
+    """The loader's bookkeeping of this process (SlotRule's pickling drops them)."""
+
+    def __init__(self, datasets: Sequence[Any] | Mapping[str, Any],
+                 weights: Sequence[float] | Mapping[str, float] | None = None,
+                 epoch_size: int | None = None, seed: int = 0,
+                 repeat: Sequence[float] | Mapping[str, float] | None = None,
+                 equal_length: bool | str | None = False) -> None:
+        super().__init__()
+        if isinstance(datasets, Mapping):
+            self.names = [str(k) for k in datasets]
+            sources = list(datasets.values())
+        else:
+            sources = list(datasets)
+            self.names = [str(i) for i in range(len(sources))]
+        for ds in sources:
+            if not callable(getattr(ds, "iter_rows", None)) or isinstance(ds, Mix):
+                raise InvalidArgument(f"Mix mixes VolumeDataset and TableDataset sources, "
+                                      f"got {type(ds).__name__}")
+        self.datasets: list[MixSource] = sources
+        self.weights = self._by_name(weights, "weights")
+        self.repeat = self._by_name(repeat, "repeat")
+        self.epoch_size = epoch_size
+        check_shares(len(sources), self.weights, self.repeat, epoch_size)
+        self.seed = int(seed)
+        self.epoch = 0
+        self.equal_length = equal_mode(equal_length)
+        ReadOrder(0, False, self.seed, 0, self.equal_length, "global")
+        # What the loader's guard and per-epoch record read (the mix deals in
+        # one order over the whole job: no shuffle of its own, no node scope).
+        self.shuffle = False
+        self.shuffle_scope = "global"
+        self.nproc_per_node: int | None = getattr(sources[0], "nproc_per_node", None)
+        self._dist_rank_world: tuple[int, int] | None = None
+        # Every source's reader holds files at once (read-ahead, the one being
+        # read, the slack): the window is their sum, as one reader's read-ahead.
+        # A source reading ahead by "auto" takes its share of the node's copies
+        # with the other sources as fellow readers (iter_rows' sharers), so the
+        # mix's window is "auto" too: one reader's share, cut to fit the cap.
+        self.read_ahead: int | str = AUTO if any(ds.read_ahead == AUTO for ds in sources) \
+            else sum(int(ds.read_ahead) for ds in sources) + \
+            (1 + DEFAULT_SLACK) * (len(sources) - 1)
+        self.run = sources[0].run
+        self._shares: MixShares | None = None
+        self._fingerprint: str | None = None
+        self._delivered: np.ndarray = np.zeros(len(sources), dtype=np.int64)
+
+    def _by_name(self, values: Any, what: str) -> list[float] | None:
+        if values is None:
+            return None
+        if isinstance(values, Mapping):
+            unknown = sorted(set(map(str, values)) - set(self.names))
+            if unknown:
+                raise InvalidArgument(f"{what} names unknown sources {unknown}; the mix has "
+                                      f"{self.names}")
+            return [values.get(name, 0) for name in self.names]
+        return list(values)
+
+    # -- the listing -----------------------------------------------------------
+
+    def freeze(self, *, broadcast: bool | None = None) -> MixListing:
+        """Freeze every source's listing (in order: a collective on each) and the shares."""
+        listings = [ds.freeze(broadcast=broadcast) for ds in self.datasets]
+        if self._shares is None:
+            # Items per source: files, samples when grouped, row groups of a table.
+            sizes = [ds.read_order().n for ds in self.datasets]
+            self._shares = mix_shares(sizes, self.weights, self.repeat, self.epoch_size)
+            digest = hashlib.sha256(b"ucstage-mix\0")
+            for m, n, count in zip(listings, sizes, self._shares.counts, strict=True):
+                digest.update(f"{m.fingerprint}:{n}:{count}\0".encode())
+            self._fingerprint = digest.hexdigest()
+        assert self._fingerprint is not None
+        return MixListing(self._fingerprint, self._shares.epoch_size, listings)
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self._fingerprint
+
+    @property
+    def shares(self) -> MixShares:
+        self.freeze()
+        assert self._shares is not None
+        return self._shares
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Each source's items per epoch (freezes the listings)."""
+        return dict(zip(self.names, self.shares.counts, strict=True))
+
+    def read_order(self) -> ReadOrder:
+        return ReadOrder(self.shares.epoch_size, False, self.seed, self.epoch,
+                         self.equal_length, "global")
+
+    # -- the protocol: cache, volume (slot, layout, epoch, state: SlotRule) ----
+
+    def cache(self) -> LocalCache:
+        """The first source's cache (the loader's hit-rate counts the sources on its root)."""
+        return self.datasets[0].cache()
+
+    def _get_volume(self) -> Any:
+        return self.datasets[0]._get_volume()
+
+    def order(self, slots: int, epoch: int | None = None) -> MixOrder:
+        """This epoch's (or ``epoch``'s) interleaving, dealt over ``slots`` slots."""
+        return MixOrder(self.shares, seed=self.seed,
+                        epoch=self.epoch if epoch is None else epoch, slots=slots)
+
+    @staticmethod
+    def _dealt_slots(resume: Any, layout: Layout) -> int:
+        """The slots the epoch's interleaving was made for: a resumed epoch keeps
+        the first segment's, whatever the layout now."""
+        if resume is not None and not resume.finished:
+            return int(resume.segments[0].layout.slots)
+        return layout.slots
+
+    @property
+    def _progress(self) -> Any:
+        return self._progress_
+
+    @_progress.setter
+    def _progress(self, progress: Any) -> None:
+        # The loader's progress of an epoch: count its deliveries per source.
+        self._progress_ = progress
+        self._delivered = np.zeros(len(self.datasets), dtype=np.int64)
+        if progress is None:
+            return
+        order = self.order(self._dealt_slots(progress.resume, progress.layout), progress.epoch)
+
+        def count(rows: Any) -> None:
+            if len(rows):
+                self._delivered += np.bincount(order.sources(rows),
+                                               minlength=len(self.datasets))
+        progress.listeners.append(count)
+
+    @property
+    def delivered(self) -> dict[str, int]:
+        """Items of each source the ucstage DataLoader returned on this rank this epoch."""
+        progress = self._progress_
+        if progress is not None:
+            progress.sync()
+        return dict(zip(self.names, self._delivered.tolist(), strict=True))
+
+    def audit_sources(self, progress: Any, total: np.ndarray) -> tuple[SourceAudit, ...]:
+        """The audit's per-source view: ``total`` counts deliveries per position."""
+        order = self.order(self._dealt_slots(progress.resume, progress.layout), progress.epoch)
+        src = order.sources(np.arange(len(total), dtype=np.int64))
+        found = []
+        for s, name in enumerate(self.names):
+            mine = total[src == s]
+            items = int(np.count_nonzero(mine))
+            found.append(SourceAudit(
+                name=name, items=items, duplicates=int(mine.sum()) - items,
+                gaps=len(mine) - items, passes=self.shares.pass_range(s, progress.epoch)))
+        return tuple(found)
+
+    # -- lengths ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self._fingerprint is None:
+            raise TypeError("len(Mix) needs the frozen listings: call freeze() first (the "
+                            "ucstage DataLoader does it before its workers start)")
+        return self.rule_length()
+
+    @property
+    def lengths(self) -> dict[str, int]:
+        """Each source's items in ``len(self)``: this worker's slot, or the rank's."""
+        rank, world, num_workers, worker = self.slot()
+        if tud.get_worker_info() is None:
+            num_workers = self.num_workers
+            workers = range(max(1, num_workers))
+        else:
+            workers = range(worker, worker + 1)
+        layout = self.layout(world, num_workers)
+        order = self.order(layout.slots)
+        total = np.zeros(len(self.datasets), dtype=np.int64)
+        for w in workers:
+            positions = slot_array(self.read_order(), layout, layout.slot(rank, w))
+            total += np.bincount(order.sources(positions), minlength=len(self.datasets))
+        return dict(zip(self.names, total.tolist(), strict=True))
+
+    def __repr__(self) -> str:
+        return (f"Mix({len(self.datasets)} sources {self.names}, seed={self.seed}, "
+                f"epoch={self.epoch})")
+
+    # -- iteration -------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        record = epochrecord.apply(self)
+        if record is not None and record["stopped"]:
+            return iter(())
+        rank, world, num_workers, worker = self.slot()
+        self.freeze()
+        holding.check_loader_window(self, self.cache(), num_workers)
+        layout = self.layout(world, num_workers)
+        slots = self._dealt_slots(self._resume, layout)
+        positions = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+        tracker = _state.SlotTracker.begin(self, positions, rank=rank, world_size=world,
+                                           num_workers=num_workers, worker=worker)
+        it = self._read(self.order(slots), tracker, rank)
+        if record is not None and record["persistent"]:
+            return epochrecord.guarded(it, self._epoch_link, record["gen"])
+        return it
+
+    def _read(self, order: MixOrder, tracker: _state.SlotTracker, rank: int) -> Iterator[Any]:
+        src, items, _ = order.take(tracker.indices)
+        opened = [iter(ds.iter_rows(items[src == s], rank, sharers=len(self.datasets)))
+                  for s, ds in enumerate(self.datasets)]
+        # The source's iterator for each position, advanced from C (map(next)):
+        # no Python frame of the mix's own between the consumer and the source.
+        ordered = [opened[s] for s in src.tolist()]
+        try:
+            yield from tracker.count(map(next, ordered))
+        finally:
+            for it in opened:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+        tracker.end()

@@ -47,6 +47,8 @@ def test_shard_plan_counts_samples_and_members_per_slot(vol) -> None:  # type: i
                                     "d0/K.jpgx/a"})
     human = run("shard-plan", vol, "-w", "2", "-k", "2", "--group", "key")
     assert "23 samples of 44 files" in human.output
+    assert "every sample is read exactly once" in human.output  # counted as samples
+    assert "samples per slot" in human.output and "files per slot" not in human.output
     # --slot prints the members of the slot's samples, a sample's files together.
     one = run("shard-plan", vol, "-w", "1", "-k", "0", "--group", "key", "--slot", "0:0")
     lines = one.output.split()

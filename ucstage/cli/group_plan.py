@@ -73,5 +73,4 @@ def render_members(console: Console, doc: dict[str, Any] | None) -> None:
     spread = doc["members_per_slot"]
     console.print(f"grouped by {doc['by']}: {doc['samples']:,} samples of "
                   f"{doc['members']:,} files; member files per slot min {spread['min']:,} / "
-                  f"mean {spread['mean']:,.1f} / max {spread['max']:,} (the plan's files "
-                  "are samples)")
+                  f"mean {spread['mean']:,.1f} / max {spread['max']:,}")

@@ -96,25 +96,26 @@ def _order_text(p: ShardPlan) -> str:
 
 def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
     order = _order_text(p)
+    n = "file" if manifest.groups is None else "sample"  # --group key deals samples
     fps, bps = p.files_per_slot(), p.bytes_per_slot()
     console.print(f"[bold]Shard plan[/] for {escape(manifest.path or manifest.source)}  "
                   f"[dim]fingerprint {manifest.fingerprint[:12]}[/]")
     summary = table("", "", numeric=False)
     summary.show_header = False
-    summary.add_row("files", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
+    summary.add_row(f"{n}s", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
     summary.add_row("ranks x workers",
                     f"{p.world_size:,} x {_workers_text(p)} = {p.slot_total:,} slots")
     if p.nproc_per_node is not None:
         summary.add_row("nodes", f"{p.node_count:,} x {p.nproc_per_node:,} ranks per node")
     summary.add_row("read order", order)
-    summary.add_row("files per slot",
+    summary.add_row(f"{n}s per slot",
                     f"min {fps.min:,.0f} / mean {fps.mean:,.1f} / max {fps.max:,.0f}")
     summary.add_row("bytes per slot", f"min {format_bytes(bps.min)} / mean "
                     f"{format_bytes(bps.mean)} / max {format_bytes(bps.max)}")
     summary.add_row("imbalance", f"{p.imbalance:.2f}x (largest slot's bytes / mean)")
     console.print(summary)
     console.print()
-    cols = ["rank", "workers", "files", "bytes"] + (["batches"] if p.batch_size else [])
+    cols = ["rank", "workers", f"{n}s", "bytes"] + (["batches"] if p.batch_size else [])
     ranks = table(*cols)
     rows, cut = truncated_rows(p.ranks)
     for r in rows:
@@ -127,10 +128,10 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
         ranks.add_row(*cells)
     console.print(ranks)
     if p.empty.ranks:
-        console.print(f"[dim]{p.empty.ranks:,} ranks read no file and are not listed[/]")
+        console.print(f"[dim]{p.empty.ranks:,} ranks read no {n} and are not listed[/]")
     if p.node_count > 1:
         console.print()
-        nodes = table("node", "ranks", "files", "bytes")
+        nodes = table("node", "ranks", f"{n}s", "bytes")
         node_rows, node_cut = truncated_rows(p.nodes)
         for nd in node_rows:
             if nd is None:
@@ -140,16 +141,16 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
                           format_bytes(nd.bytes))
         console.print(nodes)
         if len(p.nodes) < p.node_count:
-            console.print(f"[dim]{p.node_count - len(p.nodes):,} nodes read no file and are "
+            console.print(f"[dim]{p.node_count - len(p.nodes):,} nodes read no {n} and are "
                           "not listed[/]")
     console.print()
     paths = ItemNames(manifest)
     if p.consistent and not p.empty.count:
-        console.print("[green]✓[/] every file is read exactly once")
+        console.print(f"[green]✓[/] every {n} is read exactly once")
     elif not p.consistent:
         console.print(
             f"[red]✗[/] ranks disagree on num_workers ({_workers_text(p)}): "
-            f"[bold]{len(p.duplicated):,}[/] files are read twice or more, "
+            f"[bold]{len(p.duplicated):,}[/] {n}s are read twice or more, "
             f"[bold]{len(p.skipped):,}[/] are never read"
         )
         for label, indices in (("read twice+", p.duplicated), ("never read", p.skipped)):
@@ -161,7 +162,7 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
                 console.print(f"  {'':<11} [dim]… and {len(indices) - EXAMPLES:,} more (--json lists all)[/]")
         console.print("  fix: pass the same num_workers to the DataLoader on every rank")
     if p.empty.count:
-        _render_empty(console, p)
+        _render_empty(console, p, n)
     if p.batch_size and not p.batches_equal:
         counts = sorted({r.batches for r in p.ranks if r.batches is not None}
                         | ({0} if p.empty.ranks else set()))
@@ -173,18 +174,18 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
         )
 
 
-def _render_empty(console: Console, p: ShardPlan) -> None:
+def _render_empty(console: Console, p: ShardPlan, n: str = "file") -> None:
     e = p.empty
-    whole = f"; {e.ranks:,} ranks get no file at all" if e.ranks else ""
+    whole = f"; {e.ranks:,} ranks get no {n} at all" if e.ranks else ""
     if p.consistent:
-        console.print(f"[yellow]![/] every file is read once, but [bold]{e.count:,}[/] of "
+        console.print(f"[yellow]![/] every {n} is read once, but [bold]{e.count:,}[/] of "
                       f"{p.slot_total:,} slots read nothing (more slots than the "
-                      f"{p.n_files:,} files){whole}")
+                      f"{p.n_files:,} {n}s){whole}")
     else:
         console.print(f"[yellow]![/] [bold]{e.count:,}[/] of {p.slot_total:,} slots read "
                       f"nothing{whole}")
     for (first, last), size in list(zip(e.ranges, e.range_sizes, strict=True))[:EXAMPLES]:
-        console.print(f"  {'no files':<11} {_slot_range(first, last)}  [dim]({size:,} slots, "
+        console.print(f"  {'no ' + n + 's':<11} {_slot_range(first, last)}  [dim]({size:,} slots, "
                       "rank:worker)[/]")
     hidden = e.range_count - min(len(e.ranges), EXAMPLES)
     if hidden:
@@ -192,7 +193,7 @@ def _render_empty(console: Console, p: ShardPlan) -> None:
                       f"{len(e.ranges)})[/]")
     if p.consistent:
         console.print(f"  fix: use at most {p.n_files:,} slots (world size x num_workers), or "
-                      'VolumeDataset(equal_length="pad"), which re-reads files until every '
+                      f'VolumeDataset(equal_length="pad"), which re-reads {n}s until every '
                       "slot has one")
 
 

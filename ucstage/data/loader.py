@@ -175,7 +175,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self._epochs += 1
         self._hooks.before_workers()
         gen = self._publish_epoch(fresh=not workers_alive)
-        inner, on_done = self._hooks.after_workers(super().__iter__(), sink, self._epoch_done)
+        # Forked workers start here (not when persistent ones are reset).
+        with workerstart.gc_frozen_for_fork(self.multiprocessing_context,
+                                            0 if workers_alive else self.num_workers):
+            workers = super().__iter__()
+        inner, on_done = self._hooks.after_workers(workers, sink, self._epoch_done)
         if gen is not None:
             on_done = self._record_done(on_done, gen)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,

@@ -29,19 +29,22 @@ script again). When that does not hold, the loader forks and says why, once.
 from __future__ import annotations
 
 import ast
+import contextlib
+import gc
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import sys
+from collections.abc import Iterator
 from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .. import objstore
 
-__all__ = ["PRELOAD", "WithEnviron", "forkserver", "reads_object_store", "start_context",
-           "start_early"]
+__all__ = ["PRELOAD", "WithEnviron", "forkserver", "gc_frozen_for_fork", "reads_object_store",
+           "start_context", "start_early"]
 
 _log = logging.getLogger("ucstage")
 
@@ -235,3 +238,32 @@ def _is_main_test(test: ast.expr) -> bool:
     names = [s.id for s in sides if isinstance(s, ast.Name)]
     values = [s.value for s in sides if isinstance(s, ast.Constant)]
     return names == ["__name__"] and values == ["__main__"]
+
+
+@contextlib.contextmanager
+def gc_frozen_for_fork(context: Any, num_workers: int) -> Iterator[None]:
+    """The garbage collector's objects frozen while forked workers start.
+
+    A forked worker inherits every object of the training script; its first
+    full collections walk them all, in every worker at once (measured: a
+    later epoch stalled 0.6-0.9 s at 4 workers, 230-320 ms of gen-2
+    collection in each). Frozen (``gc.freeze``) before the fork, they sit in
+    the children's permanent generation, never walked and never written to
+    (nor copied on write). The parent unfreezes as soon as the workers are
+    started, so its own collections are unchanged. Nothing is done for
+    forkserver or spawn workers (they inherit no objects), without workers,
+    or when the script has frozen objects itself.
+    """
+    if context is not None:
+        method = context if isinstance(context, str) else context.get_start_method()
+    else:  # the default, without fixing it (get_start_method() would)
+        method = multiprocessing.get_start_method(allow_none=True) or \
+            multiprocessing.get_all_start_methods()[0]
+    if num_workers == 0 or method != "fork" or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

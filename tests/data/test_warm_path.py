@@ -160,27 +160,3 @@ def test_a_small_batch_tag_travels_as_a_few_bytes(tmp_path) -> None:  # type: ig
     tag = ds._tracker.take()
     assert tag[1] == 1 and list(tag[2]) == [0]
     assert len(pickle.dumps(tag, protocol=pickle.HIGHEST_PROTOCOL)) < 40
-
-
-def test_a_loader_without_workers_hands_torch_the_collate_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """At num_workers=0 no batch is tagged, so torch's iterator calls the
-    user's collate_fn straight (a frame less per batch); the loader keeps the
-    tagging collate for when it has workers, and positions stay exact."""
-    ds, names, _ = warm_dataset(tmp_path)
-    calls: list[int] = []
-
-    def collate(batch: list[Any]) -> list[Any]:
-        calls.append(len(batch))
-        return batch
-
-    loader = DataLoader(Names(ds), batch_size=4, num_workers=0, collate_fn=collate,
-                        log_mlflow=False)
-    it = iter(loader)
-    assert isinstance(loader.collate_fn, state_.TaggingCollate)
-    assert it._collate_fn is collate  # type: ignore[attr-defined]
-    first = next(it)
-    assert [n for n, _ in first] == [os.path.basename(n) for n in names[:4]]
-    assert delivered(loader.state_dict()) == 4
-    rest = list(it)
-    assert sum(calls) == N and len(first) + sum(map(len, rest)) == N
-    assert isinstance(loader.collate_fn, state_.TaggingCollate)

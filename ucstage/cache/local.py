@@ -164,17 +164,16 @@ class LocalCache:
         last = self._last
         if last is None or last[0] is not volume:
             last = self._last = (volume, self.namespace_dir(volume) + "/")
-        prefix, memo_of, stat = last[1], self._memo.get, os.stat
+        prefix, memos, stat, stamps = last[1], self._memo, os.stat, self._stamps
         now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
         found: list[str] = []
-        append = found.append
         for entry in entries:
             rel = entry.path
             local = prefix + rel
             # A path the memo knows passed this check before (the memo only holds
             # paths of lookups); others get the cheap screen first, and only
             # paths that might be unsafe pay for the full check.
-            memo = memo_of(local)
+            memo = memos.get(local)
             if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
                                  or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
                 if found:
@@ -184,14 +183,12 @@ class LocalCache:
                 st = stat(local)
             except OSError:
                 break
-            if memo is None or memo[0] != st.st_ino or memo[1] != st.st_ctime_ns:
-                stamp = self._stamps.stamp(local, st)
-                if stamp is None:
-                    break
+            if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
+                stamp: tuple[int, str] | None = memo[2]
             else:
-                stamp = memo[2]
-            size = entry.size
-            if stamp[0] != size or st.st_size != size or stamp[1] != entry.version:
+                stamp = stamps.stamp(local, st)
+            if stamp is None or stamp[0] != entry.size or stamp[1] != entry.version \
+                    or st.st_size != entry.size:
                 break
             # An atime in the future is a dataset's consumed mark (cache/policy.py):
             # handing the file to anyone else turns it back into an LRU file.
@@ -202,8 +199,8 @@ class LocalCache:
                     break
                 # The touch moved the ctime: remember the new one, or the next
                 # hand-out would read the stamp again.
-                self._stamps.touched(local, st, stamp)
-            append(local)
+                stamps.touched(local, st, stamp)
+            found.append(local)
         return found
 
     # -- fetching -----------------------------------------------------------

@@ -317,9 +317,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             done = 0
             if lookup is not None:
                 counters = reader.counters if reader is not None else None
-                for paths in warm.hits(entries, lookup, counters):
-                    yield from tracker.run(paths)
-                    done += len(paths)
+                done = yield from warm.hits(entries, lookup, counters, tracker)
             if done < len(entries):
                 rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])

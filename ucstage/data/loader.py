@@ -26,7 +26,6 @@ from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .mix import Mix
 from .protocol import ShardedDataset
-from .state import TaggingCollate
 from .table import TableDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
@@ -184,18 +183,6 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
                              step_every=self.mlflow_step_every,
                              extra=lambda: {**holding.epoch_metrics(vds, rank, before),
                                             **holding.source_metrics(vds)})
-
-    def _get_iterator(self) -> Any:
-        tagging = self.collate_fn
-        if self.num_workers > 0 or not isinstance(tagging, TaggingCollate):
-            return super()._get_iterator()
-        # In this process no batch is tagged (state.LoaderProgress.live): torch
-        # gets the collate inside, one Python frame less per batch.
-        self.collate_fn = tagging.collate_fn
-        try:
-            return super()._get_iterator()
-        finally:
-            self.collate_fn = tagging
 
     def _workers_alive(self) -> bool:
         return bool(self.persistent_workers and self.num_workers > 0

@@ -4,12 +4,11 @@ Without a byte cap nothing is held, so a hit needs only its lookup: the
 cache's one validity rule (:meth:`ucstage.cache.LocalCache.lookup`, a
 ``stat`` against the stamp memo), made for every path before it is handed
 out. :func:`hits` looks up a block of a slot's entries in one loop, counts
-the run of hits at once and gives the run to the dataset's iterator, which
-hands the paths out with ``yield from`` a list
-(:meth:`ucstage.data.state.SlotTracker.run`, which keeps the resume position
-without a per-path step), so a warm epoch pays per file for the lookup and
-nothing else: no read-ahead window, no generator per layer, no lock, no
-per-file counter.
+the run of hits at once and hands their paths out with ``yield from`` a
+list (:meth:`ucstage.data.state.SlotTracker.run`, which keeps the resume
+position without a per-path step), so a warm epoch pays per file for the
+lookup and nothing else: no read-ahead window, no generator per layer, no
+lock, no per-file counter.
 
 The first miss (or a lookup that raises) ends the warm path: the rest of the
 slot goes through the read-ahead (:mod:`.readahead`), which copies misses in
@@ -25,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from ..volumes import FileEntry
@@ -44,15 +43,12 @@ _size = operator.attrgetter("size")
 
 
 def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]], list[str]],
-         counters: Any) -> Iterator[list[str]]:
-    """The leading run of hits of ``entries``, in order, a block's run at a
-    time: the paths to hand out (the caller does, with ``yield from`` its
-    tracker's ``run``, so a path passes through one generator frame less).
-    The next block is looked up only when the caller asks for it, after it
-    handed out the run before. ``lookup_run(block)`` is the cache's validity
-    check over a block (the valid paths of its leading run,
+         counters: Any, tracker: Any) -> Generator[str, None, int]:
+    """Hand out the paths of the leading run of hits of ``entries``, in order;
+    return how many (``yield from`` gives it). ``lookup_run(block)`` is the
+    cache's validity check over a block (the valid paths of its leading run,
     :meth:`ucstage.cache.LocalCache.lookup_run`); ``counters`` (or None)
-    counts the hits. Ends at the first miss (or lookup that raises)."""
+    counts the hits, ``tracker`` the position (its ``run``)."""
     count = len(entries)
     done = 0
     while done < count:
@@ -67,10 +63,11 @@ def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]
                 if counters is not None:
                     run = block[:len(paths)]
                     counters.count(True, sum(map(_size, run)), _files(run))
-                yield paths
+                yield from tracker.run(paths)
                 done += len(paths)
             if len(paths) < len(block):
-                return
+                return done
+    return done
 
 
 def _files(run: Sequence[Any]) -> int:

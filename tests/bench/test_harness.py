@@ -142,3 +142,20 @@ def test_tables_json_contract(tmp_path: Path) -> None:
     epoch = rows["epoch_small"]
     assert all(epoch[f"{k}_rows_s"] > 0 for k in ("pyarrow", "table_0w", "table_torch_2w"))
     assert "epoch_small.table_0w_over_pyarrow" in doc["summary"]
+
+
+def test_profile_warm_epoch_cpu_json_contract(tmp_path: Path) -> None:
+    """``--cpu`` times each step's CPU: one row per step, labelled as CPU."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.profile_warm_epoch", "--cpu",
+                           "--files", "40", "--size-kib", "1", "--repeat", "1", "--json"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert doc["benchmark"] == "profile_warm_epoch" and doc["params"]["cpu"] is True
+    names = [r["name"] for r in doc["results"]]
+    assert "vds" in names and "ucstage-loader" in names and len(names) == len(set(names))
+    # (a 40-file step can take less CPU than the clock resolves: 0 is a figure too)
+    assert all(r["us_per_file"] >= 0 for r in doc["results"])
+    assert "µs CPU per file" in proc.stderr

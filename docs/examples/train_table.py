@@ -65,7 +65,7 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             rows += len(batch["id"])
-            total += float(loss) * len(batch["id"])
+            total += loss.item() * len(batch["id"])
         print(f"rank {rank} epoch {epoch}: {rows} rows, mean loss {total / max(rows, 1):.3f}")
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -20,7 +20,7 @@ from rich.markup import escape
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder
 from .args import column_list
-from .output import emit, fail_found, format_bytes, table, truncated_rows
+from .output import counted, emit, fail_found, format_bytes, table, truncated_rows
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -165,15 +165,15 @@ def _render(console: Console, p: Any) -> None:
                   f"fingerprint {m.fingerprint[:12]})[/]")
     summary = table("", "", numeric=False)
     summary.show_header = False
-    summary.add_row("rows", f"{m.rows:,} in {m.row_groups:,} row groups of "
-                            f"{len(m.files):,} files ({format_bytes(plan.total_bytes)})")
+    summary.add_row("rows", f"{m.rows:,} in {counted(m.row_groups, 'row group')} of "
+                            f"{counted(len(m.files), 'file')} ({format_bytes(plan.total_bytes)})")
     if p.columns != m.columns:
         summary.add_row("columns", ", ".join(p.columns))
     workers = plan.num_workers
     spec = f"{workers} on every rank" if isinstance(workers, int) else \
         ",".join(str(k) for k in workers)
     summary.add_row("ranks x workers",
-                    f"{plan.world_size:,} x {spec} = {plan.slot_total:,} slots")
+                    f"{plan.world_size:,} x {spec} = {counted(plan.slot_total, 'slot')}")
     if plan.nproc_per_node is not None:
         summary.add_row("nodes", f"{plan.node_count:,} x {plan.nproc_per_node:,} ranks per node")
     order = "listing order" if not plan.shuffle else \

@@ -255,6 +255,11 @@ def shard_plan(
     TableDataset does: rows, row groups and bytes per slot, and each rank's
     rows and batches (--batch-rows, --equal-length).
 
+    With --group key the plan deals samples (files sharing a name up to its
+    first dot), as VolumeDataset(group="key") does. With several SOURCEs and
+    --weights or --repeat it is a ucstage.Mix's: each source's share and
+    passes, and per slot the items from each.
+
     \b
     Examples:
       ucstage shard-plan /Volumes/main/ml/train --world-size 8 --num-workers 6

@@ -13,9 +13,10 @@ import click
 
 from .. import __version__
 from ..errors import Terminated, UcstageError
+from . import output
 from .output import COMMAND_META, JSON_META, Group, err, error_hint, flag_names, print_error
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTEXT = {**output.CONTEXT, "max_content_width": 100}
 
 
 def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -> None:

@@ -11,7 +11,7 @@ from ..bench import BenchReport
 from ..errors import InvalidArgument
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import parse_modes, parse_workers
-from .output import emit, err, json_option, read_source, source_options, table
+from .output import CONTEXT, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
@@ -129,7 +129,7 @@ class _Files(click.ParamType):
             self.fail(f"takes a number of files or 'all', got {value!r}", param, ctx)
 
 
-@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("bench", context_settings=CONTEXT)
 @source_options
 @click.option("-n", "--files", "files", type=_Files(), default=None, metavar="N|all",
               help="Bench a deterministic sample of N files (same files on every run), or "

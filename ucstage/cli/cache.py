@@ -20,6 +20,7 @@ from ..cache.sources import job_env
 from .cache_maint import clear, prune, status, verify
 from .cache_warm import warm
 from .output import (
+    CONTEXT,
     Group,
     counted,
     emit,
@@ -29,8 +30,6 @@ from .output import (
     read_source,
     source_options,
 )
-
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
 @click.group("cache", cls=Group, context_settings=CONTEXT)

@@ -17,6 +17,7 @@ from ..cache.sources import cached_volumes, verify_source
 from ..units import SIZE_HELP
 from .args import size_flag
 from .output import (
+    CONTEXT,
     counted,
     emit,
     err,
@@ -31,7 +32,6 @@ from .output import (
     warn_skipped,
 )
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
 
 

@@ -22,6 +22,7 @@ from .args import size_flag
 from .group_plan import group_option, grouped
 from .network import network_options, network_summary
 from .output import (
+    CONTEXT,
     counted,
     emit,
     err,
@@ -36,7 +37,6 @@ from .progress import Counting, progress_bar
 from .row_groups import WARM_FILE_ONLY, check_unit_options, table_entries, warm_options
 from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
 EXAMPLES = 10
 
 

@@ -16,7 +16,7 @@ from rich.text import Text
 from ..errors import InvalidArgument
 from ..progress import Callback
 from .args import column_list, num_workers_list
-from .output import emit, err, flag_names, format_bytes, json_option, table
+from .output import CONTEXT, emit, err, flag_names, format_bytes, json_option, table
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
@@ -200,7 +200,7 @@ def stream_hint(dest: str) -> str:
     return f"ucstage.TableDataset({dest!r})"
 
 
-@click.command("export", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("export", context_settings=CONTEXT)
 @click.argument("table_name", metavar="TABLE")
 @click.argument("dest", metavar="DEST")
 @click.option("--remote", metavar="sc://HOST:PORT", default=None,

@@ -52,6 +52,7 @@ out = _Console(highlight=False, soft_wrap=True)
 err = _Console(stderr=True, highlight=False, soft_wrap=True)
 
 __all__ = [
+    "CONTEXT",
     "JSON_META",
     "counted",
     "emit",
@@ -72,6 +73,9 @@ __all__ = [
     "truncated_rows",
     "warn_skipped",
 ]
+
+CONTEXT: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+"""Every command's context settings: ``-h`` is ``--help`` too."""
 
 
 JSON_META = "ucstage.json"

@@ -34,6 +34,7 @@ from .forecast_view import forecast_json, render_forecast
 from .group_plan import ItemNames, group_option, grouped, item_sizes, members_json, render_members
 from .mix_plan import REFUSED, mix_options, refused, run_mix_plan
 from .output import (
+    CONTEXT,
     emit,
     err,
     fail_found,
@@ -197,7 +198,7 @@ def _render_empty(console: Console, p: ShardPlan, n: str = "file") -> None:
                       "slot has one")
 
 
-@click.command("shard-plan", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("shard-plan", context_settings=CONTEXT)
 @source_options
 @click.option("-w", "--world-size", type=int, required=True, help="Number of ranks (processes).")
 @click.option("-k", "--num-workers", required=True, metavar="K|K0,K1,...",

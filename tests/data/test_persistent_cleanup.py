@@ -84,7 +84,7 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def scripts(short_tmp: Path) -> Iterator[list[subprocess.Popen[str]]]:
+def scripts() -> Iterator[list[subprocess.Popen[str]]]:
     """The scripts a test starts; whatever is left of their sessions is killed at teardown."""
     started: list[subprocess.Popen[str]] = []
     yield started

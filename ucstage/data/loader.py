@@ -326,7 +326,7 @@ def _warn_if_empty(ds: Any, rank: int) -> None:
     for the slots, or equal_length="drop" cut to an empty slot)."""
     try:
         mine, items = len(ds), len(ds.freeze())
-    except (TypeError, AttributeError):  # a dataset without a length
+    except TypeError:  # a dataset without a length
         return
     if mine or not items:
         return

@@ -254,8 +254,8 @@ def gc_frozen_for_fork(context: Any, num_workers: int) -> Iterator[None]:
     forkserver or spawn workers (they inherit no objects), without workers,
     or when the script has frozen objects itself.
     """
-    if context is not None:
-        method = context if isinstance(context, str) else context.get_start_method()
+    if context is not None:  # torch's setter has made a context of a name
+        method = context.get_start_method()
     else:  # the default, without fixing it (get_start_method() would)
         method = multiprocessing.get_start_method(allow_none=True) or \
             multiprocessing.get_all_start_methods()[0]

@@ -330,7 +330,7 @@ def markdown(summaries: dict[str, dict[str, Any]], files: dict[str, int], pairs:
                   "|---|---:|---|---:|---|"]
         for what, t in s["targets"].items():
             lines.append(f"| {what} | {t['ratio']:.2f}x | "
-                         f"{', '.join(f'{x:.2f}' for x in t['pairs'])} | >= {t['target']} | "
+                         f"{', '.join(f'{x:.2f}' for x in t['pairs'])} | >= {t['target']:.3g} | "
                          f"{'met' if t['met'] else 'missed'} |")
     return "\n".join(lines)
 

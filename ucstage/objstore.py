@@ -110,7 +110,7 @@ def _clean(fn: Callable[..., T], *args: Any) -> T:
     short-lived forked child while obstore is unused here, so that processes
     forked from this one later (DataLoader workers) can still use it
     (:mod:`ucstage.aside`); directly once it is used here anyway."""
-    if _used_in is not None:
+    if _used_in is not None or not hasattr(os, "fork"):  # no fork, no forked workers
         return fn(*args)
     from .aside import aside
 

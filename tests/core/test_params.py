@@ -204,3 +204,42 @@ def test_a_fill_null_a_column_cannot_hold_is_refused_before_the_first_batch(
     assert ok.columns == ["id"]
     got = np.concatenate([b["id"] for b in ok])
     assert sorted(got.tolist()) == sorted([-1 if i % 7 == 0 else i for i in range(30)])
+
+
+def _volume(**kwargs: Any) -> Any:
+    from ucstage import VolumeDataset
+
+    return VolumeDataset("/nowhere", **kwargs)
+
+
+def _table(**kwargs: Any) -> Any:
+    from ucstage import TableDataset
+
+    return TableDataset("/nowhere", **kwargs)
+
+
+ENTRY_POINTS = {
+    "VolumeDataset(include=)": lambda v: _volume(include=v).include,
+    "VolumeDataset(exclude=)": lambda v: _volume(exclude=v).exclude,
+    "VolumeDataset(require=)": lambda v: _volume(group="key", require=v)._grouping.require,
+    "TableDataset(columns=)": lambda v: tuple(_table(columns=v).columns),
+    "Grouping(require=)": lambda v: Grouping("key", v).require,
+}
+"""Every public parameter that takes several names, and how to read it back
+(Mix's own parameters are checked by Mix)."""
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(ENTRY_POINTS)), st.text(min_size=1, max_size=10))
+def test_every_entry_point_takes_a_str_whole(entry: str, value: str) -> None:
+    assert ENTRY_POINTS[entry](value) == (value,)
+    assert ENTRY_POINTS[entry]([value, value + "x"]) == (value, value + "x")
+    with pytest.raises(InvalidArgument, match=r"\[1\] must be a str, got NoneType None$"):
+        ENTRY_POINTS[entry]([value, None])
+
+
+@given(st.sampled_from(["direct", "cold", "warm"]))
+def test_bench_modes_take_one_mode_as_a_str(mode: str) -> None:
+    from ucstage.bench.options import check_modes
+
+    assert check_modes(mode) == [mode]

@@ -21,6 +21,7 @@ from .. import manifest as _manifest
 from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
 from ..errors import EmptySource, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest, group_manifest
+from ..manifest.files import write
 from ..manifest.groups import Grouping
 from ..volumes import FileEntry, Volume
 from ..volumes.listing import skip_messages
@@ -75,7 +76,7 @@ class FrozenListing:
     def _save_manifest(self, manifest: Manifest) -> None:
         path = self._manifest_file(manifest.fingerprint)
         if not os.path.exists(path):
-            _manifest.save(manifest, path, format="arrow")
+            write(manifest, path, format="arrow")  # ucstage's own file: no user file to spare
         self._manifest_path = path
         self._manifest_size = os.path.getsize(path)
 

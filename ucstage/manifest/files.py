@@ -92,7 +92,7 @@ def _check_target(manifest: Manifest, path: str, force: bool) -> None:
                 f"{path} is inside the source {manifest.source}: the manifest would "
                 f"{'replace a file of it' if os.path.lexists(path) else 'be listed as its data'}",
                 hint="write it outside the source (by default it goes beside the cache folder)")
-    if not force and os.path.isfile(path) and not _marked(path):
+    if not force and os.path.isfile(path) and not _replaceable(path):
         raise InvalidArgument(f"{path} exists and is not a ucstage manifest; refusing to "
                               "replace it", hint="choose another name, or pass `force` to "
                                                  "replace it")
@@ -135,14 +135,20 @@ def is_manifest_file(path: str) -> bool:
 def _marked(path: str) -> bool:
     """Whether the local file ``path`` starts like a ucstage manifest (JSON
     with the format marker, or an Arrow file whose schema carries it)."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(64)
-        if head.startswith(ARROW_MAGIC):
-            return formats.arrow_marked(path)
-    except OSError:
-        return False
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    if head.startswith(ARROW_MAGIC):
+        return formats.arrow_marked(path)
     return head.lstrip().startswith(b"{") and FORMAT.encode() in head
+
+
+def _replaceable(path: str) -> bool:
+    """A manifest :func:`save` may replace without ``force`` (an unreadable
+    file is not known to be one)."""
+    try:
+        return _marked(path)
+    except (OSError, ManifestError):
+        return False
 
 
 def _open(path: str) -> tuple[Any, str | None]:

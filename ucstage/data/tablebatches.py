@@ -74,15 +74,34 @@ def _todo(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> l
             if skip.get(int(run[p]), 0) < int(rows[int(run[p])])]
 
 
+SLACK = 1.1
+"""Buffers a batch may hold, as a multiple of its rows' bytes, before it is
+copied into buffers of its own (:func:`_owned`)."""
+
+
 def _batch(table: Any) -> Any:
     import pyarrow as pa
 
     batches = table.combine_chunks().to_batches()
     if len(batches) == 1:
-        return batches[0]
+        return _owned(batches[0])
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
-    return pa.concat_batches(batches)
+    return _owned(pa.concat_batches(batches))
+
+
+def _owned(batch: Any) -> Any:
+    """``batch`` holding buffers of its own rows only. A batch cut from a
+    window is a zero-copy slice of the window's buffers: pickled to the main
+    process by a DataLoader worker it would carry the whole window (600x its
+    rows, measured), and kept by a loop it would keep the window alive; a
+    copy of its rows costs about what they weigh."""
+    import numpy as np
+    import pyarrow as pa
+
+    if batch.get_total_buffer_size() <= SLACK * batch.nbytes:
+        return batch
+    return batch.take(int_array(np.arange(batch.num_rows), pa.int64()))
 
 
 class _Windows:

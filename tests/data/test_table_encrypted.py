@@ -86,3 +86,22 @@ def test_encrypted_files_are_refused_by_name_without_a_crash(tmp_path: Path,
         assert "b-locked.parquet is encrypted" in lines[0], (name, done.stderr)
         assert any(re.search(why, line) for line in lines), (name, done.stderr)
         assert "no Parquet magic" not in done.stderr
+
+
+def test_the_encryption_check_reads_any_bytes_without_a_crash(tmp_path: Path) -> None:
+    # Every cut of a real footer, and its bytes reversed: the scanner either
+    # answers or says the bytes are no footer (ValueError: NotParquet).
+    from ucstage.tables.encrypted import encryption
+
+    write_encrypted(tmp_path / "x.parquet", plaintext_footer=True)
+    data = (tmp_path / "x.parquet").read_bytes()
+    n = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - n:-8]
+    assert encryption(footer) is not None
+    assert encryption(footer[:-28]) is not None  # the struct, without its 28-byte signature
+    for cut in [*range(0, len(footer), 7), len(footer) - 1]:
+        for blob in (footer[:cut], footer[cut:], footer[::-1][:cut]):
+            try:
+                encryption(blob)
+            except ValueError:
+                pass

@@ -14,9 +14,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
 from tests.common import footeredit as fe
 from ucstage import DataLoader, LocalCache, TableDataset
+from ucstage.cli import cli
 from ucstage.errors import CorruptParquet, InvalidArgument
 
 
@@ -102,6 +104,12 @@ def test_a_chunk_past_the_end_of_its_file_is_refused_at_freeze(tmp_path: Path) -
     with pytest.raises(CorruptParquet, match=r"long\.parquet.*row group 0.*'comment_col'.*past"):
         TableDataset(str(folder), cache=LocalCache(tmp_path / "cache")).freeze()
     assert CorruptParquet("x").exit_code == 2
+    # The CLI: one line, exit 2, nothing fetched (no short read retried, no rerun hint).
+    done = CliRunner(env={"UCSTAGE_CACHE_DIR": str(tmp_path / "cache")}).invoke(
+        cli, ["cache", "warm", str(folder), "--unit", "row-group"], catch_exceptions=False)
+    assert done.exit_code == 2, done.output
+    assert "long.parquet: row group 0, column 'comment_col'" in done.output
+    assert "rerun" not in done.output and "attempts" not in done.output
 
 
 def test_a_column_listed_twice_is_refused_up_front(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ One table per row-group size (the same rows: ``id``, a float, 8 floats, a
 string; about 56 bytes a row), each read in a fresh process:
 ``format="arrow"``, ``batch_rows``, shuffled, ``DataLoader(num_workers=2)``
 (``--order file`` and ``--workers 0`` for the in-process case, where a batch
-is a slice of a row group), over a warm cache.
+is a slice of a row group), over a cache warmed by a run before.
 The main process keeps every batch (a loop that collects its outputs) and
 reads its RSS from /proc/self/status after the first batch and after the
 last; each batch's pickled size is compared with its rows' bytes
@@ -41,7 +41,11 @@ def rss():
 folder, cache, batch_rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
 workers, shuffle = int(sys.argv[4]), sys.argv[5] == "shuffled"
 ds = TableDataset(folder, batch_rows=batch_rows, format="arrow", shuffle=shuffle, cache_dir=cache)
-list(DataLoader(ds, batch_size=None, num_workers=0, log_mlflow=False))  # warm the cache
+if sys.argv[6] == "warm":  # a run of its own, so the measured one starts afresh
+    for _ in DataLoader(ds, batch_size=None, num_workers=0, log_mlflow=False):
+        pass
+    print("{}")
+    sys.exit(0)
 loader = DataLoader(ds, batch_size=None, num_workers=workers, log_mlflow=False)
 it = iter(loader)
 kept = [next(it)]
@@ -98,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         _write(folder, args.rows, group_rows)
         cache = os.path.join(args.dir, "cache")
         try:
-            done = run_command([sys.executable, "-c", CHILD, folder, cache,
-                                str(args.batch_rows), str(args.workers), args.order],
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+            for mode in ("warm", "measure"):
+                done = run_command([sys.executable, "-c", CHILD, folder, cache,
+                                    str(args.batch_rows), str(args.workers), args.order, mode],
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
         except CommandFailed as exc:
             sys.exit(f"row groups of {group_rows}: {exc}")
         got = json.loads(done.last_line)

@@ -161,3 +161,16 @@ def test_int96_timestamps_at_the_end_of_time_read_as_microseconds(tmp_path: Path
     for cols in subsets(t.column_names):
         got = rows(folder, tmp_path / "cache" / "-".join(cols), cols)
         assert got.equals(t.select(cols)), cols
+
+
+def test_which_writers_get_the_slack() -> None:
+    from ucstage.tables.footers import understates_chunks
+
+    for old in ("parquet-mr version 1.2.8", "Parquet-MR version 1.2.8 (build abc)",
+                "parquet-mr version 1.0.0-SNAPSHOT", "parquet-mr", "parquet-mr version 1.2",
+                "parquet-mr version"):
+        assert understates_chunks(old), old
+    for fine in ("parquet-mr version 1.2.9", "parquet-mr version 1.12.3 (build x)",
+                 "parquet-cpp-arrow version 26.0.1", "impala version 1.0.0", "", None,
+                 "parquet-rs version 0.1.0"):
+        assert not understates_chunks(fine), fine

@@ -202,16 +202,20 @@ PARQUET_816_PAD = 100
 1.2.9, which left the dictionary page header out of ``total_compressed_size``
 (PARQUET-816; pyarrow's ``kMaxDictHeaderSize``)."""
 
-_VERSION = re.compile(r"^\s*(.*?)\s*version\s*(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
+_NUMBERS = re.compile(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?")
 
 
 def understates_chunks(created_by: str | None) -> bool:
-    """Whether the writer ``created_by`` names is a parquet-mr before 1.2.9
-    (the versions whose chunk sizes pyarrow pads)."""
-    m = _VERSION.match(created_by or "")
-    if m is None or m.group(1).lower() != "parquet-mr":
+    """Whether the writer ``created_by`` names is a parquet-mr before 1.2.9,
+    read as pyarrow reads it: case aside, the application is what precedes
+    ``version``, and a version part that is missing counts as 0 (so a bare
+    ``parquet-mr`` is padded too; padding a correct chunk costs 100 bytes)."""
+    app, _, rest = (created_by or "").lower().partition("version")
+    if app.strip() != "parquet-mr":
         return False
-    return tuple(int(x) for x in m.groups()[1:]) < (1, 2, 9)
+    m = _NUMBERS.match(rest)
+    version = tuple(int(x or 0) for x in m.groups()) if m else (0, 0, 0)
+    return version < (1, 2, 9)
 
 
 def chunk_ranges(metadata: Any, index: int, size: int) -> list[tuple[int, int]]:

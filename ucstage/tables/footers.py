@@ -2,8 +2,12 @@
 count and column-chunk byte ranges, and the schema every batch is read as.
 
 Footers are read in threads (a footer is two small reads at the end of a
-file: on a store, two round trips). A file whose footer does not parse is
-:class:`~ucstage.errors.NotParquet`, named; footers whose schemas cannot be
+file: on a store, two round trips). A file whose footer does not parse, or
+is encrypted (checked on the raw bytes first: :mod:`.encrypted`), is
+:class:`~ucstage.errors.NotParquet`, named; a footer whose column chunks lie
+past the file's pages is :class:`~ucstage.errors.CorruptParquet`. A footer's
+chunk sizes are claims: they are read with pyarrow's slack for the writer
+known to understate them (PARQUET-816). Footers whose schemas cannot be
 unified (a plain Parquet folder) are :class:`~ucstage.errors.SchemaMismatch`,
 naming two files that disagree. For Delta the log's schema is authoritative.
 """

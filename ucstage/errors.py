@@ -16,6 +16,7 @@ __all__ = [
     "CacheFull",
     "CacheOwnershipError",
     "CacheUnusable",
+    "CorruptParquet",
     "EmptySource",
     "ExportError",
     "FetchFailed",
@@ -174,6 +175,11 @@ class UnsupportedTable(UcstageError):
 
 class NotParquet(UcstageError):
     """A file of a table source is not a readable Parquet file."""
+
+
+class CorruptParquet(NotParquet):
+    """A Parquet file's footer and its bytes disagree: a column chunk past the
+    end of the file, or pages that do not decode (named: file, row group, column)."""
 
 
 class SchemaMismatch(UcstageError):

@@ -303,3 +303,12 @@ def test_plan_counts_the_batches_table_dataset_yields(folder: str, tmp_path: Pat
     assert len(got) == one["slots"][0]["batches"]
     if equal is None:
         assert sum(b.num_rows for b in got) == one["slots"][0]["rows"] == 148
+
+
+def test_ranks_without_a_row_group_count_as_zero_batches(folder: str) -> None:
+    # 16 ranks of one worker, 11 row groups: 5 ranks yield no batch, the others 1.
+    result = run(folder, "--unit", "row-group", "-w", "16", "-k", "1")
+    assert result.exit_code == 1
+    out = " ".join(result.output.split())
+    assert "5 ranks read no row group" in out
+    assert "ranks yield different batch counts (0..1)" in out

@@ -218,7 +218,7 @@ def _render(console: Console, p: Any) -> None:
         if counts:
             console.print(f"[green]✓[/] every rank yields {counts.pop():,} batches")
     else:
-        spread = sorted({r.batches for r in p.ranks})
+        spread = p.batch_counts
         console.print(
             f"[yellow]![/] ranks yield different batch counts ({spread[0]:,}..{spread[-1]:,}): "
             "DDP hangs at the end of the epoch waiting for the rank with more batches. "

@@ -74,15 +74,44 @@ def _todo(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> l
             if skip.get(int(run[p]), 0) < int(rows[int(run[p])])]
 
 
-def _batch(table: Any) -> Any:
+SLACK = 1.1
+"""Buffers a batch may hold, as a multiple of its rows' bytes, before a
+DataLoader worker copies it into buffers of its own (:func:`_owned`)."""
+
+
+def _batch(table: Any, own: bool) -> Any:
+    """``table`` as one ``pyarrow.RecordBatch``; ``own``: holding buffers of
+    its own rows only (:func:`_owned`)."""
     import pyarrow as pa
 
     batches = table.combine_chunks().to_batches()
-    if len(batches) == 1:
-        return batches[0]
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
-    return pa.concat_batches(batches)
+    batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+    return _owned(batch) if own else batch
+
+
+def _owned(batch: Any) -> Any:
+    """``batch`` holding buffers of its own rows only. A batch cut from a
+    window or a row group is a zero-copy slice of its buffers, and a pickled
+    slice carries them whole: a DataLoader worker sent 20-100x a batch's rows
+    to the main process (measured, docs/benchmarks.md). In the main process
+    the slice stays (a copy would cost about 10% more CPU per epoch)."""
+    import pyarrow as pa
+
+    if batch.get_total_buffer_size() <= SLACK * batch.nbytes:
+        return batch
+    # Concatenating one array copies just its rows (half the time of take()).
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns],
+                                      schema=batch.schema)
+
+
+def _in_worker() -> bool:
+    """Whether this is a DataLoader worker, whose batches are pickled to the
+    main process."""
+    import torch.utils.data as tud
+
+    return tud.get_worker_info() is not None
 
 
 class _Windows:
@@ -172,6 +201,7 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
     import pyarrow as pa
 
     reader = holding.open_reader(vds, vds.cache(), rank)
+    own = _in_worker()
     b = vds.batch_rows
     key = (tracker.slot, tracker.segment)
     yielded = 0
@@ -186,7 +216,7 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
         accs = []
         yielded += 1
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        return convert(_batch(table), vds.format, vds.fill_null)
+        return convert(_batch(table, own), vds.format, vds.fill_null)
 
     def cut(stream: _Windows, counted: bool) -> Iterator[Any]:
         nonlocal carry, accs
@@ -251,12 +281,13 @@ def group_items(vds: Any, groups: Any, rank: int) -> Iterator[Any]:
     columns = manifest.check_columns(vds.columns)
     entries = [group_entry(manifest, int(g), vds.columns) for g in groups]
     reader = holding.open_reader(vds, vds.cache(), rank)
+    own = _in_worker()
     paths = holding.fetch_in_order(entries, reader, vds.cache(), manifest.volume(),
                                    vds.read_ahead)
     try:
         for g, path, entry in zip(groups, paths, entries):  # noqa: B905 (paths: a generator)
             table = read_group(manifest, int(g), path, entry, columns)
-            yield convert(_batch(table), vds.format, vds.fill_null)
+            yield convert(_batch(table, own), vds.format, vds.fill_null)
     finally:
         paths.close()  # type: ignore[attr-defined]  # a generator
         if reader is not None:

@@ -15,9 +15,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InvalidArgument
+from ..errors import CorruptParquet, InvalidArgument
 from ..tables import RowGroupManifest
 from ..tables.entries import group_entry
+from ..tables.footers import INT96_UNIT
 from ..volumes import RangeEntry
 
 __all__ = ["FORMATS", "convert", "group_entry", "read_group"]
@@ -55,14 +56,13 @@ def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEn
     """Row group ``group`` read from its cache entry at ``path``, as a
     ``pyarrow.Table`` of ``columns`` in the table's schema."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     f = int(manifest.file[group])
     held = manifest.file_columns(f, columns)
     n = int(manifest.rows_per_group[group])
     if held:
-        pf = pq.ParquetFile(_sparse(path, entry.ranges), metadata=manifest.metadata(f))
-        got = pf.read_row_group(int(manifest.index[group]), columns=held)
+        buffer = _sparse(path, entry.ranges)
+        got = _decode(manifest, group, buffer, held)
     else:
         got = pa.table({"__n": pa.nulls(n)}).drop_columns(["__n"])
     out = []
@@ -93,6 +93,40 @@ def check_fill_null(fill_null: Any) -> None:
         return
     raise InvalidArgument(f"fill_null must be a number, bool or str, got "
                           f"{type(fill_null).__name__} {fill_null!r}")
+
+
+def _decode(manifest: RowGroupManifest, group: int, buffer: Any, held: list[str]) -> Any:
+    """Columns ``held`` of row group ``group`` decoded from ``buffer``; pages
+    that do not decode are one :class:`CorruptParquet` naming the file, the
+    row group and the first column that fails."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f, index = int(manifest.file[group]), int(manifest.index[group])
+
+    def read(columns: list[str]) -> Any:
+        pf = pq.ParquetFile(buffer, metadata=manifest.metadata(f),
+                            coerce_int96_timestamp_unit=INT96_UNIT)
+        return pf.read_row_group(index, columns=columns)
+
+    try:
+        return read(held)
+    except (pa.ArrowException, OSError, ValueError, KeyError, IndexError) as exc:
+        error = exc
+    # Which column: each alone (only on this failing path).
+    for name in held:
+        try:
+            read([name])
+        except (pa.ArrowException, OSError, ValueError, KeyError, IndexError) as exc:
+            name_error = exc
+            break
+    else:
+        name, name_error = ", ".join(held), error
+    first = str(name_error).splitlines()[0] if str(name_error) else type(name_error).__name__
+    raise CorruptParquet(f"{manifest.source}: {manifest.files[f].path}: row group {index}, "
+                         f"column {name!r} does not decode ({first})",
+                         hint="the file is damaged or its footer misstates its pages: "
+                              "rewrite the file") from error
 
 
 def _check_fill(schema: Any, columns: Sequence[str], fill_null: Any) -> None:

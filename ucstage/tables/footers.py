@@ -2,8 +2,12 @@
 count and column-chunk byte ranges, and the schema every batch is read as.
 
 Footers are read in threads (a footer is two small reads at the end of a
-file: on a store, two round trips). A file whose footer does not parse is
-:class:`~ucstage.errors.NotParquet`, named; footers whose schemas cannot be
+file: on a store, two round trips). A file whose footer does not parse, or
+is encrypted (checked on the raw bytes first: :mod:`.encrypted`), is
+:class:`~ucstage.errors.NotParquet`, named; a footer whose column chunks lie
+past the file's pages is :class:`~ucstage.errors.CorruptParquet`. A footer's
+chunk sizes are claims: they are read with pyarrow's slack for the writer
+known to understate them (PARQUET-816). Footers whose schemas cannot be
 unified (a plain Parquet folder) are :class:`~ucstage.errors.SchemaMismatch`,
 naming two files that disagree. For Delta the log's schema is authoritative.
 """
@@ -11,16 +15,19 @@ naming two files that disagree. For Delta the log's schema is authoritative.
 from __future__ import annotations
 
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import NotParquet, SchemaMismatch
+from ..errors import CorruptParquet, NotParquet, SchemaMismatch
 from ..volumes import FileEntry, Volume
 from ..volumes.ranges import read_ranges
+from .encrypted import encryption
 from .source import TableSource
 
-__all__ = ["FileFooter", "chunk_ranges", "read_footers", "table_schema"]
+__all__ = ["INT96_UNIT", "FileFooter", "arrow_schema", "chunk_ranges", "read_footers",
+           "table_schema"]
 
 FOOTER_THREADS = 16
 """Footers read at once from a remote source."""
@@ -37,6 +44,8 @@ class FileFooter:
     """The parsed ``pyarrow.parquet.FileMetaData``."""
     leaves: list[str]
     """The file's leaf columns (``path_in_schema``), in column order."""
+    ranges: list[list[tuple[int, int]]]
+    """Per row group, (offset, length) of each column chunk (:func:`chunk_ranges`)."""
 
 
 def _footer_bytes(metadata: Any) -> bytes:
@@ -49,16 +58,19 @@ _TAIL = 64 * 1024
 """Bytes read from a file's end at first: most footers fit, so one read does."""
 
 
-def _parse_tail(volume: Volume, entry: FileEntry) -> Any:
-    """The footer of ``entry`` from ranged reads of its end."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+class _Encrypted(Exception):
+    """The file's footer or columns are encrypted (the reason)."""
 
+
+def _footer_thrift(volume: Volume, entry: FileEntry) -> bytes:
+    """The serialised ``FileMetaData`` of ``entry``, from ranged reads of its end."""
     size = entry.size
     if size < 12:
         raise ValueError(f"{size} bytes, too small for Parquet")
     n = min(size, _TAIL)
     (tail,), _ = read_ranges(volume, entry.path, [(size - n, n)])
+    if tail[-4:] == b"PARE":
+        raise _Encrypted("an encrypted footer, magic PARE")
     if tail[-4:] != b"PAR1":
         raise ValueError("no Parquet magic at the end")
     length = int.from_bytes(tail[-8:-4], "little")
@@ -66,14 +78,26 @@ def _parse_tail(volume: Volume, entry: FileEntry) -> Any:
         raise ValueError(f"a footer of {length} bytes in a file of {size}")
     if length + 8 > n:
         (tail,), _ = read_ranges(volume, entry.path, [(size - length - 8, length + 8)])
-    return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(length + 8):]))
+    return bytes(tail[-(length + 8):-8])
 
 
 def _read_one(volume: Volume, entry: FileEntry, label: str) -> FileFooter:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     try:
-        metadata = _parse_tail(volume, entry)
+        thrift = _footer_thrift(volume, entry)
+        # Before pyarrow sees it: pyarrow aborts the process on encrypted
+        # column metadata it cannot decrypt.
+        why = encryption(thrift)
+        if why:
+            raise _Encrypted(why)
+        framed = b"PAR1" + thrift + len(thrift).to_bytes(4, "little") + b"PAR1"
+        metadata = pq.read_metadata(pa.BufferReader(framed))
+    except _Encrypted as exc:
+        raise NotParquet(f"{label}: {entry.path} is encrypted ({exc})",
+                         hint="ucstage reads unencrypted Parquet only: decrypt the files "
+                              "(pyarrow.parquet.encryption) into another folder") from None
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
         if isinstance(exc, (FileNotFoundError, PermissionError, InterruptedError)):
             raise
@@ -82,7 +106,11 @@ def _read_one(volume: Volume, entry: FileEntry, label: str) -> FileFooter:
                          hint="a table source holds Parquet files only (names starting "
                               "with _ or . are not read)") from exc
     leaves = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
-    return FileFooter(entry, _footer_bytes(metadata), metadata, leaves)
+    data_end = entry.size - len(thrift) - 8
+    ranges = [_checked_ranges(metadata, g, entry.size, data_end, leaves,
+                              f"{label}: {entry.path}")
+              for g in range(metadata.num_row_groups)]
+    return FileFooter(entry, _footer_bytes(metadata), metadata, leaves, ranges)
 
 
 def read_footers(table: TableSource) -> list[FileFooter]:
@@ -109,7 +137,7 @@ def table_schema(table: TableSource, footers: list[FileFooter]) -> Any:
 
     if table.schema is not None:
         return table.schema
-    schemas = [f.metadata.schema.to_arrow_schema().remove_metadata() for f in footers]
+    schemas = [arrow_schema(f.metadata).remove_metadata() for f in footers]
     if not schemas:
         return pa.schema([])
     try:
@@ -128,6 +156,26 @@ def table_schema(table: TableSource, footers: list[FileFooter]) -> Any:
                          "sources") from exc
         raise SchemaMismatch(f"{table.source}: the files' schemas cannot be unified "
                              f"({str(exc).splitlines()[0]})") from exc
+
+
+INT96_UNIT = "us"
+"""The unit INT96 timestamps are read in (Spark writes them): microseconds, as
+Delta's timestamp is; pyarrow's default, nanoseconds, cannot hold 9999-12-31."""
+
+
+def arrow_schema(metadata: Any) -> Any:
+    """The ``pyarrow.Schema`` a file's rows are read as: its footer's, with
+    INT96 timestamps (at any depth) in :data:`INT96_UNIT`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = metadata.schema
+    if not any(schema.column(i).physical_type == "INT96" for i in range(len(schema))):
+        return schema.to_arrow_schema()
+    # ParquetFile applies the unit to the schema as its reads do; given the
+    # metadata it reads nothing from the (empty) source.
+    return pq.ParquetFile(pa.BufferReader(b""), metadata=metadata,
+                          coerce_int96_timestamp_unit=INT96_UNIT).schema_arrow
 
 
 def _with_folders(schema: Any, values: list[dict[str, Any]]) -> Any:
@@ -153,15 +201,60 @@ def _clash(a: Any, b: Any) -> str:
     return ""
 
 
-def chunk_ranges(metadata: Any, index: int) -> list[tuple[int, int]]:
-    """(offset, length) of every column chunk of row group ``index``, in column order."""
+PARQUET_816_PAD = 100
+"""Bytes pyarrow adds to each column chunk of a file from parquet-mr before
+1.2.9, which left the dictionary page header out of ``total_compressed_size``
+(PARQUET-816; pyarrow's ``kMaxDictHeaderSize``)."""
+
+_NUMBERS = re.compile(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def understates_chunks(created_by: str | None) -> bool:
+    """Whether the writer ``created_by`` names is a parquet-mr before 1.2.9,
+    read as pyarrow reads it: case aside, the application is what precedes
+    ``version``, and a version part that is missing counts as 0 (so a bare
+    ``parquet-mr`` is padded too; padding a correct chunk costs 100 bytes)."""
+    app, _, rest = (created_by or "").lower().partition("version")
+    if app.strip() != "parquet-mr":
+        return False
+    m = _NUMBERS.match(rest)
+    version = tuple(int(x or 0) for x in m.groups()) if m else (0, 0, 0)
+    return version < (1, 2, 9)
+
+
+def chunk_ranges(metadata: Any, index: int, size: int) -> list[tuple[int, int]]:
+    """(offset, length) of every column chunk of row group ``index`` of a file
+    of ``size`` bytes, in column order: from the dictionary page (if it comes
+    first), with pyarrow's slack for a writer known to understate the length,
+    so that the cached bytes hold every byte pyarrow reads of the chunk."""
     rg = metadata.row_group(index)
+    pad = understates_chunks(metadata.created_by)
     out = []
     for c in range(rg.num_columns):
         col = rg.column(c)
-        start = col.data_page_offset
+        start = int(col.data_page_offset)
         if col.has_dictionary_page and col.dictionary_page_offset is not None \
                 and 0 < col.dictionary_page_offset < start:
-            start = col.dictionary_page_offset
-        out.append((int(start), int(col.total_compressed_size)))
+            start = int(col.dictionary_page_offset)
+        length = int(col.total_compressed_size)
+        if pad:
+            length += max(0, min(PARQUET_816_PAD, size - start - length))
+        out.append((start, length))
+    return out
+
+
+def _checked_ranges(metadata: Any, index: int, size: int, data_end: int, leaves: list[str],
+                    where: str) -> list[tuple[int, int]]:
+    """:func:`chunk_ranges`, each chunk's stated range checked against the
+    file: a footer pointing outside the file's pages is malformed, said at
+    freeze (never fetched, and retried, as a short read)."""
+    rg = metadata.row_group(index)
+    out = chunk_ranges(metadata, index, size)
+    for c, (start, _) in enumerate(out):
+        stated = int(rg.column(c).total_compressed_size)
+        if start < 4 or stated < 0 or start + stated > data_end:
+            raise CorruptParquet(
+                f"{where}: row group {index}, column {leaves[c]!r}: its chunk "
+                f"({stated} bytes at {start}) lies past the file's pages (bytes 4..{data_end})",
+                hint="the file's footer is malformed: rewrite the file")
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .footers import FileFooter, chunk_ranges, read_footers, table_schema
+from .footers import FileFooter, read_footers, table_schema
 from .manifest import RowGroupManifest
 from .source import TableSource, resolve_table
 
@@ -47,7 +47,7 @@ def from_footers(table: TableSource, footers: list[FileFooter], schema: Any
             file.append(f)
             index.append(g)
             rows.append(md.row_group(g).num_rows)
-            for c, (o, n) in enumerate(chunk_ranges(md, g)):
+            for c, (o, n) in enumerate(footer.ranges[g]):
                 col.append(c)
                 off.append(o)
                 length.append(n)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..atomic import write_atomic
-from ..errors import ManifestError, UnknownColumn
+from ..errors import InvalidArgument, ManifestError, UnknownColumn
 from ..volumes import FileEntry, Volume, resolve
 
 __all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "int_array", "is_row_group_manifest"]
@@ -101,11 +101,16 @@ class RowGroupManifest:
 
         Raises:
             UnknownColumn: naming the columns that are not there.
+            InvalidArgument: a column listed twice.
         """
         if columns is None:
             return self.columns
         if isinstance(columns, str):
             columns = [columns]
+        twice = sorted({c for c in columns if list(columns).count(c) > 1})
+        if twice:
+            raise InvalidArgument(f"columns names {', '.join(map(repr, twice))} twice",
+                                  hint="list each column once")
         missing = [c for c in columns if c not in self.schema.names]
         if missing:
             raise UnknownColumn(f"{self.source} has no column{'s' if len(missing) > 1 else ''} "

@@ -56,12 +56,18 @@ class RowGroupPlan:
     ranks: list[RankRows]
 
     @property
-    def batches_equal(self) -> bool:
-        """Every rank yields the same number of batches (DDP needs it)."""
+    def batch_counts(self) -> list[int]:
+        """The distinct numbers of batches ranks yield, sorted; the ranks that
+        read no row group (not in ``ranks``) count too."""
         counts = {r.batches for r in self.ranks}
         if self.plan.empty.ranks:
             counts.add(0 if self.equal is None else self.equal)
-        return len(counts) <= 1
+        return sorted(counts)
+
+    @property
+    def batches_equal(self) -> bool:
+        """Every rank yields the same number of batches (DDP needs it)."""
+        return len(self.batch_counts) <= 1
 
     @property
     def problems(self) -> list[str]:

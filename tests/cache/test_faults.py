@@ -307,3 +307,26 @@ def test_counters_written_before_the_check_counts_still_read(tmp_path: Path) -> 
     stats = runstats.read_run(str(tmp_path), "old-run")
     assert (stats.hits, stats.misses, stats.processes) == (3, 1, 1)
     assert (stats.checked_md5, stats.checked_size, stats.mismatches) == (0, 0, 0)
+
+
+def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(
+        fault_proxy: Faults) -> None:
+    """A store that allows RATE object GETs per second and answers 503
+    SlowDown above it (a token bucket, as S3 throttles a prefix): the warm's
+    pace converges on the rate, so few GETs are throttled, none fails for
+    it, and every file is right. (How long it takes against N / RATE is
+    measured in benchmarks/throttle.py, not asserted.)"""
+    files = _files(200, 16 * KB)
+    src = make_source("s3", "", files)
+    fault_proxy.limit(50, prefix=_prefix(src))
+    code, doc = _warm_json(src)
+    assert code == 0, doc
+    assert doc["fetched"] == 200 and doc["failed"] == []
+    assert _wrong(LocalCache(), src, files) == []
+    from ucstage.cache import pace
+
+    # The first burst (the copies in flight at the start, unpaced) is
+    # throttled, then the pace's cuts bring the rate down: far fewer than
+    # one throttle per file, and the pace was cut.
+    assert 0 < fault_proxy.done["throttled"] <= 200 // 2
+    assert pace.pace("s3://ucstage-test").cuts >= 1

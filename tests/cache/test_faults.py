@@ -330,3 +330,28 @@ def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(
     # one throttle per file, and the pace was cut.
     assert 0 < fault_proxy.done["throttled"] <= 200 // 2
     assert pace.pace("s3://ucstage-test").cuts >= 1
+
+
+def test_time_waiting_for_the_pace_is_not_counted_as_store_latency(
+        fault_proxy: Faults) -> None:
+    """Requests queued behind a source's pace (2 per second here, as after a
+    throttle) wait seconds inside ucstage before they are sent. That wait is
+    neither a late response (no hedge fires for it) nor part of the time to
+    first byte the hedge estimate learns: the six samples are loopback GETs,
+    far under the 0.5 + 1.0 + 1.5 s the first three requests waited alone."""
+    import time
+
+    from ucstage.cache import hedge, pace
+
+    files = _files(6, 4 * KB)
+    src = make_source("s3", "", files)
+    paced = pace.pace("s3://ucstage-test")
+    paced.rate, paced.peak, paced.cut_at = 2.0, 2.0, time.monotonic()
+    samples = hedge.latency("s3://ucstage-test").first_byte.values
+    samples.clear()  # too few samples now: a step is late after 2 s
+    code, doc = _warm_json(src, "--jobs", "6")
+    assert code == 0, doc
+    assert doc["hedged"] == 0  # the last three waited 2 s and more
+    assert len(samples) == 6
+    assert sum(samples) < 3.0, samples
+    assert _wrong(LocalCache(), src, files) == []

@@ -322,11 +322,12 @@ def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching moto through the fault proxy (no faults
     until the test calls :meth:`Faults.set`)."""
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
-    from ucstage.cache import integrity
+    from ucstage.cache import integrity, pace
 
     # What this process learnt of the shared bucket's ETags (an earlier
     # test's copies matched their MD5s) must not decide this test's verdicts.
     integrity.forget()
+    pace.forget()
     with faulty(moto.endpoint) as (url, faults):
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         try:
@@ -335,3 +336,4 @@ def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
             # The moto bucket is shared by every test: a test that made its
             # ETags look unlike MD5s must not leave it marked for the next.
             integrity.forget()
+            pace.forget()  # a rate learnt from this test's throttling

@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BETA", "FREE_RETRIES", "Pace", "Paced", "pace", "pause", "send", "throttled"]
+__all__ = ["BETA", "FREE_RETRIES", "Pace", "Paced", "forget", "pace", "pause", "send",
+           "throttled"]
 
 BETA = 0.7
 """The rate after a throttle, as a share of the rate requests were sent at."""
@@ -155,6 +156,12 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def forget() -> None:
+    """Forget every source's pace (a process that points the same bucket name
+    at another store: tests)."""
+    _paces.clear()
 
 
 def pace(source: str) -> Pace:

@@ -50,8 +50,9 @@ WINDOW_S = 1.0
 """Seconds over which the rate requests are sent at is measured."""
 PAUSE_S = 0.05
 """A throttled GET is retried after up to this many seconds (jittered)."""
-FREE_RETRIES = 64
-"""Throttled attempts of one copy that do not count against its retries."""
+FREE_RETRIES = 8
+"""Throttled attempts of one copy that do not count against its retries (a
+key throttled on every GET still fails, after these and its retries)."""
 
 _THROTTLED = re.compile(r"status(?: code)?:? (?:503|429)\b|\b(?:503|429) (?:Service Unavailable|"
                         r"Slow ?Down|Too Many Requests)|SlowDown|Too ?Many ?Requests|"

@@ -6,12 +6,15 @@ COUNT x SIZE objects (``--moto``, default ``400x256K``); the fault proxy of
 tests/common/faults.py runs in this process in front of it with a token
 bucket of ``--rate`` GETs per second (burst rate / 10), as S3 throttles a
 prefix. Each run is a whole ``ucstage cache warm s3://... --json`` into a
-fresh cache, and (``--s5cmd``, when on PATH) an ``s5cmd cp`` of the same
-objects, alternating per round (``--pairs``, at least 3). Reported: each
+fresh cache, and (``--s5cmd``) an ``s5cmd cp`` of the same
+objects, and (``--baseline DIR``) the same warm with the ``ucstage`` package
+of another tree (an older commit, extracted there), alternating per round
+(``--pairs``, at least 3). Reported: each
 tool's median seconds against the ideal N / RATE, the throttled GETs, and
 whether every file is right (MD5 against the object's).
 
-    python -m benchmarks.throttle --moto 400x256K --rate 100 --pairs 3 [--s5cmd] [--json]
+    python -m benchmarks.throttle --moto 400x256K --rate 100 --pairs 3 [--s5cmd]
+        [--baseline DIR] [--json]
 """
 
 from __future__ import annotations
@@ -30,21 +33,25 @@ from typing import Any
 from benchmarks.faults import _md5s, _wrong
 from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
-from benchmarks.timing import CommandFailed, run_command
-from benchmarks.volumes import Moto, bytecode_env, s3_env
+from benchmarks.timing import run_command
+from benchmarks.volumes import Moto, bytecode_env, s3_env, which
 
 
 def _warm(url: str, env: dict[str, str], work: str, md5s: dict[str, str], i: int,
-          faults: Any) -> dict[str, Any]:
+          faults: Any, tool: str = "ucstage", tree: str = "") -> dict[str, Any]:
     faults.done["throttled"] = 0
-    cache = os.path.join(work, f"cache-{i}")
+    cache = os.path.join(work, f"cache-{tool}-{i}")
+    run_env = {**env, "UCSTAGE_CACHE_DIR": cache}
+    if tree:
+        run_env["PYTHONPATH"] = tree
+    # Exit 1 (files that failed) is a result here: it is counted, not fatal.
+    done = run_command([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
+                       env=run_env, cwd=tree or None, check=False)
     try:
-        done = run_command([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
-                           env={**env, "UCSTAGE_CACHE_DIR": cache})
-    except CommandFailed as exc:
-        sys.exit(str(exc))
-    doc = json.loads(done.stdout)
-    row = {"name": f"ucstage {i + 1}", "tool": "ucstage", "round": i + 1,
+        doc = json.loads(done.stdout)
+    except ValueError:
+        sys.exit(f"cache warm exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    row = {"name": f"{tool} {i + 1}", "tool": tool, "round": i + 1,
            "wall_s": round(done.timing.wall_s, 3), "copy_s": doc["seconds"],
            "throttled": faults.done["throttled"], "failed": len(doc["failed"]),
            "wrong_files": _wrong(doc["namespace"], md5s), "jobs": doc["jobs"]}
@@ -58,7 +65,7 @@ def _s5cmd(url: str, env: dict[str, str], work: str, i: int, faults: Any,
     dest = os.path.join(work, f"s5-{i}")
     start = time.monotonic()
     try:
-        proc = subprocess.run(["s5cmd", "--endpoint-url", env["AWS_ENDPOINT_URL"], "cp",
+        proc = subprocess.run([which("s5cmd"), "--endpoint-url", env["AWS_ENDPOINT_URL"], "cp",
                                f"{url}/*", dest + "/"], env=env, capture_output=True,
                               timeout=timeout, check=False)
         finished = proc.returncode == 0
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="object GETs per second the proxy allows")
     parser.add_argument("--s5cmd", action="store_true", help="also time s5cmd cp")
     parser.add_argument("--s5cmd-timeout", type=float, default=60.0)
+    parser.add_argument("--baseline", metavar="DIR", default="",
+                        help="a tree whose ucstage package to warm with too")
     pairs_argument(parser)
     json_argument(parser)
     args = parser.parse_args(argv)
@@ -91,12 +100,16 @@ def main(argv: list[str] | None = None) -> int:
         md5s = _md5s(server, url)
         with faulty(server.endpoint) as (proxy, faults):
             env = bytecode_env(s3_env(proxy), work)
-            tools = ["ucstage", "s5cmd"] if args.s5cmd and shutil.which("s5cmd") else ["ucstage"]
+            tools = ["ucstage"] + (["baseline"] if args.baseline else []) + \
+                (["s5cmd"] if args.s5cmd else [])
             for i in range(args.pairs):
                 for tool in order(tools, i):
                     faults.limit(args.rate, prefix=url[len("s3://"):])
-                    row = _warm(url, env, work, md5s, i, faults) if tool == "ucstage" \
-                        else _s5cmd(url, env, work, i, faults, args.s5cmd_timeout)
+                    if tool == "s5cmd":
+                        row = _s5cmd(url, env, work, i, faults, args.s5cmd_timeout)
+                    else:
+                        row = _warm(url, env, work, md5s, i, faults, tool,
+                                    args.baseline if tool == "baseline" else "")
                     print(json.dumps(row), file=sys.stderr)
                     rows.append(row)
     finally:
@@ -111,6 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         "wrong_files": sum(r["wrong_files"] for r in mine),
         "failed": sum(r["failed"] for r in mine)}
     summary["ucstage_vs_ideal"] = round(summary["ucstage_median_s"] / ideal, 3)
+    base = [r for r in rows if r["tool"] == "baseline"]
+    if base:
+        summary["baseline_median_s"] = statistics.median(r["copy_s"] for r in base)
+        summary["baseline_median_throttled"] = statistics.median(r["throttled"] for r in base)
+        summary["baseline_failed"] = sum(r["failed"] for r in base)
+        summary["baseline_over_ucstage"] = round(statistics.median(
+            b["copy_s"] / next(r["copy_s"] for r in mine if r["round"] == b["round"])
+            for b in base), 3)
     s5 = [r for r in rows if r["tool"] == "s5cmd"]
     if s5:
         summary["s5cmd_finished"] = sum(r["finished"] for r in s5)

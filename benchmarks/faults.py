@@ -7,9 +7,10 @@ whole ``ucstage cache warm s3://... --json`` into a fresh cache through the
 proxy, with one fault case:
 
 * ``none``: no fault (the baseline; the proxy is still in the path);
-* ``stall``: 2% of object GETs stop mid-body with the connection open;
-* ``reset``: 5% of them are cut mid-body by a TCP reset;
-* ``flip``: 2% of them have one byte inverted.
+* ``stall``: the first GET of every 50th file (2%) stops mid-body with the
+  connection open;
+* ``reset``: that of every 20th (5%) is cut mid-body by a TCP reset;
+* ``flip``: that of every 50th (2%) has one byte inverted.
 
 The cases run in rounds (``--pairs``, at least 3), the order alternating per
 round; each case's time is divided by the ``none`` run of its round, and the

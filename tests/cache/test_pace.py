@@ -81,3 +81,13 @@ def test_the_rate_climbs_back_after_a_cut() -> None:
             pass
         p.answered()
     assert p.rate is not None and p.rate > cut
+
+
+def test_an_unthrottled_source_keeps_only_a_window_of_send_times() -> None:
+    clock = Clock()
+    p = Pace(clock)
+    for i in range(10_000):
+        clock.now = i / 1000  # 1000 a second for 10 s, never throttled
+        assert p.take() == 0.0
+    assert p.rate is None
+    assert len(p._sent) <= 1001

@@ -119,6 +119,8 @@ class Pace:
                 return (1 - self._tokens) / self.rate
             self._tokens -= 1
         self._sent.append(now)
+        if self._sent[0] < now - WINDOW_S:
+            self.sent_rate(now)  # drop what left the window: bounded memory
         return 0.0
 
     def throttle(self, sent_at: float) -> None:

@@ -7,9 +7,10 @@ whole ``ucstage cache warm s3://... --json`` into a fresh cache through the
 proxy, with one fault case:
 
 * ``none``: no fault (the baseline; the proxy is still in the path);
-* ``stall``: 2% of object GETs stop mid-body with the connection open;
-* ``reset``: 5% of them are cut mid-body by a TCP reset;
-* ``flip``: 2% of them have one byte inverted.
+* ``stall``: the first GET of every 50th file (2%) stops mid-body with the
+  connection open;
+* ``reset``: that of every 20th (5%) is cut mid-body by a TCP reset;
+* ``flip``: that of every 50th (2%) has one byte inverted.
 
 The cases run in rounds (``--pairs``, at least 3), the order alternating per
 round; each case's time is divided by the ``none`` run of its round, and the
@@ -42,8 +43,9 @@ from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import CommandFailed, run_command
 from benchmarks.volumes import Moto, bytecode_env, s3_env, size_spec
 
-CASES = {"none": ("", 0.0), "stall": ("stall", 0.02), "reset": ("reset", 0.05),
-         "flip": ("flip", 0.02)}
+CASES = {"none": ("", 0), "stall": ("stall", 50), "reset": ("reset", 20),
+         "flip": ("flip", 50)}
+"""case -> (fault, every n-th file gets it on its first GET)."""
 
 
 def _md5s(moto: Moto, url: str) -> dict[str, str]:
@@ -72,8 +74,10 @@ def _wrong(namespace: str, md5s: dict[str, str]) -> int:
 
 def _run(case: str, url: str, env: dict[str, str], faults: Any, prefix: str,
          work: str, md5s: dict[str, str], round_index: int) -> dict[str, Any]:
-    kind, share = CASES[case]
-    faults.set(kind, share, prefix=prefix)
+    from tests.common.faults import every
+
+    kind, nth = CASES[case]
+    faults.set(kind, every(md5s, nth) if nth else [], prefix=prefix)
     cache = os.path.join(work, f"cache-{case}-{round_index}")
     cmd = [sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"]
     try:

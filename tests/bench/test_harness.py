@@ -159,3 +159,20 @@ def test_profile_warm_epoch_cpu_json_contract(tmp_path: Path) -> None:
     # (a 40-file step can take less CPU than the clock resolves: 0 is a figure too)
     assert all(r["us_per_file"] >= 0 for r in doc["results"])
     assert "µs CPU per file" in proc.stderr
+
+
+def test_throttle_json_contract(tmp_path: Path) -> None:
+    """benchmarks.throttle at a tiny scale: a warm through the rate-limited
+    proxy of tests/common/faults.py, every file right, the document follows
+    the contract."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.throttle", "--moto", "30x4K",
+                           "--rate", "40", "--pairs", "1", "--json"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    validate(doc)
+    assert doc["benchmark"] == "throttle"
+    summary = doc["summary"]
+    assert (summary["files"], summary["wrong_files"], summary["failed"]) == (30, 0, 0)
+    assert summary["ideal_s"] == 0.75 and summary["ucstage_vs_ideal"] > 0

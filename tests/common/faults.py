@@ -1,26 +1,36 @@
 """A fault-injecting HTTP proxy on 127.0.0.1 in front of the moto server.
 
-It forwards every request and, for a chosen share of object GETs, damages the
-response mid-body the ways a network does:
+It forwards every request and, for chosen object GETs, damages the response
+the ways a network or a store does:
 
 * ``reset``: half the body, then a TCP reset (``SO_LINGER`` 0);
 * ``stall``: half the body, then nothing more while the connection stays
   open, until the client gives up (closes it) or :attr:`Faults.max_stall`
   seconds pass;
 * ``flip``: the whole body with one byte inverted (in the middle, moved on
-  by 7 bytes each time the same key is hit).
+  by 7 bytes each time the same key is hit): a transfer error;
+* ``corrupt``: the whole body with the same byte inverted on every GET: a
+  bad replica, which no retry gets past.
 
-The choice is deterministic: GET number ``n`` (counted from 1, listings
-excluded) is faulted when ``floor(n * share)`` steps up, so N GETs get
-``floor(N * share)`` faults whatever the order the requests arrive in. A key
-is faulted at most :attr:`Faults.per_key` times (a fault due on a key hit
-enough goes to the next GET), so no file can fail every retry: the tests
-stay bounded and never flaky.
+The choice is by request, never by a share of whatever GETs happen: the test
+names the keys (:meth:`Faults.set`), and GET number ``n`` of a named key
+(counted per key from 1, listings excluded, hedged GETs and retries alike) is
+faulted while ``n <= attempts``. So the faults injected are exactly
+``len(keys) x attempts`` (all GETs for ``corrupt``), whatever the load, the
+order the requests arrive in, or the extra GETs a hedge or a slow retry adds.
+:func:`every` picks every n-th name of a set of files.
+
+:meth:`Faults.limit` adds a request-rate limit over every object GET under a
+prefix: a token bucket (``rate`` per second, ``burst`` at most), and a GET
+that finds it empty gets ``503 SlowDown`` without reaching moto, as S3
+throttles a prefix. Throttled GETs are counted in ``done["throttled"]``.
 
 ``etags="kms"`` serves every ETag (GET, HEAD, listings) as the MD5 of the
 real one: 32 hex digits that are not the body's MD5, as an SSE-KMS bucket
 answers. Counts of what it did are in :attr:`Faults.done`; how long each stall
-was held before the client closed it is in :attr:`Faults.stalls`.
+was held is in :attr:`Faults.stalls`, and how many ended because the client
+closed the connection (not at :attr:`Faults.max_stall`) in
+:attr:`Faults.stalls_dropped`.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -42,9 +52,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-__all__ = ["FAULTS", "Faults", "fault_proxy", "faulty"]
+__all__ = ["FAULTS", "Faults", "every", "fault_proxy", "faulty"]
 
-FAULTS = ("reset", "stall", "flip")
+FAULTS = ("reset", "stall", "flip", "corrupt")
+_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+              b"<Message>Please reduce your request rate.</Message></Error>")
 _ETAG = re.compile(r'(&quot;|")([0-9a-f]{32})(-\d+)?(&quot;|")')
 
 
@@ -55,60 +67,99 @@ class Faults:
         self.target = urlsplit(target)
         self.kind = ""
         """The fault to inject (one of :data:`FAULTS`), '' for none."""
-        self.share = 0.0
-        """The share of object GETs faulted."""
-        self.per_key = 1
-        """Faults of one key at most."""
+        self.keys: frozenset[str] = frozenset()
+        """The keys faulted (``bucket/key``)."""
+        self.attempts = 1
+        """GETs of each faulted key that get the fault (the first ones)."""
         self.prefix = ""
-        """Only GETs of keys under this prefix (bucket/key...) count; '' for all."""
+        """Only GETs of keys under this prefix (bucket/key...) are rate-limited."""
         self.max_stall = 30.0
         """A stall ends (the proxy closes the connection) after this many seconds."""
         self.etags = ""
         """``"kms"``: serve ETags that are not MD5s of the bodies."""
-        self.gets = 0
-        """Object GETs seen (counted toward the share)."""
-        self._owed = 0
+        self.rate = 0.0
+        """Object GETs per second the token bucket allows (0: no limit)."""
+        self.burst = 1.0
+        self._tokens = 0.0
+        self._filled = 0.0
+        self.gets: Counter[str] = Counter()
+        """Object GETs seen, by key (throttled ones excluded)."""
         self.done: Counter[str] = Counter()
-        """Faults injected, by kind."""
+        """Faults injected, by kind (and ``throttled``)."""
         self.faulted: Counter[str] = Counter()
         """Faults injected, by key."""
         self.stalls: list[float] = []
-        """Seconds each stall held its connection before the client closed it."""
+        """Seconds each stall held its connection."""
+        self.stalls_dropped = 0
+        """Stalls that ended because the client closed the connection."""
         self.stalled_now = 0
         self.release = threading.Event()
         """Setting it ends every stall (at teardown)."""
         self._lock = threading.Lock()
 
-    def set(self, kind: str, share: float, *, prefix: str = "", per_key: int = 1) -> Faults:
-        """Fault ``share`` of the GETs under ``prefix`` with ``kind``; counts restart."""
+    def set(self, kind: str, keys: Iterable[str], *, prefix: str = "",
+            attempts: int = 1) -> Faults:
+        """Fault the first ``attempts`` GETs of each of ``keys`` (names under
+        ``prefix``, ``bucket/...``) with ``kind``; ``corrupt`` faults every GET.
+        Counts restart."""
         if kind and kind not in FAULTS:
             raise ValueError(f"kind must be one of {FAULTS}, got {kind!r}")
+        base = prefix.rstrip("/") + "/" if prefix else ""
         with self._lock:
-            self.kind, self.share, self.prefix, self.per_key = kind, share, prefix, per_key
-            self.gets = 0
-            self._owed = 0
+            self.kind, self.prefix = kind, prefix
+            self.keys = frozenset(base + key for key in keys)
+            self.attempts = 1 << 30 if kind == "corrupt" else attempts
+            self.gets.clear()
             self.done.clear()
             self.faulted.clear()
             self.stalls.clear()
+            self.stalls_dropped = 0
         return self
+
+    def limit(self, rate: float, *, burst: float = 0.0, prefix: str = "") -> Faults:
+        """Allow ``rate`` object GETs per second under ``prefix`` (a token
+        bucket holding ``burst`` at most, ``rate / 10`` by default, full at the
+        start); the others get 503 SlowDown."""
+        with self._lock:
+            self.rate, self.prefix = rate, prefix
+            self.burst = burst or max(1.0, rate / 10)
+            self._tokens, self._filled = self.burst, time.monotonic()
+            self.done["throttled"] = 0
+        return self
+
+    @staticmethod
+    def _object_get(method: str, path: str) -> str:
+        """The key (``bucket/key``) of an object GET, '' for anything else."""
+        parts = urlsplit(path)
+        if method != "GET" or "list-type" in parse_qs(parts.query):
+            return ""
+        return parts.path.lstrip("/")
+
+    def throttle(self, method: str, path: str) -> bool:
+        """Whether this request gets 503 SlowDown (the bucket is empty)."""
+        key = self._object_get(method, path)
+        if not key or not self.rate or (self.prefix and not key.startswith(self.prefix)):
+            return False
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._filled) * self.rate)
+            self._filled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return False
+            self.done["throttled"] += 1
+            return True
 
     def choose(self, method: str, path: str) -> tuple[str, int]:
         """The fault for this request ('' for none), and how many times its
         key was faulted before."""
-        parts = urlsplit(path)
-        if method != "GET" or "list-type" in parse_qs(parts.query) or not self.kind:
-            return "", 0
-        key = parts.path.lstrip("/")
-        if self.prefix and not key.startswith(self.prefix):
+        key = self._object_get(method, path)
+        if not key:
             return "", 0
         with self._lock:
-            self.gets += 1
-            n = self.gets
-            if int(n * self.share) != int((n - 1) * self.share):
-                self._owed += 1
-            if not self._owed or self.faulted[key] >= self.per_key:
-                return "", 0  # a fault due on a key hit enough goes to the next GET
-            self._owed -= 1
+            self.gets[key] += 1
+            if not self.kind or key not in self.keys or self.gets[key] > self.attempts:
+                return "", 0
             self.faulted[key] += 1
             self.done[self.kind] += 1
             return self.kind, self.faulted[key] - 1
@@ -162,6 +213,13 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if faults.throttle(self.command, self.path):
+                self.send_response(503, "Slow Down")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(_SLOW_DOWN)))
+                self.end_headers()
+                self.wfile.write(_SLOW_DOWN)
+                return
             headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
             headers["Host"] = faults.target.netloc
             resp = self._upstream(self.command, body, headers)
@@ -180,10 +238,11 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command == "HEAD":
                 return
-            if fault == "flip" and data:
-                # Another byte each time a key is hit: random corruption,
-                # unlike an ETag that is not an MD5, differs between reads.
-                mid = (len(data) // 2 + 7 * nth) % len(data)
+            if fault in ("flip", "corrupt") and data:
+                # flip: another byte each time a key is hit (a transfer
+                # error differs between reads); corrupt: the same byte every
+                # time (a bad replica, read the same way on every GET).
+                mid = (len(data) // 2 + (7 * nth if fault == "flip" else 0)) % len(data)
                 data = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
             if fault in ("reset", "stall"):
                 self.wfile.write(data[:len(data) // 2])
@@ -203,6 +262,8 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
                 while time.monotonic() - start < faults.max_stall and not faults.release.is_set():
                     readable, _, _ = select.select([sock], [], [], 0.02)
                     if readable and _client_closed(sock):
+                        with faults._lock:
+                            faults.stalls_dropped += 1
                         break
             finally:
                 with faults._lock:
@@ -227,6 +288,12 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
         do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 
     return Handler
+
+
+def every(files: Iterable[str], n: int) -> list[str]:
+    """Every ``n``-th of ``files`` in sorted order, from the first: the keys
+    to fault (``len(files) // n`` of them, rounded up)."""
+    return sorted(files)[::n]
 
 
 class _Server(ThreadingHTTPServer):
@@ -255,8 +322,12 @@ def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching moto through the fault proxy (no faults
     until the test calls :meth:`Faults.set`)."""
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
-    from ucstage.cache import integrity
+    from ucstage.cache import integrity, pace
 
+    # What this process learnt of the shared bucket's ETags (an earlier
+    # test's copies matched their MD5s) must not decide this test's verdicts.
+    integrity.forget()
+    pace.forget()
     with faulty(moto.endpoint) as (url, faults):
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         try:
@@ -265,3 +336,4 @@ def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
             # The moto bucket is shared by every test: a test that made its
             # ETags look unlike MD5s must not leave it marked for the next.
             integrity.forget()
+            pace.forget()  # a rate learnt from this test's throttling

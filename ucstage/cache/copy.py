@@ -182,21 +182,24 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | No
 
 
 def _copy_object(volume: Volume, relpath: str, dst: int, inflight: Inflight | None,
-                 size: int) -> Copied:
+                 size: int, root: str) -> Copied:
     from .objget import get_into
 
-    got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, inflight=inflight)
+    got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, inflight=inflight,
+                   root=root)
     return Copied(got.size, got.etag, got.mtime_ns)
 
 
 def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = None,
-            size: int = 0) -> Copied:
+            size: int = 0, root: str = "") -> Copied:
     """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
     a preallocated file is overwritten and cut to the copied size).
 
     With ``inflight`` (a warm's :class:`~ucstage.cache.inflight.Inflight`), the copy
     checks between chunks whether the warm stopped. ``size`` (the listed size)
-    lets the object-store engine split a large object into ranged GETs.
+    lets the object-store engine split a large object into ranged GETs;
+    ``root`` (the cache's) is where it remembers which sources serve MD5
+    ETags (:func:`ucstage.cache.integrity.judge`).
 
     Raises:
         Stopped: ``inflight`` stopped.
@@ -207,7 +210,7 @@ def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = 
     if volume.is_local:
         return _copy_local(volume, relpath, dst, inflight)
     if objstore.engine(volume) == "obstore":
-        return _copy_object(volume, relpath, dst, inflight, size)
+        return _copy_object(volume, relpath, dst, inflight, size, root)
     return _copy_remote(volume, relpath, dst, inflight)
 
 

@@ -6,8 +6,11 @@ preallocated temp file in the ledger (:meth:`ucstage.cache.space.CacheSpace.rese
 copies the source's bytes into it (:func:`ucstage.cache.copy.copy_to`), stamps
 it and renames it into place; on any failure it removes the temp file and
 gives its bytes back. Transient source errors are retried: throttling with a
-jittered backoff, other errors (resets, truncated bodies, checksum
-mismatches, timeouts) at once the first time and with the backoff after. A job's :class:`~ucstage.cache.inflight.Inflight` can stop its
+jittered backoff (on the object-store engine, a GET its source's pace
+throttled, :exc:`~ucstage.cache.pace.Paced`, after a short jittered delay and
+without spending a retry: the pace does the waiting), other errors (resets,
+truncated bodies, checksum mismatches, timeouts) at once the first time and
+with the backoff after. A job's :class:`~ucstage.cache.inflight.Inflight` can stop its
 copies at every step (see :mod:`ucstage.cache.inflight`).
 
 :class:`Fetcher` holds these steps for one :class:`ucstage.LocalCache` (the
@@ -33,10 +36,11 @@ from . import paths
 from .copy import Copied, copy_ranges, copy_to
 from .inflight import Inflight, Stopped
 from .locks import FileLock
+from .pace import FREE_RETRIES, Paced, pause, throttled
 from .space import CacheSpace, Evicted, free_bytes, no_room
 
-__all__ = ["Copy", "Fetcher", "FetchingCache", "Pending", "disk_full", "retryable", "slows_down",
-           "throttled"]
+__all__ = ["Copy", "Fetcher", "FetchingCache", "Pending", "Retries", "disk_full", "retryable",
+           "slows_down", "throttled"]
 
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
@@ -116,23 +120,20 @@ class Fetcher:
             FetchFailed: permanent errors, or retries ran out.
             Stopped: ``inflight`` was stopped.
         """
-        delay = self.cache.backoff
-        for attempt in range(self.cache.retries + 1):
+        state = Retries(self.cache.backoff)
+        while True:
             try:
                 return self.fetch_once(volume, entry, inflight, evicted)
             except Stopped:
                 raise
             except Exception as exc:
-                pause = self.retry_pause(exc, entry, attempt, delay)
+                pause, slow_down = state.next(self, exc, entry)
                 if inflight is not None:
                     # A stopping warm does not wait out the backoff; only
                     # throttling and timeouts tell ``--jobs auto`` to back off.
-                    inflight.sleep(pause, slow_down=slows_down(exc))
+                    inflight.sleep(pause, slow_down=slow_down)
                 elif pause:
                     time.sleep(pause)
-                if pause:
-                    delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def retry_pause(self, exc: Exception, entry: FileEntry, attempt: int,
                     delay: float) -> float:
@@ -207,7 +208,7 @@ class Fetcher:
                     copied = copy_ranges(copy.volume, copy.entry, pending.fd, copy.inflight)
                 else:
                     copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
-                                     copy.entry.size)
+                                     copy.entry.size, self.cache.root)
             finally:
                 os.close(pending.fd)
             self.commit_tmp(copy, pending, copied)
@@ -276,6 +277,31 @@ class Fetcher:
         self._folders.add(folder)
 
 
+class Retries:
+    """One copy's retries so far: which attempt it is, the backoff's next
+    delay, and the throttled attempts its pace took (which spend no retry)."""
+
+    def __init__(self, backoff: float) -> None:
+        self.attempt, self.delay, self.paced = 0, backoff, 0
+
+    def next(self, fetcher: Fetcher, exc: Exception, entry: FileEntry) -> tuple[float, bool]:
+        """``(pause, slow_down)`` before the next attempt after ``exc``.
+
+        Raises:
+            UcstageError: as :meth:`Fetcher.retry_pause`.
+        """
+        if isinstance(exc, Paced) and self.paced < FREE_RETRIES:
+            # The pace already slowed the source's requests: the copies in
+            # flight stay (fewer would not send less), the GET goes again soon.
+            self.paced += 1
+            return pause(), False
+        wait = fetcher.retry_pause(exc, entry, self.attempt, self.delay)
+        self.attempt += 1
+        if wait:
+            self.delay *= 2
+        return wait, slows_down(exc)
+
+
 def disk_full(ns_dir: str, rel: str, need: int) -> CacheFull:
     """The error of a copy of ``rel`` (``need`` bytes) that found the disk full."""
     return CacheFull(
@@ -291,16 +317,7 @@ def retryable(exc: UcstageError) -> bool:
         and not isinstance(exc.__cause__, _PERMANENT)
 
 
-_THROTTLED = re.compile(r"status(?: code)?:? (?:503|429)\b|\b(?:503|429) (?:Service Unavailable|"
-                        r"Slow ?Down|Too Many Requests)|SlowDown|Too ?Many ?Requests|"
-                        r"reduce your request rate|Throttl|RequestLimitExceeded", re.I)
 _TIMED_OUT = re.compile(r"timed? ?out|timeout|deadline", re.I)
-
-
-def throttled(exc: BaseException) -> bool:
-    """Whether ``exc`` is the store asking for fewer requests (503 SlowDown,
-    429): the one error a retry must back off for from the start."""
-    return bool(_THROTTLED.search(str(exc)))
 
 
 def slows_down(exc: BaseException) -> bool:

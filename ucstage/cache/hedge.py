@@ -22,6 +22,12 @@ left fails with :exc:`TimeoutError`, which the cache retries.
 Hedging is on by default; ``UCSTAGE_HEDGE=0`` (or ``cache warm --no-hedge``)
 turns it off, leaving only the deadline.
 
+Every leg waits for its source's :mod:`~ucstage.cache.pace` before it is
+sent; its time to first byte, and its deadline, start when it is sent, so
+ucstage's own queueing is not counted as the store's latency (which would
+make every queued request look late and hedge it, adding load to a slow or
+throttling store). A throttled leg fails as :exc:`~ucstage.cache.pace.Paced`.
+
 Everything here runs on the engine's event loop (one thread): no locks.
 """
 
@@ -36,8 +42,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..objstore import DEADLINE_ENV, deadline
+from ..objstore import DEADLINE_ENV, concise, deadline
 from ..percentile import percentile
+from . import pace
 
 __all__ = ["FLOOR", "HEDGES_PER_REQUEST", "HEDGE_ENV", "LATE", "MAX_HEDGES",
            "STATS", "Budget", "Latency", "budget", "enabled", "latency", "read"]
@@ -164,6 +171,7 @@ class _Failed:
 
 
 _HEADERS = object()
+_SENT = object()
 _END = _End()
 
 
@@ -173,11 +181,14 @@ class _Leg:
     chunks, then the end (or its error) on :attr:`items`."""
 
     def __init__(self, client: Any, key: str, start: int, end: int | None, if_match: str,
-                 chunk: int, hedged: bool) -> None:
+                 chunk: int, hedged: bool, source: str = "") -> None:
         import asyncio
 
-        self.start, self.hedged = start, hedged
+        self.start, self.hedged, self.source = start, hedged, source
+        self.sent = False
+        """Whether the request left (its pace let it); until then it is not late."""
         self.began = time.monotonic()
+        """When it was sent (made, until then)."""
         self.last = self.began
         self.meta: Any = None
         self.items: asyncio.Queue[Any] = asyncio.Queue()
@@ -196,8 +207,12 @@ class _Leg:
 
         import obstore
 
+        sent_at = self.began
         try:
+            sent_at = await pace.send(self.source)
+            self.items.put_nowait(_SENT)
             result = await obstore.get_async(client, key, options=options or None)
+            pace.pace(self.source).answered()
             self.meta = result.meta
             self.items.put_nowait(_HEADERS)
             length = min(end, self.meta["size"]) if end is not None else self.meta["size"]
@@ -213,6 +228,9 @@ class _Leg:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # handed to the reader, which decides
+            if self.meta is None and pace.throttled(exc):
+                pace.pace(self.source).throttle(sent_at)
+                exc = pace.Paced(str(concise(exc)))
             self.items.put_nowait(_Failed(exc))
 
     def cancel(self) -> None:
@@ -267,12 +285,12 @@ async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
         Exception: the request's own error (obstore's), when no other leg is left.
     """
     hedging, limit, est, pool = enabled(), deadline(), latency(source), budget()
-    legs = [_Leg(client, key, start, end, if_match, chunk, hedged=False)]
+    legs = [_Leg(client, key, start, end, if_match, chunk, hedged=False, source=source)]
     pos, meta, digest, hedges, retry_at = start, None, None, 0, 0.0
     try:
         while True:
             now = time.monotonic()
-            for leg in [leg for leg in legs if now - leg.began >= limit]:
+            for leg in [leg for leg in legs if leg.sent and now - leg.began >= limit]:
                 STATS["timeouts"] += 1
                 _drop(legs, leg, pool)
             if not legs:
@@ -284,8 +302,10 @@ async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
             else:
                 total = end if end is not None else int(meta["size"]) if meta else pos + chunk
                 late = est.chunk_late(max(1, min(chunk, total - pos)))
-            hard_at = min(leg.began for leg in legs) + limit
-            may_hedge = hedging and len(legs) == 1 and hedges < HEDGES_PER_REQUEST
+            # A leg still waiting for its pace has no deadline running yet.
+            hard_at = min((leg.began for leg in legs if leg.sent), default=now) + limit
+            may_hedge = hedging and first.sent and len(legs) == 1 \
+                and hedges < HEDGES_PER_REQUEST
             wake_at = max(first.last + late, retry_at) if may_hedge else hard_at
             got = await _next(legs, min(hard_at, wake_at) - now)
             if got is None:
@@ -297,11 +317,16 @@ async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
                         tag = if_match or (str(meta["e_tag"]) if meta and meta["e_tag"] else "")
                         hedges += 1
                         STATS["hedges"] += 1
-                        legs.append(_Leg(client, key, pos, end, tag, chunk, hedged=True))
+                        legs.append(_Leg(client, key, pos, end, tag, chunk, hedged=True,
+                                         source=source))
                     else:
                         retry_at = now + late  # no room for a hedge now: ask again later
                 continue
             leg, item = got
+            if item is _SENT:
+                leg.sent = True
+                leg.began = leg.last = time.monotonic()
+                continue
             if isinstance(item, _Failed):
                 if len(legs) == 1:
                     raise item.exc

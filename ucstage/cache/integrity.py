@@ -17,10 +17,24 @@ return them: its GET result keeps only the ETag, the size and a few content
 attributes.
 
 SSE-KMS objects have ETags of 32 hex digits that are not MD5s, and obstore
-does not return the encryption header that would tell. So a mismatch is
-retried like any transfer error, and a mismatch of the same key that repeats
-with the same digest means the ETag is not an MD5: that source (bucket) is
-marked, warned about once, counted, and gets the size check from then on.
+does not return the encryption header that would tell (its GET result has no
+SSE-KMS or SSE-C header). A mismatch is retried like any transfer error. A
+mismatch that repeats with the same digest is either such an ETag or a bad
+replica (an object stored corrupt, read the same way every time), and only
+the source's other objects can tell them apart (:func:`judge`):
+
+* a source with an object whose bytes matched their MD5 ETag serves MD5
+  ETags (a match is remembered in the process and, under the cache's root,
+  in ``.ucstage/md5-etags/``, so a later run that finds only the bad object
+  left to fetch knows it too): the repeated mismatch is a corrupt object, never
+  cached; its copy fails with :exc:`Mismatch` saying so;
+* a source where nothing ever matched is marked as serving ETags that are
+  not MD5s once :data:`NOT_MD5_KEYS` of its objects repeated their mismatch,
+  or one object gave the same wrong digest :data:`NOT_MD5_READS` times (a
+  one-object source; the retries in between give other copies time to match).
+  A marked source is warned about once, counted, and gets the size check
+  from then on. Until then, every mismatch fails the copy: a doubt never
+  caches a copy.
 
 Counts are per process (:data:`TALLY`): a warm reports what its copies did
 (:meth:`Tally.since`), and a DataLoader's counters carry them to the epoch's
@@ -37,7 +51,9 @@ import re
 import threading
 from typing import Any
 
-__all__ = ["CHECKS", "SUM_XATTR", "TALLY", "Mismatch", "Tally", "Verdict", "digest_file",
+from .paths import CONTROL, namespace_name
+
+__all__ = ["CHECKS", "NOT_MD5_KEYS", "NOT_MD5_READS", "SUM_XATTR", "TALLY", "Mismatch", "Tally", "Verdict", "digest_file",
            "expect_md5", "file_checksum", "forget", "judge", "marked", "note", "record", "recorded"]
 
 log = logging.getLogger("ucstage")
@@ -53,10 +69,15 @@ class Mismatch(OSError):
     """The bytes received differ from what the store says the object is:
     retried as a transfer error, never cached."""
 
-    def __init__(self, key: str, check: str, expected: str, got: str) -> None:
+    def __init__(self, key: str, check: str, expected: str, got: str,
+                 corrupt: bool = False) -> None:
+        why = (" on every read: the stored object is corrupt (other objects of the "
+               "source match their MD5)") if corrupt else ""
         super().__init__(f"{check} mismatch: the store says {expected}, "
-                         f"the bytes received give {got}")
+                         f"the bytes received give {got}{why}")
         self.key, self.check, self.expected, self.got = key, check, expected, got
+        self.corrupt = corrupt
+        """The same wrong bytes on every read from a source whose ETags are MD5s."""
 
 
 class Tally:
@@ -86,9 +107,21 @@ TALLY = Tally()
 _marks_lock = threading.Lock()
 _not_md5: set[str] = set()
 """Sources (``kind://bucket``) whose ETags proved not to be MD5s."""
-_last_miss: dict[str, str] = {}
-"""source key -> the digest its last mismatching copy gave (bounded)."""
+_last_miss: dict[str, tuple[str, int]] = {}
+"""source key -> the digest its last mismatching copy gave, and how many reads
+in a row gave it (bounded)."""
 _LAST_MAX = 4096
+_matched: set[str] = set()
+"""Sources with an object whose bytes matched their MD5 ETag: their ETags are MD5s."""
+_kept: set[tuple[str, str]] = set()
+"""(root, source) pairs whose match this process already wrote down."""
+_repeated: dict[str, set[str]] = {}
+"""source -> keys whose mismatch repeated with the same digest (while none matched)."""
+NOT_MD5_KEYS = 3
+"""Objects of a source, none matching, whose mismatches repeat, that mark it."""
+NOT_MD5_READS = 4
+"""Reads of one object giving the same wrong digest that mark its source when
+none of the source's objects matched (the cache's default 4 attempts)."""
 
 
 def _forget_after_fork() -> None:
@@ -136,12 +169,14 @@ class Verdict:
         self.check, self.checksum = check, checksum
 
 
-def judge(source: str, key: str, expected: str, got: str) -> Verdict:
+def judge(source: str, key: str, expected: str, got: str, *, root: str = "") -> Verdict:
     """The verdict on a copy whose bytes' MD5 is ``got``, ``expected`` being
-    :func:`expect_md5`'s answer ('' : size only, already checked).
+    :func:`expect_md5`'s answer ('' : size only, already checked). ``root``
+    (a cache's, '' for none) keeps which sources matched across processes.
 
     Raises:
-        Mismatch: the digests differ (the first time for these bytes).
+        Mismatch: the digests differ and the source is not (yet) known to
+            serve ETags that are not MD5s (see the module docstring).
     """
     if not expected:
         TALLY.add("size")
@@ -150,29 +185,66 @@ def judge(source: str, key: str, expected: str, got: str) -> Verdict:
     if got == expected:
         with _marks_lock:
             _last_miss.pop(name, None)
+            if source not in _matched:
+                _matched.add(source)
+                _repeated.pop(source, None)
+            new = bool(root) and (root, source) not in _kept
+            _kept.add((root, source))
+        if new:
+            _keep_match(root, source)
         TALLY.add("md5")
         return Verdict("md5", f"md5:{got}")
+    if root and source not in _matched and _matched_before(root, source):
+        with _marks_lock:
+            _matched.add(source)
     with _marks_lock:
-        repeated = _last_miss.get(name) == got
-        if repeated:
-            _last_miss.pop(name, None)
-            first = source not in _not_md5
+        last, reads = _last_miss.get(name, ("", 0))
+        reads = reads + 1 if last == got else 1
+        if len(_last_miss) >= _LAST_MAX and name not in _last_miss:
+            _last_miss.clear()
+        _last_miss[name] = (got, reads)
+        corrupt = reads > 1 and source in _matched
+        mark = False
+        if reads > 1 and not corrupt:
+            keys = _repeated.setdefault(source, set())
+            keys.add(key)
+            mark = len(keys) >= NOT_MD5_KEYS or reads >= NOT_MD5_READS
+        first = mark and source not in _not_md5
+        if mark:
             _not_md5.add(source)
-        else:
-            if len(_last_miss) >= _LAST_MAX:
-                _last_miss.clear()
-            _last_miss[name] = got
-    if not repeated:
+            _last_miss.pop(name, None)
+            _repeated.pop(source, None)
+    if not mark:
         TALLY.add("mismatches")
+        if corrupt:
+            raise Mismatch(key, "md5", expected, got, corrupt=True)
         raise Mismatch(key, "md5", expected, got)
-    # The same bytes twice, both unlike the ETag: the ETag is not their MD5
-    # (SSE-KMS), not a transfer error.
+    # The same bytes on every read, and no object of the source ever matched:
+    # its ETags are not MD5s (SSE-KMS), not a transfer error.
     if first:
         TALLY.add("not_md5_sources")
         log.warning("ucstage: %s serves ETags that are not MD5s of the objects (SSE-KMS?): "
                     "its copies are checked by size only", source)
     TALLY.add("size")
     return Verdict("size")
+
+
+def _evidence(root: str, source: str) -> str:
+    return os.path.join(root, CONTROL, "md5-etags", namespace_name(source))
+
+
+def _keep_match(root: str, source: str) -> None:
+    """Remember under ``root`` that ``source`` served an MD5 ETag."""
+    path = _evidence(root, source)
+    # Evidence only: a cache that cannot keep it still checks every copy.
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+
+
+def _matched_before(root: str, source: str) -> bool:
+    """Whether a copy into ``root`` (any process's) matched an MD5 ETag of ``source``."""
+    return os.path.exists(_evidence(root, source))
 
 
 def note(report: Any, before: dict[str, int], url: str) -> None:
@@ -220,6 +292,9 @@ def forget() -> None:
     with _marks_lock:
         _not_md5.clear()
         _last_miss.clear()
+        _matched.clear()
+        _repeated.clear()
+        _kept.clear()
 
 
 def marked() -> set[str]:

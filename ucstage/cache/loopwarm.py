@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from ..volumes import FileEntry, RangeEntry
 from . import objget
 from .copy import Copied
-from .fetch import slows_down
+from .fetch import Retries
 from .inflight import Stopped
 from .locks import FileLock
 from .tuning import THREAD_CEILING
@@ -156,19 +156,15 @@ class LoopWarm:
 
     async def _fetch_retrying(self, entry: FileEntry) -> tuple[str, bool]:
         """``Fetcher.fetch_retrying``, awaiting instead of sleeping."""
-        delay = self.fetcher.cache.backoff
-        for attempt in range(self.fetcher.cache.retries + 1):
+        state = Retries(self.fetcher.cache.backoff)
+        while True:
             try:
                 return await self._fetch_once(entry)
             except Stopped:
                 raise
             except Exception as exc:
-                pause = self.fetcher.retry_pause(exc, entry, attempt, delay)
-                slow_down = slows_down(exc)
+                pause, slow_down = state.next(self.fetcher, exc, entry)
             await self.inflight.asleep(pause, slow_down=slow_down)
-            if pause:
-                delay *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _fetch_once(self, entry: FileEntry) -> tuple[str, bool]:
         """``Fetcher.fetch_once`` with the GET awaited on the loop."""
@@ -194,7 +190,8 @@ class LoopWarm:
                         got = await objget.fetch(
                             volume, volume.full_path(copy.rel), pending.fd,
                             size_hint=entry.size,
-                            parts=objget.split(self.warm.tuner.limit, self._left))
+                            parts=objget.split(self.warm.tuner.limit, self._left),
+                            root=fetcher.cache.root)
                     finally:
                         os.close(pending.fd)
                     fetcher.commit_tmp(copy, pending, Copied(got.size, got.etag, got.mtime_ns))

@@ -158,7 +158,7 @@ def _part_size(size: int, parts: int) -> int:
 
 
 async def _get(client: Any, key: str, fd: int, size_hint: int,
-               parts: int = PARTS_IN_FLIGHT, source: str = "") -> Got:
+               parts: int = PARTS_IN_FLIGHT, source: str = "", root: str = "") -> Got:
     if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
         check: dict[str, Any] = {"want": "", "digest": None}
 
@@ -174,7 +174,7 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
             raise OSError(f"short read: {size} of {meta['size']} bytes")
         digest = check["digest"]
         verdict = integrity.judge(source, key, check["want"],
-                                  digest.hexdigest() if digest is not None else "")
+                                  digest.hexdigest() if digest is not None else "", root=root)
     else:
         size, meta = await _get_ranged(client, key, fd, size_hint, parts, source)
         want = integrity.expect_md5(source, _etag(meta))
@@ -182,7 +182,7 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
         # (the copy is in the page cache then), off the loop.
         got = await asyncio.get_running_loop().run_in_executor(
             None, integrity.digest_file, fd, size) if want else ""
-        verdict = integrity.judge(source, key, want, got)
+        verdict = integrity.judge(source, key, want, got, root=root)
     os.ftruncate(fd, size)  # the caller may have preallocated more
     integrity.record(fd, verdict)
     return Got(size, _etag(meta), objstore.mtime_ns(meta["last_modified"]), verdict.check)
@@ -246,12 +246,15 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
 
 
 def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
-             inflight: Inflight | None = None, parts: int = PARTS_IN_FLIGHT) -> Got:
+             inflight: Inflight | None = None, parts: int = PARTS_IN_FLIGHT,
+             root: str = "") -> Got:
     """GET the object at ``path`` (an fsspec path of ``volume``) into the open
     file ``fd`` from offset 0; returns what was written.
 
     ``size_hint`` (the listed size) chooses between one GET and ranged GETs;
-    ``parts`` is how many requests the object may have in flight.
+    ``parts`` is how many requests the object may have in flight; ``root``
+    (the cache's) keeps what the checks learnt of the source
+    (:func:`ucstage.cache.integrity.judge`).
 
     Raises:
         Stopped: ``inflight`` stopped; the request was cancelled.
@@ -264,7 +267,7 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     if inflight is not None:
         inflight.check()
     future = asyncio.run_coroutine_threadsafe(
-        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}"), loop())
+        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root), loop())
     # Sleep until the GET ends or the job stops; no polling, so hundreds of
     # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
     # the main thread (a library fetch).
@@ -290,7 +293,7 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
 
 
 async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
-                parts: int = PARTS_IN_FLIGHT) -> Got:
+                parts: int = PARTS_IN_FLIGHT, root: str = "") -> Got:
     """:func:`get_into` for a caller already running on :func:`loop` (a copy
     that is itself a coroutine): the same GET, awaited in place, with the
     same errors. Cancelling the caller cancels the requests; none of their
@@ -298,7 +301,7 @@ async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     kind, bucket, key = objstore.location(volume, path)
     client = objstore.store(kind, bucket)
     try:
-        return await _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}")
+        return await _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root)
     except Exception as exc:
         raise _oserror(exc, path) from exc
 

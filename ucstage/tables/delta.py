@@ -131,6 +131,29 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str], pl
     return features
 
 
+def _stable(schema: Any) -> Any:
+    """``schema`` with every field's metadata in key order: delta-rs hands it
+    over in hash order, which differs between opens, and the manifest's
+    fingerprint covers the schema's bytes."""
+    import pyarrow as pa
+
+    def field(f: Any) -> Any:
+        t = f.type
+        if pa.types.is_struct(t):
+            t = pa.struct([field(c) for c in t])
+        elif pa.types.is_large_list(t):
+            t = pa.large_list(field(t.value_field))
+        elif pa.types.is_list(t):
+            t = pa.list_(field(t.value_field))
+        elif pa.types.is_map(t):
+            t = pa.map_(field(t.key_field), field(t.item_field), keys_sorted=t.keys_sorted)
+        meta = dict(sorted((f.metadata or {}).items())) or None
+        return pa.field(f.name, t, f.nullable, meta)
+
+    return pa.schema([field(f) for f in schema],
+                     dict(sorted((schema.metadata or {}).items())) or None)
+
+
 def _open(deltalake: Any, path: str, label: str, version: int | None) -> Any:
     """``DeltaTable`` of ``path`` at ``version``; a version that does not exist
     is :class:`TableNotFound`, a log that does not parse :class:`UnreadableDeltaLog`."""
@@ -200,7 +223,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
             f"missing, e.g. {missing[0]}",
             hint="the table was vacuumed past this version, or copied incompletely: read "
                  "a later version, or copy the table again")
-    schema = pa.schema(dt.schema().to_arrow())
+    schema = _stable(pa.schema(dt.schema().to_arrow()))
     mode = configuration.get("delta.columnMapping.mode", "none").lower()
     if mode != "none":
         schema = schema.with_metadata({**(schema.metadata or {}), MODE_KEY: mode.encode()})

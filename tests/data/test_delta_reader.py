@@ -253,3 +253,40 @@ def test_a_vacuumed_data_file_and_a_damaged_log_are_named(tmp_path: Path) -> Non
     with pytest.raises(UnreadableDeltaLog, match="cannot read the log") as bad:
         row_groups(path)
     assert bad.value.hint and bad.value.exit_code == 2
+
+
+def test_time_travel_reads_each_version_s_vectors(tmp_path: Path) -> None:
+    t = dv_table(tmp_path)
+    first = row_groups(t.root, version=0)  # d had no vector yet
+    ids = sorted(r["id"] for b in TableDataset(t.root, version=0, columns=["id"],
+                                               cache_dir=str(tmp_path / "c"))
+                 for r in b.to_pylist())
+    assert ids == sorted([*_live_ids(t), 302, 309, 310])
+    assert first.rows == len(ids) and first.table_version == 0
+    assert row_groups(t.root, version=1).rows == len(ids) - 1  # d's first vector: row 2
+
+
+def test_the_cli_plans_live_rows_and_names_a_damaged_vector(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from ucstage.cli import cli
+
+    t = dv_table(tmp_path)
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, ["shard-plan", t.root, "--unit", "row-group",
+                                        "-w", "1", "-k", "2", *args], catch_exceptions=False)
+
+    plan = json.loads(run("--json").stdout)
+    assert plan["rows"] == len(kernel_rows(t.root))
+    log = os.path.join(t.root, "_delta_log", f"{0:020d}.json")
+    with open(log) as f:
+        text = f.read()
+    with open(log, "w") as f:  # the vector's cardinality no longer matches its bitmap
+        f.write(text.replace('"cardinality": 4', '"cardinality": 5', 1))
+    bad = run()
+    assert bad.exit_code == 2, bad.output
+    assert "deletion vector of a.parquet" in bad.output and "Traceback" not in bad.output
+    assert bad.output.count("error:") == 1

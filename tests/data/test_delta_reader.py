@@ -290,3 +290,21 @@ def test_the_cli_plans_live_rows_and_names_a_damaged_vector(tmp_path: Path) -> N
     assert bad.exit_code == 2, bad.output
     assert "deletion vector of a.parquet" in bad.output and "Traceback" not in bad.output
     assert bad.output.count("error:") == 1
+
+
+def test_id_mapping_refuses_a_file_without_field_ids(tmp_path: Path) -> None:
+    """In ``id`` mode columns are matched by field id: a file that has none
+    would read as all nulls, so it is refused at freeze, naming the file."""
+    import pyarrow.parquet as pq
+    from deltalake import write_deltalake
+
+    path = tmp_path / "id"
+    write_deltalake(str(path), pa.table({"id": [1, 2, 3]}),
+                    configuration={"delta.columnMapping.mode": "id"})
+    data = next(p for p in path.rglob("*.parquet"))
+    stored = pq.read_table(data)
+    plain = pa.schema([pa.field(f.name, f.type) for f in stored.schema])  # no field ids
+    pq.write_table(stored.cast(plain), data)
+    with pytest.raises(UnsupportedTable, match="no Parquet field ids") as info:
+        TableDataset(str(path), cache_dir=str(tmp_path / "c")).freeze()
+    assert data.name in str(info.value)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UnsupportedTable
+
 __all__ = ["MODE_KEY", "logical_leaves", "mode", "physical_top", "to_logical"]
 
 MODE_KEY = b"delta.columnMapping.mode"
@@ -48,13 +50,23 @@ def _by_key(fields: Any, how: str) -> dict[str, int]:
     return {k: i for i, f in enumerate(fields) if (k := _key(f, how, True)) is not None}
 
 
-def logical_leaves(schema: Any, file_schema: Any, leaves: list[str]) -> list[str]:
+def logical_leaves(schema: Any, file_schema: Any, leaves: list[str], what: str) -> list[str]:
     """A file's leaf paths with each top-level physical name replaced by its
-    logical name (what the manifest's column masks and entries match)."""
+    logical name (what the manifest's column masks and entries match).
+
+    Raises:
+        UnsupportedTable: ``id`` mode and file ``what`` has no field ids (its
+            columns would all read as null).
+    """
     how = mode(schema)
     if how == "none":
         return leaves
     found = _by_key(file_schema, how)
+    if how == "id" and leaves and not found:
+        raise UnsupportedTable(f"{what} has no Parquet field ids, which column mapping "
+                               "mode 'id' matches its columns by",
+                               hint="the file was not written for this table's column "
+                                    "mapping: rewrite it with a Delta engine")
     names = {file_schema.field(found[k]).name: f.name for f in schema
              if (k := _key(f, how, False)) is not None and k in found}
     out = []

@@ -77,7 +77,8 @@ def from_footers(table: TableSource, footers: list[FileFooter], schema: Any
         source=table.source, kind=table.kind, table_version=table.table_version,
         volume_url=table.volume.url, files=list(table.files),
         partition_values=list(table.partition_values) or [{} for _ in table.files],
-        leaves=[logical_leaves(schema, f.metadata.schema.to_arrow_schema(), f.leaves)
+        leaves=[logical_leaves(schema, f.metadata.schema.to_arrow_schema(), f.leaves,
+                               f"{table.source}: {f.entry.path}")
                 if mode(schema) != "none" else f.leaves for f in footers], schema=schema,
         file=np.array(file, dtype=np.int32), index=np.array(index, dtype=np.int32),
         rows_per_group=np.array(rows, dtype=np.int64), chunk_start=np.array(start, dtype=np.int64),

@@ -55,19 +55,21 @@ def over_layout(source: str, cache: Path, *, world: int, workers: int,
     return rows
 
 
-def resumed(source: str, cache: Path, stop: int, **options: Any) -> list[dict[str, Any]]:
-    """Rows of a loader stopped after ``stop`` batches, then resumed from its state."""
-    def make() -> DataLoader:
+def resumed(source: str, cache: Path, stop: int, *, then: int = 2,
+            **options: Any) -> list[dict[str, Any]]:
+    """Rows of a loader (2 workers) stopped after ``stop`` batches, then resumed
+    from its state with ``then`` workers (another layout unless 2)."""
+    def make(workers: int = 2) -> DataLoader:
         ds = TableDataset(source, shuffle=True, seed=8, shuffle_window=2, batch_rows=5,
                           cache_dir=str(cache), **options)
-        return DataLoader(ds, batch_size=None, num_workers=2)
+        return DataLoader(ds, batch_size=None, num_workers=workers)
 
     loader = make()
     it = iter(loader)
     head = [r for _ in range(stop) for r in next(it).to_pylist()]
     state = loader.state_dict()
     del it
-    again = make()
+    again = make(then)
     again.load_state_dict(state)
     rest = [r for b in again for r in b.to_pylist()]
     assert again.audits[-1].coverage_ok and again.audits[-1].gaps == 0
@@ -204,6 +206,7 @@ def test_deletion_vectors_leave_only_live_rows(tmp_path: Path) -> None:
     got = over_layout(t.root, tmp_path / "cache", world=2, workers=2, batch_rows=3)
     assert multiset(got) == multiset(kernel)
     assert multiset(resumed(t.root, tmp_path / "cache", 3)) == multiset(kernel)
+    assert multiset(resumed(t.root, tmp_path / "cache", 4, then=0)) == multiset(kernel)
 
 
 def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Path) -> None:
@@ -308,3 +311,39 @@ def test_id_mapping_refuses_a_file_without_field_ids(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedTable, match="no Parquet field ids") as info:
         TableDataset(str(path), cache_dir=str(tmp_path / "c")).freeze()
     assert data.name in str(info.value)
+
+
+def test_deletion_vectors_on_a_column_mapped_partitioned_table(tmp_path: Path) -> None:
+    """Both features at once, as new tables on the platform have them: a
+    deltalake-written column-mapped table, then a commit (by the protocol)
+    that turns deletion vectors on and deletes rows of one file."""
+    import json
+
+    from deltalake import write_deltalake
+
+    from tests.common.deltadv import bitmap, z85
+
+    path = tmp_path / "both"
+    t = pa.table({"id": pa.array(range(40), pa.int64()), "p": ["a", "b"] * 20,
+                  "st": pa.array([{"u": i} for i in range(40)])})
+    write_deltalake(str(path), t, partition_by=["p"],
+                    configuration={"delta.columnMapping.mode": "name"})
+    log = path / "_delta_log"
+    adds = [a["add"] for a in map(json.loads, (log / f"{0:020d}.json").read_text()
+                                  .splitlines()) if "add" in a]
+    target = adds[0]
+    data = bitmap([0, 3, 4, 19])
+    vector = {"storageType": "i", "pathOrInlineDv": z85(data), "sizeInBytes": len(data),
+              "cardinality": 4}
+    actions = [
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                      "readerFeatures": ["columnMapping", "deletionVectors"],
+                      "writerFeatures": ["columnMapping", "deletionVectors"]}},
+        {"remove": {"path": target["path"], "deletionTimestamp": 1, "dataChange": True}},
+        {"add": {**target, "deletionVector": vector}},
+    ]
+    (log / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    kernel = kernel_rows(str(path))
+    assert len(kernel) == 36
+    got = over_layout(str(path), tmp_path / "cache", world=2, workers=1, batch_rows=7)
+    assert multiset(got) == multiset(kernel)

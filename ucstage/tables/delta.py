@@ -210,12 +210,13 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     configuration = dict(dt.metadata().configuration or {})
     features = _check_features(label, dt.protocol(), configuration, plain)
     actions = pa.table(dt.get_add_actions(flatten=True))
-    order = sorted(range(actions.num_rows),
-                   key=lambda i: _data_path(path, actions.column("path")[i].as_py()))
+    local = [_data_path(path, p) for p in actions.column("path").to_pylist()]
+    order = sorted(range(len(local)), key=local.__getitem__)
     actions = actions.take(pa.array(order, type=pa.int64()))
-    rows = actions.to_pylist()
+    rows = actions.select([c for c in ("num_records", "size_bytes")
+                           if c in actions.column_names]).to_pylist()
     parts = list(dt.metadata().partition_columns)
-    files = [_data_path(path, a["path"]) for a in rows]
+    files = [local[i] for i in order]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise MissingDataFiles(

@@ -209,15 +209,59 @@ def test_deletion_vectors_leave_only_live_rows(tmp_path: Path) -> None:
     assert multiset(resumed(t.root, tmp_path / "cache", 4, then=0)) == multiset(kernel)
 
 
-def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Path) -> None:
+def _recheckpoint(log: Path, version: int, kind: str) -> None:
+    """deltalake's classic checkpoint at ``version`` rewritten as ``kind``:
+    two parts (multi-part), or a v2 checkpoint (a UUID-named JSON top file
+    whose adds are in a sidecar under ``_sidecars``)."""
+    import json
+    import uuid
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    classic = log / f"{version:020d}.checkpoint.parquet"
+    cp = pq.read_table(classic)
+    os.remove(classic)
+    os.remove(log / "_last_checkpoint")  # a hint only; readers list the folder
+    if kind == "multi-part":
+        half = cp.num_rows // 2
+        pq.write_table(cp.slice(0, half), log / f"{version:020d}.checkpoint.{1:010d}.{2:010d}.parquet")
+        pq.write_table(cp.slice(half), log / f"{version:020d}.checkpoint.{2:010d}.{2:010d}.parquet")
+        return
+    (log / "_sidecars").mkdir()
+    side = f"{uuid.uuid4()}.parquet"
+    pq.write_table(cp.filter(pc.is_valid(cp.column("add"))).select(["add"]),
+                   log / "_sidecars" / side)
+    rows = cp.to_pylist()
+    protocol = {k: v for k, v in next(r["protocol"] for r in rows if r["protocol"]).items()
+                if v is not None}
+    protocol["readerFeatures"] = protocol["writerFeatures"] = ["deletionVectors",
+                                                               "v2Checkpoint"]
+    meta = {k: v for k, v in next(r["metaData"] for r in rows if r["metaData"]).items()
+            if v is not None}
+    meta["format"]["options"] = dict(meta["format"]["options"] or [])
+    meta["configuration"] = dict(meta["configuration"] or [])
+    actions = [{"checkpointMetadata": {"version": version}}, {"protocol": protocol},
+               {"metaData": meta},
+               {"sidecar": {"path": side, "modificationTime": 0,
+                            "sizeInBytes": os.path.getsize(log / "_sidecars" / side)}}]
+    (log / f"{version:020d}.checkpoint.{uuid.uuid4()}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in actions))
+
+
+@pytest.mark.parametrize("kind", ["classic", "multi-part", "v2"])
+def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Path,
+                                                                   kind: str) -> None:
     from deltalake import DeltaTable
 
     t = dv_table(tmp_path)
     DeltaTable(t.root).create_checkpoint()
-    log = os.path.join(t.root, "_delta_log")
+    log = Path(t.root) / "_delta_log"
+    if kind != "classic":
+        _recheckpoint(log, 2, kind)
     for name in os.listdir(log):
-        if name.endswith(".json"):
-            os.remove(os.path.join(log, name))  # metadata cleanup: the checkpoint alone
+        if name.endswith(".json") and ".checkpoint." not in name:
+            os.remove(log / name)  # metadata cleanup: the checkpoint alone
     kernel = kernel_rows(t.root)
     assert sorted(r["id"] for r in kernel) == _live_ids(t)
     got = over_layout(t.root, tmp_path / "cache", world=1, workers=2)
@@ -347,3 +391,36 @@ def test_deletion_vectors_on_a_column_mapped_partitioned_table(tmp_path: Path) -
     assert len(kernel) == 36
     got = over_layout(str(path), tmp_path / "cache", world=2, workers=1, batch_rows=7)
     assert multiset(got) == multiset(kernel)
+
+
+def test_a_vector_is_checked_against_its_descriptor() -> None:
+    """Inline vectors with a wrong magic, a wrong size or a bad base85 text,
+    and storage kinds outside the protocol, are each one typed error."""
+    import struct
+
+    from pyroaring import BitMap64
+
+    from tests.common.deltadv import bitmap, z85
+    from ucstage.tables.deletion import deleted, resolve
+
+    good = bitmap([1, 2])
+    assert list(deleted(resolve("/t", {"storageType": "i", "pathOrInlineDv": z85(good),
+                                       "sizeInBytes": len(good), "cardinality": 2}, "t"),
+                        "f.parquet")) == [1, 2]
+    wrong_magic = struct.pack("<I", 7) + BitMap64([1]).serialize()
+    cases = [
+        ({"pathOrInlineDv": z85(wrong_magic), "sizeInBytes": len(wrong_magic),
+          "cardinality": 1}, "magic"),
+        ({"pathOrInlineDv": z85(good), "sizeInBytes": len(good) + 8, "cardinality": 2},
+         "inline bytes"),
+        ({"pathOrInlineDv": "~~~~~", "sizeInBytes": 4, "cardinality": 1}, "base85"),
+    ]
+    for fields, message in cases:
+        with pytest.raises(UnreadableDeltaLog, match=message):
+            deleted(resolve("/t", {"storageType": "i", **fields}, "t"), "f.parquet")
+    with pytest.raises(UnsupportedTable, match="storage type 'x'"):
+        resolve("/t", {"storageType": "x", "pathOrInlineDv": "", "sizeInBytes": 1,
+                       "cardinality": 1}, "t")
+    with pytest.raises(UnsupportedTable, match="not on a local"):
+        resolve("/t", {"storageType": "p", "pathOrInlineDv": "s3://b/dv.bin", "offset": 1,
+                       "sizeInBytes": 1, "cardinality": 1}, "t")

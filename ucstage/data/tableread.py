@@ -74,7 +74,9 @@ def _live(manifest: RowGroupManifest, f: int, group: int, rows: int) -> Any:
     hi = gone.rank(start + rows - 1) if rows else lo
     if hi > lo:
         keep[np.asarray(gone[lo:hi].to_array(), dtype=np.int64) - start] = False
-    return pa.array(keep)
+    # from its bits: pa.array() of a numpy array imports pandas when installed
+    bits = np.packbits(keep, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), rows, [None, pa.py_buffer(bits)])
 
 
 def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEntry,

@@ -15,6 +15,7 @@ __all__ = [
     "CacheError",
     "CacheFull",
     "CacheOwnershipError",
+    "CacheUnusable",
     "EmptySource",
     "ExportError",
     "FetchFailed",
@@ -115,6 +116,19 @@ class CacheError(UcstageError):
 
 class CacheOwnershipError(CacheError):
     """The cache root is not a private folder owned by this user."""
+
+
+class CacheUnusable(CacheError):
+    """The cache root cannot hold a cache: it is a file, on a read-only file
+    system, or a folder this user cannot write. ``root`` is the path and
+    ``reason`` what is wrong with it; the hint says what to do."""
+
+    def __init__(self, root: str, reason: str, hint: str = "") -> None:
+        super().__init__(f"cache root {root} {reason}", hint or (
+            "set UCSTAGE_CACHE_DIR to a folder you can write on a writable disk (a new one: "
+            "ucstage creates it private)"))
+        self.root = root
+        self.reason = reason
 
 
 class CacheFull(CacheError):

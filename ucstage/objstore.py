@@ -31,10 +31,13 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import InvalidArgument, MissingDependency, SourceUnreadable
+
+T = TypeVar("T")
 
 __all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline", "engine",
            "forks_fall_back", "list_objects", "location", "serves", "store", "usable"]
@@ -100,6 +103,24 @@ def forks_fall_back() -> bool:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _clean(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` without starting obstore's runtime in this process: in a
+    short-lived forked child while obstore is unused here, so that processes
+    forked from this one later (DataLoader workers) can still use it
+    (:mod:`ucstage.aside`); directly once it is used here anyway."""
+    if _used_in is not None or not hasattr(os, "fork"):  # no fork, no forked workers
+        return fn(*args)
+    from .aside import aside
+
+    return aside(_claimed, fn, *args)
+
+
+def _claimed(fn: Callable[..., T], *args: Any) -> T:
+    global _used_in
+    _used_in = os.getpid()  # this child uses obstore: it does not go aside again
+    return fn(*args)
 
 
 def _protocol(volume: Any) -> str:
@@ -350,14 +371,18 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
         Unparsable: a key has ``.`` or ``..`` segments (list with fsspec).
         Exception: obstore's, for the store or the credentials.
     """
-    import obstore
-    from obstore.exceptions import InvalidPathError
-
     kind, bucket, prefix = location(volume, root)
     fs = getattr(volume, "fs", None)
     listed = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None
     if listed is not None:
         return listed  # resolving the source just listed all of it
+    return _clean(_list_all, kind, bucket, prefix)
+
+
+def _list_all(kind: str, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
+    import obstore
+    from obstore.exceptions import InvalidPathError
+
     client = store(kind, bucket)
     found: dict[str, dict[str, Any]] = {}
     try:
@@ -505,6 +530,13 @@ class ObjectFS:
         """
         if not usable():
             return dict(self.fsspec().info(path))
+        found, listed = _clean(self._info, path)
+        if listed is not None:
+            self._listed = (listed[0], listed[1], time.monotonic(), listed[2])
+        return found
+
+    def _info(self, path: str) -> tuple[dict[str, Any], tuple[str, str, dict[str, Any]] | None]:
+        """:meth:`info`, and the listing of the prefix when one page held it."""
         import obstore
 
         client, bucket, key = self._store(path)
@@ -525,16 +557,16 @@ class ObjectFS:
             else:
                 below.cancel()
                 return {"name": name, "type": "file", "size": meta["size"],
-                        "ETag": _etag(meta["e_tag"]), "LastModified": meta["last_modified"]}
+                        "ETag": _etag(meta["e_tag"]),
+                        "LastModified": meta["last_modified"]}, None
         try:
             holds, listed = below.result()
         except Exception as exc:
             raise concise(exc, path) from exc
         if key and not holds:
             raise FileNotFoundError(2, "No such object or prefix", self.unstrip_protocol(path))
-        if listed is not None:
-            self._listed = (bucket, key, time.monotonic(), listed)
-        return {"name": name, "type": "directory", "size": 0}
+        return ({"name": name, "type": "directory", "size": 0},
+                None if listed is None else (bucket, key, listed))
 
     def open(self, path: str, mode: str = "rb") -> Any:
         """A file-like reader of one object (binary reads only)."""

@@ -273,7 +273,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     ({"files": "some"}, "files must be a number of files or 'all', got 'some'"),
     ({"workers": [1, "2"]}, "workers must be positive ints, got '2'"),
     ({"workers": []}, "workers is empty"),
-    ({"modes": "direct,warm"}, "modes must be a sequence of names"),
+    ({"modes": "direct,warm"}, "unknown mode 'direct,warm' in `modes`"),  # a str is one mode
+    ({"modes": ["warm", None]}, "modes[1] must be a str, got NoneType None"),
     ({"modes": ["direct", "fast"]}, "unknown mode 'fast' in `modes`"),
     ({"modes": [" "]}, "modes is empty"),
     ({"batch_size": 0}, "batch_size must be at least 1, got 0"),

@@ -15,7 +15,7 @@ import pytest
 from tests.common.parts import unique
 from ucstage.cache import LocalCache
 from ucstage.cache.locks import FileLock
-from ucstage.errors import CacheError, InvalidArgument
+from ucstage.errors import InvalidArgument
 from ucstage.manifest import snapshot
 from ucstage.volumes import resolve
 
@@ -246,5 +246,5 @@ def test_a_bad_cap_in_the_environment_names_the_variable(
     assert LocalCache(max_bytes=5).max_bytes == 5  # an explicit cap wins over the variable
     monkeypatch.setenv("UCSTAGE_CACHE_MAX_BYTES", "20M")
     assert LocalCache().max_bytes == 20 * 1024 * 1024
-    with pytest.raises(CacheError, match=r"^max_bytes must be positive, got 0$"):
+    with pytest.raises(InvalidArgument, match=r"^max_bytes must be positive, got 0$"):
         LocalCache(max_bytes=0)

@@ -67,9 +67,11 @@ def test_two_members_with_one_suffix_name_both() -> None:
 
 
 def test_bad_grouping_arguments() -> None:
-    for bad in ({"by": "name"}, {"by": 3}, {"require": "jpg"}, {"on_incomplete": "skip"}):
+    for bad in ({"by": "name"}, {"by": 3}, {"require": ["jpg", 1]}, {"require": b"jpg"},
+                {"on_incomplete": "skip"}):
         with pytest.raises(InvalidArgument):
             Grouping(**bad)  # type: ignore[arg-type]
+    assert Grouping(require="jpg").require == ("jpg",)  # a str is one suffix (ucstage/params.py)
 
 
 def test_require_drops_or_refuses_incomplete_samples() -> None:

@@ -1,7 +1,10 @@
-"""How the ucstage DataLoader starts its workers over an object-store volume:
-from a forkserver once the main process used obstore (listing the volume), so
-each worker reads through obstore with a client and runtime of its own; with
-an explicit ``fork`` they read through fsspec, and one warning says so."""
+"""How the ucstage DataLoader starts its workers over an object-store volume
+once the main process has itself read through obstore (here: by iterating
+the dataset without workers first): from a forkserver, so each worker reads
+through obstore with a client and runtime of its own; with an explicit
+``fork`` they read through fsspec, and one warning says so. Listing alone
+leaves the main process clean and workers fork
+(tests/data/test_notebook_workers.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +43,14 @@ class Seen(tud.IterableDataset):  # type: ignore[type-arg]
                    "s3fs": "s3fs" in sys.modules, "mark": os.environ.get(MARK)}
 
 
+def _read_here(src: str, tmp_path: Any) -> None:
+    """Read ``src`` once in this process, without workers (into a cache of its
+    own, so the loader's workers still fetch): obstore's runtime now runs
+    here, so workers forked from here could not use it."""
+    assert len(list(VolumeDataset(src, cache_dir=str(tmp_path / "read-here")))) > 0
+    assert objstore._used_in == os.getpid()
+
+
 def _source(n: int) -> tuple[str, dict[str, bytes]]:
     files = {f"f{i:02}.bin": os.urandom(3 * KB + i) for i in range(n)}
     return make_source("s3", "", files), files
@@ -50,9 +61,9 @@ def test_default_workers_read_through_obstore_with_their_own_clients(
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
     src, files = _source(10)
     paths = VolumeDataset(src, cache_dir=str(tmp_path / "cache"))
+    _read_here(src, tmp_path)
     loader = DataLoader(Seen(paths), batch_size=None, num_workers=2)
     got = list(loader)
-    assert objstore._used_in == os.getpid()  # the main process listed through obstore
     assert loader.multiprocessing_context.get_start_method() == "forkserver"
     assert sorted(g["name"] for g in got) == sorted(files)
     assert all(g["data"] == files[g["name"]] for g in got)
@@ -72,6 +83,7 @@ def test_an_explicit_fork_reads_through_fsspec_and_warns_once(
     monkeypatch.setattr(workerstart, "_warned", set())
     src, files = _source(8)
     paths = VolumeDataset(src, cache_dir=str(tmp_path / "cache"))
+    _read_here(src, tmp_path)
     loader = DataLoader(Seen(paths), batch_size=None, num_workers=2,
                         multiprocessing_context="fork")
     with caplog.at_level(logging.WARNING, logger="ucstage"):
@@ -100,6 +112,7 @@ def test_workers_fork_and_say_why_when_what_they_run_does_not_pickle(
     monkeypatch.setattr(workerstart, "_warned", set())
     src, files = _source(4)
     paths = VolumeDataset(src, cache_dir=str(tmp_path / "cache"))
+    _read_here(src, tmp_path)
     loader = DataLoader(Seen(paths), batch_size=None, num_workers=2,
                         worker_init_fn=_Unpicklable())
     with caplog.at_level(logging.WARNING, logger="ucstage"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .. import params
 from ..errors import InvalidArgument
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, ReadOrder
 from .stats import MODES, check_sample_size
@@ -47,11 +48,7 @@ def check_workers(workers: Sequence[int], *, allow_zero: bool = False) -> list[i
 
 def check_modes(modes: Sequence[str]) -> list[str]:
     """Mode names -> the ones asked for, in measuring order (warm needs cold's cache)."""
-    if isinstance(modes, (str, bytes)) or not isinstance(modes, Sequence):
-        raise InvalidArgument(
-            f"modes must be a sequence of names such as ['direct', 'warm'], got {modes!r}")
-    if not all(isinstance(m, str) for m in modes):
-        raise InvalidArgument(f"modes must be names, got {modes!r}")
+    modes = params.strings(modes, "modes")  # a str is one mode, as everywhere
     wanted = {m.strip().lower() for m in modes if m.strip()}
     unknown = sorted(wanted - set(MODES))
     if unknown:

@@ -28,6 +28,7 @@ from typing import NamedTuple, NoReturn, Protocol
 from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
 from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
+from ..volumes.entry import reserved_name
 from . import paths
 from .copy import Copied, copy_ranges, copy_to
 from .inflight import Inflight, Stopped
@@ -182,10 +183,9 @@ class Fetcher:
         """The copy of an entry (its token not taken yet: :meth:`begin`);
         refuses unsafe paths."""
         rel = safe_relpath(entry.path)
-        if paths.part_stripe(rel.rsplit("/", 1)[-1]) is not None:
-            raise UnsafePath(f"{rel}: the name looks like one of ucstage's temp files")
-        if is_range_path(rel) and not isinstance(entry, RangeEntry):
-            raise UnsafePath(f"{rel}: the folder is where ucstage keeps byte-range entries")
+        why = reserved_name(rel)  # the listing's rule, checked again here
+        if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
+            raise UnsafePath(f"{rel}: {why}")
         ns_dir = self.cache.prepare(volume)
         local = os.path.join(ns_dir, *rel.split("/"))
         return Copy(volume, entry, rel, ns_dir, local, self.cache.space.entry_lock(ns_dir, rel),

@@ -34,6 +34,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from .. import params
 from ..errors import CacheError, InvalidArgument
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import rank_entries
@@ -75,8 +76,9 @@ class LocalCache:
         root: the cache folder; default ``$UCSTAGE_CACHE_DIR``, else
             ``/tmp/ucstage-<uid>``. Created 0700; refused when it is a
             symlink, owned by someone else, or writable by others.
-        max_bytes: byte cap for the whole root; default ``$UCSTAGE_CACHE_MAX_BYTES``
-            (``500M``, ``20G``; powers of 1024), else no cap.
+        max_bytes: byte cap for the whole root, in bytes or as a size string
+            (``"500M"``, ``"20G"``; powers of 1024); default
+            ``$UCSTAGE_CACHE_MAX_BYTES``, else no cap.
         lease_seconds: a file handed out by :meth:`lookup` or :meth:`fetch` is
             not evicted for this long (files a VolumeDataset reads are held
             until its reader moves on instead).
@@ -87,16 +89,13 @@ class LocalCache:
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *,
-                 max_bytes: int | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 max_bytes: int | str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
                  retries: int = 3, backoff: float = 0.2,
                  wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
         self.root: str = paths.open_root(os.fspath(root) if root is not None
                                          else paths.default_root())
-        if max_bytes is None:
-            max_bytes = _env_max_bytes()
-        elif max_bytes < 1:
-            raise CacheError(f"max_bytes must be positive, got {max_bytes}")
-        self.max_bytes = max_bytes
+        self.max_bytes = env_max_bytes() if max_bytes is None else \
+            params.size(max_bytes, "max_bytes")
         self.lease_ns = int(lease_seconds * 1e9)
         if wait_seconds < 0:
             raise CacheError(f"wait_seconds must be 0 or more, got {wait_seconds}")
@@ -318,7 +317,7 @@ class LocalCache:
         return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
 
 
-def _env_max_bytes() -> int | None:
+def env_max_bytes() -> int | None:
     """The cap ``$UCSTAGE_CACHE_MAX_BYTES`` sets, or None; a bad value names the variable."""
     raw = os.environ.get(MAX_BYTES_ENV, "")
     if not raw.strip():

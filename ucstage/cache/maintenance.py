@@ -73,13 +73,16 @@ def find(space: CacheSpace, source: str) -> list[Volume]:
     return found
 
 
-def status(space: CacheSpace, volumes: Volumes, *, max_bytes: int | None) -> CacheStatus:
-    """See :meth:`ucstage.cache.LocalCache.status`; ``max_bytes`` is the cache's cap."""
+def status(space: CacheSpace, volumes: Volumes, *, max_bytes: int | None,
+           locked: bool = True) -> CacheStatus:
+    """See :meth:`ucstage.cache.LocalCache.status`; ``max_bytes`` is the cache's
+    cap; without ``locked``, counted without the ledger lock (a root that
+    cannot be written)."""
     sources = space.sources()
     rows = []
     for ns_dir, volume in _namespaces(space, volumes).items():
         name = os.path.basename(ns_dir)
-        found = space.tally([ns_dir])
+        found = space.tally([ns_dir], locked=locked)
         given, url = sources.get(name, (volume.source, volume.url) if volume else ("", ""))
         rows.append(NamespaceStatus(name, given, url, ns_dir, found.files, found.bytes,
                                     found.partial_files))

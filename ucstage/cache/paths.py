@@ -25,7 +25,8 @@ import os
 import re
 import stat
 
-from ..errors import CacheError, CacheOwnershipError
+from ..errors import CacheError, CacheOwnershipError, CacheUnusable
+from ..volumes.entry import PART_SUFFIX, part_stripe  # the listing refuses such names too
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -42,13 +43,13 @@ __all__ = [
     "part_stripe",
     "read_stamp",
     "record_path",
+    "unusable_reason",
     "user_root",
     "write_stamp",
 ]
 
 CACHE_DIR_ENV = "UCSTAGE_CACHE_DIR"
 CONTROL = ".ucstage"
-PART_SUFFIX = ".ucstage-part"
 LISTINGS_DIR = os.path.join(CONTROL, "manifests")
 """Where :class:`ucstage.VolumeDataset` keeps the listings it froze, relative
 to the root; ``clear`` of every source removes them."""
@@ -78,7 +79,7 @@ def _check_private(root: str, st: os.stat_result) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise CacheOwnershipError(f"cache root {root} is a symlink; refusing to follow it", hint)
     if not stat.S_ISDIR(st.st_mode):
-        raise CacheOwnershipError(f"cache root {root} exists and is not a folder", hint)
+        raise CacheUnusable(root, "exists and is not a folder", hint)
     if st.st_uid != os.getuid():
         raise CacheOwnershipError(
             f"cache root {root} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})",
@@ -101,18 +102,67 @@ def open_root(root: str) -> str:
     """
     root = os.path.abspath(root)
     try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(root), exist_ok=True)
-        os.mkdir(root, 0o700)
+        try:
+            os.mkdir(root, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(root), exist_ok=True)
+            os.mkdir(root, 0o700)
     except OSError as exc:
-        raise CacheError(f"cannot create cache root {root}: {exc.strerror}") from exc
+        raise _unusable(root, exc, creating=True) from exc
     _check_private(root, os.lstat(root))
-    for sub in ("", "locks", "namespaces", "trash"):
-        os.makedirs(os.path.join(root, CONTROL, sub), mode=0o700, exist_ok=True)
+    why = unusable_reason(root)
+    if why is not None:
+        raise CacheUnusable(root, why)
+    try:
+        for sub in ("", "locks", "namespaces", "trash"):
+            os.makedirs(os.path.join(root, CONTROL, sub), mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise _unusable(root, exc) from exc
     return root
+
+
+def unusable_reason(root: str) -> str | None:
+    """Why an existing cache folder cannot be written, or None: checked when
+    the cache opens, so the error names the root, not the first file a copy
+    or a ``cache status`` happened to touch."""
+    try:
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return "is on a read-only file system"
+    except OSError:
+        pass
+    # The effective ids, as the writes will be made (root without
+    # CAP_DAC_OVERRIDE is refused like anyone else).
+    for folder in (root, os.path.join(root, CONTROL)):
+        if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK, effective_ids=True):
+            where = "" if folder == root else f" (its {CONTROL} folder)"
+            return f"is not writable by you{where} (uid {os.geteuid()})"
+    return None
+
+
+def _first_file(path: str) -> str:
+    """The first part of ``path`` that exists and is not a folder."""
+    parts = path.split(os.sep)
+    for i in range(2, len(parts) + 1):
+        head = os.sep.join(parts[:i])
+        if os.path.lexists(head) and not os.path.isdir(head):
+            return head
+    return path
+
+
+def _unusable(root: str, exc: OSError, *, creating: bool = False) -> CacheUnusable:
+    """A failed mkdir under the root as :class:`CacheUnusable`, saying why."""
+    verb = "cannot be created" if creating else "cannot be written"
+    if exc.errno == errno.EROFS:
+        return CacheUnusable(root, f"{verb}: it is on a read-only file system")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        folder = os.path.dirname(str(exc.filename)) if creating else str(exc.filename)
+        return CacheUnusable(root, f"{verb}: {folder} is not writable by you "
+                                   f"(uid {os.geteuid()})")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return CacheUnusable(root, f"{verb}: {_first_file(root)} is a file, not a folder")
+    return CacheUnusable(root, f"{verb}: {exc.strerror or exc}")
 
 
 def namespace_name(url: str) -> str:
@@ -133,14 +183,6 @@ def part_name(stripe: int, name: str) -> str:
     if len(candidate.encode()) > _NAME_MAX:
         candidate = f".{stripe:04d}.{hashlib.sha256(name.encode()).hexdigest()[:32]}{PART_SUFFIX}"
     return candidate
-
-
-def part_stripe(name: str) -> int | None:
-    """The stripe number in a temp file name, or None if ``name`` is not one."""
-    if not (name.startswith(".") and name.endswith(PART_SUFFIX)) or name[5:6] != ".":
-        return None
-    digits = name[1:5]
-    return int(digits) if digits.isdigit() else None
 
 
 def lock_dir(root: str, ns_dir: str) -> str:

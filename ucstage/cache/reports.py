@@ -217,13 +217,17 @@ class CacheStatus:
     last_run: RunStats | None = None
     """Hits, misses and evictions of the last training run that read through
     this cache (None when none did)."""
+    unusable: str = ""
+    """Why nothing can be cached under the root (:class:`ucstage.errors.CacheUnusable`'s
+    message), when it cannot; what it holds is then counted without writing."""
 
     def to_json(self) -> dict[str, Any]:
         """The document of ``cache status --json``."""
         return {"cache_dir": self.root, "entries": self.entries, "bytes": self.bytes,
                 "max_bytes": self.max_bytes, "free_bytes": self.free_bytes,
                 "namespaces": [n.to_json() for n in self.namespaces],
-                "last_run": self.last_run.to_json() if self.last_run is not None else None}
+                "last_run": self.last_run.to_json() if self.last_run is not None else None,
+                "unusable": self.unusable or None}
 
 
 @dataclass

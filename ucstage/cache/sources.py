@@ -12,15 +12,46 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 
-from ..errors import SourceNotFound
+from ..errors import CacheUnusable, SourceNotFound
 from ..manifest import Manifest
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..volumes import VOLUMES_ROOT_ENV, Volume, is_volumes_path
-from .local import MAX_BYTES_ENV, LocalCache
+from . import maintenance as maint
+from .local import MAX_BYTES_ENV, LocalCache, env_max_bytes
 from .paths import CACHE_DIR_ENV, user_root
-from .reports import VerifyReport
+from .reports import CacheStatus, VerifyReport
+from .space import CacheSpace, free_bytes
 
-__all__ = ["cached_volumes", "job_env", "verify_source"]
+__all__ = ["cached_volumes", "job_env", "unusable_status", "verify_source"]
+
+
+class _Finder:
+    """What :func:`cached_volumes` asks of a cache, over a root not opened for writing."""
+
+    def __init__(self, space: CacheSpace) -> None:
+        self.space = space
+
+    def find(self, source: str) -> list[Volume]:
+        return maint.find(self.space, source)
+
+
+def unusable_status(exc: CacheUnusable, source: str | None = None) -> CacheStatus:
+    """What ``cache status`` can still say of a root :class:`LocalCache` refused
+    (``exc``): the namespaces found under it (of ``source``, or all), counted
+    without writing or locking anything, and why it is unusable
+    (:attr:`CacheStatus.unusable`). A root that is no folder holds nothing."""
+    root = exc.root
+    cap = env_max_bytes()
+    if not os.path.isdir(root):
+        parent = os.path.dirname(root)
+        while parent and not os.path.isdir(parent):
+            parent = os.path.dirname(parent)
+        return CacheStatus(root, 0, 0, cap, free_bytes(parent or "/"), [],
+                           unusable=exc.message)
+    space = CacheSpace(root)
+    volumes = cached_volumes(_Finder(space), source)  # type: ignore[arg-type]
+    found = maint.status(space, volumes, max_bytes=cap, locked=False)
+    return dataclasses.replace(found, unusable=exc.message)
 
 
 def cached_volumes(cache: LocalCache, source: str | None) -> list[Volume] | None:

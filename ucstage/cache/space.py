@@ -15,6 +15,7 @@ being written right now and is left alone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -312,11 +313,13 @@ class CacheSpace:
 
     # -- counting, eviction, sweeping -----------------------------------------------
 
-    def tally(self, ns_dirs: Sequence[str]) -> Tally:
+    def tally(self, ns_dirs: Sequence[str], *, locked: bool = True) -> Tally:
         """Files and bytes under ``ns_dirs``, cached and temp, counted under the
-        ledger lock (so no file is seen twice or missed mid-rename)."""
+        ledger lock (so no file is seen twice or missed mid-rename); without
+        ``locked`` (a root this process cannot write, where no copy runs
+        either), without it."""
         files = size = partial = partial_size = 0
-        with self._ledger():
+        with self._ledger() if locked else contextlib.nullcontext():
             for c in self._walk(ns_dirs):
                 if c.partial:
                     partial += 1

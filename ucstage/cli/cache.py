@@ -57,10 +57,13 @@ def command() -> None:
               help="Manifest format: arrow (columnar, memory-mapped by every process; the "
                    "default, also with -o) or json (for people and scripts; also chosen "
                    "by an -o name ending in .json).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing -o FILE that is not a ucstage manifest (a manifest "
+                   "is replaced without it). A FILE inside SOURCE is refused even so.")
 @json_option
 def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...],
          exclude: tuple[str, ...], include_hidden: bool, output: str | None, fmt: str | None,
-         as_json: bool) -> None:
+         force: bool, as_json: bool) -> None:
     """Freeze SOURCE's listing into a manifest and prepare its cache folder
     without copying anything; training code then fetches each file on first
     read. Prints how to use it, with every environment variable the training
@@ -74,14 +77,16 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     with listing(source):
         m = read_source(source, manifest_path, include, exclude, include_hidden)
     volume = m.volume()
-    ns_dir = cache.prepare(volume)
+    ns_dir = cache.namespace_dir(volume)  # prepared once the manifest is written
     # Columnar by default: every DataLoader process of the job maps one copy.
     # Only --format json or an -o name ending in .json asks for JSON (the
     # library's save() goes by the name alone, .arrow or not).
     if fmt is None:
         fmt = "json" if output and output.lower().endswith(".json") else "arrow"
     default = f"{ns_dir}{'.manifest.json' if fmt == 'json' else manifest_mod.ARROW_SUFFIX}"
-    path = os.path.abspath(manifest_mod.save(m, output or default, format=fmt))
+    # save() refuses a FILE inside SOURCE, and one that is not a manifest unless forced.
+    path = os.path.abspath(manifest_mod.save(m, output or default, format=fmt, force=force))
+    cache.prepare(volume)
     env = job_env(m, cache)
     data = {"source": m.source, "manifest": path, "fingerprint": m.fingerprint,
             "files": len(m.entries), "bytes": m.total_bytes, "cache_dir": cache.root,

@@ -13,7 +13,8 @@ from rich.markup import escape
 
 from ..cache.local import DEFAULT_LEASE_SECONDS, LocalCache
 from ..cache.reports import VerifyReport
-from ..cache.sources import cached_volumes, verify_source
+from ..cache.sources import cached_volumes, unusable_status, verify_source
+from ..errors import CacheUnusable
 from ..units import SIZE_HELP
 from .args import size_flag
 from .output import (
@@ -24,6 +25,7 @@ from .output import (
     fail_found,
     format_bytes,
     json_option,
+    print_error,
     refuse_filters_of_frozen,
     skip_unreadable_given,
     source_of,
@@ -46,8 +48,14 @@ def status(source: str | None, as_json: bool) -> None:
     Example:
       ucstage cache status
     """
-    cache = LocalCache()
-    st = cache.status(cached_volumes(cache, source))
+    problem: CacheUnusable | None = None
+    try:
+        cache = LocalCache()
+    except CacheUnusable as exc:
+        # Say what the root holds anyway (read without writing), then why it is unusable.
+        problem, st = exc, unusable_status(exc, source)
+    else:
+        st = cache.status(cached_volumes(cache, source))
     data = st.to_json()
 
     def human(console: Console) -> None:
@@ -76,6 +84,9 @@ def status(source: str | None, as_json: bool) -> None:
                 f"waited {run.wait_s:.1f} s for room", markup=False)
 
     emit(data, as_json, human)
+    if problem is not None:
+        print_error(problem.message, problem.hint)
+        sys.exit(problem.exit_code)
 
 
 def _optional_source(cmd: click.Command) -> click.Command:

@@ -20,6 +20,7 @@ from ..errors import CacheFull, UcstageError
 from ..manifest import Manifest
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
+from ..volumes.listing import skip_messages
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -184,17 +185,9 @@ def refuse_filters_of_frozen(opened: Source, include: Sequence[str], exclude: Se
 
 def warn_skipped(result: Manifest) -> None:
     """Warn on stderr about the entries a listing refused and the folders it skipped."""
-    for path, reason in result.refused[:5]:
-        err.print(f"[yellow]warning:[/] skipped {escape(path)}: {escape(reason)}", markup=True)
-    if len(result.refused) > 5:
-        err.print(f"[yellow]warning:[/] skipped {len(result.refused) - 5} more entries")
-    for folder, reason in result.unreadable[:5]:
-        where = f"{result.source.rstrip('/')}/{folder}"
-        err.print(f"[yellow]warning:[/] skipped unreadable folder {escape(where)} "
-                  f"({escape(reason)}): its files are not listed", markup=True)
-    if len(result.unreadable) > 5:
-        err.print(f"[yellow]warning:[/] skipped {len(result.unreadable) - 5} more unreadable "
-                  "folders")
+    # The library's text (VolumeDataset logs the same lines).
+    for line in skip_messages(result.source, result.refused, result.unreadable):
+        err.print(f"[yellow]warning:[/] {escape(line)}", markup=True)
 
 
 @contextmanager

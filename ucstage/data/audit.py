@@ -69,6 +69,10 @@ class AuditResult:
     """Files delivered before the restart (0 for an epoch run in one go)."""
     sources: tuple[SourceAudit, ...] = ()
     """Per source, for a mix: exactly once within each pass of each source."""
+    skipped: int = 0
+    """Entries the listing left out as unsafe (warned of when it was made:
+    a name with a backslash, a broken link, a link leaving the source): not
+    files of the epoch, so never gaps, but never read either."""
 
     @property
     def coverage_ok(self) -> bool:
@@ -194,7 +198,8 @@ class EpochAudit:
             epoch=self.epoch, files=files, duplicates=int(total.sum()) - files,
             gaps=n - files, expected_duplicates=sum(g[5] for g in gathered),
             expected_gaps=max(0, n - sum(g[4] for g in gathered)),
-            resumed_files=sum(g[3] for g in gathered))
+            resumed_files=sum(g[3] for g in gathered),
+            skipped=int(getattr(self._progress.vds, "listing_skipped", 0) or 0))
         per_source = getattr(self._progress.vds, "audit_sources", None)
         if per_source is not None:  # a mix: the same count, split by source
             result = replace(result, sources=per_source(self._progress, total))
@@ -224,4 +229,6 @@ def log_result(sink: Any, result: AuditResult, step: int) -> None:
         sink.add(name, value, step)
     if result.resumed_files:
         sink.add("resumed_files", result.resumed_files, step)
+    if result.skipped:
+        sink.add("listing_skipped", result.skipped, step)
     sink.send()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
+from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
@@ -65,8 +66,9 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             manifest file, or a :class:`ucstage.Manifest`. A manifest is used
             as frozen; anything else is listed once, on first use.
         include: keep only files matching any of these globs (``*.jpg``
-            matches names at any depth; a glob with ``/`` matches the path).
-        exclude: drop files matching any of these globs.
+            matches names at any depth; a glob with ``/`` matches the path);
+            a single str is one glob.
+        exclude: drop files matching any of these globs (a str: one glob).
         include_hidden: also list names starting with ``_`` or ``.``.
         skip_unreadable: list around folders that cannot be read (each is
             warned about through the ``ucstage`` logger) instead of raising
@@ -97,7 +99,8 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         cache: a :class:`ucstage.LocalCache` to use.
         cache_dir: cache root when ``cache`` is not given (default:
             ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
-        max_bytes: byte cap for a cache built from ``cache_dir``.
+        max_bytes: byte cap for a cache built from ``cache_dir``: bytes, or a
+            size string as the CLI takes (``"500M"``, ``"20G"``).
         group: ``"key"`` makes files sharing a key one sample (the key is the
             relative path up to the first ``.`` of the file name; a name
             without a dot is its own key, suffix ``""``), or a callable from
@@ -107,7 +110,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             samples are the unit of the slot rule, the shuffle,
             ``equal_length``, ``len()``, resume and the audit.
         require: with ``group``, suffixes every sample must have
-            (case-sensitive), e.g. ``("jpg", "json")``.
+            (case-sensitive), e.g. ``("jpg", "json")``; a single str is one suffix.
         on_incomplete: with ``require``, ``"drop"`` (default: such samples are
             left out, counted in one warning with examples) or ``"error"``.
 
@@ -139,8 +142,8 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         self,
         source: str | os.PathLike[str] | Manifest,
         *,
-        include: Sequence[str] = (),
-        exclude: Sequence[str] = (),
+        include: str | Sequence[str] = (),
+        exclude: str | Sequence[str] = (),
         include_hidden: bool = False,
         skip_unreadable: bool = False,
         shuffle: bool = False,
@@ -151,9 +154,9 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         equal_length: bool | str | None = False,
         cache: LocalCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
-        max_bytes: int | None = None,
+        max_bytes: int | str | None = None,
         group: str | Callable[[str], str] | None = None,
-        require: Sequence[str] = (),
+        require: str | Sequence[str] = (),
         on_incomplete: str = "drop",
     ) -> None:
         super().__init__()
@@ -164,7 +167,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         if cache is not None and cache_dir is not None:
             raise InvalidArgument("pass cache or cache_dir, not both")
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = params.whole(seed, "seed", minimum=None)
         self.equal_length = equal_mode(equal_length)
         # Checked once here, by the values the slot rule takes (the listing's
         # size and the world size come later).
@@ -174,17 +177,19 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         self.nproc_per_node = nproc_per_node
         self.epoch = 0
         self.read_ahead: int | str = read_ahead
-        self.include = tuple(include)
-        self.exclude = tuple(exclude)
+        # A single str is one pattern (or suffix), never its characters (ucstage/params.py).
+        self.include = params.strings(include, "include")
+        self.exclude = params.strings(exclude, "exclude")
+        require = params.strings(require, "require")
         self.include_hidden = bool(include_hidden)
         self.skip_unreadable = bool(skip_unreadable)
-        if group is None and (tuple(require) or on_incomplete != "drop"):
+        if group is None and (require or on_incomplete != "drop"):
             raise InvalidArgument("require and on_incomplete apply to grouped samples: pass "
                                   'group="key" (or a key callable) too')
-        self._grouping = (Grouping(group, tuple(require), on_incomplete)
+        self._grouping = (Grouping(group, require, on_incomplete)
                           if group is not None else None)
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        self._max_bytes = max_bytes
+        self._max_bytes = None if max_bytes is None else params.size(max_bytes, "max_bytes")
         self._manifest_path: str | None = None
         self._fingerprint: str | None = None
         self._manifest_size: int | None = None
@@ -197,7 +202,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         self._volume: Volume | None = None
         if cache is not None:
             self._cache_dir = str(getattr(cache, "root", "")) or None
-            self._max_bytes = getattr(cache, "max_bytes", max_bytes)
+            self._max_bytes = getattr(cache, "max_bytes", self._max_bytes)
         if isinstance(source, Manifest):
             if self.include or self.exclude:
                 raise InvalidArgument("include/exclude do not apply to a manifest (it is frozen)")

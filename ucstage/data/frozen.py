@@ -19,10 +19,12 @@ import torch.utils.data as tud
 
 from .. import manifest as _manifest
 from ..cache.paths import LISTINGS_DIR  # frozen listings live in the cache's control folder
-from ..errors import ManifestError, RankMismatch, UcstageError
+from ..errors import EmptySource, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest, group_manifest
+from ..manifest.files import write
 from ..manifest.groups import Grouping
 from ..volumes import FileEntry, Volume
+from ..volumes.listing import skip_messages
 from . import dist as dist_
 
 if TYPE_CHECKING:
@@ -55,6 +57,10 @@ class FrozenListing:
     _manifest: Manifest | None
     _volume: Volume | None
     _grouping: Grouping | None = None
+    listing_skipped: int = 0
+    """Entries the fresh listing left out as unsafe (a name with a backslash, a
+    broken link, a link leaving the source), each warned of once: counted in
+    every epoch's audit (``AuditResult.skipped``); 0 for a given manifest."""
 
     if TYPE_CHECKING:
         def cache(self) -> LocalCache:
@@ -70,11 +76,13 @@ class FrozenListing:
     def _save_manifest(self, manifest: Manifest) -> None:
         path = self._manifest_file(manifest.fingerprint)
         if not os.path.exists(path):
-            _manifest.save(manifest, path, format="arrow")
+            write(manifest, path, format="arrow")  # ucstage's own file: no user file to spare
         self._manifest_path = path
         self._manifest_size = os.path.getsize(path)
 
     def _adopt(self, manifest: Manifest) -> Manifest:
+        # A fresh listing (here or broadcast from rank 0) knows what it left out.
+        self.listing_skipped = len(manifest.refused)
         self._manifest = manifest
         self._fingerprint = manifest.fingerprint
         # A manifest broadcast from rank 0 names rank 0's file, which may not
@@ -98,9 +106,9 @@ class FrozenListing:
         manifest = _manifest.snapshot(self._source, include=self.include, exclude=self.exclude,
                                       include_hidden=self.include_hidden,
                                       skip_unreadable=self.skip_unreadable)
-        for path, reason in manifest.unreadable:
-            _log.warning("skipped unreadable folder %s (%s): its files are not listed",
-                         path, reason)
+        # What shard-plan prints, once per listing (on the rank that lists).
+        for line in skip_messages(manifest.source, manifest.refused, manifest.unreadable):
+            _log.warning("%s", line)
         if self._grouping is not None and manifest.groups is None:
             manifest = self._group(manifest)
         return manifest
@@ -110,6 +118,15 @@ class FrozenListing:
         rank that lists, so no worker regroups it); dropped samples warned of."""
         assert self._grouping is not None
         grouped, found = group_manifest(manifest, self._grouping)
+        if found.unkeyed and found.unkeyed == len(manifest):
+            raise EmptySource(f"group={self._grouping.label} returned None for every file of "
+                              f"{self._source}: no file is part of a sample",
+                              hint="return a key (a str) for the files of each sample; None "
+                                   "leaves a file out")
+        if found.unkeyed:
+            _log.warning("left out %d of %d files of %s: group=%s returned None for them "
+                         "(not part of any sample), e.g. %s", found.unkeyed, len(manifest),
+                         self._source, self._grouping.label, ", ".join(found.unkeyed_examples))
         if found.groups.dropped:
             examples = "; ".join(f"{key} lacks {', '.join(missing)}"
                                  for key, missing in found.incomplete)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
+from .. import params
 from ..cache.paths import LISTINGS_DIR
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument, ManifestError
@@ -33,7 +34,7 @@ from . import epochrecord, holding
 from .frozen import freeze_once
 from .sharded import SlotRule, equal_mode
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
-from .tableread import FORMATS, check_format
+from .tableread import FORMATS, check_fill_null, check_format
 from .tablestate import TableTracker
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         format: ``"arrow"`` (``pyarrow.RecordBatch``), ``"torch"`` (a dict of
             tensors; numeric and fixed-size-list columns) or ``"numpy"``.
         fill_null: the value nulls become (needed by ``"torch"`` for a column
-            with nulls).
+            with nulls): a number, bool or str that every chosen column can
+            hold (checked when the row groups are frozen).
         shuffle, seed, shuffle_scope, nproc_per_node: as for ``VolumeDataset``,
             over row groups; with ``shuffle`` rows are also shuffled within
             windows of ``shuffle_window`` row groups.
@@ -69,7 +71,8 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         read_ahead: row groups fetched ahead of the consumer per slot.
         equal_length: ``"pad"`` (or True) or ``"drop"``: every slot yields
             the same number of batches of ``batch_rows`` (needs it).
-        cache, cache_dir, max_bytes: the local cache, as for ``VolumeDataset``.
+        cache, cache_dir, max_bytes: the local cache, as for ``VolumeDataset``
+            (``max_bytes`` in bytes or a size string such as ``"500M"``).
     """
 
     num_workers: int = 6
@@ -86,19 +89,23 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
                  shuffle_window: int = DEFAULT_WINDOW, nproc_per_node: int | None = None,
                  read_ahead: int = DEFAULT_READ_AHEAD, equal_length: bool | str | None = False,
                  cache: LocalCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | str | None = None) -> None:
         super().__init__()
-        if read_ahead < 0:
-            raise InvalidArgument(f"read_ahead must be 0 or more, got {read_ahead}")
-        if batch_rows is not None and (isinstance(batch_rows, bool) or batch_rows < 1):
-            raise InvalidArgument(f"batch_rows must be 1 or more, got {batch_rows!r}")
-        if shuffle_window < 1:
-            raise InvalidArgument(f"shuffle_window must be 1 or more, got {shuffle_window}")
+        # Types and shapes checked here, by the one rule of each (ucstage/params.py).
+        read_ahead = params.whole(read_ahead, "read_ahead")
+        if batch_rows is not None:
+            batch_rows = params.whole(batch_rows, "batch_rows", minimum=1)
+        shuffle_window = params.whole(shuffle_window, "shuffle_window", minimum=1)
+        if version is not None:
+            version = params.whole(version, "version")
+        if max_bytes is not None:
+            max_bytes = params.size(max_bytes, "max_bytes")
+        check_fill_null(fill_null)
         if cache is not None and cache_dir is not None:
             raise InvalidArgument("pass cache or cache_dir, not both")
         if format not in FORMATS:
             raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-        self.shuffle, self.seed = bool(shuffle), int(seed)
+        self.shuffle, self.seed = bool(shuffle), params.whole(seed, "seed", minimum=None)
         self.table_equal_length = equal_mode(equal_length)
         equal_batches([], batch_rows, self.table_equal_length)  # needs batch_rows
         self.equal_length: str | None = None  # the slot rule over row groups: no pad or drop
@@ -106,8 +113,7 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         Layout.one_node(nproc_per_node)
         self.shuffle_scope, self.nproc_per_node = shuffle_scope, nproc_per_node
         self.shuffle_window, self.read_ahead = int(shuffle_window), int(read_ahead)
-        self.columns = None if columns is None else [columns] if isinstance(columns, str) \
-            else list(columns)
+        self.columns = None if columns is None else list(params.strings(columns, "columns"))
         self.version, self.batch_rows = version, batch_rows
         self.format, self.fill_null = format, fill_null
         self.epoch = 0

@@ -130,10 +130,43 @@ def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEn
                                                        for c in columns]))
 
 
-def check_format(schema: Any, columns: Sequence[str], fmt: str, fill_null: Any) -> None:
-    """Refuse up front what ``format`` cannot convert, naming the columns."""
+def check_fill_null(fill_null: Any) -> None:
+    """Refuse a ``fill_null`` that is no scalar value (checked at construction;
+    whether each column can hold it, by :func:`check_format` once the schema is known)."""
+    if fill_null is None or isinstance(fill_null, (bool, int, float, str)):
+        return
+    import numpy as np
+
+    if isinstance(fill_null, (np.integer, np.floating, np.bool_)):
+        return
+    raise InvalidArgument(f"fill_null must be a number, bool or str, got "
+                          f"{type(fill_null).__name__} {fill_null!r}")
+
+
+def _check_fill(schema: Any, columns: Sequence[str], fill_null: Any) -> None:
     import pyarrow as pa
 
+    for name in columns:
+        t = schema.field(name).type
+        if pa.types.is_fixed_size_list(t):
+            continue  # convert() leaves these as they are
+        try:
+            pa.scalar(fill_null).cast(t)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise InvalidArgument(
+                f"fill_null={fill_null!r} does not fit column {name!r} ({t}): "
+                f"{str(exc).splitlines()[0]}",
+                hint="pass a fill_null every chosen column can hold, or pick columns=...") \
+                from None
+
+
+def check_format(schema: Any, columns: Sequence[str], fmt: str, fill_null: Any) -> None:
+    """Refuse up front what ``format`` cannot convert, naming the columns, and
+    a ``fill_null`` a chosen column cannot hold."""
+    import pyarrow as pa
+
+    if fmt != "arrow" and fill_null is not None:
+        _check_fill(schema, columns, fill_null)
     if fmt != "torch":
         return
     bad = []

@@ -1,15 +1,19 @@
-"""How the ucstage DataLoader starts its workers: ``forkserver`` when forked
-workers could not use the object-store engine.
+"""How the ucstage DataLoader starts its workers: ``fork`` (the cheapest
+start, and the only one a dataset defined in a notebook cell survives), or
+``forkserver`` when forked workers could not use the object-store engine.
 
 obstore runs every request on one process-global Tokio runtime, which does not
-survive ``fork``: a worker forked after the main process listed (or fetched)
-through obstore reads through fsspec instead (:func:`ucstage.objstore.usable`),
-at about twice the client CPU per file. A worker forked from the forkserver
-process, which started fresh and never touched obstore, builds its own client
-and runtime. So, when the user did not choose a start method and the default
-one is ``fork``, the loader uses the ``forkserver`` context for an object-store
-volume once obstore was used in this process (:func:`ucstage.objstore.forks_fall_back`);
-otherwise fork stays, as it is the cheapest start.
+survive ``fork``: a worker forked after the main process fetched through
+obstore reads through fsspec instead (:func:`ucstage.objstore.usable`), at
+about twice the client CPU per file. The main process's own metadata calls
+(resolving and listing a source) run in a short-lived forked child
+(:mod:`ucstage.aside`), so listing leaves it clean and forked workers build
+their own clients and runtimes. Only when this process has itself read through
+obstore (iterated a dataset without workers, warmed a cache in-process) would
+forked workers fall back (:func:`ucstage.objstore.forks_fall_back`); then, when
+the user did not choose a start method and the default one is ``fork``, the
+loader starts them from a ``forkserver`` instead, whose process never touched
+obstore.
 
 The forkserver preloads :data:`PRELOAD` (torch, numpy, pyarrow, obstore and
 ucstage), so each worker forks with them imported. The preload list belongs
@@ -59,12 +63,12 @@ _warned: set[str] = set()
 def start_early(given: Any, num_workers: int, object_store: bool, *pickled: Any) -> bool:
     """Start the forkserver now, in the background, when this loader's workers
     will start from it: ``object_store`` (the volume is an object store that
-    obstore reads, so its listing uses obstore in this process if nothing did
-    yet) and no start method of the user's. The server preloads
-    :data:`PRELOAD` while the listing, the model's set-up and whatever else
-    comes before the first ``iter(loader)`` run, instead of after it.
-    Returns whether it started (or was running)."""
-    if given is not None or num_workers <= 0 or not object_store:
+    obstore reads), obstore already ran in this process, and no start method
+    of the user's. The server preloads :data:`PRELOAD` while the model's
+    set-up and whatever else comes before the first ``iter(loader)`` run,
+    instead of after it. Returns whether it started (or was running)."""
+    if given is not None or num_workers <= 0 or not object_store or \
+            not objstore.forks_fall_back():
         return False
     default = multiprocessing.get_start_method(allow_none=True) or \
         multiprocessing.get_all_start_methods()[0]

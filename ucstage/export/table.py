@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .. import __version__
+from .. import __version__, params
 from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..tables.delta import TableState, table_state
@@ -280,14 +280,11 @@ def export_table(
     """
     started = time.monotonic()
     # The library speaks Python: a string is one column name, never a comma
-    # list (the CLI splits --columns a,b itself).
-    if isinstance(columns, str):
-        columns = [columns]
-    if isinstance(partition_by, str):
-        partition_by = [partition_by]
+    # list (the CLI splits --columns a,b itself); the one rule of ucstage/params.py.
     options = ExportOptions(
-        columns=list(columns) if columns is not None else None, where=where,
-        partition_by=list(partition_by or []), files=files,
+        columns=list(params.strings(columns, "columns")) if columns is not None else None,
+        where=where, partition_by=list(params.strings(partition_by, "partition_by")),
+        files=files,
         max_records_per_file=max_records_per_file, compression=compression,
         row_group_rows=row_group_rows)
     options.validate()

@@ -12,13 +12,13 @@ import os
 from typing import Any
 
 from ..atomic import write_atomic
-from ..errors import InvalidArgument, ManifestError
+from ..errors import InvalidArgument, ManifestError, UcstageError
 from ..volumes.location import is_mapped, resolve
 from . import formats
 from .formats import ARROW_MAGIC, ARROW_SUFFIX, not_a_manifest
 from .model import FORMAT, Manifest
 
-__all__ = ["FORMATS", "is_manifest_file", "load", "save"]
+__all__ = ["FORMATS", "is_manifest_file", "load", "save", "write"]
 
 FORMATS = ("arrow", "json")
 """What :func:`save` writes: the columnar Arrow IPC file, or JSON."""
@@ -37,18 +37,72 @@ def _format_for(path: str, format: str | None) -> str:
     return format
 
 
-def save(manifest: Manifest, path: str | os.PathLike[str], *, format: str | None = None) -> str:
+def save(manifest: Manifest, path: str | os.PathLike[str], *, format: str | None = None,
+         force: bool = False) -> str:
     """Write a manifest atomically and durably (:mod:`ucstage.atomic`); return its path.
 
     ``format`` is ``"arrow"`` (the columnar Arrow IPC file) or ``"json"``;
     by default a name ending in ``.arrow`` (``train.manifest.arrow``) is
     written columnar and any other name (``train.manifest.json``) as JSON.
+
+    Nothing a user wrote is replaced unless ``force``: an existing file that
+    is not a ucstage manifest (by its content, whatever its name) is refused.
+    A path inside the manifest's own (local) source is refused even with
+    ``force``: it would replace a file the manifest lists, or add one to the
+    next listing.
+
+    Raises:
+        InvalidArgument: ``path`` is a folder, inside the source, or an
+            existing file that is not a manifest (without ``force``).
     """
     path = os.fspath(path)
     kind = _format_for(path, format)
+    _check_target(manifest, path, force)
     if os.path.isdir(path):
         raise InvalidArgument(f"{path} is a folder; give the manifest a file name, "
                               f"e.g. {os.path.join(path, 'train' + ARROW_SUFFIX)}")
+    return write(manifest, path, format=kind)
+
+
+def _source_place(manifest: Manifest) -> tuple[str, bool] | None:
+    """Where a manifest's source is on this machine (its real path, and
+    whether it is a folder), or None when it is not local. Nothing is looked
+    up on a store: a loaded manifest's source is resolved without a request."""
+    fresh = manifest.__dict__.get("_listed")
+    try:
+        volume = fresh[1] if fresh is not None else resolve(manifest.source, must_exist=False)
+    except UcstageError:
+        return None  # no backend for it here: not a local folder either
+    if not volume.is_local:
+        return None
+    if volume.file:
+        return os.path.realpath(volume.full_path(volume.file)), False
+    # Unlooked-up, a single-file source resolves as a folder: its own path is
+    # still the place, and nothing is below it.
+    return os.path.realpath(volume.root), True
+
+
+def _check_target(manifest: Manifest, path: str, force: bool) -> None:
+    real = os.path.realpath(path)
+    place = _source_place(manifest)
+    if place is not None:
+        where, folder = place
+        if real == where or (folder and real.startswith(where.rstrip(os.sep) + os.sep)):
+            raise InvalidArgument(
+                f"{path} is inside the source {manifest.source}: the manifest would "
+                f"{'replace a file of it' if os.path.lexists(path) else 'be listed as its data'}",
+                hint="write it outside the source (by default it goes beside the cache folder)")
+    if not force and os.path.isfile(path) and not _replaceable(path):
+        raise InvalidArgument(f"{path} exists and is not a ucstage manifest; refusing to "
+                              "replace it", hint="choose another name, or pass `force` to "
+                                                 "replace it")
+
+
+def write(manifest: Manifest, path: str, *, format: str) -> str:
+    """Write ``manifest`` to ``path`` in ``format`` without :func:`save`'s
+    checks: for ucstage's own files under the cache root (the listings
+    :class:`ucstage.VolumeDataset` freezes)."""
+    kind = format
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)
@@ -75,11 +129,26 @@ def is_manifest_file(path: str) -> bool:
         return is_mapped(path) or not os.path.isdir(path)
     if is_mapped(path) or not os.path.isfile(path):
         return False
+    return _marked(path)
+
+
+def _marked(path: str) -> bool:
+    """Whether the local file ``path`` starts like a ucstage manifest (JSON
+    with the format marker, or an Arrow file whose schema carries it)."""
     with open(path, "rb") as fh:
         head = fh.read(64)
     if head.startswith(ARROW_MAGIC):
         return formats.arrow_marked(path)
     return head.lstrip().startswith(b"{") and FORMAT.encode() in head
+
+
+def _replaceable(path: str) -> bool:
+    """A manifest :func:`save` may replace without ``force`` (an unreadable
+    file is not known to be one)."""
+    try:
+        return _marked(path)
+    except (OSError, ManifestError):
+        return False
 
 
 def _open(path: str) -> tuple[Any, str | None]:

@@ -21,12 +21,14 @@ already in sample order).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import params
 from ..errors import GroupingError, InvalidArgument, ManifestError
 
 if TYPE_CHECKING:
@@ -69,10 +71,8 @@ class Grouping:
                 isinstance(self.by, str) or callable(self.by)):
             raise InvalidArgument(f'group must be "key" or a callable from relative path to '
                                   f"key, got {self.by!r}")
-        if isinstance(self.require, str) or not all(isinstance(s, str) for s in self.require):
-            raise InvalidArgument(f'require must be a sequence of suffixes such as ("jpg", '
-                                  f'"json"), got {self.require!r}')
-        object.__setattr__(self, "require", tuple(self.require))
+        # A single str is one suffix (ucstage/params.py: one rule for every such parameter).
+        object.__setattr__(self, "require", params.strings(self.require, "require"))
         if self.on_incomplete not in ON_INCOMPLETE:
             raise InvalidArgument(f"on_incomplete must be one of {ON_INCOMPLETE}, "
                                   f"got {self.on_incomplete!r}")
@@ -193,6 +193,10 @@ class Grouped:
     groups: Groups
     incomplete: list[tuple[str, list[str]]]
     """Up to :data:`EXAMPLES` dropped samples: (key, missing suffixes)."""
+    unkeyed: int = 0
+    """Files a key callable returned None for: in no sample, left out."""
+    unkeyed_examples: list[str] = dataclasses.field(default_factory=list)
+    """Up to :data:`EXAMPLES` of them."""
 
 
 def _bools(arr: Any) -> np.ndarray:
@@ -262,7 +266,8 @@ def _name_dots(data: np.ndarray, begin: np.ndarray, end: np.ndarray
     return np.where(has_dot, dot, end), has_dot
 
 
-def _columns(paths: Any, grouping: Grouping) -> tuple[_Column, _Column]:
+def _columns(paths: Any, grouping: Grouping, made: list[str] | None
+             ) -> tuple[_Column, _Column]:
     """(keys, suffixes) of an Arrow large_string array of paths.
 
     The name's first dot is found in numpy over the column's bytes (``/``
@@ -291,13 +296,35 @@ def _columns(paths: Any, grouping: Grouping) -> tuple[_Column, _Column]:
     pieces = pa.Array.from_buffers(pa.large_string(), 3 * n,
                                    [None, pa.py_buffer(cuts), data_buf])
     suffixes = _Column(pieces, 2, 3, n)
-    if isinstance(grouping.by, str):
+    if made is None:
         return _Column(pieces, 0, 3, n), suffixes
-    made = [grouping.by(p) for p in paths.to_pylist()]
-    bad = next((k for k in made if not isinstance(k, str)), None)
-    if bad is not None:
-        raise InvalidArgument(f"group={grouping.label} must return a str key, got {bad!r}")
     return _Column(pa.array(made, pa.large_string()), 0, 1, n), suffixes
+
+
+def _keyed(paths: Any, grouping: Grouping) -> tuple[Any, list[str] | None, np.ndarray | None,
+                                                      list[str]]:
+    """A callable's keys: (the paths it keyed, their keys, those paths' rows
+    in ``paths`` or None for all, up to :data:`EXAMPLES` paths it returned
+    None for). None means "not part of any sample": such files are left out
+    (and counted), never merged into one sample of key None."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(grouping.by, str):
+        return paths, None, None, []
+    listed = paths.to_pylist()
+    made = [grouping.by(p) for p in listed]
+    for key in made:
+        if key is not None and not isinstance(key, str):
+            raise InvalidArgument(f"group={grouping.label} must return a str key (or None "
+                                  f"for a file of no sample), got {key!r}")
+    keep = np.fromiter((k is not None for k in made), dtype=bool, count=len(made))
+    if keep.all():
+        return paths, made, None, []
+    rows = np.flatnonzero(keep).astype(np.int64)
+    examples = [listed[i] for i in np.flatnonzero(~keep)[:EXAMPLES].tolist()]
+    kept = [made[i] for i in rows.tolist()]
+    return paths.take(pa.array(rows)), kept, rows, examples
 
 
 def group_paths(paths: Any, grouping: Grouping) -> Grouped:
@@ -306,17 +333,34 @@ def group_paths(paths: Any, grouping: Grouping) -> Grouped:
     Raises:
         GroupingError: two members of a sample share a suffix, or (with
             ``on_incomplete="error"``) a sample lacks a required suffix.
+
+    A key callable's None leaves the file out of every sample (counted in
+    :attr:`Grouped.unkeyed`).
     """
-    import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if isinstance(paths, pa.ChunkedArray):
         paths = paths.combine_chunks()
     if paths.type != pa.large_string():
         paths = paths.cast(pa.large_string())
+    total = len(paths)
+    paths, made, base, unkeyed = _keyed(paths, grouping)
+    found = _group(paths, grouping, made)
+    if base is None:
+        return found
+    # Rows of the keyed paths back to rows of the listing.
+    order = base if found.order is None else base[found.order]
+    return dataclasses.replace(found, order=order, unkeyed=total - len(base),
+                               unkeyed_examples=unkeyed)
+
+
+def _group(paths: Any, grouping: Grouping, made: list[str] | None) -> Grouped:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     n = len(paths)
-    keys, suffixes = _columns(paths, grouping)
+    keys, suffixes = _columns(paths, grouping, made)
     order: np.ndarray | None = None
     same = np.zeros(max(n - 1, 0), dtype=bool)
     if n > 1:

@@ -5,12 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple
 
-__all__ = ["RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path", "version_of"]
+__all__ = ["PART_SUFFIX", "RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path",
+           "part_stripe", "reserved_name", "version_of"]
 
 RANGES_DIR = ".ucstage-ranges"
 """The top folder of a namespace that holds byte-range entries (row groups of
 a table): ``.ucstage-ranges/<file's path>/<name>``. A listed file under it is
 refused by the cache, so a whole file can never take a range entry's place."""
+PART_SUFFIX = ".ucstage-part"
+"""How the cache's temp files end (``.NNNN.<name>.ucstage-part``, NNNN the
+lock stripe; named in :mod:`ucstage.cache.paths`)."""
 
 # Keys fsspec backends use for a change marker, best first. An ETag or checksum
 # changes with the content; an mtime is what local and FUSE files have.
@@ -54,6 +58,27 @@ class RangeEntry(NamedTuple):
 def is_range_path(relpath: str) -> bool:
     """Whether a namespace path is under :data:`RANGES_DIR`."""
     return relpath == RANGES_DIR or relpath.startswith(RANGES_DIR + "/")
+
+
+def part_stripe(name: str) -> int | None:
+    """The stripe number in a cache temp file's name, or None if ``name`` is not one."""
+    if not (name.startswith(".") and name.endswith(PART_SUFFIX)) or name[5:6] != ".":
+        return None
+    digits = name[1:5]
+    return int(digits) if digits.isdigit() else None
+
+
+def reserved_name(relpath: str) -> str | None:
+    """Why a source file at ``relpath`` can never be cached, or None: its name
+    looks like a cache temp file (the cache's sweep would take it for a dead
+    copy), or it lies where the cache keeps byte-range entries. Only hidden
+    names can be: the listing refuses them with ``include_hidden``, and the
+    cache refuses them again."""
+    if part_stripe(relpath.rsplit("/", 1)[-1]) is not None:
+        return "the name looks like one of ucstage's temp files"
+    if is_range_path(relpath):
+        return "the folder is where ucstage keeps byte-range entries"
+    return None
 
 
 def version_of(info: dict[str, Any]) -> str:

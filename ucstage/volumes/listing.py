@@ -20,13 +20,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import objstore
+from .. import objstore, params
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
-from .entry import FileEntry, version_of
+from .entry import FileEntry, reserved_name, version_of
 from .location import Volume, kind_of, resolve, safe_relpath, single_file, unreadable_error
 from .walk import Walk, walk_fsspec, walk_local, walks_by_ls
 
-__all__ = ["FileEntry", "Listing", "UnreadableFolders", "list_files", "list_volume", "matches"]
+__all__ = ["FileEntry", "Listing", "UnreadableFolders", "list_files", "list_volume", "matches",
+           "skip_messages"]
 
 
 @dataclass
@@ -41,6 +42,24 @@ class Listing:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     """(folder, reason) for folders skipped because they could not be read;
     only ever non-empty with ``skip_unreadable``. Paths relative to the root."""
+
+
+SKIPS_NAMED = 5
+"""Refused entries (and unreadable folders) a listing's warnings name one by one."""
+
+
+def skip_messages(source: str, refused: Sequence[tuple[str, str]],
+                  unreadable: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The warnings about what a listing left out: the lines the CLI prints
+    and :class:`ucstage.VolumeDataset` logs, one text for both."""
+    lines = [f"skipped {path}: {reason}" for path, reason in refused[:SKIPS_NAMED]]
+    if len(refused) > SKIPS_NAMED:
+        lines.append(f"skipped {len(refused) - SKIPS_NAMED} more entries")
+    lines += [f"skipped unreadable folder {source.rstrip('/')}/{folder} ({reason}): its files "
+              "are not listed" for folder, reason in unreadable[:SKIPS_NAMED]]
+    if len(unreadable) > SKIPS_NAMED:
+        lines.append(f"skipped {len(unreadable) - SKIPS_NAMED} more unreadable folders")
+    return lines
 
 
 def matches(relpath: str, pattern: str) -> bool:
@@ -61,6 +80,20 @@ def _keep(relpath: str, include: Sequence[str], exclude: Sequence[str], hidden: 
     if include and not any(matches(relpath, p) for p in include):
         return False
     return not any(matches(relpath, p) for p in exclude)
+
+
+def _refuse_reserved(entries: list[FileEntry], refused: list[tuple[str, str]]
+                     ) -> list[FileEntry]:
+    """``entries`` without the names the cache can never hold (refused, with
+    the reason, here rather than by the cache in the middle of an epoch)."""
+    kept = []
+    for entry in entries:
+        why = reserved_name(entry.path)
+        if why is None:
+            kept.append(entry)
+        else:
+            refused.append((entry.path, why))
+    return kept
 
 
 def _find_flat(fs: Any, root: str, volume: Volume | None) -> dict[str, dict[str, Any]]:
@@ -92,7 +125,10 @@ def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str
             return Listing(volume, [], [(volume.file, f"symlink to {real}, outside its folder")])
     entry = FileEntry(volume.file, int(info.get("size") or 0), version_of(info))
     # Named explicitly, so a hidden name is kept; include/exclude still apply.
-    return Listing(volume, [entry] if _keep(volume.file, include, exclude, True) else [])
+    refused: list[tuple[str, str]] = []
+    kept = _refuse_reserved([entry] if _keep(volume.file, include, exclude, True) else [],
+                            refused)
+    return Listing(volume, kept, refused)
 
 
 def _folder_message(volume: Volume, unreadable: Sequence[tuple[str, str]]) -> UnreadableFolders:
@@ -112,8 +148,8 @@ def _folder_message(volume: Volume, unreadable: Sequence[tuple[str, str]]) -> Un
 def list_files(
     source: str | Volume,
     *,
-    include: Iterable[str] = (),
-    exclude: Iterable[str] = (),
+    include: str | Iterable[str] = (),
+    exclude: str | Iterable[str] = (),
     include_hidden: bool = False,
     skip_unreadable: bool = False,
 ) -> Listing:
@@ -148,14 +184,16 @@ def list_files(
 def list_volume(
     volume: Volume,
     *,
-    include: Iterable[str] = (),
-    exclude: Iterable[str] = (),
+    include: str | Iterable[str] = (),
+    exclude: str | Iterable[str] = (),
     include_hidden: bool = False,
     skip_unreadable: bool = False,
 ) -> Listing:
     """:func:`list_files` of a volume that :func:`resolve` returned (the source
     exists, and a single file is resolved as one): nothing is looked up again."""
-    include, exclude = list(include), list(exclude)
+    # A single str is one glob, never its characters (ucstage/params.py).
+    include, exclude = list(params.strings(include, "include")), \
+        list(params.strings(exclude, "exclude"))
     if volume.file:
         return _list_one_file(volume, include, exclude)
     fs, root = volume.fs, volume.root
@@ -197,5 +235,7 @@ def list_volume(
         if _keep(rel, include, exclude, include_hidden):
             entries.append(FileEntry(rel, int(info.get("size") or 0), version_of(info)))
     entries.extend(e for e in walk.entries if _keep(e.path, include, exclude, include_hidden))
+    if include_hidden:  # only hidden names can be ones the cache reserves
+        entries = _refuse_reserved(entries, refused)
     entries.sort(key=lambda e: e.path)
     return Listing(volume, entries, sorted(refused), sorted(walk.unreadable))

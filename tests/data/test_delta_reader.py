@@ -130,13 +130,15 @@ def test_column_mapping_reads_physical_columns_under_logical_names(tmp_path: Pat
         "p": pa.array(["x y", "z"] * (n // 2)),
         "st": pa.array([{"u": i, "v": f"v{i}" if i % 4 else None} for i in range(n)]),
         "ls": pa.array([[{"w": i}, {"w": -i}] if i % 3 else None for i in range(n)]),
+        "mp": pa.array([[(f"k{i}", {"q": i})] if i % 2 else None for i in range(n)],
+                       pa.map_(pa.string(), pa.struct([("q", pa.int64())]))),
     })
     path = str(tmp_path / mode)
     write_deltalake(path, t.slice(0, 17), partition_by=["p"],
                     configuration={"delta.columnMapping.mode": mode})
     write_deltalake(path, t.slice(17), mode="append")
     m = row_groups(path)
-    assert m.schema.names == ["id", "p", "st", "ls"]
+    assert m.schema.names == ["id", "p", "st", "ls", "mp"]
     assert all(leaf.split(".")[0] in m.schema.names for ls in m.leaves for leaf in ls)
     kernel = kernel_rows(path)
     engine = pa.table(QueryBuilder().register("t", DeltaTable(path))

@@ -426,3 +426,24 @@ def test_a_vector_is_checked_against_its_descriptor() -> None:
     with pytest.raises(UnsupportedTable, match="not on a local"):
         resolve("/t", {"storageType": "p", "pathOrInlineDv": "s3://b/dv.bin", "offset": 1,
                        "sizeInBytes": 1, "cardinality": 1}, "t")
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_equal_length_counts_live_rows(tmp_path: Path, mode: str) -> None:
+    """``equal_length`` over a table with deletion vectors (one row group all
+    deleted): every slot yields the same count of full batches of live rows,
+    and the audit finds what the mode plans (drop's gaps, pad's none)."""
+    t = dv_table(tmp_path)
+    live = len(_live_ids(t))
+    ds = TableDataset(t.root, batch_rows=4, equal_length=mode, shuffle=True, seed=2,
+                      shuffle_window=2, columns=["id"], cache_dir=str(tmp_path / "c"))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    batches = [b.column("id").to_pylist() for b in loader]
+    assert len(batches) == len(loader) and all(len(b) == 4 for b in batches)
+    ids = [i for b in batches for i in b]
+    if mode == "drop":
+        assert len(set(ids)) == len(ids) and len(ids) <= live
+    else:
+        assert set(ids) == set(_live_ids(t))
+    audit = loader.audits[-1]
+    assert audit.coverage_ok and audit.gaps == audit.expected_gaps and audit.duplicates == 0

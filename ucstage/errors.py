@@ -23,6 +23,7 @@ __all__ = [
     "GroupingError",
     "InvalidArgument",
     "ManifestError",
+    "MissingDataFiles",
     "MissingDependency",
     "MountLost",
     "NotParquet",
@@ -35,6 +36,7 @@ __all__ = [
     "TableNotFound",
     "UcstageError",
     "UnknownColumn",
+    "UnreadableDeltaLog",
     "UnreadableFolders",
     "UnsafePath",
     "UnsupportedTable",
@@ -167,6 +169,18 @@ class ExportError(UcstageError):
 
 class TableNotFound(UcstageError):
     """The table name does not resolve to a Delta table."""
+
+
+class UnreadableDeltaLog(TableNotFound):
+    """A Delta table's log (or a deletion vector it names) is there but cannot
+    be read: a commit or checkpoint that does not parse, a deletion vector whose
+    checksum, magic or row count is wrong."""
+
+
+class MissingDataFiles(SourceNotFound):
+    """Files a table's log or record names (data files, deletion vectors) are
+    gone from its folder: the table was vacuumed past the version read, or
+    copied incompletely."""
 
 
 class UnsupportedTable(UcstageError):

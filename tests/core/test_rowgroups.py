@@ -26,7 +26,6 @@ from ucstage.errors import (
     SchemaMismatch,
     TableNotFound,
     UnknownColumn,
-    UnsupportedTable,
 )
 from ucstage.tables import RECORD_NAME, RowGroupManifest, row_groups
 
@@ -173,14 +172,15 @@ def test_partition_columns_come_from_the_log(tmp_path: Path) -> None:
     assert all("region" not in {leaf.split(".")[0] for leaf in leaves} for leaves in m.leaves)
 
 
-def test_deletion_vectors_are_refused_by_name(tmp_path: Path) -> None:
+def test_the_deletion_vector_feature_without_vectors_reads_every_row(tmp_path: Path) -> None:
+    """deltalake writes the feature, never a vector: every row is live (the
+    vectors themselves: tests/data/test_delta_reader.py)."""
     from deltalake import write_deltalake
 
     path = str(tmp_path / "dv")
     write_deltalake(path, table(0, 10), configuration={"delta.enableDeletionVectors": "true"})
-    with pytest.raises(UnsupportedTable, match="deletionVectors") as info:
-        row_groups(path)
-    assert info.value.exit_code == 2
+    m = row_groups(path)
+    assert m.rows == 10 and m.deletion_vectors == []
 
 
 # -- an export destination -----------------------------------------------------

@@ -6,7 +6,12 @@ as the file's first bytes (:func:`_sparse`: each chunk at its own offset in
 an untouched zero mapping), with the footer the manifest kept
 (``ParquetFile(..., metadata=...)``): no footer is fetched, no other byte is
 needed. The table is then conformed to the table's schema: a column a file
-does not hold (added later) is null, a partition column is the log's value.
+does not hold (added later) is null, a partition column is the log's value
+in the column's type (:mod:`ucstage.tables.partvalues`). For a Delta table
+the physical columns of a column-mapped file are renamed to the logical
+ones (:mod:`ucstage.tables.colmap`), and the rows its deletion vector
+deletes are dropped (:mod:`ucstage.tables.deletion`), so a row group yields
+exactly the live rows the manifest counts.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import CorruptParquet, InvalidArgument
-from ..tables import RowGroupManifest
+from ..errors import CorruptParquet, InvalidArgument, UnreadableDeltaLog
+from ..tables import RowGroupManifest, colmap, partvalues
+from ..tables.deletion import deleted
 from ..tables.entries import group_entry
 from ..tables.footers import INT96_UNIT
 from ..volumes import RangeEntry
@@ -51,20 +57,65 @@ def _sparse(path: str, ranges: Sequence[tuple[int, int]]) -> Any:
     return pa.BufferReader(pa.py_buffer(memory))
 
 
+def _live(manifest: RowGroupManifest, f: int, group: int, rows: int) -> Any:
+    """The keep mask of row group ``group``'s ``rows`` stored rows under file
+    ``f``'s deletion vector (a pyarrow boolean array), or None: no vector."""
+    import numpy as np
+    import pyarrow as pa
+
+    vector = manifest.deletion_vectors[f] if manifest.deletion_vectors else None
+    if vector is None:
+        return None
+    md = manifest.metadata(f)
+    index = int(manifest.index[group])
+    start = sum(md.row_group(i).num_rows for i in range(index))
+    gone = deleted(vector, manifest.files[f].path)
+    keep = np.ones(rows, dtype=bool)
+    lo = gone.rank(start - 1) if start else 0  # rank(x): deleted rows <= x
+    hi = gone.rank(start + rows - 1) if rows else lo
+    if hi > lo:
+        keep[np.asarray(gone[lo:hi].to_array(), dtype=np.int64) - start] = False
+    # from its bits: pa.array() of a numpy array imports pandas when installed
+    bits = np.packbits(keep, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), rows, [None, pa.py_buffer(bits)])
+
+
 def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEntry,
                columns: Sequence[str]) -> Any:
     """Row group ``group`` read from its cache entry at ``path``, as a
-    ``pyarrow.Table`` of ``columns`` in the table's schema."""
+    ``pyarrow.Table`` of ``columns`` in the table's schema (its live rows)."""
     import pyarrow as pa
 
     f = int(manifest.file[group])
     held = manifest.file_columns(f, columns)
     n = int(manifest.rows_per_group[group])
+    how = colmap.mode(manifest.schema)
     if held:
         buffer = _sparse(path, entry.ranges)
-        got = _decode(manifest, group, buffer, held)
+        if how == "none":
+            got = _decode(manifest, group, buffer, held)
+        else:
+            arrow_schema = manifest.metadata(f).schema.to_arrow_schema()
+            physical = [colmap.physical_top(manifest.schema, arrow_schema, c) for c in held]
+            raw = _decode(manifest, group, buffer, physical)
+            got = pa.table({c: pa.chunked_array(
+                [colmap.to_logical(chunk, manifest.schema.field(c), how)
+                 for chunk in raw.column(p).chunks], type=manifest.schema.field(c).type)
+                for c, p in zip(held, physical, strict=True)})
+        stored = got.num_rows
     else:
         got = pa.table({"__n": pa.nulls(n)}).drop_columns(["__n"])
+        stored = int(manifest.metadata(f).row_group(int(manifest.index[group])).num_rows) \
+            if manifest.deletion_vectors and manifest.deletion_vectors[f] else n
+    keep = _live(manifest, f, group, stored)
+    if keep is not None and held:
+        got = got.filter(keep)
+    if held and got.num_rows != n:
+        raise UnreadableDeltaLog(f"row group {int(manifest.index[group])} of "
+                                 f"{manifest.files[f].path} has {got.num_rows} live rows, "
+                                 f"its listing counted {n}",
+                                 hint="the table's deletion vectors changed since it was "
+                                      "frozen: freeze it again")
     out = []
     parts = manifest.partition_values[f] if manifest.partition_values else {}
     for name in columns:
@@ -73,9 +124,7 @@ def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEn
             col = got.column(name)
             out.append(col if col.type == field.type else col.cast(field.type))
         elif name in parts:
-            value = parts[name]
-            out.append(pa.array([value] * n, type=pa.string()).cast(field.type)
-                       if value is not None else pa.nulls(n, type=field.type))
+            out.append(partvalues.column(parts[name], field.type, n))
         else:
             out.append(pa.nulls(n, type=field.type))
     return pa.Table.from_arrays(out, schema=pa.schema([manifest.schema.field(c)

@@ -110,7 +110,9 @@ class TableTracker(_state.SlotTracker):
             g = int(self.run[p])
             if c >= n:
                 self._complete[p] = True
-                if not before:
+                # a row group with no live rows (its deletion vector deletes them
+                # all) is delivered when reached, unless the resumed state holds it
+                if not before or (n == 0 and g not in self.skip):
                     self._finished.append(g)
             elif c:
                 partial[g] = c

@@ -3,7 +3,9 @@ resolved and listed by row group, for ``data/`` (``TableDataset``),
 ``export/`` and the CLI.
 
 ``names`` parses table names and finds ``$UCSTAGE_WAREHOUSE``; ``delta``
-reads Delta table states with delta-rs; ``record`` the export record
+reads Delta table states with delta-rs (``deltalog``, ``deletion``,
+``colmap`` and ``partvalues``: deletion vectors, column mapping and typed
+partition values for the reader); ``record`` the export record
 (``_ucstage_export.json``); ``source`` resolves a table SOURCE to its files;
 ``footers`` reads the Parquet footers; ``listing`` freezes the row groups
 into a ``manifest`` (:class:`RowGroupManifest`). See docs/design.md and

@@ -2,11 +2,14 @@
 values, schema and row count, straight from the transaction log.
 
 Spark (export) and :class:`~ucstage.TableDataset` are then given exactly
-those files, never the folder (which also holds removed files). Tables whose
-reader features a plain Parquet read cannot honour are refused by name:
-deletion vectors (rows deleted in a side file, which plain Parquet reads
-would resurrect) and column mapping (physical column names differ from the
-logical ones).
+those files, never the folder (which also holds removed files). Two reader
+features change what a file's rows are: deletion vectors (rows deleted in a
+side file) and column mapping (physical column names differ from the
+logical ones). ``TableDataset`` honours both (:mod:`ucstage.tables.deletion`,
+:mod:`ucstage.tables.colmap`); a caller that reads the files as plain
+Parquet (``plain=True``: export through Spark, which has no Delta reader
+here) has them refused by name, since it would bring deleted rows back or
+read null columns.
 
 deltalake is imported only inside functions.
 """
@@ -18,7 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from ..errors import ExportError, MissingDependency, TableNotFound, UnsupportedTable
+from ..errors import (
+    MissingDataFiles,
+    MissingDependency,
+    TableNotFound,
+    UnreadableDeltaLog,
+    UnsupportedTable,
+)
+from . import deletion, partvalues
+from .colmap import MODE_KEY
+from .deltalog import deletion_descriptors
 from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
@@ -26,6 +38,8 @@ __all__ = ["TableState", "table_state"]
 # Reader features a plain Parquet read of the live files honours.
 _SAFE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck",
                          "variantType", "variantType-preview"}
+# ... and those TableDataset honours besides (a plain read refuses them).
+_HONOURED = {"deletionVectors", "columnMapping"}
 _REFUSED = {
     "deletionVectors": "deletion vectors (deleted rows are recorded beside the Parquet files, "
                        "so reading the files would bring them back)",
@@ -50,7 +64,12 @@ class TableState:
     sizes: list[int] = field(default_factory=list)
     """Each file's size in bytes, as the log records it (same order as ``files``)."""
     partition_values: list[dict[str, Any]] = field(default_factory=list)
-    """Each file's partition values (column -> value as the log gives it), same order."""
+    """Each file's partition values (column -> Arrow's text form of the value, or
+    None), same order (:mod:`ucstage.tables.partvalues`)."""
+    deletion_vectors: list[dict[str, Any] | None] = field(default_factory=list)
+    """Each file's deletion-vector descriptor, resolved (``deletion.resolve``), or None."""
+    column_mapping: str = "none"
+    """``delta.columnMapping.mode``: ``none``, ``name`` or ``id``."""
 
 
 def _delta() -> Any:
@@ -79,21 +98,26 @@ def _data_path(root: str, logged: str) -> str:
     return os.path.join(root, *unquote(logged).split("/"))
 
 
-def _check_features(label: str, protocol: Any, configuration: dict[str, str]) -> None:
+def _check_features(label: str, protocol: Any, configuration: dict[str, str], plain: bool
+                    ) -> set[str]:
+    """The table's reader features, checked: refused when the read cannot honour one."""
     features = set(protocol.reader_features or [])
     mode = configuration.get("delta.columnMapping.mode", "none").lower()
     if mode != "none":
         features.add("columnMapping")
-    refused = sorted(f for f in features if f in _REFUSED)
+    if mode not in ("none", "name", "id"):
+        raise UnsupportedTable(f"table {label} has column mapping mode {mode!r}, which the "
+                               "Delta protocol does not define")
+    refused = sorted(f for f in features if f in _REFUSED) if plain else []
     unknown = sorted(f for f in features if f not in _REFUSED and f not in _SAFE_READER_FEATURES)
     if refused:
         reasons = "; ".join(f"{f}: {_REFUSED[f]}" for f in refused)
         raise UnsupportedTable(
             f"table {label} uses {', '.join(refused)}, which ucstage cannot honour reading "
             f"the Parquet files without Delta support in Spark ({reasons})",
-            hint="export through a server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or "
-                 "rewrite the table without the feature (e.g. REORG TABLE ... APPLY (PURGE) "
-                 "and disable it)",
+            hint="read it with ucstage.TableDataset (which applies both), export through a "
+                 "server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or rewrite the table "
+                 "without the feature (e.g. REORG TABLE ... APPLY (PURGE) and disable it)",
         )
     if unknown:
         raise UnsupportedTable(
@@ -104,17 +128,73 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str]) ->
     if protocol.min_reader_version > 3:
         raise UnsupportedTable(f"table {label} needs Delta reader version "
                                f"{protocol.min_reader_version}, newer than this supports")
+    return features
 
 
-def table_state(path: str, *, label: str | None = None, version: int | None = None
-                ) -> TableState:
+def _stable(schema: Any) -> Any:
+    """``schema`` with every field's metadata in key order: delta-rs hands it
+    over in hash order, which differs between opens, and the manifest's
+    fingerprint covers the schema's bytes."""
+    import pyarrow as pa
+
+    def field(f: Any) -> Any:
+        t = f.type
+        if pa.types.is_struct(t):
+            t = pa.struct([field(c) for c in t])
+        elif pa.types.is_large_list(t):
+            t = pa.large_list(field(t.value_field))
+        elif pa.types.is_list(t):
+            t = pa.list_(field(t.value_field))
+        elif pa.types.is_map(t):
+            t = pa.map_(field(t.key_field), field(t.item_field), keys_sorted=t.keys_sorted)
+        meta = dict(sorted((f.metadata or {}).items())) or None
+        return pa.field(f.name, t, f.nullable, meta)
+
+    return pa.schema([field(f) for f in schema],
+                     dict(sorted((schema.metadata or {}).items())) or None)
+
+
+def _open(deltalake: Any, path: str, label: str, version: int | None) -> Any:
+    """``DeltaTable`` of ``path`` at ``version``; a version that does not exist
+    is :class:`TableNotFound`, a log that does not parse :class:`UnreadableDeltaLog`."""
+    try:
+        return deltalake.DeltaTable(path, version=version)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        failure = exc
+    latest: int | None = None
+    if version is not None:
+        try:
+            latest = int(deltalake.DeltaTable(path).version())
+        except Exception:
+            latest = None
+        if latest is not None and version > latest:
+            raise TableNotFound(f"table {label} has no version {version} (its latest is "
+                                f"{latest})", hint="pass an existing version") from failure
+    if type(failure).__name__ == "TableNotFoundError":
+        raise TableNotFound(f"cannot open Delta table {label} at {path}: {first}",
+                            hint="its _delta_log holds no commits") from failure
+    what = f"version {version} of Delta table" if version is not None else "Delta table"
+    raise UnreadableDeltaLog(f"cannot read the log of {what} {label} at {path}: {first}",
+                             hint="the log (a commit or checkpoint in _delta_log) may be "
+                                  "damaged, or written by a newer Delta version") from failure
+
+
+def table_state(path: str, *, label: str | None = None, version: int | None = None,
+                plain: bool = True) -> TableState:
     """Read a version of the Delta table in folder ``path`` (default: the latest).
 
     ``label`` names the table in messages (its catalog name); default ``path``.
+    ``plain``: the caller reads the files as plain Parquet, so deletion
+    vectors and column mapping are refused; ``False`` (``TableDataset``):
+    they are resolved for the reader.
 
     Raises:
         TableNotFound: no Delta table there, or no such version.
-        UnsupportedTable: reader features this path cannot honour.
+        UnreadableDeltaLog: a log (or deletion-vector descriptor) that does not parse.
+        MissingDataFiles: live files gone from the folder (vacuumed).
+        UnsupportedTable: reader features this path cannot honour; a partition
+            column whose type cannot be read.
     """
     import pyarrow as pa
 
@@ -126,33 +206,52 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
             hint=f"check the name, or set {WAREHOUSE_ENV} to the folder holding "
                  "<catalog>/<schema>/<table>" if label != path else "check the path",
         )
-    try:
-        dt = deltalake.DeltaTable(path, version=version)
-    except Exception as exc:
-        what = f"version {version} of Delta table" if version is not None else "Delta table"
-        raise TableNotFound(f"cannot open {what} {label} at {path}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
-    _check_features(label, dt.protocol(), dict(dt.metadata().configuration or {}))
+    dt = _open(deltalake, path, label, version)
+    configuration = dict(dt.metadata().configuration or {})
+    features = _check_features(label, dt.protocol(), configuration, plain)
     actions = pa.table(dt.get_add_actions(flatten=True))
+    local = [_data_path(path, p) for p in actions.column("path").to_pylist()]
+    order = sorted(range(len(local)), key=local.__getitem__)
+    actions = actions.take(pa.array(order, type=pa.int64()))
+    rows = actions.select([c for c in ("num_records", "size_bytes")
+                           if c in actions.column_names]).to_pylist()
     parts = list(dt.metadata().partition_columns)
-    rows = sorted(actions.to_pylist(), key=lambda a: _data_path(path, a["path"]))
-    files = [_data_path(path, a["path"]) for a in rows]
+    files = [local[i] for i in order]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
-        raise ExportError(
-            f"table {label}: {len(missing)} data file(s) of version {dt.version()} are missing, "
-            f"e.g. {missing[0]}", hint="the table was vacuumed or copied incompletely")
+        raise MissingDataFiles(
+            f"table {label}: {len(missing)} data file(s) of version {dt.version()} are "
+            f"missing, e.g. {missing[0]}",
+            hint="the table was vacuumed past this version, or copied incompletely: read "
+                 "a later version, or copy the table again")
+    schema = _stable(pa.schema(dt.schema().to_arrow()))
+    mode = configuration.get("delta.columnMapping.mode", "none").lower()
+    if mode != "none":
+        schema = schema.with_metadata({**(schema.metadata or {}), MODE_KEY: mode.encode()})
+    texts = {c: partvalues.as_text(actions.column(f"partition.{c}").combine_chunks()
+                                   if f"partition.{c}" in actions.column_names
+                                   else pa.nulls(len(rows)), schema.field(c).type, c, label)
+             for c in parts}
+    vectors: list[dict[str, Any] | None] = [None] * len(files)
+    if "deletionVectors" in features and not plain:
+        found = deletion_descriptors(path, int(dt.version()), set(files),
+                                     lambda p: _data_path(path, p), label)
+        vectors = [deletion.resolve(path, d, label) if d else None
+                   for d in (found[f] for f in files)]
     num_records: int | None = None
     counts = [a.get("num_records") for a in rows]
     if all(c is not None for c in counts):
-        num_records = int(sum(counts))  # type: ignore[arg-type]
+        deleted = sum(v["cardinality"] for v in vectors if v)
+        num_records = int(sum(counts)) - deleted  # type: ignore[arg-type]
     return TableState(
         path=path,
         version=int(dt.version()),
         files=files,
         partition_columns=parts,
-        arrow_schema=pa.schema(dt.schema().to_arrow()),
+        arrow_schema=schema,
         num_records=num_records,
         sizes=[int(a["size_bytes"]) for a in rows],
-        partition_values=[{c: a.get(f"partition.{c}") for c in parts} for a in rows],
+        partition_values=[{c: texts[c][i] for c in parts} for i in range(len(rows))],
+        deletion_vectors=vectors,
+        column_mapping=mode,
     )

@@ -60,6 +60,9 @@ class RowGroupManifest:
     """Each file's serialised footer, by file number (files with row groups)."""
     fingerprint: str = ""
     path: str | None = field(default=None, compare=False)
+    deletion_vectors: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per file, its Delta deletion vector's descriptor (``tables/deletion.py``) or
+    None; ``rows_per_group`` then counts live rows. Empty: no file has one."""
 
     # -- what shard-plan and the dataset count ------------------------------
 
@@ -181,8 +184,11 @@ class RowGroupManifest:
             "table_version": self.table_version,
             "volume": self.volume_url,
             "files": [{"path": e.path, "size": e.size, "version": e.version,
-                       "partition": _jsonable(p)}
-                      for e, p in zip(self.files, self.partition_values, strict=True)],
+                       "partition": _jsonable(p),
+                       **({"deletion_vector": dv} if dv is not None else {})}
+                      for e, p, dv in zip(self.files, self.partition_values,
+                                          self.deletion_vectors or [None] * len(self.files),
+                                          strict=True)],
             "leaves": self.leaves,
             "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
         }
@@ -269,7 +275,9 @@ class RowGroupManifest:
             chunk_column=flat("chunk_column").astype(np.int32),
             chunk_offset=flat("chunk_offset").astype(np.int64),
             chunk_length=flat("chunk_length").astype(np.int64),
-            footers=footers, fingerprint=str(meta["fingerprint"]), path=target)
+            footers=footers, fingerprint=str(meta["fingerprint"]), path=target,
+            deletion_vectors=[f.get("deletion_vector") for f in files]
+            if any("deletion_vector" in f for f in files) else [])
         if verify and manifest.compute_fingerprint() != manifest.fingerprint:
             raise ManifestError(f"{target} fails its fingerprint check (changed or damaged)")
         return manifest

@@ -6,7 +6,9 @@ Three kinds, told apart in this order:
 * ``delta``: a folder with ``_delta_log`` (a path or ``file://`` URL), or a
   ``catalog.schema.table`` name under ``$UCSTAGE_WAREHOUSE``. The live files
   of the latest version (or ``version=N``) come from the log; the log's
-  schema is authoritative and partition values come from the log.
+  schema is authoritative and partition values come from the log, as do
+  each file's deletion vector and the column mapping (which the reader
+  applies).
 * ``export``: a folder holding an export record (``_ucstage_export.json``):
   its files, row count and Delta version.
 * ``parquet``: any other folder, by any SOURCE form (local, ``/Volumes/...``,
@@ -24,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EmptySource, InvalidArgument, SourceNotFound, TableNotFound
+from ..errors import EmptySource, InvalidArgument, MissingDataFiles, TableNotFound
 from ..volumes import FileEntry, Volume, list_files, resolve
 from .delta import table_state
 from .names import WAREHOUSE_ENV, is_table_path, local_table_path, parse_table_name, warehouse_path
@@ -55,6 +57,8 @@ class TableSource:
     """Per file (``delta``), the partition values the log gives; else empty."""
     rows: int | None = None
     """Rows the source says it holds (the log's statistics, the record), if it says."""
+    deletion_vectors: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per file (``delta``), its deletion-vector descriptor (resolved) or None; else empty."""
 
 
 def _is_name(source: str) -> bool:
@@ -75,20 +79,22 @@ def _select(volume: Volume, wanted: list[str], label: str) -> list[FileEntry]:
     listed = {e.path: e for e in list_files(volume, include_hidden=True).entries}
     missing = [p for p in wanted if p not in listed]
     if missing:
-        raise SourceNotFound(f"{label}: {len(missing)} data file(s) are missing, e.g. "
-                             f"{missing[0]}", hint="the table was vacuumed or copied "
-                                                   "incompletely")
+        raise MissingDataFiles(f"{label}: {len(missing)} data file(s) are missing, e.g. "
+                               f"{missing[0]}", hint="the table was vacuumed or copied "
+                                                     "incompletely")
     return sorted((listed[p] for p in wanted), key=lambda e: e.path)
 
 
 def _delta(source: str, folder: str, label: str, version: int | None) -> TableSource:
-    state = table_state(folder, label=label, version=version)
+    state = table_state(folder, label=label, version=version, plain=False)
     volume = resolve(folder)
     rel = [os.path.relpath(f, folder).replace(os.sep, "/") for f in state.files]
     entries = _select(volume, rel, label)
     values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
+    vectors = dict(zip(rel, state.deletion_vectors or [None] * len(rel), strict=True))
     return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
-                       [values[e.path] for e in entries], state.num_records)
+                       [values[e.path] for e in entries], state.num_records,
+                       [vectors[e.path] for e in entries])
 
 
 def _record(volume: Volume) -> ExportRecord | None:
@@ -109,7 +115,9 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
     Raises:
         TableNotFound: a table name that is not under ``$UCSTAGE_WAREHOUSE``,
             or a Delta version that does not exist.
-        UnsupportedTable: a Delta table with deletion vectors or column mapping.
+        UnreadableDeltaLog: a Delta log that does not parse.
+        MissingDataFiles: files the log or record names are gone (vacuumed).
+        UnsupportedTable: a Delta reader feature this reader does not know.
         SourceNotFound, EmptySource: no such folder, or no files in it.
         InvalidArgument: ``version`` for a source that is not a Delta table.
     """

@@ -1,0 +1,130 @@
+"""Delta tables with deletion vectors, written by the Delta protocol's byte
+layout (deltalake 1.x writes the feature, never the vectors): Parquet files
+by pyarrow, the log's JSON actions, deletion-vector files (version byte,
+then per vector its big-endian size, the RoaringBitmapArray, its big-endian
+CRC-32) and inline vectors in Z85. The encoder here is the tests' own, so
+ucstage's decoder is checked against an independent reader (delta-kernel),
+never against itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap64
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+MAGIC = 1681511377
+SCHEMA = {"type": "struct", "fields": [
+    {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+    {"name": "s", "type": "string", "nullable": True, "metadata": {}}]}
+
+
+def z85(data: bytes) -> str:
+    data = data + b"\0" * (-len(data) % 4)
+    out = []
+    for i in range(0, len(data), 4):
+        v = int.from_bytes(data[i:i + 4], "big")
+        digits = []
+        for _ in range(5):
+            v, d = divmod(v, 85)
+            digits.append(_Z85[d])
+        out.append("".join(reversed(digits)))
+    return "".join(out)
+
+
+def bitmap(rows: list[int]) -> bytes:
+    """A RoaringBitmapArray: the magic, little-endian, then the 64-bit portable format."""
+    return struct.pack("<I", MAGIC) + BitMap64(rows).serialize()
+
+
+@dataclass
+class DvTable:
+    """A table being written: call :meth:`file` per data file, then :meth:`commit`."""
+
+    root: str
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    version: int = 0
+    ids: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        os.makedirs(os.path.join(self.root, "_delta_log"), exist_ok=True)
+        self.actions += [
+            {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                          "readerFeatures": ["deletionVectors"],
+                          "writerFeatures": ["deletionVectors"]}},
+            {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet",
+                                                              "options": {}},
+                          "schemaString": json.dumps(SCHEMA), "partitionColumns": [],
+                          "configuration": {"delta.enableDeletionVectors": "true"},
+                          "createdTime": 0}}]
+
+    def data(self, name: str, start: int, n: int, row_group_rows: int) -> None:
+        """Data file ``name``: ids ``start .. start + n - 1``."""
+        ids = list(range(start, start + n))
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()),
+                                 "s": [f"r{i}" for i in ids]}),
+                       os.path.join(self.root, name), row_group_size=row_group_rows)
+        self.ids[name] = ids
+
+    def vector(self, rows: list[int], storage: str, *, prefix: str = "",
+               where: str | None = None, before: list[int] | None = None) -> dict[str, Any]:
+        """A descriptor deleting ``rows``: inline (``i``), in a UUID-named file
+        (``u``, under ``prefix``) or at an absolute path (``p``: in folder
+        ``where``). ``before``: a vector written first in the same file, so
+        this one sits past offset 1."""
+        data = bitmap(rows)
+        desc: dict[str, Any] = {"storageType": storage, "sizeInBytes": len(data),
+                                "cardinality": len(rows)}
+        if storage == "i":
+            return {**desc, "pathOrInlineDv": z85(data)}
+        framed = b"\x01"
+        for block in ([bitmap(before)] if before else []) + [data]:
+            offset = len(framed)
+            framed += struct.pack(">I", len(block)) + block + struct.pack(">I", zlib.crc32(block))
+        u = uuid.uuid4()
+        folder = os.path.join(self.root, prefix) if storage == "u" else str(where)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"deletion_vector_{u}.bin")
+        with open(path, "wb") as f:
+            f.write(framed)
+        text = prefix + z85(u.bytes) if storage == "u" else "file://" + path
+        return {**desc, "pathOrInlineDv": text, "offset": offset}
+
+    def add(self, name: str, vector: dict[str, Any] | None) -> None:
+        add = {"path": name, "partitionValues": {},
+               "size": os.path.getsize(os.path.join(self.root, name)), "modificationTime": 0,
+               "dataChange": True, "stats": json.dumps({"numRecords": len(self.ids[name])})}
+        if vector is not None:
+            add["deletionVector"] = vector
+        self.actions.append({"add": add})
+
+    def remove(self, name: str, vector: dict[str, Any] | None) -> None:
+        remove: dict[str, Any] = {"path": name, "deletionTimestamp": 0, "dataChange": True}
+        if vector is not None:
+            remove["deletionVector"] = vector
+        self.actions.append({"remove": remove})
+
+    def commit(self) -> None:
+        path = os.path.join(self.root, "_delta_log", f"{self.version:020d}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps(a) + "\n" for a in self.actions))
+        self.actions, self.version = [], self.version + 1
+
+
+def kernel_rows(root: str) -> list[dict[str, Any]]:
+    """Every live row as delta-kernel (delta-kernel-rust-sharing-wrapper) reads it."""
+    import delta_kernel_rust_sharing_wrapper as kernel
+
+    url = "file://" + os.path.abspath(root).rstrip("/") + "/"
+    iface = kernel.PythonInterface(url)
+    snapshot = kernel.Table(url).snapshot(iface)
+    reader = kernel.ScanBuilder(snapshot).build().execute(iface)
+    return pa.Table.from_batches(list(reader)).to_pylist()

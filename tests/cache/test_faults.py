@@ -327,8 +327,8 @@ def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(
 
     # The first burst (the copies in flight at the start, unpaced) is
     # throttled, then the pace's cuts bring the rate down: fewer than one
-    # throttle per file (unpaced, each copy's jittered retries are throttled
-    # again and again: thousands), and the pace was cut. How many of the
+    # throttle per file, and the pace was cut (with the pace never cut, the
+    # warm fails files: their retries run out). How many of the
     # first burst are throttled depends on how fast this machine sends it
     # (48 to 104 seen at load 12-16), so the bound leaves room for that.
     assert 0 < fault_proxy.done["throttled"] < 200

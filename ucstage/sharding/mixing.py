@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import Permutation
+from .order import Permutation, permute_passes
 from .rule import slot_array
 from .values import Layout, ReadOrder, Slot
 
@@ -188,11 +188,11 @@ class SourceStream:
 
         at = epoch * self.count + np.asarray(local, dtype=np.int64)
         passes, within = np.divmod(at, self.n) if self.n else (at, at)
-        items = np.empty(len(at), dtype=np.int64)
-        for p in np.unique(passes).tolist():
-            mask = passes == p
-            items[mask] = Permutation(self.n, seed=self.seed, epoch=int(p),
-                                      stream=f"mix{self.index}").take(within[mask])
+        # Pass p reads Permutation(n, seed, epoch=p, stream=f"mix{index}"), all
+        # passes in one vectorised network: a source repeating 100,000 times
+        # costs its positions, not positions times passes.
+        items = permute_passes(self.n, within, passes, seed=self.seed,
+                               stream=f"mix{self.index}")
         return items, passes
 
     def pass_range(self, epoch: int) -> tuple[int, int]:

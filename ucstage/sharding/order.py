@@ -60,11 +60,10 @@ def _walk(pos: np.ndarray, n: int, half_bits: int, keys: Sequence[np.ndarray | n
     (a permutation of the even-bit domain so stays a bijection of 0..n-1)."""
     import numpy as np
 
-    per_element = [k for k in keys if isinstance(k, np.ndarray)]
     out = _feistel(pos.astype(np.uint64), half_bits, keys)
     outside = np.flatnonzero(out >= np.uint64(n))
     while outside.size:
-        sub = [k[outside] for k in keys] if per_element else keys
+        sub = [k[outside] if isinstance(k, np.ndarray) else k for k in keys]
         out[outside] = _feistel(out[outside], half_bits, sub)
         outside = outside[out[outside] >= np.uint64(n)]
     return out.astype(np.int64)

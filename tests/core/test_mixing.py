@@ -193,3 +193,57 @@ def test_a_source_repeating_100000_times_builds_no_permutation_per_pass(monkeypa
     src, _, passes = order.take(np.arange(order.n))
     assert np.bincount(src).tolist() == [100_000, 100_000]
     assert len(built) == 1  # the rounds' permutation, once per epoch order
+
+
+_NUMPY_KINDS = (np.int64, np.int32, np.uint16, np.float64, np.float32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 50), min_size=2, max_size=4), data=st.data())
+def test_numpy_numbers_mix_as_the_python_numbers_they_print_as(sizes, data) -> None:  # type: ignore[no-untyped-def]
+    kinds = data.draw(st.lists(st.sampled_from(_NUMPY_KINDS), min_size=len(sizes),
+                               max_size=len(sizes)))
+    weights = data.draw(st.lists(st.integers(1, 9), min_size=len(sizes), max_size=len(sizes)))
+    as_numpy = [kind(w) for kind, w in zip(kinds, weights, strict=True)]
+    epoch_size = data.draw(st.none() | st.integers(1, 500))
+    wrapped = None if epoch_size is None else data.draw(
+        st.sampled_from((np.int64, np.int32, int)))(epoch_size)
+    assert mix_shares(sizes, as_numpy, epoch_size=wrapped) == mix_shares(
+        sizes, [float(str(w)) for w in as_numpy], epoch_size=epoch_size)
+    tenths = [kind(w / 10) if kind in (np.float64, np.float32) else kind(w)
+              for kind, w in zip(kinds, weights, strict=True)]
+    assert _outcome(sizes, repeat=tenths) == _outcome(
+        sizes, repeat=[Fraction(str(r)) for r in tenths])
+
+
+def _outcome(sizes, **kwargs):  # type: ignore[no-untyped-def]
+    """The shares, or the one clear error's message."""
+    try:
+        return mix_shares(sizes, **kwargs)
+    except InvalidArgument as exc:
+        return exc.message
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 10**6), min_size=2, max_size=3),
+       exponent=st.integers(-320, 0), epoch_size=st.none() | st.integers(1, 10**15))
+def test_every_epoch_is_bounded_or_one_clear_error(sizes, exponent, epoch_size) -> None:  # type: ignore[no-untyped-def]
+    # A tiny weight, a huge epoch_size: either shares within MAX_EPOCH_SIZE
+    # whose order can be taken, or InvalidArgument, never a raw numeric error.
+    weights = [10.0 ** exponent] + [1] * (len(sizes) - 1)
+    try:
+        shares = mix_shares(sizes, weights, epoch_size=epoch_size)
+    except InvalidArgument as exc:
+        assert "the mix's epoch has no items" in exc.message or "a mix allows" in exc.message \
+            or "weight 0" in exc.message
+        return
+    assert 1 <= shares.epoch_size <= mixing.MAX_EPOCH_SIZE
+    order = MixOrder(shares, seed=1, epoch=2, slots=3)
+    src, _, _ = order.take(np.arange(min(order.n, 1000)))
+    assert len(src) == min(order.n, 1000)
+
+
+@pytest.mark.parametrize("weight", [True, "1", None, [1], complex(1, 0), np.bool_(True)])
+def test_what_is_not_a_number_is_refused(weight) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidArgument, match="weights must be numbers"):
+        mix_shares([3, 3], [weight, 1])

@@ -18,6 +18,7 @@ from tests.common.backends import make_source
 from tests.common.faults import Faults
 from ucstage.cache import LocalCache, integrity
 from ucstage.cli.app import cli
+from ucstage.errors import InvalidArgument
 from ucstage.manifest import snapshot
 
 KB = 1024
@@ -224,6 +225,46 @@ def test_no_hedge_and_deadline_flags_apply_to_the_warm_only(
     assert (doc["hedged"], doc["timeouts"]) == (0, 2)
     assert "UCSTAGE_HEDGE" not in os.environ and "UCSTAGE_REQUEST_DEADLINE" not in os.environ
     assert _wrong(LocalCache(), src, files) == []
+
+
+def test_hedging_and_the_deadline_are_the_caches_parameters(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 28: the CLI wrote --no-hedge/--deadline into os.environ; they are
+    LocalCache's parameters now, the variables only their defaults. The
+    environment here says the opposite (hedge on, a deadline far away) and is
+    never changed."""
+    monkeypatch.setenv("UCSTAGE_HEDGE", "1")
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "60")
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", 0.05, prefix=_prefix(src))
+    cache = LocalCache(str(tmp_path / "cache"), hedge=False, request_deadline=1.5)
+    m = snapshot(src)
+    report = cache.warm(m.volume(), m.entries)
+    assert report.failed == [] and (report.hedged, report.timeouts) == (0, 2)
+    assert os.environ["UCSTAGE_HEDGE"] == "1"
+    assert os.environ["UCSTAGE_REQUEST_DEADLINE"] == "60"
+    assert _wrong(cache, src, files) == []
+    assert LocalCache(str(tmp_path / "cache")).requests.deadline == 60.0  # the default
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
+def test_a_non_finite_or_non_positive_deadline_is_refused_naming_the_flag(value: str) -> None:
+    result = CliRunner().invoke(cli, ["cache", "warm", "/nonexistent", "--deadline", value])
+    assert result.exit_code == 2, result.output
+    assert "--deadline" in result.output and "UCSTAGE_REQUEST_DEADLINE" not in result.output
+    with pytest.raises(InvalidArgument, match="request_deadline must be a positive, finite"):
+        LocalCache(request_deadline=float(value))
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["bench", "/nonexistent", "--max-seconds", "nan"], "--max-seconds"),
+    (["cache", "prune", "--max-bytes", "1G", "--lease", "inf"], "--lease"),
+])
+def test_other_seconds_options_refuse_nan_and_inf(args: list[str], flag: str) -> None:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
 
 
 def test_the_summary_says_what_the_network_did(fault_proxy: Faults) -> None:

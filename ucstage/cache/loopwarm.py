@@ -194,7 +194,8 @@ class LoopWarm:
                         got = await objget.fetch(
                             volume, volume.full_path(copy.rel), pending.fd,
                             size_hint=entry.size,
-                            parts=objget.split(self.warm.tuner.limit, self._left))
+                            parts=objget.split(self.warm.tuner.limit, self._left),
+                            requests=fetcher.cache.requests)
                     finally:
                         os.close(pending.fd)
                     fetcher.commit_tmp(copy, pending, Copied(got.size, got.etag, got.mtime_ns))

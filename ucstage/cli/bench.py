@@ -154,7 +154,7 @@ class _Files(click.ParamType):
                    "(seeded by --seed).")
 @shuffle_scope_option
 @nproc_option
-@click.option("--max-seconds", type=Seconds(min=0, min_open=True), default=None, metavar="S",
+@click.option("--max-seconds", type=Seconds(), default=None, metavar="S",
               help="Bound the whole run; each run gets an equal share of the time left, "
                    "and runs cut short are marked.")
 @click.option("--scratch-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",

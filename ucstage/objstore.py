@@ -182,7 +182,7 @@ def deadline() -> float:
     (:mod:`ucstage.cache.hedge`); the client's own timeout is a little later.
 
     Raises:
-        InvalidArgument: the variable is not a positive number.
+        InvalidArgument: the variable is not a positive, finite number.
     """
     raw = os.environ.get(DEADLINE_ENV, "").strip()
     if not raw:
@@ -191,8 +191,9 @@ def deadline() -> float:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise InvalidArgument(f"{DEADLINE_ENV}={raw!r} is not a positive number of seconds",
+    if not 0 < value < float("inf"):  # nan and inf too: inf overflowed the client's timeout
+        raise InvalidArgument(f"{DEADLINE_ENV}={raw!r} is not a positive, finite number of "
+                              "seconds",
                               hint="set it to e.g. 30, or unset it")
     return value
 

@@ -257,6 +257,17 @@ def test_a_non_finite_or_non_positive_deadline_is_refused_naming_the_flag(value:
         LocalCache(request_deadline=float(value))
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_a_bad_deadline_variable_is_refused_when_the_cache_is_made(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Once, up front (inf used to overflow the client's timeout on every copy).
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", value)
+    with pytest.raises(InvalidArgument, match=f"UCSTAGE_REQUEST_DEADLINE='{value}' is not a "
+                                              "positive, finite number"):
+        LocalCache()
+    assert LocalCache(request_deadline=5).requests.deadline == 5.0  # the parameter wins
+
+
 @pytest.mark.parametrize(("args", "flag"), [
     (["bench", "/nonexistent", "--max-seconds", "nan"], "--max-seconds"),
     (["cache", "prune", "--max-bytes", "1G", "--lease", "inf"], "--lease"),

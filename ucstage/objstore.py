@@ -163,22 +163,23 @@ def location(volume: Any, path: str) -> tuple[str, str, str]:
     return kind, bucket, key
 
 
-def store(kind: str, bucket: str) -> Any:
+def store(kind: str, bucket: str, deadline: float | None = None) -> Any:
     """This process's obstore client for one bucket (container), built on first
-    use from the standard environment."""
+    use from the standard environment; its timeout backs up ``deadline``
+    (seconds per request, default :func:`deadline`)."""
     # Keyed by the variables read too, so a process that changes them (a
     # test, a notebook) gets a client that follows.
     global _used_in
     if _used_in is None:
         _used_in = os.getpid()
-    key = (os.getpid(), kind, bucket, os.environ.get(DEADLINE_ENV, ""),
-           *(os.environ.get(name, "") for name in _ENV[kind]))
+    limit = _deadline() if deadline is None else deadline
+    key = (os.getpid(), kind, bucket, limit, *(os.environ.get(name, "") for name in _ENV[kind]))
     client = _stores.get(key)
     if client is None:
         with _lock:
             client = _stores.get(key)
             if client is None:
-                client = _stores[key] = _build(kind, bucket)
+                client = _stores[key] = _build(kind, bucket, limit)
     return client
 
 
@@ -202,7 +203,7 @@ def deadline() -> float:
     (:mod:`ucstage.cache.hedge`); the client's own timeout is a little later.
 
     Raises:
-        InvalidArgument: the variable is not a positive number.
+        InvalidArgument: the variable is not a positive, finite number.
     """
     raw = os.environ.get(DEADLINE_ENV, "").strip()
     if not raw:
@@ -211,24 +212,28 @@ def deadline() -> float:
         value = float(raw)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise InvalidArgument(f"{DEADLINE_ENV}={raw!r} is not a positive number of seconds",
+    if not 0 < value < float("inf"):  # nan and inf too: inf overflowed the client's timeout
+        raise InvalidArgument(f"{DEADLINE_ENV}={raw!r} is not a positive, finite number of "
+                              "seconds",
                               hint="set it to e.g. 30, or unset it")
     return value
 
 
-def _client_options(endpoint: str) -> Any:
+_deadline = deadline  # the default, under a name a parameter does not shadow
+
+
+def _client_options(endpoint: str, limit: float) -> Any:
     from datetime import timedelta
 
     # A backstop only: the engine's own deadline ends a request first, with
     # a clear error (obstore's default overall timeout is 30 s too).
-    options: dict[str, Any] = {"timeout": timedelta(seconds=deadline() + 5)}
+    options: dict[str, Any] = {"timeout": timedelta(seconds=limit + 5)}
     if endpoint.startswith("http://"):
         options["allow_http"] = True
     return options
 
 
-def _build(kind: str, bucket: str) -> Any:
+def _build(kind: str, bucket: str, limit: float) -> Any:
     from obstore.store import AzureStore, GCSStore, S3Store
 
     env = os.environ
@@ -249,7 +254,7 @@ def _build(kind: str, bucket: str) -> Any:
         elif env.get("AWS_ACCESS_KEY_ID") and not env.get("AWS_SECRET_ACCESS_KEY"):
             raise _missing("s3", bucket, "AWS_SECRET_ACCESS_KEY is not set "
                                          "(AWS_ACCESS_KEY_ID is)")
-        return S3Store(bucket, client_options=_client_options(endpoint),
+        return S3Store(bucket, client_options=_client_options(endpoint, limit),
                        retry_config=_retry(), credential_provider=provider, **kwargs)
     if kind == "gs":
         endpoint = env.get("STORAGE_EMULATOR_HOST", "")
@@ -258,7 +263,7 @@ def _build(kind: str, bucket: str) -> Any:
             endpoint = endpoint if "://" in endpoint else "http://" + endpoint
             kwargs["base_url"] = endpoint
             kwargs["skip_signature"] = True
-        return GCSStore(bucket, client_options=_client_options(endpoint),
+        return GCSStore(bucket, client_options=_client_options(endpoint, limit),
                         retry_config=_retry(), **kwargs)
     account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT") or ""
     emulator = env.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true")
@@ -268,7 +273,7 @@ def _build(kind: str, bucket: str) -> Any:
     key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
     if key:
         kwargs["account_key"] = key
-    return AzureStore(bucket, client_options=_client_options("http://" if emulator else ""),
+    return AzureStore(bucket, client_options=_client_options("http://" if emulator else "", limit),
                       retry_config=_retry(), **kwargs)
 
 

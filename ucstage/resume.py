@@ -134,23 +134,23 @@ class LoaderState:
             raise InvalidArgument(f"state has version {doc.get('version')!r}; this ucstage "
                                   f"reads versions {', '.join(map(str, READS))}")
         try:
-            segments = tuple(_segment(s) for s in doc["segments"])
-            if not segments:
-                raise InvalidArgument("state is malformed: it has no segment")
-            order = _order(doc)
-            unit = str(doc.get("unit", "file"))
-            if unit not in UNITS:
-                raise InvalidArgument(f"state is malformed: unit {unit!r}")
-            partial = tuple(sorted((_int(g), _int(n)) for g, n in doc.get("partial", [])))
-            if any(n < 0 or not 0 <= g < order.n for g, n in partial):
-                raise InvalidArgument("state is malformed: a partial row group out of range")
-            state = cls(
-                fingerprint=str(doc["fingerprint"]), order=order, segments=segments,
-                rank=None if doc.get("rank") is None else _int(doc["rank"]),
-                finished=bool(doc.get("finished", False)), unit=unit, partial=partial)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidArgument(f"state is malformed: {exc!r}") from exc
-        return state
+            return _parse(cls, doc)
+        except KeyError as exc:
+            raise InvalidArgument(f"state is malformed: it has no {exc.args[0]!r}",
+                                  hint=_TAMPERED) from exc
+
+    def check_partial(self, rows: Sequence[int] | np.ndarray) -> None:
+        """Refuse a ``partial`` row count that its row group does not have
+        (``rows``: rows per row group of the listing ``check_fits`` accepted).
+
+        Raises:
+            ResumeMismatch: naming the row group and both counts.
+        """
+        for group, done in self.partial:
+            if done > int(rows[group]):
+                raise ResumeMismatch(
+                    f"the state's \"partial\" says {done} rows of row group {group} were "
+                    f"delivered, but it has {int(rows[group])}", hint=_TAMPERED)
 
     def check_fits(self, fingerprint: str, order: ReadOrder) -> None:
         """Refuse to resume another listing (``fingerprint``, ``order.n``) or read
@@ -181,34 +181,113 @@ class LoaderState:
                      "saved with, or start without the state")
 
 
+_TAMPERED = "pass the state as DataLoader.state_dict() returned it (and merge_states merged it)"
+
+
+def _parse(cls: type[LoaderState], doc: dict[str, Any]) -> LoaderState:
+    """Every field of a state dict checked, each refusal naming its field: the
+    one place a state's values are validated (what the slot rule and the
+    trackers then trust)."""
+    if not isinstance(doc["segments"], list) or not doc["segments"]:
+        raise _malformed("segments", "must be a list of at least one segment",
+                         doc["segments"])
+    segments = tuple(_segment(seg, f"segments[{i}]") for i, seg in enumerate(doc["segments"]))
+    order = _order(doc)
+    unit = doc.get("unit", "file")
+    if unit not in UNITS:
+        raise _malformed("unit", f"must be one of {', '.join(map(repr, UNITS))}", unit)
+    partial = _partial(doc.get("partial", []), order.n, unit)
+    rank = doc.get("rank")
+    if rank is not None:
+        rank = _int(rank, "rank")
+        if rank >= segments[-1].world_size:
+            raise _malformed("rank", f"must be below the last segment's world_size "
+                                     f"{segments[-1].world_size}", rank)
+    fingerprint = doc["fingerprint"]
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise _malformed("fingerprint", "must be the listing's fingerprint (text)", fingerprint)
+    return cls(fingerprint=fingerprint, order=order, segments=segments, rank=rank,
+               finished=_bool(doc.get("finished", False), "finished"), unit=unit,
+               partial=partial)
+
+
+def _malformed(field: str, rule: str, value: Any) -> InvalidArgument:
+    return InvalidArgument(f"state is malformed: \"{field}\" {rule}, got {value!r}",
+                           hint=_TAMPERED)
+
+
 def _order(doc: Any) -> ReadOrder:
     """A state's read order (its values checked by ReadOrder)."""
+    equal_length = doc.get("equal_length")
+    if equal_length is not None and not isinstance(equal_length, str):
+        raise _malformed("equal_length", "must be null, \"pad\" or \"drop\"", equal_length)
+    scope = doc.get("shuffle_scope", "global")
+    if not isinstance(scope, str):
+        raise _malformed("shuffle_scope", "must be \"global\" or \"node\"", scope)
     try:
         # No scope: a state saved before the node scope existed, which was global.
-        return ReadOrder(_int(doc["files"]), shuffle=bool(doc["shuffle"]),
-                         seed=_int(doc["seed"]), epoch=_int(doc["epoch"]),
-                         equal_length=doc.get("equal_length"),
-                         shuffle_scope=str(doc.get("shuffle_scope", "global")))
+        return ReadOrder(_int(doc["files"], "files"), shuffle=_bool(doc["shuffle"], "shuffle"),
+                         seed=_int(doc["seed"], "seed", minimum=None),
+                         epoch=_int(doc["epoch"], "epoch"), equal_length=equal_length,
+                         shuffle_scope=scope)
     except InvalidArgument as exc:
-        raise InvalidArgument(f"state is malformed: {exc.message}") from exc
+        if exc.message.startswith("state is malformed"):
+            raise
+        raise InvalidArgument(f"state is malformed: {exc.message}", hint=_TAMPERED) from exc
 
 
-def _segment(doc: Any) -> Segment:
+def _segment(doc: Any, where: str) -> Segment:
     """One segment of a state's ``segments`` list, checked."""
-    world, k = _int(doc["world_size"]), _int(doc["num_workers"])
-    delivered = tuple(None if d is None else _int(d) for d in doc["delivered"])
-    nproc = None if doc.get("nproc_per_node") is None else _int(doc["nproc_per_node"])
-    if world < 1 or k < 0 or len(delivered) != world * max(1, k) \
-            or any(d is not None and d < 0 for d in delivered):
-        raise InvalidArgument(
-            f"state is malformed: a segment of world_size {world} x "
-            f"num_workers {k} lists {len(delivered)} counts")
-    return Segment(Layout(world, k, nproc), delivered)
+    if not isinstance(doc, dict):
+        raise _malformed(where, "must be an object", doc)
+    world = _int(doc["world_size"], f"{where}.world_size", minimum=1)
+    k = _int(doc["num_workers"], f"{where}.num_workers")
+    nproc = doc.get("nproc_per_node")
+    nproc = None if nproc is None else _int(nproc, f"{where}.nproc_per_node", minimum=1)
+    counts = doc["delivered"]
+    if not isinstance(counts, list) or len(counts) != world * max(1, k):
+        raise _malformed(f"{where}.delivered", f"must list one count per slot of world_size "
+                                               f"{world} x num_workers {k}", counts)
+    delivered = tuple(None if d is None else _int(d, f"{where}.delivered[{j}]")
+                      for j, d in enumerate(counts))
+    try:
+        return Segment(Layout(world, k, nproc), delivered)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"state is malformed: {where}: {exc.message}",
+                              hint=_TAMPERED) from exc
 
 
-def _int(value: Any) -> int:
+def _partial(doc: Any, groups: int, unit: str) -> tuple[tuple[int, int], ...]:
+    """``partial``: (row group, rows delivered) pairs, each group once, within the listing."""
+    if not isinstance(doc, list):
+        raise _malformed("partial", "must be a list of [row group, rows] pairs", doc)
+    if doc and unit != "row-group":
+        raise _malformed("partial", "must be empty for unit \"file\"", doc)
+    pairs = []
+    for j, pair in enumerate(doc):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise _malformed(f"partial[{j}]", "must be a [row group, rows] pair", pair)
+        group = _int(pair[0], f"partial[{j}][0] (row group)")
+        if group >= groups:
+            raise _malformed(f"partial[{j}][0] (row group)",
+                             f"must be below the {groups} row groups of \"files\"", group)
+        pairs.append((group, _int(pair[1], f"partial[{j}][1] (rows)", minimum=1)))
+    if len({g for g, _ in pairs}) < len(pairs):
+        raise _malformed("partial", "must name each row group once", doc)
+    return tuple(sorted(pairs))
+
+
+def _int(value: Any, field: str, *, minimum: int | None = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an int, got {value!r}")
+        raise _malformed(field, "must be a whole number", value)
+    if minimum is not None and value < minimum:
+        raise _malformed(field, f"must be {minimum} or more", value)
+    return value
+
+
+def _bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise _malformed(field, "must be true or false", value)
     return value
 
 

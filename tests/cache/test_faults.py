@@ -18,6 +18,7 @@ from tests.common.backends import make_source
 from tests.common.faults import Faults
 from ucstage.cache import LocalCache, integrity
 from ucstage.cli.app import cli
+from ucstage.errors import InvalidArgument
 from ucstage.manifest import snapshot
 
 KB = 1024
@@ -282,6 +283,60 @@ def test_no_hedge_and_deadline_flags_apply_to_the_warm_only(
     assert doc["hedged"] == 0 and doc["timeouts"] >= 2
     assert "UCSTAGE_HEDGE" not in os.environ and "UCSTAGE_REQUEST_DEADLINE" not in os.environ
     assert _wrong(LocalCache(), src, files) == []
+
+
+def test_hedging_and_the_deadline_are_the_caches_parameters(
+        fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 28: the CLI wrote --no-hedge/--deadline into os.environ; they are
+    LocalCache's parameters now, the variables only their defaults. The
+    environment here says the opposite (hedge on, a deadline far away) and is
+    never changed."""
+    monkeypatch.setenv("UCSTAGE_HEDGE", "1")
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", "60")
+    files = _files(40)
+    src = make_source("s3", "", files)
+    fault_proxy.set("stall", faultkit.every(files, 20), prefix=_prefix(src))
+    cache = LocalCache(str(tmp_path / "cache"), hedge=False, request_deadline=1.5)
+    m = snapshot(src)
+    report = cache.warm(m.volume(), m.entries)
+    # Both stalls dropped at the 1.5 s deadline, not hedged; a GET a loaded
+    # machine made slow may time out too, hence at least.
+    assert report.failed == [] and report.hedged == 0 and report.timeouts >= 2
+    assert fault_proxy.done["stall"] == 2 and fault_proxy.stalls_dropped == 2
+    assert os.environ["UCSTAGE_HEDGE"] == "1"
+    assert os.environ["UCSTAGE_REQUEST_DEADLINE"] == "60"
+    assert _wrong(cache, src, files) == []
+    assert LocalCache(str(tmp_path / "cache")).requests.deadline == 60.0  # the default
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
+def test_a_non_finite_or_non_positive_deadline_is_refused_naming_the_flag(value: str) -> None:
+    result = CliRunner().invoke(cli, ["cache", "warm", "/nonexistent", "--deadline", value])
+    assert result.exit_code == 2, result.output
+    assert "--deadline" in result.output and "UCSTAGE_REQUEST_DEADLINE" not in result.output
+    with pytest.raises(InvalidArgument, match="request_deadline must be a positive, finite"):
+        LocalCache(request_deadline=float(value))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_a_bad_deadline_variable_is_refused_when_the_cache_is_made(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Once, up front (inf used to overflow the client's timeout on every copy).
+    monkeypatch.setenv("UCSTAGE_REQUEST_DEADLINE", value)
+    with pytest.raises(InvalidArgument, match=f"UCSTAGE_REQUEST_DEADLINE='{value}' is not a "
+                                              "positive, finite number"):
+        LocalCache()
+    assert LocalCache(request_deadline=5).requests.deadline == 5.0  # the parameter wins
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["bench", "/nonexistent", "--max-seconds", "nan"], "--max-seconds"),
+    (["cache", "prune", "--max-bytes", "1G", "--lease", "inf"], "--lease"),
+])
+def test_other_seconds_options_refuse_nan_and_inf(args: list[str], flag: str) -> None:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
 
 
 def test_the_summary_says_what_the_network_did(fault_proxy: Faults,

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ucstage.errors import InvalidArgument
-from ucstage.sharding import Layout
-from ucstage.sharding.mixing import MixOrder, mix_plan, mix_shares, slot_mix
+from ucstage.sharding import Layout, Permutation, mixing
+from ucstage.sharding.mixing import MixOrder, SourceStream, mix_plan, mix_shares, slot_mix
 
 sizes_st = st.lists(st.integers(1, 60), min_size=1, max_size=4)
 
@@ -144,3 +144,106 @@ def test_an_empty_source_with_a_share_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="source 1 has no items"):
         mix_shares([10, 0], [1, 1])
     assert mix_shares([10, 0], [1, 0]).counts == (10, 0)
+
+
+def _stream_by_pass(n: int, count: int, seed: int, index: int, epoch: int,
+                    local: np.ndarray) -> list[int]:
+    """The stream's contract written out: position ``a`` of the stream reads
+    ``Permutation(n, seed, epoch=a // n, stream=f"mix{index}")[a % n]``."""
+    at = epoch * count + local
+    return [int(Permutation(n, seed=seed, epoch=int(a // n), stream=f"mix{index}")
+                .take([a % n])[0]) for a in at.tolist()]
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 70), count=st.integers(1, 400), seed=st.integers(0, 2**40),
+       index=st.integers(0, 3), epoch=st.integers(0, 50), data=st.data())
+def test_every_pass_at_once_reads_what_each_pass_alone_reads(n, count, seed, index, epoch,
+                                                              data) -> None:  # type: ignore[no-untyped-def]
+    # Any subset of the epoch's positions, in any order (a slot's share).
+    local = np.asarray(data.draw(st.lists(st.integers(0, count - 1), max_size=60)),
+                       dtype=np.int64)
+    stream = SourceStream(n, count, seed, index)
+    items, passes = stream.items(epoch, local)
+    assert items.tolist() == _stream_by_pass(n, count, seed, index, epoch, local)
+    assert passes.tolist() == ((epoch * count + local) // n).tolist()
+
+
+def test_a_source_repeating_100000_times_builds_no_permutation_per_pass(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Issue 28: one Permutation (and a mask over the epoch) per pass made a
+    # 1-file source at half of 200,000 items take 72 s. The passes are now one
+    # vectorised network: no permutation object per pass, whatever the count.
+    built = []
+
+    class Counting(Permutation):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            built.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(mixing, "Permutation", Counting)
+    for n in (1, 2, 3):
+        stream = SourceStream(n, 100_000, 0, 0)
+        items, passes = stream.items(1, np.arange(100_000))
+        assert int(passes.max() - passes.min()) + 1 >= 100_000 // n
+        assert items.min() >= 0 and items.max() < n
+        assert np.bincount(items, minlength=n).tolist() == [100_000 // n] * n or n == 3
+    assert built == []
+    order = mixing.MixOrder(mix_shares([1, 200], [1, 1], epoch_size=200_000), seed=0, epoch=0,
+                            slots=8)
+    src, _, passes = order.take(np.arange(order.n))
+    assert np.bincount(src).tolist() == [100_000, 100_000]
+    assert len(built) == 1  # the rounds' permutation, once per epoch order
+
+
+_NUMPY_KINDS = (np.int64, np.int32, np.uint16, np.float64, np.float32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(1, 50), min_size=2, max_size=4), data=st.data())
+def test_numpy_numbers_mix_as_the_python_numbers_they_print_as(sizes, data) -> None:  # type: ignore[no-untyped-def]
+    kinds = data.draw(st.lists(st.sampled_from(_NUMPY_KINDS), min_size=len(sizes),
+                               max_size=len(sizes)))
+    weights = data.draw(st.lists(st.integers(1, 9), min_size=len(sizes), max_size=len(sizes)))
+    as_numpy = [kind(w) for kind, w in zip(kinds, weights, strict=True)]
+    epoch_size = data.draw(st.none() | st.integers(1, 500))
+    wrapped = None if epoch_size is None else data.draw(
+        st.sampled_from((np.int64, np.int32, int)))(epoch_size)
+    assert mix_shares(sizes, as_numpy, epoch_size=wrapped) == mix_shares(
+        sizes, [float(str(w)) for w in as_numpy], epoch_size=epoch_size)
+    tenths = [kind(w / 10) if kind in (np.float64, np.float32) else kind(w)
+              for kind, w in zip(kinds, weights, strict=True)]
+    assert _outcome(sizes, repeat=tenths) == _outcome(
+        sizes, repeat=[Fraction(str(r)) for r in tenths])
+
+
+def _outcome(sizes, **kwargs):  # type: ignore[no-untyped-def]
+    """The shares, or the one clear error's message."""
+    try:
+        return mix_shares(sizes, **kwargs)
+    except InvalidArgument as exc:
+        return exc.message
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 10**6), min_size=2, max_size=3),
+       exponent=st.integers(-320, 0), epoch_size=st.none() | st.integers(1, 10**15))
+def test_every_epoch_is_bounded_or_one_clear_error(sizes, exponent, epoch_size) -> None:  # type: ignore[no-untyped-def]
+    # A tiny weight, a huge epoch_size: either shares within MAX_EPOCH_SIZE
+    # whose order can be taken, or InvalidArgument, never a raw numeric error.
+    weights = [10.0 ** exponent] + [1] * (len(sizes) - 1)
+    try:
+        shares = mix_shares(sizes, weights, epoch_size=epoch_size)
+    except InvalidArgument as exc:
+        assert "the mix's epoch has no items" in exc.message or "a mix allows" in exc.message \
+            or "weight 0" in exc.message
+        return
+    assert 1 <= shares.epoch_size <= mixing.MAX_EPOCH_SIZE
+    order = MixOrder(shares, seed=1, epoch=2, slots=3)
+    src, _, _ = order.take(np.arange(min(order.n, 1000)))
+    assert len(src) == min(order.n, 1000)
+
+
+@pytest.mark.parametrize("weight", [True, "1", None, [1], complex(1, 0), np.bool_(True)])
+def test_what_is_not_a_number_is_refused(weight) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidArgument, match="weights must be numbers"):
+        mix_shares([3, 3], [weight, 1])

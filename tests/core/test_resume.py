@@ -159,3 +159,92 @@ def test_counts_beyond_a_slot_are_refused(tmp_path) -> None:  # type: ignore[no-
     parsed = load_state(path)
     with pytest.raises(InvalidArgument, match="slot 0:0 delivered 6 files but reads only 5"):
         resume_slots(parsed.order, parsed.segments, Layout(1, 0))
+
+
+def _valid_state() -> dict:  # type: ignore[type-arg]
+    doc = LoaderState("cd" * 32,
+                      ReadOrder(12, shuffle=True, seed=3, epoch=2, equal_length=None,
+                                shuffle_scope="global"),
+                      (Segment(Layout(2, 1), (3, 2)), Segment(Layout(1, 2), (1, None))),
+                      rank=0, unit="row-group", partial=((4, 7),)).to_dict()
+    assert LoaderState.from_dict(doc).to_dict() == doc
+    return doc
+
+
+_NOT_INT = st.sampled_from(["3", 2.5, True, None, [1], {"a": 1}])
+# field (as the message names it) -> how to break it in the state dict
+_TAMPERS = {
+    "files": (lambda d, v: d.update(files=v), _NOT_INT | st.integers(-10**6, -1)),
+    "epoch": (lambda d, v: d.update(epoch=v), _NOT_INT | st.integers(-10**6, -1)),
+    "seed": (lambda d, v: d.update(seed=v), _NOT_INT),
+    "shuffle": (lambda d, v: d.update(shuffle=v), st.sampled_from(["false", "true", 0, 1, None])),
+    "finished": (lambda d, v: d.update(finished=v),
+                 st.sampled_from(["false", "true", 0, 1, None, "no"])),
+    "rank": (lambda d, v: d.update(rank=v), _NOT_INT.filter(lambda v: v is not None)
+             | st.integers(-5, -1) | st.integers(1, 9)),
+    "fingerprint": (lambda d, v: d.update(fingerprint=v), st.sampled_from([None, 3, "", []])),
+    "unit": (lambda d, v: d.update(unit=v), st.sampled_from(["files", 1, None, "row group"])),
+    "equal_length": (lambda d, v: d.update(equal_length=v), st.sampled_from([1, True, [], "x"])),
+    "shuffle_scope": (lambda d, v: d.update(shuffle_scope=v),
+                      st.sampled_from([1, None, "nodes", "rank"])),
+    "segments": (lambda d, v: d.update(segments=v), st.sampled_from([[], None, "x", {}])),
+    "segments[1].world_size": (lambda d, v: d["segments"][1].update(world_size=v),
+                               _NOT_INT | st.integers(-3, 0)),
+    "segments[0].num_workers": (lambda d, v: d["segments"][0].update(num_workers=v),
+                                _NOT_INT | st.integers(-3, -1)),
+    "segments[0].nproc_per_node": (lambda d, v: d["segments"][0].update(nproc_per_node=v),
+                                   _NOT_INT.filter(lambda v: v is not None)
+                                   | st.integers(-3, 0)),
+    "segments[0].delivered": (lambda d, v: d["segments"][0].update(delivered=v),
+                              st.sampled_from([[1], [1, 2, 3], "12", None])),
+    "segments[0].delivered[1]": (lambda d, v: d["segments"][0]["delivered"].__setitem__(1, v),
+                                 _NOT_INT.filter(lambda v: v is not None)
+                                 | st.integers(-10**6, -1)),
+    "partial": (lambda d, v: d.update(partial=v),
+                st.sampled_from(["x", {}, [[4, 7], [4, 2]], None])),
+    "partial[0]": (lambda d, v: d["partial"].__setitem__(0, v),
+                   st.sampled_from([[4], [4, 7, 1], 4, "47"])),
+    "partial[0][0] (row group)": (lambda d, v: d["partial"][0].__setitem__(0, v),
+                                  _NOT_INT | st.integers(-9, -1) | st.integers(12, 99)),
+    "partial[0][1] (rows)": (lambda d, v: d["partial"][0].__setitem__(1, v),
+                             _NOT_INT | st.integers(-9, 0)),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=st.sampled_from(sorted(_TAMPERS)), data=st.data())
+def test_a_tampered_state_is_refused_naming_its_field(field, data) -> None:  # type: ignore[no-untyped-def]
+    # Issue 28: a negative count, a negative epoch, "finished": "false" (a
+    # string, which bool() read as true) and the like were accepted or
+    # refused with a message about something else.
+    doc = _valid_state()
+    tamper, values = _TAMPERS[field]
+    value = data.draw(values)
+    tamper(doc, value)
+    with pytest.raises(InvalidArgument) as caught:
+        LoaderState.from_dict(json.loads(json.dumps(doc)))
+    message = caught.value.message
+    assert message.startswith("state is malformed"), message
+    if field in ("equal_length", "shuffle_scope") and isinstance(value, str):
+        assert field in message, message  # ReadOrder names the value it refuses
+    elif field == "segments[0].nproc_per_node" and isinstance(value, int) and value > 0:
+        assert "segments[0]" in message, message  # not dividing world_size: Layout says so
+    else:
+        assert f'"{field}"' in message, message
+
+
+def test_a_state_of_files_with_partial_rows_or_a_missing_field_is_refused() -> None:
+    doc = _valid_state()
+    doc["unit"] = "file"
+    with pytest.raises(InvalidArgument, match='"partial" must be empty for unit "file"'):
+        LoaderState.from_dict(doc)
+    doc = _valid_state()
+    del doc["seed"]
+    with pytest.raises(InvalidArgument, match="state is malformed: it has no 'seed'"):
+        LoaderState.from_dict(doc)
+    parsed = LoaderState.from_dict(_valid_state())
+    parsed.check_partial([10] * 12)
+    parsed.check_partial([7] * 12)  # a group done but past the leading run: all its rows
+    with pytest.raises(ResumeMismatch, match="7 rows of row group 4 were delivered, but it "
+                                             "has 6"):
+        parsed.check_partial([6] * 12)

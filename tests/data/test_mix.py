@@ -11,13 +11,14 @@ import os
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.common.resume import Decode, Ranked, RankedDataset
 from ucstage import merge_states
 from ucstage.cache import LocalCache
 from ucstage.data import DataLoader, Mix, VolumeDataset
-from ucstage.errors import CacheFull, InvalidArgument, ResumeMismatch
+from ucstage.errors import CacheFull, EmptySource, InvalidArgument, ResumeMismatch
 
 
 def make_source(root: str, label: str, n: int) -> str:
@@ -164,6 +165,41 @@ def test_a_wrapped_mix_is_found_and_its_sources_are_not(sources) -> None:  # typ
 def test_bad_input_is_refused_when_built(sources, kwargs, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidArgument, match=message):
         mix_of(sources, **kwargs)
+
+
+def test_issue_28_edge_cases_are_clear_up_front_or_accepted(sources, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, b, cache = sources
+    parts = [VolumeDataset(a, cache_dir=cache), VolumeDataset(b, cache_dir=cache)]
+    # An epoch too large to hold a count per position: refused when built.
+    with pytest.raises(InvalidArgument, match="more than the 1,000,000,000 a mix allows"):
+        Mix(parts, weights=[1, 1], epoch_size=10**12)
+    # A weight so small the default epoch explodes: InvalidArgument, not OverflowError.
+    tiny = Mix(parts, weights=[1e-300, 1])
+    with pytest.raises(InvalidArgument, match="about 10\\^302 items"):
+        tiny.freeze()
+    # numpy's numbers are numbers.
+    mix = Mix(parts, weights=[np.int64(1), np.float32(0.5)], epoch_size=np.int64(30))
+    assert mix.counts == {"0": 20, "1": 10}
+    assert sum(1 for _ in mix) == 30
+    # Keys 1 and "1" stay two sources, with two labels.
+    named = Mix({1: parts[0], "1": parts[1]}, weights={1: 3, "1": 1}, epoch_size=40)
+    assert named.counts == {1: 30, "1": 10}
+    assert named.names == ["1", "'1'"]
+    assert Counter(os.path.basename(p)[0] for p in named) == {"a": 30, "b": 10}
+    (_,), dl = run(named, workers=0)
+    assert dl.epoch_stats[0].source_items == {"1": 30, "'1'": 10}
+    # A source weighted 0 with nothing to read is not read, so it is allowed.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for weights in ([1, 0], {"0": 1}):
+        unread = Mix([parts[0], VolumeDataset(str(empty), cache_dir=cache)], weights=weights)
+        assert unread.counts == {"0": 100, "1": 0}
+        assert sum(1 for _ in unread) == 100
+    (items,), dl = run(Mix([VolumeDataset(str(empty), cache_dir=cache), parts[1]],
+                           repeat=[0, 1]), workers=2)
+    assert len(items) == 50 and dl.audits[0].coverage_ok
+    with pytest.raises(EmptySource):  # weighted: it must have items
+        Mix([parts[0], VolumeDataset(str(empty), cache_dir=cache)], weights=[1, 1]).freeze()
 
 
 def test_only_sharded_datasets_mix(sources) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ from ucstage import DataLoader, LocalCache, TableDataset
 from ucstage.errors import (
     InvalidArgument,
     NotParquet,
+    ResumeMismatch,
     SchemaMismatch,
     UnknownColumn,
     UnsupportedTable,
@@ -138,6 +139,14 @@ def test_a_resume_on_the_same_layout_replays_the_rest_exactly(tmp_path: Path,
     else:  # each slot replays its batches; the loader may interleave the workers anew
         assert sorted(map(tuple, head + rest)) == sorted(map(tuple, full))
     assert again.audits[-1].coverage_ok and again.audits[-1].gaps == 0
+    if workers == 0:  # issue 28: more rows delivered than the row group holds
+        group, _ = state["partial"][0]
+        tampered = {**state, "partial": [[group, 41], *state["partial"][1:]]}
+        _, refused = make()
+        refused.load_state_dict(tampered)
+        with pytest.raises(ResumeMismatch, match=f"41 rows of row group {group} were "
+                                                 "delivered, but it has (40|10)"):
+            next(iter(refused))
 
 
 def test_equal_length_counts_batches(tmp_path: Path) -> None:

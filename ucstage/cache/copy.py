@@ -24,6 +24,7 @@ from ..errors import UnsafePath
 from ..volumes import RangeEntry, Volume, version_of
 from ..volumes.ranges import read_ranges
 from . import mounts
+from .hedge import Requests
 from .inflight import Inflight
 
 __all__ = ["CHUNK", "Copied", "copy_ranges", "copy_to"]
@@ -182,16 +183,16 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | No
 
 
 def _copy_object(volume: Volume, relpath: str, dst: int, inflight: Inflight | None,
-                 size: int, root: str) -> Copied:
+                 size: int, root: str, requests: Requests | None) -> Copied:
     from .objget import get_into
 
     got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, inflight=inflight,
-                   root=root)
+                   root=root, requests=requests)
     return Copied(got.size, got.etag, got.mtime_ns)
 
 
 def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = None,
-            size: int = 0, root: str = "") -> Copied:
+            size: int = 0, root: str = "", requests: Requests | None = None) -> Copied:
     """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
     a preallocated file is overwritten and cut to the copied size).
 
@@ -210,12 +211,12 @@ def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = 
     if volume.is_local:
         return _copy_local(volume, relpath, dst, inflight)
     if objstore.engine(volume) == "obstore":
-        return _copy_object(volume, relpath, dst, inflight, size, root)
+        return _copy_object(volume, relpath, dst, inflight, size, root, requests)
     return _copy_remote(volume, relpath, dst, inflight)
 
 
 def copy_ranges(volume: Volume, entry: RangeEntry, dst: int,
-                inflight: Inflight | None = None) -> Copied:
+                inflight: Inflight | None = None, requests: Requests | None = None) -> Copied:
     """Copy the byte ranges of ``entry`` (of its source file) into ``dst``, one
     after another: ranged reads (ranged GETs on the object-store engine), each
     checked against the source file's listed version
@@ -232,7 +233,8 @@ def copy_ranges(volume: Volume, entry: RangeEntry, dst: int,
         # The folders on the way must stay inside the volume, as for whole files.
         os.close(_open_local(volume, entry.source))
     try:
-        blobs, seen = read_ranges(volume, entry.source, entry.ranges, version=entry.version)
+        blobs, seen = read_ranges(volume, entry.source, entry.ranges, version=entry.version,
+                                  deadline=None if requests is None else requests.deadline)
     except OSError as exc:
         gone = mounts.lost(volume.root, entry.source, exc) if volume.is_local else None
         if gone is not None:

@@ -34,6 +34,7 @@ from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
 from ..volumes.entry import reserved_name
 from . import paths
 from .copy import Copied, copy_ranges, copy_to
+from .hedge import Requests
 from .inflight import Inflight, Stopped
 from .locks import FileLock
 from .pace import FREE_RETRIES, Paced, pause, throttled
@@ -59,6 +60,7 @@ class FetchingCache(Protocol):
     wait_seconds: float
     retries: int
     backoff: float
+    requests: Requests
 
     def lookup(self, volume: Volume, entry: FileEntry, *, touch: bool = True) -> str | None:
         """The cached file's path if it is valid for ``entry``, else None."""
@@ -205,10 +207,12 @@ class Fetcher:
         try:
             try:
                 if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
-                    copied = copy_ranges(copy.volume, copy.entry, pending.fd, copy.inflight)
+                    copied = copy_ranges(copy.volume, copy.entry, pending.fd, copy.inflight,
+                                         self.cache.requests)
                 else:
                     copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
-                                     copy.entry.size, self.cache.root)
+                                     copy.entry.size, self.cache.root,
+                                     self.cache.requests)
             finally:
                 os.close(pending.fd)
             self.commit_tmp(copy, pending, copied)

@@ -37,17 +37,20 @@ from __future__ import annotations
 # this module (every CLI command does, through the cache package) then does
 # not load asyncio, ssl and concurrent.futures (tens of ms of start-up).
 import collections
+import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidArgument
 from ..objstore import DEADLINE_ENV, concise, deadline
 from ..percentile import percentile
 from . import pace
 
 __all__ = ["FLOOR", "HEDGES_PER_REQUEST", "HEDGE_ENV", "LATE", "MAX_HEDGES",
-           "STATS", "Budget", "Latency", "budget", "enabled", "latency", "read"]
+           "STATS", "Budget", "Latency", "Requests", "budget", "enabled", "latency", "read"]
 
 HEDGE_ENV = "UCSTAGE_HEDGE"
 LATE = 4.0
@@ -68,6 +71,36 @@ _WINDOW = 256
 def enabled() -> bool:
     """Whether GETs are hedged: ``$UCSTAGE_HEDGE`` unset or not ``0``/``off``/``false``/``no``."""
     return os.environ.get(HEDGE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class Requests:
+    """How the engine sends one cache's GETs: hedge late ones or not, and the
+    seconds one request may take. Passed as a parameter (``LocalCache(hedge=,
+    request_deadline=)``, ``cache warm --no-hedge --deadline``); the
+    environment (``$UCSTAGE_HEDGE``, ``$UCSTAGE_REQUEST_DEADLINE``) is only
+    the default, read by :meth:`of` when a value is not given."""
+
+    hedge: bool
+    deadline: float
+
+    @classmethod
+    def of(cls, hedge: bool | None = None, deadline_s: float | None = None) -> Requests:
+        """The values given, the environment's for the others.
+
+        Raises:
+            InvalidArgument: ``request_deadline`` is not a positive finite
+                number, ``hedge`` not a bool (or the environment's value is bad).
+        """
+        if hedge is not None and not isinstance(hedge, bool):
+            raise InvalidArgument(f"hedge must be True or False, got {hedge!r}")
+        if deadline_s is not None and (
+                isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
+                or not (0 < deadline_s < math.inf)):
+            raise InvalidArgument(f"request_deadline must be a positive, finite number of "
+                                  f"seconds, got {deadline_s!r}")
+        return cls(enabled() if hedge is None else hedge,
+                   deadline() if deadline_s is None else float(deadline_s))
 
 
 class _Window:
@@ -272,7 +305,8 @@ async def _next(legs: list[_Leg], timeout: float) -> tuple[_Leg, Any] | None:
 async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
                source: str, write: Callable[[int, int, Any], int], chunk: int,
                if_match: str = "", digest_for: Callable[[Any], Any] | None = None,
-               on_meta: Callable[[Any], None] | None = None) -> tuple[int, Any]:
+               on_meta: Callable[[Any], None] | None = None,
+               requests: Requests | None = None) -> tuple[int, Any]:
     """GET the bytes ``[start, end)`` of ``key`` (``end`` None: to the end of
     the object) into ``fd`` at their offsets, hedged and deadline-bound as the
     module says; returns ``(bytes written, the first response's meta)``.
@@ -284,7 +318,9 @@ async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
         TimeoutError: no leg finished within the deadline.
         Exception: the request's own error (obstore's), when no other leg is left.
     """
-    hedging, limit, est, pool = enabled(), deadline(), latency(source), budget()
+    # ``requests``: the cache's settings; None (a caller without a cache) the environment's.
+    requests = Requests.of() if requests is None else requests
+    hedging, limit, est, pool = requests.hedge, requests.deadline, latency(source), budget()
     legs = [_Leg(client, key, start, end, if_match, chunk, hedged=False, source=source)]
     pos, meta, digest, hedges, retry_at = start, None, None, 0, 0.0
     try:

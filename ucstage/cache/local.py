@@ -43,6 +43,7 @@ from ..volumes import FileEntry, Volume, safe_relpath
 from . import maintenance as maint
 from . import paths
 from .fetch import Fetcher
+from .hedge import Requests
 from .inflight import Inflight
 from .reports import (
     CacheStatus,
@@ -86,12 +87,17 @@ class LocalCache:
             the cap is held by readers, before it fails with ``CacheFull``.
         retries: extra attempts for transient source errors.
         backoff: first retry delay in seconds (doubles each attempt, jittered).
+        hedge: hedge late GETs on the object-store engine (default
+            ``$UCSTAGE_HEDGE``, on unless ``0``/``off``).
+        request_deadline: seconds one GET may take at most (default
+            ``$UCSTAGE_REQUEST_DEADLINE``, else 30).
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *,
                  max_bytes: int | str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS,
                  retries: int = 3, backoff: float = 0.2,
-                 wait_seconds: float = DEFAULT_WAIT_SECONDS) -> None:
+                 wait_seconds: float = DEFAULT_WAIT_SECONDS,
+                 hedge: bool | None = None, request_deadline: float | None = None) -> None:
         self.root: str = paths.open_root(os.fspath(root) if root is not None
                                          else paths.default_root())
         self.max_bytes = env_max_bytes() if max_bytes is None else \
@@ -102,6 +108,9 @@ class LocalCache:
         self.wait_seconds = float(wait_seconds)
         self.retries = retries
         self.backoff = backoff
+        self.requests = Requests.of(hedge, request_deadline)
+        """The object-store engine's hedging and per-request deadline for this
+        cache's copies (given, else ``$UCSTAGE_HEDGE``, ``$UCSTAGE_REQUEST_DEADLINE``)."""
         self.space = CacheSpace(self.root)
         """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
         self._stamps = self.space.stamps

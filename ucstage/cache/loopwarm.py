@@ -191,7 +191,7 @@ class LoopWarm:
                             volume, volume.full_path(copy.rel), pending.fd,
                             size_hint=entry.size,
                             parts=objget.split(self.warm.tuner.limit, self._left),
-                            root=fetcher.cache.root)
+                            root=fetcher.cache.root, requests=fetcher.cache.requests)
                     finally:
                         os.close(pending.fd)
                     fetcher.commit_tmp(copy, pending, Copied(got.size, got.etag, got.mtime_ns))

@@ -158,7 +158,8 @@ def _part_size(size: int, parts: int) -> int:
 
 
 async def _get(client: Any, key: str, fd: int, size_hint: int,
-               parts: int = PARTS_IN_FLIGHT, source: str = "", root: str = "") -> Got:
+               parts: int = PARTS_IN_FLIGHT, source: str = "", root: str = "",
+               requests: hedge.Requests | None = None) -> Got:
     if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
         check: dict[str, Any] = {"want": "", "digest": None}
 
@@ -169,14 +170,14 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
             return check["digest"]
 
         size, meta = await hedge.read(client, key, fd, 0, None, source=source, write=_write,
-                                      chunk=WHOLE, digest_for=digest_for)
+                                      chunk=WHOLE, digest_for=digest_for, requests=requests)
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
         digest = check["digest"]
         verdict = integrity.judge(source, key, check["want"],
                                   digest.hexdigest() if digest is not None else "", root=root)
     else:
-        size, meta = await _get_ranged(client, key, fd, size_hint, parts, source)
+        size, meta = await _get_ranged(client, key, fd, size_hint, parts, source, requests)
         want = integrity.expect_md5(source, _etag(meta))
         # MD5 needs the bytes in order: hashed once every part is written
         # (the copy is in the page cache then), off the loop.
@@ -193,7 +194,8 @@ def _etag(meta: Any) -> str:
 
 
 async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
-                      parts: int, source: str) -> tuple[int, Any]:
+                      parts: int, source: str,
+                      requests: hedge.Requests | None = None) -> tuple[int, Any]:
     """Parallel ranged GETs of one large object; returns (size, first part's meta)."""
     step = _part_size(size_hint, parts)
     gate = asyncio.Semaphore(max(1, parts))
@@ -208,7 +210,7 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
     async def first_part() -> Any:
         try:
             done, meta = await hedge.read(client, key, fd, 0, step, source=source, write=_write,
-                                          chunk=WHOLE, on_meta=heard)
+                                          chunk=WHOLE, on_meta=heard, requests=requests)
             wrote.append(done)
             return meta
         finally:
@@ -218,7 +220,7 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
         async with gate:
             done, _ = await hedge.read(client, key, fd, start, min(size, start + step),
                                        source=source, write=_write, chunk=WHOLE,
-                                       if_match=etag)
+                                       if_match=etag, requests=requests)
             wrote.append(done)
 
     # The others start as soon as the first part's headers name the size and
@@ -247,14 +249,15 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
 
 def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
              inflight: Inflight | None = None, parts: int = PARTS_IN_FLIGHT,
-             root: str = "") -> Got:
+             root: str = "", requests: hedge.Requests | None = None) -> Got:
     """GET the object at ``path`` (an fsspec path of ``volume``) into the open
     file ``fd`` from offset 0; returns what was written.
 
     ``size_hint`` (the listed size) chooses between one GET and ranged GETs;
     ``parts`` is how many requests the object may have in flight; ``root``
     (the cache's) keeps what the checks learnt of the source
-    (:func:`ucstage.cache.integrity.judge`).
+    (:func:`ucstage.cache.integrity.judge`); ``requests`` the cache's hedging
+    and deadline (None: the environment's).
 
     Raises:
         Stopped: ``inflight`` stopped; the request was cancelled.
@@ -263,11 +266,11 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
         OSError: any other store or disk error (the caller retries).
     """
     kind, bucket, key = objstore.location(volume, path)
-    client = objstore.store(kind, bucket)
+    client = objstore.store(kind, bucket, None if requests is None else requests.deadline)
     if inflight is not None:
         inflight.check()
     future = asyncio.run_coroutine_threadsafe(
-        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root), loop())
+        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root, requests), loop())
     # Sleep until the GET ends or the job stops; no polling, so hundreds of
     # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
     # the main thread (a library fetch).
@@ -293,15 +296,17 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
 
 
 async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
-                parts: int = PARTS_IN_FLIGHT, root: str = "") -> Got:
+                parts: int = PARTS_IN_FLIGHT, root: str = "",
+                requests: hedge.Requests | None = None) -> Got:
     """:func:`get_into` for a caller already running on :func:`loop` (a copy
     that is itself a coroutine): the same GET, awaited in place, with the
     same errors. Cancelling the caller cancels the requests; none of their
     writes lands after this returns or raises."""
     kind, bucket, key = objstore.location(volume, path)
-    client = objstore.store(kind, bucket)
+    client = objstore.store(kind, bucket, None if requests is None else requests.deadline)
     try:
-        return await _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root)
+        return await _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root,
+                          requests)
     except Exception as exc:
         raise _oserror(exc, path) from exc
 

@@ -15,15 +15,18 @@ starts. The newest :data:`KEEP_RUNS` runs are kept.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ..shutdown import exiting
 from . import integrity, paths
 
 __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run", "read_run"]
@@ -80,6 +83,7 @@ class Counters:
         # run (copies a reader made, and any other copy of the process).
         self._checks_from = integrity.TALLY.snapshot()
         self._checks_base = [self._values[_FIELDS.index(name)] for name in _CHECKS]
+        _LIVE.add(self)
 
     def add(self, **values: int) -> None:
         """Add to named counters (``evictions=1, evicted_bytes=size``)."""
@@ -106,7 +110,13 @@ class Counters:
             self.flush()
 
     def flush(self) -> None:
-        """Write the counters out now."""
+        """Write the counters out now (at interpreter exit: already written by
+        the atexit handler, and the modules this needs may be gone)."""
+        if exiting():
+            return
+        self._write()
+
+    def _write(self) -> None:
         with self._lock:
             self._written = time.monotonic_ns()
             done = integrity.TALLY.since(self._checks_from)
@@ -114,6 +124,17 @@ class Counters:
                 self._values[_FIELDS.index(name)] = base + done[kind]
             with contextlib.suppress(OSError):  # counting must never stop a training run
                 os.pwrite(self._fd, _RECORD.pack(*self._values), 0)
+
+
+_LIVE: weakref.WeakSet[Counters] = weakref.WeakSet()
+
+
+@atexit.register
+def _write_live() -> None:
+    """The last counts of every live counter, while the interpreter still works."""
+    for live in list(_LIVE):
+        with contextlib.suppress(Exception):  # exiting: nothing left to report to
+            live._write()
 
 
 def _unpack(raw: bytes) -> list[int] | None:

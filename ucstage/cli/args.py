@@ -8,11 +8,16 @@ the check is the library's (``parse_modes``), through the CLI's error mapper.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import click
+
 from ..bench import check_modes
 from ..errors import InvalidArgument
 from ..units import parse_size
 
-__all__ = ["column_list", "float_list", "int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
+__all__ = ["Seconds", "column_list", "float_list", "int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
 
 
 def column_list(value: str | None) -> list[str] | None:
@@ -89,3 +94,19 @@ def size_flag(value: str | None, flag: str) -> int | None:
         return parse_size(value)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{flag}: {exc.message}", exc.hint) from None
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds: finite, and in range. click's ``FloatRange`` lets
+    ``nan`` through (no comparison with nan is true) and ``inf`` too; both
+    reached the library as a value it then refused per request (or
+    overflowed on), so they are refused here, naming the flag (exit 2)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return super().convert(number, param, ctx)

@@ -10,7 +10,7 @@ from .. import bench
 from ..bench import BenchReport
 from ..errors import InvalidArgument
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
-from .args import parse_modes, parse_workers
+from .args import Seconds, parse_modes, parse_workers
 from .output import CONTEXT, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
 from .scope import nproc_option, scope_of, shuffle_scope_option
@@ -154,7 +154,7 @@ class _Files(click.ParamType):
                    "(seeded by --seed).")
 @shuffle_scope_option
 @nproc_option
-@click.option("--max-seconds", type=float, default=None, metavar="S",
+@click.option("--max-seconds", type=Seconds(), default=None, metavar="S",
               help="Bound the whole run; each run gets an equal share of the time left, "
                    "and runs cut short are marked.")
 @click.option("--scratch-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",

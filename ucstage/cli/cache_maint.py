@@ -16,7 +16,7 @@ from ..cache.reports import VerifyReport
 from ..cache.sources import cached_volumes, unusable_status, verify_source
 from ..errors import CacheUnusable
 from ..units import SIZE_HELP
-from .args import size_flag
+from .args import Seconds, size_flag
 from .output import (
     CONTEXT,
     counted,
@@ -221,7 +221,7 @@ def _confirm_clear_all(cache: LocalCache) -> bool:
               help="Evict files (least recently used first; files a training job consumed, "
                    "most recently consumed first) until the cache holds at most SIZE; "
                    f"{SIZE_HELP}.")
-@click.option("--lease", "lease", type=click.FloatRange(0), default=DEFAULT_LEASE_SECONDS,
+@click.option("--lease", "lease", type=Seconds(0), default=DEFAULT_LEASE_SECONDS,
               show_default=True,
               metavar="SECONDS", help="Keep files handed to a reader within this many seconds.")
 @json_option

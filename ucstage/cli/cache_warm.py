@@ -18,9 +18,9 @@ from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder
 from ..units import SIZE_HELP, format_rate
 from ..volumes import FileEntry
-from .args import size_flag
+from .args import Seconds, size_flag
 from .group_plan import group_option, grouped
-from .network import network_options, network_summary
+from .network import network_summary
 from .output import (
     CONTEXT,
     counted,
@@ -91,7 +91,7 @@ class JobsType(click.ParamType):
               help="Do not hedge late GETs on the object-store engine (a second request "
                    "when a response is late against the store's running latency); the "
                    "deadline still bounds every request. Same as UCSTAGE_HEDGE=0.")
-@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--deadline", type=Seconds(min=0, min_open=True), default=None,
               metavar="SECONDS",
               help="Seconds one object-store request may take at most before it is dropped "
                    "and retried. Default $UCSTAGE_REQUEST_DEADLINE, else 30.")
@@ -148,7 +148,10 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         err.print("note: --epoch is ignored under the node shuffle scope: the node's share "
                   "is the same every epoch, so it is warmed whole", markup=False)
     cap = size_flag(max_bytes, "--max-bytes")
-    cache = LocalCache(max_bytes=cap)  # before listing: a bad setting fails fast
+    # Before listing: a bad setting fails fast. The network options are the
+    # cache's parameters (the environment stays the library's default).
+    cache = LocalCache(max_bytes=cap, hedge=False if no_hedge else None,
+                       request_deadline=deadline)
     refused: Sequence[tuple[str, str]] = ()
     unreadable: Sequence[tuple[str, str]] = ()
     noun = "row group" if unit == "row-group" else "file"
@@ -175,7 +178,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
                       "every epoch", markup=False)
     callback: Counting | None = None
     try:
-        with progress_bar(not as_json, "warming") as callback, network_options(no_hedge, deadline):
+        with progress_bar(not as_json, "warming") as callback:
             report = warm_slice(cache, volume, entries, slice_, jobs=jobs, callback=callback)
     except KeyboardInterrupt:
         err.print(_stopped(callback, entries), markup=False)

@@ -1,40 +1,13 @@
-"""``cache warm``'s network options and the summary lines of what the
+"""The summary lines of what the
 network did (hedges, timeouts, checksum mismatches, the checks a store allows)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from rich.console import Console
 
-from ..cache.hedge import HEDGE_ENV
 from ..cache.reports import WarmReport
-from ..objstore import DEADLINE_ENV
 
-__all__ = ["network_options", "network_summary"]
-
-
-@contextmanager
-def network_options(no_hedge: bool, deadline: float | None) -> Iterator[None]:
-    """``--no-hedge`` and ``--deadline`` as the variables the engine reads
-    (:mod:`ucstage.cache.hedge`), for the warm only."""
-    wanted = {}
-    if no_hedge:
-        wanted[HEDGE_ENV] = "0"
-    if deadline is not None:
-        wanted[DEADLINE_ENV] = repr(deadline)
-    saved = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+__all__ = ["network_summary"]
 
 
 def network_summary(console: Console, report: WarmReport) -> None:

@@ -218,4 +218,7 @@ def source_metrics(dataset: Any) -> dict[str, float]:
     delivered = getattr(dataset, "delivered", None)
     if not isinstance(delivered, dict):
         return {}
-    return {f"epoch_items_{name}": float(count) for name, count in delivered.items()}
+    # By the mix's distinct labels: its keys 1 and "1" are two metrics.
+    names = getattr(dataset, "names", None) or [str(k) for k in delivered]
+    return {f"epoch_items_{name}": float(count)
+            for name, count in zip(names, delivered.values(), strict=True)}

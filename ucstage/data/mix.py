@@ -17,14 +17,14 @@ Usage and every argument: docs/training.md, "Mixing sources".
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.utils.data as tud
 
 from ..cache.leases import DEFAULT_SLACK
-from ..errors import InvalidArgument
+from ..errors import EmptySource, InvalidArgument
 from ..sharding import Layout, ReadOrder, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
 from . import epochrecord, holding
@@ -80,12 +80,39 @@ class _Entries:
         raise IndexError(index)
 
 
+def _labels(keys: Sequence[Hashable]) -> list[str]:
+    """The sources' names as text (per-source metrics, audits): ``str`` of each
+    key, or ``repr`` of those whose ``str`` would collide (1 and "1" give "1"
+    and "'1'"), so no two sources share a label."""
+    text = [str(k) for k in keys]
+    clash = {t for t in text if text.count(t) > 1}
+    labels = [repr(k) if t in clash else t for k, t in zip(keys, text, strict=True)]
+    if len(set(labels)) < len(labels):
+        raise InvalidArgument(f"the sources' names {list(keys)!r} are not distinct as text",
+                              hint="give each source a distinct name")
+    return labels
+
+
+class _Unread:
+    """The listing of a source weighted 0 that has nothing to read."""
+
+    fingerprint = "unread"
+
+    def __len__(self) -> int:
+        return 0
+
+
+_UNREAD = _Unread()
+
+
 class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     """Several sharded datasets (``VolumeDataset``, ``TableDataset``) mixed by weight.
 
     Args:
         datasets: the sources, a sequence or a mapping of names to datasets
-            (names label the per-source counts; default ``"0"``, ``"1"``, ...).
+            (names label the per-source counts; default ``"0"``, ``"1"``, ...;
+            :attr:`counts`, :attr:`lengths` and :attr:`delivered` are keyed
+            by the mapping's own keys, :attr:`names` holds them as distinct text).
         weights: each source's share of an epoch (each >= 0, sum > 0,
             normalised); a sequence in the sources' order, or a mapping by name.
         epoch_size: items per epoch with ``weights`` (default ``ceil(n_L /
@@ -122,11 +149,12 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
                  equal_length: bool | str | None = False) -> None:
         super().__init__()
         if isinstance(datasets, Mapping):
-            self.names = [str(k) for k in datasets]
+            self.keys: list[Hashable] = list(datasets)
             sources = list(datasets.values())
         else:
             sources = list(datasets)
-            self.names = [str(i) for i in range(len(sources))]
+            self.keys = [str(i) for i in range(len(sources))]
+        self.names = _labels(self.keys)
         for ds in sources:
             if not callable(getattr(ds, "iter_rows", None)) or isinstance(ds, Mix):
                 raise InvalidArgument(f"Mix mixes VolumeDataset and TableDataset sources, "
@@ -135,7 +163,10 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         self.weights = self._by_name(weights, "weights")
         self.repeat = self._by_name(repeat, "repeat")
         self.epoch_size = epoch_size
-        check_shares(len(sources), self.weights, self.repeat, epoch_size)
+        ws, rs = check_shares(len(sources), self.weights, self.repeat, epoch_size)
+        # Sources never read (weight or repeat 0): an empty one is allowed, not listed twice.
+        self._zero = frozenset(i for i, v in enumerate(ws or rs or ()) if v == 0)
+        self._unread: set[int] = set()
         self.seed = int(seed)
         self.epoch = 0
         self.equal_length = equal_mode(equal_length)
@@ -163,21 +194,43 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         if values is None:
             return None
         if isinstance(values, Mapping):
-            unknown = sorted(set(map(str, values)) - set(self.names))
-            if unknown:
-                raise InvalidArgument(f"{what} names unknown sources {unknown}; the mix has "
-                                      f"{self.names}")
-            return [values.get(name, 0) for name in self.names]
+            # A source's own key, or its label ("1" for the key 1, as before).
+            found = {}
+            for key, value in values.items():
+                if key in self.keys:
+                    found[self.keys.index(key)] = value
+                elif isinstance(key, str) and key in self.names:
+                    found[self.names.index(key)] = value
+                else:
+                    raise InvalidArgument(f"{what} names unknown sources [{key!r}]; the mix "
+                                          f"has {self.keys}")
+            return [found.get(i, 0) for i in range(len(self.keys))]
+        if isinstance(values, (str, bytes)):
+            raise InvalidArgument(f"{what} must be a sequence or a mapping of numbers, "
+                                  f"got {values!r}")
         return list(values)
 
     # -- the listing -----------------------------------------------------------
 
     def freeze(self, *, broadcast: bool | None = None) -> MixListing:
         """Freeze every source's listing (in order: a collective on each) and the shares."""
-        listings = [ds.freeze(broadcast=broadcast) for ds in self.datasets]
+        listings: list[Any] = []
+        for i, ds in enumerate(self.datasets):
+            if i in self._unread:
+                listings.append(_UNREAD)
+                continue
+            try:
+                listings.append(ds.freeze(broadcast=broadcast))
+            except EmptySource:
+                if i not in self._zero:
+                    raise
+                # Weighted 0: never read, so its having nothing to read is fine.
+                self._unread.add(i)
+                listings.append(_UNREAD)
         if self._shares is None:
             # Items per source: files, samples when grouped, row groups of a table.
-            sizes = [ds.read_order().n for ds in self.datasets]
+            sizes = [0 if i in self._unread else ds.read_order().n
+                     for i, ds in enumerate(self.datasets)]
             self._shares = mix_shares(sizes, self.weights, self.repeat, self.epoch_size)
             digest = hashlib.sha256(b"ucstage-mix\0")
             for m, n, count in zip(listings, sizes, self._shares.counts, strict=True):
@@ -197,9 +250,9 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         return self._shares
 
     @property
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[Hashable, int]:
         """Each source's items per epoch (freezes the listings)."""
-        return dict(zip(self.names, self.shares.counts, strict=True))
+        return dict(zip(self.keys, self.shares.counts, strict=True))
 
     def read_order(self) -> ReadOrder:
         return ReadOrder(self.shares.epoch_size, False, self.seed, self.epoch,
@@ -207,12 +260,15 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
 
     # -- the protocol: cache, volume (slot, layout, epoch, state: SlotRule) ----
 
+    def _first_read(self) -> MixSource:
+        return next(ds for i, ds in enumerate(self.datasets) if i not in self._unread)
+
     def cache(self) -> LocalCache:
-        """The first source's cache (the loader's hit-rate counts the sources on its root)."""
-        return self.datasets[0].cache()
+        """The first read source's cache (the loader's hit-rate counts the sources on its root)."""
+        return self._first_read().cache()
 
     def _get_volume(self) -> Any:
-        return self.datasets[0]._get_volume()
+        return self._first_read()._get_volume()
 
     def order(self, slots: int, epoch: int | None = None) -> MixOrder:
         """This epoch's (or ``epoch``'s) interleaving, dealt over ``slots`` slots."""
@@ -247,12 +303,12 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         progress.listeners.append(count)
 
     @property
-    def delivered(self) -> dict[str, int]:
+    def delivered(self) -> dict[Hashable, int]:
         """Items of each source the ucstage DataLoader returned on this rank this epoch."""
         progress = self._progress_
         if progress is not None:
             progress.sync()
-        return dict(zip(self.names, self._delivered.tolist(), strict=True))
+        return dict(zip(self.keys, self._delivered.tolist(), strict=True))
 
     def audit_sources(self, progress: Any, total: np.ndarray) -> tuple[SourceAudit, ...]:
         """The audit's per-source view: ``total`` counts deliveries per position."""
@@ -276,7 +332,7 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         return self.rule_length()
 
     @property
-    def lengths(self) -> dict[str, int]:
+    def lengths(self) -> dict[Hashable, int]:
         """Each source's items in ``len(self)``: this worker's slot, or the rank's."""
         rank, world, num_workers, worker = self.slot()
         if tud.get_worker_info() is None:
@@ -290,7 +346,7 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         for w in workers:
             positions = slot_array(self.read_order(), layout, layout.slot(rank, w))
             total += np.bincount(order.sources(positions), minlength=len(self.datasets))
-        return dict(zip(self.names, total.tolist(), strict=True))
+        return dict(zip(self.keys, total.tolist(), strict=True))
 
     def __repr__(self) -> str:
         return (f"Mix({len(self.datasets)} sources {self.names}, seed={self.seed}, "
@@ -317,7 +373,8 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
 
     def _read(self, order: MixOrder, tracker: _state.SlotTracker, rank: int) -> Iterator[Any]:
         src, items, _ = order.take(tracker.indices)
-        opened = [iter(ds.iter_rows(items[src == s], rank, sharers=len(self.datasets)))
+        opened = [iter(()) if s in self._unread else
+                  iter(ds.iter_rows(items[src == s], rank, sharers=len(self.datasets)))
                   for s, ds in enumerate(self.datasets)]
         # The source's iterator for each position, advanced from C (map(next)):
         # no Python frame of the mix's own between the consumer and the source.

@@ -44,6 +44,7 @@ class TableTracker(_state.SlotTracker):
         vds._resume = None
         if loaded is not None:
             _state.check_fits(vds, loaded)
+            loaded.check_partial(vds.freeze().rows_per_group)  # type: ignore[attr-defined]
         pending = None if loaded is None or loaded.finished else loaded
         layout = vds.layout(world_size, num_workers)
         slot = layout.slot_index(layout.slot(rank, worker))

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..percentile import percentile
+from ..shutdown import exiting
 
 __all__ = ["EpochStats", "MlflowSink", "TimedIterator", "summarise"]
 
@@ -258,6 +259,10 @@ class TimedIterator:
         self._finish(time.perf_counter(), complete=False)
 
     def __del__(self) -> None:
+        # Collected at interpreter exit (an epoch left by an uncaught error):
+        # no summary, since reading the counters and logging may fail then.
+        if exiting():
+            return
         with contextlib.suppress(Exception):
             self.close()
 

@@ -27,6 +27,7 @@ Torch-free: ``ucstage.Mix`` (data/mix.py) and ``ucstage shard-plan SRC1 SRC2
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -36,22 +37,48 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import Permutation
+from .order import Permutation, permute_passes
 from .rule import slot_array
 from .values import Layout, ReadOrder, Slot
 
-__all__ = ["MixOrder", "MixPlan", "MixShares", "SourceStream", "check_shares",
+__all__ = ["MAX_EPOCH_SIZE", "MixOrder", "MixPlan", "MixShares", "SourceStream", "check_shares",
            "largest_remainder", "mix_plan", "mix_shares", "slot_mix"]
 
 
-def _fraction(value: float | int | Fraction, name: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+MAX_EPOCH_SIZE = 10**9
+"""The most items a mix's epoch may have: the loader keeps a count per
+position of the epoch on every rank (and sums them in the audit), as for a
+listing of that many files; an epoch beyond it is refused up front rather
+than failing at the first item for want of memory."""
+
+
+def _fraction(value: object, name: str) -> Fraction:
+    # numbers' ABCs take numpy's scalars too (np.int64 is Integral, np.float32 Real).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{name} must be numbers, got {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise InvalidArgument(f"{name} must be finite numbers, got {value!r}")
-        return Fraction(repr(value))  # 0.7 means 7/10, not the float's binary value
-    return Fraction(value)
+    if isinstance(value, numbers.Rational):
+        return Fraction(int(value.numerator), int(value.denominator))
+    as_float = float(value)
+    if not math.isfinite(as_float):
+        raise InvalidArgument(f"{name} must be finite numbers, got {value!r}")
+    try:  # 0.7 means 7/10, not the float's binary value (str: numpy's shortest form too)
+        return Fraction(str(value))
+    except ValueError:
+        return Fraction(repr(as_float))
+
+
+def _whole(value: object) -> int | None:
+    """``value`` as an int when it is a whole number (numpy's integers too), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
+def _check_epoch_size(size: int, why: str, hint: str) -> None:
+    if size > MAX_EPOCH_SIZE:
+        shown = f"{size:,}" if size < 10**15 else f"about 10^{len(str(size)) - 1}"
+        raise InvalidArgument(f"the mix's epoch would have {shown} items ({why}), more than "
+                              f"the {MAX_EPOCH_SIZE:,} a mix allows", hint=hint)
 
 
 def check_shares(sources: int, weights: Sequence[float] | None = None,
@@ -60,10 +87,14 @@ def check_shares(sources: int, weights: Sequence[float] | None = None,
                                                          tuple[Fraction, ...] | None]:
     """Check the mix's options before any listing: (normalised weights, repeats).
 
+    Weights and repeats are Python's or numpy's numbers; ``epoch_size`` a
+    whole number (an int or numpy integer).
+
     Raises:
         InvalidArgument: both weights and repeat, a count that is not one per
             source, a negative value, weights whose sum is not positive, an
-            ``epoch_size`` below 1 or beside ``repeat``.
+            ``epoch_size`` below 1, above :data:`MAX_EPOCH_SIZE` or beside
+            ``repeat``.
     """
     if sources < 1:
         raise InvalidArgument("a mix needs at least one source")
@@ -71,10 +102,12 @@ def check_shares(sources: int, weights: Sequence[float] | None = None,
         raise InvalidArgument("pass weights or repeat, not both",
                               hint="weights share an epoch of epoch_size items; repeat reads "
                                    "each source that many times its size")
-    if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, int)
-                                   or epoch_size < 1):
-        raise InvalidArgument(f"epoch_size must be a whole number of at least 1, "
-                              f"got {epoch_size!r}")
+    if epoch_size is not None:
+        whole = _whole(epoch_size)
+        if whole is None or whole < 1:
+            raise InvalidArgument(f"epoch_size must be a whole number of at least 1, "
+                                  f"got {epoch_size!r}")
+        _check_epoch_size(whole, "epoch_size", "pass a smaller epoch_size")
     if repeat is not None and epoch_size is not None:
         raise InvalidArgument("epoch_size goes with weights, not with repeat",
                               hint="with repeat the epoch is the sum of the repeated sizes")
@@ -145,8 +178,8 @@ def mix_shares(sizes: Sequence[int], weights: Sequence[float] | None = None,
 
     Raises:
         InvalidArgument: see :func:`check_shares`; also an empty source given a
-            share, the largest source weighted 0 without ``epoch_size``, or an
-            epoch of no items.
+            share, the largest source weighted 0 without ``epoch_size``, an
+            epoch of no items or of more than :data:`MAX_EPOCH_SIZE`.
     """
     ws, rs = check_shares(len(sizes), weights, repeat, epoch_size)
     sizes = tuple(int(n) for n in sizes)
@@ -158,7 +191,10 @@ def mix_shares(sizes: Sequence[int], weights: Sequence[float] | None = None,
                     f"the largest source (source {largest}, {sizes[largest]} items) has weight "
                     "0, so the epoch size cannot follow from it", hint="pass epoch_size")
             epoch_size = math.ceil(sizes[largest] / ws[largest])
-        counts = largest_remainder(epoch_size, ws)
+            _check_epoch_size(epoch_size, f"ceil(n / w), source {largest}: {sizes[largest]:,} "
+                                          f"items at weight {float(ws[largest]):.3g}",
+                              "pass epoch_size, or give the largest source more weight")
+        counts = largest_remainder(int(epoch_size), ws)
     elif rs is not None:
         counts = [math.floor(r * n + Fraction(1, 2)) for r, n in zip(rs, sizes, strict=True)]
     else:
@@ -169,6 +205,7 @@ def mix_shares(sizes: Sequence[int], weights: Sequence[float] | None = None,
                                   hint="give it weight 0, or check its listing")
     if not sum(counts):
         raise InvalidArgument("the mix's epoch has no items", hint="check the sources' listings")
+    _check_epoch_size(sum(counts), "the sum of repeat x items", "repeat the sources fewer times")
     return MixShares(sizes, tuple(counts))
 
 
@@ -188,11 +225,11 @@ class SourceStream:
 
         at = epoch * self.count + np.asarray(local, dtype=np.int64)
         passes, within = np.divmod(at, self.n) if self.n else (at, at)
-        items = np.empty(len(at), dtype=np.int64)
-        for p in np.unique(passes).tolist():
-            mask = passes == p
-            items[mask] = Permutation(self.n, seed=self.seed, epoch=int(p),
-                                      stream=f"mix{self.index}").take(within[mask])
+        # Pass p reads Permutation(n, seed, epoch=p, stream=f"mix{index}"), all
+        # passes in one vectorised network: a source repeating 100,000 times
+        # costs its positions, not positions times passes.
+        items = permute_passes(self.n, within, passes, seed=self.seed,
+                               stream=f"mix{self.index}")
         return items, passes
 
     def pass_range(self, epoch: int) -> tuple[int, int]:

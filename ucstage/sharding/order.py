@@ -16,6 +16,82 @@ _ROUNDS = 6
 _M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
+def _half_bits(n: int) -> int:
+    """Bits of each Feistel half: the smallest even-bit domain that holds ``n``."""
+    return max(1, ((n - 1).bit_length() + 1) // 2)
+
+
+def _round_keys(seed: int, epochs: Sequence[int], stream: str) -> np.ndarray:
+    """The round keys of ``(seed, epoch, stream)`` for each of ``epochs``: a
+    (rounds, len(epochs)) uint64 array, column ``j`` the 64-bit little-endian
+    words of SHA-512 of ``ucstage:{seed}:{epochs[j]}[:{stream}]``. One digest
+    per epoch in a loop (hashlib has no batch form), the words read at once."""
+    import numpy as np
+
+    suffix = f":{stream}" if stream else ""
+    digests = b"".join(hashlib.sha512(f"ucstage:{seed}:{e}{suffix}".encode()).digest()
+                       for e in epochs)
+    words = np.frombuffer(digests, dtype="<u8").reshape(len(epochs), 8)[:, :_ROUNDS]
+    return np.ascontiguousarray(words.T, dtype=np.uint64)
+
+
+def _feistel(x: np.ndarray, half_bits: int, keys: Sequence[np.ndarray | np.uint64]
+             ) -> np.ndarray:
+    """The Feistel network over ``x``; each round's key is one uint64 for all
+    of ``x`` or an array of one key per element (permutations of several
+    epochs at once, :func:`permute_passes`): the same arithmetic either way."""
+    import numpy as np
+
+    half = np.uint64(half_bits)
+    mask = np.uint64((1 << half_bits) - 1)
+    left, right = x >> half, x & mask
+    for key in keys:
+        z = (right + key) * np.uint64(_M1)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M2)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M3)
+        z ^= z >> np.uint64(31)
+        left, right = right, left ^ (z & mask)
+    return (left << half) | right
+
+
+def _walk(pos: np.ndarray, n: int, half_bits: int, keys: Sequence[np.ndarray | np.uint64]
+          ) -> np.ndarray:
+    """Cycle walking: the network applied again to what falls at or above ``n``
+    (a permutation of the even-bit domain so stays a bijection of 0..n-1)."""
+    import numpy as np
+
+    out = _feistel(pos.astype(np.uint64), half_bits, keys)
+    outside = np.flatnonzero(out >= np.uint64(n))
+    while outside.size:
+        sub = [k[outside] if isinstance(k, np.ndarray) else k for k in keys]
+        out[outside] = _feistel(out[outside], half_bits, sub)
+        outside = outside[out[outside] >= np.uint64(n)]
+    return out.astype(np.int64)
+
+
+def permute_passes(n: int, positions: np.ndarray, epochs: np.ndarray, *, seed: int,
+                   stream: str) -> np.ndarray:
+    """``Permutation(n, seed=seed, epoch=epochs[j], stream=stream).take(positions[j])``
+    for every ``j`` at once, exactly: one digest per distinct epoch in
+    ``min(epochs)..max(epochs)`` and one vectorised network, so many short
+    permutations (a small source's passes in a mix) cost their positions,
+    not positions times epochs."""
+    import numpy as np
+
+    pos = np.asarray(positions, dtype=np.int64)
+    eps = np.asarray(epochs, dtype=np.int64)
+    if pos.shape != eps.shape:
+        raise InvalidArgument("positions and epochs must have one value each")
+    if pos.size and (pos.min() < 0 or pos.max() >= n):
+        raise IndexError("read-order position out of range")
+    if n <= 1 or not pos.size:
+        return pos.copy()  # the one permutation of 0 or 1 items, whatever the key
+    first = int(eps.min())
+    table = _round_keys(seed, range(first, int(eps.max()) + 1), stream)
+    at = eps - first
+    return _walk(pos, n, _half_bits(n), [row[at] for row in table])
+
+
 class _Order(Sequence[int]):
     """A read order computed by ``take`` (positions -> file indices): what
     indexing, slicing, iterating and ``array`` mean for every order here."""
@@ -72,10 +148,8 @@ class Permutation(_Order):
         self.n, self.seed, self.epoch, self.stream = n, int(seed), int(epoch), stream
         # ``stream`` names an independent permutation of the same (seed, epoch)
         # (a node's block, the node assignment); "" is the whole-job order.
-        label = f"ucstage:{seed}:{epoch}" + (f":{stream}" if stream else "")
-        digest = hashlib.sha512(label.encode()).digest()
-        self._keys = [int.from_bytes(digest[8 * i:8 * i + 8], "little") for i in range(_ROUNDS)]
-        self._half = max(1, ((n - 1).bit_length() + 1) // 2)
+        self._keys = [int(k) for k in _round_keys(seed, [epoch], stream)[:, 0]]
+        self._half = _half_bits(n)
 
     def __len__(self) -> int:
         return self.n
@@ -83,16 +157,7 @@ class Permutation(_Order):
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         import numpy as np
 
-        half = np.uint64(self._half)
-        mask = np.uint64((1 << self._half) - 1)
-        left, right = x >> half, x & mask
-        for key in self._keys:
-            z = (right + np.uint64(key)) * np.uint64(_M1)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(_M2)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(_M3)
-            z ^= z >> np.uint64(31)
-            left, right = right, left ^ (z & mask)
-        return (left << half) | right
+        return _feistel(x, self._half, [np.uint64(k) for k in self._keys])
 
     def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
         """The file indices at read-order ``positions`` (an int64 array)."""
@@ -101,12 +166,7 @@ class Permutation(_Order):
         pos = np.asarray(positions, dtype=np.int64)
         if pos.size and (pos.min() < 0 or pos.max() >= self.n):
             raise IndexError("read-order position out of range")
-        out = self._feistel(pos.astype(np.uint64))
-        outside = np.flatnonzero(out >= np.uint64(self.n))
-        while outside.size:  # cycle walking: a permutation of the domain stays one below n
-            out[outside] = self._feistel(out[outside])
-            outside = outside[out[outside] >= np.uint64(self.n)]
-        return out.astype(np.int64)
+        return _walk(pos, self.n, self._half, [np.uint64(k) for k in self._keys])
 
     def __repr__(self) -> str:
         stream = f", stream={self.stream!r}" if self.stream else ""

@@ -71,13 +71,13 @@ def _local(volume: Volume, relpath: str, merged: list[tuple[int, int]],
 
 
 def _object(volume: Volume, relpath: str, merged: list[tuple[int, int]],
-            version: str | None) -> tuple[list[bytes], str]:
+            version: str | None, deadline: float | None) -> tuple[list[bytes], str]:
     import obstore
 
     from .. import objstore
 
     kind, bucket, key = objstore.location(volume, volume.full_path(relpath))
-    client = objstore.store(kind, bucket)
+    client = objstore.store(kind, bucket, deadline)
     blobs, seen = [], version or ""
     for off, n in merged:
         options: dict[str, Any] = {"range": (off, off + n)}
@@ -115,7 +115,8 @@ def _fsspec(volume: Volume, relpath: str, merged: list[tuple[int, int]],
 
 
 def read_ranges(volume: Volume, relpath: str, ranges: Sequence[tuple[int, int]], *,
-                version: str | None = None) -> tuple[list[bytes], str]:
+                version: str | None = None, deadline: float | None = None
+                ) -> tuple[list[bytes], str]:
     """The bytes of each (offset, length) range of ``relpath``, and the file's
     change marker as seen while reading (see :func:`~ucstage.volumes.version_of`).
 
@@ -128,7 +129,7 @@ def read_ranges(volume: Volume, relpath: str, ranges: Sequence[tuple[int, int]],
     if volume.is_local:
         blobs, seen = _local(volume, relpath, merged, version)
     elif objstore.engine(volume) == "obstore":
-        blobs, seen = _object(volume, relpath, merged, version)
+        blobs, seen = _object(volume, relpath, merged, version, deadline)
     else:
         blobs, seen = _fsspec(volume, relpath, merged, version)
     return _cut(merged, blobs, ranges), seen

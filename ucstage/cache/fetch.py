@@ -207,7 +207,7 @@ class Fetcher:
                     copied = copy_ranges(copy.volume, copy.entry, pending.fd, copy.inflight)
                 else:
                     copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
-                                     copy.entry.size)
+                                     copy.entry.size, version=copy.entry.version)
             finally:
                 os.close(pending.fd)
             self.commit_tmp(copy, pending, copied)

@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from .. import objstore
+from .. import cloudfs, objstore
 from ..errors import (
     InvalidArgument,
     MissingDependency,
@@ -130,8 +130,15 @@ def _filesystem(url: str) -> tuple[Any, str]:
     from fsspec.registry import known_implementations
 
     protocol = url.split("://", 1)[0]
+    cloud = cloudfs.parse(url)
     if objstore.serves(url):
+        if cloud is not None:  # every GCS and Azure URL form (container@account kept)
+            return objstore.ObjectFS(cloud[0], cloud[1]), cloud[2]
         return objstore.ObjectFS(protocol), url.split("://", 1)[1]
+    if cloud is not None:  # the fsspec engine, with the engine's settings
+        first, slash, rest = cloud[2].partition("/")
+        container, account = cloudfs.split_account(first)
+        return cloudfs.filesystem(cloud[1], account), f"{container}{slash}{rest}"
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:

@@ -58,7 +58,8 @@ _ENV = {
     "gs": ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS",
            "GOOGLE_SERVICE_ACCOUNT"),
     "az": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY",
-           "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR"),
+           "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL",
+           "AZURE_STORAGE_ENDPOINT", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING"),
 }
 _lock = threading.Lock()
 _stores: dict[tuple[Any, ...], Any] = {}
@@ -129,8 +130,9 @@ def engine(volume: Any) -> str:
     """
     if not usable():
         return "fsspec"
-    if isinstance(getattr(volume, "fs", None), ObjectFS):
-        return "obstore"
+    fs = getattr(volume, "fs", None)
+    if isinstance(fs, ObjectFS):
+        return "obstore" if fs.kind == "s3" else _choice(fs.kind)
     kind = _KINDS.get(_protocol(volume))
     return "fsspec" if kind is None else _choice(kind)
 
@@ -153,7 +155,8 @@ def store(kind: str, bucket: str) -> Any:
     if _used_in is None:
         _used_in = os.getpid()
     key = (os.getpid(), kind, bucket, os.environ.get(DEADLINE_ENV, ""),
-           *(os.environ.get(name, "") for name in _ENV[kind]))
+           *(os.environ.get(name, "") for name in _ENV[kind]),
+           *(os.environ.get(_PREFIX[kind] + name.upper(), "") for name in _CLIENT_KEYS))
     client = _stores.get(key)
     if client is None:
         with _lock:
@@ -645,7 +648,7 @@ class ObjectFS:
 
         if mode != "rb":
             raise ValueError(f"mode must be 'rb', got {mode!r}")
-        if not usable() and self.kind in ("gs", "az"):
+        if self.kind in ("gs", "az") and engine(self) == "fsspec":
             backend, inner, _, _ = self._cloud(path)
             return backend.open(inner, mode)
         if not usable():

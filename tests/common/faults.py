@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -98,7 +98,7 @@ class Faults:
         parts = urlsplit(path)
         if method != "GET" or "list-type" in parse_qs(parts.query) or not self.kind:
             return "", 0
-        key = parts.path.lstrip("/")
+        key = unquote(parts.path).lstrip("/")  # obstore escapes GCS and Azure keys
         if self.prefix and not key.startswith(self.prefix):
             return "", 0
         with self._lock:
@@ -176,7 +176,10 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
                 if key.lower() in ("content-length", "transfer-encoding", "connection"):
                     continue
                 self.send_header(key, faults.etag(value) if key.lower() == "etag" else value)
-            self.send_header("Content-Length", str(len(data)))
+            # A HEAD's length is the object's (the Azure SDK reads the size from it).
+            length = resp.getheader("Content-Length", "0") if self.command == "HEAD" \
+                else str(len(data))
+            self.send_header("Content-Length", length)
             self.end_headers()
             if self.command == "HEAD":
                 return

@@ -131,14 +131,13 @@ def _filesystem(url: str) -> tuple[Any, str]:
 
     protocol = url.split("://", 1)[0]
     cloud = cloudfs.parse(url)
+    if cloud is not None:
+        # Every GCS and Azure URL form (container@account kept), on either
+        # engine: both list through gcsfs/adlfs, so their entries, versions
+        # and cache namespace are the same.
+        return objstore.ObjectFS(cloud[0], cloud[1]), cloud[2]
     if objstore.serves(url):
-        if cloud is not None:  # every GCS and Azure URL form (container@account kept)
-            return objstore.ObjectFS(cloud[0], cloud[1]), cloud[2]
         return objstore.ObjectFS(protocol), url.split("://", 1)[1]
-    if cloud is not None:  # the fsspec engine, with the engine's settings
-        first, slash, rest = cloud[2].partition("/")
-        container, account = cloudfs.split_account(first)
-        return cloudfs.filesystem(cloud[1], account), f"{container}{slash}{rest}"
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:

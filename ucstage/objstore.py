@@ -514,7 +514,7 @@ class ObjectFS:
         self.kind = kind or _KINDS[protocol]
         """The store: ``s3``, ``gs`` or ``az`` (``https`` URLs name it by their host)."""
         self._fsspec: Any = None
-        self._backends: dict[str, Any] = {}
+        self._backends: dict[tuple[int, str], Any] = {}
         self._listed: tuple[str, str, float, dict[str, Any]] | None = None
         """The listing :meth:`info` made of a prefix (bucket, key, when, objects),
         for the walk that follows (:func:`list_objects`)."""
@@ -549,9 +549,11 @@ class ObjectFS:
         Azure path (``container@account/key``: the account goes to the filesystem)."""
         first, slash, rest = path.strip("/").partition("/")
         container, account = cloudfs.split_account(first)
-        backend = self._backends.get(account)
+        # Per process: an fsspec async filesystem refuses to run in a forked child.
+        backend = self._backends.get((os.getpid(), account))
         if backend is None:
-            backend = self._backends[account] = cloudfs.filesystem(self.kind, account)
+            backend = self._backends[(os.getpid(), account)] = \
+                cloudfs.filesystem(self.kind, account)
         return backend, f"{container}{slash}{rest}", container, account
 
     @staticmethod

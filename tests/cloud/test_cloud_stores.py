@@ -172,7 +172,7 @@ def test_if_match_on_a_replaced_object(store: Store) -> None:
     old = obstore.head(client, f"{prefix}/o.bin")["e_tag"]
     store.write(prefix, {"o.bin": b"2" * 100})
     if store.kind == "az":
-        with pytest.raises(Exception, match="(?i)precondition|412|condition"):
+        with pytest.raises(Exception, match=r"(?i)precondition|412|condition"):
             obstore.get(client, f"{prefix}/o.bin", options={"if_match": old,
                                                              "range": (0, 10)}).bytes()
     else:
@@ -249,3 +249,35 @@ def test_faults_are_retried_and_no_wrong_byte_is_cached(store: Store, kind: str,
         faults.set("", 0)
         assert _cached(cache, src) == files
     integrity.forget()
+
+
+@pytest.mark.parametrize("context", ["forkserver", "fork"])
+def test_a_shuffled_loader_reads_every_file_once_per_epoch(store: Store, context: str,
+                                                           tmp_path: Path) -> None:
+    """Two workers, two epochs: every file once per epoch with its bytes.
+    Forked workers (after the parent used obstore) read through gcsfs/adlfs
+    with the engine's settings; forkserver workers keep obstore."""
+    pytest.importorskip("torch")
+    from tests.workers.cloud_dataset import ReadAll
+    from ucstage import DataLoader, VolumeDataset
+
+    files = {f"s{i}/f{i}.bin": os.urandom(1 * KB + i) for i in range(8)}
+    src = store.write(unique(), files)
+    cache = LocalCache(tmp_path / "parent")
+    m = snapshot(src)
+    cache.fetch(m.volume(), m.entries[0])  # obstore used here: forks fall back
+    assert objstore.forks_fall_back()
+    paths = VolumeDataset(src, shuffle=True, seed=3, cache_dir=str(tmp_path / "cache"))
+    # forkserver: ucstage's own choice once obstore was used here (it then
+    # hands the workers this process's environment).
+    loader = DataLoader(ReadAll(paths), batch_size=None, num_workers=2, log_mlflow=False,
+                        multiprocessing_context="fork" if context == "fork" else None)
+    for epoch in range(2):
+        paths.set_epoch(epoch)
+        got = list(loader)
+        # Every file once (the contents are distinct), with its bytes.
+        assert sorted(data for _, data, _ in got) == sorted(files.values())
+        # fork: the fallback (fsspec); forkserver: obstore in every worker.
+        assert {engine for _, _, engine in got} == {context == "forkserver"}
+    assert loader.multiprocessing_context is not None
+    assert loader.multiprocessing_context.get_start_method() == context

@@ -177,9 +177,9 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
                     continue
                 self.send_header(key, faults.etag(value) if key.lower() == "etag" else value)
             # A HEAD's length is the object's (the Azure SDK reads the size from it).
-            length = resp.getheader("Content-Length", "0") if self.command == "HEAD" \
+            size = str(resp.getheader("Content-Length") or 0) if self.command == "HEAD" \
                 else str(len(data))
-            self.send_header("Content-Length", length)
+            self.send_header("Content-Length", size)
             self.end_headers()
             if self.command == "HEAD":
                 return

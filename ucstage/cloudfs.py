@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import MissingDependency
 
-__all__ = ["EMULATOR_ACCOUNT", "EMULATOR_KEY", "filesystem", "marker", "parse", "sums",
+__all__ = ["EMULATOR_ACCOUNT", "EMULATOR_KEY", "NoCredentials", "filesystem", "marker", "parse", "sums",
            "version"]
 
 EMULATOR_ACCOUNT = "devstoreaccount1"
@@ -146,7 +146,7 @@ def filesystem(kind: str, account: str = "") -> Any:
             from gcsfs.core import GCSFileSystem
 
             # gcsfs reads STORAGE_EMULATOR_HOST itself (and then signs nothing).
-            token = "anon" if os.environ.get("STORAGE_EMULATOR_HOST") else None
+            token = "anon" if os.environ.get("STORAGE_EMULATOR_HOST") else _google_token()
             return GCSFileSystem(token=token, skip_instance_cache=True,
                                        use_listings_cache=False)
         import adlfs
@@ -156,6 +156,38 @@ def filesystem(kind: str, account: str = "") -> Any:
         extra, package = ("gcs", "gcsfs") if kind == "gs" else ("azure", "adlfs")
         raise MissingDependency(f"{kind}:// needs {package} to list objects with their checksums",
                                 hint=f"pip install 'ucstage[{extra}]'") from exc
+
+
+class NoCredentials(Exception):
+    """No GCS credentials in the environment (and no metadata server)."""
+
+
+def _google_token() -> Any:
+    """gcsfs's ``token`` from the variables obstore reads
+    (``GOOGLE_SERVICE_ACCOUNT``: a key file; ``GOOGLE_SERVICE_ACCOUNT_KEY``:
+    its JSON), else Application Default Credentials, asked before any
+    request: without any, gcsfs would go on anonymously and fail later with
+    a generic error.
+
+    Raises:
+        NoCredentials: none found.
+    """
+    import json
+
+    env = os.environ
+    if env.get("GOOGLE_SERVICE_ACCOUNT") or env.get("GOOGLE_SERVICE_ACCOUNT_PATH"):
+        return env.get("GOOGLE_SERVICE_ACCOUNT") or env["GOOGLE_SERVICE_ACCOUNT_PATH"]
+    if env.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+        return json.loads(env["GOOGLE_SERVICE_ACCOUNT_KEY"])
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        credentials, _ = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
+    except DefaultCredentialsError as exc:
+        raise NoCredentials(str(exc).splitlines()[0]) from exc
+    return credentials
 
 
 def _hex(value: Any) -> str:

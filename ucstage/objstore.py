@@ -552,8 +552,14 @@ class ObjectFS:
         # Per process: an fsspec async filesystem refuses to run in a forked child.
         backend = self._backends.get((os.getpid(), account))
         if backend is None:
-            backend = self._backends[(os.getpid(), account)] = \
-                cloudfs.filesystem(self.kind, account)
+            try:
+                backend = cloudfs.filesystem(self.kind, account)
+            except cloudfs.NoCredentials as exc:
+                error = _missing(self.kind, container, f"no credentials are set ({exc})")
+                error.message = f"cannot read {self.unstrip_protocol(path)}: " \
+                                f"no credentials are set ({exc})"
+                raise error from None
+            self._backends[(os.getpid(), account)] = backend
         return backend, f"{container}{slash}{rest}", container, account
 
     @staticmethod

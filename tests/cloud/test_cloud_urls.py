@@ -135,3 +135,19 @@ def test_gs_with_no_settings_names_its_variables(tmp_path: Path) -> None:
     for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT",
                  "STORAGE_EMULATOR_HOST"):
         assert name in proc.stderr
+
+
+def test_a_blob_without_content_md5_is_checked_by_size_and_the_summary_says_why(
+        azurite, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    prefix = unique()
+    azurite.put_blocks(f"{azurite.CONTAINER}/{prefix}/blocks.bin", [b"x" * 100, b"y" * 100])
+    url = f"az://{azurite.CONTAINER}/{prefix}"
+    m = snapshot(url)
+    assert ";md5=" not in m.entries[0].version  # the store keeps none
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", url],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "checked: by size only, the store keeps no MD5 of these objects" in out
+    assert "multipart" not in out

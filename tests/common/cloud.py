@@ -126,6 +126,23 @@ class Azurite:
                 f"BlobEndpoint={self.endpoint}/{cloudfs.EMULATOR_ACCOUNT};")
         return adlfs.AzureBlobFileSystem(connection_string=conn, skip_instance_cache=True)
 
+    def put_blocks(self, path: str, blocks: list[bytes]) -> None:
+        """Upload ``container/key`` as staged blocks and a block list: a blob
+        the store keeps no Content-MD5 for (as large uploads are)."""
+        from azure.storage.blob import BlobBlock, BlobServiceClient
+
+        from ucstage import cloudfs
+
+        container, key = path.split("/", 1)
+        conn = (f"DefaultEndpointsProtocol=http;AccountName={cloudfs.EMULATOR_ACCOUNT};"
+                f"AccountKey={cloudfs.EMULATOR_KEY};"
+                f"BlobEndpoint={self.endpoint}/{cloudfs.EMULATOR_ACCOUNT};")
+        blob = BlobServiceClient.from_connection_string(conn).get_blob_client(container, key)
+        ids = [f"b{i:04d}" for i in range(len(blocks))]
+        for block_id, data in zip(ids, blocks, strict=True):
+            blob.stage_block(block_id, data)
+        blob.commit_block_list([BlobBlock(block_id) for block_id in ids])
+
     def stop(self) -> None:
         _stop(self.proc)
         self.log.close()

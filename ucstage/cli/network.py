@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
+from .. import cloudfs
 from ..cache.hedge import HEDGE_ENV
 from ..cache.reports import WarmReport
 from ..objstore import DEADLINE_ENV
@@ -48,6 +49,9 @@ def network_summary(console: Console, report: WarmReport) -> None:
         console.print(f"network: {', '.join(counts)}", markup=False)
     checks = report.check_counts()
     if checks["size"] and not checks["md5"]:
+        cloud = cloudfs.parse(report.source)
         why = ("its ETags are not MD5s (SSE-KMS?)" if report.etags_not_md5
+               else "the store keeps no MD5 of these objects (GCS composite objects, Azure "
+                    "blobs committed from blocks without Content-MD5)" if cloud is not None
                else "no plain-MD5 ETags (multipart uploads)")
         console.print(f"checked: by size only, {why}", markup=False)

@@ -21,8 +21,8 @@ copy checks its bytes against it (:mod:`ucstage.cache.checksums`).
 Settings: the obstore engine reads the standard variables; so do the fsspec
 backends built here (:func:`filesystem`): ``STORAGE_EMULATOR_HOST`` for
 gcsfs; ``AZURE_STORAGE_USE_EMULATOR`` (with ``AZURITE_BLOB_STORAGE_URL``),
-``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``, ``AZURE_STORAGE_SAS_TOKEN``,
-``AZURE_STORAGE_ENDPOINT`` and ``AZURE_STORAGE_CONNECTION_STRING`` for adlfs.
+``AZURE_STORAGE_ACCOUNT_NAME``/``_KEY``, ``AZURE_STORAGE_SAS_TOKEN`` and
+``AZURE_STORAGE_ENDPOINT`` for adlfs.
 """
 
 from __future__ import annotations
@@ -108,8 +108,6 @@ def _truthy(name: str) -> bool:
 def azure_options(account: str = "") -> dict[str, Any]:
     """adlfs's keyword arguments from the variables the obstore engine reads."""
     env = os.environ
-    if env.get("AZURE_STORAGE_CONNECTION_STRING") and not account:
-        return {"connection_string": env["AZURE_STORAGE_CONNECTION_STRING"]}
     name = account or env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT", "")
     key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY", "")
     endpoint = env.get("AZURE_STORAGE_ENDPOINT", "")

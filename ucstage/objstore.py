@@ -7,7 +7,9 @@ ucstage reads ``s3://``, ``gs://`` and ``az://``/``abfs://`` sources (and
 share one event loop (:mod:`ucstage.cache.objget`). Every other protocol, and
 these too when obstore is missing or ``UCSTAGE_ENGINE=fsspec``, goes through
 fsspec. Both engines list the same entries (paths, sizes, ETag versions), so
-switching engines changes no fingerprint and invalidates no cached file.
+switching engines changes no fingerprint and invalidates no cached file. GCS
+and Azure are listed through gcsfs and adlfs on both engines, in every URL
+form (:mod:`ucstage.cloudfs`): obstore's listing lacks the stored checksums.
 
 Fork: obstore's clients hold connection pools, and its requests run on a
 Tokio runtime whose threads do not survive ``fork``; a child that touches it

@@ -683,6 +683,14 @@ class ObjectFS:
             found = self.fsspec().find(path, withdirs=False, detail=True)
         return found if detail else sorted(found)
 
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> Any:
+        """fsspec's ``cat_file`` (ranged reads of the fsspec engine), the
+        account of a GCS or Azure path given to its backend."""
+        if self.kind in ("gs", "az"):
+            backend, inner, _, _ = self._cloud(path)
+            return backend.cat_file(inner, start=start, end=end)
+        return self.fsspec().cat_file(path, start=start, end=end)
+
     @property
     def is_local(self) -> bool:
         return False  # so that list_objects can take this object as its volume

@@ -285,3 +285,25 @@ def test_a_shuffled_loader_reads_every_file_once_per_epoch(store: Store, context
         assert {engine for _, _, engine in got} == {context == "forkserver"}
     assert loader.multiprocessing_context is not None
     assert loader.multiprocessing_context.get_start_method() == context
+
+
+@pytest.mark.parametrize("engine", ["obstore", "fsspec"])
+def test_byte_ranges_of_a_listed_object_and_of_a_replaced_one(store: Store, engine: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranged reads a table's row groups use: pinned to the listed object
+    (GCS by its generation, Azure by its ETag; the version's MD5 suffix is
+    not part of the pin), and a replaced object is reported as changed."""
+    from ucstage.volumes.ranges import RangeChanged, read_ranges
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", engine)
+    prefix = unique()
+    data = os.urandom(3000)
+    src = store.write(prefix, {"t.parquet": data})
+    m = snapshot(src)
+    entry = m.entries[0]
+    blobs, seen = read_ranges(m.volume(), entry.path, [(10, 5), (2000, 100)],
+                              version=entry.version)
+    assert blobs == [data[10:15], data[2000:2100]] and seen == entry.version
+    store.write(prefix, {"t.parquet": os.urandom(3000)})
+    with pytest.raises(RangeChanged):
+        read_ranges(m.volume(), entry.path, [(0, 10)], version=entry.version)

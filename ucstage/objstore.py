@@ -274,8 +274,9 @@ def _build(kind: str, bucket: str) -> Any:
     key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
     if key:
         kwargs["account_key"] = key
-    endpoint = "http://" if emulator else env.get("AZURE_STORAGE_ENDPOINT", "")
-    return AzureStore(container, client_options=_client_options("az", endpoint),
+    # obstore reads AZURE_STORAGE_ENDPOINT itself; plain http there needs
+    # AZURE_ALLOW_HTTP, as with obstore alone (merged by _client_options).
+    return AzureStore(container, client_options=_client_options("az", "http://" if emulator else ""),
                       retry_config=_retry(), **kwargs)
 
 

@@ -42,3 +42,20 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
+
+# Azurite, the Azure Blob emulator the suite starts (tests/common/cloud.py), from npm into
+# .tools/ (ignored by git), only when missing. Node is needed; without it the Azure tests skip
+# locally and fail in CI.
+AZURITE_VERSION=3.37.0
+if [ ! -x .tools/azurite/node_modules/.bin/azurite-blob ] \
+   || ! grep -q "\"version\": \"$AZURITE_VERSION\"" .tools/azurite/node_modules/azurite/package.json 2>/dev/null; then
+  if command -v npm >/dev/null; then
+    echo "setup: installing Azurite $AZURITE_VERSION into .tools/azurite" >&2
+    mkdir -p .tools/azurite
+    npm install --prefix .tools/azurite --no-audit --no-fund --loglevel=error \
+      "azurite@$AZURITE_VERSION" >/dev/null 2>&1 \
+      || echo "setup: npm could not install Azurite (the Azure tests need it)" >&2
+  else
+    echo "setup: npm is missing: the Azure tests need Azurite (install node and npm)" >&2
+  fi
+fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,39 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
             else:
                 os.environ[k] = v
         server.stop()
+
+
+def _server_session(server: Any) -> Iterator[Any]:
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A fake-gcs-server on 127.0.0.1 with bucket ``ucstage-test``; its env
+    (``STORAGE_EMULATOR_HOST``) is applied for the session, as moto's."""
+    from tests.common.cloud import GcsServer
+
+    yield from _server_session(GcsServer(str(tmp_path_factory.mktemp("gcs"))))
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Azurite's blob service on 127.0.0.1 with container ``ucstage-test``;
+    its env (``AZURE_STORAGE_USE_EMULATOR``, ``AZURITE_BLOB_STORAGE_URL``) is
+    applied for the session."""
+    from tests.common.cloud import Azurite
+
+    yield from _server_session(Azurite(str(tmp_path_factory.mktemp("azurite"))))
 
 
 BACKENDS = ["local", "fuse", "s3", "s3-obstore", "memory"]

@@ -7,7 +7,9 @@ ucstage reads ``s3://``, ``gs://`` and ``az://``/``abfs://`` sources (and
 share one event loop (:mod:`ucstage.cache.objget`). Every other protocol, and
 these too when obstore is missing or ``UCSTAGE_ENGINE=fsspec``, goes through
 fsspec. Both engines list the same entries (paths, sizes, ETag versions), so
-switching engines changes no fingerprint and invalidates no cached file.
+switching engines changes no fingerprint and invalidates no cached file. GCS
+and Azure are listed through gcsfs and adlfs on both engines, in every URL
+form (:mod:`ucstage.cloudfs`): obstore's listing lacks the stored checksums.
 
 Fork: obstore's clients hold connection pools, and its requests run on a
 Tokio runtime whose threads do not survive ``fork``; a child that touches it
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
+from . import cloudfs
 from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 
 T = TypeVar("T")
@@ -60,7 +63,8 @@ _ENV = {
     "gs": ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS",
            "GOOGLE_SERVICE_ACCOUNT"),
     "az": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY",
-           "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR"),
+           "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL",
+           "AZURE_STORAGE_ENDPOINT", "AZURE_STORAGE_SAS_TOKEN"),
 }
 _lock = threading.Lock()
 _stores: dict[tuple[Any, ...], Any] = {}
@@ -149,8 +153,9 @@ def engine(volume: Any) -> str:
     """
     if not usable():
         return "fsspec"
-    if isinstance(getattr(volume, "fs", None), ObjectFS):
-        return "obstore"
+    fs = getattr(volume, "fs", None)
+    if isinstance(fs, ObjectFS):
+        return "obstore" if fs.kind == "s3" else _choice(fs.kind)
     kind = _KINDS.get(_protocol(volume))
     return "fsspec" if kind is None else _choice(kind)
 
@@ -158,7 +163,8 @@ def engine(volume: Any) -> str:
 def location(volume: Any, path: str) -> tuple[str, str, str]:
     """``(kind, bucket, key)`` of an fsspec path inside ``volume``'s filesystem
     (``bucket/key``, as s3fs, gcsfs and adlfs spell paths)."""
-    kind = _KINDS[_protocol(volume)]
+    fs = getattr(volume, "fs", None)
+    kind = fs.kind if isinstance(fs, ObjectFS) else _KINDS[_protocol(volume)]
     bucket, _, key = path.strip("/").partition("/")
     return kind, bucket, key
 
@@ -173,7 +179,9 @@ def store(kind: str, bucket: str, deadline: float | None = None) -> Any:
     if _used_in is None:
         _used_in = os.getpid()
     limit = _deadline() if deadline is None else deadline
-    key = (os.getpid(), kind, bucket, limit, *(os.environ.get(name, "") for name in _ENV[kind]))
+    key = (os.getpid(), kind, bucket, limit,
+           *(os.environ.get(name, "") for name in _ENV[kind]),
+           *(os.environ.get(_PREFIX[kind] + name.upper(), "") for name in _CLIENT_KEYS))
     client = _stores.get(key)
     if client is None:
         with _lock:
@@ -221,15 +229,31 @@ def deadline() -> float:
 
 _deadline = deadline  # the default, under a name a parameter does not shadow
 
+_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout",
+                "default_content_type", "http1_only", "http2_only", "http2_keep_alive_interval",
+                "http2_keep_alive_timeout", "http2_keep_alive_while_idle", "http2_max_frame_size",
+                "pool_idle_timeout", "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate",
+                "proxy_excludes", "randomize_addresses", "timeout", "user_agent")
+_PREFIX = {"s3": "AWS_", "gs": "GOOGLE_", "az": "AZURE_"}
 
-def _client_options(endpoint: str, limit: float) -> Any:
+
+def _client_options(kind: str, endpoint: str, limit: float) -> Any:
+    """The client options obstore would read from the environment
+    (``AWS_ALLOW_HTTP``, ``AZURE_ALLOW_HTTP``, ``GOOGLE_TIMEOUT``...), with
+    ucstage's added where the user set none: an explicit ``client_options``
+    replaces what obstore reads, so ucstage must pass them on itself."""
     from datetime import timedelta
 
+    options: dict[str, Any] = {}
+    for name in _CLIENT_KEYS:
+        value = os.environ.get(_PREFIX[kind] + name.upper())
+        if value is not None and value.strip():
+            options[name] = value.strip()
     # A backstop only: the engine's own deadline ends a request first, with
     # a clear error (obstore's default overall timeout is 30 s too).
-    options: dict[str, Any] = {"timeout": timedelta(seconds=limit + 5)}
+    options.setdefault("timeout", timedelta(seconds=limit + 5))
     if endpoint.startswith("http://"):
-        options["allow_http"] = True
+        options.setdefault("allow_http", True)
     return options
 
 
@@ -254,7 +278,7 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
         elif env.get("AWS_ACCESS_KEY_ID") and not env.get("AWS_SECRET_ACCESS_KEY"):
             raise _missing("s3", bucket, "AWS_SECRET_ACCESS_KEY is not set "
                                          "(AWS_ACCESS_KEY_ID is)")
-        return S3Store(bucket, client_options=_client_options(endpoint, limit),
+        return S3Store(bucket, client_options=_client_options("s3", endpoint, limit),
                        retry_config=_retry(), credential_provider=provider, **kwargs)
     if kind == "gs":
         endpoint = env.get("STORAGE_EMULATOR_HOST", "")
@@ -263,9 +287,12 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
             endpoint = endpoint if "://" in endpoint else "http://" + endpoint
             kwargs["base_url"] = endpoint
             kwargs["skip_signature"] = True
-        return GCSStore(bucket, client_options=_client_options(endpoint, limit),
+        return GCSStore(bucket, client_options=_client_options("gs", endpoint, limit),
                         retry_config=_retry(), **kwargs)
-    account = env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT") or ""
+    # The account of a URL that names it (container@account) wins over the
+    # environment's, as in Spark's abfss:// form.
+    container, account = cloudfs.split_account(bucket)
+    account = account or env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT") or ""
     emulator = env.get("AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true")
     if not account and not emulator:
         raise _missing("az", bucket, "AZURE_STORAGE_ACCOUNT_NAME is not set")
@@ -273,7 +300,10 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
     key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY")
     if key:
         kwargs["account_key"] = key
-    return AzureStore(bucket, client_options=_client_options("http://" if emulator else "", limit),
+    # obstore reads AZURE_STORAGE_ENDPOINT itself; plain http there needs
+    # AZURE_ALLOW_HTTP, as with obstore alone (merged by _client_options).
+    return AzureStore(container,
+                      client_options=_client_options("az", "http://" if emulator else "", limit),
                       retry_config=_retry(), **kwargs)
 
 
@@ -378,6 +408,8 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
     """
     kind, bucket, prefix = location(volume, root)
     fs = getattr(volume, "fs", None)
+    if kind in ("gs", "az"):
+        return _cloud_find(fs if isinstance(fs, ObjectFS) else ObjectFS(kind), root)
     listed = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None
     if listed is not None:
         return listed  # resolving the source just listed all of it
@@ -456,9 +488,37 @@ def serves(url: str) -> bool:
     """Whether ``url`` (``s3://...``) is read through obstore: a protocol it
     serves, obstore installed, and ``$UCSTAGE_ENGINE`` not ``fsspec``."""
     protocol = url.split("://", 1)[0].lower()
-    if protocol not in _KINDS or not usable():
+    parsed = cloudfs.parse(url)
+    kind = parsed[1] if parsed else _KINDS.get(protocol)
+    if kind is None or not usable():
         return False
-    return _choice(_KINDS[protocol]) == "obstore"
+    return _choice(kind) == "obstore"
+
+
+def _cloud_find(fs: ObjectFS, path: str) -> dict[str, dict[str, Any]]:
+    """GCS and Azure listings through gcsfs/adlfs (the JSON API, List Blobs),
+    which carry the generation and the stored checksums obstore drops; each
+    entry's ``ETag`` is :func:`ucstage.cloudfs.version`."""
+    backend, inner, _container, account = fs._cloud(path)
+    try:
+        found = backend.find(inner, withdirs=False, detail=True)
+    except FileNotFoundError:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, info in found.items():
+        if info.get("type") == "directory":
+            continue
+        out[fs._outer(name, account)] = _cloud_info(fs, info, account)
+    return out
+
+
+def _cloud_info(fs: ObjectFS, info: dict[str, Any], account: str) -> dict[str, Any]:
+    name = fs._outer(str(info["name"]), account)
+    if info.get("type") == "directory":
+        return {"name": name, "type": "directory", "size": 0}
+    modified = info.get("updated") or info.get("last_modified")
+    return {"name": name, "type": "file", "size": int(info["size"]),
+            "ETag": cloudfs.version(info), "LastModified": modified}
 
 
 def _choice(kind: str) -> str:
@@ -483,9 +543,12 @@ class ObjectFS:
     botocore take most of a second to import) nor opens a connection; anything
     else is delegated to the fsspec backend, created on first use."""
 
-    def __init__(self, protocol: str) -> None:
+    def __init__(self, protocol: str, kind: str = "") -> None:
         self.protocol = protocol
+        self.kind = kind or _KINDS[protocol]
+        """The store: ``s3``, ``gs`` or ``az`` (``https`` URLs name it by their host)."""
         self._fsspec: Any = None
+        self._backends: dict[tuple[int, str], Any] = {}
         self._listed: tuple[str, str, float, dict[str, Any]] | None = None
         """The listing :meth:`info` made of a prefix (bucket, key, when, objects),
         for the walk that follows (:func:`list_objects`)."""
@@ -500,16 +563,46 @@ class ObjectFS:
         return dict(listed[3])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ObjectFS) and other.protocol == self.protocol
+        return isinstance(other, ObjectFS) and (other.protocol, other.kind) == \
+            (self.protocol, self.kind)
 
     def __hash__(self) -> int:
-        return hash((ObjectFS, self.protocol))
+        return hash((ObjectFS, self.protocol, self.kind))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ObjectFS, (self.protocol,))  # clients are per process: rebuilt after pickling
+        # Clients are per process: rebuilt after pickling.
+        return (ObjectFS, (self.protocol, self.kind))
 
     def unstrip_protocol(self, path: str) -> str:
+        if self.kind in ("gs", "az"):
+            return cloudfs.unparse(self.protocol, self.kind, path)
         return f"{self.protocol}://{path.lstrip('/')}"
+
+    def _cloud(self, path: str) -> tuple[Any, str, str, str]:
+        """(gcsfs/adlfs filesystem, its path, container, account) of a GCS or
+        Azure path (``container@account/key``: the account goes to the filesystem)."""
+        first, slash, rest = path.strip("/").partition("/")
+        container, account = cloudfs.split_account(first)
+        # Per process: an fsspec async filesystem refuses to run in a forked child.
+        backend = self._backends.get((os.getpid(), account))
+        if backend is None:
+            try:
+                backend = cloudfs.filesystem(self.kind, account)
+            except cloudfs.NoCredentials as exc:
+                error = _missing(self.kind, container, f"no credentials are set ({exc})")
+                error.message = f"cannot read {self.unstrip_protocol(path)}: " \
+                                f"no credentials are set ({exc})"
+                raise error from None
+            self._backends[(os.getpid(), account)] = backend
+        return backend, f"{container}{slash}{rest}", container, account
+
+    @staticmethod
+    def _outer(name: str, account: str) -> str:
+        """A gcsfs/adlfs name as this filesystem's path (the account put back)."""
+        if not account:
+            return name.strip("/")
+        container, slash, rest = name.strip("/").partition("/")
+        return f"{container}@{account}{slash}{rest}"
 
     def invalidate_cache(self, path: str | None = None) -> None:
         """Nothing is cached here; the fsspec backend's cache if it was used."""
@@ -517,7 +610,7 @@ class ObjectFS:
             self._fsspec.invalidate_cache(path)
 
     def _store(self, path: str) -> tuple[Any, str, str]:
-        kind = _KINDS[self.protocol]
+        kind = self.kind
         bucket, _, key = path.strip("/").partition("/")
         try:
             return store(kind, bucket), bucket, key
@@ -533,6 +626,8 @@ class ObjectFS:
         Raises:
             FileNotFoundError: no object and no object under it.
         """
+        if self.kind in ("gs", "az"):
+            return self._cloud_info(path)
         if not usable():
             return dict(self.fsspec().info(path))
         found, listed = _clean(self._info, path)
@@ -573,12 +668,38 @@ class ObjectFS:
         return ({"name": name, "type": "directory", "size": 0},
                 None if listed is None else (bucket, key, listed))
 
+    def _cloud_info(self, path: str) -> dict[str, Any]:
+        backend, inner, _container, account = self._cloud(path)
+        try:
+            info = backend.info(inner)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._refused(path, exc) from exc
+        return _cloud_info(self, info, account)
+
+    def _refused(self, path: str, exc: BaseException) -> BaseException:
+        """A GCS/Azure error as ucstage's: credentials missing named by their variables."""
+        if isinstance(exc, (PermissionError, OSError, ValueError)) or "401" in str(exc) \
+                or "403" in str(exc) or "credential" in str(exc).lower():
+            names = _ENV[self.kind]
+            if not any(os.environ.get(name) for name in names):
+                what = f"no credentials or emulator are set ({type(exc).__name__}: " \
+                       f"{str(exc).splitlines()[0][:200] if str(exc) else ''})"
+                error = _missing(self.kind, path.split("/", 1)[0], what)
+                error.message = f"cannot read {self.unstrip_protocol(path)}: {what}"
+                return error
+        return exc
+
     def open(self, path: str, mode: str = "rb") -> Any:
         """A file-like reader of one object (binary reads only)."""
         import obstore
 
         if mode != "rb":
             raise ValueError(f"mode must be 'rb', got {mode!r}")
+        if self.kind in ("gs", "az") and engine(self) == "fsspec":
+            backend, inner, _, _ = self._cloud(path)
+            return backend.open(inner, mode)
         if not usable():
             return self.fsspec().open(path, mode)
         client, _, key = self._store(path)
@@ -591,12 +712,23 @@ class ObjectFS:
         """Every object under ``path``; through fsspec when obstore cannot
         parse a key (so its refusal is reported)."""
         try:
+            if self.kind in ("gs", "az"):
+                found = _cloud_find(self, path)
+                return found if detail else sorted(found)
             if not usable():
                 raise Unparsable("obstore cannot run in a forked child")
             found = list_objects(self, path)
         except Unparsable:
             found = self.fsspec().find(path, withdirs=False, detail=True)
         return found if detail else sorted(found)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> Any:
+        """fsspec's ``cat_file`` (ranged reads of the fsspec engine), the
+        account of a GCS or Azure path given to its backend."""
+        if self.kind in ("gs", "az"):
+            backend, inner, _, _ = self._cloud(path)
+            return backend.cat_file(inner, start=start, end=end)
+        return self.fsspec().cat_file(path, start=start, end=end)
 
     @property
     def is_local(self) -> bool:
@@ -609,9 +741,12 @@ class ObjectFS:
     def fsspec(self) -> Any:
         """The fsspec backend of this protocol (s3fs, gcsfs, adlfs)."""
         if self._fsspec is None:
-            import fsspec
+            if self.kind in ("gs", "az"):
+                self._fsspec = cloudfs.filesystem(self.kind)  # the engine's settings
+            else:
+                import fsspec
 
-            self._fsspec = fsspec.filesystem(self.protocol)
+                self._fsspec = fsspec.filesystem(self.protocol)
         return self._fsspec
 
     def __getattr__(self, name: str) -> Any:

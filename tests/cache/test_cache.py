@@ -648,9 +648,9 @@ def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
     copies: list[str] = []
     real_copy = cache_mod.copy_to
 
-    def counting_copy(volume, relpath, dst, *rest):  # type: ignore[no-untyped-def]
+    def counting_copy(volume, relpath, dst, *rest, **kw):  # type: ignore[no-untyped-def]
         copies.append(relpath)
-        return real_copy(volume, relpath, dst, *rest)
+        return real_copy(volume, relpath, dst, *rest, **kw)
 
     monkeypatch.setattr(cache_mod, "copy_to", counting_copy)
     vol, entries = _local_source(tmp_path, 20, 4 * KB, source_kind)

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -133,7 +133,7 @@ class Faults:
         parts = urlsplit(path)
         if method != "GET" or "list-type" in parse_qs(parts.query):
             return ""
-        return parts.path.lstrip("/")
+        return unquote(parts.path).lstrip("/")  # obstore escapes GCS and Azure keys
 
     def throttle(self, method: str, path: str) -> bool:
         """Whether this request gets 503 SlowDown (the bucket is empty)."""
@@ -234,7 +234,10 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
                 if key.lower() in ("content-length", "transfer-encoding", "connection"):
                     continue
                 self.send_header(key, faults.etag(value) if key.lower() == "etag" else value)
-            self.send_header("Content-Length", str(len(data)))
+            # A HEAD's length is the object's (the Azure SDK reads the size from it).
+            size = str(resp.getheader("Content-Length") or 0) if self.command == "HEAD" \
+                else str(len(data))
+            self.send_header("Content-Length", size)
             self.end_headers()
             if self.command == "HEAD":
                 return

@@ -31,6 +31,8 @@ class Throttle:
         """GETs of ``hang*`` names wait until this is set (a hung store)."""
         self.ranges: list[str] = []
         """The Range header of every forwarded GET that had one."""
+        self.if_match: list[str] = []
+        """The If-Match header of every forwarded GET that had one."""
         self.listings: list[str] = []
         """The prefix of every forwarded listing request (ListObjectsV2)."""
         self.deny_prefix = ""
@@ -87,6 +89,9 @@ def _handler(throttle: Throttle) -> type[BaseHTTPRequestHandler]:
             if self.command == "GET" and self.headers.get("Range"):
                 with throttle._lock:
                     throttle.ranges.append(self.headers["Range"])
+            if self.command == "GET" and self.headers.get("If-Match"):
+                with throttle._lock:
+                    throttle.if_match.append(self.headers["If-Match"])
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             conn = http.client.HTTPConnection(throttle.target.hostname, throttle.target.port,

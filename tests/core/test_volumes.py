@@ -277,7 +277,7 @@ class TestUnreadable:
 
 
 def test_missing_backend_names_what_to_install():
-    code = ("import sys; sys.modules['s3fs'] = None\n"
+    code = ("import sys; sys.modules['s3fs'] = None; sys.modules['gcsfs'] = None\n"
             "from ucstage.volumes import resolve\n"
             "for url in ('s3://b/k', 'gs://b/k'):\n"
             "    try:\n        resolve(url)\n"
@@ -286,7 +286,8 @@ def test_missing_backend_names_what_to_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=fsspec_only).stdout.splitlines()
     assert out[0] == "MissingDependency | pip install 'ucstage[s3]'"
-    assert out[1] == "MissingDependency | pip install gcsfs"
+    # gs:// lists through gcsfs on both engines: the extra that brings it.
+    assert out[1] == "MissingDependency | pip install 'ucstage[gcs]'"
     assert MissingDependency.exit_code == 2
     # The object-store engine asked for, without obstore: the extra that brings it.
     code = code.replace("sys.modules['s3fs'] = None", "sys.modules['obstore'] = None")

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import os
 import stat
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from .. import objstore
+from .. import cloudfs, objstore
 from ..errors import UnsafePath
 from ..volumes import RangeEntry, Volume, version_of
 from ..volumes.ranges import read_ranges
-from . import mounts
+from . import checksums, integrity, mounts
 from .hedge import Requests
 from .inflight import Inflight
 
@@ -157,12 +158,19 @@ def _mtime_ns(info: dict[str, Any]) -> int | None:
     return None
 
 
-def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | None) -> Copied:
+def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | None,
+                 listed: str = "") -> Copied:
     path = volume.full_path(relpath)
     with volume.fs.open(path, "rb") as src:
         # s3fs and friends attach the object's info to the open file (served
         # from the listing cache when this process listed the source).
         info = getattr(src, "details", None) or volume.fs.info(path)
+        # GCS and Azure keep an MD5 that the listed version carries: checked
+        # here too (a forked worker's copy), while the object is the one listed.
+        seen = version_of(info)
+        want = cloudfs.sums(listed).get("md5", "") \
+            if cloudfs.sums(listed) and cloudfs.marker(seen) == cloudfs.marker(listed) else ""
+        digest = hashlib.md5(usedforsecurity=False) if want else None
         size = 0
         while True:
             if inflight is not None:
@@ -170,11 +178,16 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | No
             block = src.read(CHUNK)
             if not block:
                 break
+            if digest is not None:
+                digest.update(block)
             view = memoryview(block)
             while view:
                 view = view[os.write(dst, view):]
             size += len(block)
         os.ftruncate(dst, size)
+    if digest is not None:
+        integrity.record(dst, checksums.judge(f"{_kind(volume)}://", relpath,
+                                              checksums.Expect(want, listed), digest.hexdigest()))
     # Only a content hash is comparable across calls: fsspec backends format
     # timestamps differently in info() and find() (memory gives a datetime in
     # one and a float in the other), so those fall back to the listing's.
@@ -182,17 +195,22 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | No
     return Copied(size, version, _mtime_ns(info))
 
 
+def _kind(volume: Volume) -> str:
+    return str(getattr(volume.fs, "kind", "") or "")
+
+
 def _copy_object(volume: Volume, relpath: str, dst: int, inflight: Inflight | None,
-                 size: int, root: str, requests: Requests | None) -> Copied:
+                 size: int, root: str, requests: Requests | None, listed: str = "") -> Copied:
     from .objget import get_into
 
     got = get_into(volume, volume.full_path(relpath), dst, size_hint=size, inflight=inflight,
-                   root=root, requests=requests)
+                   root=root, requests=requests, listed=listed)
     return Copied(got.size, got.etag, got.mtime_ns)
 
 
 def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = None,
-            size: int = 0, root: str = "", requests: Requests | None = None) -> Copied:
+            size: int = 0, root: str = "", requests: Requests | None = None,
+            version: str = "") -> Copied:
     """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
     a preallocated file is overwritten and cut to the copied size).
 
@@ -200,7 +218,8 @@ def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = 
     checks between chunks whether the warm stopped. ``size`` (the listed size)
     lets the object-store engine split a large object into ranged GETs;
     ``root`` (the cache's) is where it remembers which sources serve MD5
-    ETags (:func:`ucstage.cache.integrity.judge`).
+    ETags (:func:`ucstage.cache.integrity.judge`); ``version`` (the listed
+    one) carries a GCS or Azure object's MD5.
 
     Raises:
         Stopped: ``inflight`` stopped.
@@ -211,8 +230,8 @@ def copy_to(volume: Volume, relpath: str, dst: int, inflight: Inflight | None = 
     if volume.is_local:
         return _copy_local(volume, relpath, dst, inflight)
     if objstore.engine(volume) == "obstore":
-        return _copy_object(volume, relpath, dst, inflight, size, root, requests)
-    return _copy_remote(volume, relpath, dst, inflight)
+        return _copy_object(volume, relpath, dst, inflight, size, root, requests, version)
+    return _copy_remote(volume, relpath, dst, inflight, version)
 
 
 def copy_ranges(volume: Volume, entry: RangeEntry, dst: int,

@@ -212,7 +212,7 @@ class Fetcher:
                 else:
                     copied = copy_to(copy.volume, copy.rel, pending.fd, copy.inflight,
                                      copy.entry.size, self.cache.root,
-                                     self.cache.requests)
+                                     self.cache.requests, version=copy.entry.version)
             finally:
                 os.close(pending.fd)
             self.commit_tmp(copy, pending, copied)

@@ -189,7 +189,7 @@ class LoopWarm:
                     try:
                         got = await objget.fetch(
                             volume, volume.full_path(copy.rel), pending.fd,
-                            size_hint=entry.size,
+                            size_hint=entry.size, listed=entry.version,
                             parts=objget.split(self.warm.tuner.limit, self._left),
                             root=fetcher.cache.root, requests=fetcher.cache.requests)
                     finally:

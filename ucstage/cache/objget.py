@@ -46,7 +46,7 @@ import threading
 from typing import Any, NamedTuple
 
 from .. import objstore
-from . import hedge, integrity
+from . import checksums, hedge, integrity
 from .inflight import Inflight, Stopped
 
 __all__ = ["PART", "PARTS_IN_FLIGHT", "SPLIT_AT", "Got", "fetch", "get_into", "loop", "split"]
@@ -159,13 +159,16 @@ def _part_size(size: int, parts: int) -> int:
 
 async def _get(client: Any, key: str, fd: int, size_hint: int,
                parts: int = PARTS_IN_FLIGHT, source: str = "", root: str = "",
-               requests: hedge.Requests | None = None) -> Got:
+               requests: hedge.Requests | None = None, listed: str = "") -> Got:
+    store_sum: checksums.Expect | None = None
     if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
-        check: dict[str, Any] = {"want": "", "digest": None}
+        check: dict[str, Any] = {"want": "", "digest": None, "store": None}
 
         def digest_for(meta: Any) -> Any:
             # The MD5 as the bytes arrive: no second pass over the copy.
-            check["want"] = integrity.expect_md5(source, _etag(meta))
+            check["store"] = checksums.expect(source, meta, listed)
+            check["want"] = check["store"].md5 if check["store"] is not None else \
+                integrity.expect_md5(source, _etag(meta))
             check["digest"] = hashlib.md5(usedforsecurity=False) if check["want"] else None
             return check["digest"]
 
@@ -174,19 +177,26 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
         digest = check["digest"]
-        verdict = integrity.judge(source, key, check["want"],
-                                  digest.hexdigest() if digest is not None else "", root=root)
+        store_sum = check["store"]
+        got = digest.hexdigest() if digest is not None else ""
+        verdict = checksums.judge(source, key, store_sum, got) if store_sum is not None else \
+            integrity.judge(source, key, check["want"], got, root=root)
     else:
         size, meta = await _get_ranged(client, key, fd, size_hint, parts, source, requests)
-        want = integrity.expect_md5(source, _etag(meta))
+        store_sum = checksums.expect(source, meta, listed)
+        want = store_sum.md5 if store_sum is not None else integrity.expect_md5(source, _etag(meta))
         # MD5 needs the bytes in order: hashed once every part is written
         # (the copy is in the page cache then), off the loop.
         got = await asyncio.get_running_loop().run_in_executor(
             None, integrity.digest_file, fd, size) if want else ""
-        verdict = integrity.judge(source, key, want, got, root=root)
+        verdict = checksums.judge(source, key, store_sum, got) if store_sum is not None else \
+            integrity.judge(source, key, want, got, root=root)
     os.ftruncate(fd, size)  # the caller may have preallocated more
     integrity.record(fd, verdict)
-    return Got(size, _etag(meta), objstore.mtime_ns(meta["last_modified"]), verdict.check)
+    # GCS and Azure copies are stamped with the listed version (it carries the
+    # checksum) while the object is the one listed.
+    stamp = store_sum.stamp if store_sum is not None else _etag(meta)
+    return Got(size, stamp, objstore.mtime_ns(meta["last_modified"]), verdict.check)
 
 
 def _etag(meta: Any) -> str:
@@ -249,7 +259,8 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
 
 def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
              inflight: Inflight | None = None, parts: int = PARTS_IN_FLIGHT,
-             root: str = "", requests: hedge.Requests | None = None) -> Got:
+             root: str = "", requests: hedge.Requests | None = None,
+             listed: str = "") -> Got:
     """GET the object at ``path`` (an fsspec path of ``volume``) into the open
     file ``fd`` from offset 0; returns what was written.
 
@@ -257,7 +268,8 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     ``parts`` is how many requests the object may have in flight; ``root``
     (the cache's) keeps what the checks learnt of the source
     (:func:`ucstage.cache.integrity.judge`); ``requests`` the cache's hedging
-    and deadline (None: the environment's).
+    and deadline (None: the environment's); ``listed`` is the entry's version
+    (GCS and Azure versions carry the store's MD5: :mod:`ucstage.cache.checksums`).
 
     Raises:
         Stopped: ``inflight`` stopped; the request was cancelled.
@@ -270,7 +282,8 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     if inflight is not None:
         inflight.check()
     future = asyncio.run_coroutine_threadsafe(
-        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root, requests), loop())
+        _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root, requests, listed),
+        loop())
     # Sleep until the GET ends or the job stops; no polling, so hundreds of
     # waiting copies cost nothing. Event.wait is interruptible by Ctrl-C in
     # the main thread (a library fetch).
@@ -297,7 +310,7 @@ def get_into(volume: Any, path: str, fd: int, *, size_hint: int = 0,
 
 async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
                 parts: int = PARTS_IN_FLIGHT, root: str = "",
-                requests: hedge.Requests | None = None) -> Got:
+                requests: hedge.Requests | None = None, listed: str = "") -> Got:
     """:func:`get_into` for a caller already running on :func:`loop` (a copy
     that is itself a coroutine): the same GET, awaited in place, with the
     same errors. Cancelling the caller cancels the requests; none of their
@@ -306,7 +319,7 @@ async def fetch(volume: Any, path: str, fd: int, *, size_hint: int = 0,
     client = objstore.store(kind, bucket, None if requests is None else requests.deadline)
     try:
         return await _get(client, key, fd, size_hint, parts, f"{kind}://{bucket}", root,
-                          requests)
+                          requests, listed)
     except Exception as exc:
         raise _oserror(exc, path) from exc
 

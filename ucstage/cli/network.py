@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from .. import cloudfs
 from ..cache.reports import WarmReport
 
 __all__ = ["network_summary"]
@@ -21,6 +22,9 @@ def network_summary(console: Console, report: WarmReport) -> None:
         console.print(f"network: {', '.join(counts)}", markup=False)
     checks = report.check_counts()
     if checks["size"] and not checks["md5"]:
+        cloud = cloudfs.parse(report.source)
         why = ("its ETags are not MD5s (SSE-KMS?)" if report.etags_not_md5
+               else "the store keeps no MD5 of these objects (GCS composite objects, Azure "
+                    "blobs committed from blocks without Content-MD5)" if cloud is not None
                else "no plain-MD5 ETags (multipart uploads)")
         console.print(f"checked: by size only, {why}", markup=False)

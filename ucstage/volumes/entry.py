@@ -86,7 +86,14 @@ def version_of(info: dict[str, Any]) -> str:
     :data:`_VERSION_KEYS` present (ETag or hash on object stores, the mtime on
     local folders and mounts), as a string; ``""`` when there is none. The
     listing and the cache's copy both use it, so a copied file's stamp and its
-    listing entry always agree."""
+    listing entry always agree. GCS and Azure infos (gcsfs, adlfs) give
+    :func:`ucstage.cloudfs.version`: the generation or ETag with the stored
+    checksum, as the obstore engine lists them."""
+    from ..cloudfs import version
+
+    cloud = version(info)
+    if cloud:
+        return cloud
     for key in _VERSION_KEYS:
         value = info.get(key)
         if value is None or value == "":

@@ -22,7 +22,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from .. import objstore
+from .. import cloudfs, objstore
 from ..errors import (
     InvalidArgument,
     MissingDependency,
@@ -130,6 +130,12 @@ def _filesystem(url: str) -> tuple[Any, str]:
     from fsspec.registry import known_implementations
 
     protocol = url.split("://", 1)[0]
+    cloud = cloudfs.parse(url)
+    if cloud is not None:
+        # Every GCS and Azure URL form (container@account kept), on either
+        # engine: both list through gcsfs/adlfs, so their entries, versions
+        # and cache namespace are the same.
+        return objstore.ObjectFS(cloud[0], cloud[1]), cloud[2]
     if objstore.serves(url):
         return objstore.ObjectFS(protocol), url.split("://", 1)[1]
     try:

@@ -74,24 +74,34 @@ def _object(volume: Volume, relpath: str, merged: list[tuple[int, int]],
             version: str | None, deadline: float | None) -> tuple[list[bytes], str]:
     import obstore
 
-    from .. import objstore
+    from .. import cloudfs, objstore
 
     kind, bucket, key = objstore.location(volume, volume.full_path(relpath))
     client = objstore.store(kind, bucket, deadline)
     blobs, seen = [], version or ""
     for off, n in merged:
         options: dict[str, Any] = {"range": (off, off + n)}
-        if seen:
-            options["if_match"] = f'"{seen}"'
+        # GCS and Azure versions carry the store's MD5 after the marker
+        # (ucstage.cloudfs): GCS is pinned by its generation, Azure by its ETag.
+        marker = cloudfs.marker(seen) if kind in ("gs", "az") else seen
+        if seen and kind == "gs":
+            options["version"] = marker
+        elif seen:
+            options["if_match"] = f'"{marker}"'
         try:
             got = obstore.get(client, key, options=options)  # type: ignore[arg-type]
             data = bytes(got.bytes())
+        except FileNotFoundError as exc:
+            if kind == "gs" and seen:  # that generation is gone: the object was replaced
+                raise RangeChanged(f"{relpath} changed since it was listed") from exc
+            raise
         except Exception as exc:
             text = str(exc)
             if "Precondition" in text or "412" in text:
                 raise RangeChanged(f"{relpath} changed since it was listed") from exc
             raise objstore.concise(exc, volume.full_path(relpath)) from exc
-        seen = seen or objstore._etag(got.meta.get("e_tag"))
+        seen = seen or (str(got.meta.get("version") or "") if kind == "gs" else
+                        objstore._etag(got.meta.get("e_tag")))
         if len(data) != n:
             raise OSError(f"short read: {len(data)} of {n} bytes at {off} of {relpath}")
         blobs.append(data)

@@ -1,0 +1,65 @@
+"""The checksum a GCS or Azure copy is checked against: the one the store
+keeps, carried by the listed entry's version (:mod:`ucstage.cloudfs`).
+
+S3 copies are checked against the ETag when it is an MD5, inferred
+(:mod:`ucstage.cache.integrity`). GCS (``md5Hash``) and Azure
+(``Content-MD5``) say the MD5 outright, in the listing obstore does not give:
+so the listing's version carries it, and :func:`expect` hands it to the GET
+when the object the GET read is the one listed (the same GCS generation, the
+same Azure ETag). An object replaced since it was listed gets the size check
+and is stamped with its new marker, so its copy never passes for the entry.
+An object the store keeps no MD5 for (a GCS composite object; an Azure blob
+uploaded without ``Content-MD5``) gets the size check.
+
+Interface (beside :func:`ucstage.cache.integrity.expect_md5`):
+``expect(source, meta, listed) -> Expect | None`` (None: not a GCS or Azure
+source, S3's rule applies); ``judge(source, key, expect, got_md5) -> Verdict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .. import cloudfs
+from . import integrity
+
+__all__ = ["Expect", "expect", "judge"]
+
+
+class Expect(NamedTuple):
+    md5: str
+    """The MD5 (hex) the bytes must have; '' for the size check only."""
+    stamp: str
+    """The version to stamp on the copy: the listed one while the object is
+    the one listed, else the store's new marker."""
+
+
+def expect(source: str, meta: Any, listed: str) -> Expect | None:
+    """What a GET of a GCS or Azure object (``meta``: obstore's) is checked
+    against, given the entry's listed version; None for other stores."""
+    kind = source.split("://", 1)[0]
+    if kind not in ("gs", "az"):
+        return None
+    got = str(meta.get("version") or "") if kind == "gs" else \
+        str(meta.get("e_tag") or "").strip('"')
+    if not listed or cloudfs.marker(listed) != got:
+        return Expect("", got)
+    return Expect(cloudfs.sums(listed).get("md5", ""), listed)
+
+
+def judge(source: str, key: str, want: Expect, got: str) -> integrity.Verdict:
+    """The verdict on a copy whose bytes' MD5 is ``got`` ('' when not hashed).
+    The store's own MD5 is no inference: a mismatch is always a bad transfer
+    (or a bad replica) and never cached, however often it repeats.
+
+    Raises:
+        integrity.Mismatch: the digests differ.
+    """
+    if not want.md5:
+        integrity.TALLY.add("size")
+        return integrity.Verdict("size")
+    if got != want.md5:
+        integrity.TALLY.add("mismatches")
+        raise integrity.Mismatch(key, "md5", want.md5, got)
+    integrity.TALLY.add("md5")
+    return integrity.Verdict("md5", f"md5:{got}")

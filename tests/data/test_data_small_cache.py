@@ -127,13 +127,16 @@ def test_a_window_that_can_never_fit_names_the_cap_it_needs(tmp_path: Path) -> N
     cache = LocalCache(tmp_path / "cache", max_bytes=10 * SIZE, wait_seconds=3600)
     paths = VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=4)
     loader = DataLoader(paths, batch_size=None, num_workers=2, log_mlflow=False)
-    # 2 workers x (4 read-ahead + the current file + 2 of slack) x 4 KiB = 56 KiB.
-    with pytest.raises(CacheFull, match=r"2 readers x 7 files held each") as info:
+    # 2 workers x (4 read-ahead + the current file + 2 of slack + the 4 batches
+    # of one file prefetched and the one the loop has) x 4 KiB = 96 KiB.
+    with pytest.raises(CacheFull, match=r"2 readers x 12 files held each .*5 in batches "
+                                        r"the loop has not moved past.*fits 5 files per") as info:
         iter(loader)
-    assert "raise max_bytes to at least 56.0 KiB" in info.value.hint
-    small = DataLoader(VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=1),
-                       batch_size=None, num_workers=2, log_mlflow=False)
-    assert len(list(small)) == 40  # 2 x 4 x 4 KiB fits under 40 KiB
+    assert "raise max_bytes to at least 96.0 KiB" in info.value.hint
+    assert "prefetch_factor" in info.value.hint
+    small = DataLoader(VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=0),
+                       batch_size=None, num_workers=2, prefetch_factor=1, log_mlflow=False)
+    assert len(list(small)) == 40  # 2 x (1 + 2 + 2) x 4 KiB fits under 40 KiB
 
 
 def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: Path) -> None:

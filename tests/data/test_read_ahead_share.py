@@ -58,8 +58,10 @@ def test_under_a_cap_the_share_is_cut_to_fit_and_the_epoch_reads_every_file(
     cache = LocalCache(str(tmp_path / "cache"), max_bytes=1024 * KB)
     ds = VolumeDataset(src, cache=cache)
     share = holding.check_loader_window(ds, cache, 0)
-    # One reader, 64 KiB files: 16 fit, less the current file and 2 of slack.
-    assert share == Share(8, 13, True)
+    # One reader, 64 KiB files: 16 fit; read-ahead takes at most an eighth of them.
+    assert share == Share(2, 2, True)
+    # A loop holding 12 files leaves room for 1 (16 - 12 - the current - 2 of slack).
+    assert holding.check_loader_window(ds, cache, 0, in_loop=12) == Share(1, 1, True)
     names = [os.path.basename(p) for p in ds]
     assert sorted(names) == [f"f{i:03}.bin" for i in range(40)]
     # Two ranks per node with 2 workers each: 4 readers, 4 files each fit.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch.utils.data as tud
 
-from tests.common.parts import REPO
+from tests.common.parts import REPO, wait_visible
 from tests.common.usage import sampled_usage
 from ucstage import DataLoader, VolumeDataset
 from ucstage.cache import LocalCache, runstats
@@ -166,3 +166,89 @@ def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: 
     assert all(digests[name] == digest for name, digest in seen)
     stats = loader.epoch_stats[0]
     assert stats.cache_wait_s > 0 and stats.complete
+
+
+class Opened(tud.IterableDataset):  # type: ignore[type-arg]
+    """The README's pattern inverted: the dataset yields the paths as they
+    are, and the training loop (in the main process) opens each path of each
+    batch."""
+
+    def __init__(self, paths: VolumeDataset) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.paths
+
+
+def _open_batch(batch: object, root: str) -> list[tuple[str, str | None]]:
+    """(relative path, sha256 of its bytes, or None when it vanished) per path."""
+    out = []
+    for path in [batch] if isinstance(batch, str) else list(batch):  # type: ignore[call-overload]
+        try:
+            with open(path, "rb") as fh:
+                digest: str | None = hashlib.sha256(fh.read()).hexdigest()
+        except FileNotFoundError:
+            digest = None
+        out.append((os.path.relpath(path, root), digest))
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_every_delivered_path_opens_until_the_loop_moves_past_its_batch(
+        fuse_volume: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        batch_size: int, num_workers: int) -> None:
+    """Shuffled, through an rclone mount, a cap a quarter of the dataset (set by
+    UCSTAGE_CACHE_MAX_BYTES alone with workers): every path of every batch
+    still opens with its bytes when the loop reaches it, two epochs running."""
+    backing, mnt = fuse_volume
+    name = f"cap-{batch_size}-{num_workers}"
+    digests = make_source(Path(backing) / name)
+    if num_workers:
+        monkeypatch.setenv("UCSTAGE_CACHE_MAX_BYTES", str(CAP))
+        cache = LocalCache(tmp_path / "cache")
+    else:
+        cache = LocalCache(tmp_path / "cache", max_bytes=CAP)
+    assert cache.max_bytes == CAP
+    wait_visible(os.path.join(mnt, name), timeout=60)
+    paths = VolumeDataset(os.path.join(mnt, name), cache=cache, shuffle=True, seed=3)
+    loader = DataLoader(Opened(paths), batch_size=batch_size, num_workers=num_workers,
+                        log_mlflow=False, volume_dataset=paths)
+    root = cache.namespace_dir(paths.freeze().volume())
+    for epoch in range(2):
+        paths.set_epoch(epoch)
+        seen = [item for batch in loader for item in _open_batch(batch, root)]
+        vanished = [rel for rel, digest in seen if digest is None]
+        assert not vanished, f"epoch {epoch}: {len(vanished)} of {len(seen)} paths vanished"
+        assert sorted(rel for rel, _ in seen) == sorted(digests)
+        assert all(digests[rel] == digest for rel, digest in seen)
+    last = cache.status().last_run
+    assert last is not None and last.evictions > 0  # the cap was at work
+
+
+def test_plain_iteration_through_a_cap_opens_every_path(
+        fuse_volume: tuple[str, str], tmp_path: Path) -> None:
+    backing, mnt = fuse_volume
+    digests = make_source(Path(backing) / "cap-plain")
+    cache = LocalCache(tmp_path / "cache", max_bytes=CAP)
+    wait_visible(os.path.join(mnt, "cap-plain"), timeout=60)
+    paths = VolumeDataset(os.path.join(mnt, "cap-plain"), cache=cache, shuffle=True)
+    root = cache.namespace_dir(paths.freeze().volume())
+    seen = [item for path in paths for item in _open_batch(path, root)]
+    assert [rel for rel, digest in seen if digest is None] == []
+    assert sorted(seen) == sorted(digests.items())
+
+
+def test_batches_in_flight_that_cannot_fit_fail_before_the_first_batch(tmp_path: Path) -> None:
+    make_source(tmp_path / "src")
+    cache = LocalCache(tmp_path / "cache", max_bytes=CAP, wait_seconds=3600)
+    paths = VolumeDataset(str(tmp_path / "src"), cache=cache)
+    loader = DataLoader(Opened(paths), batch_size=32, num_workers=2, log_mlflow=False,
+                        volume_dataset=paths)
+    # 2 workers x (1 read-ahead + the current file + 2 of slack + 5 batches of
+    # 32: 4 prefetched and the loop's) x 4 KiB = 1.3 MiB, over a 400 KiB cap.
+    with pytest.raises(CacheFull, match=r"2 readers x 164 files held each .*160 in batches "
+                                        r"the loop has not moved past.*fits 50 files") as info:
+        iter(loader)
+    assert "batch_size or prefetch_factor" in info.value.hint
+    assert cache.status().entries == 0  # refused before anything was copied

@@ -52,7 +52,7 @@ __all__ = ["AUTO", "CAP_SHARE", "ReadAhead", "Share", "cache_fetcher", "cache_lo
 AUTO = "auto"
 FALLBACK = 4
 """The read-ahead of ``"auto"`` when there is no volume to size it by."""
-CAP_SHARE = 8
+CAP_SHARE = 16
 """Under a byte cap, ``"auto"``'s read-ahead takes at most 1/8 of it (over
 every reader of the node): copies in flight are held, so a window near the
 cap would leave nothing to keep files in for the next epoch (a hit rate near

@@ -56,16 +56,16 @@ def test_each_reader_takes_its_share_of_the_first_guess_and_the_ceiling(tmp_path
 def test_under_a_cap_the_share_is_cut_to_fit_and_the_epoch_reads_every_file(
         tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     src = _folder(tmp_path, 40, 64 * KB)
-    cache = LocalCache(str(tmp_path / "cache"), max_bytes=1024 * KB)
+    cache = LocalCache(str(tmp_path / "cache"), max_bytes=2048 * KB)
     ds = VolumeDataset(src, cache=cache)
     share = holding.check_loader_window(ds, cache, 0)
-    # One reader, 64 KiB files: 16 fit; read-ahead takes at most an eighth of them.
+    # One reader, 64 KiB files: 32 fit; read-ahead takes at most a sixteenth of them.
     assert share == Share(2, 2, True)
-    # A loop holding 12 files leaves room for 1 (16 - 12 - the current - 2 of slack).
-    assert holding.check_loader_window(ds, cache, 0, in_loop=12) == Share(1, 1, True)
+    # A loop holding 28 files leaves room for 1 (32 - 28 - the current - 2 of slack).
+    assert holding.check_loader_window(ds, cache, 0, in_loop=28) == Share(1, 1, True)
     names = [os.path.basename(p) for p in ds]
     assert sorted(names) == [f"f{i:03}.bin" for i in range(40)]
-    # Two ranks per node with 2 workers each: 4 readers, 4 files each fit.
+    # Two ranks per node with 2 workers each: 4 readers, 8 files each fit.
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert holding.check_loader_window(ds, cache, 2) == Share(1, 1, True)
 

@@ -3,8 +3,9 @@
 The dataset's side of :mod:`ucstage.cache.leases`: :func:`open_reader` makes
 one :class:`~ucstage.cache.leases.Reader` per slot iterator (holds, and the
 run's counters of :mod:`ucstage.cache.runstats`), :func:`follow` lets each
-path go once the consumer is ``slack`` items further, :func:`check_loader_window`
-refuses at once a read whose window cannot fit under the cap, and
+path go once the training loop is past its batch (:mod:`.looppos`) and the
+consumer is ``slack`` items further, :func:`check_loader_window` refuses at
+once a read whose window (batches in flight included) cannot fit under the cap, and
 :func:`epoch_metrics` is what the DataLoader logs per epoch.
 """
 

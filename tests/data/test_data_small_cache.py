@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch.utils.data as tud
 
-from tests.common.parts import REPO
+from tests.common.parts import REPO, wait_visible
 from tests.common.usage import sampled_usage
 from ucstage import DataLoader, VolumeDataset
 from ucstage.cache import LocalCache, runstats
@@ -127,13 +127,16 @@ def test_a_window_that_can_never_fit_names_the_cap_it_needs(tmp_path: Path) -> N
     cache = LocalCache(tmp_path / "cache", max_bytes=10 * SIZE, wait_seconds=3600)
     paths = VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=4)
     loader = DataLoader(paths, batch_size=None, num_workers=2, log_mlflow=False)
-    # 2 workers x (4 read-ahead + the current file + 2 of slack) x 4 KiB = 56 KiB.
-    with pytest.raises(CacheFull, match=r"2 readers x 7 files held each") as info:
+    # 2 workers x (4 read-ahead + the current file + 2 of slack + the 4 batches
+    # of one file prefetched and the one the loop has) x 4 KiB = 96 KiB.
+    with pytest.raises(CacheFull, match=r"2 readers x 12 files held each .*5 in batches "
+                                        r"the loop has not moved past.*fits 5 files per") as info:
         iter(loader)
-    assert "raise max_bytes to at least 56.0 KiB" in info.value.hint
-    small = DataLoader(VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=1),
-                       batch_size=None, num_workers=2, log_mlflow=False)
-    assert len(list(small)) == 40  # 2 x 4 x 4 KiB fits under 40 KiB
+    assert "raise max_bytes to at least 96.0 KiB" in info.value.hint
+    assert "prefetch_factor" in info.value.hint
+    small = DataLoader(VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=0),
+                       batch_size=None, num_workers=2, prefetch_factor=1, log_mlflow=False)
+    assert len(list(small)) == 40  # 2 x (1 + 2 + 2) x 4 KiB fits under 40 KiB
 
 
 def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: Path) -> None:
@@ -163,3 +166,118 @@ def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: 
     assert all(digests[name] == digest for name, digest in seen)
     stats = loader.epoch_stats[0]
     assert stats.cache_wait_s > 0 and stats.complete
+
+
+class Opened(tud.IterableDataset):  # type: ignore[type-arg]
+    """The README's pattern inverted: the dataset yields the paths as they
+    are, and the training loop (in the main process) opens each path of each
+    batch."""
+
+    def __init__(self, paths: VolumeDataset) -> None:
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.paths
+
+
+def _open_batch(batch: object, root: str) -> list[tuple[str, str | None]]:
+    """(relative path, sha256 of its bytes, or None when it vanished) per path."""
+    out = []
+    for path in [batch] if isinstance(batch, str) else list(batch):  # type: ignore[call-overload]
+        try:
+            with open(path, "rb") as fh:
+                digest: str | None = hashlib.sha256(fh.read()).hexdigest()
+        except FileNotFoundError:
+            digest = None
+        out.append((os.path.relpath(path, root), digest))
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_every_delivered_path_opens_until_the_loop_moves_past_its_batch(
+        fuse_volume: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        batch_size: int, num_workers: int) -> None:
+    """Shuffled, through an rclone mount, a cap a quarter of the dataset (set by
+    UCSTAGE_CACHE_MAX_BYTES alone with workers): every path of every batch
+    still opens with its bytes when the loop reaches it, two epochs running."""
+    backing, mnt = fuse_volume
+    name = f"cap-{batch_size}-{num_workers}"
+    digests = make_source(Path(backing) / name)
+    if num_workers:
+        monkeypatch.setenv("UCSTAGE_CACHE_MAX_BYTES", str(CAP))
+        cache = LocalCache(tmp_path / "cache")
+    else:
+        cache = LocalCache(tmp_path / "cache", max_bytes=CAP)
+    assert cache.max_bytes == CAP
+    wait_visible(os.path.join(mnt, name), timeout=60)
+    paths = VolumeDataset(os.path.join(mnt, name), cache=cache, shuffle=True, seed=3)
+    loader = DataLoader(Opened(paths), batch_size=batch_size, num_workers=num_workers,
+                        log_mlflow=False, volume_dataset=paths)
+    root = cache.namespace_dir(paths.freeze().volume())
+    for epoch in range(2):
+        paths.set_epoch(epoch)
+        seen = [item for batch in loader for item in _open_batch(batch, root)]
+        vanished = [rel for rel, digest in seen if digest is None]
+        assert not vanished, f"epoch {epoch}: {len(vanished)} of {len(seen)} paths vanished"
+        assert sorted(rel for rel, _ in seen) == sorted(digests)
+        assert all(digests[rel] == digest for rel, digest in seen)
+    last = cache.status().last_run
+    assert last is not None and last.evictions > 0  # the cap was at work
+
+
+def test_plain_iteration_through_a_cap_opens_every_path(
+        fuse_volume: tuple[str, str], tmp_path: Path) -> None:
+    backing, mnt = fuse_volume
+    digests = make_source(Path(backing) / "cap-plain")
+    cache = LocalCache(tmp_path / "cache", max_bytes=CAP)
+    wait_visible(os.path.join(mnt, "cap-plain"), timeout=60)
+    paths = VolumeDataset(os.path.join(mnt, "cap-plain"), cache=cache, shuffle=True)
+    root = cache.namespace_dir(paths.freeze().volume())
+    seen = [item for path in paths for item in _open_batch(path, root)]
+    assert [rel for rel, digest in seen if digest is None] == []
+    assert sorted(seen) == sorted(digests.items())
+
+
+def test_batches_in_flight_that_cannot_fit_fail_before_the_first_batch(tmp_path: Path) -> None:
+    make_source(tmp_path / "src")
+    cache = LocalCache(tmp_path / "cache", max_bytes=CAP, wait_seconds=3600)
+    paths = VolumeDataset(str(tmp_path / "src"), cache=cache)
+    loader = DataLoader(Opened(paths), batch_size=32, num_workers=2, log_mlflow=False,
+                        volume_dataset=paths)
+    # 2 workers x (1 read-ahead + the current file + 2 of slack + 5 batches of
+    # 32: 4 prefetched and the loop's) x 4 KiB = 1.3 MiB, over a 400 KiB cap.
+    with pytest.raises(CacheFull, match=r"2 readers x 164 files held each .*160 in batches "
+                                        r"the loop has not moved past.*fits 50 files") as info:
+        iter(loader)
+    assert "batch_size or prefetch_factor" in info.value.hint
+    assert cache.status().entries == 0  # refused before anything was copied
+
+
+def test_the_loops_board_says_what_is_past_per_slot_and_epoch() -> None:
+    """The board the loader writes and the views workers read (data/looppos.py):
+    counts per slot, a later epoch makes an earlier one's view read 'all past',
+    the epoch's end too; the in-memory board does not travel to workers."""
+    import pickle
+
+    from ucstage.data import looppos
+
+    board = looppos.Board(2, shared=True, in_loop=5)
+    try:
+        board.start(1, [0, 3])  # slot 1 resumed at 3
+        mine = board.link().view(1, 1)  # as a worker maps it
+        assert mine is not None and mine.in_loop == 5
+        assert (mine.past(), board.link().view(0, 1).past()) == (3, 0)  # type: ignore[union-attr]
+        board.publish(1, 9)
+        board.publish(1, 4)  # never backwards
+        assert mine.past() == 9
+        early = board.link().view(0, 2)  # a view of the next epoch, before it starts
+        assert early is not None and early.past() == 0
+        board.start(2, [0, 0])
+        assert mine.past() == looppos.PAST_ALL and early.past() == 0
+        board.finish()
+        assert early.past() == looppos.PAST_ALL
+    finally:
+        board.close()
+    assert not os.path.exists(board.path)
+    assert pickle.loads(pickle.dumps(looppos.Board(1, shared=False, in_loop=1))) is None

@@ -72,7 +72,10 @@ def test_every_sample_whole_and_cached(volume, tmp_path, max_bytes, read_ahead) 
             assert all(os.path.exists(p) for p in sample.values())
             items.append(sorted(sample))
         assert items == [["jpg", "json", "seg.png"]] * N
-    loader = DataLoader(Decode(ds), batch_size=5, num_workers=2, audit=False)
+    # Under the cap, each worker's batches in flight (2 prefetched and the
+    # loop's, of 2 samples) must fit beside its read-ahead.
+    loader = DataLoader(Decode(ds), batch_size=2, prefetch_factor=2, num_workers=2,
+                        audit=False)
     assert Counter(k for batch in loader for k in batch) == Counter(keys())
     assert len(ds) == N
     first = ds.slot_entries(rank=0, world_size=1, num_workers=0, worker=0)[0]

@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from tests.common.backends import make_source
-from ucstage import LocalCache, VolumeDataset
+from tests.common.parts import wait_visible
+from ucstage import DataLoader, LocalCache, VolumeDataset
 from ucstage.cache import tuning
 from ucstage.data import holding
 from ucstage.data.readahead import AUTO, ReadAhead, Share, node_share
@@ -55,14 +56,16 @@ def test_each_reader_takes_its_share_of_the_first_guess_and_the_ceiling(tmp_path
 def test_under_a_cap_the_share_is_cut_to_fit_and_the_epoch_reads_every_file(
         tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     src = _folder(tmp_path, 40, 64 * KB)
-    cache = LocalCache(str(tmp_path / "cache"), max_bytes=1024 * KB)
+    cache = LocalCache(str(tmp_path / "cache"), max_bytes=2048 * KB)
     ds = VolumeDataset(src, cache=cache)
     share = holding.check_loader_window(ds, cache, 0)
-    # One reader, 64 KiB files: 16 fit, less the current file and 2 of slack.
-    assert share == Share(8, 13, True)
+    # One reader, 64 KiB files: 32 fit; read-ahead takes at most a sixteenth of them.
+    assert share == Share(2, 2, True)
+    # A loop holding 28 files leaves room for 1 (32 - 28 - the current - 2 of slack).
+    assert holding.check_loader_window(ds, cache, 0, in_loop=28) == Share(1, 1, True)
     names = [os.path.basename(p) for p in ds]
     assert sorted(names) == [f"f{i:03}.bin" for i in range(40)]
-    # Two ranks per node with 2 workers each: 4 readers, 4 files each fit.
+    # Two ranks per node with 2 workers each: 4 readers, 8 files each fit.
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert holding.check_loader_window(ds, cache, 2) == Share(1, 1, True)
 
@@ -118,3 +121,33 @@ def test_the_loader_starts_the_forkserver_when_it_is_made_without_listing(
                          capture_output=True, text=True, check=True, timeout=300).stdout
     # Started at DataLoader(), before any listing; the epoch then used it.
     assert out.split() == ["True", "False", "forkserver", "6"]
+
+
+@pytest.mark.parametrize(("num_workers", "shuffle"), [(0, False), (0, True), (2, True)],
+                         ids=["0-workers", "0-workers-shuffled", "2-workers-shuffled"])
+def test_auto_read_ahead_leaves_a_small_cache_room_to_keep_files(
+        fuse_volume, tmp_path, num_workers: int, shuffle: bool) -> None:  # type: ignore[no-untyped-def]
+    """200 files of 100 kB through an rclone mount, a cap a quarter of them,
+    the default read-ahead, 3 epochs: from epoch 2 on the cache serves at
+    least 0.8 x (cap / dataset) of the reads (the hit rate is a count of
+    hits over files read, not a timing)."""
+    backing, mnt = fuse_volume
+    name = f"share-{num_workers}-{shuffle}"
+    src = os.path.join(backing, name)
+    os.makedirs(src)
+    n, size = 200, 100_000
+    for i in range(n):
+        with open(os.path.join(src, f"f{i:03}.bin"), "wb") as fh:
+            fh.write(i.to_bytes(2, "big") * (size // 2))
+    cap = n * size // 4
+    wait_visible(os.path.join(mnt, name), timeout=60)
+    cache = LocalCache(str(tmp_path / "cache"), max_bytes=cap)
+    ds = VolumeDataset(os.path.join(mnt, name), cache=cache, shuffle=shuffle, seed=5)
+    assert ds.read_ahead == AUTO
+    loader = DataLoader(ds, batch_size=None, num_workers=num_workers, log_mlflow=False)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        assert sum(1 for _ in loader) == n
+    rates = [s.cache_hit_rate for s in loader.epoch_stats]
+    assert rates[0] == 0.0
+    assert all(r is not None and r >= 0.8 * 0.25 for r in rates[1:]), rates

@@ -2,9 +2,10 @@
 
 A :class:`Reader` is one slot's reader (one ``VolumeDataset`` iterator). Every
 path it fetches (read-ahead included) is *held* from the moment it is valid in
-the cache until the consumer asks for an item ``slack`` places further on:
-by then the consumer (a decoding wrapper) has opened the file, and an opened
-file survives eviction (POSIX unlink). A held file is never evicted.
+the cache until the reader's caller lets it go: under a ucstage DataLoader,
+once the training loop has moved past the batch it went into
+(:mod:`ucstage.data.looppos`), else once the consumer asked for an item
+``slack`` places further on. A held file is never evicted.
 
 How a hold works, across processes: the reader opens the cached file and
 takes a shared ``flock`` on it; an eviction takes an exclusive ``flock``
@@ -15,7 +16,7 @@ lock from before its rename until after its unlink, so a file that is still
 linked then is still at its path; an unlinked one (evicted between the open
 and the lock) fails the hold, and the reader fetches again.
 
-When the reader moves past a file it marks it consumed
+When a file is let go it is marked consumed
 (:func:`ucstage.cache.policy.mark_consumed`: the scan clock that makes
 eviction take the most recently consumed file first) and lets it go.
 
@@ -31,7 +32,7 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..errors import CacheFull
@@ -89,6 +90,8 @@ class Reader:
         self._lock = threading.Lock()
         self._held: dict[str, list[int]] = {}
         """path -> [descriptor, holds, mtime]: one file can be handed out twice (padding)."""
+        self._kept: set[str] = set()
+        """Paths that outlive :meth:`close` until released (their loop is not past them)."""
         self._closed = False
 
     # -- policy.Charge: what the cache did for this reader -----------------
@@ -216,6 +219,7 @@ class Reader:
             if found[1] > 0:
                 return
             del self._held[path]
+            self._kept.discard(path)
         fd = found[0]
         try:
             if consumed:
@@ -226,11 +230,16 @@ class Reader:
         finally:
             os.close(fd)
 
-    def close(self) -> None:
-        """Let every file go, without marking (the rest were never consumed)."""
+    def close(self, keep: Collection[str] = ()) -> None:
+        """Let every file go, without marking (the rest were never consumed),
+        except those in ``keep`` (or kept by an earlier call): handed out but
+        not yet past their training loop, they stay held until :meth:`release`."""
         with self._lock:
             self._closed = True
-            held, self._held = self._held, {}
+            self._kept.update(keep)
+            kept = self._kept
+            held = {p: v for p, v in self._held.items() if p not in kept}
+            self._held = {p: v for p, v in self._held.items() if p in kept}
         for fd, *_ in held.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -245,14 +254,16 @@ class Reader:
 
 
 def check_window(max_bytes: int | None, *, readers: int, depth: int, largest: int,
-                 largest_name: str = "", unit: str = "file") -> None:
+                 largest_name: str = "", unit: str = "file", in_loop: int = 0) -> None:
     """Refuse at once a read that can never fit under ``max_bytes``.
 
     ``readers`` slots each hold up to ``depth`` files at once (read-ahead, the
-    current file and the slack); with files of up to ``largest`` bytes that
-    window alone must fit under the cap, else readers would wait for each
-    other forever. ``unit``: what is held, as messages name it (``"sample"``
-    for a grouped dataset, whose ``largest`` is its largest sample's bytes).
+    current file, the slack, and ``in_loop`` handed out in batches the
+    training loop has not moved past yet); with files of up to ``largest``
+    bytes that window alone must fit under the cap, else readers would wait
+    for each other forever. ``unit``: what is held, as messages name it
+    (``"sample"`` for a grouped dataset, whose ``largest`` is its largest
+    sample's bytes).
 
     Raises:
         CacheFull: the largest file, or the window, is larger than the cap.
@@ -265,10 +276,15 @@ def check_window(max_bytes: int | None, *, readers: int, depth: int, largest: in
                         f"{format_bytes(max_bytes)}", hint="raise max_bytes")
     window = readers * depth * largest
     if window > max_bytes:
+        loop = f" + {in_loop} in batches the loop has not moved past" if in_loop else ""
+        fits = max_bytes // (readers * largest)
+        lower = "lower read_ahead, num_workers"
+        if in_loop:
+            lower += ", batch_size or prefetch_factor"
         raise CacheFull(
             f"the readers' window does not fit under the cache cap {format_bytes(max_bytes)}: "
             f"{readers} readers x {depth} {unit}s held each (read_ahead + the current {unit} + "
-            f"{DEFAULT_SLACK} of slack) x the largest {unit} {format_bytes(largest)} = "
-            f"{format_bytes(window)}",
+            f"{DEFAULT_SLACK} of slack{loop}) x the largest {unit} {format_bytes(largest)} = "
+            f"{format_bytes(window)}; the cap fits {fits} {unit}s per reader",
             hint=f"raise max_bytes to at least {format_bytes(window)} (more leaves room for "
-                 "hits), or lower read_ahead or num_workers")
+                 f"hits), or {lower} until each reader holds at most {fits} {unit}s")

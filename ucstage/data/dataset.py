@@ -43,7 +43,7 @@ from ..sharding import (
     slot_array,
 )
 from ..volumes import FileEntry, Volume
-from . import epochrecord, holding, samples, warm
+from . import epochrecord, holding, looppos, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
 from .readahead import AUTO, Share, check_read_ahead
@@ -137,6 +137,8 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
     _progress: Any = None
     _epoch_link: Any = None
     """Where a DataLoader worker reads each epoch's parameters (data/epochrecord.py)."""
+    _loop_link: Any = None
+    """Where the slot iterator reads how far the loader's loop is (data/looppos.py)."""
 
     def __init__(
         self,
@@ -292,7 +294,10 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
         rank, world, num_workers, worker = self.slot()
-        share = holding.check_loader_window(self, self.cache(), num_workers)
+        # Under a ucstage DataLoader, holds last until its loop is past their batch.
+        loop = looppos.view_for(self, record["gen"] if record is not None else None, worker)
+        share = holding.check_loader_window(self, self.cache(), num_workers,
+                                            in_loop=loop.in_loop if loop is not None else 0)
         rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
                                worker=worker)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
@@ -301,15 +306,15 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
                                            num_workers=num_workers, worker=worker)
         if tracker.indices is not rows._indices:
             rows = rows.with_indices(tracker.indices)
-        it = self._fetch_all(rows, rank, tracker, share)
+        it = self._fetch_all(rows, rank, tracker, share, loop)
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
             # its read-ahead and holds (the record marks the epoch stopped).
             return epochrecord.guarded(it, self._epoch_link, record["gen"])
         return it
 
-    def _fetch_all(self, entries: Sequence[Any], rank: int,
-                   tracker: _state.SlotTracker, share: Share) -> Iterator[Any]:
+    def _fetch_all(self, entries: Sequence[Any], rank: int, tracker: _state.SlotTracker,
+                   share: Share, loop: looppos.LoopView | None = None) -> Iterator[Any]:
         cache, volume = self.cache(), self._get_volume()
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
@@ -326,18 +331,21 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
             if done < len(entries):
                 rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])
+                first = tracker.position if tracker is not _UNTRACKED else 0
                 yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, share,
-                                                          grouped))
+                                                          grouped, loop, first))
         finally:
             if reader is not None:
                 reader.close()
         tracker.end()
 
     def _fetch_rest(self, entries: Sequence[Any], reader: Any, cache: LocalCache,
-                    volume: Volume, share: Share, grouped: bool = False) -> Iterator[Any]:
+                    volume: Volume, share: Share, grouped: bool = False,
+                    loop: looppos.LoopView | None = None, first: int = 0) -> Iterator[Any]:
         # read_ahead="auto": this reader's share of the node's copies in flight,
         # tuned as `cache warm --jobs auto` tunes its own (readahead.node_share).
-        return holding.fetch_in_order(entries, reader, cache, volume, share, grouped=grouped)
+        return holding.fetch_in_order(entries, reader, cache, volume, share, grouped=grouped,
+                                      loop=loop, first=first)
 
 
 class _Untracked:

@@ -3,8 +3,9 @@
 The dataset's side of :mod:`ucstage.cache.leases`: :func:`open_reader` makes
 one :class:`~ucstage.cache.leases.Reader` per slot iterator (holds, and the
 run's counters of :mod:`ucstage.cache.runstats`), :func:`follow` lets each
-path go once the consumer is ``slack`` items further, :func:`check_loader_window`
-refuses at once a read whose window cannot fit under the cap, and
+path go once the training loop is past its batch (:mod:`.looppos`) and the
+consumer is ``slack`` items further, :func:`check_loader_window` refuses at
+once a read whose window (batches in flight included) cannot fit under the cap, and
 :func:`epoch_metrics` is what the DataLoader logs per epoch.
 """
 
@@ -23,9 +24,10 @@ from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..manifest.groups import split_name
 from ..sharding import effective_workers
-from . import samples, warm
+from . import looppos, samples, warm
+from .looppos import LoopView
 from .protocol import ShardedDataset
-from .readahead import ReadAhead, Share, cache_fetcher, cache_lookup, node_share
+from .readahead import CAP_SHARE, ReadAhead, Share, cache_fetcher, cache_lookup, node_share
 
 __all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup",
            "open_reader", "rank_stats", "source_metrics", "unheld_lookup", "wrap"]
@@ -67,35 +69,53 @@ def unheld_lookup(reader: Reader | None, cache: Any,
     return warm.run_lookup(cache, volume)
 
 
-def follow(paths: Iterator[str], reader: Reader | None) -> Iterator[str]:
+def follow(paths: Iterator[str], reader: Reader | None, loop: LoopView | None = None,
+           first: int = 0) -> Iterator[str]:
     """Yield ``paths``; each stays held until the consumer has asked for
-    ``reader.slack`` more (then it is marked consumed and let go). Closing
-    this closes ``paths`` first, then lets every file go."""
+    ``reader.slack`` more and, under a ucstage DataLoader (``loop``), the
+    training loop has moved past the batch it went into (then it is marked
+    consumed and let go). ``first``: the slot position before the first path
+    (a resumed slot's). Closing this closes ``paths`` first, then lets every
+    file go, except those the loop is not past yet: they linger until it is
+    (:func:`ucstage.data.looppos.linger`)."""
     if reader is None:
         yield from paths
         return
-    recent: collections.deque[str] = collections.deque()
+    recent: collections.deque[tuple[int, str]] = collections.deque()
+    position = first
     try:
         if not reader.holding:  # no cap: nothing is held, nothing needs marking
             yield from paths
             return
+        looppos.sweep()  # an earlier iterator's holds the loop is past by now
+        slack = reader.slack
         for path in paths:
             yield path
             # The consumer asked for the next item: it has opened this one.
-            recent.append(path)
-            while len(recent) > reader.slack:
-                samples.release(reader, recent.popleft())
+            position += 1
+            recent.append((position, path))
+            if len(recent) > slack:
+                past = loop.past() if loop is not None else position
+                while len(recent) > slack and recent[0][0] <= past:
+                    samples.release(reader, recent.popleft()[1])
     finally:
         close = getattr(paths, "close", None)
         if close is not None:
             close()
-        while recent:
-            samples.release(reader, recent.popleft())
+        past = loop.past() if loop is not None else looppos.PAST_ALL
+        while recent and recent[0][0] <= past:
+            samples.release(reader, recent.popleft()[1])
+        if loop is not None and recent:
+            kept = [p for _, item in recent
+                    for p in (item.values() if isinstance(item, dict) else (item,))]
+            reader.close(keep=kept)
+            looppos.linger(loop, functools.partial(samples.release, reader), recent)
         reader.close()
 
 
 def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, volume: Any,
-                   read_ahead: int | Share, *, grouped: bool = False) -> Iterator[Any]:
+                   read_ahead: int | Share, *, grouped: bool = False,
+                   loop: LoopView | None = None, first: int = 0) -> Iterator[Any]:
     """The local paths of ``entries`` in order, fetched through ``cache``
     ``read_ahead`` entries ahead of the consumer, each held until it moves on.
     A :class:`~.readahead.Share` (``read_ahead="auto"``: :func:`check_loader_window`)
@@ -110,7 +130,8 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
     Hits are looked up in this thread; only misses are handed to threads.
 
     ``grouped``: the entries are samples (``data/samples.py``); the window
-    counts samples, each fetched whole before it is handed out.
+    counts samples, each fetched whole before it is handed out. ``loop`` and
+    ``first``: what :func:`follow` lets paths go by.
     """
     share = read_ahead if isinstance(read_ahead, Share) else \
         Share(int(read_ahead), int(read_ahead), False)
@@ -118,7 +139,7 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
         fetch: Any = wrap(reader, cache, volume, functools.partial(cache.fetch, volume))
         if grouped:
             fetch = samples.fetcher(fetch)
-        yield from follow((fetch(entry) for entry in entries), reader)
+        yield from follow((fetch(entry) for entry in entries), reader, loop, first)
         return
     fetch, stop, abandon = cache_fetcher(cache, volume)
     held: Any = wrap(reader, cache, volume, fetch)
@@ -129,7 +150,7 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
     ahead = ReadAhead(held, entries, share.ceiling, stop=stop, abandon=abandon, lookup=look,
                       jobs=jobs)
     try:
-        yield from follow(iter(ahead), reader)
+        yield from follow(iter(ahead), reader, loop, first)
     finally:
         ahead.close()
 
@@ -143,15 +164,18 @@ def local_ranks() -> int:
 
 
 def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
-                        volume: Any = None, *, sharers: int = 1) -> Share:
+                        volume: Any = None, *, sharers: int = 1, in_loop: int = 0) -> Share:
     """This node's readers' share of copies in flight (:func:`~.readahead.node_share`;
     ``volume`` picks the first guess, the dataset's own by default), after
     refusing at once (``CacheFull``) a read that can never fit under the cap:
-    a file larger than the cap, or the window of every reader on this node
-    (``LOCAL_WORLD_SIZE`` x workers, each holding its share + 1 + slack of
-    the largest file) larger than it. Under ``read_ahead="auto"`` the share
-    is cut to fit the cap first. ``sharers``: readers per worker (a mix's
-    sources), each taking its part."""
+    a file larger than the cap, or what every reader on this node
+    (``LOCAL_WORLD_SIZE`` x workers) holds at once larger than it: its share
+    of read-ahead, the current file, the slack and ``in_loop`` items (the
+    batches its DataLoader may hold before the loop moves past them), each of
+    the largest file. Under ``read_ahead="auto"`` the share is cut first to
+    fit, and to at most :data:`~.readahead.CAP_SHARE` of the cap over the
+    node (the rest keeps files for later epochs). ``sharers``: readers per
+    worker (a mix's sources), each taking its part."""
     readers = local_ranks() * effective_workers(num_workers) * max(1, sharers)
     if volume is None:
         volume = getattr(dataset, "_get_volume", lambda: None)()
@@ -171,11 +195,13 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
     name = manifest.entries[row].path
     if groups is not None:
         name = f"sample {split_name(manifest.entries[row].path)[0]!r}"
-    fits = cap // max(1, readers * largest) - 1 - DEFAULT_SLACK
-    share = node_share(dataset.read_ahead, volume, readers, cap_depth=max(1, fits))
-    check_window(cap, readers=readers, depth=share.ceiling + 1 + DEFAULT_SLACK,
+    per_reader = cap // max(1, readers * largest)
+    fits = per_reader - 1 - DEFAULT_SLACK - in_loop
+    share = node_share(dataset.read_ahead, volume, readers,
+                       cap_depth=max(1, min(fits, per_reader // CAP_SHARE)))
+    check_window(cap, readers=readers, depth=share.ceiling + 1 + DEFAULT_SLACK + in_loop,
                  largest=largest, largest_name=name,
-                 unit="file" if groups is None else "sample")
+                 unit="file" if groups is None else "sample", in_loop=in_loop)
     return share
 
 

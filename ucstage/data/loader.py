@@ -21,7 +21,7 @@ from .. import objstore
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
-from . import epochrecord, holding, workerstart
+from . import epochrecord, holding, looppos, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
 from .hooks import LoaderHooks
 from .mix import Mix
@@ -131,6 +131,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             kwargs["persistent_workers"] = True
         super().__init__(dataset, *args, **kwargs)
         self._record = epochrecord.EpochRecord()
+        self._board: looppos.Board | None = None
         # None: the start method is ucstage's to choose each epoch (workerstart.py).
         self._given_context = self._chosen_context = self.multiprocessing_context
         self.log_mlflow = log_mlflow
@@ -160,8 +161,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             self.volume_dataset.num_workers = self.num_workers  # another loader may share it
         self._prepare()
         vds, rank = self.volume_dataset, _rank()
+        in_loop = self._in_loop()
         if vds is not None:  # a window that can never fit fails here, before workers start
-            holding.check_loader_window(vds, vds.cache(), self.num_workers)
+            holding.check_loader_window(vds, vds.cache(), self.num_workers,
+                                        in_loop=in_loop if isinstance(vds, VolumeDataset) else 0)
             _warn_if_empty(vds, rank)
         workers_alive = self._workers_alive()
         if not workers_alive:  # persistent workers keep the start they were given
@@ -175,6 +178,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self._epochs += 1
         self._hooks.before_workers()
         gen = self._publish_epoch(fresh=not workers_alive)
+        board = self._start_board(gen, fresh=not workers_alive, in_loop=in_loop)
         # Forked workers start here (not when persistent ones are reset).
         with workerstart.gc_frozen_for_fork(self.multiprocessing_context,
                                             0 if workers_alive else self.num_workers):
@@ -182,11 +186,43 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         inner, on_done = self._hooks.after_workers(workers, sink, self._epoch_done)
         if gen is not None:
             on_done = self._record_done(on_done, gen)
+        if board is not None:  # each next() tells the slot iterators what the loop is past
+            inner = looppos.Following(inner, board, vds, live=self.num_workers == 0)
+            on_done = inner.done(on_done)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every,
                              extra=lambda: {**holding.epoch_metrics(vds, rank, before),
                                             **holding.source_metrics(vds)})
+
+    def _in_loop(self) -> int:
+        """Items per slot the loop may hold before it moves past them: with
+        workers, the batches queued for it (``prefetch_factor`` each) and the
+        one it has; without, the one it has."""
+        batch = self.batch_size if self.batch_size is not None else 1
+        if self.num_workers == 0:
+            return batch
+        return (int(self.prefetch_factor or 0) + 1) * batch
+
+    def _start_board(self, gen: int | None, *, fresh: bool, in_loop: int) -> looppos.Board | None:
+        """Start the epoch on the loop's board (data/looppos.py), which the
+        holds of a VolumeDataset's slot iterators follow."""
+        vds = self.volume_dataset
+        progress = getattr(vds, "_progress", None)
+        if not isinstance(vds, VolumeDataset) or progress is None:
+            return None
+        shared = self.num_workers > 0
+        if self._board is None:
+            self._board = looppos.Board(effective_workers(self.num_workers), shared=shared,
+                                        in_loop=in_loop)
+        board = self._board
+        board.start(gen if gen is not None else board.gen + 1,
+                    [progress.counts[s] for s in progress.own])
+        if not shared:
+            vds._loop_link = board  # taken by the slot iterator this epoch starts
+        elif fresh:  # pickled into (or forked with) the workers that start now
+            vds._loop_link = board.link()
+        return board
 
     def _workers_alive(self) -> bool:
         return bool(self.persistent_workers and self.num_workers > 0

@@ -27,8 +27,10 @@ and its ceiling, so the node's copies in flight start where a warm's do and
 may ramp as far. Each reader's share is then tuned as it runs by the same
 rule as ``--jobs auto`` (:class:`ucstage.cache.tuning.Jobs`: doubling while
 its throughput rises, backing off on errors). Under a byte cap the share's
-ceiling is cut so that every reader's window (its share, the current file
-and the slack, of the largest file) fits under the cap.
+ceiling is cut so that the node's read-ahead takes at most :data:`CAP_SHARE`
+of the cap, and every reader's window (its share, the current file, the
+slack and the batches its loop has not moved past, of the largest file)
+fits under the cap.
 """
 
 from __future__ import annotations
@@ -44,12 +46,17 @@ from typing import Any, NamedTuple
 from ..cache import tuning
 from ..volumes import FileEntry
 
-__all__ = ["AUTO", "ReadAhead", "Share", "cache_fetcher", "cache_lookup", "check_read_ahead",
+__all__ = ["AUTO", "CAP_SHARE", "ReadAhead", "Share", "cache_fetcher", "cache_lookup", "check_read_ahead",
            "node_share"]
 
 AUTO = "auto"
 FALLBACK = 4
 """The read-ahead of ``"auto"`` when there is no volume to size it by."""
+CAP_SHARE = 16
+"""Under a byte cap, ``"auto"``'s read-ahead takes at most 1/8 of it (over
+every reader of the node): copies in flight are held, so a window near the
+cap would leave nothing to keep files in for the next epoch (a hit rate near
+0 instead of about cap / dataset)."""
 READER_CEILING = 64
 """The most copies one reader (a DataLoader worker's slot iterator) keeps in
 flight, whatever its share: each is a thread waiting on its copy."""

@@ -131,7 +131,7 @@ class _Files(click.ParamType):
 
 @click.command("bench", context_settings=CONTEXT)
 @source_options
-@click.option("-n", "--files", "files", type=_Files(), default=None, metavar="N|all",
+@click.option("-f", "--files", "files", type=_Files(), default=None, metavar="N|all",
               help="Bench a deterministic sample of N files (same files on every run), or "
                    "'all' to read every listed file. Default: every k-th file from a seeded "
                    "offset, at most 500 files or 2 GiB, whichever is smaller.")
@@ -139,7 +139,7 @@ class _Files(click.ParamType):
               help=f"Bench a deterministic sample of about SIZE bytes, e.g. 2G; {SIZE_HELP}.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Changes which files the sample takes.")
-@click.option("-w", "--workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",
+@click.option("-k", "--workers", "--num-workers", "workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",
               help="Concurrent readers to try (DataLoader num_workers with --loader; 0, the "
                    "main process reading, runs in loader mode only).")
 @click.option("-m", "--modes", default="direct,cold,warm", show_default=True,
@@ -217,8 +217,9 @@ def command(
 
 def _check_plot(path: str) -> None:
     """Fail before measuring, not after, when the chart cannot be written."""
-    if not path.lower().endswith(".png"):
-        raise InvalidArgument(f"--plot writes a PNG; give a file name ending in .png, got {path}")
+    from ..bench.plot import check_destination
+
+    check_destination(path)
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:

@@ -128,8 +128,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm s3://bucket/train --max-bytes 200G
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
-      ucstage cache warm /Volumes/main/ml/train/events --unit row-group --node-rank 0 \
-          --nproc-per-node 4 -w 8 -k 2 --shuffle
+      ucstage cache warm main.ml.events --unit row-group --rank 0 -w 8 -k 2 --shuffle
     """
     check_unit_options(unit, WARM_FILE_ONLY, ("columns", "version"))
     ranks = warm_ranks(rank, node_rank, world_size=world_size, num_workers=num_workers,

@@ -834,3 +834,18 @@ def test_verify_shows_a_local_file_s_version_as_a_time(src: Path) -> None:
     assert "source is now 102 bytes, modified 2026-12-01 19:03:58.235907 UTC; cached 102 " \
            "bytes, modified 20" in shown
     assert "1796151838" not in result.output
+
+
+def test_a_refused_warm_leaves_no_empty_entry_in_status(src: Path) -> None:
+    """Issue 30 item 13: `cache warm --max-bytes` refused (exit 1) left a
+    `vol 0 0 B` source in `cache status`."""
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "500"])
+    assert result.exit_code == 1 and "more than the cache cap" in result.output
+    status = run("cache", "status", "--json")
+    assert status["namespaces"] == [] and status["entries"] == 0
+    assert "nothing cached" in run("cache", "verify")
+    # A source already cached keeps its entry when a later warm is refused.
+    run("cache", "warm", str(src), "--include", "d0/*", "--json")
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "500"])
+    assert result.exit_code == 1
+    assert [n["source"] for n in run("cache", "status", "--json")["namespaces"]] == [str(src)]

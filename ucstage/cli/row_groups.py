@@ -213,10 +213,15 @@ def _render(console: Console, p: Any) -> None:
                       f"no row group (more slots than the {m.row_groups:,} row groups): "
                       "use fewer slots, or export with more row groups (ucstage export "
                       "--row-group-rows N)")
-    if p.batches_equal:
+    if p.empty_epoch:
+        # Equal, but equally nothing: never a green check.
+        console.print("[yellow]![/] every rank yields 0 batches: the epoch is empty (each "
+                      "slot holds fewer rows than a batch); use a smaller --batch-rows, "
+                      "fewer slots, or --equal-length pad")
+    elif p.batches_equal:
         counts = {r.batches for r in p.ranks}
         if counts:
-            console.print(f"[green]✓[/] every rank yields {counts.pop():,} batches")
+            console.print(f"[green]✓[/] every rank yields {counted(counts.pop(), 'batch', 'batches')}")
     else:
         spread = sorted({r.batches for r in p.ranks})
         console.print(

@@ -75,7 +75,16 @@ class RowGroupPlan:
                        "no row group")
         if not self.batches_equal:
             out.append("ranks would get different batch counts")
+        elif self.empty_epoch:
+            out.append("every rank yields 0 batches: the epoch is empty")
         return out
+
+    @property
+    def empty_epoch(self) -> bool:
+        """Rows to read, yet no rank yields a batch (``equal_length="drop"``
+        with batches larger than any slot's rows)."""
+        return bool(sum(self.slot_rows)) and all(r.batches == 0 for r in self.ranks) \
+            and (self.equal or 0) == 0
 
     def spread(self, values: Sequence[int]) -> dict[str, float]:
         """min / mean / max over every slot of the job, the empty ones as zeros."""

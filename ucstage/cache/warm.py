@@ -61,7 +61,7 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
     start = time.monotonic()
     checked = integrity.TALLY.snapshot()
     hedges = dict(hedge.STATS)
-    new_namespace = not os.path.isdir(cache.namespace_dir(volume))
+    new_namespace = not os.path.isdir(cache.space.namespace_dir(volume.url))
     ns_dir = cache.prepare(volume)
     cache.space.sweep(ns_dir)
     report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),

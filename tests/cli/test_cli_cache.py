@@ -529,9 +529,13 @@ def test_transient_failures_suggest_a_rerun(monkeypatch: pytest.MonkeyPatch) -> 
     store = MemoryFileSystem()
     for name in ("ok.bin", "eio.bin"):
         store.pipe_file(f"/{key}/{name}", b"x" * 10)
-    result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}"])
+    result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}", "--jobs", "1"])
     assert result.exit_code == 1
     assert "hint: rerun to retry just those; the rest are cached" in result.output
+    # Issue 30 item 8: the failed file is not counted as warmed; plurals agree.
+    assert "Warmed 1 of 2 files (10 B of 20 B) in " in result.output
+    assert "fetched 1 (10 B" in result.output and "failed 1" in result.output
+    assert "1 copy in flight (--jobs)" in result.output
     store.pipe_file(f"/{key}/gone.bin", b"x" * 10)
     result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}"])
     assert result.exit_code == 1

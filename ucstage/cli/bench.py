@@ -11,7 +11,7 @@ from ..bench import BenchReport
 from ..errors import InvalidArgument
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import parse_modes, parse_workers
-from .output import CONTEXT, emit, err, json_option, read_source, source_options, table
+from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
@@ -36,8 +36,8 @@ def _sample_text(report: BenchReport) -> str:
     files, listed = report.sample_files, report.listed_files
     size = format_bytes(report.sample_bytes)
     if report.sampled_by == "all":
-        return f"all {listed:,} files, {size}"
-    head = f"sampled {files:,} of {listed:,} files, {size}"
+        return f"all {counted(listed, 'file')}, {size}"
+    head = f"sampled {files:,} of {counted(listed, 'file')}, {size}"
     if report.sampled_by != "default":
         return f"{head}  [dim](deterministic sample by {report.sampled_by}, seed {report.seed})[/]"
     stride = (f"1 in ~{listed / files:,.0f} files, evenly spaced from a seeded offset "

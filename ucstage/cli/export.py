@@ -16,7 +16,7 @@ from rich.text import Text
 from ..errors import InvalidArgument
 from ..progress import Callback
 from .args import column_list, num_workers_list
-from .output import CONTEXT, emit, err, flag_names, format_bytes, json_option, table
+from .output import CONTEXT, counted, emit, err, flag_names, format_bytes, json_option, table
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
@@ -113,8 +113,10 @@ def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int]
     count, suggested = len(data["files"]), data.get("suggested_files")
     if world_size is None or workers is None or suggested is None or suggested == count:
         return None
-    return (f"{count} files do not split evenly over {slot_count(world_size, workers)} loader "
-            f"slots ({world_size} ranks x {num_workers} workers): use --files {suggested} so "
+    return (f"{counted(count, 'file')} do not split evenly over "
+            f"{counted(slot_count(world_size, workers), 'loader slot')} "
+            f"({counted(world_size, 'rank')} x {num_workers} workers): use --files "
+            f"{suggested} so "
             "every (rank, worker) slot reads as many files")
 
 

@@ -71,7 +71,8 @@ class RowGroupPlan:
             out.append(f"{len(self.plan.duplicated):,} row groups read twice or more, "
                        f"{len(self.plan.skipped):,} never read")
         if self.plan.empty.count:
-            out.append(f"{self.plan.empty.count:,} of {self.plan.slot_total:,} slots read "
+            total = self.plan.slot_total
+            out.append(f"{self.plan.empty.count:,} of {total:,} slot{'s' * (total != 1)} read "
                        "no row group")
         if not self.batches_equal:
             out.append("ranks would get different batch counts")

@@ -853,3 +853,31 @@ def test_a_refused_warm_leaves_no_empty_entry_in_status(src: Path) -> None:
     result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "500"])
     assert result.exit_code == 1
     assert [n["source"] for n in run("cache", "status", "--json")["namespaces"]] == [str(src)]
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_the_warm_bar_is_one_line_at_any_width(width: int) -> None:
+    """Issue 30 item 9: at 80 columns rich folded the bar's cells onto a
+    second line (121 two-line redraws). A real rich terminal console, drawn
+    into a buffer."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from ucstage.cli.progress import progress_bar
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width, color_system=None)
+    with progress_bar(True, "warming", console=console) as cb:
+        cb.set_size(123_456_789_012, items=200_000)
+        cb.relative_update(5_555_555_555)
+        for _ in range(1_234):
+            cb.item_done("f", "fetched")
+        cb.item_done("g", "failed")
+    frame = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue()).split("\r")[-1]
+    assert frame.count("\n") == 1 and frame.endswith("\n"), repr(frame)  # one line
+    line = frame.rstrip("\n")
+    assert len(line) <= width, (len(line), line)
+    assert line.startswith("warming ")
+    assert "1,235/200,000 files, 1 failed" in line and "5.2 GiB/115.0 GiB" in line  # never cut

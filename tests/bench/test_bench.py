@@ -698,3 +698,27 @@ def test_loader_takes_the_shuffle_scope_options(tmp_path, monkeypatch) -> None: 
                             "--shuffle-scope only matters with --shuffle")):
         result = CliRunner().invoke(cli, ["bench", str(src), *extra])
         assert result.exit_code == 2 and message in result.output, (extra, result.output)
+
+
+def test_a_local_folder_is_said_to_be_local_and_gets_no_verdict(tmp_path, fuse_tree) -> None:
+    """Issue 30 item 12: the demo's bench of a local folder ended with `cold
+    cache vs direct: 0.01x`, which means nothing when both read local disk."""
+    src = tmp_path / "local"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}.bin").write_bytes(bytes([i]) * 5000)
+    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct,cold", "-k", "1"],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "the source is a folder on a local disk (" in out
+    assert "the cache-vs-direct comparison is not meaningful" in out
+    assert "no cache-vs-direct verdict: the source is on a local disk" in out
+    assert "cold cache vs direct:" not in out
+    doc = json.loads(CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-k", "1",
+                                              "--json"]).stdout)
+    assert any("folder on a local disk" in n for n in doc["notes"])
+    mounted, _ = fuse_tree  # a FUSE mount is remote: no such note
+    remote = json.loads(CliRunner().invoke(cli, ["bench", mounted, "-m", "direct", "-k", "1",
+                                                 "--files", "2", "--json"]).stdout)
+    assert not any("local disk" in n for n in remote["notes"])

@@ -88,6 +88,11 @@ def _render(console: Console, report: BenchReport) -> None:
         f"[green]→[/] use {_workers_text(rec.workers)}: the fewest within {bench.WITHIN:.0%} "
         f"of the best rate {_MODE_TEXT[rec.mode]}, {format_rate(rec.best_mb_per_s * 1e6)} at "
         f"{rec.best_workers}" + (f"  [dim](per mode: {others})[/]" if others else ""))
+    if report.local_disk and (rec.cold_vs_direct is not None or rec.warm_vs_direct is not None):
+        # Local disk against local disk: a ratio here would mislead (the notes say why).
+        console.print(f"  [dim]no cache-vs-direct verdict: the source is on a local disk "
+                      f"({escape(report.local_disk)})[/]")
+        return
     _render_verdicts(console, rec)
 
 

@@ -223,6 +223,21 @@ def test_cache_verify_knows_row_group_entries(tmp_path: Path) -> None:
     assert all(p.startswith(RANGES_DIR + "/a.parquet/") for p, _ in report.sources[0].stale)
 
 
+def test_verify_reports_the_row_groups_of_a_deleted_file_as_orphans(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    for name in ("a", "b"):
+        pq.write_table(table(0, 120), tmp_path / "t" / f"{name}.parquet", row_group_size=50)
+    cache = LocalCache(tmp_path / "cache")
+    ds = TableDataset(str(tmp_path / "t"), columns=["id"], cache=cache)
+    assert len(ids(ds)) == 240
+    volume = ds.freeze().volume()
+    (tmp_path / "t" / "b.parquet").unlink()
+    report = cache.verify(volume, fix=True).sources[0]
+    assert len(report.orphans) == 3 and report.orphans == report.orphans_removed
+    assert all(p.startswith(RANGES_DIR + "/b.parquet/") for p in report.orphans)
+    assert report.ranges_ok == 3 and cache.verify(volume).sources[0].orphans == []
+
+
 def test_a_listed_file_cannot_take_a_range_entry_s_place(tmp_path: Path) -> None:
     from ucstage.errors import UnsafePath
     from ucstage.volumes import FileEntry, resolve

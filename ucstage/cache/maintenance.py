@@ -165,7 +165,8 @@ def _find_orphans(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
     deleted otherwise: a manifest frozen before the deletion still reads them."""
     listed = {safe_relpath(e.path) for e in entries}
     for folder, dirs, names in os.walk(ns_dir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         or (folder == ns_dir and d == RANGES_DIR))
         rel_dir = os.path.relpath(folder, ns_dir).replace(os.sep, "/")
         if rel_dir == RANGES_DIR or rel_dir.startswith(RANGES_DIR + "/"):
             source = rel_dir[len(RANGES_DIR) + 1:]

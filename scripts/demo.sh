@@ -38,6 +38,8 @@ step torchrun --nproc_per_node=2 --master_addr 127.0.0.1 --master_port 29517 \
 
 # Is the volume, the cache or the worker count the bottleneck? A 120-file sample read
 # direct, through a fresh private cache (cold) and again (warm); chart in .demo/bench.png.
+# $VOL is a local folder, so bench says the cache-vs-direct comparison means nothing
+# here; the emulated remote volume below is where it does.
 step ucstage bench "$VOL" --files 120 --workers 1,2,4 --max-seconds 60 --plot "$DEMO/bench.png"
 # As root: the same on an emulated remote volume (moto S3 + rclone FUSE, 2 ms, 1 Gbit/s).
 if [[ $(id -u) == 0 ]]; then

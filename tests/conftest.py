@@ -7,10 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
+from tests.common import realcache
 from tests.common.backends import walking_store  # noqa: F401  (a fixture for every test)
 from tests.common.groups import pytest_collection_modifyitems  # noqa: F401  (xdist groups)
 from tests.common.parts import MotoServer, rclone_mount, unique, wait_visible
+from tests.common.realcache import pytest_sessionfinish, pytest_unconfigure  # noqa: F401
 from tests.common.spark import (  # noqa: F401  (export fixtures)
     TEST_JAVA_OPTIONS,
     big_table,
@@ -19,15 +22,24 @@ from tests.common.spark import (  # noqa: F401  (export fixtures)
     warehouse_root,
 )
 
+# Every property test does I/O or heavy work on a machine that may be at load
+# 30: a per-example deadline would fail on the machine, not on the code.
+settings.register_profile("ucstage", deadline=None)
+settings.load_profile("ucstage")
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    """JVM options for the test JVMs (see TEST_JAVA_OPTIONS); a user's own win."""
+    """JVM options for the test JVMs (see TEST_JAVA_OPTIONS; a user's own
+    win), and the cache isolated before any fixture of any scope runs
+    (tests/common/realcache.py)."""
     os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JAVA_OPTIONS)
+    realcache.pytest_configure(config)
 
 
 @pytest.fixture(autouse=True)
 def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test touches the user's real cache or volumes root."""
+    """Each test gets a fresh cache root and no volumes root (the session's
+    are set at pytest_configure, for fixtures of wider scope)."""
     monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache") / "c"))
     monkeypatch.delenv("UCSTAGE_VOLUMES_ROOT", raising=False)
 

@@ -154,6 +154,7 @@ def test_cli_json_schema_and_plot(fuse_tree, tmp_path) -> None:
 
     source, written = fuse_tree
     png = tmp_path / "out" / "bench.png"
+    png.parent.mkdir()  # a missing folder is an error (test_bad_input_exits_2_with_one_line)
     result = CliRunner().invoke(
         cli, ["bench", source, "--workers", "1,2", "--json", "--plot", str(png),
               "--scratch-dir", str(tmp_path / "scratch")], catch_exceptions=False)
@@ -185,7 +186,7 @@ def test_cli_json_schema_and_plot(fuse_tree, tmp_path) -> None:
 @pytest.mark.fuse
 def test_cli_table_and_recommendation(fuse_tree, tmp_path) -> None:
     source, _ = fuse_tree
-    result = CliRunner().invoke(cli, ["bench", source, "-w", "1,2", "-m", "direct,warm",
+    result = CliRunner().invoke(cli, ["bench", source, "-k", "1,2", "-m", "direct,warm",
                                       "--scratch-dir", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -217,7 +218,7 @@ def test_files_sample_is_deterministic_and_in_listing_order() -> None:
 @pytest.mark.fuse
 def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
     source, written = fuse_tree
-    args = ["bench", source, "--files", "3", "-w", "2", "-m", "direct", "--json", "--seed", "7"]
+    args = ["bench", source, "--files", "3", "-k", "2", "-m", "direct", "--json", "--seed", "7"]
     runs = []
     for _ in range(2):
         result = CliRunner().invoke(cli, args, catch_exceptions=False)
@@ -250,6 +251,7 @@ def test_cli_files_sample_matches_library(fuse_tree, tmp_path) -> None:
     (["--modes", ","], "--modes is empty; choose from direct, cold, warm, loader"),
     (["--plot", "chart.jpg"], "--plot writes a PNG"),
     (["--scratch-dir", "/nonexistent/ucstage/x"], "/nonexistent/ucstage does not exist"),
+    (["--plot", "/nonexistent/ucstage/x.png"], "folder /nonexistent/ucstage does not exist"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, message) -> None:
     (tmp_path / "f.bin").write_bytes(b"x" * 10)
@@ -320,7 +322,7 @@ def test_scratch_disk_too_small_is_refused_in_each_ones_words(tmp_path) -> None:
         assert "copy the sample" in info.value.message
         assert info.value.hint == ("bench a smaller sample with `files` or sample_bytes, "
                                    "or point scratch_dir at a bigger disk")
-        result = CliRunner().invoke(cli, ["bench", str(src), "-w", "1", "-m", "cold",
+        result = CliRunner().invoke(cli, ["bench", str(src), "-k", "1", "-m", "cold",
                                           "--scratch-dir", small])
         assert result.exit_code == 2, result.output
         assert ("hint: bench a smaller sample with --files or --sample-bytes, or point "
@@ -398,7 +400,7 @@ def test_ctrl_c_on_the_command_stops_cleanly(tmp_path) -> None:
     _write_tree(str(backing), [256 * 1024] * 64)
     with rclone_mount(str(backing), str(mnt), "--bwlimit", "512k"):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ucstage", "bench", str(mnt), "-w", "1", "-m", "cold,warm",
+            [sys.executable, "-m", "ucstage", "bench", str(mnt), "-k", "1", "-m", "cold,warm",
              "--scratch-dir", str(scratch)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -486,7 +488,7 @@ def test_remote_volume_script_serves_a_mount_and_tears_everything_down(tmp_path)
                           "remote-volume.sh")
     inner = ('echo "NS=$UCSTAGE_REMOTE_NS MNT=$UCSTAGE_REMOTE_MNT" >&2; '
              f'{sys.executable} -m ucstage bench "$UCSTAGE_REMOTE_MNT/small" -m direct,cold '
-             f'-w 1,3 --json --scratch-dir {tmp_path}/scratch')
+             f'-k 1,3 --json --scratch-dir {tmp_path}/scratch')
     proc = subprocess.run([script, "--small", "6x4K", "--large", "none", "--delay", "1ms",
                            "--rate", "100mbit", "--", "sh", "-c", inner],
                           capture_output=True, text=True, timeout=120)
@@ -550,17 +552,17 @@ def _flat_tree(root: str, n: int, size: int = 2000) -> None:
 def test_cli_without_a_sample_option_reads_the_default_sample(tmp_path) -> None:
     src = tmp_path / "src"
     _flat_tree(str(src), 640)
-    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-w", "1", "--json"],
+    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-k", "1", "--json"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["sample"]["by"] == "default" and data["sample"]["files"] == 500
     assert data["sample"]["listed_files"] == 640 and data["results"][0]["files"] == 500
-    human = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-w", "1"],
+    human = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-k", "1"],
                                catch_exceptions=False)
     assert "sampled 500 of 640 files" in human.stdout
     assert "at most 500 files or 2.0 GiB" in human.stdout and "--files all" in human.stdout
-    every = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-w", "1", "--files",
+    every = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-k", "1", "--files",
                                      "all", "--json"], catch_exceptions=False)
     data = json.loads(every.stdout)
     assert data["sample"]["by"] == "all" and data["results"][0]["files"] == 640
@@ -580,7 +582,7 @@ def test_loader_takes_zero_workers_and_thread_modes_skip_it(tmp_path) -> None:
     assert [(r.mode, r.workers, r.files) for r in report.results] == [
         ("direct", 2, 12), ("loader", 0, 12), ("loader", 2, 12)]
     assert any("0 workers ran in loader mode only" in n for n in report.notes)
-    result = CliRunner().invoke(cli, ["bench", str(src), "--loader", "-m", "direct", "-w",
+    result = CliRunner().invoke(cli, ["bench", str(src), "--loader", "-m", "direct", "-k",
                                       "0,2", "-b", "4", "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert [(r["mode"], r["workers"]) for r in json.loads(result.stdout)["results"]] == [
@@ -684,7 +686,7 @@ def test_loader_takes_the_shuffle_scope_options(tmp_path, monkeypatch) -> None: 
         return ds
 
     monkeypatch.setattr(loader_mod, "VolumeDataset", recording)
-    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "loader", "-w", "0", "--seed", "5",
+    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "loader", "-k", "0", "--seed", "5",
                                       "--shuffle", "--shuffle-scope", "global",
                                       "--nproc-per-node", "1", "--json"],
                                 catch_exceptions=False)
@@ -697,3 +699,27 @@ def test_loader_takes_the_shuffle_scope_options(tmp_path, monkeypatch) -> None: 
                             "--shuffle-scope only matters with --shuffle")):
         result = CliRunner().invoke(cli, ["bench", str(src), *extra])
         assert result.exit_code == 2 and message in result.output, (extra, result.output)
+
+
+def test_a_local_folder_is_said_to_be_local_and_gets_no_verdict(tmp_path, fuse_tree) -> None:
+    """Issue 30 item 12: the demo's bench of a local folder ended with `cold
+    cache vs direct: 0.01x`, which means nothing when both read local disk."""
+    src = tmp_path / "local"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}.bin").write_bytes(bytes([i]) * 5000)
+    result = CliRunner().invoke(cli, ["bench", str(src), "-m", "direct,cold", "-k", "1"],
+                                env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "the source is a folder on a local disk (" in out
+    assert "the cache-vs-direct comparison is not meaningful" in out
+    assert "no cache-vs-direct verdict: the source is on a local disk" in out
+    assert "cold cache vs direct:" not in out
+    doc = json.loads(CliRunner().invoke(cli, ["bench", str(src), "-m", "direct", "-k", "1",
+                                              "--json"]).stdout)
+    assert any("folder on a local disk" in n for n in doc["notes"])
+    mounted, _ = fuse_tree  # a FUSE mount is remote: no such note
+    remote = json.loads(CliRunner().invoke(cli, ["bench", mounted, "-m", "direct", "-k", "1",
+                                                 "--files", "2", "--json"]).stdout)
+    assert not any("local disk" in n for n in remote["notes"])

@@ -861,6 +861,8 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
     _same_shape(_documented("status"), cache.status().to_json())
     Path(cache.lookup(vol, m.entries[0]) or "").write_bytes(b"\0" * 100)
     (src / "f1.bin").write_bytes(blob("new", 120))
+    gone = next(e.path for e in m.entries[2:] if cache.lookup(vol, e))
+    (src / gone).unlink()  # its copy: an orphan
     verify = cache.verify(vol, checksum=True)
     _same_shape(_documented("verify"), verify.to_json())
     _same_shape(_documented("prune"), cache.prune(300).to_json())

@@ -128,7 +128,7 @@ def test_rank_and_node_slices_are_the_shard_plan_slots(src: Path) -> None:
                "--shuffle-scope", "global", "--nproc-per-node", "2", "--json")
     for args, ranks in ((["--rank", "1"], [1]),
                         (["--node-rank", "1", "--nproc-per-node", "2"], [2, 3])):
-        run("cache", "clear")
+        run("cache", "clear", "--yes")
         warmed = run("cache", "warm", str(src), *args, "-w", "4", "-k", "2", "--shuffle",
                      "--seed", "3", "--shuffle-scope", "global", "--json")
         want = sorted({f for s in plan["slots"] if s["rank"] in ranks for f in s["files"]})
@@ -240,7 +240,7 @@ def test_clear_one_source_or_all(src: Path, tmp_path: Path) -> None:
     assert (one["files"], one["bytes"], len(one["namespaces"])) == (1, 50, 1)
     assert run("cache", "status", "--json")["entries"] == 10
     assert (frozen / "abc.json").exists()  # clearing one source keeps shared listings
-    everything = run("cache", "clear", "--json")
+    everything = run("cache", "clear", "--yes", "--json")
     assert everything["files"] == 10 and run("cache", "status", "--json")["entries"] == 0
     assert not frozen.exists()
 
@@ -474,7 +474,7 @@ def test_verify_without_source_lists_every_source(src: Path, tmp_path: Path) -> 
 
     assert data == LocalCache().verify().to_json()  # the CLI only renders the library's document
     human = run("cache", "verify")
-    assert f"{other}: 1 checked, 1 ok" in human and f"{src}: 10 checked, 10 ok" in human
+    assert f"{other}: 1 file checked, 1 ok" in human and f"{src}: 10 files checked, 10 ok" in human
 
 
 def test_library_errors_are_shown_as_this_commands_flags(src: Path,
@@ -529,9 +529,13 @@ def test_transient_failures_suggest_a_rerun(monkeypatch: pytest.MonkeyPatch) -> 
     store = MemoryFileSystem()
     for name in ("ok.bin", "eio.bin"):
         store.pipe_file(f"/{key}/{name}", b"x" * 10)
-    result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}"])
+    result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}", "--jobs", "1"])
     assert result.exit_code == 1
     assert "hint: rerun to retry just those; the rest are cached" in result.output
+    # Issue 30 item 8: the failed file is not counted as warmed; plurals agree.
+    assert "Warmed 1 of 2 files (10 B of 20 B) in " in result.output
+    assert "fetched 1 (10 B" in result.output and "failed 1" in result.output
+    assert "1 copy in flight (--jobs)" in result.output
     store.pipe_file(f"/{key}/gone.bin", b"x" * 10)
     result = CliRunner().invoke(cli, ["cache", "warm", f"flakycli://{key}"])
     assert result.exit_code == 1
@@ -556,7 +560,7 @@ def test_warm_says_what_it_evicted(src: Path, tmp_path: Path) -> None:
     assert data["evicted_files"] == 8 - left
     assert data["evicted_sources"] == [{"source": str(other), "namespace": data[
         "evicted_sources"][0]["namespace"], "files": 8 - left, "bytes": 1000 * (8 - left)}]
-    run("cache", "clear")
+    run("cache", "clear", "--yes")
     run("cache", "warm", str(other), "--json")
     for p in Path(os.environ["UCSTAGE_CACHE_DIR"]).rglob("o*.bin"):
         os.utime(p, (past, past))
@@ -625,7 +629,7 @@ def test_clear_everything_asks_on_a_terminal(src: Path) -> None:
     code, shown = _pty_run(["cache", "clear", str(src)], None, env)  # one source: no question
     assert code == 0 and "[y/N]" not in shown and "removed 10 files" in shown, shown
     run("cache", "warm", str(src), "--json")
-    assert "removed 10 files" in run("cache", "clear")  # stdin not a terminal: as before
+    assert "removed 10 files" in run("cache", "clear", "--yes")  # a script, told: clears
     locks = Path(os.environ["UCSTAGE_CACHE_DIR"], ".ucstage", "locks")
     assert list(locks.iterdir()) == []  # the lock files went with their namespaces
 
@@ -725,7 +729,7 @@ def test_node_scope_warms_the_nodes_whole_share_and_says_so(src: Path) -> None:
         assert not share or files == share
         share = files
     for args in (["--node-rank", "1"], ["--rank", "3"]):
-        run("cache", "clear")
+        run("cache", "clear", "--yes")
         result = CliRunner().invoke(cli, ["cache", "warm", str(src), *args, *job, "--epoch",
                                           "4", "--json"], catch_exceptions=False)
         assert result.exit_code == 0, result.output
@@ -737,7 +741,7 @@ def test_node_scope_warms_the_nodes_whole_share_and_says_so(src: Path) -> None:
         assert warmed["slice"]["node_share"] is True and warmed["slice"]["nodes"] == [1]
         assert warmed["slice"]["shuffle_scope"] == "node"
         assert warmed["slice"]["nproc_per_node"] == 2
-    run("cache", "clear")
+    run("cache", "clear", "--yes")
     out = run("cache", "warm", str(src), "--node-rank", "0", *job)
     assert "node 0's whole share (ranks 0..1), which serves every epoch" in out
 
@@ -754,3 +758,126 @@ def test_a_node_share_over_the_cap_is_refused_before_copying(src: Path) -> None:
     result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--rank", "0", "-w", "3", "-k",
                                       "1", "--nproc-per-node", "2", "--shuffle"])
     assert result.exit_code == 2 and "not a multiple of --nproc-per-node 2" in result.output
+
+
+def test_a_script_clears_everything_only_when_told(src: Path) -> None:
+    """Issue 30 item 3: `cache clear $UNSET` in a script (stdin not a terminal)
+    must not clear every source; --yes does."""
+    run("cache", "warm", str(src), "--json")
+    result = CliRunner().invoke(cli, ["cache", "clear"], input="")
+    assert result.exit_code == 2, result.output
+    assert "no SOURCE given: pass --yes to clear every cached source" in result.output
+    empty = CliRunner().invoke(cli, ["cache", "clear", ""], input="")  # an empty $VARIABLE
+    assert empty.exit_code == 2 and "the source is empty" in empty.output
+    both = CliRunner().invoke(cli, ["cache", "clear", str(src), "--yes"])
+    assert both.exit_code == 2 and "give it or SOURCE, not both" in both.output
+    assert run("cache", "status", "--json")["entries"] == 10  # nothing was removed
+    assert "removed 10 files" in run("cache", "clear", "--yes")
+
+
+def _invoke80(*args: str) -> Any:
+    """The CLI as an 80-column terminal shows it."""
+    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "80"})
+
+
+def test_verify_without_source_checks_every_source_and_names_the_vanished(
+        src: Path, tmp_path: Path) -> None:
+    """Issue 30 item 1: a vanished source does not stop verify; it is
+    reported as gone, with `cache clear SOURCE` as the way out."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (gone / "x.bin").write_bytes(b"x" * 5)
+    run("cache", "warm", str(gone), "--json")
+    run("cache", "warm", str(src), "--json")
+    (gone / "x.bin").unlink()
+    gone.rmdir()
+    result = _invoke80("cache", "verify")
+    assert result.exit_code == 1, result.output
+    assert f"{src}: 10 files checked, 10 ok, 0 not cached; 0 stale, 0 corrupt" in result.output
+    assert f"{gone}: gone (source {gone} does not exist" in result.output
+    assert f"error: 1 cached source no longer exists: {gone}" in result.output
+    assert f"`ucstage cache clear {gone}` removes its copies" in " ".join(result.output.split())
+    assert "UCSTAGE_VOLUMES_ROOT" not in result.output  # a local path: no /Volumes hint
+    data = run("cache", "verify", "--json", code=1)
+    by_source = {s["source"]: s for s in data["sources"]}
+    assert by_source[str(gone)]["vanished"].startswith(f"source {gone} does not exist")
+    assert by_source[str(src)]["ok"] == 10 and by_source[str(src)]["vanished"] is None
+    run("cache", "clear", str(gone))  # the hint holds
+    assert run("cache", "verify", "--json")["clean"]
+
+
+def test_verify_reports_orphans_and_fix_removes_them(src: Path) -> None:
+    """Issue 30 item 14: a source file deleted after warming leaves an orphan copy."""
+    warmed = run("cache", "warm", str(src), "--json")
+    (src / "d0" / "f2.bin").unlink()
+    result = _invoke80("cache", "verify", str(src))
+    assert result.exit_code == 0, result.output  # nothing stale: an orphan is only space
+    assert "9 files checked, 9 ok" in result.output
+    assert "1 orphan (cached, the source file is gone; `ucstage cache verify --fix` " \
+           "removes them): d0/f2.bin" in " ".join(result.output.split())
+    assert Path(warmed["namespace"], "d0", "f2.bin").exists()  # reported, not removed
+    fixed = run("cache", "verify", "--fix", "--json")  # every source, as without SOURCE
+    assert fixed["sources"][0]["orphans"] == fixed["sources"][0]["orphans_removed"] == ["d0/f2.bin"]
+    assert not Path(warmed["namespace"], "d0", "f2.bin").exists()
+    assert run("cache", "status", "--json")["entries"] == 9
+    assert run("cache", "verify", str(src), "--json")["sources"][0]["orphans"] == []
+    # A filtered listing is not the whole source: nothing is called an orphan.
+    (src / "d1" / "f5.bin").unlink()
+    part = run("cache", "verify", str(src), "--include", "d0/*", "--json")
+    assert part["sources"][0]["orphans"] == []
+
+
+def test_verify_shows_a_local_file_s_version_as_a_time(src: Path) -> None:
+    """Issue 30 item 8: a stale entry's versions read as times, not raw mtimes."""
+    run("cache", "warm", str(src), "--json")
+    target = src / "d0" / "f2.bin"
+    os.utime(target, (1796151838.235907, 1796151838.235907))
+    result = _invoke80("cache", "verify", str(src))
+    assert result.exit_code == 1
+    shown = " ".join(result.output.split())
+    assert "source is now 102 bytes, modified 2026-12-01 19:03:58.235907 UTC; cached 102 " \
+           "bytes, modified 20" in shown
+    assert "1796151838" not in result.output
+
+
+def test_a_refused_warm_leaves_no_empty_entry_in_status(src: Path) -> None:
+    """Issue 30 item 13: `cache warm --max-bytes` refused (exit 1) left a
+    `vol 0 0 B` source in `cache status`."""
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "500"])
+    assert result.exit_code == 1 and "more than the cache cap" in result.output
+    status = run("cache", "status", "--json")
+    assert status["namespaces"] == [] and status["entries"] == 0
+    assert "nothing cached" in run("cache", "verify")
+    # A source already cached keeps its entry when a later warm is refused.
+    run("cache", "warm", str(src), "--include", "d0/*", "--json")
+    result = CliRunner().invoke(cli, ["cache", "warm", str(src), "--max-bytes", "500"])
+    assert result.exit_code == 1
+    assert [n["source"] for n in run("cache", "status", "--json")["namespaces"]] == [str(src)]
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_the_warm_bar_is_one_line_at_any_width(width: int) -> None:
+    """Issue 30 item 9: at 80 columns rich folded the bar's cells onto a
+    second line (121 two-line redraws). A real rich terminal console, drawn
+    into a buffer."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from ucstage.cli.progress import progress_bar
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width, color_system=None)
+    with progress_bar(True, "warming", console=console) as cb:
+        cb.set_size(123_456_789_012, items=200_000)
+        cb.relative_update(5_555_555_555)
+        for _ in range(1_234):
+            cb.item_done("f", "fetched")
+        cb.item_done("g", "failed")
+    frame = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue()).split("\r")[-1]
+    assert frame.count("\n") == 1 and frame.endswith("\n"), repr(frame)  # one line
+    line = frame.rstrip("\n")
+    assert len(line) <= width, (len(line), line)
+    assert line.startswith("warming ")
+    assert "1,235/200,000 files, 1 failed" in line and "5.2 GiB/115.0 GiB" in line  # never cut

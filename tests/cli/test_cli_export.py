@@ -78,6 +78,12 @@ def test_files_suggestion_uses_the_slot_rule(spark_session: Any, warehouse: Ware
     assert json.loads(result.stdout)["suggested_files"] == 4
     human = run("main.ml.events", str(tmp_path / "e"), "--files", "3", "-w", "2", "-k", "2")
     assert "--files 4" in human.output
+    # Issue 30 item 6: the files advice says it is about whole files, next to
+    # the row groups' "fill N of N loader slots"; plurals agree.
+    shown = " ".join(human.output.split())
+    assert "! read as whole files (VolumeDataset), 3 files do not split evenly over 4 loader " \
+           "slots (2 ranks x 2 workers)" in shown
+    assert "TableDataset deals the row groups above" in shown
     fine = run("main.ml.events", str(tmp_path / "f"), "--files", "4", "-w", "2", "-k", "2")
     assert fine.exit_code == 0 and "--files 4" not in fine.output
 
@@ -331,7 +337,7 @@ def test_status_prints_steps_and_a_line_every_interval_in_a_log() -> None:
     status.set_description("writing 1,600 rows")
     clock.now += 20
     deadline = time.monotonic() + 30
-    while "so far" not in console.file.getvalue():
+    while "since the export began" not in console.file.getvalue():
         assert time.monotonic() < deadline, console.file.getvalue()
         time.sleep(0.01)
     status.set_description("")
@@ -340,16 +346,16 @@ def test_status_prints_steps_and_a_line_every_interval_in_a_log() -> None:
     # The status thread runs on real time: it may also have printed a line
     # during the first step, before or after the fake clock moved, never out
     # of order.
-    steps = [line for line in lines if "so far" not in line]
+    steps = [line for line in lines if "running for" not in line]
     assert steps == ["export: starting the embedded Spark Connect server",
                      "export: writing 1,600 rows"]
     writing = lines.index("export: writing 1,600 rows")
     assert set(lines[1:writing]) <= {
-        f"export: starting the embedded Spark Connect server: 0:00:0{t} so far, 0:00:0{t} elapsed"
-        for t in (0, 6)}
+        f"export: starting the embedded Spark Connect server: running for 0:00:0{t}"
+        for t in (0, 6)}  # the first step: one clock (issue 30 item 6)
     assert lines[writing + 1:]
     assert set(lines[writing + 1:]) == {
-        "export: writing 1,600 rows: 0:00:20 so far, 0:00:26 elapsed"}
+        "export: writing 1,600 rows: running for 0:00:20 (0:00:26 since the export began)"}
 
 
 def test_status_on_a_terminal_draws_a_spinner_not_lines() -> None:
@@ -366,3 +372,22 @@ def test_status_on_a_terminal_draws_a_spinner_not_lines() -> None:
     status.close()
     assert status._status is None
     assert "export: writing" not in console.file.getvalue()
+
+
+def test_a_catalog_name_no_server_could_hold_is_refused_before_spark_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 30 item 6: `export main.ml.nope` without UCSTAGE_WAREHOUSE started
+    Spark for 26 s before saying "not found". A fresh process: no embedded
+    server is running, so its catalog would be a new, empty one."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("UCSTAGE_WAREHOUSE", "SPARK_REMOTE")}
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "export", "main.ml.nope",
+                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "error: table main.ml.nope not found: UCSTAGE_WAREHOUSE is not set and no Spark " \
+           "server is given" in proc.stderr
+    assert "SPARK_REMOTE=sc://HOST:PORT" in proc.stderr
+    assert "starting the embedded Spark" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -48,3 +48,37 @@ def test_every_command_and_group_help_ends_with_examples_that_parse() -> None:
             assert not isinstance(target, click.Group), f"{where}: example names no command"
             # Parsing checks every option and value the example uses exists as written.
             target.make_context(" ".join(("ucstage", *got)), args)
+
+
+def test_each_short_option_letter_means_one_thing_across_commands() -> None:
+    """Issue 30 item 7: `-w` was --world-size in three commands and --workers
+    in bench. Every command using a letter must share a long name for it."""
+    longs: dict[str, list[tuple[tuple[str, ...], set[str]]]] = {}
+    for path, cmd in commands(cli):
+        for param in cmd.params:
+            if not isinstance(param, click.Option):
+                continue
+            names = param.opts + param.secondary_opts
+            short = [n for n in names if len(n) == 2 and n[0] == "-" and n[1] != "-"]
+            for letter in short:
+                longs.setdefault(letter, []).append((path, {n for n in names if n.startswith("--")}))
+    assert "-w" in longs and "-k" in longs
+    for letter, uses in longs.items():
+        shared = set.intersection(*(names for _, names in uses))
+        assert shared, (letter, uses)
+    assert {p for p, _ in longs["-w"]} >= {("shard-plan",), ("cache", "warm"), ("export",)}
+    assert all("--world-size" in names for _, names in longs["-w"])
+    assert any(p == ("bench",) for p, _ in longs["-k"])
+
+
+def test_no_example_line_is_mangled() -> None:
+    """Issue 30 item 10: a backslash-continued example in a docstring became
+    one line with a run of spaces inside (`--node-rank 0           --nproc...`)."""
+    for path, cmd in commands(cli):
+        _, lines = _examples(cmd)
+        for line in lines:
+            assert "  " not in line and "\\" not in line, (path, line)
+        shown = CliRunner().invoke(cli, [*path, "--help"], env={"COLUMNS": "80"}).output
+        for line in shown.splitlines():
+            if line.strip().startswith("ucstage "):
+                assert "   " not in line.strip(), (path, line)

@@ -237,3 +237,17 @@ def test_a_missing_backend_names_the_extra_to_install() -> None:
     assert proc.returncode == 2, proc.stderr
     assert "no filesystem for s3:// is installed" in proc.stderr
     assert "hint: pip install 'ucstage[s3]'" in proc.stderr
+
+
+def test_bench_on_an_unreadable_file_says_permission_denied(shared_tree: Path) -> None:
+    """Issue 30 item 8: a listed file this user may not read gave
+    `PermissionError: [Errno 13] ... hint: check the volume is reachable`."""
+    home = shared_tree.parent / "home"
+    locked = shared_tree / "cat" / "00001.jpg"
+    os.chmod(locked, 0)
+    proc = _as_nobody("bench", str(shared_tree / "cat"), "-m", "direct", "-k", "1", home=home)
+    assert proc.returncode != 0, proc.stdout
+    assert f"error: direct read of {locked.name}: permission denied" in proc.stderr, proc.stderr
+    assert "make it readable, or leave it out (--exclude GLOB)" in proc.stderr
+    assert "check the volume is reachable" not in proc.stderr
+    assert "PermissionError" not in proc.stderr and "Traceback" not in proc.stderr

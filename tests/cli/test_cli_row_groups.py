@@ -110,6 +110,23 @@ def test_human_plan_and_the_batch_check(folder: str) -> None:
     assert "every rank yields" in human.output and "equal_length=drop" in human.output
 
 
+def test_an_empty_epoch_is_a_warning_never_a_check(folder: str) -> None:
+    """Issue 30 item 2: equal-length batches larger than every slot's rows
+    make an empty epoch: a warning and exit 1, not `✓ every rank yields 0`."""
+    empty = CliRunner().invoke(cli, ["shard-plan", folder, "--unit", "row-group", "-w", "2",
+                                     "-k", "2", "--batch-rows", "64", "--equal-length", "drop"],
+                               env={"COLUMNS": "80"})
+    assert empty.exit_code == 1, empty.output
+    out = " ".join(empty.output.split())
+    assert "✓ every rank yields" not in out
+    assert "! every rank yields 0 batches: the epoch is empty" in out
+    assert "use a smaller --batch-rows, fewer slots, or --equal-length pad" in out
+    assert "error: every rank yields 0 batches: the epoch is empty" in out
+    one = CliRunner().invoke(cli, ["shard-plan", folder, "--unit", "row-group", "-w", "1",
+                                   "-k", "1", "--batch-rows", "148", "--equal-length", "drop"])
+    assert one.exit_code == 0 and "✓ every rank yields 1 batch" in one.output  # singular
+
+
 def test_more_slots_than_row_groups_fails_and_names_the_export_option(folder: str) -> None:
     result = run(folder, "--unit", "row-group", "-w", "4", "-k", "4")
     assert result.exit_code == 1

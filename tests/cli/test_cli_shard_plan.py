@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -303,3 +304,18 @@ def test_dir_lists_the_public_api():
     import ucstage
 
     assert {"VolumeDataset", "DataLoader", "LocalCache", "export_table"} <= set(dir(ucstage))
+
+
+def test_counts_of_one_are_singular(tmp_path: Path) -> None:
+    """Issue 30 item 8: `1 ranks`, `the 1 files`, `1 slots` read as plurals."""
+    root = tmp_path / "one"
+    root.mkdir()
+    (root / "only.bin").write_bytes(b"x" * 10)
+    result = CliRunner().invoke(cli, ["shard-plan", str(root), "-w", "2", "-k", "1",
+                                      "--nproc-per-node", "1"], env={"COLUMNS": "80"})
+    out = " ".join(result.output.split())
+    assert "2 x 1 rank per node" in out, out
+    assert "(more slots than the 1 file); 1 rank gets no file at all" in out, out
+    assert "1 rank read no file and is not listed" in out, out
+    for wrong in ("1 ranks", "1 files", "1 slots"):
+        assert wrong not in out, wrong

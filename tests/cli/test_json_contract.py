@@ -164,7 +164,7 @@ def test_cache_commands(source: str) -> None:
 
 
 def test_bench(source: str, tmp_path: Path) -> None:
-    doc = run_json("bench", source, "-w", "1,2", "-m", "direct,cold,warm",
+    doc = run_json("bench", source, "-k", "1,2", "-m", "direct,cold,warm",
                    "--scratch-dir", str(tmp_path / "scratch"))
     example = doc_examples("bench.md")["JSON"]
     example.pop("plot")  # present only with --plot

@@ -54,14 +54,28 @@ def test_spawned_workers_get_nothing_frozen(tmp_path: Path) -> None:
     assert gc.get_freeze_count() == 0
 
 
+def _is_frozen(obj: object) -> bool:
+    """Whether the collector holds ``obj`` in its permanent generation
+    (``gc.get_objects`` walks the other generations only)."""
+    return gc.is_tracked(obj) and not any(o is obj for o in gc.get_objects())
+
+
 def test_a_script_that_froze_objects_itself_keeps_them_frozen(tmp_path: Path) -> None:
     ds = VolumeDataset(_source(tmp_path), cache_dir=str(tmp_path / "cache"))
     loader = DataLoader(Frozen(ds), batch_size=None, num_workers=1, log_mlflow=False,
                         multiprocessing_context="fork")
+    # The script's own objects, frozen by the script. A count of frozen
+    # objects would also move as unrelated frozen objects are freed.
+    mine = [{"weights": [1.0, 2.0]} for _ in range(3)]
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
-        assert len(list(loader)) == 8
-        assert gc.get_freeze_count() >= frozen  # not unfrozen by the loader
+        assert all(_is_frozen(o) for o in mine)
+        later = [{"made": "after the script's freeze"}]
+        counts = list(loader)
+        assert len(counts) == 8
+        assert all(_is_frozen(o) for o in mine)  # not unfrozen by the loader
+        assert min(counts) > 0  # the worker inherited the script's frozen objects
+        assert not _is_frozen(later)  # nor did it freeze the script's other objects
     finally:
         gc.unfreeze()
+    assert not any(_is_frozen(o) for o in mine)  # the check itself can say "no"

@@ -216,11 +216,35 @@ def test_cache_verify_knows_row_group_entries(tmp_path: Path) -> None:
     ds = TableDataset(str(tmp_path / "t"), columns=["id"], cache=cache)
     assert len(ids(ds)) == 120
     report = cache.verify(ds.freeze().volume())
-    assert report.sources[0].ok == 3 and report.sources[0].clean
+    assert report.sources[0].ranges_ok == report.sources[0].ranges_checked == 3
+    assert report.sources[0].clean
+    # Files and row-group copies are counted apart (issue 30 item 8): the
+    # one file is not cached whole, its 3 row groups are.
+    one = report.sources[0]
+    assert (one.checked, one.ok, one.missing) == (1, 0, 1)
+    from ucstage.cli.cache_maint import _verify_line
+
+    assert _verify_line(one).endswith("1 file checked, 0 ok, 1 not cached; 3 row-group copies "
+                                      "checked, 3 ok; 0 stale, 0 corrupt")
     os.utime(tmp_path / "t" / "a.parquet", (1, 1))  # a new version of the file
     report = cache.verify(ds.freeze().volume())
     assert len(report.sources[0].stale) == 3
     assert all(p.startswith(RANGES_DIR + "/a.parquet/") for p, _ in report.sources[0].stale)
+
+
+def test_verify_reports_the_row_groups_of_a_deleted_file_as_orphans(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    for name in ("a", "b"):
+        pq.write_table(table(0, 120), tmp_path / "t" / f"{name}.parquet", row_group_size=50)
+    cache = LocalCache(tmp_path / "cache")
+    ds = TableDataset(str(tmp_path / "t"), columns=["id"], cache=cache)
+    assert len(ids(ds)) == 240
+    volume = ds.freeze().volume()
+    (tmp_path / "t" / "b.parquet").unlink()
+    report = cache.verify(volume, fix=True).sources[0]
+    assert len(report.orphans) == 3 and report.orphans == report.orphans_removed
+    assert all(p.startswith(RANGES_DIR + "/b.parquet/") for p in report.orphans)
+    assert report.ranges_ok == 3 and cache.verify(volume).sources[0].orphans == []
 
 
 def test_a_listed_file_cannot_take_a_range_entry_s_place(tmp_path: Path) -> None:

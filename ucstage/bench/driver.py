@@ -19,9 +19,11 @@ import time
 from collections.abc import Sequence
 
 from .. import objstore
+from ..cache.mounts import mount_of
 from ..manifest import Manifest
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import DEFAULT_SHUFFLE_SCOPE
+from ..volumes import Volume
 from .measure import Meter
 from .modes import MODE_TYPES, Job
 from .options import DEFAULT_MODES, DEFAULT_WORKERS, check_options
@@ -156,8 +158,14 @@ def run(
             f"{PAGE_CACHED:.0%} of their bytes, asked of the kernel before each run): those "
             "rates show memory, not the source. Bench files not read recently (another "
             "--seed) to measure the source itself")
+    local = local_disk(volume)
+    if local:
+        notes.append(
+            f"the source is a folder on a local disk ({local}): direct, cold and warm all "
+            "read local storage, so the cache-vs-direct comparison is not meaningful; bench "
+            "a remote volume (a FUSE mount or an object-store URL) to see what the cache gains")
     return BenchReport(
-        source=manifest.source, sample_files=len(chosen), sample_bytes=total_bytes,
+        source=manifest.source, local_disk=local, sample_files=len(chosen), sample_bytes=total_bytes,
         listed_files=len(manifest.entries), listed_bytes=manifest.total_bytes,
         sampled_by=("all" if files == ALL else "files" if files is not None
                     else "bytes" if sample_bytes is not None else "default"),
@@ -169,3 +177,19 @@ def run(
         # A note repeated by several runs (warm's partial fill) is said once.
         notes=list(dict.fromkeys(notes)),
     )
+
+
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glusterfs", "lustre",
+                       "gpfs", "afs", "davfs")
+"""Kernel filesystems that reach a server: a folder on one is remote."""
+
+
+def local_disk(volume: Volume) -> str:
+    """The filesystem type when ``volume`` is a folder on local storage (not
+    an object store, a FUSE mount or a network filesystem); '' otherwise."""
+    if not volume.is_local:
+        return ""
+    _, fstype = mount_of(volume.root)
+    if not fstype or fstype.startswith("fuse") or fstype in NETWORK_FILESYSTEMS:
+        return ""
+    return fstype

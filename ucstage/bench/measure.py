@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FetchFailed
+from ..errors import FetchFailed, SourceUnreadable
 from ..progress import Callback
 from ..volumes import FileEntry, Volume
 
@@ -207,6 +207,17 @@ def raise_read_error(tally: ReadTally, mode: str) -> None:
         raise exc
     if isinstance(exc, FetchFailed):
         raise exc
-    raise FetchFailed(f"{mode} read of {tally.error_path} failed: {type(exc).__name__}: {exc}",
+    path = tally.error_path
+    if isinstance(exc, PermissionError):
+        # One file the listing showed but this user may not read: the volume
+        # is reachable, so saying so would send the user the wrong way.
+        raise SourceUnreadable(
+            f"{mode} read of {path}: permission denied",
+            hint="bench reads every sampled file: make it readable, or leave it out "
+                 "(--exclude GLOB)") from exc
+    if isinstance(exc, FileNotFoundError):
+        raise FetchFailed(f"{mode} read of {path}: the file is gone (the source changed "
+                          "while bench ran)", hint="rerun the bench") from exc
+    raise FetchFailed(f"{mode} read of {path} failed: {type(exc).__name__}: {exc}",
                       hint="check the volume is reachable") from exc
 

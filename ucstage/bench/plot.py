@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 
-from ..errors import MissingDependency
+from ..errors import InvalidArgument, MissingDependency
 from ..units import format_bytes
 from .report import BenchReport
 
@@ -37,6 +37,21 @@ def log_ticks(low: float, high: float) -> list[float]:
     if first == last:  # every value on one step: show the steps around it too
         first, last = first - 1, last + 1
     return steps[first:last + 1]
+
+
+def check_destination(path: str) -> None:
+    """Refuse a chart path that is not a ``.png`` in an existing folder: a
+    typo'd folder is an error, never made (as for a scratch folder).
+
+    Raises:
+        InvalidArgument: the name or its folder is wrong.
+    """
+    if not path.lower().endswith(".png"):
+        raise InvalidArgument(f"--plot writes a PNG; give a file name ending in .png, got {path}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgument(f"--plot {path}: folder {folder} does not exist",
+                              hint="create it first, or write the chart elsewhere")
 
 
 def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
@@ -85,8 +100,7 @@ def plot(report: BenchReport, path: str, *, title: str | None = None) -> str:
         ax.set_title(title or f"ucstage bench {report.source}\n{report.sample_files:,} files, "
                      f"{format_bytes(report.sample_bytes)}", fontsize=9)
         fig.tight_layout()
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
+        check_destination(path)
         fig.savefig(path, format="png")
     finally:
         plt.close(fig)

@@ -117,6 +117,9 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)
     engine: str = "fsspec"
     """The engine that read the source (``obstore`` or ``fsspec``)."""
+    local_disk: str = ""
+    """The filesystem type when the source is a folder on a local disk (the
+    cache's comparisons with direct reads then mean nothing); '' otherwise."""
 
     def result(self, mode: str, workers: int) -> RunResult | None:
         """The run of ``mode`` at ``workers``, or None when it did not run."""

@@ -288,7 +288,8 @@ class LocalCache:
         return maint.status(self.space, volume, max_bytes=self.max_bytes)
 
     def verify(self, volume: Volume | None = None, entries: Sequence[FileEntry] | None = None,
-               *, checksum: bool = False) -> VerifyReport:
+               *, checksum: bool = False, complete: bool | None = None,
+               fix: bool = False) -> VerifyReport:
         """Check cached copies of ``entries`` (default: a fresh listing) against the source.
 
         Without ``volume``, every source the cache holds is checked against a
@@ -300,13 +301,21 @@ class LocalCache:
         ``checksum``) bytes that differ from the source's. Corrupt copies are
         deleted (listed in ``removed``) so they are never handed out again and
         the next fetch or warm copies them afresh. Files not cached count as
-        missing, which is not an error.
+        missing, which is not an error. Row-group copies are counted apart
+        (``ranges_checked``, ``ranges_ok``).
+
+        Orphans: cached files whose source file the listing lacks, reported
+        when the listing is ``complete`` (default: when verify lists the
+        source itself) and deleted with ``fix``. A cached source (without
+        ``volume``) that no longer exists is reported ``vanished``; the others
+        are still checked.
 
         Raises:
-            SourceNotFound: a cached source (without ``volume``) no longer exists.
+            SourceNotFound: ``volume`` no longer exists (and no ``entries``).
             InvalidArgument: ``entries`` without ``volume``.
         """
-        return maint.verify(self.space, volume, entries, checksum=checksum)
+        return maint.verify(self.space, volume, entries, checksum=checksum, complete=complete,
+                            fix=fix)
 
     def clear(self, volume: maint.Volumes = None) -> ClearReport:
         """Remove the namespaces of one volume, of a list of them (such as

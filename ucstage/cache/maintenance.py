@@ -16,7 +16,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import CacheError, InvalidArgument
+from ..errors import CacheError, InvalidArgument, SourceNotFound
 from ..volumes import (
     RANGES_DIR,
     FileEntry,
@@ -34,6 +34,7 @@ from .reports import (
     PruneReport,
     SourceCheck,
     VerifyReport,
+    show_version,
 )
 from .space import CacheSpace, free_bytes
 
@@ -91,27 +92,34 @@ def status(space: CacheSpace, volumes: Volumes, *, max_bytes: int | None,
 
 
 def verify(space: CacheSpace, volume: Volume | None, entries: Sequence[FileEntry] | None, *,
-           checksum: bool) -> VerifyReport:
+           checksum: bool, complete: bool | None = None, fix: bool = False) -> VerifyReport:
     """See :meth:`ucstage.cache.LocalCache.verify`."""
     if volume is not None:
-        return VerifyReport([_verify_source(space, volume, entries, checksum, volume.source)],
-                            checksum)
+        return VerifyReport([_verify_source(space, volume, entries, checksum, volume.source,
+                                            complete, fix)], checksum)
     if entries is not None:
         raise InvalidArgument("entries need the volume they were listed from",
                               hint="pass volume too, or neither to check every cached source")
     # Every source the cache holds, as its record names it, listed afresh. A
     # namespace without a record cannot be traced back to a source: skipped.
+    # One source that is gone is reported as such; the others are still checked.
     sources = space.sources()
     checks = []
     for ns_dir in space.namespace_dirs():
         given, url = sources.get(os.path.basename(ns_dir), ("", ""))
         if url:
-            checks.append(_verify_source(space, resolve(url), None, checksum, given))
+            try:
+                checks.append(_verify_source(space, resolve(url), None, checksum, given,
+                                             complete, fix))
+            except SourceNotFound as exc:
+                checks.append(SourceCheck(given, vanished=exc.message))
     return VerifyReport(checks, checksum)
 
 
 def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntry] | None,
-                   checksum: bool, label: str) -> SourceCheck:
+                   checksum: bool, label: str, complete: bool | None, fix: bool) -> SourceCheck:
+    if complete is None:
+        complete = entries is None  # a listing made here is the whole source
     if entries is None:
         entries = list_files(volume).entries
     ns_dir = space.namespace_dir(volume.url)
@@ -133,9 +141,9 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
         elif stamp[0] != st.st_size:
             problem = f"{st.st_size} bytes on disk, {stamp[0]} copied"
         elif stamp != (e.size, e.version):
-            report.stale.append((e.path, f"source is now {e.size} bytes version "
-                                         f"{e.version!r}; cached {stamp[0]} bytes version "
-                                         f"{stamp[1]!r}"))
+            report.stale.append((e.path, f"source is now {e.size} bytes, "
+                                         f"{show_version(e.version)}; cached {stamp[0]} bytes, "
+                                         f"{show_version(stamp[1])}"))
         elif checksum and (problem := _content_problem(volume, e.path, local)):
             pass  # corrupt: handled below
         else:
@@ -147,7 +155,40 @@ def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntr
             if space.discard(ns_dir, rel, local, st):
                 report.removed.append(e.path)
     _verify_ranges(space, ns_dir, entries, report)
+    if complete:
+        _find_orphans(space, ns_dir, entries, report, fix)
     return report
+
+
+def _find_orphans(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
+                  report: SourceCheck, fix: bool) -> None:
+    """Cached files (and row-group copies) whose source file the complete
+    listing ``entries`` no longer has; deleted with ``fix``. Hidden names are
+    left out: a listing without hidden files says nothing about them. Not
+    deleted otherwise: a manifest frozen before the deletion still reads them."""
+    listed = {safe_relpath(e.path) for e in entries}
+    for folder, dirs, names in os.walk(ns_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         or (folder == ns_dir and d == RANGES_DIR))
+        rel_dir = os.path.relpath(folder, ns_dir).replace(os.sep, "/")
+        if rel_dir == RANGES_DIR or rel_dir.startswith(RANGES_DIR + "/"):
+            source = rel_dir[len(RANGES_DIR) + 1:]
+            if not source or source in listed:
+                continue
+        for name in sorted(names):
+            if name.startswith("."):
+                continue  # hidden, or a copy in flight (swept above when dead)
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if rel in listed:
+                continue
+            local = os.path.join(folder, name)
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                continue
+            report.orphans.append(rel)
+            if fix and space.discard(ns_dir, rel, local, st):
+                report.orphans_removed.append(rel)
 
 
 def _verify_ranges(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
@@ -169,7 +210,7 @@ def _verify_ranges(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
                 continue  # a file this check was not asked about (or gone: prune evicts)
             local = os.path.join(folder, name)
             rel = f"{RANGES_DIR}/{source}/{name}"
-            report.checked += 1
+            report.ranges_checked += 1
             try:
                 st = os.stat(local)
             except FileNotFoundError:
@@ -182,10 +223,10 @@ def _verify_ranges(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
                 if space.discard(ns_dir, rel, local, st):
                     report.removed.append(rel)
             elif stamp[1] != e.version:
-                report.stale.append((rel, f"source file is now version {e.version!r}; "
-                                          f"cached ranges of version {stamp[1]!r}"))
+                report.stale.append((rel, f"source file is now {show_version(e.version)}; "
+                                          f"cached ranges of {show_version(stamp[1])}"))
             else:
-                report.ok += 1
+                report.ranges_ok += 1
 
 
 def clear(space: CacheSpace, volumes: Volumes) -> ClearReport:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .runstats import RunStats
@@ -27,6 +28,7 @@ __all__ = [
     "SourceCheck",
     "VerifyReport",
     "WarmReport",
+    "show_version",
 ]
 
 
@@ -230,6 +232,22 @@ class CacheStatus:
                 "unusable": self.unusable or None}
 
 
+def show_version(version: str) -> str:
+    """A file version for people: a local file's version is its mtime in
+    seconds (``1796151838.235907``), shown as the UTC time it names; an
+    object store's (an ETag) as it is."""
+    if not version:
+        return "no version"
+    try:
+        seconds = float(version)
+    except ValueError:
+        return f"version {version!r}"
+    if not 0 <= seconds < 1e11:  # not an mtime after all
+        return f"version {version!r}"
+    when = datetime.fromtimestamp(seconds, timezone.utc)
+    return f"modified {when:%Y-%m-%d %H:%M:%S}.{when.microsecond:06d} UTC"
+
+
 @dataclass
 class SourceCheck:
     """What verify found for one source."""
@@ -244,18 +262,31 @@ class SourceCheck:
     removed_partial_files: int = 0
     removed: list[str] = field(default_factory=list)
     """Corrupt entries deleted from the cache (the next fetch or warm copies them again)."""
+    ranges_checked: int = 0
+    """Cached row-group copies (byte ranges of a table's files) checked; ``checked``,
+    ``ok`` and ``missing`` count whole files only."""
+    ranges_ok: int = 0
+    orphans: list[str] = field(default_factory=list)
+    """Cached files whose source file is gone (only against a complete listing)."""
+    orphans_removed: list[str] = field(default_factory=list)
+    """Orphans deleted (``verify --fix``)."""
+    vanished: str = ""
+    """Why the source could not be listed (it no longer exists); nothing else was checked."""
 
     @property
     def clean(self) -> bool:
-        return not self.stale and not self.corrupt
+        return not self.stale and not self.corrupt and not self.vanished
 
     def to_json(self) -> dict[str, Any]:
         """One object of the ``sources`` list of docs/json-cache.md#verify."""
         return {"source": self.source, "checked": self.checked, "ok": self.ok,
-                "missing": self.missing, "stale": _pairs(self.stale),
+                "missing": self.missing, "ranges_checked": self.ranges_checked,
+                "ranges_ok": self.ranges_ok, "stale": _pairs(self.stale),
                 "corrupt": _pairs(self.corrupt),
                 "removed_partial_files": self.removed_partial_files,
-                "removed": list(self.removed)}
+                "removed": list(self.removed), "orphans": list(self.orphans),
+                "orphans_removed": list(self.orphans_removed),
+                "vanished": self.vanished or None}
 
 
 @dataclass
@@ -303,6 +334,15 @@ class VerifyReport:
     @property
     def removed(self) -> list[str]:
         return [x for s in self.sources for x in s.removed]
+
+    @property
+    def orphans(self) -> list[str]:
+        return [x for s in self.sources for x in s.orphans]
+
+    @property
+    def vanished(self) -> list[str]:
+        """The sources that no longer exist."""
+        return [s.source for s in self.sources if s.vanished]
 
     def to_json(self) -> dict[str, Any]:
         """The document of ``cache verify --json``."""

@@ -19,7 +19,7 @@ from ..volumes import VOLUMES_ROOT_ENV, Volume, is_volumes_path
 from . import maintenance as maint
 from .local import MAX_BYTES_ENV, LocalCache, env_max_bytes
 from .paths import CACHE_DIR_ENV, user_root
-from .reports import CacheStatus, VerifyReport
+from .reports import CacheStatus, SourceCheck, VerifyReport
 from .space import CacheSpace, free_bytes
 
 __all__ = ["cached_volumes", "job_env", "unusable_status", "verify_source"]
@@ -84,7 +84,8 @@ def cached_volumes(cache: LocalCache, source: str | None) -> list[Volume] | None
 def verify_source(cache: LocalCache, source: Source | None, *, checksum: bool = False,
                   include: Sequence[str] = (), exclude: Sequence[str] = (),
                   include_hidden: bool = False, skip_unreadable: bool = False,
-                  listed: Callable[[Manifest], None] | None = None) -> VerifyReport:
+                  listed: Callable[[Manifest], None] | None = None,
+                  fix: bool = False) -> VerifyReport:
     """:meth:`LocalCache.verify` of what the cache holds for ``source``, or
     (None) of every cached source, each against a fresh listing.
 
@@ -93,11 +94,16 @@ def verify_source(cache: LocalCache, source: Source | None, *, checksum: bool = 
     now), one :class:`~ucstage.cache.reports.SourceCheck` per place; a
     manifest, or a volume with nothing cached, against its own listing. The
     filters apply to those listings; ``listed`` hears each one made (to
-    warn of the entries and folders it skipped).
+    warn of the entries and folders it skipped). Orphans (cached files the
+    source no longer has) are reported against an unfiltered fresh listing
+    only, and deleted with ``fix``; a cached place that no longer exists is
+    reported ``vanished``.
     """
     if source is None:
-        return cache.verify(checksum=checksum)
+        return cache.verify(checksum=checksum, fix=fix)
     found = cache.find(source.text) if isinstance(source, VolumeSource) else []
+    # A manifest is the source as it was; a filtered listing a part of it.
+    complete = isinstance(source, VolumeSource) and not (include or exclude or skip_unreadable)
 
     def snapshot(opened: Source) -> Manifest:
         m = opened.snapshot(include=include, exclude=exclude, include_hidden=include_hidden,
@@ -108,13 +114,17 @@ def verify_source(cache: LocalCache, source: Source | None, *, checksum: bool = 
 
     if not found:
         m = snapshot(source)
-        return cache.verify(m.volume(), m.entries, checksum=checksum)
+        return cache.verify(m.volume(), m.entries, checksum=checksum, complete=complete, fix=fix)
     report = VerifyReport([], checksum)
     for volume in found:
-        m = snapshot(open_source(volume.url))
+        try:
+            m = snapshot(open_source(volume.url))
+        except SourceNotFound as exc:
+            report.sources.append(SourceCheck(volume.source, vanished=exc.message))
+            continue
         label = volume.source if is_volumes_path(volume.source) else m.source
         checked = cache.verify(dataclasses.replace(m.volume(), source=label), m.entries,
-                               checksum=checksum)
+                               checksum=checksum, complete=complete, fix=fix)
         report.sources.extend(checked.sources)
     return report
 

@@ -10,6 +10,7 @@ protocol (:mod:`ucstage.cache.fetch`), and stops them on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -60,6 +61,7 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
     start = time.monotonic()
     checked = integrity.TALLY.snapshot()
     hedges = dict(hedge.STATS)
+    new_namespace = not os.path.isdir(cache.space.namespace_dir(volume.url))
     ns_dir = cache.prepare(volume)
     cache.space.sweep(ns_dir)
     report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
@@ -79,7 +81,14 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
             valid.append(e.path)
             report.already_cached += 1
             report.already_cached_bytes += e.size
-    _check_room(ns_dir, todo, report.bytes, cache.max_bytes)
+    try:
+        _check_room(ns_dir, todo, report.bytes, cache.max_bytes)
+    except CacheFull:
+        # Refused before copying anything: a namespace made for this warm
+        # would show in `cache status` as an empty source that was never cached.
+        if new_namespace and not os.listdir(ns_dir):
+            cache.space.remove_namespaces([ns_dir])
+        raise
     cb.set_size(report.bytes, items=report.files)
     cb.relative_update(report.already_cached_bytes)
     for path in valid:

@@ -11,7 +11,7 @@ from ..bench import BenchReport
 from ..errors import InvalidArgument
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import Seconds, parse_modes, parse_workers
-from .output import CONTEXT, emit, err, json_option, read_source, source_options, table
+from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
 from .scope import nproc_option, scope_of, shuffle_scope_option
 
@@ -36,8 +36,8 @@ def _sample_text(report: BenchReport) -> str:
     files, listed = report.sample_files, report.listed_files
     size = format_bytes(report.sample_bytes)
     if report.sampled_by == "all":
-        return f"all {listed:,} files, {size}"
-    head = f"sampled {files:,} of {listed:,} files, {size}"
+        return f"all {counted(listed, 'file')}, {size}"
+    head = f"sampled {files:,} of {counted(listed, 'file')}, {size}"
     if report.sampled_by != "default":
         return f"{head}  [dim](deterministic sample by {report.sampled_by}, seed {report.seed})[/]"
     stride = (f"1 in ~{listed / files:,.0f} files, evenly spaced from a seeded offset "
@@ -88,6 +88,11 @@ def _render(console: Console, report: BenchReport) -> None:
         f"[green]→[/] use {_workers_text(rec.workers)}: the fewest within {bench.WITHIN:.0%} "
         f"of the best rate {_MODE_TEXT[rec.mode]}, {format_rate(rec.best_mb_per_s * 1e6)} at "
         f"{rec.best_workers}" + (f"  [dim](per mode: {others})[/]" if others else ""))
+    if report.local_disk and (rec.cold_vs_direct is not None or rec.warm_vs_direct is not None):
+        # Local disk against local disk: a ratio here would mislead (the notes say why).
+        console.print(f"  [dim]no cache-vs-direct verdict: the source is on a local disk "
+                      f"({escape(report.local_disk)})[/]")
+        return
     _render_verdicts(console, rec)
 
 
@@ -131,7 +136,7 @@ class _Files(click.ParamType):
 
 @click.command("bench", context_settings=CONTEXT)
 @source_options
-@click.option("-n", "--files", "files", type=_Files(), default=None, metavar="N|all",
+@click.option("-f", "--files", "files", type=_Files(), default=None, metavar="N|all",
               help="Bench a deterministic sample of N files (same files on every run), or "
                    "'all' to read every listed file. Default: every k-th file from a seeded "
                    "offset, at most 500 files or 2 GiB, whichever is smaller.")
@@ -139,7 +144,7 @@ class _Files(click.ParamType):
               help=f"Bench a deterministic sample of about SIZE bytes, e.g. 2G; {SIZE_HELP}.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Changes which files the sample takes.")
-@click.option("-w", "--workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",
+@click.option("-k", "--workers", "--num-workers", "workers", default="1,2,4,6,8", show_default=True, metavar="K,K,...",
               help="Concurrent readers to try (DataLoader num_workers with --loader; 0, the "
                    "main process reading, runs in loader mode only).")
 @click.option("-m", "--modes", default="direct,cold,warm", show_default=True,
@@ -217,8 +222,9 @@ def command(
 
 def _check_plot(path: str) -> None:
     """Fail before measuring, not after, when the chart cannot be written."""
-    if not path.lower().endswith(".png"):
-        raise InvalidArgument(f"--plot writes a PNG; give a file name ending in .png, got {path}")
+    from ..bench.plot import check_destination
+
+    check_destination(path)
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:

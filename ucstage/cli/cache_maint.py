@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..cache.local import DEFAULT_LEASE_SECONDS, LocalCache
-from ..cache.reports import VerifyReport
+from ..cache.reports import SourceCheck, VerifyReport
 from ..cache.sources import cached_volumes, unusable_status, verify_source
 from ..errors import CacheUnusable
 from ..units import SIZE_HELP
@@ -97,8 +97,9 @@ def _optional_source(cmd: click.Command) -> click.Command:
     return cmd
 
 
-def _verify_failure(report: VerifyReport, from_manifest: bool, source: str | None) -> str:
-    """The closing error line of verify: what was found, what was done, what to run."""
+def _verify_failure(report: VerifyReport, from_manifest: bool, source: str | None) -> tuple[str, str]:
+    """The closing error line of verify (what was found, what was done, what
+    to run) and its hint."""
     stale, corrupt, removed = len(report.stale), len(report.corrupt), len(report.removed)
     parts = []
     if stale:
@@ -110,12 +111,33 @@ def _verify_failure(report: VerifyReport, from_manifest: bool, source: str | Non
         parts.append(f"{counted(corrupt, 'cached file')} {were} corrupt"
                      + (" and removed" if not kept else f" ({removed:,} removed)"))
     target = source if source is not None and not from_manifest else "SOURCE"
+    todo = ""
     if stale and from_manifest:
         todo = (f"the manifest predates the change: `ucstage cache warm {target}` "
                 "(listing the source afresh) refreshes them")
-    else:
+    elif stale or corrupt:
         todo = f"`ucstage cache warm {target}` refetches them"
-    return "; ".join(parts) + "; " + todo
+    hint = ""
+    gone = report.vanished
+    if gone:
+        parts.append(f"{counted(len(gone), 'cached source')} no longer "
+                     f"{'exists' if len(gone) == 1 else 'exist'}: {', '.join(gone)}")
+        shown = gone[0] if len(gone) == 1 else "SOURCE"
+        hint = (f"if it is gone for good, `ucstage cache clear {shown}` removes its copies; "
+                "if it is only unreachable (a mount, a network), reach it and verify again")
+    return "; ".join(parts) + ("; " + todo if todo else ""), hint
+
+
+def _verify_line(r: SourceCheck) -> str:
+    """One source's counts, whole files and row-group copies apart."""
+    if r.vanished:
+        return f"[bold]{escape(r.source)}[/]: [yellow]gone[/] ({escape(r.vanished)})"
+    line = f"[bold]{escape(r.source)}[/]: {counted(r.checked, 'file')} checked, {r.ok:,} ok, " \
+           f"{r.missing:,} not cached"
+    if r.ranges_checked:
+        line += f"; {counted(r.ranges_checked, 'row-group copy', 'row-group copies')} " \
+                f"checked, {r.ranges_ok:,} ok"
+    return line + f"; {len(r.stale):,} stale, {len(r.corrupt):,} corrupt"
 
 
 @_optional_source
@@ -123,19 +145,23 @@ def _verify_failure(report: VerifyReport, from_manifest: bool, source: str | Non
 @source_options
 @click.option("--checksum", is_flag=True,
               help="Also compare every cached file's bytes with the source (reads both).")
+@click.option("--fix", is_flag=True,
+              help="Delete orphans: cached files whose source file is gone (a manifest "
+                   "frozen before the deletion could still read them).")
 @json_option
 def verify(source: str | None, manifest_path: str | None, include: tuple[str, ...],
-           exclude: tuple[str, ...], include_hidden: bool, checksum: bool,
+           exclude: tuple[str, ...], include_hidden: bool, checksum: bool, fix: bool,
            as_json: bool) -> None:
     """Check cached files against SOURCE (or every cached source): exit 1 and
-    list them when any are stale (the source changed) or corrupt. Corrupt
-    copies are deleted, so they are never served again; `cache warm` then
-    copies them afresh.
+    list them when any are stale (the source changed) or corrupt, or when a
+    cached source no longer exists. Corrupt copies are deleted, so they are
+    never served again; `cache warm` then copies them afresh. Orphans (cached
+    files whose source file is gone) are listed; --fix deletes them.
 
     \b
     Examples:
       ucstage cache verify /Volumes/main/ml/train/images --checksum
-      ucstage cache verify
+      ucstage cache verify --fix
     """
     cache = LocalCache()
     opened = None if source is None and manifest_path is None else source_of(source, manifest_path)
@@ -148,14 +174,12 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
         refuse_filters_of_frozen(opened, include, exclude, include_hidden, skip_unreadable)
     report = verify_source(cache, opened, checksum=checksum, include=include,
                            exclude=exclude, include_hidden=include_hidden,
-                           skip_unreadable=skip_unreadable, listed=warn_skipped)
+                           skip_unreadable=skip_unreadable, listed=warn_skipped, fix=fix)
     data = report.to_json()
 
     def human(console: Console) -> None:
         for r in report.sources:
-            console.print(f"[bold]{escape(r.source)}[/]: {r.checked:,} checked, {r.ok:,} ok, "
-                          f"{r.missing:,} not cached, {len(r.stale):,} stale, "
-                          f"{len(r.corrupt):,} corrupt")
+            console.print(_verify_line(r))
             removed = set(r.removed)
             for kind, found in (("stale", r.stale), ("corrupt", r.corrupt)):
                 for path, reason in found[:EXAMPLES]:
@@ -164,36 +188,50 @@ def verify(source: str | None, manifest_path: str | None, include: tuple[str, ..
                                   markup=True)
                 if len(found) > EXAMPLES:
                     console.print(f"  … {len(found) - EXAMPLES:,} more (--json lists all)")
+            if r.orphans:
+                done = len(r.orphans_removed)
+                what = f"{done:,} removed" if fix else "`ucstage cache verify --fix` removes them"
+                console.print(f"  [yellow]{counted(len(r.orphans), 'orphan')}[/] (cached, "
+                              f"the source file is gone; {what}): "
+                              + escape(", ".join(r.orphans[:EXAMPLES]))
+                              + (" …" if len(r.orphans) > EXAMPLES else ""))
         if not report.sources:
             console.print("nothing cached")
 
     emit(data, as_json, human)
     if not report.clean:
         from_manifest = opened is not None and opened.frozen
-        fail_found(_verify_failure(report, from_manifest, source))
+        fail_found(*_verify_failure(report, from_manifest, source))
 
 
 @click.command("clear", context_settings=CONTEXT)
 @click.argument("source", required=False, metavar="[SOURCE]")
 @click.option("-y", "--yes", is_flag=True,
               help="Clear every source without asking. Without SOURCE, clear asks first "
-                   "when run on a terminal; a script (stdin not a terminal) is never asked.")
+                   "on a terminal, and a script (stdin not a terminal) must pass --yes: an "
+                   "empty $VARIABLE as SOURCE must not clear everything.")
 @json_option
 def clear(source: str | None, yes: bool, as_json: bool) -> None:
-    """Delete the cached files of SOURCE, or of every source (asking first on a
-    terminal), with their lock files. Processes that already opened a file
-    keep reading it.
+    """Delete the cached files of SOURCE, or of every source (--yes, or asking
+    first on a terminal), with their lock files. Processes that already
+    opened a file keep reading it.
 
     \b
     Examples:
       ucstage cache clear s3://bucket/train
       ucstage cache clear --yes
     """
+    if source is not None and yes:
+        raise click.UsageError("--yes clears every source: give it or SOURCE, not both")
     cache = LocalCache()
-    if source is None and not yes and sys.stdin.isatty() and not _confirm_clear_all(cache):
-        emit({"namespaces": [], "files": 0, "bytes": 0}, as_json,
-             lambda c: c.print("nothing removed", markup=False))
-        return
+    if source is None and not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("no SOURCE given: pass --yes to clear every cached source "
+                                   "(a script is never asked)")
+        if not _confirm_clear_all(cache):
+            emit({"namespaces": [], "files": 0, "bytes": 0}, as_json,
+                 lambda c: c.print("nothing removed", markup=False))
+            return
     r = cache.clear(cached_volumes(cache, source))
     data = r.to_json()
     emit(data, as_json, lambda c: c.print(

@@ -128,8 +128,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm s3://bucket/train --max-bytes 200G
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
-      ucstage cache warm /Volumes/main/ml/train/events --unit row-group --node-rank 0 \
-          --nproc-per-node 4 -w 8 -k 2 --shuffle
+      ucstage cache warm main.ml.events --unit row-group --rank 0 -w 8 -k 2 --shuffle
     """
     check_unit_options(unit, WARM_FILE_ONLY, ("columns", "version"))
     ranks = warm_ranks(rank, node_rank, world_size=world_size, num_workers=num_workers,
@@ -215,15 +214,23 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
     if rank_slice is not None and rank_slice.nodes is not None:
         who = (" for " + share_text(rank_slice.nodes, rank_slice.layout)
                + ", which serves every epoch")
+    if report.failed:  # a failed file is not warmed
+        done = report.fetched + report.already_cached
+        done_bytes = report.fetched_bytes + report.already_cached_bytes
+        what = (f"{done:,} of {counted(report.files, noun)} ({format_bytes(done_bytes)} of "
+                f"{format_bytes(report.bytes)})")
+    else:
+        what = f"{counted(report.files, noun)} ({format_bytes(report.bytes)})"
     console.print(
-        f"[bold]Warmed[/] {counted(report.files, noun)} ({format_bytes(report.bytes)}){who} in "
+        f"[bold]Warmed[/] {what}{who} in "
         f"{report.seconds:.1f} s: fetched {report.fetched:,} "
         f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
         f"{report.already_cached:,}, failed {len(report.failed):,}")
     console.print(f"cache folder: {report.namespace}", markup=False)
     if report.fetched:
         how = "settled on by --jobs auto" if report.jobs_auto else "--jobs"
-        console.print(f"engine: {report.engine}, {report.jobs} copies in flight ({how})",
+        console.print(f"engine: {report.engine}, "
+                      f"{counted(report.jobs, 'copy in flight', 'copies in flight')} ({how})",
                       markup=False)
     network_summary(console, report)
     # The one place failed files are listed for people (the progress display

@@ -16,7 +16,7 @@ from rich.text import Text
 from ..errors import InvalidArgument
 from ..progress import Callback
 from .args import column_list, num_workers_list
-from .output import CONTEXT, emit, err, flag_names, format_bytes, json_option, table
+from .output import CONTEXT, counted, emit, err, flag_names, format_bytes, json_option, table
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
@@ -81,8 +81,11 @@ class _Status(Callback):
         if not self.step:
             return None
         now = self.clock()
-        return (f"export: {self.step}: {_clock(now - self._step_started)} so far, "
-                f"{_clock(now - self.started)} elapsed")
+        # One clock; the export's total only once an earlier step makes it differ.
+        line = f"export: {self.step}: running for {_clock(now - self._step_started)}"
+        if _clock(self._step_started - self.started) != _clock(0):
+            line += f" ({_clock(now - self.started)} since the export began)"
+        return line
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -113,9 +116,14 @@ def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int]
     count, suggested = len(data["files"]), data.get("suggested_files")
     if world_size is None or workers is None or suggested is None or suggested == count:
         return None
-    return (f"{count} files do not split evenly over {slot_count(world_size, workers)} loader "
-            f"slots ({world_size} ranks x {num_workers} workers): use --files {suggested} so "
-            "every (rank, worker) slot reads as many files")
+    # Whole files, as VolumeDataset deals them; the row groups above are what
+    # TableDataset deals, so both lines can be true at once and say which is which.
+    verb = "does" if count == 1 else "do"
+    return (f"read as whole files (VolumeDataset), {counted(count, 'file')} {verb} not split "
+            f"evenly over {counted(slot_count(world_size, workers), 'loader slot')} "
+            f"({counted(world_size, 'rank')} x {num_workers} workers): use --files "
+            f"{suggested} so every (rank, worker) slot reads as many files; TableDataset "
+            "deals the row groups above")
 
 
 def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> None:

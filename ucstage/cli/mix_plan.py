@@ -13,7 +13,7 @@ from ..errors import InvalidArgument
 from ..sharding import Layout
 from ..sharding.mixing import MixPlan, mix_plan, mix_shares
 from .args import float_list
-from .output import emit, read_source, table, truncated_rows
+from .output import counted, emit, read_source, table, truncated_rows
 
 __all__ = ["run_mix_plan"]
 
@@ -50,9 +50,10 @@ def refused(given: Sequence[str]) -> None:
 
 def _render(console: Console, p: MixPlan) -> None:
     doc = p.to_json()
-    console.print(f"[bold]Mix plan[/]: {len(p.names)} sources, {p.shares.epoch_size:,} items "
-                  f"per epoch (seed {p.seed}, epoch {p.epoch}), {p.layout.world_size:,} ranks "
-                  f"x {p.layout.num_workers} workers = {p.layout.slots:,} slots")
+    console.print(f"[bold]Mix plan[/]: {counted(len(p.names), 'source')}, "
+                  f"{counted(p.shares.epoch_size, 'item')} per epoch (seed {p.seed}, epoch "
+                  f"{p.epoch}), {counted(p.layout.world_size, 'rank')} x "
+                  f"{p.layout.num_workers} workers = {counted(p.layout.slots, 'slot')}")
     sources = table("source", "items", "per epoch", "passes per epoch", "passes this epoch")
     for src in doc["sources"]:
         passes = src["passes"]

@@ -31,6 +31,7 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from ..progress import Callback
@@ -41,6 +42,9 @@ __all__ = ["INTERVAL", "Counting", "LogLines", "RichBar", "progress_bar"]
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
+_COUNTS = 62
+"""Columns the bar's counts take at most (``1,235/200,000 files, 1 failed
+5.2 GiB/115.0 GiB 12.3 MiB/s 0:01:05`` and the gaps)."""
 
 
 class Counting(Callback):
@@ -240,9 +244,19 @@ def progress_bar(enabled: bool, description: str = "", *, transient: bool = Fals
         finally:
             lines.close()
         return
+    # One line at any width: rich folds a cell that does not fit onto more
+    # lines (an 80-column terminal got two-line redraws), so the counts never
+    # wrap, the bar narrows and only the description gives way (an ellipsis).
+    width = console.width
+    bar_width = 10 if width < 120 else 30
     bar = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[files]}"),
-        _BytesColumn(), _RateColumn(), TimeRemainingColumn(),
+        TextColumn("[bold]{task.description}", table_column=Column(
+            no_wrap=True, overflow="ellipsis", max_width=max(8, width - bar_width - _COUNTS))),
+        BarColumn(bar_width=bar_width),
+        TextColumn("{task.fields[files]}", table_column=Column(no_wrap=True)),
+        _BytesColumn(table_column=Column(no_wrap=True)),
+        _RateColumn(table_column=Column(no_wrap=True)),
+        TimeRemainingColumn(table_column=Column(no_wrap=True)),
         console=console, transient=transient, disable=not enabled,
     )
     with bar:

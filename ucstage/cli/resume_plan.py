@@ -12,7 +12,7 @@ from ..manifest import Manifest
 from ..resume import LoaderState, ResumePlan, SlotRest, load_state
 from ..resume import resume_plan as plan_resume
 from ..sharding import Layout
-from .output import emit, err, format_bytes, table, truncated_rows
+from .output import counted, emit, err, format_bytes, table, truncated_rows
 
 EXAMPLES = 3
 
@@ -65,19 +65,19 @@ def _json(manifest: Manifest, rest: ResumePlan, batch_size: int | None,
 def _render(console: Console, manifest: Manifest, state: LoaderState, doc: dict[str, Any],
             one_slot: bool) -> None:
     if one_slot:
-        err.print(f"slot {doc['rank']}:{doc['worker']}: {len(doc['files']):,} files left, "
+        err.print(f"slot {doc['rank']}:{doc['worker']}: {counted(len(doc['files']), 'file')} left, "
                   f"{format_bytes(doc['bytes'])}")
         for path in doc["files"]:
             console.print(path, markup=False)
         return
     how = ("every slot continues where it stopped" if doc["mode"] == "continue" else
            f"the rest is re-split over {doc['world_size']:,} x "
-           f"{max(1, doc['num_workers'])} slots by the slot rule")
+           f"{counted(max(1, doc['num_workers']), 'slot')} by the slot rule")
     order = f"shuffled (seed {state.seed})" if state.shuffle else "listing order"
     console.print(f"[bold]Resumed epoch {state.epoch}[/] of "
                   f"{escape(manifest.path or manifest.source)}  "
                   f"[dim]fingerprint {manifest.fingerprint[:12]}, {order}[/]")
-    console.print(f"{doc['resumed_files']:,} files delivered before the restart (saved on "
+    console.print(f"{counted(doc['resumed_files'], 'file')} delivered before the restart (saved on "
                   f"{state.last.world_size} x {state.last.num_workers}); "
                   f"{doc['remaining_files']:,} left: {how}")
     slots = table("rank", "worker", "files left", "bytes", "first files")

@@ -175,7 +175,8 @@ def _render(console: Console, p: Any) -> None:
     summary.add_row("ranks x workers",
                     f"{plan.world_size:,} x {spec} = {counted(plan.slot_total, 'slot')}")
     if plan.nproc_per_node is not None:
-        summary.add_row("nodes", f"{plan.node_count:,} x {plan.nproc_per_node:,} ranks per node")
+        summary.add_row("nodes", f"{plan.node_count:,} x {counted(plan.nproc_per_node, 'rank')} "
+                                 "per node")
     order = "listing order" if not plan.shuffle else \
         f"shuffled (seed {plan.seed}, epoch {plan.epoch}, scope {plan.shuffle_scope})"
     summary.add_row("read order", order)
@@ -186,7 +187,8 @@ def _render(console: Console, p: Any) -> None:
     summary.add_row("bytes per slot", _spread(doc["bytes_per_slot"], format_bytes))
     batches = (f"{p.batch_rows:,} rows" if p.batch_rows else "one row group")
     if p.equal is not None:
-        batches += f"; equal_length={p.equal_length}: {p.equal:,} batches per slot"
+        batches += (f"; equal_length={p.equal_length}: "
+                    f"{counted(p.equal, 'batch', 'batches')} per slot")
     summary.add_row("batches", batches)
     console.print(summary)
     console.print()
@@ -200,8 +202,8 @@ def _render(console: Console, p: Any) -> None:
                       format_bytes(r.bytes), f"{r.batches:,}")
     console.print(ranks)
     if plan.empty.ranks:
-        console.print(f"[dim]{plan.empty.ranks:,} ranks read no row group and are not "
-                      "listed[/]")
+        console.print(f"[dim]{counted(plan.empty.ranks, 'rank')} read no row group and "
+                      f"{'is' if plan.empty.ranks == 1 else 'are'} not listed[/]")
     console.print()
     if plan.consistent and not plan.empty.count:
         console.print("[green]✓[/] every row group is read exactly once")
@@ -209,14 +211,19 @@ def _render(console: Console, p: Any) -> None:
         console.print(f"[red]✗[/] ranks disagree on num_workers: {len(plan.duplicated):,} "
                       f"row groups are read twice or more, {len(plan.skipped):,} never")
     if plan.empty.count:
-        console.print(f"[yellow]![/] {plan.empty.count:,} of {plan.slot_total:,} slots read "
-                      f"no row group (more slots than the {m.row_groups:,} row groups): "
+        console.print(f"[yellow]![/] {plan.empty.count:,} of {counted(plan.slot_total, 'slot')} "
+                      f"read no row group (more slots than the {counted(m.row_groups, 'row group')}): "
                       "use fewer slots, or export with more row groups (ucstage export "
                       "--row-group-rows N)")
-    if p.batches_equal:
+    if p.empty_epoch:
+        # Equal, but equally nothing: never a green check.
+        console.print("[yellow]![/] every rank yields 0 batches: the epoch is empty (each "
+                      "slot holds fewer rows than a batch); use a smaller --batch-rows, "
+                      "fewer slots, or --equal-length pad")
+    elif p.batches_equal:
         counts = {r.batches for r in p.ranks}
         if counts:
-            console.print(f"[green]✓[/] every rank yields {counts.pop():,} batches")
+            console.print(f"[green]✓[/] every rank yields {counted(counts.pop(), 'batch', 'batches')}")
     else:
         spread = p.batch_counts
         console.print(

@@ -35,6 +35,7 @@ from .group_plan import ItemNames, group_option, grouped, item_sizes, members_js
 from .mix_plan import REFUSED, mix_options, refused, run_mix_plan
 from .output import (
     CONTEXT,
+    counted,
     emit,
     err,
     fail_found,
@@ -105,9 +106,9 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
     summary.show_header = False
     summary.add_row(f"{n}s", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
     summary.add_row("ranks x workers",
-                    f"{p.world_size:,} x {_workers_text(p)} = {p.slot_total:,} slots")
+                    f"{p.world_size:,} x {_workers_text(p)} = {counted(p.slot_total, 'slot')}")
     if p.nproc_per_node is not None:
-        summary.add_row("nodes", f"{p.node_count:,} x {p.nproc_per_node:,} ranks per node")
+        summary.add_row("nodes", f"{p.node_count:,} x {counted(p.nproc_per_node, 'rank')} per node")
     summary.add_row("read order", order)
     summary.add_row(f"{n}s per slot",
                     f"min {fps.min:,.0f} / mean {fps.mean:,.1f} / max {fps.max:,.0f}")
@@ -129,7 +130,8 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
         ranks.add_row(*cells)
     console.print(ranks)
     if p.empty.ranks:
-        console.print(f"[dim]{p.empty.ranks:,} ranks read no {n} and are not listed[/]")
+        console.print(f"[dim]{counted(p.empty.ranks, 'rank')} read no {n} and "
+                      f"{'is' if p.empty.ranks == 1 else 'are'} not listed[/]")
     if p.node_count > 1:
         console.print()
         nodes = table("node", "ranks", f"{n}s", "bytes")
@@ -177,23 +179,23 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
 
 def _render_empty(console: Console, p: ShardPlan, n: str = "file") -> None:
     e = p.empty
-    whole = f"; {e.ranks:,} ranks get no {n} at all" if e.ranks else ""
+    whole = f"; {counted(e.ranks, 'rank')} get{'s' * (e.ranks == 1)} no {n} at all" if e.ranks else ""
     if p.consistent:
         console.print(f"[yellow]![/] every {n} is read once, but [bold]{e.count:,}[/] of "
-                      f"{p.slot_total:,} slots read nothing (more slots than the "
-                      f"{p.n_files:,} {n}s){whole}")
+                      f"{counted(p.slot_total, 'slot')} read nothing (more slots than the "
+                      f"{counted(p.n_files, n)}){whole}")
     else:
-        console.print(f"[yellow]![/] [bold]{e.count:,}[/] of {p.slot_total:,} slots read "
-                      f"nothing{whole}")
+        console.print(f"[yellow]![/] [bold]{e.count:,}[/] of {counted(p.slot_total, 'slot')} "
+                      f"read nothing{whole}")
     for (first, last), size in list(zip(e.ranges, e.range_sizes, strict=True))[:EXAMPLES]:
-        console.print(f"  {'no ' + n + 's':<11} {_slot_range(first, last)}  [dim]({size:,} slots, "
+        console.print(f"  {'no ' + n + 's':<11} {_slot_range(first, last)}  [dim]({counted(size, 'slot')}, "
                       "rank:worker)[/]")
     hidden = e.range_count - min(len(e.ranges), EXAMPLES)
     if hidden:
         console.print(f"  {'':<11} [dim]… and {hidden:,} more ranges (--json lists the first "
                       f"{len(e.ranges)})[/]")
     if p.consistent:
-        console.print(f"  fix: use at most {p.n_files:,} slots (world size x num_workers), or "
+        console.print(f"  fix: use at most {counted(p.n_files, 'slot')} (world size x num_workers), or "
                       f'VolumeDataset(equal_length="pad"), which re-reads {n}s until every '
                       "slot has one")
 

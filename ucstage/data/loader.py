@@ -59,6 +59,14 @@ def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
 _TORCH_INIT = inspect.signature(tud.DataLoader.__init__)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, else the count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     """``torch.utils.data.DataLoader`` with ucstage defaults, timing and a rank guard.
 
@@ -69,8 +77,9 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     a loaded state, ``equal_length``, the environment) reach persistent workers
     through a per-epoch record (:mod:`ucstage.data.epochrecord`).
     The 6 is a constant, not the machine's CPU count, because every rank must
-    shard with the same value; on a machine with fewer cores torch warns that
-    it "will create 6 worker processes" (pass ``num_workers`` to choose).
+    shard with the same value; on a machine with fewer cores ucstage warns
+    once, saying so (torch's own warning, given twice, is left out; pass
+    ``num_workers`` to choose).
     Without ``multiprocessing_context``, workers over an object-store volume
     start from a ``forkserver`` once obstore ran in this process (forked ones
     could not use it and would read through fsspec); elsewhere they fork
@@ -116,7 +125,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
                  audit: bool = True, audit_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         bound = _TORCH_INIT.bind_partial(None, dataset, *args, **kwargs).arguments
-        if "num_workers" not in bound:
+        # Read by check_worker_number_rationality, which torch's __init__ calls.
+        self._workers_defaulted = "num_workers" not in bound
+        self._workers_said = False
+        if self._workers_defaulted:
             # A constant, not the machine's CPU count: every rank must agree.
             kwargs["num_workers"] = DEFAULT_NUM_WORKERS
         num_workers = bound.get("num_workers", kwargs.get("num_workers"))
@@ -155,6 +167,30 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self._epochs = 0
         self._sinks: list[MlflowSink] = []
         self._start_early()
+
+    def check_worker_number_rationality(self) -> None:
+        """Say once, in ucstage's words, when there are more workers than cores.
+
+        torch warns at construction and again at every new iterator (twice
+        before the first batch), and cannot know that the default 6 is a
+        constant on purpose. Kept, not capped at the cores: every rank must
+        shard with the same value, and nodes may differ (docs/training.md).
+        """
+        if self._workers_said or not self.num_workers:
+            return
+        self._workers_said = True
+        cores = usable_cores()
+        if self.num_workers <= cores:
+            return
+        than = f"more than the {cores} CPU core{'s' * (cores != 1)} this process may use"
+        if self._workers_defaulted:
+            warnings.warn(
+                f"ucstage DataLoader: num_workers defaults to {DEFAULT_NUM_WORKERS} (a constant, "
+                f"so that every rank shards alike), {than}; pass num_workers={cores} (the "
+                "same on every rank) if the workers slow each other down", stacklevel=3)
+        else:
+            warnings.warn(f"ucstage DataLoader: num_workers={self.num_workers} is {than}; the "
+                          "workers may slow each other down", stacklevel=3)
 
     def __iter__(self) -> TimedIterator:  # type: ignore[override]
         if self.volume_dataset is not None:

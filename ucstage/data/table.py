@@ -17,6 +17,7 @@ Usage and every argument: docs/training.md, "Tables".
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from ..errors import InvalidArgument, ManifestError
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, slot_array
 from ..tables import RowGroupManifest, row_groups
 from ..tables.manifest import SUFFIX
-from ..tables.plan import equal_batches
+from ..tables.plan import drop_note, equal_batches
 from . import epochrecord, holding
 from .frozen import freeze_once
 from .sharded import SlotRule, equal_mode
@@ -109,6 +110,7 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         self.table_equal_length = equal_mode(equal_length)
         equal_batches([], batch_rows, self.table_equal_length)  # needs batch_rows
         self.equal_length: str | None = None  # the slot rule over row groups: no pad or drop
+        self._drop_said = ""  # the drop note this process gave (once, not every epoch)
         ReadOrder(0, self.shuffle, self.seed, 0, None, shuffle_scope)
         Layout.one_node(nproc_per_node)
         self.shuffle_scope, self.nproc_per_node = shuffle_scope, nproc_per_node
@@ -253,6 +255,12 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         if self.table_equal_length is not None:
             totals, _ = slot_totals(self, layout, tracker)
             count = equal_batches(totals, self.batch_rows, self.table_equal_length)
+            if self.table_equal_length == "drop" and (rank, worker) == (0, 0):
+                # One slot of the whole job says it (each process warns once per text).
+                note = drop_note(totals, self.batch_rows or 0)
+                if note is not None and note != self._drop_said:
+                    self._drop_said = note
+                    warnings.warn(note, stacklevel=2)
         it = slot_batches(self, manifest, tracker, rank, count)
         if record is not None and record["persistent"]:
             return epochrecord.guarded(it, self._epoch_link, record["gen"])

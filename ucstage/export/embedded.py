@@ -230,7 +230,7 @@ class EmbeddedServer:
             env["JAVA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(java)))
         callback.set_description(
             f"starting the embedded Spark Connect server on 127.0.0.1:{self.port} "
-            "(about 6 s; SPARK_REMOTE=sc://HOST:PORT uses a running one)")
+            "(SPARK_REMOTE=sc://HOST:PORT uses a running one)")
         started = time.monotonic()
         try:
             self._launch(env, started, timeout)

@@ -51,6 +51,7 @@ __all__ = [
     "SERVER_CONF",
     "EmbeddedServer",
     "abandon",
+    "catalog_is_new",
     "embedded_server",
     "get_session",
     "is_connection_error",
@@ -133,6 +134,16 @@ def _check(session: Any, url: str) -> None:
             hint="check that the server runs and the URL is right, or unset SPARK_REMOTE "
                  "to use the embedded server",
         ) from exc
+
+
+def catalog_is_new(remote: str | None = None) -> bool:
+    """Whether a session for ``remote`` would be a new embedded server's,
+    whose catalog (a fresh folder of its own) holds no table yet: asking it
+    for a table by name would start Spark only to say "not found"."""
+    if remote or os.environ.get(REMOTE_ENV):
+        return False
+    with _lock:
+        return _embedded is None or not _embedded.running
 
 
 def get_session(remote: str | None = None, *, callback: Callback = NO_PROGRESS) -> Any:

@@ -52,6 +52,7 @@ from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..tables.delta import TableState, table_state
 from ..tables.names import (
+    WAREHOUSE_ENV,
     TableName,
     is_table_path,
     local_table_path,
@@ -76,7 +77,7 @@ from .dest import (
 from .interrupt import add_note, notes, signals_deferred
 from .options import ExportOptions, check_partition_by
 from .record import ExportRecord, ExportResult
-from .spark import abandon, get_session, is_connection_error
+from .spark import abandon, catalog_is_new, get_session, is_connection_error
 
 __all__ = ["export_table", "read_table"]
 
@@ -108,6 +109,17 @@ def _resolve_source(table: str) -> _Source:
         return _Source(str(name), "catalog", None, name)
     state = table_state(located, label=str(name))
     return _Source(str(name), "delta", located, name, state, state.version)
+
+
+def _check_findable(source: _Source, remote: str | None) -> None:
+    """Refuse a catalog name no server could hold, before Spark starts (tens
+    of seconds) only to say "not found"."""
+    if source.kind == "catalog" and catalog_is_new(remote):
+        raise TableNotFound(
+            f"table {source.label} not found: {WAREHOUSE_ENV} is not set and no Spark server "
+            "is given, so there is no catalog that could hold it",
+            hint=f"set {WAREHOUSE_ENV} to the folder holding <catalog>/<schema>/<table> Delta "
+                 "tables, or SPARK_REMOTE=sc://HOST:PORT to a server whose catalog has it")
 
 
 def _hadoop_escape(path: str) -> str:
@@ -291,6 +303,7 @@ def export_table(
     dest_path = resolve_dest(dest)
     check_dest_writable(dest_path)
     source = _resolve_source(table)
+    _check_findable(source, remote)
     check_replaceable(dest_path, force)  # again under the lock; here to refuse before any write
     try:
         with dest_lock(dest_path, callback):
@@ -444,6 +457,7 @@ def read_table(name: str, limit: int | None = None, *, remote: str | None = None
     if limit is not None and limit < 0:
         raise InvalidArgument(f"limit must be 0 or more, got {limit}")
     source = _resolve_source(name)
+    _check_findable(source, remote)
     spark = get_session(remote, callback=callback)
     try:
         df = _dataframe(spark, source)

@@ -121,7 +121,8 @@ class ShardPlan:
             out.append(f"{len(self.duplicated):,} files read twice or more, "
                        f"{len(self.skipped):,} never read")
         if self.empty.count:
-            out.append(f"{self.empty.count:,} of {self.slot_total:,} slots read nothing")
+            total = self.slot_total
+            out.append(f"{self.empty.count:,} of {total:,} slot{'s' * (total != 1)} read nothing")
         if not self.batches_equal:
             out.append("ranks would get different batch counts")
         return out

@@ -23,10 +23,12 @@ from typing import Any
 
 from ..errors import InvalidArgument
 
-__all__ = ["EQUAL_MODES", "WindowPlan", "equal_batches", "row_permutation", "slot_rows",
-           "windows"]
+__all__ = ["DROP_WARN_SHARE", "EQUAL_MODES", "WindowPlan", "drop_note", "equal_batches",
+           "row_permutation", "slot_rows", "windows"]
 
 EQUAL_MODES = ("pad", "drop")
+DROP_WARN_SHARE = 0.05
+"""``equal_length="drop"`` dropping more than this share of the rows is worth a word."""
 
 
 def row_permutation(rows: int, seed: int, epoch: int, group: int) -> Any:
@@ -128,3 +130,39 @@ def equal_batches(slot_totals: Sequence[int], batch_rows: int | None,
             f" of {len(slot_totals)} slots have none",
             hint='use fewer slots (ranks x workers) than row groups, or equal_length="drop"')
     return -(-max(slot_totals) // batch_rows)
+
+
+def _kept(slot_totals: Sequence[int], batch_rows: int) -> int:
+    return len(slot_totals) * (min(slot_totals) // batch_rows) * batch_rows
+
+
+def drop_note(slot_totals: Sequence[int], batch_rows: int) -> str | None:
+    """What ``equal_length="drop"`` costs, in words, when it drops more than
+    :data:`DROP_WARN_SHARE` of the rows (None otherwise): the share dropped,
+    and what would drop less. Every slot yields as many full batches as the
+    slot with the fewest rows, so the loss is the slots' imbalance plus each
+    slot's last partial batch; a smaller ``batch_rows`` helps only the second."""
+    total = sum(slot_totals)
+    if not total or not batch_rows:
+        return None
+    kept = _kept(slot_totals, batch_rows)
+    share = 1 - kept / total
+    if share <= DROP_WARN_SHARE:
+        return None
+    best = 1 - _kept(slot_totals, 1) / total  # no partial batch at all
+    smaller = ""
+    # The largest batch_rows that recovers at least half of what partial batches lose.
+    for b in range(batch_rows - 1, 0, -1):
+        if 1 - _kept(slot_totals, b) / total <= best + (share - best) / 2:
+            if share - (1 - _kept(slot_totals, b) / total) > DROP_WARN_SHARE / 2:
+                smaller = (f"; batch_rows={b} would drop "
+                           f"{1 - _kept(slot_totals, b) / total:.0%}")
+            break
+    n = len(slot_totals)
+    slots = "the one slot" if n == 1 else f"every one of the {n:,} slots"
+    return (f'equal_length="drop" keeps {kept:,} of {total:,} rows per epoch ({share:.0%} '
+            f"dropped): {slots} yields "
+            f"{min(slot_totals) // batch_rows:,} batches of {batch_rows:,} rows, as many as the "
+            f"slot with the fewest rows ({min(slot_totals):,}). equal_length=\"pad\" drops "
+            "nothing (short slots re-read rows)" + smaller
+            + "; fewer slots (ranks x num_workers) even them out")

@@ -77,11 +77,21 @@ class RowGroupPlan:
             out.append(f"{len(self.plan.duplicated):,} row groups read twice or more, "
                        f"{len(self.plan.skipped):,} never read")
         if self.plan.empty.count:
-            out.append(f"{self.plan.empty.count:,} of {self.plan.slot_total:,} slots read "
+            total = self.plan.slot_total
+            out.append(f"{self.plan.empty.count:,} of {total:,} slot{'s' * (total != 1)} read "
                        "no row group")
         if not self.batches_equal:
             out.append("ranks would get different batch counts")
+        elif self.empty_epoch:
+            out.append("every rank yields 0 batches: the epoch is empty")
         return out
+
+    @property
+    def empty_epoch(self) -> bool:
+        """Rows to read, yet no rank yields a batch (``equal_length="drop"``
+        with batches larger than any slot's rows)."""
+        return bool(sum(self.slot_rows)) and all(r.batches == 0 for r in self.ranks) \
+            and (self.equal or 0) == 0
 
     def spread(self, values: Sequence[int]) -> dict[str, float]:
         """min / mean / max over every slot of the job, the empty ones as zeros."""

@@ -198,10 +198,10 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
             where = f"{VOLUMES_ROOT_ENV} is not set, so it was looked up as a local path"
         else:
             where = f"looked up at {volume.url}"
-        raise SourceNotFound(
-            f"source {source} does not exist ({where})",
-            hint=f"check the path, or set {VOLUMES_ROOT_ENV} to the folder or URL that holds /Volumes",
-        )
+        # The variable only maps /Volumes paths: for any other it is no help.
+        hint = (f"check the path, or set {VOLUMES_ROOT_ENV} to the folder or URL that holds "
+                "/Volumes") if is_volumes_path(canonical) else "check the path"
+        raise SourceNotFound(f"source {source} does not exist ({where})", hint=hint)
     return volume if kind == "directory" else single_file(volume)
 
 

@@ -110,7 +110,8 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
         "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
         "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
-        "ucstage.resume", "ucstage.objstore"}
+        "ucstage.resume", "ucstage.objstore", "ucstage.cloudfs", "ucstage.aside",
+        "ucstage.params", "ucstage.shutdown"}
 
 
 @pytest.mark.parametrize("name", sorted(CORE))

@@ -46,6 +46,10 @@ def _run_inner(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     """Run a pytest session with the guard as its plugin, guarding tmp_path/real."""
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(body))
     env = {**os.environ, GUARDED_ENV: str(tmp_path / "real")}
+    # The inner run starts in tmp_path: the repository must be on its path
+    # for its plugin (tests.common.realcache) to import.
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
     return subprocess.run(

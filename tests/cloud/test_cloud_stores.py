@@ -8,7 +8,6 @@ store's own MD5 checked on every copy."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -213,13 +212,9 @@ def test_cache_lazy_and_bench(store: Store, tmp_path: Path) -> None:
 FAULT_KINDS = ["flip", "reset", "stall"]
 
 
-def _fault(faults: Faults, kind: str, keys: list[str], prefix: str, total: int) -> None:
-    """Fault each of ``keys`` once (the proxy's keyed API when it has one,
-    else its share of GETs: the same count)."""
-    if "keys" in inspect.signature(faults.set).parameters:
-        faults.set(kind, keys, prefix=prefix)  # type: ignore[arg-type]
-    else:
-        faults.set(kind, len(keys) / total, prefix=prefix)  # type: ignore[arg-type]
+def _fault(faults: Faults, kind: str, keys: list[str], prefix: str) -> None:
+    """Fault each of ``keys`` (names under ``prefix``) on its first GET."""
+    faults.set(kind, keys, prefix=prefix)
 
 
 # Stalls only on obstore: the fsspec engine has no per-request deadline of
@@ -242,7 +237,7 @@ def test_faults_are_retried_and_no_wrong_byte_is_cached(store: Store, kind: str,
         # the proxy drops it: either way the copy is retried.
         faults.max_stall = 5
         m = snapshot(src)
-        _fault(faults, kind, ["f1.bin", "f4.bin"], store.get_path(prefix, engine), len(files))
+        _fault(faults, kind, ["f1.bin", "f4.bin"], store.get_path(prefix, engine))
         cache = LocalCache(retries=4, backoff=0.01)
         report = cache.warm(m.volume(), m.entries)
         assert report.failed == []
@@ -250,7 +245,7 @@ def test_faults_are_retried_and_no_wrong_byte_is_cached(store: Store, kind: str,
         if kind == "flip":
             assert report.mismatches == 2
         assert report.check_counts()["md5"] == len(files)
-        faults.set("", 0)
+        faults.set("", [])
         assert _cached(cache, src) == files
     integrity.forget()
 

@@ -24,6 +24,7 @@ from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..manifest.groups import split_name
 from ..sharding import effective_workers
+from ..shutdown import exiting
 from . import looppos, samples, warm
 from .looppos import LoopView
 from .protocol import ShardedDataset
@@ -70,7 +71,7 @@ def unheld_lookup(reader: Reader | None, cache: Any,
 
 
 def follow(paths: Iterator[str], reader: Reader | None, loop: LoopView | None = None,
-           first: int = 0) -> Iterator[str]:
+           first: int = 0, _exiting: Callable[[], bool] = exiting) -> Iterator[str]:
     """Yield ``paths``; each stays held until the consumer has asked for
     ``reader.slack`` more and, under a ucstage DataLoader (``loop``), the
     training loop has moved past the batch it went into (then it is marked
@@ -99,18 +100,22 @@ def follow(paths: Iterator[str], reader: Reader | None, loop: LoopView | None = 
                 while len(recent) > slack and recent[0][0] <= past:
                     samples.release(reader, recent.popleft()[1])
     finally:
-        close = getattr(paths, "close", None)
-        if close is not None:
-            close()
-        past = loop.past() if loop is not None else looppos.PAST_ALL
-        while recent and recent[0][0] <= past:
-            samples.release(reader, recent.popleft()[1])
-        if loop is not None and recent:
-            kept = [p for _, item in recent
-                    for p in (item.values() if isinstance(item, dict) else (item,))]
-            reader.close(keep=kept)
-            looppos.linger(loop, functools.partial(samples.release, reader), recent)
-        reader.close()
+        # A generator left unfinished and collected while Python exits skips
+        # this: the modules it would call are being torn down, and the
+        # process's holds end with it (``_exiting`` is bound early for that).
+        if not _exiting():
+            close = getattr(paths, "close", None)
+            if close is not None:
+                close()
+            past = loop.past() if loop is not None else looppos.PAST_ALL
+            while recent and recent[0][0] <= past:
+                samples.release(reader, recent.popleft()[1])
+            if loop is not None and recent:
+                kept = [p for _, item in recent
+                        for p in (item.values() if isinstance(item, dict) else (item,))]
+                reader.close(keep=kept)
+                looppos.linger(loop, functools.partial(samples.release, reader), recent)
+            reader.close()
 
 
 def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, volume: Any,

@@ -101,6 +101,9 @@ SCRIPT = textwrap.dedent("""
     from ucstage import DataLoader, VolumeDataset
 
     if __name__ == "__main__":
+        # Read once here without workers: obstore now runs in this process,
+        # so forked workers could not use it (listing alone would not do that).
+        assert len(list(VolumeDataset(sys.argv[1], cache_dir=sys.argv[2] + "-here"))) == 6
         ds = VolumeDataset(sys.argv[1], cache_dir=sys.argv[2])
         loader = DataLoader(ds, batch_size=None, num_workers=2, log_mlflow=False)
         early = fs._forkserver._forkserver_pid is not None
@@ -112,6 +115,8 @@ SCRIPT = textwrap.dedent("""
 
 def test_the_loader_starts_the_forkserver_when_it_is_made_without_listing(
         moto, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Once the main process has read through obstore, the loader's workers
+    will start from a forkserver: it starts when the loader is made."""
     src = make_source("s3", "", {f"f{i}.bin": os.urandom(2 * KB) for i in range(6)})
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

@@ -73,7 +73,7 @@ def test_resume_on_three_ranks_delivers_the_epoch_exactly_once(interrupted, tmp_
     assert Counter(nxt) == Counter(names)  # the next epoch: the new layout, from the start
     for r in resumed:
         first_audit, second_audit = r["audits"]
-        assert first_audit == {"epoch": 0, "files": N, "duplicates": 0, "gaps": 0,
+        assert first_audit == {"epoch": 0, "files": N, "duplicates": 0, "gaps": 0, "skipped": 0,
                                "expected_duplicates": 0, "expected_gaps": 0,
                                "resumed_files": 40, "coverage_ok": True,
                                "sources": []}  # one source: no per-source split

@@ -131,8 +131,10 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
     with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
-        # Kill points: during start-up, then 0 s and 0.3 s after a copy is seen
-        # in progress (polling, so a slow machine still hits mid-copy), then
+        # Kill points: during start-up (once the cache folder exists: a fixed
+        # delay could land before the interpreter even started), then 0 s and
+        # 0.3 s after a copy is seen in progress (polling, so a slow machine
+        # still hits mid-copy; the 0.3 s only varies the point), then
         # once a copy has landed while another is in progress (awaited, not
         # timed: on a loaded machine 0.8 s could pass before any copy landed,
         # leaving the rerun nothing to resume); then more kills right after a
@@ -147,8 +149,11 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
                 break
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
-            if after_partial is None:
-                time.sleep(0.2)
+            if after_partial is None:  # once the warm has made the cache, before copying
+                deadline = time.monotonic() + 120
+                while not os.path.isdir(cache_dir) and time.monotonic() < deadline \
+                        and proc.poll() is None:
+                    time.sleep(0.01)
             elif after_partial == "landed":
                 deadline = time.monotonic() + 60
                 while not landed() and time.monotonic() < deadline and proc.poll() is None:
@@ -266,9 +271,13 @@ def test_lru_evicts_least_recently_used_first(tmp_path: Path, source_kind: str) 
     """Guarantee 4: least recently used entries go first."""
     vol, (a, b, c, d) = _local_source(tmp_path, 4, 1000, source_kind)
     cache = LocalCache(max_bytes=3500, lease_seconds=0)
-    for e in (a, b, c):
-        cache.fetch(vol, e)
-    time.sleep(1.1)  # the LRU clock has one-second resolution
+    # The LRU clock is the atime, and a hand-out refreshes it only when it is
+    # over a second old: set the three hand-out times explicitly (a oldest),
+    # rather than sleeping for the clock to tick.
+    past = time.time_ns() - 60 * 10**9
+    for i, e in enumerate((a, b, c)):
+        path = cache.fetch(vol, e)
+        os.utime(path, ns=(past + i * 10**9, os.stat(path).st_mtime_ns))
     assert cache.lookup(vol, a) is not None  # a is now the most recently used
     cache.fetch(vol, d)
     assert cache.lookup(vol, b) is None

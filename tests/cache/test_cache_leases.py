@@ -31,7 +31,7 @@ def _source(tmp_path: Path, n: int, size: int = 1000) -> tuple:  # type: ignore[
     return m.volume(), list(m.entries)
 
 
-def _wait_for(check, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(check, what: str, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -59,10 +59,10 @@ def test_a_held_file_is_never_evicted_and_a_full_cap_waits_for_the_reader(tmp_pa
 
     thread = threading.Thread(target=third, daemon=True)
     thread.start()
-    # Both files are held, so the copy cannot reserve: it waits (no temp
-    # file, no result) however long we look.
-    _wait_for(lambda: (Path(cache.namespace_dir(vol)) / "f00.bin").exists(), "the files")
-    thread.join(0.5)
+    # Both files are held, so the copy cannot reserve: it waits for room (the
+    # waiter's counters say so as the wait starts), with no result.
+    _wait_for(lambda: done or runstats.read_run(str(cache.root), "t").waits == 1,
+              "the fetch to wait for room")
     assert done == [] and thread.is_alive()
     assert Path(pa).read_bytes() == bytes([0]) * 1000
     reader.release(pa)  # the consumer moved past a

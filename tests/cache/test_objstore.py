@@ -33,7 +33,7 @@ KB = 1024
 MB = 1024 * KB
 
 
-def _poll(what: str, ok, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+def _poll(what: str, ok, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not ok():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -278,7 +278,7 @@ def test_ctrl_c_stops_a_warm_while_the_store_hangs(proxied: Throttle, tmp_path: 
         _poll("the other files to be cached",
               lambda: len(list((tmp_path / "cache").rglob("a*.bin"))) == 3)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=120)
         assert proxied.held == 4  # the store never answered
     finally:
         if proc.poll() is None:

@@ -5,7 +5,6 @@ throttling and timeouts."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -69,12 +68,26 @@ def test_only_throttling_and_timeouts_slow_jobs_auto_down(exc: Exception, slows:
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(fetcher, "fetch_once", flaky)
-    start = time.monotonic()
+    pauses: list[float] = []
+    real_sleep = inflight.sleep
+
+    def sleep(seconds: float, *, slow_down: bool = True) -> None:
+        pauses.append(seconds)
+        real_sleep(seconds, slow_down=slow_down)
+
+    monkeypatch.setattr(inflight, "sleep", sleep)
     path, copied = fetcher.fetch_retrying(volume, FileEntry("a.bin", 1, "v"), inflight)
     assert copied and Path(path).read_bytes() == b"x"
     assert len(heard) == (2 if slows else 0)
     assert slows_down(exc) is slows
-    assert time.monotonic() - start < 1
+    # The retries waited the cache's 0.01 s backoff (doubling, jittered by at
+    # most a quarter), throttling from the first retry, other errors from the
+    # second: counted from the pauses asked for, not timed.
+    first, second = pauses
+    if throttled(exc):
+        assert 0.01 <= first <= 0.0125 and 0.02 <= second <= 0.025, pauses
+    else:
+        assert first == 0.0 and 0.01 <= second <= 0.0125, pauses
 
 
 def test_a_mismatch_on_every_attempt_fails_naming_the_file(tmp_path: Path,

@@ -84,14 +84,15 @@ def _tree(root: str) -> dict[str, tuple[int, int]]:
     return found
 
 
-def wait_synced(backing: str, mounted: str, timeout: float = 15.0) -> None:
+def wait_synced(backing: str, mounted: str, timeout: float = 120.0) -> None:
     """Wait until the mount shows exactly the backing folder's files and sizes.
 
     rclone caches directory listings (about a second here), so a tree written
     to the backing folder appears in the mount a little later. Waiting for the
     listings to agree, rather than sleeping a fixed time, keeps tests from
-    racing the cache on a loaded machine. rclone hides symlinks, so they are
-    left out of the comparison (os.walk does not descend into linked folders).
+    racing the cache on a loaded machine (the timeout only stops a hang).
+    rclone hides symlinks, so they are left out of the comparison (os.walk
+    does not descend into linked folders).
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -124,7 +125,7 @@ def rclone_mount(source: str, mountpoint: str, *extra: str) -> Iterator[str]:
     if proc.returncode != 0:
         with open(log + ".stderr", errors="replace") as fh:
             require(False, f"rclone mount failed: {fh.read().strip()[:300]}")
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120  # only stops a hang: rclone starts slowly under load
     while not os.path.ismount(mountpoint):
         if time.monotonic() > deadline:
             require(False, f"rclone mount did not appear at {mountpoint}")
@@ -189,8 +190,9 @@ def tmpfs(mountpoint: str, options: str) -> Iterator[str]:
         subprocess.run(["umount", "-l", mountpoint], capture_output=True)
 
 
-def wait_visible(path: str, timeout: float = 5.0) -> None:
-    """Wait out rclone's directory cache until a new folder shows in the mount."""
+def wait_visible(path: str, timeout: float = 120.0) -> None:
+    """Wait out rclone's directory cache until a new folder shows in the mount
+    (the timeout only stops a hang: rclone is slow to answer on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if time.monotonic() > deadline:

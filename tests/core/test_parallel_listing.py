@@ -194,7 +194,8 @@ def test_sibling_folders_are_listed_at_the_same_time(tmp_path):
                 inside["now"] += 1
                 inside["most"] = max(inside["most"], inside["now"])
                 lock.notify_all()
-                deadline = time.monotonic() + 5
+                # Long enough for 4 threads to start on a loaded machine.
+                deadline = time.monotonic() + 30
                 while inside["most"] < 4 and time.monotonic() < deadline:
                     lock.wait(0.1)
                 inside["now"] -= 1

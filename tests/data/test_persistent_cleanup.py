@@ -124,7 +124,9 @@ def _line(proc: subprocess.Popen[str], prefix: str, info: dict[str, Any],
 
 
 def _assert_nothing_left(tmp_path: Path, info: dict[str, Any], record_folder: str) -> None:
-    deadline = time.monotonic() + 2.0  # orphaned workers notice a dead parent by polling
+    # Orphaned workers notice a dead parent by polling; the bound only stops
+    # a hang (processes end slowly on a loaded machine).
+    deadline = time.monotonic() + 120
     while _marked(info["marker"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in _marked(info["marker"])}
@@ -140,7 +142,7 @@ def test_del_loader_leaves_nothing(source: str, tmp_path: Path, short_tmp: Path,
                                    scripts: list[subprocess.Popen[str]]) -> None:
     proc, info = _script(tmp_path, short_tmp, source, "del", scripts)
     left = json.loads(_line(proc, "LEFT ", info))
-    assert proc.wait(30) == 0, Path(info["stderr"]).read_text()[-3000:]
+    assert proc.wait(120) == 0, Path(info["stderr"]).read_text()[-3000:]
     assert left["workers"] == [] and left["threads"] == [] and not left["record_folder"], left
     # The only children a `del loader` may leave are the standard library's
     # one forkserver and its resource tracker, which the next loader reuses;
@@ -162,11 +164,11 @@ def test_ctrl_c_ends_the_script_and_leaves_nothing(source: str, tmp_path: Path, 
     assert set(ready["workers"]) <= set(_marked(info["marker"]))
     assert os.path.isdir(ready["record_folder"])
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
-    # Not a timing assert (the machine may be loaded): a bound no clean exit
-    # comes near (1.3-1.6 s here, most of it Python's own teardown of torch),
-    # which a worker left for torch's 5 s join, or a thread that never ends, exceeds.
+    # Not a timing assert (the machine may be loaded): the bound only stops a
+    # hang (a thread that never ends). A worker left for torch's 5 s join
+    # shows as a -15 exit code, checked below.
     try:
-        proc.wait(timeout=15.0)
+        proc.wait(timeout=300)
     except subprocess.TimeoutExpired:
         pytest.fail("the script did not exit after Ctrl-C; stderr:\n"
                     + Path(info["stderr"]).read_text()[-3000:])

@@ -43,7 +43,7 @@ from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 T = TypeVar("T")
 
 __all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline", "engine",
-           "forks_fall_back", "list_objects", "location", "serves", "store", "usable"]
+           "forks_fall_back", "keep_clean", "list_objects", "location", "serves", "store", "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
 ENGINES = ("auto", "obstore", "fsspec")
@@ -109,7 +109,7 @@ def forks_fall_back() -> bool:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _clean(fn: Callable[..., T], *args: Any) -> T:
+def keep_clean(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` without starting obstore's runtime in this process: in a
     short-lived forked child while obstore is unused here, so that processes
     forked from this one later (DataLoader workers) can still use it
@@ -413,7 +413,7 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
     listed = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None
     if listed is not None:
         return listed  # resolving the source just listed all of it
-    return _clean(_list_all, kind, bucket, prefix)
+    return keep_clean(_list_all, kind, bucket, prefix)
 
 
 def _list_all(kind: str, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
@@ -630,7 +630,7 @@ class ObjectFS:
             return self._cloud_info(path)
         if not usable():
             return dict(self.fsspec().info(path))
-        found, listed = _clean(self._info, path)
+        found, listed = keep_clean(self._info, path)
         if listed is not None:
             self._listed = (listed[0], listed[1], time.monotonic(), listed[2])
         return found

@@ -88,3 +88,60 @@ def test_forked_workers_of_notebook_code_read_through_obstore(
         for g in got:  # a worker that fell back would say fsspec and have imported s3fs
             assert (g["engine"], g["obstore_here"], g["s3fs"]) == ("obstore", True, False)
     assert "fsspec" not in stderr and "WARNING" not in stderr.upper(), stderr
+
+
+TABLE_SCRIPT = r'''
+import json, os
+import torch.utils.data as tud
+from ucstage import DataLoader, TableDataset, objstore
+
+def main(src, cache):
+    class Rows(tud.IterableDataset):  # defined here: does not pickle
+        def __init__(self, table):
+            self.table = table
+        def __iter__(self):
+            for batch in self.table:
+                yield {"ids": batch.column("id").to_pylist(), "pid": os.getpid(),
+                       "obstore_here": objstore._used_in == os.getpid()}
+
+    table = TableDataset(src, cache_dir=cache, batch_rows=10, shuffle=True, seed=3)
+    loader = DataLoader(Rows(table), batch_size=None, num_workers=2)
+    got = list(loader)
+    start = loader.multiprocessing_context
+    print(json.dumps({"got": got, "main_used_obstore": objstore._used_in is not None,
+                      "start": None if start is None else start.get_start_method()}))
+
+if __name__ == "__main__":
+    main(*json.loads(os.environ["CASE"]))
+'''
+
+
+def test_forked_workers_of_a_notebook_table_read_through_obstore(
+        moto, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The footers are read in a child too, so a table's workers fork and use obstore."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = {}
+    for i in range(4):
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(i * 50, i * 50 + 50))}), buf,
+                       row_group_size=10)
+        files[f"part-{i}.parquet"] = buf.getvalue()
+    src = make_source("s3", "", files)
+    script = tmp_path / "train_table.py"
+    script.write_text(TABLE_SCRIPT)
+    env = dict(os.environ, UCSTAGE_ENGINE="obstore",
+               CASE=json.dumps([src, str(tmp_path / "cache")]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not out["main_used_obstore"]
+    assert out["start"] in (None, "fork")
+    assert sorted(i for g in out["got"] for i in g["ids"]) == list(range(200))
+    assert len({g["pid"] for g in out["got"]}) == 2
+    assert all(g["obstore_here"] for g in out["got"])
+    assert "WARNING" not in done.stderr.upper(), done.stderr

@@ -114,7 +114,18 @@ def _read_one(volume: Volume, entry: FileEntry, label: str) -> FileFooter:
 
 
 def read_footers(table: TableSource) -> list[FileFooter]:
-    """Every file's footer, in the source's file order."""
+    """Every file's footer, in the source's file order. On the object-store
+    engine they are read in a child process while obstore is unused here
+    (:func:`ucstage.objstore.keep_clean`), so DataLoader workers forked from
+    this process later still read through obstore."""
+    from .. import objstore
+
+    if not table.volume.is_local and objstore.engine(table.volume) == "obstore":
+        return objstore.keep_clean(_read_all, table)
+    return _read_all(table)
+
+
+def _read_all(table: TableSource) -> list[FileFooter]:
     volume = table.volume
     threads = 1 if volume.is_local and len(table.files) < 8 else FOOTER_THREADS
     if threads == 1:

@@ -144,8 +144,9 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
                           format_bytes(nd.bytes))
         console.print(nodes)
         if len(p.nodes) < p.node_count:
-            console.print(f"[dim]{p.node_count - len(p.nodes):,} nodes read no {n} and are "
-                          "not listed[/]")
+            idle = p.node_count - len(p.nodes)
+            console.print(f"[dim]{counted(idle, 'node')} read no {n} "
+                          f"and {'is' if idle == 1 else 'are'} not listed[/]")
     console.print()
     paths = ItemNames(manifest)
     if p.consistent and not p.empty.count:

@@ -144,9 +144,8 @@ def _render(console: Console, manifest: Manifest, p: ShardPlan) -> None:
                           format_bytes(nd.bytes))
         console.print(nodes)
         if len(p.nodes) < p.node_count:
-            idle = p.node_count - len(p.nodes)
-            console.print(f"[dim]{counted(idle, 'node')} read no {n} "
-                          f"and {'is' if idle == 1 else 'are'} not listed[/]")
+            console.print(f"[dim]{counted(p.node_count - len(p.nodes), 'node')} read no {n} and "
+                          f"{'is' if p.node_count - len(p.nodes) == 1 else 'are'} not listed[/]")
     console.print()
     paths = ItemNames(manifest)
     if p.consistent and not p.empty.count:

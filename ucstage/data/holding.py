@@ -100,13 +100,13 @@ def follow(paths: Iterator[str], reader: Reader | None, loop: LoopView | None = 
                 while len(recent) > slack and recent[0][0] <= past:
                     samples.release(reader, recent.popleft()[1])
     finally:
+        close = getattr(paths, "close", None)
+        if close is not None:
+            close()  # stops the read-ahead, also at exit
         # A generator left unfinished and collected while Python exits skips
-        # this: the modules it would call are being torn down, and the
+        # the rest: the modules it would call are being torn down, and the
         # process's holds end with it (``_exiting`` is bound early for that).
         if not _exiting():
-            close = getattr(paths, "close", None)
-            if close is not None:
-                close()
             past = loop.past() if loop is not None else looppos.PAST_ALL
             while recent and recent[0][0] <= past:
                 samples.release(reader, recent.popleft()[1])

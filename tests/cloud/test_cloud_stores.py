@@ -91,7 +91,7 @@ def test_warm_is_byte_identical_and_a_rewarm_copies_nothing(store: Store) -> Non
     report = cache.warm(m.volume(), m.entries)
     assert (report.engine, report.fetched, report.failed) == ("obstore", len(files), [])
     # Every copy was checked against the MD5 the store keeps, none by size only.
-    assert report.check_counts() == {"md5": len(files), "size": 0, "none": 0}
+    assert report.check_counts() == {"md5": len(files), "crc32c": 0, "size": 0, "none": 0}
     assert _cached(cache, src) == files
     again = cache.warm(snapshot(src).volume(), snapshot(src).entries)
     assert (again.fetched, again.already_cached) == (0, len(files))
@@ -247,6 +247,43 @@ def test_faults_are_retried_and_no_wrong_byte_is_cached(store: Store, kind: str,
         assert report.check_counts()["md5"] == len(files)
         faults.set("", [])
         assert _cached(cache, src) == files
+    integrity.forget()
+
+
+@pytest.mark.parametrize("engine", ["obstore", "fsspec"])
+def test_a_composite_gcs_object_is_checked_by_its_crc32c(gcs: Any, engine: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """GCS keeps no MD5 of a composite object, only its CRC32C: a flipped
+    byte is caught by the CRC32C on both engines, never cached, and
+    ``cache verify --checksum`` checks the copies against it. fake-gcs-server
+    gives composed objects an MD5, which GCS never does: the proxy answers the
+    metadata as GCS would (``composite=True``), over the real server."""
+    store = Store("gs", gcs, gcs.filesystem(), gcs.BUCKET)
+    monkeypatch.setenv("UCSTAGE_ENGINE", engine)
+    prefix = unique()
+    files = {f"f{i}.bin": os.urandom(4 * KB + i) for i in range(5)}
+    src = store.write(prefix, files)
+    with faulty(gcs.endpoint) as (url, faults):
+        for k, v in store.env(url).items():
+            monkeypatch.setenv(k, v)
+        faults.composite = True
+        m = snapshot(src)
+        assert all(";crc32c=" in e.version and ";md5=" not in e.version for e in m.entries)
+        _fault(faults, "flip", ["f2.bin"], store.get_path(prefix, engine))
+        cache = LocalCache(retries=3, backoff=0.01)
+        report = cache.warm(m.volume(), m.entries)
+        assert (report.failed, faults.done["flip"], report.mismatches) == ([], 1, 1)
+        assert report.check_counts() == {"md5": 0, "crc32c": len(files), "size": 0, "none": 0}
+        faults.set("", [])
+        assert _cached(cache, src) == files
+        # A copy damaged on disk since is found by its recorded CRC32C.
+        local = Path(cache.fetch(m.volume(), m.entries[0]))
+        body = bytearray(local.read_bytes())
+        body[0] ^= 0xFF
+        local.write_bytes(bytes(body))
+        verify = _cli("cache", "verify", src, "--checksum", "--json")
+        assert verify.returncode == 1, verify.stderr
+        assert "crc32c" in verify.stdout
     integrity.forget()
 
 

@@ -25,6 +25,12 @@ prefix: a token bucket (``rate`` per second, ``burst`` at most), and a GET
 that finds it empty gets ``503 SlowDown`` without reaching moto, as S3
 throttles a prefix. Throttled GETs are counted in ``done["throttled"]``.
 
+``composite=True`` answers GCS metadata (JSON API listings and object
+resources) as GCS does for a composite object: no ``md5Hash`` (and no MD5
+in ``x-goog-hash``), only the ``crc32c``, with a ``componentCount``.
+fake-gcs-server gives a composed object an MD5, which GCS never does, so the
+proxy edits what the real server answered instead.
+
 ``etags="kms"`` serves every ETag (GET, HEAD, listings) as the MD5 of the
 real one: 32 hex digits that are not the body's MD5, as an SSE-KMS bucket
 answers. Counts of what it did are in :attr:`Faults.done`; how long each stall
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import re
 import select
 import socket
@@ -77,6 +84,8 @@ class Faults:
         """A stall ends (the proxy closes the connection) after this many seconds."""
         self.etags = ""
         """``"kms"``: serve ETags that are not MD5s of the bodies."""
+        self.composite = False
+        """Serve GCS object metadata without an MD5, as for composite objects."""
         self.rate = 0.0
         """Object GETs per second the token bucket allows (0: no limit)."""
         self.burst = 1.0
@@ -176,6 +185,21 @@ class Faults:
         return _ETAG.sub(swap, value)
 
 
+def _composite(data: bytes) -> bytes:
+    """A GCS JSON answer (an object, or a listing's ``items``) as for
+    composite objects: ``md5Hash`` dropped, ``componentCount`` set."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(doc, dict):
+        return data
+    for item in doc.get("items", [doc]) if doc.get("kind") != "storage#object" else [doc]:
+        if isinstance(item, dict) and item.pop("md5Hash", None) is not None:
+            item["componentCount"] = 2
+    return json.dumps(doc).encode()
+
+
 def _client_closed(sock: socket.socket) -> bool:
     try:
         return sock.recv(1, socket.MSG_PEEK) == b""
@@ -229,10 +253,14 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
             if faults.etags and self.command == "GET" and \
                     "list-type" in parse_qs(urlsplit(self.path).query):
                 data = faults.etag(data.decode()).encode()
+            if faults.composite and urlsplit(self.path).path.startswith("/storage/v1/b/"):
+                data = _composite(data)
             self.send_response(resp.status, resp.reason)
             for key, value in resp.getheaders():
                 if key.lower() in ("content-length", "transfer-encoding", "connection"):
                     continue
+                if faults.composite and key.lower() == "x-goog-hash":
+                    value = ",".join(p for p in value.split(",") if not p.strip().startswith("md5="))
                 self.send_header(key, faults.etag(value) if key.lower() == "etag" else value)
             # A HEAD's length is the object's (the Azure SDK reads the size from it).
             size = str(resp.getheader("Content-Length") or 0) if self.command == "HEAD" \

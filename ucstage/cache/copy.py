@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import os
 import stat
 from datetime import datetime
@@ -167,10 +166,8 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | No
         info = getattr(src, "details", None) or volume.fs.info(path)
         # GCS and Azure keep an MD5 that the listed version carries: checked
         # here too (a forked worker's copy), while the object is the one listed.
-        seen = version_of(info)
-        want = cloudfs.sums(listed).get("md5", "") \
-            if cloudfs.sums(listed) and cloudfs.marker(seen) == cloudfs.marker(listed) else ""
-        digest = hashlib.md5(usedforsecurity=False) if want else None
+        want = checksums.listed_expect(listed, cloudfs.marker(version_of(info)))
+        digest = checksums.hasher(want.check)
         size = 0
         while True:
             if inflight is not None:
@@ -186,8 +183,8 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, inflight: Inflight | No
             size += len(block)
         os.ftruncate(dst, size)
     if digest is not None:
-        integrity.record(dst, checksums.judge(f"{_kind(volume)}://", relpath,
-                                              checksums.Expect(want, listed), digest.hexdigest()))
+        integrity.record(dst, checksums.judge(f"{_kind(volume)}://", relpath, want,
+                                              digest.hexdigest()))
     # Only a content hash is comparable across calls: fsspec backends format
     # timestamps differently in info() and find() (memory gives a datetime in
     # one and a float in the other), so those fall back to the listing's.

@@ -44,7 +44,6 @@ metrics (:mod:`ucstage.cache.runstats`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
@@ -58,7 +57,7 @@ __all__ = ["CHECKS", "NOT_MD5_KEYS", "NOT_MD5_READS", "SUM_XATTR", "TALLY", "Mis
 
 log = logging.getLogger("ucstage")
 
-CHECKS = ("md5", "size")
+CHECKS = ("md5", "crc32c", "size")
 """What a copy's bytes can be checked against, strongest first."""
 _PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 SUM_XATTR = "user.ucstage.sum"
@@ -83,7 +82,7 @@ class Mismatch(OSError):
 class Tally:
     """Checks made by this process's copies, thread-safe."""
 
-    FIELDS = ("md5", "size", "mismatches", "not_md5_sources")
+    FIELDS = ("md5", "crc32c", "size", "mismatches", "not_md5_sources")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -141,10 +140,12 @@ def expect_md5(source: str, etag: str) -> str:
     return value
 
 
-def digest_file(fd: int, size: int, chunk: int = 8 * 1024 * 1024) -> str:
-    """The MD5 of the first ``size`` bytes of the open file ``fd`` (which
-    may be open for writing only, as the cache's temp files are)."""
-    digest = hashlib.md5(usedforsecurity=False)
+def digest_file(fd: int, size: int, check: str = "md5", chunk: int = 8 * 1024 * 1024) -> str:
+    """The ``check`` digest (``md5`` or ``crc32c``, hex) of the first
+    ``size`` bytes of the open file ``fd`` (which may be open for writing
+    only, as the cache's temp files are)."""
+    from .checksums import hasher  # checksums sits on this module
+    digest = hasher(check)
     # A second descriptor of the same open file, for reading (Linux).
     reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -276,12 +277,12 @@ def recorded(path: str) -> str:
 
 
 def file_checksum(path: str, kind: str) -> str:
-    """``kind:<hex>`` of a local file (``md5`` only)."""
-    if kind != "md5":
+    """``kind:<hex>`` of a local file (``md5`` or ``crc32c``; '' for others)."""
+    if kind not in ("md5", "crc32c"):
         return ""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return "md5:" + digest_file(fd, os.fstat(fd).st_size)
+        return f"{kind}:" + digest_file(fd, os.fstat(fd).st_size, kind)
     finally:
         os.close(fd)
 

@@ -40,7 +40,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import hashlib
 import os
 import threading
 from typing import Any, NamedTuple
@@ -167,9 +166,10 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
         def digest_for(meta: Any) -> Any:
             # The MD5 as the bytes arrive: no second pass over the copy.
             check["store"] = checksums.expect(source, meta, listed)
-            check["want"] = check["store"].md5 if check["store"] is not None else \
+            kind = check["store"].check if check["store"] is not None else "md5"
+            check["want"] = check["store"].want if check["store"] is not None else \
                 integrity.expect_md5(source, _etag(meta))
-            check["digest"] = hashlib.md5(usedforsecurity=False) if check["want"] else None
+            check["digest"] = checksums.hasher(kind) if check["want"] else None
             return check["digest"]
 
         size, meta = await hedge.read(client, key, fd, 0, None, source=source, write=_write,
@@ -184,11 +184,12 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
     else:
         size, meta = await _get_ranged(client, key, fd, size_hint, parts, source, requests)
         store_sum = checksums.expect(source, meta, listed)
-        want = store_sum.md5 if store_sum is not None else integrity.expect_md5(source, _etag(meta))
-        # MD5 needs the bytes in order: hashed once every part is written
+        want = store_sum.want if store_sum is not None else integrity.expect_md5(source, _etag(meta))
+        kind = store_sum.check if store_sum is not None else "md5"
+        # A digest needs the bytes in order: hashed once every part is written
         # (the copy is in the page cache then), off the loop.
         got = await asyncio.get_running_loop().run_in_executor(
-            None, integrity.digest_file, fd, size) if want else ""
+            None, integrity.digest_file, fd, size, kind) if want else ""
         verdict = checksums.judge(source, key, store_sum, got) if store_sum is not None else \
             integrity.judge(source, key, want, got, root=root)
     os.ftruncate(fd, size)  # the caller may have preallocated more

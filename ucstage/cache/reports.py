@@ -109,7 +109,8 @@ class WarmReport:
     """Whether ``jobs`` was tuned (``"auto"``) rather than given."""
     checks: dict[str, int] = field(default_factory=dict)
     """Copies whose bytes passed each check (:data:`ucstage.cache.integrity.CHECKS`):
-    ``md5`` (the ETag), ``size`` only; ``none``: copies the engine did not
+    ``md5`` (the ETag, or GCS and Azure's stored MD5), ``crc32c`` (GCS, an
+    object with no MD5), ``size`` only; ``none``: copies the engine did not
     check (the fsspec engine, local and FUSE sources)."""
     mismatches: int = 0
     """Copies whose bytes differed from the store's checksum: retried, never cached."""
@@ -180,8 +181,8 @@ class WarmReport:
     def check_counts(self) -> dict[str, int]:
         """``checks`` with every kind present, ``none`` being the fetched
         copies no check vouched for."""
-        counts = {"md5": self.checks.get("md5", 0), "size": self.checks.get("size", 0)}
-        counts["none"] = max(0, self.fetched - counts["md5"] - counts["size"])
+        counts = {name: self.checks.get(name, 0) for name in ("md5", "crc32c", "size")}
+        counts["none"] = max(0, self.fetched - sum(counts.values()))
         return counts
 
 

@@ -33,11 +33,13 @@ __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run"
 
 KEEP_RUNS = 8
 _FIELDS = ("hits", "misses", "hit_bytes", "miss_bytes", "evictions", "evicted_bytes",
-           "wait_ns", "waits", "checked_md5", "checked_size", "mismatches")
+           "wait_ns", "waits", "checked_md5", "checked_size", "mismatches", "checked_crc32c")
 _RECORD = struct.Struct(f"<{len(_FIELDS)}q")
-_OLD_SIZE = 8 * 8
-"""Files written before the check counts hold the first eight fields."""
-_CHECKS = {"checked_md5": "md5", "checked_size": "size", "mismatches": "mismatches"}
+_OLD_SIZES = (8 * 8, 11 * 8)
+"""Files written by older versions hold the first eight fields (before the
+check counts) or the first eleven (before the CRC32C count)."""
+_CHECKS = {"checked_md5": "md5", "checked_size": "size", "mismatches": "mismatches",
+           "checked_crc32c": "crc32c"}
 """Counters taken from this process's integrity tally when written."""
 _job: str | None = None
 
@@ -138,9 +140,9 @@ def _write_live() -> None:
 
 
 def _unpack(raw: bytes) -> list[int] | None:
-    """A counters record (one written before the check counts too), or None."""
-    if len(raw) == _OLD_SIZE:
-        raw += bytes(_RECORD.size - _OLD_SIZE)
+    """A counters record (one written by an older version too), or None."""
+    if len(raw) in _OLD_SIZES:
+        raw += bytes(_RECORD.size - len(raw))
     return list(_RECORD.unpack(raw)) if len(raw) == _RECORD.size else None
 
 
@@ -223,6 +225,8 @@ class RunStats:
     """Files copied checked by size only (the store gave no usable checksum)."""
     mismatches: int = 0
     """Copies whose bytes differed from the store's checksum (retried, not cached)."""
+    checked_crc32c: int = 0
+    """Files copied whose bytes matched the store's CRC32C (GCS composite objects)."""
 
     @property
     def hit_rate(self) -> float | None:
@@ -239,7 +243,8 @@ class RunStats:
                         self.wait_s - before.wait_s, self.waits - before.waits, self.updated,
                         self.processes, self.checked_md5 - before.checked_md5,
                         self.checked_size - before.checked_size,
-                        self.mismatches - before.mismatches)
+                        self.mismatches - before.mismatches,
+                        self.checked_crc32c - before.checked_crc32c)
 
     def to_json(self) -> dict[str, Any]:
         """The ``last_run`` object of docs/json-cache.md#status."""
@@ -281,7 +286,8 @@ def read_run(root: str, run: str, rank: int | None = None) -> RunStats:
     v = dict(zip(_FIELDS, totals, strict=True))
     return RunStats(run, v["hits"], v["misses"], v["hit_bytes"], v["miss_bytes"],
                     v["evictions"], v["evicted_bytes"], v["wait_ns"] / 1e9, v["waits"],
-                    newest / 1e9, count, v["checked_md5"], v["checked_size"], v["mismatches"])
+                    newest / 1e9, count, v["checked_md5"], v["checked_size"], v["mismatches"],
+                    v["checked_crc32c"])
 
 
 def last_run(root: str) -> RunStats | None:

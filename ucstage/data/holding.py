@@ -225,8 +225,8 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
     """The epoch's cache metrics for MLflow: ``epoch_cache_hit_rate`` (hits /
     files this rank read), ``epoch_cache_wait_s`` (time copies waited for
     room under the cap), ``epoch_cache_evictions``, and the checks the
-    copies' bytes got (``epoch_checked_md5``, ``epoch_checked_size``,
-    ``epoch_check_mismatches``)."""
+    copies' bytes got (``epoch_checked_md5``, ``epoch_checked_crc32c``,
+    ``epoch_checked_size``, ``epoch_check_mismatches``)."""
     after = rank_stats(dataset, rank)
     if after is None or before is None:
         return {}
@@ -238,6 +238,7 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
     # Which check the copies' bytes got: a store without usable checksums
     # shows as size checks only.
     found.update({"epoch_checked_md5": float(delta.checked_md5),
+                  "epoch_checked_crc32c": float(delta.checked_crc32c),
                   "epoch_checked_size": float(delta.checked_size),
                   "epoch_check_mismatches": float(delta.mismatches)})
     return found

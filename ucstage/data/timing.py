@@ -28,6 +28,8 @@ Metric names (``PREFIX`` defaults to ``ucstage``):
 ``PREFIX/epoch_cache_evictions``   cached files this rank's copies evicted
 ``PREFIX/epoch_checked_md5``       files this rank copied whose bytes matched
                                    the store's MD5 (the ETag)
+``PREFIX/epoch_checked_crc32c``    files copied whose bytes matched the
+                                   store's CRC32C (GCS composite objects)
 ``PREFIX/epoch_checked_size``      files copied checked by size only (the
                                    store gave no usable checksum)
 ``PREFIX/epoch_check_mismatches``  copies whose bytes differed from the

@@ -1,6 +1,7 @@
-"""The reading datasets the loader benchmarks compare (loader, warm_epoch,
-small_cache, profile_warm_epoch): both open and read every file whole, so the
-only difference measured is how the paths are produced."""
+"""The reading datasets the loader benchmarks compare (benchmarks.epochs:
+throttled, warm, small_cache, lazy, loaders, profile): both open and read
+every file whole, so the only difference measured is how the paths are
+produced."""
 
 from __future__ import annotations
 

@@ -14,6 +14,11 @@ Variants, each the source the epochs read and what they are compared with:
   (inside scripts/remote-volume.sh);
 * ``loaders``: ucstage's loader, the platform's, litData's and plain torch,
   epoch 1 and later epochs (inside scripts/remote-volume.sh, the ``bench`` extra).
+* ``rss``: RSS and PSS of the loader and its workers over a 200,000-file
+  manifest, against plain torch;
+* ``hold_cost``: a warm hit per file, with and without a byte cap;
+* ``mix``: what a ``Mix`` adds per item over reading its sources;
+* ``profile``: where a warm epoch's time goes, per step.
 
 ``python -m benchmarks.epochs VARIANT --help`` describes each in full. This
 module imports ucstage only inside the functions that use it: a measured
@@ -25,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import shutil
 import statistics
 import subprocess
@@ -39,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils.data as tud
 
-from benchmarks.datasets import RawPaths, ReadBytes
+from benchmarks.datasets import IterPaths, RawPaths, ReadBytes
 from benchmarks.files import write_files
 from benchmarks.pairs import Comparison, alternate, order, pairs_argument
 from benchmarks.report import Report, json_argument, params_of, suite
 from benchmarks.staging import bare_run, count_objects
-from benchmarks.timing import run_command
+from benchmarks.timing import CommandFailed, Timing, best_seconds, run_command, time_call
 from benchmarks.volumes import (
     BIN,
     bytecode_env,
@@ -1039,7 +1046,7 @@ def run_loaders(args: argparse.Namespace) -> int:
     cache). Later epochs: ``--epochs`` (10) back to back after epoch 1, timed
     together (a warm epoch of 0.08 s is noise-sized alone); ``later_s`` is their
     mean. The store's ceiling is measured in the same rounds: a bare obstore
-    loop with 256 GETs in flight and ``s5cmd cp`` (:mod:`benchmarks.staging ceiling`),
+    loop with 256 GETs in flight and ``s5cmd cp`` (``benchmarks.staging ceiling``),
     each a whole command into an empty folder; each loader's epoch 1 is also
     given as a fraction of the round's fastest of the two.
 
@@ -1088,12 +1095,354 @@ def run_loaders(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- rss ----------------------------------------------------------------------
+
+RSS_CHILD = r"""
+import json, os, sys
+import torch.utils.data as tud
+
+def rss(pid):
+    # (RSS, PSS) in MiB: PSS splits shared pages (the memory-mapped manifest,
+    # the forked parent's pages) between the processes that map them.
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        found = {l.split(":")[0]: int(l.split()[1]) / 1024 for l in fh if l[:4] in ("Rss:", "Pss:")}
+    return [found.get("Rss", 0.0), found.get("Pss", 0.0)]
+
+kind, root, manifest = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "plain":
+    class Paths(tud.IterableDataset):
+        def __init__(self, paths):
+            self.paths = paths
+        def __iter__(self):
+            info = tud.get_worker_info()
+            k, w = (info.num_workers, info.id) if info else (1, 0)
+            yield from self.paths[w::k]
+    paths = sorted(os.path.join(d, n) for d, _, ns in os.walk(root) for n in ns)
+    loader = tud.DataLoader(Paths(paths), batch_size=None, num_workers=2)
+else:
+    from ucstage import DataLoader, VolumeDataset
+    ds = VolumeDataset(manifest, cache_dir=os.path.join(os.path.dirname(manifest), "cache"))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, log_mlflow=False)
+it = iter(loader)
+next(it)
+workers = [w.pid for w in it._workers]
+print(json.dumps({"main": rss(os.getpid()), "workers": [rss(p) for p in workers]}))
+"""
+
+
+def rss_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--files", type=int, default=200_000)
+    ap.add_argument("--dir", default="/tmp/ucstage-bench-rss")
+    json_argument(ap)
+
+
+def run_rss(args: argparse.Namespace) -> int:
+    """Issue 15's loader target: RSS of a VolumeDataset + DataLoader(num_workers=2)
+    over a 200,000-file manifest, against a plain torch DataLoader over the same
+    paths, after the first item.
+
+        python -m benchmarks.epochs rss [--files 200000] [--dir /tmp/ucstage-bench-rss] [--json]
+
+    Each side runs in its own fresh process; memory is read from /proc/<pid>/smaps_rollup
+    (RSS and PSS, from smaps_rollup) of the main process and of each worker once the first batch arrived.
+    The files are real (one byte each), written once and reused.
+    """
+    root = os.path.join(args.dir, "vol")
+    if not os.path.isdir(root):
+        for i in range(args.files):
+            folder = os.path.join(root, f"d{i % 200:03d}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"f{i:07d}.bin"), "wb") as fh:
+                fh.write(b"x")
+    manifest = os.path.join(args.dir, "train.manifest.arrow")
+    if not os.path.exists(manifest):
+        from ucstage.manifest import save, snapshot
+
+        save(snapshot(root), manifest)
+    out: dict[str, Any] = {}
+    for kind in ("plain", "ucstage"):
+        try:
+            done = run_command([sys.executable, "-c", RSS_CHILD, kind, root, manifest],
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+        except CommandFailed as exc:
+            sys.exit(f"{kind} failed: {exc}")
+        out[kind] = json.loads(done.last_line)
+    plain, ours = out["plain"], out["ucstage"]
+    lines = [f"{args.files:,} files, DataLoader(num_workers=2), after the first item (MiB):",
+             "| process | plain RSS | ucstage RSS | RSS diff | plain PSS | ucstage PSS "
+             "| PSS diff |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [("main", plain["main"], ours["main"])] + [
+        (f"worker {i}", p, u) for i, (p, u) in
+        enumerate(zip(plain["workers"], ours["workers"], strict=True))]
+    results = []
+    for name, p, u in rows:
+        lines.append(f"| {name} | {p[0]:.0f} | {u[0]:.0f} | {u[0] - p[0]:+.0f} | {p[1]:.0f} | "
+                     f"{u[1]:.0f} | {u[1] - p[1]:+.0f} |")
+        results.append({"name": name, "plain_rss_mib": p[0], "ucstage_rss_mib": u[0],
+                        "plain_pss_mib": p[1], "ucstage_pss_mib": u[1]})
+    Report(SUITE, params_of(args), results).emit(args.json, "\n".join(lines))
+    return 0
+
+
+# --- hold_cost ----------------------------------------------------------------
+
+def per_file_us(src: str, cache_dir: str, cap: int | None, files: int, repeat: int) -> float:
+    from ucstage import VolumeDataset
+    from ucstage.cache import LocalCache
+
+    cache = LocalCache(cache_dir, max_bytes=cap)
+    paths = VolumeDataset(src, cache=cache, read_ahead=0)
+    count = sum(1 for _ in paths)  # cold: copy everything once
+    assert count == files
+    return best_seconds(lambda: sum(1 for _ in paths), repeat) / files * 1e6
+
+
+def hold_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", type=int, default=3000)
+    parser.add_argument("--repeat", type=int, default=5)
+    json_argument(parser)
+
+
+def run_hold_cost(args: argparse.Namespace) -> int:
+    """Benchmark: what a VolumeDataset warm hit costs per file, with and without a byte cap.
+
+    With a cap, each file a dataset hands out is held while its reader needs it
+    (open + shared flock + fstat) and marked consumed when the reader moves on
+    (futimens + close); the mark changes the file's ctime, so the next epoch's
+    lookup reads its stamp again (getxattr). Without a cap nothing is held. Reads
+    FILES small cached files through ``VolumeDataset(read_ahead=0)`` in this
+    process, best of REPEAT epochs, in microseconds per file. Compare two commits
+    with benchmarks.ab_compare:
+
+        python -m benchmarks.epochs hold_cost [--files 3000] [--repeat 5] [--json]
+        python -m benchmarks.ab_compare --base c3a3ebf epochs hold_cost
+    """
+    with tempfile.TemporaryDirectory(prefix="ucstage-bench-hold-") as work:
+        src = os.path.join(work, "src")
+        write_files(src, args.files, 512, spread=0, vary=False)
+        found = {"no_cap_us_per_file": per_file_us(src, os.path.join(work, "a"), None,
+                                                   args.files, args.repeat),
+                 "cap_us_per_file": per_file_us(src, os.path.join(work, "b"), 1 << 30,
+                                                args.files, args.repeat)}
+    text = (f"{args.files:,} cached files, best of {args.repeat} epochs: "
+            f"{found['no_cap_us_per_file']:.1f} µs per file without a cap, "
+            f"{found['cap_us_per_file']:.1f} µs with one")
+    Report(SUITE, params_of(args), [], found).emit(args.json, text)
+    return 0
+
+
+# --- mix ----------------------------------------------------------------------
+
+MIX_TARGET_US = 2.0
+
+
+def mix_best(fn: object, repeat: int) -> Timing:
+    """The run of ``repeat`` with the least CPU time."""
+    runs = [time_call(fn)[1] for _ in range(repeat)]  # type: ignore[arg-type]
+    return min(runs, key=lambda t: t.cpu_s)
+
+
+def mix_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", type=int, default=5000, help="files per source")
+    parser.add_argument("--repeat", type=int, default=3, help="epochs per run (best of)")
+    pairs_argument(parser, default=5)
+    json_argument(parser)
+
+
+def run_mix(args: argparse.Namespace) -> int:
+    """Benchmark: what ucstage.Mix adds per item over reading its sources directly.
+
+    Two sources of FILES small cached files each (local folders, warm cache, no
+    cap), read in this process: side ``sources`` iterates each VolumeDataset in
+    turn, shuffled (a new epoch each run), side ``mix`` iterates ``Mix([a, b])``
+    over the same sources (each once per epoch, so the same items, also in a
+    permutation), the shares, passes and interleaving computed per epoch.
+    Each run is the best of REPEAT epochs, by this process's CPU time (every
+    read here is a cache hit in this thread, so CPU is the cost, and it moves
+    less than wall time with the load of a shared machine; wall is reported
+    too); the sides alternate over PAIRS pairs. The figure is the median over
+    pairs of (mix - sources) / items, in microseconds per item (target: <= 2):
+
+        python -m benchmarks.epochs mix [--files 5000] [--repeat 3] [--pairs 5] [--json]
+    """
+    from ucstage import Mix, VolumeDataset
+    from ucstage.cache import LocalCache
+
+    with tempfile.TemporaryDirectory(prefix="ucstage-bench-mix-") as work:
+        cache = LocalCache(os.path.join(work, "cache"))
+        parts = []
+        for name in ("a", "b"):
+            src = os.path.join(work, name)
+            write_files(src, args.files, 256, spread=4, vary=False)
+            parts.append(VolumeDataset(src, cache=cache, shuffle=True))
+        mix = Mix(parts)
+        items = 2 * args.files
+        assert sum(1 for _ in mix) == items  # cold: copy everything once
+
+        def direct() -> list[int]:
+            for p in parts:
+                p.set_epoch(p.epoch + 1)
+            return [sum(1 for _ in p) for p in parts]
+
+        def mixed() -> int:
+            mix.set_epoch(mix.epoch + 1)
+            return sum(1 for _ in mix)
+
+        runs = alternate({"sources": lambda: mix_best(direct, args.repeat),
+                          "mix": lambda: mix_best(mixed, args.repeat)}, args.pairs)
+    c = Comparison([t.cpu_s for t in runs["sources"]], [t.cpu_s for t in runs["mix"]])
+    wall = Comparison([t.wall_s for t in runs["sources"]], [t.wall_s for t in runs["mix"]])
+    extra_us = [(m - s) / items * 1e6 for s, m in zip(c.a, c.b, strict=True)]
+    wall_extra = [(m - s) / items * 1e6 for s, m in zip(wall.a, wall.b, strict=True)]
+    found = {"sources_us_per_item": c.a_median / items * 1e6,
+             "mix_us_per_item": c.b_median / items * 1e6,
+             "mix_extra_us_per_item": statistics.median(extra_us),
+             "wall_mix_extra_us_per_item": statistics.median(wall_extra),
+             "ratio": c.median_pair_ratio, "target_us": MIX_TARGET_US,
+             "met": statistics.median(extra_us) <= MIX_TARGET_US}
+    text = (f"{items:,} cached items ({args.files:,} per source), median of {args.pairs} "
+            f"alternating pairs (best of {args.repeat} epochs each, CPU): sources "
+            f"{found['sources_us_per_item']:.2f} µs per item, mix "
+            f"{found['mix_us_per_item']:.2f} µs, the mix adds "
+            f"{found['mix_extra_us_per_item']:.2f} µs per item (target <= {MIX_TARGET_US}: "
+            f"{'met' if found['met'] else 'missed'}), ratio {found['ratio']:.2f}x; "
+            f"wall: adds {found['wall_mix_extra_us_per_item']:.2f} µs")
+    rows = [{"name": f"pair{i}", "sources_cpu_s": s, "mix_cpu_s": m, "extra_us_per_item": e,
+             "sources_wall_s": ws, "mix_wall_s": wm}
+            for i, (s, m, e, ws, wm) in enumerate(zip(c.a, c.b, extra_us, wall.a, wall.b,
+                                                      strict=True))]
+    Report(SUITE, params_of(args), rows, found).emit(args.json, text)
+    return 0
+
+
+# --- profile ------------------------------------------------------------------
+
+def drain(iterable: Any) -> int:
+    count = 0
+    for _ in iterable:
+        count += 1
+    return count
+
+
+def read_all(paths: list[str]) -> int:
+    total = 0
+    for path in paths:
+        with open(path, "rb") as fh:
+            total += len(fh.read())
+    return total
+
+
+def best_us(step: Callable[[], Any], files: int, repeat: int, cpu: bool = False) -> float:
+    """Best of ``repeat`` timed calls after one untimed one, in µs per file
+    (of wall time, or with ``cpu`` of the process's CPU time)."""
+    if not cpu:
+        return best_seconds(step, repeat, warmup=True) / files * 1e6
+    step()
+    return min(time_call(step)[1].cpu_s for _ in range(repeat)) / files * 1e6
+
+
+def profile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--size-kib", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--cap", action="store_true", help="also time under a byte cap")
+    parser.add_argument("--cprofile", default=None, help="profile this step instead")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time each step's CPU (user + sys of the process), not its wall "
+                             "time: steadier on a shared machine (the steps run in one thread)")
+    json_argument(parser)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Profile: where a warm epoch's time goes, per file, in one process.
+
+    Writes FILES files of SIZE_KIB KiB, warms a ucstage cache with them, then
+    times each step below as the best of REPEAT epochs (after one untimed epoch),
+    in microseconds per file, at ``num_workers=0``:
+
+    * open and read: the source files, the cached copies (a bare loop);
+    * ``VolumeDataset`` iteration alone (paths only), and with every path opened
+      and read (``ReadBytes``, no loader);
+    * torch's ``DataLoader`` over the paths (map-style, the plain side of
+      benchmarks.epochs warm), over an IterableDataset of the same paths (torch's
+      iterable-dataset cost), and over the ``VolumeDataset``;
+    * ucstage's ``DataLoader`` over the ``VolumeDataset``, with and without the
+      audit; and with ``--cap``, the same under a byte cap (holds).
+
+    ``--cpu`` times each step's CPU (user + sys) instead of its wall time.
+
+    ``--cprofile STEP`` runs that step under cProfile instead and prints the top
+    functions by own time.
+
+        python -m benchmarks.epochs profile [--cpu] [--json]
+        python -m benchmarks.epochs profile --cprofile ucstage-loader
+    """
+    from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
+
+    size = args.size_kib * 1024
+    with tempfile.TemporaryDirectory(prefix="ucstage-profile-warm-") as work:
+        data = os.path.join(work, "data")
+        write_files(data, args.files, size, vary=False)
+        cache_dir = os.path.join(work, "cache")
+        listing = list_files(data)
+        LocalCache(cache_dir).warm(listing.volume, listing.entries)
+        sources = [os.path.join(data, e.path) for e in listing.entries]
+        vds = VolumeDataset(data, cache_dir=cache_dir)
+        cached = list(vds)
+        capped = VolumeDataset(data, cache_dir=cache_dir, max_bytes=4 * args.files * size)
+        steps: dict[str, Callable[[], Any]] = {
+            "read-sources": lambda: read_all(sources),
+            "read-cached": lambda: read_all(cached),
+            "vds": lambda: drain(vds),
+            "vds-read": lambda: drain(ReadBytes(vds)),
+            "torch-paths": lambda: drain(tud.DataLoader(RawPaths(sources), batch_size=None,
+                                                        num_workers=0)),
+            "torch-iterpaths": lambda: drain(tud.DataLoader(ReadBytes(IterPaths(sources)),
+                                                            batch_size=None, num_workers=0)),
+            "torch-itercached": lambda: drain(tud.DataLoader(ReadBytes(IterPaths(cached)),
+                                                             batch_size=None, num_workers=0)),
+            "torch-vds": lambda: drain(tud.DataLoader(ReadBytes(vds), batch_size=None,
+                                                      num_workers=0)),
+            "ucstage-loader": lambda: drain(DataLoader(ReadBytes(vds), batch_size=None,
+                                                       num_workers=0)),
+            "ucstage-loader-noaudit": lambda: drain(DataLoader(ReadBytes(vds), batch_size=None,
+                                                               num_workers=0, audit=False)),
+        }
+        if args.cap:
+            steps["vds-capped"] = lambda: drain(capped)
+            steps["ucstage-loader-capped"] = lambda: drain(
+                DataLoader(ReadBytes(capped), batch_size=None, num_workers=0))
+        if args.cprofile:
+            step = steps[args.cprofile]
+            step()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            step()
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            return 0
+        results = []
+        for name, step in steps.items():
+            us = best_us(step, args.files, args.repeat, args.cpu)
+            results.append({"name": name, "us_per_file": us})
+            print(f"{name:24s} {us:7.2f}", file=sys.stderr, flush=True)
+    lines = [f"{args.files} files x {args.size_kib} KiB, page-cached, num_workers=0, "
+             f"best of {args.repeat}, µs {'CPU' if args.cpu else 'wall'} per file"]
+    lines += [f"{r['name']:24s} {r['us_per_file']:7.2f}" for r in results]
+    Report(SUITE, params_of(args), results).emit(args.json, "\n".join(lines))
+    return 0
+
+
 VARIANTS = {"throttled": (throttled_arguments, run_throttled),
             "warm": (warm_arguments, run_warm),
             "small_cache": (small_cache_arguments, run_small_cache),
             "cap_hits": (cap_hits_arguments, run_cap_hits),
             "lazy": (lazy_arguments, run_lazy),
-            "loaders": (loaders_arguments, run_loaders)}
+            "loaders": (loaders_arguments, run_loaders),
+            "rss": (rss_arguments, run_rss),
+            "hold_cost": (hold_cost_arguments, run_hold_cost),
+            "mix": (mix_arguments, run_mix),
+            "profile": (profile_arguments, run_profile)}
 
 
 def main(argv: list[str] | None = None) -> int:

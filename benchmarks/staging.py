@@ -16,6 +16,10 @@ Variants, each the source it copies from and the tools it runs against:
 * ``cloud``: the GCS and Azure emulators; a bare obstore loop;
 * ``remote``: the emulated remote volume (run by benchmarks/remote.sh);
   ``cp -r``, ``rclone copy``, ``s5cmd cp``, ``shutil.copytree`` and ``ucstage bench``.
+* ``listing``: the listing through the emulated remote volume's FUSE mount,
+  against ``find`` and a bare threaded ``os.scandir`` walk;
+* ``profile``: cProfile of the per-file copy (this tree only: it calls a
+  private method).
 
 ``python -m benchmarks.staging VARIANT --help`` describes each in full.
 Every run is a whole command (interpreter start-up included) into an empty
@@ -25,8 +29,12 @@ folder, checked to have copied every file.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -1170,9 +1178,193 @@ def run_remote(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- listing ------------------------------------------------------------------
+
+def listing_upload(work: str, folders: int, files: int, top: int) -> None:
+    """FOLDERS leaf folders of FILES files each, spread over TOP top-level folders."""
+    local = os.path.join(work, "tree")
+    for i in range(folders):
+        leaf = os.path.join(local, f"top{i % top:02d}", f"leaf{i:04d}")
+        os.makedirs(leaf)
+        for j in range(files):
+            with open(os.path.join(leaf, f"f{j}.bin"), "wb") as fh:
+                fh.write(os.urandom(1024))
+    s5cmd = os.environ.get("S5CMD") or os.path.join(BIN, "s5cmd")
+    subprocess.run([s5cmd, "--endpoint-url", remote_env("AWS_ENDPOINT_URL"), "--numworkers", "64",
+                    "cp", f"{local}/*", f"{remote_env('UCSTAGE_REMOTE_URL')}/tree/"],
+                   check=True, capture_output=True)
+
+
+BARE_WALK = """
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(32)
+def visit(path):
+    with os.scandir(path) as it:
+        entries = list(it)
+    for e in entries:
+        if not e.is_dir():
+            print(e.path)
+    return [e.path for e in entries if e.is_dir()]
+todo = [pool.submit(visit, sys.argv[1])]
+while todo:
+    todo.extend(pool.submit(visit, p) for p in todo.pop().result())
+"""
+
+
+def listing_timed(cmd: list[str], want: int, count_lines: bool) -> tuple[float, float]:
+    """Wall seconds and client CPU seconds (user + sys) of one listing."""
+    done = run_command(cmd)
+    got = (len(done.stdout.splitlines()) if count_lines
+           else json.loads(done.stdout)["files"])
+    if got != want:
+        raise RuntimeError(f"{cmd[0]} found {got} files, expected {want}")
+    return done.timing.wall_s, done.timing.cpu_s
+
+
+def listing_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--folders", type=int, default=300)
+    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--top", type=int, default=12, help="top-level folders")
+    pairs_argument(parser)
+    json_argument(parser)
+
+
+def run_listing(args: argparse.Namespace) -> int:
+    """Benchmark: listing a folder tree through a FUSE mount of a remote volume, ucstage vs find.
+
+    Runs inside scripts/remote-volume.sh (it reads UCSTAGE_REMOTE_* and the
+    RCLONE_S3_* settings that script exports). Uploads FOLDERS x FILES small
+    objects under tree/ in the bucket (nested: TOP top-level folders, the rest
+    below them), then alternates, PAIRS times, each on a *fresh* rclone mount of
+    the bucket (so no run is served from the mount's directory cache):
+
+    * ``find MNT/tree -type f``
+    * ``ucstage shard-plan MNT/tree -w 1 -k 0 --json`` (the whole command:
+      interpreter start-up, listing, planning)
+    * a bare 32-thread ``os.scandir`` walk in plain Python (the floor: what the
+      mount and the store allow, with no rules, no stat and no sorting)
+
+    and prints the median seconds of each and the median of the per-run ratios
+    find / ucstage.
+
+        scripts/remote-volume.sh --delay 20ms --small 0 --large 0 -- \\
+            .venv/bin/python -m benchmarks.staging listing --pairs 3 [--json]
+    """
+    want = args.folders * args.files
+    ucstage = [os.path.join(BIN, "ucstage")] if os.path.exists(os.path.join(BIN, "ucstage")) \
+        else [sys.executable, "-m", "ucstage"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ucstage-bench-listing-") as work:
+        listing_upload(work, args.folders, args.files, args.top)
+        for pair in range(args.pairs):
+            row: dict[str, float] = {}
+            cpu: dict[str, float] = {}
+            for tool in order(["find", "ucstage", "bare walk"], pair):
+                mnt = fresh_mount(work, tool)
+                try:
+                    tree = os.path.join(mnt, "tree")
+                    if tool == "find":
+                        row[tool], cpu[tool] = listing_timed(["find", tree, "-type", "f"], want, True)
+                    elif tool == "bare walk":
+                        row[tool], cpu[tool] = listing_timed([sys.executable, "-c", BARE_WALK, tree],
+                                                     want, True)
+                    else:
+                        row[tool], cpu[tool] = listing_timed([*ucstage, "shard-plan", tree, "-w", "1",
+                                                      "-k", "0", "--json"], want, False)
+                finally:
+                    unmount(mnt)
+            row["ratio"] = row["find"] / row["ucstage"]
+            row.update({f"{k} cpu_s": v for k, v in cpu.items()})
+            rows.append(row)
+            print(f"round {pair + 1}: find {row['find']:.2f} s, ucstage {row['ucstage']:.2f} s, "
+                  f"bare walk {row['bare walk']:.2f} s, {row['ratio']:.1f}x", file=sys.stderr)
+    tools = ("find", "ucstage", "bare walk")
+    med = {k: statistics.median(r[k] for r in rows) for k in (*tools, "ratio")}
+    lines = [f"{args.folders} folders x {args.files} files ({args.top} top-level folders), "
+             f"{args.pairs} rounds in alternating order, each run on a fresh rclone mount "
+             f"({remote_server()} S3 server)",
+             "| tool | median s | runs |", "|---|---:|---|"]
+    for tool in tools:
+        lines.append(f"| {tool} | {med[tool]:.2f} | "
+                     f"{', '.join(f'{r[tool]:.2f}' for r in rows)} |")
+    ratios = ", ".join(f"{r['ratio']:.1f}x" for r in rows)
+    lines.append(f"\nfind / ucstage: median {med['ratio']:.1f}x (rounds: {ratios})")
+    lines.append("client CPU per listing (user + sys, median): " + ", ".join(
+        f"{t} {statistics.median(r[f'{t} cpu_s'] for r in rows):.2f} s" for t in tools))
+    results = [{"name": f"round {i + 1}", **r} for i, r in enumerate(rows)]
+    Report(SUITE, {**params_of(args), "server": remote_server()}, results,
+           {f"median_{k.replace(' ', '_')}": v for k, v in med.items()}).emit(
+        args.json, "\n".join(lines))
+    return 0
+
+
+# --- profile ------------------------------------------------------------------
+
+def profile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--size-kib", type=int, default=4)
+    parser.add_argument("--source", default=None, help="copy this folder instead of new files")
+    parser.add_argument("--top", type=int, default=25)
+    json_argument(parser)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Profile ucstage's per-file copy work from a local folder (or a FUSE mount).
+
+    Copies FILES files one at a time through ``Fetcher.fetch_retrying`` (the
+    call each of ``cache warm``'s threads makes per file) into a fresh cache,
+    under cProfile, and prints the user and system CPU per file and the top of
+    the profile. Run it under ``strace -f -c`` (or ``-T``) to count and time the
+    system calls per file.
+
+        python -m benchmarks.staging profile --files 2000 --size-kib 4 [--json]
+        python -m benchmarks.staging profile --source /path/to/mounted/folder
+
+    It calls a private method, so it profiles the tree it runs in; it is not for
+    benchmarks.ab_compare.
+    """
+    from ucstage import LocalCache, list_files
+    from ucstage.cache.inflight import Inflight
+    from ucstage.cache.space import Evicted
+
+    work = tempfile.mkdtemp(prefix="ucstage-profile-copy-")
+    try:
+        source = args.source
+        if source is None:
+            source = os.path.join(work, "source")
+            write_files(source, args.files, args.size_kib * 1024, vary=False)
+        listing = list_files(source)
+        cache = LocalCache(os.path.join(work, "cache"))
+        cache.prepare(listing.volume)
+        inflight, evicted = Inflight(), Evicted()
+        profile = cProfile.Profile()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        profile.enable()
+        for entry in listing.entries:
+            cache._fetcher.fetch_retrying(listing.volume, entry, inflight, evicted)
+        profile.disable()
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        n = len(listing.entries)
+        user_us = (after.ru_utime - before.ru_utime) / n * 1e6
+        sys_us = (after.ru_stime - before.ru_stime) / n * 1e6
+        stats = io.StringIO()
+        pstats.Stats(profile, stream=stats).sort_stats("tottime").print_stats(args.top)
+        text = (f"{n} files: user {user_us:.0f} µs, system {sys_us:.0f} µs per file "
+                f"(under cProfile)\n{stats.getvalue()}")
+        Report(SUITE, params_of(args), [],
+               {"files": n, "user_us_per_file": user_us, "sys_us_per_file": sys_us}).emit(
+            args.json, text)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 VARIANTS = {"tools": (tools_arguments, run_tools), "ceiling": (ceiling_arguments, run_ceiling),
             "s5cmd": (s5cmd_arguments, run_s5cmd), "fuse": (fuse_arguments, run_fuse),
-            "cloud": (cloud_arguments, run_cloud), "remote": (remote_arguments, run_remote)}
+            "cloud": (cloud_arguments, run_cloud), "remote": (remote_arguments, run_remote),
+            "listing": (listing_arguments, run_listing),
+            "profile": (profile_arguments, run_profile)}
 
 
 def main(argv: list[str] | None = None) -> int:

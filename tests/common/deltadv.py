@@ -54,7 +54,7 @@ def frame(blocks: list[bytes]) -> tuple[bytes, list[int]]:
     """A deletion-vector file holding ``blocks`` (bitmaps): the version byte, then
     each block between its big-endian size and its big-endian CRC-32; and
     each block's offset in the file (a descriptor's ``offset``)."""
-    framed, offsets: tuple[bytes, list[int]] = b"\x01", []
+    framed, offsets = b"\x01", list[int]()
     for block in blocks:
         offsets.append(len(framed))
         framed += struct.pack(">I", len(block)) + block + struct.pack(">I", zlib.crc32(block))

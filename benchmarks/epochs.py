@@ -1,5 +1,4 @@
-"""Loaders over epochs: ucstage's DataLoader epoch by epoch against plain
-torch, the platform's loader, litData, and ``cache warm``.
+"""Loaders over epochs: ucstage's DataLoader against plain torch, other loaders, cache warm.
 
     python -m benchmarks.epochs VARIANT [OPTIONS] [--json]
 
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.utils.data as tud
 
-from benchmarks.datasets import IterPaths, RawPaths, ReadBytes
+from benchmarks.datasets import IterPaths, RawPaths, ReadBytes, keep
 from benchmarks.files import write_files
 from benchmarks.pairs import Comparison, alternate, order, pairs_argument
 from benchmarks.report import Report, json_argument, params_of, suite
@@ -63,6 +62,7 @@ from benchmarks.volumes import (
     unmount,
     wait_mounted,
     which,
+    with_this_checkout,
     without_ca_bundle,
 )
 
@@ -74,12 +74,6 @@ EPOCHS = 3
 """Epochs per run of ``small_cache`` and ``cap_hits``."""
 BATCH = 32
 """Batch size of ``lazy`` and ``loaders``."""
-
-
-def _keep(batch: list[Any]) -> list[Any]:
-    """Batches stay lists: torch's default collate would send every batch as
-    a shared-memory tensor, whose cost per batch is torch's, not the read's."""
-    return batch
 
 
 # --- throttled ----------------------------------------------------------------
@@ -259,7 +253,7 @@ def warm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_warm(args: argparse.Namespace) -> int:
-    """an epoch over a fully warm cache, VolumeDataset vs a plain torch DataLoader.
+    """An epoch over a fully warm cache, VolumeDataset vs a plain torch DataLoader.
 
     Writes FILES files of SIZE_KIB KiB into a local folder (read once, so their
     pages are cached), warms a ucstage cache with them, then for each
@@ -546,7 +540,7 @@ def cap_hits_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cap_hits(args: argparse.Namespace) -> int:
-    """the hit rate through a cache capped at a quarter of the data, default read-ahead.
+    """The hit rate through a cache capped at a quarter of the data, default read-ahead.
 
     Writes FILES files of SIZE bytes into a temp folder, mounts it read-only with
     rclone (``--bwlimit``, one token bucket for every read), and for each setup
@@ -606,16 +600,10 @@ def lazy_one(src: str, cache: str, workers: int) -> None:
     start = time.perf_counter()
     ds = VolumeDataset(src, cache_dir=cache)
     loader = DataLoader(ReadBytes(ds), batch_size=BATCH, num_workers=workers,
-                        collate_fn=_keep, log_mlflow=False)
+                        collate_fn=keep, log_mlflow=False)
     # The loader finds the VolumeDataset inside ReadBytes (.paths) and shards it.
     count = sum(len(batch) for batch in loader)
     print(f"files {count} seconds {time.perf_counter() - start:.3f}")
-
-
-def lazy_env(cache: str) -> dict[str, str]:
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), here) if p)
-    return {**os.environ, "UCSTAGE_CACHE_DIR": cache, "PYTHONPATH": path}
 
 
 def lazy_run(side: str, src: str, work: str, workers: int) -> dict[str, float]:
@@ -625,7 +613,7 @@ def lazy_run(side: str, src: str, work: str, workers: int) -> dict[str, float]:
     else:
         cmd = [sys.executable, "-m", f"benchmarks.{SUITE}", "lazy", "--one", src, "--cache", cache,
                "--workers", str(workers)]
-    run = run_command(cmd, env=lazy_env(cache))
+    run = run_command(cmd, env=with_this_checkout({**os.environ, "UCSTAGE_CACHE_DIR": cache}))
     shutil.rmtree(cache, ignore_errors=True)
     found = {"seconds": run.timing.wall_s, "cpu_s": run.timing.cpu_s,
              "command_s": run.timing.wall_s}
@@ -761,14 +749,14 @@ def build(loader: str, src: str, workers: int, cache: str) -> tuple[Any, Any]:
             wrapper = LocalReadBytes
         context = "forkserver" if loader.endswith(" forkserver") else None
         return vds, DataLoader(wrapper(vds), batch_size=BATCH, num_workers=workers,
-                               collate_fn=_keep, multiprocessing_context=context)
+                               collate_fn=keep, multiprocessing_context=context)
     if loader == "platform":
         from databricks.air.data import DataLoader as AirLoader
         from databricks.air.data import UCVolumeDataset
 
         ds = UCVolumeDataset(src)
         return ds, AirLoader(ReadBytes(ds), batch_size=BATCH, num_workers=workers,
-                             collate_fn=_keep)
+                             collate_fn=keep)
     if loader == "litdata s3":
         from litdata import StreamingRawDataset
         from litdata.streaming import downloader
@@ -782,11 +770,11 @@ def build(loader: str, src: str, workers: int, cache: str) -> tuple[Any, Any]:
                                   transform=_read_path)
         return raw, tud.DataLoader(raw, batch_size=BATCH, num_workers=workers,
                                    persistent_workers=True, prefetch_factor=4,
-                                   collate_fn=_keep)
+                                   collate_fn=keep)
     if loader == "plain":
         paths = sorted(e.path for e in os.scandir(src) if e.is_file())
         return None, tud.DataLoader(RawPaths(paths), batch_size=BATCH, num_workers=workers,
-                                    collate_fn=_keep)
+                                    collate_fn=keep)
     raise ValueError(f"unknown loader {loader!r}")
 
 
@@ -854,10 +842,7 @@ def loader_in_process(loader: str, src: str, workers: int, epochs: int, want: in
                work: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", f"benchmarks.{SUITE}", "loaders", "--one", loader, "--src", src,
            "--workers", str(workers), "--epochs", str(epochs), "--want", str(want)]
-    env = bytecode_env(without_ca_bundle(), work)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                    env.get("PYTHONPATH")) if p)
+    env = with_this_checkout(bytecode_env(without_ca_bundle(), work))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"loaders: {loader} over {src} failed:\n{done.stderr[-3000:]}")
@@ -1137,9 +1122,9 @@ def rss_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run_rss(args: argparse.Namespace) -> int:
-    """Issue 15's loader target: RSS of a VolumeDataset + DataLoader(num_workers=2)
-    over a 200,000-file manifest, against a plain torch DataLoader over the same
-    paths, after the first item.
+    """RSS of a VolumeDataset + DataLoader(num_workers=2) over a 200,000-file
+    manifest, against a plain torch DataLoader over the same paths, after the
+    first item (issue 15's loader target).
 
         python -m benchmarks.epochs rss [--files 200000] [--dir /tmp/ucstage-bench-rss] [--json]
 
@@ -1204,7 +1189,7 @@ def hold_cost_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_hold_cost(args: argparse.Namespace) -> int:
-    """Benchmark: what a VolumeDataset warm hit costs per file, with and without a byte cap.
+    """What a VolumeDataset warm hit costs per file, with and without a byte cap.
 
     With a cap, each file a dataset hands out is held while its reader needs it
     (open + shared flock + fstat) and marked consumed when the reader moves on
@@ -1250,7 +1235,7 @@ def mix_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_mix(args: argparse.Namespace) -> int:
-    """Benchmark: what ucstage.Mix adds per item over reading its sources directly.
+    """What ucstage.Mix adds per item over reading its sources directly.
 
     Two sources of FILES small cached files each (local folders, warm cache, no
     cap), read in this process: side ``sources`` iterates each VolumeDataset in
@@ -1354,7 +1339,7 @@ def profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    """Profile: where a warm epoch's time goes, per file, in one process.
+    """Where a warm epoch's time goes, per file, in one process.
 
     Writes FILES files of SIZE_KIB KiB, warms a ucstage cache with them, then
     times each step below as the best of REPEAT epochs (after one untimed epoch),

@@ -1,5 +1,6 @@
-"""Faults: ``cache warm s3://`` through the fault proxy of tests/common/faults.py
-in front of a moto server, with network faults or a rate limit.
+"""Faults: ``cache warm s3://`` through a fault proxy, with network faults or a rate limit.
+
+The proxy is tests/common/faults.py's, in front of a moto server.
 
     python -m benchmarks.faults VARIANT [OPTIONS] [--json]
 

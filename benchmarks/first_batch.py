@@ -1,6 +1,7 @@
-"""The first batch: how long a DataLoader takes from ``iter(loader)`` (or
-from its dataset's construction) to its first batch, and what an epoch's
-start costs before it.
+"""The first batch: a DataLoader's time to its first batch, and an epoch's start-up.
+
+From ``iter(loader)`` (or from its dataset's construction) to the first
+batch, and what an epoch's start costs before it.
 
     python -m benchmarks.first_batch VARIANT [OPTIONS] [--json]
 
@@ -38,11 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data as tud
 
+from benchmarks.datasets import keep
 from benchmarks.files import write_files
 from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, json_argument, params_of, suite
 from benchmarks.timing import children_cpu_s, time_call
-from benchmarks.volumes import Moto, bytecode_env, s3_server, server_argument
+from benchmarks.volumes import Moto, bytecode_env, s3_server, server_argument, with_this_checkout
 
 if TYPE_CHECKING:
     from ucstage.sharding.mixing import MixShares
@@ -50,10 +52,6 @@ if TYPE_CHECKING:
 SUITE = "first_batch"
 BATCH = 32
 """Batch size of ``later``."""
-
-
-def _keep(batch: list[str]) -> list[str]:
-    return batch
 
 
 # --- later --------------------------------------------------------------------
@@ -74,7 +72,7 @@ def later_side(src: str, cache: str, persistent: bool, epochs: int) -> list[floa
     from ucstage import DataLoader, VolumeDataset
 
     ds = VolumeDataset(src, cache_dir=cache, shuffle=True)
-    loader = DataLoader(ds, batch_size=BATCH, num_workers=LATER_WORKERS, collate_fn=_keep,
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=LATER_WORKERS, collate_fn=keep,
                         log_mlflow=False, persistent_workers=persistent)
     for _ in loader:  # epoch 1, completed
         pass
@@ -197,7 +195,7 @@ def epoch1_one(url: str, side: str, work: str, workers: int, setup: float) -> di
     os.makedirs(stamps)
     ds = VolumeDataset(url, cache_dir=os.path.join(work, "cache"))
     loader = DataLoader(Stamped(ds, stamps), batch_size=32, num_workers=workers,
-                        collate_fn=_keep, log_mlflow=False, worker_init_fn=InitStamp(stamps),
+                        collate_fn=keep, log_mlflow=False, worker_init_fn=InitStamp(stamps),
                         multiprocessing_context="fork" if side == "fork" else None)
     time.sleep(setup)
     t0 = time.monotonic()
@@ -309,10 +307,8 @@ def run_epoch1(args: argparse.Namespace) -> int:
     server = None if remote else s3_server(args.server, work)
     try:
         url = f"{remote}/{args.set}" if remote else server.fill(args.fill)  # type: ignore[union-attr]
-        code = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-        path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), code) if p)
         base = dict(os.environ) if server is None else {**os.environ, **server.env}
-        env = bytecode_env({**base, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}, work)
+        env = bytecode_env(with_this_checkout({**base, "OMP_NUM_THREADS": "1"}), work)
         runs: dict[str, list[dict[str, float]]] = {s: [] for s in (*EPOCH1_SIDES, "server")}
 
         def run(side: str) -> None:
@@ -467,10 +463,7 @@ def run_worker_start(args: argparse.Namespace) -> int:
     server = Moto(work)
     try:
         url = server.fill(args.moto)
-        # The measured process imports this package too: name this checkout's root.
-        code = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-        path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), code) if p)
-        env = bytecode_env({**server.env, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}, work)
+        env = bytecode_env(with_this_checkout({**server.env, "OMP_NUM_THREADS": "1"}), work)
         worker_start_run(url, "fork", env, work)  # bytecode cache and page cache warm
         runs: dict[str, list[dict[str, Any]]] = {"fork": [], "default": []}
         for pair in range(args.pairs):
@@ -528,7 +521,7 @@ def mix_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_mix(args: argparse.Namespace) -> int:
-    """a Mix epoch's start-up (its interleaving, items and passes) per item.
+    """A Mix epoch's start-up (its interleaving, items and passes) per item.
 
     Before a Mix hands out its first item, each slot computes what its positions
     read: the source, the item and the pass (``MixOrder.take``, which

@@ -1,5 +1,6 @@
-"""Planning: what listing, freezing, planning, resuming and grouping cost at
-scale, beside benchmarks/shard_plan.py's step-by-step plan of 1M files.
+"""Planning at scale: freezing, one slot, resuming, shuffle scopes, grouped samples.
+
+Beside benchmarks/shard_plan.py's step-by-step plan of 1M files.
 
     python -m benchmarks.planning VARIANT [OPTIONS] [--json]
 
@@ -127,7 +128,7 @@ def manifest_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run_manifest(a: argparse.Namespace) -> int:
-    """Issue 15 targets: a 1M-file manifest, one slot, a whole plan, freezing.
+    """A 1M-file manifest: one slot, a whole plan, freezing (issue 15's targets).
 
         python -m benchmarks.planning manifest [--files 1000000] [--dir /tmp/ucstage-bench-manifest] [--json]
         python -m benchmarks.planning manifest --slot-only --repeat 5   # issue 21: one slot from the shell
@@ -264,8 +265,8 @@ def resume_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    """Reproduce docs/benchmarks.md "Resume and the audit": what resuming and
-    auditing an epoch cost.
+    """What resuming and auditing an epoch cost (docs/benchmarks.md, "Resume and
+    the audit").
 
         python -m benchmarks.planning resume [--files 1000000] [--loader-files 4000] [--json]
 
@@ -492,7 +493,7 @@ def grouped_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_grouped(args: argparse.Namespace) -> int:
-    """Benchmark: grouped samples (issue 23) against the same files ungrouped.
+    """Grouped samples (issue 23) against the same files ungrouped.
 
     ``warm``: SAMPLES samples of a ``.jpg`` and a ``.json`` (SIZE_KIB each) in a
     local folder, warmed into a ucstage cache; alternating PAIRS times, the

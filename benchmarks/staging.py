@@ -1,5 +1,6 @@
-"""Staging against copy tools and the bare client: ``ucstage cache warm``
-timed, whole commands, against ``cp -r``, rclone, s5cmd and bare copy loops.
+"""Staging: ``ucstage cache warm`` against copy tools and bare clients, whole commands.
+
+``cp -r``, rclone, s5cmd, bare obstore loops and a bare threaded copy.
 
     python -m benchmarks.staging VARIANT [OPTIONS] [--json]
 
@@ -201,8 +202,8 @@ def tools_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tools(args: argparse.Namespace) -> int:
-    """Reproduce docs/benchmarks.md "Cache warm": ucstage cache warm vs cp -r,
-    rclone copy and s5cmd, in one run, and the warm-cache lookup rate.
+    """ucstage cache warm vs cp -r, rclone copy and s5cmd, in one run, and the
+    warm-cache lookup rate (docs/benchmarks.md, "Cache warm").
 
         python -m benchmarks.staging tools [--small 2000] [--large 16] [--jobs 16] [--json]
 
@@ -1231,7 +1232,7 @@ def listing_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_listing(args: argparse.Namespace) -> int:
-    """Benchmark: listing a folder tree through a FUSE mount of a remote volume, ucstage vs find.
+    """Listing a folder tree through a FUSE mount of a remote volume, ucstage vs find.
 
     Runs inside scripts/remote-volume.sh (it reads UCSTAGE_REMOTE_* and the
     RCLONE_S3_* settings that script exports). Uploads FOLDERS x FILES small

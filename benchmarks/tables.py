@@ -1,5 +1,6 @@
-"""Tables: ``TableDataset`` over Parquet and Delta tables, against Hugging
-Face datasets and pyarrow, with deletion vectors, and what its batches weigh.
+"""Tables: ``TableDataset`` against datasets and pyarrow, deletion vectors, batches, export.
+
+Over Parquet and Delta tables, against Hugging Face datasets and pyarrow.
 
     python -m benchmarks.tables VARIANT [OPTIONS] [--json]
 
@@ -427,7 +428,7 @@ def datasets_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_datasets(args: argparse.Namespace) -> int:
-    """Issue 22's targets: TableDataset against datasets and pyarrow on two Parquet tables.
+    """TableDataset against datasets and pyarrow on two Parquet tables (issue 22's targets).
 
         python -m benchmarks.tables datasets [--rows 5000000] [--vector-rows 1000000] [--files 6]
             [--groups-per-file 8] [--dir /tmp/ucstage-bench-tables] [--pairs 3]
@@ -706,9 +707,9 @@ def batch_rss_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run_batch_rss(args: argparse.Namespace) -> int:
-    """Issue 29's compact-batch target: what a TableDataset batch weighs once it
-    crossed from a DataLoader worker, and the main process's RSS over an epoch
-    whose batches the loop keeps, for several row-group sizes.
+    """What a TableDataset batch weighs once it crossed from a DataLoader worker,
+    and the main process's RSS over an epoch whose batches the loop keeps, for
+    several row-group sizes (issue 29's compact-batch target).
 
         python -m benchmarks.tables batch_rss [--rows 100000] [--row-groups 5000,50000] \\
             [--batch-rows 1000] [--workers 2] [--order shuffled|file] \\

@@ -13,7 +13,7 @@ def _variants(tree: ast.Module) -> list[str]:
     for node in tree.body:
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
                 and any(isinstance(t, ast.Name) and t.id == "VARIANTS" for t in node.targets)):
-            return [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+            return [str(k.value) for k in node.value.keys if isinstance(k, ast.Constant)]
     return []
 
 

@@ -2,6 +2,7 @@
 
     python -m benchmarks.ab_compare --base c3a3ebf --head HEAD [--pairs 3] \\
         shard_plan --files 200000 --world-size 32 --num-workers 4
+    python -m benchmarks.ab_compare --base c17cffa epochs warm --workers 0 2
 
 Every run uses the benchmark code of *this* tree (``benchmarks/``) and the
 ``ucstage`` package of one commit: the commit's ``ucstage/`` is extracted with
@@ -14,8 +15,8 @@ the path of a checkout (``--head`` defaults to this working tree, uncommitted
 changes included).
 
 Each pair runs the benchmark once per side (``python -m benchmarks.NAME ARGS
---json``), the order alternating between pairs, so load on a shared machine
-falls on both alike. Every numeric figure of the benchmark's JSON document
+--json``; a suite's variant is the first of its ARGS), the order alternating
+between pairs, so load on a shared machine falls on both alike. Every numeric figure of the benchmark's JSON document
 (``summary`` and ``results`` rows, docs/benchmarks.md) and the whole run's
 wall time, CPU and peak RSS are compared: median per side, head/base ratio of
 the medians, per-pair ratios; ratios outside ``--tolerance`` (default ±10%)
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", action="append", default=[],
                     help="compare only figures whose name contains this (repeatable)")
     json_argument(ap)
-    ap.add_argument("benchmark", help="a module of benchmarks/, e.g. shard_plan")
+    ap.add_argument("benchmark", help="a module of benchmarks/, e.g. shard_plan or epochs "
+                                      "(then its variant, e.g. warm, first in ARGS)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     args = ap.parse_args(argv)
     module = args.benchmark.removeprefix("benchmarks.").removeprefix("bench_")

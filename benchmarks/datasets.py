@@ -1,12 +1,21 @@
-"""The reading datasets the loader benchmarks compare (loader, warm_epoch,
-small_cache, profile_warm_epoch): both open and read every file whole, so the
-only difference measured is how the paths are produced."""
+"""The reading datasets the loader benchmarks compare (benchmarks.epochs:
+throttled, warm, small_cache, lazy, loaders, profile): both open and read
+every file whole, so the only difference measured is how the paths are
+produced; and ``keep``, the ``collate_fn`` that leaves a batch a list."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch.utils.data as tud
+
+
+def keep(batch: list[Any]) -> list[Any]:
+    """A ``collate_fn`` that keeps a batch a list: torch's default would send
+    every batch as a shared-memory tensor, whose cost per batch is torch's,
+    not the read's."""
+    return batch
 
 
 class ReadBytes(tud.IterableDataset):  # type: ignore[type-arg]

@@ -2,7 +2,7 @@
 # Reproduce docs/benchmarks.md "Bench modes on an emulated remote volume":
 # build the emulated remote volume (scripts/remote-volume.sh), then compare
 # `ucstage cache warm` and `ucstage bench` with cp -r, rclone copy, s5cmd and
-# shutil.copytree on it (python -m benchmarks.remote), and write
+# shutil.copytree on it (python -m benchmarks.staging remote), and write
 # docs/bench-remote.png. Needs root.
 #
 #   benchmarks/remote.sh [--server rclone|moto] [--delay 2ms] [--rate 1gbit]
@@ -33,7 +33,7 @@ export PATH=$(dirname "$python"):$PATH UCSTAGE_REMOTE_DELAY=$delay UCSTAGE_REMOT
 # The benchmark is a module of this checkout's benchmarks/ package.
 export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
 cmd=("$here/scripts/remote-volume.sh" --server "$server" --delay "$delay" --rate "$rate" --small "$small"
-     --large "$large" -- "$python" -m benchmarks.remote --workers "$workers"
+     --large "$large" -- "$python" -m benchmarks.staging remote --workers "$workers"
      --delay "$delay" --rate "$rate")
 if [[ -n $json ]]; then
   # remote-volume.sh logs to stderr: stdout is the benchmark's document alone.

@@ -23,12 +23,13 @@ benchmark may add top-level keys of its own (ab_compare adds ``runs``).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
 import platform
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,31 @@ def benchmark_name(path: str) -> str:
     ``.../benchmarks/shard_plan.py`` -> ``shard_plan`` (``__name__`` is
     ``__main__`` under ``python -m``)."""
     return os.path.splitext(os.path.basename(path))[0]
+
+
+Variant = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+"""A suite's variant: what adds its options to its parser, and what runs it."""
+
+
+def suite(name: str, doc: str, variants: Mapping[str, Variant], argv: list[str] | None) -> int:
+    """Run the variant of a suite that ``argv`` names: ``python -m benchmarks.SUITE
+    VARIANT [OPTIONS]``. ``doc``: the suite's docstring (its first paragraph is
+    the description); each variant's help is its run function's first docstring
+    paragraph, its description the whole docstring. The variant's name lands in
+    the report's ``params`` as ``variant``."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}",
+                                     description=doc.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="variant", required=True, metavar="VARIANT")
+    for name, (arguments, run) in variants.items():
+        text = inspect.cleandoc(run.__doc__ or "")
+        child = sub.add_parser(name, help=text.split("\n\n")[0], description=text,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        arguments(child)
+        child.set_defaults(run=run)
+    args = parser.parse_args(argv)
+    run = args.run
+    del args.run
+    return run(args)
 
 
 def params_of(args: argparse.Namespace, drop: Iterable[str] = ("json",)) -> dict[str, Any]:

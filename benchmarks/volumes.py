@@ -159,6 +159,14 @@ def s3_env(endpoint: str) -> dict[str, str]:
             "AWS_EC2_METADATA_DISABLED": "true"}
 
 
+def with_this_checkout(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this checkout's root after its PYTHONPATH, for a measured
+    child that runs a suite again (``python -m benchmarks.SUITE VARIANT
+    --one ...``): it imports these benchmarks, and the ucstage that
+    PYTHONPATH names first (benchmarks.ab_compare's side) if it names one."""
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), REPO) if p)}
+
+
 def bytecode_env(env: dict[str, str], work: str) -> dict[str, str]:
     """``env`` with Python's bytecode cache on (in ``work``), as an installed
     package has it: where ``PYTHONDONTWRITEBYTECODE`` is set (as on this

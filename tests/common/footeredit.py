@@ -2,7 +2,9 @@
 writers make (an old ``created_by``, understated chunk sizes, chunks that
 point past the end): the footer's Thrift compact encoding decoded into plain
 Python values, changed, and encoded back. Written from the Thrift compact
-protocol and parquet.thrift; independent of ucstage's own footer scanning.
+protocol and parquet.thrift; the bytes, varints, field headers and list heads
+are read by ucstage's own compact-protocol reader (tables/encrypted.py), the
+decoding of values into Python and the encoding back are this module's.
 
 A struct is a list of ``[field_id, type, value]``; a list is ``(element_type,
 [values])``; a map is ``(key_type, value_type, [(k, v), ...])``.
@@ -14,6 +16,8 @@ import struct as _struct
 from collections.abc import Callable
 from typing import Any
 
+from ucstage.tables.encrypted import CompactReader
+
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 
 # parquet.thrift field ids used by the tests
@@ -23,23 +27,8 @@ CHUNK_META = 3
 META_TOTAL_COMPRESSED, META_DATA_PAGE_OFFSET, META_DICT_PAGE_OFFSET = 7, 9, 11
 
 
-class _In:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.at = data, 0
-
-    def byte(self) -> int:
-        b = self.data[self.at]
-        self.at += 1
-        return b
-
-    def varint(self) -> int:
-        shift = out = 0
-        while True:
-            b = self.byte()
-            out |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return out
-            shift += 7
+class _In(CompactReader):
+    """The library's compact-protocol reader, decoding each value rather than skipping it."""
 
     def zigzag(self) -> int:
         n = self.varint()
@@ -62,10 +51,7 @@ class _In:
             self.at += n
             return bytes(v)
         if t in (LIST, SET):
-            head = self.byte()
-            n, et = head >> 4, head & 0x0F
-            if n == 15:
-                n = self.varint()
+            n, et = self.items()
             return (et, [self.value(et) for _ in range(n)])
         if t == MAP:
             n = self.varint()
@@ -79,20 +65,13 @@ class _In:
         raise ValueError(f"thrift type {t}")
 
     def struct(self) -> list[list[Any]]:
-        fields: list[list[Any]] = []
-        last = 0
-        while True:
-            head = self.byte()
-            t = head & 0x0F
-            if t == STOP:
-                return fields
-            delta = head >> 4
-            fid = last + delta if delta else self.zigzag()
-            last = fid
+        found: list[list[Any]] = []
+        for fid, t in self.fields():
             if t in (TRUE, FALSE):
-                fields.append([fid, TRUE, t == TRUE])
+                found.append([fid, TRUE, t == TRUE])
             else:
-                fields.append([fid, t, self.value(t)])
+                found.append([fid, t, self.value(t)])
+        return found
 
 
 def _varint(n: int) -> bytes:

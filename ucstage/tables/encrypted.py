@@ -26,7 +26,11 @@ _GROUP_COLUMNS = 1
 _CHUNK_CRYPTO, _CHUNK_ENCRYPTED_META = 8, 9
 
 
-class _Reader:
+class CompactReader:
+    """Reads Thrift's compact protocol from ``data``: bytes, varints, a struct's
+    fields, a list's head; skips any value (tests/common/footeredit.py decodes
+    values on top of it)."""
+
     def __init__(self, data: bytes) -> None:
         self.data, self.at = data, 0
 
@@ -115,7 +119,7 @@ def encryption(metadata: bytes) -> str | None:
     Raises:
         ValueError: the bytes are not a compact-protocol struct.
     """
-    r = _Reader(metadata)
+    r = CompactReader(metadata)
     for fid, kind in r.fields():
         if fid == _FILE_ENCRYPTION and kind == _STRUCT:
             return "encrypted columns under a plaintext footer"

@@ -10,10 +10,10 @@ from .. import bench
 from ..bench import BenchReport
 from ..errors import InvalidArgument
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
-from .args import Seconds, parse_modes, parse_workers
+from ..planning import scope_of
+from .args import Seconds, nproc_option, parse_modes, parse_workers, shuffle_scope_option
 from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
-from .scope import nproc_option, scope_of, shuffle_scope_option
 
 _VERDICT = {
     "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "

@@ -254,7 +254,7 @@ class ResumeFiles:
     def to_json(self) -> dict[str, Any]:
         """docs/json.md#shard-plan---resume (one slot's document with ``slot``)."""
         m, rest, state = self.manifest, self.rest, self.rest.state
-        doc = {
+        doc: dict[str, Any] = {
             "source": m.source,
             "fingerprint": m.fingerprint,
             "files": len(m.entries),
@@ -298,8 +298,9 @@ class PlanRequest:
     exclude: tuple[str, ...] = ()
     include_hidden: bool = False
     world_size: int = 1
-    num_workers: int | tuple[int, ...] = 0
-    """One for every rank, or one per rank (to see what a mismatch does)."""
+    num_workers: tuple[int, ...] = (0,)
+    """One for every rank, or one per rank (to see what a mismatch does); an
+    int is one for every rank."""
     nproc_per_node: int | None = None
     shuffle: bool = False
     seed: int | None = None

@@ -9,8 +9,8 @@ from rich.markup import escape
 from .. import bench
 from ..bench import BenchReport
 from ..errors import InvalidArgument
-from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from ..planning import scope_of
+from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import Seconds, nproc_option, parse_modes, parse_workers, shuffle_scope_option
 from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar

@@ -236,9 +236,9 @@ def render_slot(console: Console, sf: SlotFiles) -> None:
         console.print("\n".join(e.path for e in files[at:at + PRINT_LINES]), markup=False)
 
 
-def render_resume(console: Console, rf: ResumeFiles, doc: dict[str, Any]) -> None:
-    """The rest of a resumed epoch (``doc``: ``rf.to_json()``), or one slot's files."""
-    manifest, state = rf.manifest, rf.rest.state
+def render_resume(console: Console, rf: ResumeFiles) -> None:
+    """The rest of a resumed epoch, or one slot's files."""
+    manifest, state, doc = rf.manifest, rf.rest.state, rf.to_json()
     if rf.one_slot:
         err.print(f"slot {doc['rank']}:{doc['worker']}: {counted(len(doc['files']), 'file')} left, "
                   f"{format_bytes(doc['bytes'])}")

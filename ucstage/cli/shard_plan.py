@@ -6,9 +6,11 @@ exit 1 when the plan has a problem."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
+from rich.console import Console
 
 from ..cache.local import MAX_BYTES_ENV
 from ..errors import InvalidArgument
@@ -25,8 +27,22 @@ from .args import (
     shuffle_scope_option,
     size_flag,
 )
-from .output import CONTEXT, emit, fail_found, json_option, read_source, source_options, table_source
+from .output import (
+    CONTEXT,
+    emit,
+    fail_found,
+    json_option,
+    read_source,
+    source_options,
+    table_source,
+)
 from .plan_render import render_files, render_mix, render_resume, render_row_groups, render_slot
+
+RENDERS: dict[str, Callable[[Console, Any], None]] = {
+    "mix": render_mix, "row-group": render_row_groups, "resume": render_resume,
+    "slot": render_slot, "files": render_files}
+"""The people's view of each mode's result."""
+
 
 def _mix_options(command: Any) -> Any:
     """A mix's arguments: more SOURCEs, --weights, --repeat, --epoch-size."""
@@ -153,15 +169,9 @@ def shard_plan(
         repeat=_floats(repeat, "--repeat", "2.5,0.1"), epoch_size=epoch_size)
     mode = request.mode
     result: Any = request.plan(read_files=read_source, read_table=table_source)
-    if mode == "resume":
-        doc = result.to_json()  # the human view shows it too
-        emit(doc, as_json, lambda console: render_resume(console, result, doc))
-        return
     # The JSON names every file; the human view names a few, so it never builds the list.
     data = result.to_json() if as_json else {}
-    render = {"mix": render_mix, "row-group": render_row_groups, "slot": render_slot,
-              "files": render_files}[mode]
-    emit(data, as_json, lambda console: render(console, result))
+    emit(data, as_json, lambda console: RENDERS[mode](console, result))
     problems = _problems(mode, result)
     if problems:
         fail_found("; ".join(problems))

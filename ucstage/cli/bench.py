@@ -8,11 +8,11 @@ from rich.markup import escape
 
 from ..bench.driver import run
 from ..bench.options import check_options
+from ..bench.plot import plot
 from ..bench.report import BenchReport, Recommendation
 from ..bench.stats import ALL, DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_FILES, NOISY_SECONDS, WITHIN
 from ..errors import InvalidArgument
 from ..planning import scope_of
-from ..plot import plot
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import Seconds, nproc_option, parse_modes, parse_workers, shuffle_scope_option
 from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
@@ -204,8 +204,8 @@ def command(
     # parameters; the error mapper says them as this command's flags.
     scope = scope_of(shuffle_scope, shuffle)
     check_options(files=files, sample_bytes=size, workers=worker_counts,
-                        modes=mode_list, batch_size=batch_size, max_seconds=max_seconds,
-                        shuffle_scope=scope, nproc_per_node=nproc_per_node)
+                  modes=mode_list, batch_size=batch_size, max_seconds=max_seconds,
+                  shuffle_scope=scope, nproc_per_node=nproc_per_node)
     if (shuffle or nproc_per_node is not None) and "loader" not in mode_list:
         raise InvalidArgument("--shuffle/--shuffle-scope/--nproc-per-node set the loader "
                               "mode's dataset; they need --loader")
@@ -214,9 +214,9 @@ def command(
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
     with progress_bar(err.is_terminal, transient=True) as callback:
         report = run(manifest, files=files, sample_bytes=size, seed=seed,
-                           workers=worker_counts, modes=mode_list, batch_size=batch_size,
-                           max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback,
-                           shuffle=shuffle, shuffle_scope=scope, nproc_per_node=nproc_per_node)
+                     workers=worker_counts, modes=mode_list, batch_size=batch_size,
+                     max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback,
+                     shuffle=shuffle, shuffle_scope=scope, nproc_per_node=nproc_per_node)
     chart = plot(report, plot_path) if plot_path is not None else None
     emit(report.to_json(plot=chart), as_json, lambda c: _render(c, report))
     if plot_path is not None and not as_json:
@@ -225,7 +225,7 @@ def command(
 
 def _check_plot(path: str) -> None:
     """Fail before measuring, not after, when the chart cannot be written."""
-    from ..plot import check_destination
+    from ..bench.plot import check_destination
 
     check_destination(path)
     try:

@@ -1,23 +1,34 @@
-"""Parsing of the CLI's list-valued flags into what the library takes.
+"""The options several commands share, and parsing flags into what the library takes.
 
 The library speaks Python (``plan(num_workers=[6, 4])``); comma lists are a
 command-line convenience, so they are parsed here and nowhere else. Errors
 name the flag, since the person reading them typed it: directly, or, where
 the check is the library's (``parse_modes``), through the CLI's error mapper.
+The shared options (``--shuffle-scope``, ``--nproc-per-node``, ``--group``,
+``--unit`` and the table's) have one help text here for every command.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
-from ..bench import check_modes
+from ..bench.options import check_modes
 from ..errors import InvalidArgument
+from ..manifest.groups import KEY
+from ..planning import UNITS
+from ..sharding.values import SHUFFLE_SCOPES
 from ..units import parse_size
 
-__all__ = ["Seconds", "column_list", "float_list", "int_list", "num_workers_list", "parse_modes", "parse_workers", "size_flag"]
+__all__ = ["NPROC_HELP", "Seconds", "column_list", "float_list", "given", "group_option",
+           "int_list", "nproc_option", "num_workers_list", "parse_modes", "parse_workers",
+           "row_group_options", "shuffle_scope_option", "size_flag", "warm_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def column_list(value: str | None) -> list[str] | None:
@@ -110,3 +121,82 @@ class Seconds(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
         return super().convert(number, param, ctx)
+
+
+def given(names: Sequence[str]) -> list[str]:
+    """The options among ``names`` given on the running command's line (a
+    default is no choice: a rule that refuses an option refuses it only given)."""
+    ctx = click.get_current_context()
+    return [n for n in names
+            if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
+
+
+SCOPE_HELP = ("With --shuffle: node (default) assigns files to nodes once per seed and "
+              "shuffles within each node, so a node's cache serves every epoch; global "
+              "deals one permutation over the whole job, so every epoch hands each node "
+              "other files. See docs/training.md.")
+NPROC_HELP = ("Ranks per node (torchrun's --nproc-per-node): node = rank // P. Without it "
+              "the whole job is one node, where both scopes are the same rule.")
+
+
+def shuffle_scope_option(func: F) -> F:
+    """``--shuffle-scope node|global``; None when not given (the library's default)."""
+    return click.option("--shuffle-scope", type=click.Choice(SHUFFLE_SCOPES), default=None,
+                        help=SCOPE_HELP)(func)
+
+
+def nproc_option(func: F) -> F:
+    """``--nproc-per-node P``."""
+    return click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+                        metavar="P", help=NPROC_HELP)(func)
+
+
+group_option = click.option(
+    "--group", "group", type=click.Choice([KEY]), default=None,
+    help="Group files sharing a key (the path up to the first '.' of the file name) into one "
+         "sample, as VolumeDataset(group=\"key\") does: samples are dealt, never split.")
+"""``--group key`` of ``shard-plan`` and ``cache warm``."""
+
+UNIT_HELP = ("What the slot rule deals: files, or the row groups of a table SOURCE (a "
+             "Parquet folder, an export destination, a Delta table path or "
+             "catalog.schema.table), as TableDataset reads it.")
+
+
+def _options(func: F, options: list[Callable[[F], F]]) -> F:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _table_options(func: F, *, columns_help: str) -> F:
+    """``--unit``, ``--columns`` and ``--version``."""
+    return _options(func, [
+        click.option("--unit", type=click.Choice(UNITS), default="file", show_default=True,
+                     help=UNIT_HELP),
+        click.option("--columns", metavar="A,B,...", default=None, help=columns_help),
+        click.option("--version", "version", type=int, default=None, metavar="N",
+                     help="With --unit row-group: this Delta table version (default: "
+                          "the latest)."),
+    ])
+
+
+def warm_options(func: F) -> F:
+    """What ``cache warm`` takes for a table: ``--unit``, ``--columns``, ``--version``."""
+    return _table_options(func, columns_help="With --unit row-group: warm only these "
+                          "columns' chunks (pass the same columns to TableDataset).")
+
+
+def row_group_options(func: F) -> F:
+    """``--unit``, and what a row-group plan takes: ``--batch-rows``,
+    ``--equal-length``, ``--columns``, ``--version``."""
+    func = _table_options(func, columns_help="With --unit row-group: count only these "
+                          "columns' bytes.")
+    return _options(func, [
+        click.option("--batch-rows", type=int, default=None, metavar="N",
+                     help="With --unit row-group: rows per batch, as TableDataset's "
+                          "batch_rows (default: one row group per batch); counts each "
+                          "rank's batches for the batch check."),
+        click.option("--equal-length", type=click.Choice(["pad", "drop"]), default=None,
+                     help="With --unit row-group and --batch-rows: every slot yields the "
+                          "same number of batches, as TableDataset(equal_length=...) does."),
+    ])

@@ -6,14 +6,17 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .. import bench
-from ..bench import BenchReport
+from ..bench.driver import run
+from ..bench.options import check_options
+from ..bench.plot import plot
+from ..bench.report import BenchReport, Recommendation
+from ..bench.stats import ALL, DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_FILES, NOISY_SECONDS, WITHIN
 from ..errors import InvalidArgument
+from ..planning import scope_of
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
-from .args import Seconds, parse_modes, parse_workers
+from .args import Seconds, nproc_option, parse_modes, parse_workers, shuffle_scope_option
 from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
 from .progress import progress_bar
-from .scope import nproc_option, scope_of, shuffle_scope_option
 
 _VERDICT = {
     "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "
@@ -43,7 +46,7 @@ def _sample_text(report: BenchReport) -> str:
     stride = (f"1 in ~{listed / files:,.0f} files, evenly spaced from a seeded offset "
               f"(seed {report.seed})" if files < listed else "every file")
     return (f"{head}\n  [dim]the default sample: {stride}, at most "
-            f"{bench.DEFAULT_SAMPLE_FILES} files or {format_bytes(bench.DEFAULT_SAMPLE_BYTES)}; "
+            f"{DEFAULT_SAMPLE_FILES} files or {format_bytes(DEFAULT_SAMPLE_BYTES)}; "
             "choose with --files N, --sample-bytes SIZE or --files all[/]")
 
 
@@ -85,7 +88,7 @@ def _render(console: Console, report: BenchReport) -> None:
         return
     others = ", ".join(f"{m} {k}" for m, k in rec.by_mode.items() if m != rec.mode)
     console.print(
-        f"[green]→[/] use {_workers_text(rec.workers)}: the fewest within {bench.WITHIN:.0%} "
+        f"[green]→[/] use {_workers_text(rec.workers)}: the fewest within {WITHIN:.0%} "
         f"of the best rate {_MODE_TEXT[rec.mode]}, {format_rate(rec.best_mb_per_s * 1e6)} at "
         f"{rec.best_workers}" + (f"  [dim](per mode: {others})[/]" if others else ""))
     if report.local_disk and (rec.cold_vs_direct is not None or rec.warm_vs_direct is not None):
@@ -96,7 +99,7 @@ def _render(console: Console, report: BenchReport) -> None:
     _render_verdicts(console, rec)
 
 
-def _render_verdicts(console: Console, rec: bench.Recommendation) -> None:
+def _render_verdicts(console: Console, rec: Recommendation) -> None:
     if rec.cold_vs_direct is not None:
         line = f"  cold cache vs direct: {rec.cold_vs_direct:.2f}x"
         if rec.cold_vs_direct < 1 and rec.caching == "later_epochs":
@@ -114,7 +117,7 @@ def _render_verdicts(console: Console, rec: bench.Recommendation) -> None:
             verdict = ("the best direct run read from the OS page cache, so it says nothing "
                        "about the volume: no verdict on the bottleneck")
         else:
-            verdict = (f"direct runs took under {bench.NOISY_SECONDS:g} s, too short to say "
+            verdict = (f"direct runs took under {NOISY_SECONDS:g} s, too short to say "
                        "whether the volume is the bottleneck; bench more files")
         console.print(f"  warm cache vs direct: {rec.warm_vs_direct:.2f}x; {verdict}")
 
@@ -126,7 +129,7 @@ class _Files(click.ParamType):
 
     def convert(self, value: object, param: click.Parameter | None,
                 ctx: click.Context | None) -> int | str:
-        if isinstance(value, int) or value == bench.ALL:
+        if isinstance(value, int) or value == ALL:
             return value  # type: ignore[return-value]
         try:
             return int(str(value))
@@ -200,9 +203,9 @@ def command(
     # the listing of a large volume to be refused. Its messages name
     # parameters; the error mapper says them as this command's flags.
     scope = scope_of(shuffle_scope, shuffle)
-    bench.check_options(files=files, sample_bytes=size, workers=worker_counts,
-                        modes=mode_list, batch_size=batch_size, max_seconds=max_seconds,
-                        shuffle_scope=scope, nproc_per_node=nproc_per_node)
+    check_options(files=files, sample_bytes=size, workers=worker_counts,
+                  modes=mode_list, batch_size=batch_size, max_seconds=max_seconds,
+                  shuffle_scope=scope, nproc_per_node=nproc_per_node)
     if (shuffle or nproc_per_node is not None) and "loader" not in mode_list:
         raise InvalidArgument("--shuffle/--shuffle-scope/--nproc-per-node set the loader "
                               "mode's dataset; they need --loader")
@@ -210,11 +213,11 @@ def command(
         _check_plot(plot_path)
     manifest = read_source(source, manifest_path, include, exclude, include_hidden)
     with progress_bar(err.is_terminal, transient=True) as callback:
-        report = bench.run(manifest, files=files, sample_bytes=size, seed=seed,
-                           workers=worker_counts, modes=mode_list, batch_size=batch_size,
-                           max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback,
-                           shuffle=shuffle, shuffle_scope=scope, nproc_per_node=nproc_per_node)
-    chart = bench.plot(report, plot_path) if plot_path is not None else None
+        report = run(manifest, files=files, sample_bytes=size, seed=seed,
+                     workers=worker_counts, modes=mode_list, batch_size=batch_size,
+                     max_seconds=max_seconds, scratch_dir=scratch_dir, callback=callback,
+                     shuffle=shuffle, shuffle_scope=scope, nproc_per_node=nproc_per_node)
+    chart = plot(report, plot_path) if plot_path is not None else None
     emit(report.to_json(plot=chart), as_json, lambda c: _render(c, report))
     if plot_path is not None and not as_json:
         err.print(f"[dim]chart written to {plot_path}[/]")

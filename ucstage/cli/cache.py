@@ -14,9 +14,10 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .. import manifest as manifest_mod
 from ..cache.local import LocalCache
 from ..cache.sources import job_env
+from ..manifest.files import save
+from ..manifest.formats import ARROW_SUFFIX
 from .cache_maint import clear, prune, status, verify
 from .cache_warm import warm
 from .output import (
@@ -83,9 +84,9 @@ def lazy(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     # library's save() goes by the name alone, .arrow or not).
     if fmt is None:
         fmt = "json" if output and output.lower().endswith(".json") else "arrow"
-    default = f"{ns_dir}{'.manifest.json' if fmt == 'json' else manifest_mod.ARROW_SUFFIX}"
+    default = f"{ns_dir}{'.manifest.json' if fmt == 'json' else ARROW_SUFFIX}"
     # save() refuses a FILE inside SOURCE, and one that is not a manifest unless forced.
-    path = os.path.abspath(manifest_mod.save(m, output or default, format=fmt, force=force))
+    path = os.path.abspath(save(m, output or default, format=fmt, force=force))
     cache.prepare(volume)
     env = job_env(m, cache)
     data = {"source": m.source, "manifest": path, "fingerprint": m.fingerprint,

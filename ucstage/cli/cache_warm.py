@@ -6,21 +6,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
+from .. import cloudfs
 from ..cache.local import LocalCache
 from ..cache.reports import RankSlice, WarmReport
 from ..cache.share import rank_slice, share_text, warm_ranks, warm_slice
 from ..errors import InvalidArgument
-from ..sharding import Layout, ReadOrder
+from ..manifest.groups import Grouping
+from ..manifest.model import group_manifest
+from ..planning import check_unit, scope_of
+from ..sharding.values import Layout, ReadOrder
 from ..units import SIZE_HELP, format_rate
-from ..volumes import FileEntry
-from .args import Seconds, size_flag
-from .group_plan import group_option, grouped
-from .network import network_summary
+from ..volumes.entry import FileEntry
+from .args import (
+    NPROC_HELP,
+    Seconds,
+    column_list,
+    given,
+    group_option,
+    shuffle_scope_option,
+    size_flag,
+    warm_options,
+)
 from .output import (
     CONTEXT,
     counted,
@@ -32,12 +44,14 @@ from .output import (
     listing,
     read_source,
     source_options,
+    table_source,
 )
 from .progress import Counting, progress_bar
-from .row_groups import WARM_FILE_ONLY, check_unit_options, table_entries, warm_options
-from .scope import NPROC_HELP, scope_of, shuffle_scope_option
 
 EXAMPLES = 10
+FILE_ONLY = ("include", "exclude", "include_hidden", "group")
+"""What a warm of files takes and a warm of a table's row groups does not."""
+ROW_GROUP_ONLY = ("columns", "version")
 
 
 class JobsType(click.ParamType):
@@ -130,7 +144,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
       ucstage cache warm manifest.json --node-rank 1 --nproc-per-node 8 -w 16 -k 6 --shuffle
       ucstage cache warm main.ml.events --unit row-group --rank 0 -w 8 -k 2 --shuffle
     """
-    check_unit_options(unit, WARM_FILE_ONLY, ("columns", "version"))
+    check_unit(unit, given(FILE_ONLY + ROW_GROUP_ONLY), FILE_ONLY, ROW_GROUP_ONLY)
     ranks = warm_ranks(rank, node_rank, world_size=world_size, num_workers=num_workers,
                        nproc_per_node=nproc_per_node)
     if (seed is not None or epoch is not None) and not shuffle:
@@ -156,11 +170,12 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     noun = "row group" if unit == "row-group" else "file"
     groups = None
     if unit == "row-group":
-        volume, entries = table_entries(source, manifest_path, columns, version)
+        volume, entries = _table_entries(source, manifest_path, columns, version)
     else:
         with listing(source):
-            m = grouped(read_source(source, manifest_path, include, exclude, include_hidden),
-                        group)
+            m = read_source(source, manifest_path, include, exclude, include_hidden)
+            if group is not None:
+                m = group_manifest(m, Grouping(group))[0]
         volume, entries = m.volume(), list(m.entries)
         refused, unreadable, groups = m.refused, m.unreadable, m.groups
     slice_: RankSlice | None = None
@@ -189,6 +204,18 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         names = ", ".join(p for p, _ in report.failed[:3])
         fail_found(f"{len(report.failed):,} of {counted(report.files, 'file')} failed: "
                    f"{names}" + (" …" if len(report.failed) > 3 else ""), _failed_hint(report))
+
+
+def _table_entries(source: str | None, manifest_path: str | None, columns: str | None,
+                   version: int | None) -> tuple[Any, list[Any]]:
+    """(volume, one cache entry per row group) of a table: its row groups'
+    column chunks, the entries TableDataset reads (``tables.entries``)."""
+    from ..tables.entries import group_entries
+
+    wanted = column_list(columns)
+    manifest = table_source(source, manifest_path, version)
+    manifest.check_columns(wanted)
+    return manifest.volume(), group_entries(manifest, wanted)
 
 
 def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:
@@ -232,7 +259,7 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
         console.print(f"engine: {report.engine}, "
                       f"{counted(report.jobs, 'copy in flight', 'copies in flight')} ({how})",
                       markup=False)
-    network_summary(console, report)
+    _network_summary(console, report)
     # The one place failed files are listed for people (the progress display
     # only counts them), so each shows once.
     for path, reason in report.failed[:EXAMPLES]:
@@ -248,6 +275,24 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
             console.print(f"  {e.source or e.namespace}{mine}: {counted(e.files, 'file')} "
                           f"({format_bytes(e.bytes)})", markup=False)
 
+
+def _network_summary(console: Console, report: WarmReport) -> None:
+    """What the network did to the copies, when it did anything: late
+    requests hedged, requests past the deadline, checksum mismatches, and a
+    store whose ETags give no checksum."""
+    counts = [f"{n:,} {text}" for n, text in (
+        (report.hedged, "late requests hedged"), (report.timeouts, "requests past the deadline"),
+        (report.mismatches, "checksum mismatches retried")) if n]
+    if counts:
+        console.print(f"network: {', '.join(counts)}", markup=False)
+    checks = report.check_counts()
+    if checks["size"] and not checks["md5"]:
+        cloud = cloudfs.parse(report.source)
+        why = ("its ETags are not MD5s (SSE-KMS?)" if report.etags_not_md5
+               else "the store keeps no MD5 of these objects (GCS composite objects, Azure "
+                    "blobs committed from blocks without Content-MD5)" if cloud is not None
+               else "no plain-MD5 ETags (multipart uploads)")
+        console.print(f"checked: by size only, {why}", markup=False)
 
 
 def _failed_hint(report: WarmReport) -> str:

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from ..cache.warm import WARM_FEWER
 from ..errors import CacheFull, UcstageError
-from ..manifest import Manifest
+from ..manifest.model import Manifest
+from ..planning import read_row_groups
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
 from ..volumes.listing import skip_messages
@@ -71,6 +72,7 @@ __all__ = [
     "source_of",
     "source_options",
     "table",
+    "table_source",
     "truncated_rows",
     "warn_skipped",
 ]
@@ -167,6 +169,14 @@ def read_source(
                              skip_unreadable=skip_unreadable)
     warn_skipped(result)
     return result
+
+
+def table_source(source: str | None, manifest_path: str | None, version: int | None) -> Any:
+    """The row groups of a table SOURCE or of ``--manifest FILE.rowgroups.arrow``
+    (:func:`ucstage.planning.read_row_groups`); refuses neither and both."""
+    if (source is None) == (manifest_path is None):
+        raise click.UsageError("give a table SOURCE or --manifest FILE.rowgroups.arrow")
+    return read_row_groups(source, manifest_path, version)
 
 
 def skip_unreadable_given() -> bool:

@@ -286,11 +286,11 @@ def _network_summary(console: Console, report: WarmReport) -> None:
     if counts:
         console.print(f"network: {', '.join(counts)}", markup=False)
     checks = report.check_counts()
-    if checks["size"] and not checks["md5"]:
+    if checks["size"] and not checks["md5"] and not checks["crc32c"]:
         cloud = cloudfs.parse(report.source)
         why = ("its ETags are not MD5s (SSE-KMS?)" if report.etags_not_md5
-               else "the store keeps no MD5 of these objects (GCS composite objects, Azure "
-                    "blobs committed from blocks without Content-MD5)" if cloud is not None
+               else "the store keeps no checksum of these objects (Azure blobs "
+                    "committed from blocks without Content-MD5)" if cloud is not None
                else "no plain-MD5 ETags (multipart uploads)")
         console.print(f"checked: by size only, {why}", markup=False)
 

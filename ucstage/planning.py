@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .cache.local import MAX_BYTES_ENV
+from .cache.local import env_max_bytes
 from .cache.paths import default_root
 from .cache.space import free_bytes
 from .errors import InvalidArgument
@@ -41,7 +41,6 @@ from .sharding.plan import ShardPlan, shard_plan, slot_plan
 from .sharding.stats import SlotPlan
 from .sharding.values import DEFAULT_SHUFFLE_SCOPE, SHUFFLE_SCOPES, Layout, ReadOrder, Slot
 from .source import snapshot
-from .units import parse_size
 from .volumes.entry import FileEntry
 
 if TYPE_CHECKING:
@@ -414,7 +413,7 @@ class PlanRequest:
                                   "`epochs`")
         if self.epochs is not None:
             object.__setattr__(self, "cap", self.max_bytes if self.max_bytes is not None
-                               else _env_cap())
+                               else env_max_bytes())
         if self.group is not None and self.resume is not None:
             raise InvalidArgument("`resume` plans a file listing's state; it does not combine "
                                   "with `group` yet")
@@ -469,14 +468,3 @@ class PlanRequest:
                            epochs=self.epochs)
             for name in sorted(SHUFFLE_SCOPES, key=lambda x: x != scope)}
         return FilePlan(manifest, planned, scope, self.cap, forecasts)
-
-
-def _env_cap() -> int | None:
-    """``$UCSTAGE_CACHE_MAX_BYTES`` (None: unset or empty), a bad value named."""
-    raw = os.environ.get(MAX_BYTES_ENV) or None
-    if raw is None:
-        return None
-    try:
-        return parse_size(raw)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"${MAX_BYTES_ENV}: {exc.message}", exc.hint) from None

@@ -108,6 +108,7 @@ def check_unit_options(unit: str, file_only: Sequence[str] = FILE_ONLY,
 
 def _manifest(source: str | None, manifest_path: str | None, version: int | None) -> Any:
     """The row groups of a table SOURCE, or of a saved ``.rowgroups.arrow``."""
+    from ..manifest import load
     from ..tables import RowGroupManifest, row_groups
 
     if (source is None) == (manifest_path is None):
@@ -116,7 +117,7 @@ def _manifest(source: str | None, manifest_path: str | None, version: int | None
         if version is not None:
             raise InvalidArgument("--version chooses a Delta version to list; a frozen "
                                   "row-group manifest already has one")
-        return RowGroupManifest.load(manifest_path)
+        return load(manifest_path, kind=RowGroupManifest)
     assert source is not None
     return row_groups(source, version=version)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..sharding import slot_array
 from ..tables import RowGroupManifest
-from ..tables.manifest import int_array
+from ..manifest.arrays import int_array
 from ..tables.plan import WindowPlan, slot_rows, windows
 from . import holding
 from .tableread import convert, group_entry, read_group

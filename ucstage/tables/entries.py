@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Sequence
 
 from ..volumes import RangeEntry
-from .manifest import RowGroupManifest
+from ..manifest.rowgroups import RowGroupManifest
 
 __all__ = ["group_entries", "group_entry"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, ShardPlan, shard_plan
-from .manifest import RowGroupManifest
+from ..manifest.rowgroups import RowGroupManifest
 from .plan import EQUAL_MODES, equal_batches
 
 __all__ = ["RankRows", "RowGroupPlan", "plan_row_groups"]

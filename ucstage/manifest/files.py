@@ -119,6 +119,7 @@ def write(manifest: Frozen, path: str, *, format: str = "arrow") -> str:
     if kind == "arrow":
         write_atomic(path, memoryview(formats.arrow_bytes(manifest)))  # type: ignore[arg-type]
         return path
+    assert isinstance(manifest, Manifest)  # only files have a JSON format (Frozen.formats)
     write_atomic(path, formats.json_text(manifest))
     return path
 

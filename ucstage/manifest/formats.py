@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ..errors import ManifestError
 from ..volumes.entry import FileEntry
@@ -95,7 +95,7 @@ def read_arrow(path: str, fh: Any, local_path: str | None, kind: type[K], *,
                             ) from exc
     if not kind.marked(reader.schema.metadata or {}):
         raise not_a_manifest(path, f"an Arrow file without the {kind.marker} header")
-    return kind.from_arrow(path, reader, local_path, verify=verify)
+    return cast(K, kind.from_arrow(path, reader, local_path, verify=verify))
 
 
 # -- JSON ---------------------------------------------------------------------

@@ -34,11 +34,13 @@ from .groups import Grouped, Grouping, Groups, combined_fingerprint, group_paths
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Frozen", "Manifest", "fingerprint", "group_manifest",
-           "header_value"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Frozen", "Manifest", "Meta", "fingerprint",
+           "group_manifest", "header_value"]
 
 FORMAT = "ucstage.manifest"
 FORMAT_VERSION = 1
+Meta = dict[bytes, bytes]
+"""An Arrow file's schema metadata, where either kind keeps its header."""
 
 
 def fingerprint(entries: Iterable[FileEntry]) -> str:
@@ -90,7 +92,7 @@ class Frozen(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def marked(cls, meta: dict[bytes, bytes]) -> bool:
+    def marked(cls, meta: Meta) -> bool:
         """Whether an Arrow file's schema metadata carries this kind's format marker."""
 
     @classmethod
@@ -117,7 +119,7 @@ class Frozen(abc.ABC):
         return self.compute_fingerprint() == self.fingerprint
 
 
-def header_value(meta: dict[bytes, bytes], key: str, path: str) -> Any:
+def header_value(meta: Meta, key: str, path: str) -> Any:
     """The JSON value of ``key`` in an Arrow file's schema metadata."""
     try:
         return json.loads(meta[key.encode()])
@@ -265,7 +267,7 @@ class Manifest(Frozen):
         return table.replace_schema_metadata(header)
 
     @classmethod
-    def marked(cls, meta: dict[bytes, bytes]) -> bool:
+    def marked(cls, meta: Meta) -> bool:
         return meta.get(b"format") == json.dumps(FORMAT).encode()
 
     @classmethod

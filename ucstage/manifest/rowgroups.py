@@ -25,7 +25,7 @@ from ..errors import InvalidArgument, ManifestError, UnknownColumn
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolve
 from .arrays import binary, int_array, numbers
-from .model import Frozen, fails_fingerprint
+from .model import Frozen, Meta, fails_fingerprint
 
 __all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "is_row_group_manifest"]
 
@@ -233,7 +233,7 @@ class RowGroupManifest(Frozen):
         return table.replace_schema_metadata({_KEY: json.dumps(self.header()).encode()})
 
     @classmethod
-    def marked(cls, meta: dict[bytes, bytes]) -> bool:
+    def marked(cls, meta: Meta) -> bool:
         return _KEY in meta
 
     @classmethod

@@ -44,7 +44,7 @@ from .source import snapshot
 from .volumes.entry import FileEntry
 
 if TYPE_CHECKING:
-    from .tables.manifest import RowGroupManifest
+    from .manifest.rowgroups import RowGroupManifest
     from .tables.slots import RowGroupPlan
 
 __all__ = ["FILE_ONLY", "MIX_REFUSED", "ROW_GROUP_ONLY", "UNITS", "FilePlan", "ItemNames",
@@ -107,14 +107,15 @@ def read_row_groups(source: str | None, manifest_path: str | None = None,
                     version: int | None = None) -> RowGroupManifest:
     """The row groups of a table ``source`` (at Delta ``version``), or of a
     saved ``.rowgroups.arrow`` (``manifest_path``, which wins)."""
+    from .manifest.rowgroups import RowGroupManifest
     from .tables.listing import row_groups
-    from .tables.manifest import RowGroupManifest
 
     if manifest_path is not None:
         if version is not None:
             raise InvalidArgument("`version` chooses a Delta version to list; a frozen "
                                   "row-group manifest already has one")
-        return RowGroupManifest.load(manifest_path)
+        from .manifest import load
+        return load(manifest_path, kind=RowGroupManifest)
     if source is None:
         raise InvalidArgument("give a table `source` or a `manifest_path`")
     return row_groups(source, version=version)

@@ -209,9 +209,10 @@ def test_a_folder_that_is_not_parquet_exits_2(tmp_path: Path) -> None:
 
 
 def test_a_saved_row_group_manifest_plans_the_same(folder: str, tmp_path: Path) -> None:
+    from ucstage.manifest import save
     from ucstage.tables import row_groups
 
-    saved = row_groups(folder).save(os.path.join(tmp_path, "events.rowgroups.arrow"))
+    saved = save(row_groups(folder), os.path.join(tmp_path, "events.rowgroups.arrow"))
     direct = json.loads(run(folder, "--unit", "row-group", "-w", "2", "-k", "2",
                             "--json").stdout)
     frozen = json.loads(run("--manifest", saved, "--unit", "row-group", "-w", "2", "-k", "2",
@@ -267,9 +268,10 @@ def test_warmed_columns_serve_table_dataset_without_the_source(
         folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     from ucstage import TableDataset
+    from ucstage.manifest import save
     from ucstage.tables import row_groups
 
-    saved = row_groups(folder).save(str(tmp_path / "events.rowgroups.arrow"))
+    saved = save(row_groups(folder), str(tmp_path / "events.rowgroups.arrow"))
     cache = tmp_path / "cache"
     monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(cache))
     result = warm("--manifest", saved, "--unit", "row-group", "--columns", "id")

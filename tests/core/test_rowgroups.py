@@ -27,6 +27,7 @@ from ucstage.errors import (
     TableNotFound,
     UnknownColumn,
 )
+from ucstage.manifest import load, save
 from ucstage.tables import RECORD_NAME, RowGroupManifest, row_groups
 
 
@@ -64,8 +65,8 @@ def test_a_parquet_folder_on_every_backend(backend: Any) -> None:
 def test_the_manifest_round_trips_and_its_fingerprint_guards_it(tmp_path: Path) -> None:
     pq.write_table(table(0, 100), tmp_path / "a.parquet", row_group_size=30)
     m = row_groups(str(tmp_path))
-    path = m.save(tmp_path.parent / "m.rowgroups.arrow")
-    back = RowGroupManifest.load(path)
+    path = save(m, tmp_path.parent / "m.rowgroups.arrow")
+    back = load(path, kind=RowGroupManifest)
     assert back.fingerprint == m.fingerprint == back.compute_fingerprint()
     assert back.rows_per_group.tolist() == m.rows_per_group.tolist()
     assert back.schema == m.schema and back.files == m.files

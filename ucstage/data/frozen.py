@@ -1,11 +1,14 @@
 """The frozen-listing lifecycle of a sharded dataset: list once, freeze the
 listing into a columnar manifest file under the cache root, and share it.
 
-Every process opens the manifest file memory-mapped: a node holds one copy in
-its page cache. The main process verifies its fingerprint once; workers check
-only its header (fingerprint, row count, byte size). When
-``torch.distributed`` is initialised, :meth:`FrozenListing.freeze` lists on
-rank 0 only and broadcasts the manifest to the other ranks.
+:class:`Freezable` is that lifecycle for either kind of listing (files for
+:class:`~ucstage.data.dataset.VolumeDataset`, row groups for
+:class:`~ucstage.data.table.TableDataset`); :class:`FrozenListing` is what a
+VolumeDataset lists. Every process opens the manifest file memory-mapped: a
+node holds one copy in its page cache. The main process verifies its
+fingerprint once; workers check only its header (fingerprint, row count, byte
+size). When ``torch.distributed`` is initialised, :meth:`Freezable.freeze`
+lists on rank 0 only and broadcasts the manifest to the other ranks.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.utils.data as tud
 
@@ -23,6 +26,7 @@ from ..errors import EmptySource, ManifestError, RankMismatch, UcstageError
 from ..manifest import Manifest, group_manifest
 from ..manifest.files import write
 from ..manifest.groups import Grouping
+from ..manifest.model import Frozen
 from ..volumes import FileEntry, Volume
 from ..volumes.listing import skip_messages
 from . import dist as dist_
@@ -30,29 +34,139 @@ from . import dist as dist_
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
-__all__ = ["FrozenListing", "broadcast_listing", "freeze_once"]
+__all__ = ["Freezable", "FrozenListing", "broadcast_listing"]
 
 _log = logging.getLogger("ucstage")
 
+Request = tuple[tuple[str, Any], ...]
+"""What a rank asks to list: (name, value) pairs, the source first; ranks
+compare them before adopting rank 0's listing."""
 
-class FrozenListing:
-    """The listing half of :class:`~ucstage.data.dataset.VolumeDataset`: what it
-    lists, where the frozen manifest lives, and the cache it lives in.
 
-    Pickled state is the paths and the fingerprint only; the manifest, the
-    volume and the cache are rebuilt on demand in each process.
+class Freezable:
+    """The frozen listing of a sharded dataset, either kind: the manifest, the
+    file it is frozen to under the cache root, its fingerprint and byte size.
+
+    A dataset names its kind and says how to list afresh (:meth:`_list`) and
+    what it asks for (:meth:`_request`); pickled state is the paths and the
+    fingerprint only (the manifest is rebuilt on demand in each process).
     """
 
+    _kind: ClassVar[type[Frozen]]
+    """The kind of listing it freezes (``Manifest`` or ``RowGroupManifest``)."""
+    _changed: ClassVar[str]
+    """The message when a listing made again does not match (``{source}``,
+    ``{found}``, ``{expected}``: fingerprints)."""
+    _freeze_hint: ClassVar[str]
+    """How to freeze it once for every rank."""
     _source: str
+    _manifest: Any
+    _manifest_path: str | None
+    _fingerprint: str | None
+    _manifest_size: int | None = None
+
+    if TYPE_CHECKING:
+        def cache(self) -> LocalCache:
+            """The dataset's cache (:class:`~ucstage.data.sharded.SlotRule`)."""
+
+    def _list(self) -> Any:
+        """A fresh listing of the source (on the rank that lists)."""
+        raise NotImplementedError
+
+    def _request(self) -> Request:
+        raise NotImplementedError
+
+    def _checked(self, manifest: Any) -> None:
+        """Refuse a listing this dataset cannot read (before adopting it)."""
+
+    def _manifest_file(self, fingerprint: str) -> str:
+        root = getattr(self.cache(), "root", None)
+        if not root:
+            raise ManifestError("the cache has no root folder to keep the frozen listing in")
+        return os.path.join(os.fspath(root), LISTINGS_DIR, f"{fingerprint}{self._kind.suffix}")
+
+    def _save_manifest(self, manifest: Frozen) -> None:
+        path = self._manifest_file(manifest.fingerprint)
+        if not os.path.exists(path):
+            write(manifest, path)  # ucstage's own file: no user file to spare
+        self._manifest_path = path
+        self._manifest_size = os.path.getsize(path)
+
+    def _adopt(self, manifest: Any) -> Any:
+        self._checked(manifest)
+        self._manifest = manifest
+        self._fingerprint = manifest.fingerprint
+        # A manifest broadcast from rank 0 names rank 0's file, which may not
+        # exist on this node: keep a local copy then.
+        if manifest.path is not None and os.path.exists(manifest.path):
+            self._manifest_path = manifest.path
+            self._manifest_size = os.path.getsize(manifest.path)
+        else:
+            self._save_manifest(manifest)
+        return manifest
+
+    def _load_frozen(self) -> Any:
+        assert self._manifest_path is not None and self._fingerprint is not None
+        if os.path.exists(self._manifest_path):
+            if tud.get_worker_info() is not None:
+                # A worker: its main process verified this file; check the header only.
+                loaded = _manifest.load(self._manifest_path, kind=self._kind, verify=False,
+                                        expect_fingerprint=self._fingerprint,
+                                        expect_size=self._manifest_size)
+            else:
+                loaded = _manifest.load(self._manifest_path, kind=self._kind)
+        else:
+            # Unpickled on another node: list again and insist on the same listing.
+            loaded = self._list()
+            self._save_manifest(loaded)
+        if loaded.fingerprint != self._fingerprint:
+            raise ManifestError(
+                self._changed.format(source=self._source, found=loaded.fingerprint[:12],
+                                     expected=self._fingerprint[:12]),
+                hint=self._freeze_hint)
+        self._manifest = loaded
+        return loaded
+
+    def freeze(self, *, broadcast: bool | None = None) -> Any:
+        """Freeze the listing (once) and return it; lists the source on first call.
+
+        Args:
+            broadcast: list on rank 0 only and send the listing to the other
+                ranks through ``torch.distributed``. This is a collective:
+                every rank must call it. The default does so when a process
+                group is initialised and this is not a DataLoader worker; the
+                ucstage DataLoader calls it on every rank for you.
+        """
+        if self._manifest is not None:
+            return self._manifest
+        if self._manifest_path is not None:
+            return self._load_frozen()
+        dist = dist_.active()
+        if broadcast is None:
+            broadcast = dist is not None and tud.get_worker_info() is None
+        if not broadcast or dist is None or dist.get_world_size() == 1:
+            return self._adopt(self._list())
+        return self._adopt(broadcast_listing(dist, self._request(), self._list))
+
+
+class FrozenListing(Freezable):
+    """The listing half of :class:`~ucstage.data.dataset.VolumeDataset`: what
+    it lists (a source's files, filtered, grouped into samples or not).
+
+    The volume and the cache are rebuilt on demand in each process.
+    """
+
+    _kind = Manifest
+    _changed = ("the listing of {source} changed since it was frozen "
+                "(fingerprint {found}, expected {expected})")
+    _freeze_hint = ("freeze it into a manifest with `ucstage cache lazy` and pass that to "
+                    "every rank")
     include: tuple[str, ...]
     exclude: tuple[str, ...]
     include_hidden: bool
     skip_unreadable: bool
     _cache_dir: str | None
     _max_bytes: int | None
-    _manifest_path: str | None
-    _fingerprint: str | None
-    _manifest_size: int | None
     _cache: LocalCache | None
     _manifest: Manifest | None
     _volume: Volume | None
@@ -62,47 +176,30 @@ class FrozenListing:
     broken link, a link leaving the source), each warned of once: counted in
     every epoch's audit (``AuditResult.skipped``); 0 for a given manifest."""
 
-    if TYPE_CHECKING:
-        def cache(self) -> LocalCache:
-            """The dataset's cache (:class:`~ucstage.data.sharded.SlotRule`)."""
-
-    def _manifest_file(self, fingerprint: str) -> str:
-        root = getattr(self.cache(), "root", None)
-        if not root:
-            raise ManifestError("the cache has no root folder to keep the frozen listing in")
-        return os.path.join(os.fspath(root), LISTINGS_DIR,
-                            f"{fingerprint}{_manifest.ARROW_SUFFIX}")
-
-    def _save_manifest(self, manifest: Manifest) -> None:
-        path = self._manifest_file(manifest.fingerprint)
-        if not os.path.exists(path):
-            write(manifest, path, format="arrow")  # ucstage's own file: no user file to spare
-        self._manifest_path = path
-        self._manifest_size = os.path.getsize(path)
-
     def _adopt(self, manifest: Manifest) -> Manifest:
         # A fresh listing (here or broadcast from rank 0) knows what it left out.
         self.listing_skipped = len(manifest.refused)
-        self._manifest = manifest
-        self._fingerprint = manifest.fingerprint
-        # A manifest broadcast from rank 0 names rank 0's file, which may not
-        # exist on this node: keep a local copy then.
-        if manifest.path is not None and os.path.exists(manifest.path):
-            self._manifest_path = manifest.path
-            self._manifest_size = os.path.getsize(manifest.path)
-        elif not isinstance(manifest.entries, _manifest.ArrowEntries):
+        saved = manifest.path is None or not os.path.exists(manifest.path)
+        manifest = super()._adopt(manifest)
+        if saved and not isinstance(manifest.entries, _manifest.ArrowEntries):
             # Swap the Python listing for the mapped columns just written: the
             # list is freed and workers forked later share the page cache.
-            self._save_manifest(manifest)
             assert self._manifest_path is not None
             manifest = _manifest.load(self._manifest_path, verify=False,
                                       expect_fingerprint=manifest.fingerprint)
             self._manifest = manifest
-        else:
-            self._save_manifest(manifest)
         return manifest
 
-    def _snapshot(self) -> Manifest:
+    def _request(self) -> Request:
+        grouping = self._grouping
+        return (("source", self._source), ("include", self.include),
+                ("exclude", self.exclude), ("include_hidden", self.include_hidden),
+                ("skip_unreadable", self.skip_unreadable),
+                *(() if grouping is None else (("group", grouping.label),
+                                               ("require", grouping.require),
+                                               ("on_incomplete", grouping.on_incomplete))))
+
+    def _list(self) -> Manifest:
         manifest = _manifest.snapshot(self._source, include=self.include, exclude=self.exclude,
                                       include_hidden=self.include_hidden,
                                       skip_unreadable=self.skip_unreadable)
@@ -136,47 +233,6 @@ class FrozenListing:
                          list(self._grouping.require), examples)
         return grouped
 
-    def _load_frozen(self) -> Manifest:
-        assert self._manifest_path is not None and self._fingerprint is not None
-        if os.path.exists(self._manifest_path):
-            if tud.get_worker_info() is not None:
-                # A worker: its main process verified this file; check the header only.
-                loaded = _manifest.load(self._manifest_path, verify=False,
-                                        expect_fingerprint=self._fingerprint,
-                                        expect_size=self._manifest_size)
-            else:
-                loaded = _manifest.load(self._manifest_path)
-        else:
-            # Unpickled on another node: re-list and insist on the same listing.
-            loaded = self._snapshot()
-            self._save_manifest(loaded)
-        if loaded.fingerprint != self._fingerprint:
-            raise ManifestError(
-                f"the listing of {self._source} changed since it was frozen "
-                f"(fingerprint {loaded.fingerprint[:12]}, expected {self._fingerprint[:12]})",
-                hint="freeze it into a manifest with `ucstage cache lazy` and pass that to every rank",
-            )
-        self._manifest = loaded
-        return loaded
-
-    def freeze(self, *, broadcast: bool | None = None) -> Manifest:
-        """Freeze the listing (once) and return it; lists the source on first call.
-
-        Args:
-            broadcast: list on rank 0 only and send the listing to the other
-                ranks through ``torch.distributed``. This is a collective:
-                every rank must call it. The default does so when a process
-                group is initialised and this is not a DataLoader worker; the
-                ucstage DataLoader calls it on every rank for you.
-        """
-        grouping = self._grouping
-        request = (self._source, self.include, self.exclude, self.include_hidden,
-                   self.skip_unreadable,
-                   None if grouping is None else (grouping.label, grouping.require,
-                                                  grouping.on_incomplete))
-        manifest: Manifest = freeze_once(self, broadcast, self._snapshot, request)
-        return manifest
-
     def _entries(self) -> Sequence[FileEntry]:
         return self.freeze().entries
 
@@ -186,38 +242,15 @@ class FrozenListing:
         return self._volume
 
 
-def freeze_once(ds: Any, broadcast: bool | None, listing: Any, request: tuple[Any, ...],
-                **check: Any) -> Any:
-    """The freeze lifecycle every sharded dataset shares: the frozen listing
-    if there is one (``ds._manifest``, or the file ``ds._manifest_path``
-    through ``ds._load_frozen()``), else ``listing()`` here or, when
-    broadcasting, on rank 0 (:func:`broadcast_listing`, with ``check``),
-    handed to ``ds._adopt``."""
-    if ds._manifest is not None:
-        return ds._manifest
-    if ds._manifest_path is not None:
-        return ds._load_frozen()
-    dist = dist_.active()
-    if broadcast is None:
-        broadcast = dist is not None and tud.get_worker_info() is None
-    if not broadcast or dist is None or dist.get_world_size() == 1:
-        return ds._adopt(listing())
-    return ds._adopt(broadcast_listing(dist, request, listing, **check))
-
-
-def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,
-                       check: Any = None, describe: Any = None) -> Any:
+def broadcast_listing(dist: Any, request: Request, snapshot: Any) -> Any:
     """Rank 0 lists; every rank gets its manifest (or its error).
 
     Ranks first compare what they ask for (source and filters): a rank must
-    not silently adopt a listing made with another rank's filters. ``check``
-    (manifest -> its fingerprint holds) defaults to a file listing's;
-    ``describe`` says a request in the mismatch message.
+    not silently adopt a listing made with another rank's filters.
     """
     requests = dist_.all_gather(dist, request)
     if len(set(requests)) > 1:
-        describe = describe or _describe_request
-        values = "; ".join(f"rank {r}: {describe(q)}" for r, q in enumerate(requests))
+        values = "; ".join(f"rank {r}: {_describe(q)}" for r, q in enumerate(requests))
         raise RankMismatch(
             f"ranks ask for different listings ({values})",
             hint="pass the same source, include/exclude and group on every rank",
@@ -238,27 +271,16 @@ def broadcast_listing(dist: Any, request: tuple[Any, ...], snapshot: Any,
         cls = getattr(errors, result[1], UcstageError)
         raise cls(result[2], result[3])
     manifest = result[1]
-    if check is None:
-        def check(m: Any) -> bool:
-            # The grouping is part of the fingerprint (manifest/groups.py).
-            return bool(m.computed_fingerprint() == m.fingerprint)
-    if not check(manifest):
+    if not manifest.intact():
         raise ManifestError("the listing broadcast from rank 0 fails its fingerprint check")
     return manifest
 
 
-def _describe_request(request: tuple[Any, ...]) -> str:
-    source, include, exclude, hidden, skip, grouping = request
+def _describe(request: Request) -> str:
+    """A request as the mismatch message says it: the source, then what was set."""
+    (_, source), *rest = request
     parts = [repr(source)]
-    if include:
-        parts.append(f"include={list(include)}")
-    if exclude:
-        parts.append(f"exclude={list(exclude)}")
-    if hidden:
-        parts.append("include_hidden=True")
-    if skip:
-        parts.append("skip_unreadable=True")
-    if grouping is not None:
-        parts.append(f"group={grouping[0]} require={list(grouping[1])} "
-                     f"on_incomplete={grouping[2]}")
+    for name, value in rest:
+        if value is not None and value is not False and value != ():
+            parts.append(f"{name}={list(value) if isinstance(value, tuple) else value}")
     return " ".join(parts)

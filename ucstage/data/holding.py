@@ -189,7 +189,7 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
         return node_share(dataset.read_ahead, volume, readers)
     manifest = dataset.freeze()
     sizes = manifest.sizes()
-    groups = getattr(manifest, "groups", None)  # a row-group manifest has no grouping
+    groups = manifest.groups
     if groups is not None:  # a grouped dataset holds whole samples
         sizes = groups.sample_sizes(sizes)
     if not len(sizes):

@@ -442,7 +442,7 @@ class _GuardInfo:
             nproc = vds.nproc_setting(world_size)
         except InvalidArgument as exc:  # raised on every rank after the comparison
             nproc = f"invalid ({exc.message})"
-        groups = getattr(vds.freeze(), "groups", None) if frozen else None  # tables: none
+        groups = vds.freeze().groups if frozen else None
         return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True,
                    sharded, vds.shuffle, vds.shuffle_scope, nproc,
                    groups.digest if groups is not None else None)

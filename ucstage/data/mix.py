@@ -46,6 +46,8 @@ class MixListing:
     "listing" (its length, fingerprint), and the sources' files for the
     loader's window check (``sizes``, ``entries``)."""
 
+    groups = None  # a position is one item: nothing is grouped (as for row groups)
+
     def __init__(self, fingerprint: str, positions: int, listings: list[Any]) -> None:
         self.fingerprint = fingerprint
         self._n = positions

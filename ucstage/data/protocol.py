@@ -31,6 +31,10 @@ class Listing(Protocol):
     @property
     def entries(self) -> Any: ...
 
+    @property
+    def groups(self) -> Any:
+        """Sample boundaries (``Groups``) of files grouped into samples, else None."""
+
 
 class ShardedDataset(Protocol):
     """A dataset sharded over ranks x DataLoader workers by the slot rule."""

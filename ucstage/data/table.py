@@ -24,15 +24,14 @@ from typing import TYPE_CHECKING, Any
 import torch.utils.data as tud
 
 from .. import params
-from ..cache.paths import LISTINGS_DIR
 from ..cache.runstats import job_id
-from ..errors import InvalidArgument, ManifestError
+from ..errors import InvalidArgument
+from ..manifest import load
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, slot_array
-from ..tables import RowGroupManifest, row_groups
-from ..tables.manifest import SUFFIX
+from ..tables import RowGroupManifest, is_row_group_manifest, row_groups
 from ..tables.plan import drop_note, equal_batches
 from . import epochrecord, holding
-from .frozen import freeze_once
+from .frozen import Freezable, Request
 from .sharded import SlotRule, equal_mode
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
 from .tableread import FORMATS, check_fill_null, check_format
@@ -48,7 +47,7 @@ DEFAULT_WINDOW = 4
 DEFAULT_READ_AHEAD = 2
 
 
-class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
+class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     """A Delta table, an export or a folder of Parquet files, streamed by row group.
 
     Args:
@@ -130,58 +129,26 @@ class TableDataset(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         self._manifest_path: str | None = None
         self._fingerprint: str | None = None
         self._dist_rank_world: tuple[int, int] | None = None
-        if self._source.endswith(SUFFIX) and os.path.isfile(self._source):
-            self._adopt(RowGroupManifest.load(self._source))
+        if is_row_group_manifest(self._source) and os.path.isfile(self._source):
+            self._adopt(load(self._source, kind=RowGroupManifest))
 
     # -- the frozen row groups -------------------------------------------------
 
+    _kind = RowGroupManifest
+    _changed = ("the row groups of {source} changed since they were frozen "
+                "(fingerprint {found}, expected {expected})")
+    _freeze_hint = ("freeze them once (ucstage.manifest.save(ucstage.tables.row_groups(...), "
+                    "path)) and pass that file to every rank")
+
     def _list(self) -> RowGroupManifest:
         return row_groups(self._source, version=self.version)
-
-    def _adopt(self, manifest: RowGroupManifest) -> RowGroupManifest:
-        self._checked(manifest)
-        self._manifest, self._fingerprint = manifest, manifest.fingerprint
-        if manifest.path is not None and os.path.exists(manifest.path):
-            self._manifest_path = manifest.path
-            return manifest
-        root = getattr(self.cache(), "root", None)
-        if root:
-            path = os.path.join(os.fspath(root), LISTINGS_DIR, manifest.fingerprint + SUFFIX)
-            if not os.path.exists(path):
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                manifest.save(path)
-            self._manifest_path = path
-        return manifest
 
     def _checked(self, manifest: RowGroupManifest) -> None:
         columns = manifest.check_columns(self.columns)
         check_format(manifest.schema, columns, self.format, self.fill_null)
 
-    def freeze(self, *, broadcast: bool | None = None) -> RowGroupManifest:
-        """Read the footers (once) and freeze the row groups; with a process
-        group, rank 0 reads and broadcasts (a collective: every rank calls it)."""
-        manifest: RowGroupManifest = freeze_once(
-            self, broadcast, self._list, (self._source, self.version),
-            check=lambda m: m.compute_fingerprint() == m.fingerprint,
-            describe=lambda q: f"{q[0]!r} version={q[1]}")
-        return manifest
-
-    def _load_frozen(self) -> RowGroupManifest:
-        assert self._manifest_path is not None
-        if os.path.exists(self._manifest_path):
-            worker = tud.get_worker_info() is not None
-            loaded = RowGroupManifest.load(self._manifest_path, verify=not worker)
-        else:  # unpickled on another node: read the footers again, insist on the same
-            loaded = self._list()
-        if loaded.fingerprint != self._fingerprint:
-            raise ManifestError(
-                f"the row groups of {self._source} changed since they were frozen "
-                f"(fingerprint {loaded.fingerprint[:12]}, expected "
-                f"{(self._fingerprint or '')[:12]})",
-                hint="freeze them once (ucstage.tables.row_groups(...).save(path)) and pass "
-                     "that file to every rank")
-        self._manifest = loaded
-        return loaded
+    def _request(self) -> Request:
+        return (("source", self._source), ("version", self.version))
 
     def _get_volume(self) -> Volume:
         return self.freeze().volume()

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..manifest.arrays import int_array
 from ..sharding import slot_array
 from ..tables import RowGroupManifest
-from ..tables.manifest import int_array
 from ..tables.plan import WindowPlan, slot_rows, windows
 from . import holding
 from .tableread import convert, group_entry, read_group

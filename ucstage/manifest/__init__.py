@@ -17,7 +17,10 @@ The fingerprint is the SHA-256 of the canonical listing (one
 not depend on where the source is mounted, so ranks on different nodes agree.
 
 One concept per module: the model (:mod:`~ucstage.manifest.model`), the Arrow
-view of its files (:mod:`~ucstage.manifest.columns`), the two formats
+view of its files (:mod:`~ucstage.manifest.columns`), the other kind of frozen
+listing, a table's row groups (:mod:`~ucstage.manifest.rowgroups`), saved and
+loaded as this one; the Arrow buffer helpers both use
+(:mod:`~ucstage.manifest.arrays`), the two formats
 (:mod:`~ucstage.manifest.formats`) and the files they live in
 (:mod:`~ucstage.manifest.files`). Every name users import from
 ``ucstage.manifest`` is re-exported here; :func:`snapshot` lives in

@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from ..volumes.entry import FileEntry
+from .arrays import large_string_scalar, numbers
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["ARROW_FIELDS", "BATCH_ROWS", "ArrowEntries", "arrow_fingerprint", "schema", "table"]
+__all__ = ["ARROW_FIELDS", "BATCH_ROWS", "SAMPLE_FIELD", "ArrowEntries", "arrow_fingerprint",
+           "schema", "table"]
 
 BATCH_ROWS = 65536
 """Rows per record batch of an Arrow manifest: verifying streams one batch at
 a time, so a process that checks a large manifest never holds all of it."""
 HASH_ROWS = 8192
-
 
 
 def arrow_fingerprint(batches: Iterable[Any]) -> str:
@@ -34,7 +34,7 @@ def arrow_fingerprint(batches: Iterable[Any]) -> str:
     import pyarrow.compute as pc
 
     digest = hashlib.sha256()
-    nul, lf, empty = (_large_string_scalar(text) for text in ("\0", "\n", ""))
+    nul, lf, empty = (large_string_scalar(text) for text in ("\0", "\n", ""))
     # Hashed in slices of HASH_ROWS: the joined records of one slice are the
     # only large buffer alive, so a full check of a huge manifest stays small.
     slices = (b.slice(at, HASH_ROWS) for b in batches for at in range(0, b.num_rows, HASH_ROWS))
@@ -54,23 +54,9 @@ def arrow_fingerprint(batches: Iterable[Any]) -> str:
     return digest.hexdigest()
 
 
-def _large_string_scalar(text: str) -> Any:
-    """``pa.scalar(text, pa.large_string())``, built from its buffers.
-
-    Converting a Python object to Arrow (``pa.scalar``, ``pa.array`` of a
-    list) makes pyarrow import pandas, if installed, to check for pandas
-    types: about a second of start-up and ~30 MiB of anonymous memory in
-    every ``shard-plan`` that verifies a manifest, for three one-character
-    separators. From buffers, no Python value is converted.
-    """
-    import pyarrow as pa
-
-    data = text.encode()
-    offsets = pa.py_buffer(bytes(8) + len(data).to_bytes(8, sys.byteorder))  # int64 [0, len]
-    return pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)])[0]
-
-
 ARROW_FIELDS = (("path", "large_string"), ("size", "int64"), ("version", "large_string"))
+SAMPLE_FIELD = ("sample", "int64")
+"""The fourth column of a grouped manifest (docs/manifest.md)."""
 
 
 def schema(metadata: dict[str, str] | None = None) -> Any:
@@ -90,8 +76,6 @@ def table(entries: Sequence[FileEntry]) -> Any:
         [pa.array([e[0] for e in entries], pa.large_string()),
          pa.array([e[1] for e in entries], pa.int64()),
          pa.array([e[2] for e in entries], pa.large_string())], schema=schema())
-
-
 
 
 _new_entry = functools.partial(tuple.__new__, FileEntry)
@@ -210,14 +194,7 @@ class ArrowEntries(Sequence[FileEntry]):
 
     def sizes(self) -> np.ndarray:
         """Every file's size, in listing order (int64; no per-file Python objects)."""
-        import numpy as np
-
-        # Straight from the buffers (zero-copy, read-only, as to_numpy() was):
-        # pyarrow's to_numpy() imports pandas when it is installed (see
-        # _large_string_scalar). The column has no nulls (read_arrow checks).
-        chunks = [np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset:c.offset + len(c)]
-                  for c in self.table.column(1).chunks]
-        if len(chunks) == 1:
-            return chunks[0]
-        return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
-
+        # Zero-copy and read-only, as to_numpy() was, without its pandas
+        # import (ucstage/manifest/arrays.py). The column has no nulls (the
+        # Arrow reader checks).
+        return numbers(self.table.column(1))

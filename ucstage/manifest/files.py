@@ -1,7 +1,8 @@
 """Manifest files: :func:`save`, :func:`load`, and whether a SOURCE is one
 (:func:`is_manifest_file`).
 
-A manifest file is a local path, or a ``/Volumes`` path or URL read where
+A manifest file holds either kind of frozen listing (files, or a table's row
+groups). It is a local path, or a ``/Volumes`` path or URL read where
 :func:`ucstage.volumes.resolve` maps it; its format (:mod:`ucstage.manifest.formats`)
 is chosen by name when saving and by its first bytes when loading.
 """
@@ -9,41 +10,48 @@ is chosen by name when saving and by its first bytes when loading.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ..atomic import write_atomic
 from ..errors import InvalidArgument, ManifestError, UcstageError
 from ..volumes.location import is_mapped, resolve
 from . import formats
 from .formats import ARROW_MAGIC, ARROW_SUFFIX, not_a_manifest
-from .model import FORMAT, Manifest
+from .model import FORMAT, Frozen, Manifest
 
 __all__ = ["FORMATS", "is_manifest_file", "load", "save", "write"]
 
-FORMATS = ("arrow", "json")
-"""What :func:`save` writes: the columnar Arrow IPC file, or JSON."""
+FORMATS = Manifest.formats
+"""What :func:`save` writes: the columnar Arrow IPC file, or JSON (a row-group
+manifest is Arrow only)."""
+K = TypeVar("K", bound=Frozen)
 
 
-def _format_for(path: str, format: str | None) -> str:
+def _format_for(path: str, format: str | None, listing: Frozen) -> str:
     """The format :func:`save` writes: ``format`` if given, else by name
-    (``.arrow`` is columnar, anything else JSON)."""
+    (``.arrow`` is columnar, anything else JSON where the kind has it)."""
     if format is None:
-        return "arrow" if path.lower().endswith(".arrow") else "json"
-    if format not in FORMATS:
-        raise InvalidArgument(f"format must be one of {FORMATS}, got {format!r}")
+        if path.lower().endswith(".arrow") or "json" not in listing.formats:
+            format = "arrow"
+        else:
+            return "json"
+    if format not in listing.formats:
+        raise InvalidArgument(f"format must be one of {listing.formats}, got {format!r}")
     if format == "arrow" and path.lower().endswith(".json"):
         raise InvalidArgument(f"{path}: a .json name is read as a JSON manifest; give an "
-                              f"Arrow manifest a name ending in {ARROW_SUFFIX}")
+                              f"Arrow manifest a name ending in {listing.suffix}")
     return format
 
 
-def save(manifest: Manifest, path: str | os.PathLike[str], *, format: str | None = None,
+def save(manifest: Frozen, path: str | os.PathLike[str], *, format: str | None = None,
          force: bool = False) -> str:
-    """Write a manifest atomically and durably (:mod:`ucstage.atomic`); return its path.
+    """Write a manifest (either kind) atomically and durably (:mod:`ucstage.atomic`);
+    return its path.
 
     ``format`` is ``"arrow"`` (the columnar Arrow IPC file) or ``"json"``;
     by default a name ending in ``.arrow`` (``train.manifest.arrow``) is
-    written columnar and any other name (``train.manifest.json``) as JSON.
+    written columnar and any other name (``train.manifest.json``) as JSON. A
+    row-group manifest is always written columnar.
 
     Nothing a user wrote is replaced unless ``force``: an existing file that
     is not a ucstage manifest (by its content, whatever its name) is refused.
@@ -56,7 +64,7 @@ def save(manifest: Manifest, path: str | os.PathLike[str], *, format: str | None
             existing file that is not a manifest (without ``force``).
     """
     path = os.fspath(path)
-    kind = _format_for(path, format)
+    kind = _format_for(path, format, manifest)
     _check_target(manifest, path, force)
     if os.path.isdir(path):
         raise InvalidArgument(f"{path} is a folder; give the manifest a file name, "
@@ -64,7 +72,7 @@ def save(manifest: Manifest, path: str | os.PathLike[str], *, format: str | None
     return write(manifest, path, format=kind)
 
 
-def _source_place(manifest: Manifest) -> tuple[str, bool] | None:
+def _source_place(manifest: Frozen) -> tuple[str, bool] | None:
     """Where a manifest's source is on this machine (its real path, and
     whether it is a folder), or None when it is not local. Nothing is looked
     up on a store: a loaded manifest's source is resolved without a request."""
@@ -82,7 +90,7 @@ def _source_place(manifest: Manifest) -> tuple[str, bool] | None:
     return os.path.realpath(volume.root), True
 
 
-def _check_target(manifest: Manifest, path: str, force: bool) -> None:
+def _check_target(manifest: Frozen, path: str, force: bool) -> None:
     real = os.path.realpath(path)
     place = _source_place(manifest)
     if place is not None:
@@ -98,10 +106,10 @@ def _check_target(manifest: Manifest, path: str, force: bool) -> None:
                                                  "replace it")
 
 
-def write(manifest: Manifest, path: str, *, format: str) -> str:
+def write(manifest: Frozen, path: str, *, format: str = "arrow") -> str:
     """Write ``manifest`` to ``path`` in ``format`` without :func:`save`'s
     checks: for ucstage's own files under the cache root (the listings
-    :class:`ucstage.VolumeDataset` freezes)."""
+    :class:`ucstage.VolumeDataset` and :class:`ucstage.TableDataset` freeze)."""
     kind = format
     folder = os.path.dirname(os.path.abspath(path))
     try:
@@ -111,6 +119,7 @@ def write(manifest: Manifest, path: str, *, format: str) -> str:
     if kind == "arrow":
         write_atomic(path, memoryview(formats.arrow_bytes(manifest)))  # type: ignore[arg-type]
         return path
+    assert isinstance(manifest, Manifest)  # only files have a JSON format (Frozen.formats)
     write_atomic(path, formats.json_text(manifest))
     return path
 
@@ -132,21 +141,22 @@ def is_manifest_file(path: str) -> bool:
     return _marked(path)
 
 
-def _marked(path: str) -> bool:
-    """Whether the local file ``path`` starts like a ucstage manifest (JSON
-    with the format marker, or an Arrow file whose schema carries it)."""
+def _marked(path: str, kinds: tuple[type[Frozen], ...] = (Manifest,)) -> bool:
+    """Whether the local file ``path`` starts like a manifest of one of
+    ``kinds`` (JSON with the format marker, or an Arrow file whose schema
+    carries one)."""
     with open(path, "rb") as fh:
         head = fh.read(64)
     if head.startswith(ARROW_MAGIC):
-        return formats.arrow_marked(path)
+        return formats.arrow_kind(path) in kinds
     return head.lstrip().startswith(b"{") and FORMAT.encode() in head
 
 
 def _replaceable(path: str) -> bool:
-    """A manifest :func:`save` may replace without ``force`` (an unreadable
-    file is not known to be one)."""
+    """A manifest (either kind) :func:`save` may replace without ``force``
+    (an unreadable file is not known to be one)."""
     try:
-        return _marked(path)
+        return _marked(path, formats.KINDS)
     except (OSError, ManifestError):
         return False
 
@@ -165,9 +175,20 @@ def _open(path: str) -> tuple[Any, str | None]:
     return volume.fs.open(where, "rb"), None
 
 
+@overload
 def load(path: str | os.PathLike[str], *, verify: bool = True,
-         expect_fingerprint: str | None = None, expect_size: int | None = None) -> Manifest:
-    """Load a manifest (columnar or JSON) and check it.
+         expect_fingerprint: str | None = None, expect_size: int | None = None) -> Manifest: ...
+
+
+@overload
+def load(path: str | os.PathLike[str], *, kind: type[K], verify: bool = True,
+         expect_fingerprint: str | None = None, expect_size: int | None = None) -> K: ...
+
+
+def load(path: str | os.PathLike[str], *, kind: type[Frozen] = Manifest, verify: bool = True,
+         expect_fingerprint: str | None = None, expect_size: int | None = None) -> Frozen:
+    """Load a manifest of ``kind`` (files, columnar or JSON; or
+    :class:`~ucstage.manifest.rowgroups.RowGroupManifest`) and check it.
 
     ``path`` is a local file, or a ``/Volumes`` path or URL read where
     :func:`ucstage.volumes.resolve` maps it. A local columnar manifest is
@@ -175,6 +196,7 @@ def load(path: str | os.PathLike[str], *, verify: bool = True,
     every process of a node shares one copy.
 
     Args:
+        kind: the kind of listing the file must hold.
         verify: recompute the fingerprint from the files (the whole manifest is
             read once, one record batch at a time). ``False`` checks only the
             header of a columnar manifest: format, row count, and
@@ -187,7 +209,8 @@ def load(path: str | os.PathLike[str], *, verify: bool = True,
             message says where it was looked up).
         ManifestError: the file is missing, not a ucstage manifest (not JSON,
             or no ``"format": "ucstage.manifest"``), malformed, its files
-            do not hash to its fingerprint, or it does not match what was expected.
+            do not hash to its fingerprint, or it does not match what was expected
+            (another ``kind`` included).
     """
     path = os.fspath(path)
     try:
@@ -201,7 +224,9 @@ def load(path: str | os.PathLike[str], *, verify: bool = True,
             magic = fh.read(len(ARROW_MAGIC))
             if magic == ARROW_MAGIC:
                 fh.seek(0)
-                result = formats.read_arrow(path, fh, local_path, verify=verify)
+                result = formats.read_arrow(path, fh, local_path, kind, verify=verify)
+            elif "json" not in kind.formats:
+                raise not_a_manifest(path, f"not an Arrow file with the {kind.marker} header")
             else:
                 raw = formats.json_bytes(fh)
                 if raw is None:

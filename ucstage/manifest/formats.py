@@ -1,10 +1,11 @@
-"""The two on-disk formats of a manifest (docs/manifest.md): a columnar Arrow
-IPC file (``*.manifest.arrow``), which every process opens memory-mapped so
-that a node holds one copy of the listing in its page cache, and JSON, for
-people and scripts.
+"""The two on-disk formats of a frozen listing (docs/manifest.md): an Arrow
+IPC file, which every process opens memory-mapped so that a node holds one
+copy of the listing in its page cache, and JSON (files only), for people and
+scripts.
 
-Each format is written from and read into a :class:`~ucstage.manifest.model.Manifest`
-here; which file, where, and which format is :mod:`ucstage.manifest.files`.
+Either kind of :class:`~ucstage.manifest.model.Frozen` listing is written to
+and read from an Arrow file here, each kind told by its header's marker;
+which file, where, and which format is :mod:`ucstage.manifest.files`.
 """
 
 from __future__ import annotations
@@ -12,25 +13,23 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ..errors import ManifestError
 from ..volumes.entry import FileEntry
 from ..volumes.location import is_mapped
-from . import columns
-from .columns import ARROW_FIELDS, BATCH_ROWS, ArrowEntries
-from .groups import Groups, combined_fingerprint
-from .model import FORMAT, FORMAT_VERSION, Manifest, fingerprint
+from .model import FORMAT, FORMAT_VERSION, Frozen, Manifest, fails_fingerprint, fingerprint
+from .rowgroups import RowGroupManifest
 
-__all__ = ["ARROW_MAGIC", "ARROW_SUFFIX", "MANIFEST_SUFFIX", "arrow_bytes", "arrow_marked",
+__all__ = ["ARROW_MAGIC", "ARROW_SUFFIX", "KINDS", "MANIFEST_SUFFIX", "arrow_bytes", "arrow_kind",
            "json_bytes", "json_text", "not_a_manifest", "parse_json", "read_arrow"]
 
 ARROW_MAGIC = b"ARROW1"
-SAMPLE_FIELD = ("sample", "int64")
-"""The fourth column of a grouped manifest (docs/manifest.md)."""
 MANIFEST_SUFFIX = ".manifest.json"
-ARROW_SUFFIX = ".manifest.arrow"
+ARROW_SUFFIX = Manifest.suffix
+KINDS: tuple[type[Frozen], ...] = (Manifest, RowGroupManifest)
+"""The kinds of frozen listing an Arrow file may hold, told apart by their header."""
+K = TypeVar("K", bound=Frozen)
 
 # How much of each end of a file is searched for the format marker before a
 # ``.json`` file is parsed: a manifest written by ucstage starts with it, one
@@ -53,27 +52,21 @@ def not_a_manifest(path: str, why: str) -> ManifestError:
 
 # -- Arrow IPC ----------------------------------------------------------------
 
-def arrow_bytes(manifest: Manifest) -> Any:
-    """The columnar manifest file's bytes (a pyarrow Buffer); the header
-    fields are the schema's metadata, JSON-encoded."""
+def arrow_bytes(listing: Frozen) -> Any:
+    """The Arrow file's bytes (a pyarrow Buffer) of either kind of listing."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    header = {k: json.dumps(v, ensure_ascii=False) for k, v in manifest.header().items()}
-    table = columns.table(manifest.entries).select([0, 1, 2])
-    if manifest.groups is not None:  # a grouped manifest: each row's sample number
-        table = table.append_column(pa.field(SAMPLE_FIELD[0], pa.int64(), nullable=False),
-                                    pa.array(manifest.groups.column(), pa.int64()))
-    table = table.replace_schema_metadata(header)
+    table = listing.arrow_table()
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=BATCH_ROWS)
+        writer.write_table(table, max_chunksize=listing.batch_rows)
     return sink.getvalue()
 
 
-def arrow_marked(path: str) -> bool:
-    """Whether the local Arrow file ``path`` carries the manifest's format marker
-    (reads its footer and schema only)."""
+def arrow_kind(path: str) -> type[Frozen] | None:
+    """The kind of listing the local Arrow file ``path`` holds, by its
+    header's marker (reads its footer and schema only); None for another file."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -81,20 +74,14 @@ def arrow_marked(path: str) -> bool:
         with pa.memory_map(path) as mm:
             meta = ipc.open_file(mm).schema.metadata or {}
     except (OSError, pa.ArrowException):
-        return False
-    return meta.get(b"format") == json.dumps(FORMAT).encode()
+        return None
+    return next((kind for kind in KINDS if kind.marked(meta)), None)
 
 
-def _header_value(meta: dict[bytes, bytes], key: str, path: str) -> Any:
-    try:
-        return json.loads(meta[key.encode()])
-    except (KeyError, ValueError) as exc:
-        raise ManifestError(f"manifest {path} is malformed: no valid {key!r} in its header") from exc
-
-
-def read_arrow(path: str, fh: Any, local_path: str | None, *, verify: bool) -> Manifest:
-    """Read the columnar manifest ``path`` (its name in messages) from ``fh``,
-    or memory-mapped from ``local_path`` when it is a local file."""
+def read_arrow(path: str, fh: Any, local_path: str | None, kind: type[K], *,
+               verify: bool) -> K:
+    """Read the Arrow listing of ``kind`` at ``path`` (its name in messages)
+    from ``fh``, or memory-mapped from ``local_path`` when it is a local file."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -106,75 +93,9 @@ def read_arrow(path: str, fh: Any, local_path: str | None, *, verify: bool) -> M
         raise ManifestError(f"manifest {path} is not a readable Arrow file: {exc}",
                             hint="recreate it with `ucstage cache lazy SOURCE` or manifest.save()"
                             ) from exc
-    meta = reader.schema.metadata or {}
-    if meta.get(b"format") != json.dumps(FORMAT).encode():
-        raise not_a_manifest(path, "an Arrow file without the ucstage.manifest header")
-    version = _header_value(meta, "format_version", path)
-    if version != FORMAT_VERSION:
-        raise ManifestError(f"manifest {path} has format_version {version!r}; "
-                            f"this ucstage reads version {FORMAT_VERSION}")
-    grouping = _header_value(meta, "grouping", path) if b"grouping" in meta else None
-    wanted = ARROW_FIELDS + ((SAMPLE_FIELD,) if grouping is not None else ())
-    if tuple((f.name, str(f.type)) for f in reader.schema) != wanted:
-        raise ManifestError(f"manifest {path} is malformed: columns {reader.schema.names}")
-    expected = str(_header_value(meta, "fingerprint", path))
-    rows = _header_value(meta, "files_count", path)
-    table = reader.read_all()  # zero-copy: the columns point into the mapping
-    if table.num_rows != rows or any(c.null_count for c in table.columns):
-        raise ManifestError(f"manifest {path} fails its header check "
-                            f"({table.num_rows} rows, header says {rows})",
-                            hint="recreate it from the source")
-    groups = None
-    if grouping is not None:
-        groups = Groups.from_column(_int_column(table.column(3)), grouping, path)
-        if verify and groups.digest != grouping.get("digest"):
-            raise ManifestError(f"manifest {path} fails its grouping check",
-                                hint="recreate it from the source")
-    if verify:
-        rows = columns.arrow_fingerprint(_batches(local_path, reader))
-        matches = combined_fingerprint(rows, groups) == expected
-        # The check's buffers are freed; hand their pages back now rather than
-        # keep them in the allocator for the life of a long training process.
-        pa.default_memory_pool().release_unused()
-        if not matches:
-            raise ManifestError(
-                f"manifest {path} fails its fingerprint check (file edited or truncated)",
-                hint="recreate it from the source",
-            )
-    return Manifest(
-        source=str(_header_value(meta, "source", path)),
-        entries=ArrowEntries(table),
-        fingerprint=expected,
-        created=str(_header_value(meta, "created", path) or ""),
-        filters=dict(_header_value(meta, "filters", path) or {}),
-        path=path,
-        groups=groups,
-    )
-
-
-def _int_column(column: Any) -> Any:
-    """An int64 Arrow column as one numpy array (from its buffers)."""
-    import numpy as np
-
-    chunks = [np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset:c.offset + len(c)]
-              for c in column.chunks if len(c)]
-    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
-
-
-def _batches(local_path: str | None, reader: Any) -> Iterator[Any]:
-    """The record batches, one at a time, read (not mapped) from a local file:
-    verifying a large manifest then leaves none of it resident in this process."""
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
-
-    if local_path is None:
-        for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
-        return
-    with pa.OSFile(local_path) as raw:
-        streamed = ipc.open_file(raw)
-        for i in range(streamed.num_record_batches):
-            yield streamed.get_batch(i)
+    if not kind.marked(reader.schema.metadata or {}):
+        raise not_a_manifest(path, f"an Arrow file without the {kind.marker} header")
+    return cast(K, kind.from_arrow(path, reader, local_path, verify=verify))
 
 
 # -- JSON ---------------------------------------------------------------------
@@ -223,12 +144,8 @@ def parse_json(path: str, raw: bytes) -> Manifest:
         expected = str(data["fingerprint"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"manifest {path} is malformed: {exc!r}") from exc
-    actual = fingerprint(entries)
-    if actual != expected:
-        raise ManifestError(
-            f"manifest {path} fails its fingerprint check (file edited or truncated)",
-            hint="recreate it from the source",
-        )
+    if fingerprint(entries) != expected:
+        raise fails_fingerprint(path)
     return Manifest(
         source=source,
         entries=entries,

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import params
 from ..errors import GroupingError, InvalidArgument, ManifestError
+from .arrays import numbers
 
 if TYPE_CHECKING:
     import numpy as np
@@ -370,7 +371,7 @@ def _group(paths: Any, grouping: Grouping, made: list[str] | None) -> Grouped:
             k, s = keys.array(), suffixes.array()
             sorted_at = pc.sort_indices(pa.table({"k": k, "s": s}),
                                         sort_keys=[("k", "ascending"), ("s", "ascending")])
-            order = _ints(sorted_at)
+            order = numbers(sorted_at).astype(np.int64)
             keys = _Column(k.take(sorted_at), 0, 1, n)
             suffixes = _Column(s.take(sorted_at), 0, 1, n)
             same = keys.consecutive(pc.equal)
@@ -388,15 +389,6 @@ def _group(paths: Any, grouping: Grouping, made: list[str] | None) -> Grouped:
     if not grouping.require or not groups.count:
         return Grouped(order, groups, [])
     return _require(order, groups, keys, suffixes, grouping)
-
-
-def _ints(arr: Any) -> np.ndarray:
-    import numpy as np
-
-    if hasattr(arr, "combine_chunks"):
-        arr = arr.combine_chunks()
-    return np.frombuffer(arr.buffers()[1], dtype=np.uint64)[arr.offset:arr.offset + len(arr)
-                                                            ].astype(np.int64)
 
 
 def _require(order: np.ndarray | None, groups: Groups, keys: _Column, suffixes: _Column,

@@ -1,38 +1,46 @@
-"""The manifest model: a frozen listing (:class:`Manifest`) and its
+"""The manifest model: what every kind of frozen listing answers
+(:class:`Frozen`), the listing of files (:class:`Manifest`) and its
 :func:`fingerprint`.
 
 Every rank of a job can shard the same manifest while the volume changes
 underneath. The fingerprint is the SHA-256 of the canonical listing (one
 ``path NUL size NUL version LF`` record per file, in listing order); it does
 not depend on where the source is mounted, so ranks on different nodes agree.
-The files it is saved to and loaded from: :mod:`ucstage.manifest.files`.
+The other kind, a table's row groups, is :mod:`ucstage.manifest.rowgroups`;
+the files either is saved to and loaded from: :mod:`ucstage.manifest.files`.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
+import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, ManifestError
 from ..volumes.entry import FileEntry
 from ..volumes.listing import Listing
 from ..volumes.location import Volume, is_volumes_path, resolve
 from . import columns
-from .columns import ArrowEntries
+from .arrays import numbers
+from .columns import ARROW_FIELDS, BATCH_ROWS, SAMPLE_FIELD, ArrowEntries
 from .groups import Grouped, Grouping, Groups, combined_fingerprint, group_paths
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Manifest", "fingerprint", "group_manifest"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Frozen", "Manifest", "Meta", "fingerprint",
+           "group_manifest", "header_value"]
 
 FORMAT = "ucstage.manifest"
 FORMAT_VERSION = 1
+Meta = dict[bytes, bytes]
+"""An Arrow file's schema metadata, where either kind keeps its header."""
 
 
 def fingerprint(entries: Iterable[FileEntry]) -> str:
@@ -46,9 +54,93 @@ def fingerprint(entries: Iterable[FileEntry]) -> str:
     return digest.hexdigest()
 
 
+class Frozen(abc.ABC):
+    """What every kind of frozen listing answers: files (:class:`Manifest`)
+    or a table's row groups (:class:`~ucstage.manifest.rowgroups.RowGroupManifest`).
+
+    Each is saved and loaded by :func:`ucstage.manifest.save` and
+    :func:`ucstage.manifest.load` (one Arrow IPC file, its header in the
+    schema metadata; files may also be JSON), checked by one fingerprint, and
+    sharded by the slot rule one item per row.
+    """
+
+    source: str
+    fingerprint: str
+    path: str | None
+    groups: Groups | None = None
+    """Sample boundaries when files are grouped into samples; never for row groups."""
+    formats: ClassVar[tuple[str, ...]]
+    """What it can be saved as (``"arrow"``, ``"json"``)."""
+    suffix: ClassVar[str]
+    """How the name of its Arrow file ends."""
+    batch_rows: ClassVar[int | None] = None
+    """Rows per record batch of its Arrow file (None: one batch)."""
+    marker: ClassVar[str]
+    """Its format marker, as messages name it."""
+
+    @abc.abstractmethod
+    def compute_fingerprint(self) -> str:
+        """The fingerprint recomputed from what it holds."""
+
+    @abc.abstractmethod
+    def header(self) -> dict[str, Any]:
+        """Its fields without its rows, as its file stores them."""
+
+    @abc.abstractmethod
+    def arrow_table(self) -> Any:
+        """The ``pyarrow.Table`` of its Arrow file, the header in the schema metadata."""
+
+    @classmethod
+    @abc.abstractmethod
+    def marked(cls, meta: Meta) -> bool:
+        """Whether an Arrow file's schema metadata carries this kind's format marker."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+                   verify: bool) -> Frozen:
+        """The listing of the Arrow file ``path`` (its name in messages) open
+        in ``reader``, its header checked, and its fingerprint when ``verify``."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Rows: what the slot rule deals."""
+
+    @abc.abstractmethod
+    def sizes(self) -> Any:
+        """Bytes per row (what the loader's window check sizes)."""
+
+    @abc.abstractmethod
+    def volume(self) -> Volume:
+        """Where its rows are read from, resolved on this node."""
+
+    def intact(self) -> bool:
+        """Whether what it holds still hashes to its fingerprint."""
+        return self.compute_fingerprint() == self.fingerprint
+
+
+def header_value(meta: Meta, key: str, path: str) -> Any:
+    """The JSON value of ``key`` in an Arrow file's schema metadata."""
+    try:
+        return json.loads(meta[key.encode()])
+    except (KeyError, ValueError) as exc:
+        raise ManifestError(f"manifest {path} is malformed: no valid {key!r} in its header") from exc
+
+
+def fails_fingerprint(path: str) -> ManifestError:
+    """The error for a listing file that does not hash to its fingerprint."""
+    return ManifestError(f"manifest {path} fails its fingerprint check (file edited or truncated)",
+                         hint="recreate it from the source")
+
+
 @dataclass(frozen=True)
-class Manifest:
-    """A frozen, fingerprinted listing of a source."""
+class Manifest(Frozen):
+    """A frozen, fingerprinted listing of a source's files."""
+
+    formats: ClassVar[tuple[str, ...]] = ("arrow", "json")
+    suffix: ClassVar[str] = ".manifest.arrow"
+    marker: ClassVar[str] = FORMAT
+    batch_rows: ClassVar[int | None] = BATCH_ROWS
 
     source: str
     """Where the files live: a ``/Volumes/...`` path (re-resolved on each node)
@@ -71,7 +163,7 @@ class Manifest:
     (:func:`ucstage.manifest.groups.group_manifest`); the fingerprint then
     covers them too."""
 
-    def computed_fingerprint(self) -> str:
+    def compute_fingerprint(self) -> str:
         """The fingerprint recomputed from the rows (and the grouping)."""
         return combined_fingerprint(fingerprint(self.entries), self.groups)
 
@@ -161,6 +253,84 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         """The JSON manifest's document (docs/manifest.md)."""
         return {**self.header(), "files": [list(e) for e in self.entries]}
+
+    def arrow_table(self) -> Any:
+        """The columnar manifest's table: the header fields are the schema's
+        metadata, JSON-encoded; a grouped manifest adds each row's sample number."""
+        import pyarrow as pa
+
+        header = {k: json.dumps(v, ensure_ascii=False) for k, v in self.header().items()}
+        table = columns.table(self.entries).select([0, 1, 2])
+        if self.groups is not None:
+            table = table.append_column(pa.field(SAMPLE_FIELD[0], pa.int64(), nullable=False),
+                                        pa.array(self.groups.column(), pa.int64()))
+        return table.replace_schema_metadata(header)
+
+    @classmethod
+    def marked(cls, meta: Meta) -> bool:
+        return meta.get(b"format") == json.dumps(FORMAT).encode()
+
+    @classmethod
+    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+                   verify: bool) -> Manifest:
+        import pyarrow as pa
+
+        meta = reader.schema.metadata or {}
+        version = header_value(meta, "format_version", path)
+        if version != FORMAT_VERSION:
+            raise ManifestError(f"manifest {path} has format_version {version!r}; "
+                                f"this ucstage reads version {FORMAT_VERSION}")
+        grouping = header_value(meta, "grouping", path) if b"grouping" in meta else None
+        wanted = ARROW_FIELDS + ((SAMPLE_FIELD,) if grouping is not None else ())
+        if tuple((f.name, str(f.type)) for f in reader.schema) != wanted:
+            raise ManifestError(f"manifest {path} is malformed: columns {reader.schema.names}")
+        expected = str(header_value(meta, "fingerprint", path))
+        rows = header_value(meta, "files_count", path)
+        table = reader.read_all()  # zero-copy: the columns point into the mapping
+        if table.num_rows != rows or any(c.null_count for c in table.columns):
+            raise ManifestError(f"manifest {path} fails its header check "
+                                f"({table.num_rows} rows, header says {rows})",
+                                hint="recreate it from the source")
+        groups = None
+        if grouping is not None:
+            groups = Groups.from_column(numbers(table.column(3)), grouping, path)
+            if verify and groups.digest != grouping.get("digest"):
+                raise ManifestError(f"manifest {path} fails its grouping check",
+                                    hint="recreate it from the source")
+        if verify:
+            # Through the module, so that a test's stand-in sees every full pass.
+            rows_fingerprint = columns.arrow_fingerprint(_batches(local_path, reader))
+            matches = combined_fingerprint(rows_fingerprint, groups) == expected
+            # The check's buffers are freed; hand their pages back now rather than
+            # keep them in the allocator for the life of a long training process.
+            pa.default_memory_pool().release_unused()
+            if not matches:
+                raise fails_fingerprint(path)
+        return cls(
+            source=str(header_value(meta, "source", path)),
+            entries=ArrowEntries(table),
+            fingerprint=expected,
+            created=str(header_value(meta, "created", path) or ""),
+            filters=dict(header_value(meta, "filters", path) or {}),
+            path=path,
+            groups=groups,
+        )
+
+
+def _batches(local_path: str | None, reader: Any) -> Iterator[Any]:
+    """The record batches, one at a time, read (not mapped) from a local file:
+    verifying a large manifest then leaves none of it resident in this process."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    if local_path is None:
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+        return
+    with pa.OSFile(local_path) as raw:
+        streamed = ipc.open_file(raw)
+        for i in range(streamed.num_record_batches):
+            yield streamed.get_batch(i)
 
 
 def group_manifest(manifest: Manifest, grouping: Grouping) -> tuple[Manifest, Grouped]:

@@ -12,9 +12,9 @@ into a ``manifest`` (:class:`RowGroupManifest`). See docs/design.md and
 docs/manifest.md.
 """
 
+from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
 from .delta import TableState, table_state
 from .listing import row_groups
-from .manifest import RowGroupManifest, is_row_group_manifest
 from .names import WAREHOUSE_ENV, TableName, is_table_path, parse_table_name, warehouse_path
 from .record import RECORD_NAME, ExportRecord, load_record
 from .source import TableSource, resolve_table

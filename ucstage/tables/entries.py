@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from ..manifest.rowgroups import RowGroupManifest
 from ..volumes import RangeEntry
-from .manifest import RowGroupManifest
 
 __all__ = ["group_entries", "group_entry"]
 

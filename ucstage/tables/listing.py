@@ -1,5 +1,5 @@
 """The row-group listing: a table SOURCE resolved, its footers read once,
-frozen into a :class:`~ucstage.tables.manifest.RowGroupManifest`.
+frozen into a :class:`~ucstage.manifest.rowgroups.RowGroupManifest`.
 
 A Delta file's deletion vector is read here once, so each row group's rows
 are its live rows (the vector's deleted rows in the group's range counted
@@ -14,10 +14,10 @@ import os
 from typing import Any
 
 from ..errors import UnreadableDeltaLog
+from ..manifest.rowgroups import RowGroupManifest
 from .colmap import logical_leaves, mode
 from .deletion import deleted
 from .footers import FileFooter, read_footers, table_schema
-from .manifest import RowGroupManifest
 from .source import TableSource, resolve_table
 
 __all__ = ["from_footers", "row_groups"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
+from ..manifest.rowgroups import RowGroupManifest
 from ..sharding import Layout, ReadOrder, ShardPlan, shard_plan
-from .manifest import RowGroupManifest
 from .plan import EQUAL_MODES, equal_batches
 
 __all__ = ["RankRows", "RowGroupPlan", "plan_row_groups"]

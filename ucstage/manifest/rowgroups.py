@@ -1,4 +1,6 @@
-"""The row-group manifest: a table's row groups frozen, columnar, with a fingerprint.
+"""The row-group manifest: a table's row groups frozen, columnar, with a
+fingerprint; the second kind of :class:`~ucstage.manifest.model.Frozen`
+listing, saved and loaded as the first (:mod:`ucstage.manifest.files`).
 
 One row per row group, in file order then row-group order: its file, its
 index in the file, its rows and the byte range of each column chunk. The
@@ -15,16 +17,17 @@ import base64
 import functools
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
-from ..atomic import write_atomic
 from ..errors import InvalidArgument, ManifestError, UnknownColumn
-from ..volumes import FileEntry, Volume, resolve
+from ..volumes.entry import FileEntry
+from ..volumes.location import Volume, resolve
+from .arrays import binary, int_array, numbers
+from .model import Frozen, Meta, fails_fingerprint
 
-__all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "int_array", "is_row_group_manifest"]
+__all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "is_row_group_manifest"]
 
 FORMAT = "ucstage-rowgroups/1"
 SUFFIX = ".rowgroups.arrow"
@@ -32,7 +35,7 @@ _KEY = b"ucstage-rowgroups"
 
 
 @dataclass(frozen=True, eq=False)
-class RowGroupManifest:
+class RowGroupManifest(Frozen):
     """A table's row groups, frozen (see the module docstring).
 
     Arrays are numpy, one value per row group (``file``, ``index``,
@@ -63,6 +66,9 @@ class RowGroupManifest:
     deletion_vectors: list[dict[str, Any] | None] = field(default_factory=list)
     """Per file, its Delta deletion vector's descriptor (``tables/deletion.py``) or
     None; ``rows_per_group`` then counts live rows. Empty: no file has one."""
+    formats: ClassVar[tuple[str, ...]] = ("arrow",)
+    suffix: ClassVar[str] = SUFFIX
+    marker: ClassVar[str] = _KEY.decode()
 
     # -- what shard-plan and the dataset count ------------------------------
 
@@ -177,6 +183,7 @@ class RowGroupManifest:
     # -- the file -------------------------------------------------------------
 
     def header(self) -> dict[str, Any]:
+        """The header its file stores (docs/manifest.md), the fingerprint last."""
         return {
             "format": FORMAT,
             "source": self.source,
@@ -191,10 +198,12 @@ class RowGroupManifest:
                                           strict=True)],
             "leaves": self.leaves,
             "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "fingerprint": self.fingerprint,
         }
 
     def compute_fingerprint(self) -> str:
-        h = hashlib.sha256(json.dumps(self.header(), sort_keys=True).encode())
+        described = {k: v for k, v in self.header().items() if k != "fingerprint"}
+        h = hashlib.sha256(json.dumps(described, sort_keys=True).encode())
         for arr in (self.file, self.index, self.rows_per_group, self.chunk_start,
                     self.chunk_column, self.chunk_offset, self.chunk_length):
             h.update(arr.astype("<i8").tobytes())
@@ -202,13 +211,10 @@ class RowGroupManifest:
             h.update(k.to_bytes(8, "little") + hashlib.sha256(self.footers[k]).digest())
         return h.hexdigest()
 
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the manifest as one Arrow IPC file (atomically); returns the path."""
+    def arrow_table(self) -> Any:
+        """One row per row group; the header is one JSON value under ``_KEY``."""
         import pyarrow as pa
 
-        # Arrays built from their buffers: pa.array() of a numpy array (and
-        # to_numpy() in load) make pyarrow import pandas when it is installed,
-        # ~0.9 s and ~30 MiB in every process that freezes or loads a table.
         offsets = int_array(self.chunk_start, pa.int32())
         footer = [self.footers.get(int(f)) if i == 0 else None
                   for f, i in zip(self.file, self.index, strict=True)]
@@ -222,39 +228,30 @@ class RowGroupManifest:
                                                                     pa.int64())),
             "chunk_length": pa.ListArray.from_arrays(offsets, int_array(self.chunk_length,
                                                                     pa.int64())),
-            "footer": _binary(footer),
+            "footer": binary(footer),
         })
-        meta = {**self.header(), "fingerprint": self.fingerprint}
-        table = table.replace_schema_metadata({_KEY: json.dumps(meta).encode()})
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        target = os.fspath(path)
-        write_atomic(target, sink.getvalue().to_pybytes())
-        return target
+        return table.replace_schema_metadata({_KEY: json.dumps(self.header()).encode()})
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, verify: bool = True) -> RowGroupManifest:
-        """Read a row-group manifest file (its fingerprint checked unless ``verify=False``).
+    def marked(cls, meta: Meta) -> bool:
+        return _KEY in meta
 
-        Raises:
-            ManifestError: not a row-group manifest, or its fingerprint fails.
-        """
+    @classmethod
+    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+                   verify: bool) -> RowGroupManifest:
         import numpy as np
         import pyarrow as pa
 
-        target = os.fspath(path)
         try:
-            with pa.memory_map(target) as source:
-                table = pa.ipc.open_file(source).read_all()
+            table = reader.read_all()
             meta = json.loads((table.schema.metadata or {})[_KEY])
             if meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}")
         except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
-            raise ManifestError(f"{target} is not a {FORMAT} manifest ({exc})") from exc
+            raise ManifestError(f"{path} is not a {FORMAT} manifest ({exc})") from exc
 
         def flat(name: str) -> Any:
-            return _numbers(table.column(name).combine_chunks().values)
+            return numbers(table.column(name).combine_chunks().values)
 
         lists = table.column("chunk_length").combine_chunks()
         files = meta["files"]
@@ -268,55 +265,19 @@ class RowGroupManifest:
             partition_values=[dict(f["partition"]) for f in files],
             leaves=[list(x) for x in meta["leaves"]],
             schema=pa.ipc.read_schema(pa.py_buffer(base64.b64decode(meta["schema"]))),
-            file=_numbers(table.column("file").combine_chunks()).astype(np.int32),
-            index=_numbers(table.column("row_group").combine_chunks()).astype(np.int32),
-            rows_per_group=_numbers(table.column("rows").combine_chunks()).astype(np.int64),
-            chunk_start=_numbers(lists.offsets).astype(np.int64),
+            file=numbers(table.column("file")).astype(np.int32),
+            index=numbers(table.column("row_group")).astype(np.int32),
+            rows_per_group=numbers(table.column("rows")).astype(np.int64),
+            chunk_start=numbers(lists.offsets).astype(np.int64),
             chunk_column=flat("chunk_column").astype(np.int32),
             chunk_offset=flat("chunk_offset").astype(np.int64),
             chunk_length=flat("chunk_length").astype(np.int64),
-            footers=footers, fingerprint=str(meta["fingerprint"]), path=target,
+            footers=footers, fingerprint=str(meta["fingerprint"]), path=path,
             deletion_vectors=[f.get("deletion_vector") for f in files]
             if any("deletion_vector" in f for f in files) else [])
-        if verify and manifest.compute_fingerprint() != manifest.fingerprint:
-            raise ManifestError(f"{target} fails its fingerprint check (changed or damaged)")
+        if verify and not manifest.intact():
+            raise fails_fingerprint(path)
         return manifest
-
-
-def int_array(values: Any, kind: Any) -> Any:
-    """A pyarrow integer array of ``kind`` over a copy of ``values``, built from its
-    buffer: ``pa.array()`` of a numpy array makes pyarrow import pandas."""
-    import numpy as np
-    import pyarrow as pa
-
-    arr = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())
-    return pa.Array.from_buffers(kind, len(arr), [None, pa.py_buffer(arr)])
-
-
-def _binary(values: Sequence[bytes | None]) -> Any:
-    """A pyarrow binary array of ``values`` (None: null), built from its buffers."""
-    import numpy as np
-    import pyarrow as pa
-
-    sizes = np.array([len(v) if v is not None else 0 for v in values], dtype=np.int32)
-    offsets = np.zeros(len(values) + 1, dtype=np.int32)
-    np.cumsum(sizes, out=offsets[1:])
-    valid = np.packbits(np.array([v is not None for v in values], dtype=bool),
-                        bitorder="little")
-    data = b"".join(v for v in values if v is not None)
-    return pa.Array.from_buffers(pa.binary(), len(values), [
-        pa.py_buffer(valid.tobytes()), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)])
-
-
-def _numbers(array: Any) -> Any:
-    """An integer array without nulls as numpy, from its data buffer (no pandas)."""
-    import numpy as np
-
-    dtype = array.type.to_pandas_dtype()
-    if not len(array):
-        return np.zeros(0, dtype=dtype)
-    data = np.frombuffer(array.buffers()[1], dtype=dtype)
-    return data[array.offset:array.offset + len(array)]
 
 
 def _rebuild(values: dict[str, Any]) -> RowGroupManifest:

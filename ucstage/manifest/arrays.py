@@ -1,0 +1,68 @@
+"""Arrow arrays to numpy and back through their buffers, for both kinds of
+frozen listing.
+
+pyarrow's own conversions (``pa.array()`` of a list or numpy array,
+``to_numpy()``, ``pa.scalar``) import pandas when it is installed: about a
+second of start-up and ~30 MiB of anonymous memory in every process that
+freezes, loads or verifies a listing. Built from and read as buffers, no
+Python value is converted and pandas is never imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["binary", "int_array", "large_string_scalar", "numbers"]
+
+
+def numbers(array: Any) -> np.ndarray:
+    """A fixed-width Arrow array or chunked array without nulls as numpy:
+    zero-copy and read-only for one chunk, one copy joining several."""
+    import numpy as np
+    import pyarrow as pa
+
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    parts = [np.frombuffer(c.buffers()[1], dtype=dtype)[c.offset:c.offset + len(c)]
+             for c in chunks if len(c)]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def int_array(values: Any, kind: Any) -> Any:
+    """A pyarrow integer array of ``kind`` over a copy of ``values``."""
+    import numpy as np
+    import pyarrow as pa
+
+    arr = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())
+    return pa.Array.from_buffers(kind, len(arr), [None, pa.py_buffer(arr)])
+
+
+def binary(values: Sequence[bytes | None]) -> Any:
+    """A pyarrow binary array of ``values`` (None: null)."""
+    import numpy as np
+    import pyarrow as pa
+
+    sizes = np.array([len(v) if v is not None else 0 for v in values], dtype=np.int32)
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    valid = np.packbits(np.array([v is not None for v in values], dtype=bool),
+                        bitorder="little")
+    data = b"".join(v for v in values if v is not None)
+    return pa.Array.from_buffers(pa.binary(), len(values), [
+        pa.py_buffer(valid.tobytes()), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)])
+
+
+def large_string_scalar(text: str) -> Any:
+    """``pa.scalar(text, pa.large_string())``."""
+    import pyarrow as pa
+
+    data = text.encode()
+    offsets = pa.py_buffer(bytes(8) + len(data).to_bytes(8, sys.byteorder))  # int64 [0, len]
+    return pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)])[0]

@@ -41,12 +41,23 @@ def aside(fn: Callable[..., T], *args: Any) -> T:
     it leaves with ``os._exit``.
     """
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    # Ctrl-C is held until the parent is inside the block that ends the child
+    # on it: one arriving between the fork and that block would leave the
+    # child running, holding the caller's stdout open.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
     if pid == 0:  # the child
         os.close(read_fd)
         # Ctrl-C goes to the parent, which ends the child; the child's own
         # KeyboardInterrupt would only race it to the pipe.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         code = 0
         try:
             try:
@@ -62,6 +73,7 @@ def aside(fn: Callable[..., T], *args: Any) -> T:
             os._exit(code)
     os.close(write_fd)
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C lands here
         chunks = []
         while True:
             chunk = os.read(read_fd, _CHUNK)

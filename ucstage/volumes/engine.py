@@ -12,8 +12,9 @@ metadata read must be kept out of this process (:meth:`Engine.keep_clean`),
 whether its copies run on an event loop (:attr:`Engine.on_loop`) and whether
 its runtime survives ``fork`` (:attr:`Engine.fork_safe`). A file's ``info``
 is ``volume.fs.info`` on every backend (:class:`ucstage.objstore.ObjectFS`
-answers it for obstore). The cache copies a file through the backend too
-(:mod:`ucstage.cache.fetch`, which holds the copies' checks).
+answers it for obstore). Copying a whole file into the cache is the fourth
+operation: :mod:`ucstage.cache.fetch` keys its copies by these backends, as
+the copies need the cache's checks, which the core does not import.
 
 Ranged reads (a Parquet footer, a row group's column chunks): a local file
 with ``pread``; obstore with ranged GETs, each conditional on the listed ETag
@@ -35,8 +36,8 @@ from .walk import Walk, walk_fsspec, walk_local, walks_by_ls
 
 T = TypeVar("T")
 
-__all__ = ["FSSPEC", "LOCAL", "OBSTORE", "Engine", "RangeChanged", "merge_ranges", "of",
-           "read_ranges"]
+__all__ = ["FSSPEC", "HASH_KEYS", "LOCAL", "OBSTORE", "Engine", "RangeChanged", "merge_ranges",
+           "of", "read_ranges"]
 
 HASH_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c")
 """Keys of an fsspec ``info`` that hold a content hash: only a hash compares
@@ -49,7 +50,7 @@ class RangeChanged(InterruptedError):
 
 
 class Engine:
-    """One backend. Subclasses are the three engines; :func:`of` picks one."""
+    """What every backend answers; :func:`of` picks one of the three."""
 
     name = "fsspec"
     """How reports name the engine (``WarmReport.engine``): ``obstore`` or
@@ -62,6 +63,24 @@ class Engine:
 
     def walk(self, volume: Volume, walk: Walk) -> None:
         """Fill ``walk`` with every file under the volume's root."""
+        raise NotImplementedError
+
+    def ranges(self, volume: Volume, relpath: str, merged: list[tuple[int, int]],
+               version: str | None, deadline: float | None) -> tuple[list[bytes], str]:
+        """The bytes of each of the ``merged`` ranges of ``relpath`` and the
+        version seen (:func:`read_ranges`)."""
+        raise NotImplementedError
+
+    def keep_clean(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, reading metadata in a way that leaves processes
+        forked from this one able to use the engine."""
+        return fn(*args)
+
+
+class _Fsspec(Engine):
+    """Any fsspec filesystem (object stores too when obstore does not read them)."""
+
+    def walk(self, volume: Volume, walk: Walk) -> None:
         fs, root = volume.fs, volume.root
         # fsspec instances are cached per process and some (s3fs) keep
         # listings: a long-lived process must see the store as it is now.
@@ -75,15 +94,9 @@ class Engine:
         """A flat listing of an object store, as fsspec's ``find(detail=True)``."""
         return dict(volume.fs.find(volume.root, withdirs=False, detail=True))
 
-    def keep_clean(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, reading metadata in a way that leaves processes
-        forked from this one able to use the engine."""
-        return fn(*args)
-
     def ranges(self, volume: Volume, relpath: str, merged: list[tuple[int, int]],
                version: str | None, deadline: float | None) -> tuple[list[bytes], str]:
-        """The bytes of each merged range and the version seen (fsspec's
-        ``cat_file``, the version compared after the reads)."""
+        # cat_file per range, the version compared after the reads.
         path = volume.full_path(relpath)
         blobs = [bytes(volume.fs.cat_file(path, start=off, end=off + n)) for off, n in merged]
         for (_, n), data in zip(merged, blobs, strict=True):
@@ -124,8 +137,9 @@ class _Local(Engine):
         return blobs, seen
 
 
-class _Obstore(Engine):
-    """An object store read through obstore (:mod:`ucstage.objstore`)."""
+class _Obstore(_Fsspec):
+    """An object store read through obstore (:mod:`ucstage.objstore`); its
+    walk is fsspec's, its flat listing obstore's."""
 
     name = "obstore"
     on_loop = True
@@ -181,7 +195,7 @@ class _Obstore(Engine):
 
 
 LOCAL: Engine = _Local()
-FSSPEC: Engine = Engine()
+FSSPEC: Engine = _Fsspec()
 OBSTORE: Engine = _Obstore()
 
 

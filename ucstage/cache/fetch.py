@@ -17,9 +17,9 @@ copies at every step (see :mod:`ucstage.cache.inflight`).
 threaded fetch); :mod:`ucstage.cache.loopwarm` runs the same steps with the
 GET awaited on the object-store engine's loop.
 
-The copy itself is the volume's engine's (:func:`ucstage.volumes.engine.of`,
-chosen once per copy), with what it reads by in one
-:class:`~ucstage.cache.objget.FetchContext`: local-like sources (plain
+The copy itself is by the volume's engine (:func:`ucstage.volumes.engine.of`,
+the one place that chooses it), with what it reads by in one value
+(:class:`~ucstage.cache.objget.FetchContext`): local-like sources (plain
 folders, FUSE mounts) are read and written 1 MiB at a time (not ``sendfile``:
 see ``_pump``); object stores on the obstore engine are streamed by
 :mod:`ucstage.cache.objget`; other fsspec sources go through ``fs.open``

@@ -104,7 +104,7 @@ def test_the_cycle_finder_finds_cycles():
 
 
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.entry",
-        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing", "ucstage.volumes.ranges",
+        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing", "ucstage.volumes.engine",
         "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
         "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.manifest.groups",
         "ucstage.manifest.arrays", "ucstage.manifest.rowgroups", "ucstage.source", "ucstage.ports",

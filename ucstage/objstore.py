@@ -1,5 +1,6 @@
-"""The object-store engine's store side: which engine serves a source, one
-obstore client per process, and listing.
+"""The object-store engine's store side: whether obstore reads a source (the
+``$UCSTAGE_ENGINE`` rule, :func:`reads`; the engine itself is chosen by
+:func:`ucstage.volumes.engine.of`), one obstore client per process, and listing.
 
 ucstage reads ``s3://``, ``gs://`` and ``az://``/``abfs://`` sources (and
 ``/Volumes`` mapped to them) through obstore, the Python binding of Rust's
@@ -42,8 +43,9 @@ from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 
 T = TypeVar("T")
 
-__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline", "engine",
-           "forks_fall_back", "keep_clean", "list_objects", "location", "serves", "store", "usable"]
+__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline",
+           "forks_fall_back", "keep_clean", "list_objects", "location", "reads", "serves", "store",
+           "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
 ENGINES = ("auto", "obstore", "fsspec")
@@ -127,14 +129,6 @@ def _claimed(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-def _protocol(volume: Any) -> str:
-    if volume.is_local:
-        return ""
-    protocol = volume.fs.protocol
-    protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
-    return str(protocol)
-
-
 def _installed() -> bool:
     try:
         import obstore  # noqa: F401
@@ -143,8 +137,9 @@ def _installed() -> bool:
     return True
 
 
-def engine(volume: Any) -> str:
-    """``"obstore"`` or ``"fsspec"``: the engine that reads ``volume``.
+def reads(fs: Any) -> bool:
+    """Whether obstore reads the store behind ``fs`` (a volume's filesystem)
+    in this process; :func:`ucstage.volumes.engine.of` picks the engine by it.
 
     Raises:
         InvalidArgument: ``$UCSTAGE_ENGINE`` has an unknown value.
@@ -152,19 +147,23 @@ def engine(volume: Any) -> str:
             serves, but obstore is not installed.
     """
     if not usable():
-        return "fsspec"
-    fs = getattr(volume, "fs", None)
+        return False
     if isinstance(fs, ObjectFS):
-        return "obstore" if fs.kind == "s3" else _choice(fs.kind)
-    kind = _KINDS.get(_protocol(volume))
-    return "fsspec" if kind is None else _choice(kind)
+        return fs.kind == "s3" or _wanted(fs.kind)
+    protocol = fs.protocol
+    kind = _KINDS.get(str(protocol[0] if isinstance(protocol, (tuple, list)) else protocol))
+    return kind is not None and _wanted(kind)
 
 
 def location(volume: Any, path: str) -> tuple[str, str, str]:
     """``(kind, bucket, key)`` of an fsspec path inside ``volume``'s filesystem
     (``bucket/key``, as s3fs, gcsfs and adlfs spell paths)."""
-    fs = getattr(volume, "fs", None)
-    kind = fs.kind if isinstance(fs, ObjectFS) else _KINDS[_protocol(volume)]
+    fs = volume.fs
+    if isinstance(fs, ObjectFS):
+        kind = fs.kind
+    else:
+        protocol = fs.protocol
+        kind = _KINDS[str(protocol[0] if isinstance(protocol, (tuple, list)) else protocol)]
     bucket, _, key = path.strip("/").partition("/")
     return kind, bucket, key
 
@@ -208,7 +207,7 @@ DEFAULT_DEADLINE = 30.0
 def deadline() -> float:
     """Seconds one request may take at most: ``$UCSTAGE_REQUEST_DEADLINE``,
     else :data:`DEFAULT_DEADLINE`. The engine drops a request at it
-    (:mod:`ucstage.cache.hedge`); the client's own timeout is a little later.
+    (:mod:`ucstage.cache.objget`); the client's own timeout is a little later.
 
     Raises:
         InvalidArgument: the variable is not a positive, finite number.
@@ -490,9 +489,7 @@ def serves(url: str) -> bool:
     protocol = url.split("://", 1)[0].lower()
     parsed = cloudfs.parse(url)
     kind = parsed[1] if parsed else _KINDS.get(protocol)
-    if kind is None or not usable():
-        return False
-    return _choice(kind) == "obstore"
+    return kind is not None and usable() and _wanted(kind)
 
 
 def _cloud_find(fs: ObjectFS, path: str) -> dict[str, dict[str, Any]]:
@@ -521,19 +518,21 @@ def _cloud_info(fs: ObjectFS, info: dict[str, Any], account: str) -> dict[str, A
             "ETag": cloudfs.version(info), "LastModified": modified}
 
 
-def _choice(kind: str) -> str:
+def _wanted(kind: str) -> bool:
+    """Whether ``$UCSTAGE_ENGINE`` and the installation choose obstore for a
+    store of ``kind`` (the variable's one reading)."""
     choice = os.environ.get(ENGINE_ENV, "").strip().lower() or "auto"
     if choice not in ENGINES:
         raise InvalidArgument(f"{ENGINE_ENV}={choice!r} is not an engine",
                               hint=f"set it to one of {', '.join(ENGINES)}, or unset it")
     if choice == "fsspec":
-        return "fsspec"
+        return False
     if _installed():
-        return "obstore"
+        return True
     if choice == "obstore":
         raise MissingDependency(f"{ENGINE_ENV}=obstore but obstore is not installed",
                                 hint=f"pip install '{_EXTRA[kind]}'")
-    return "fsspec"
+    return False
 
 
 class ObjectFS:
@@ -697,7 +696,7 @@ class ObjectFS:
 
         if mode != "rb":
             raise ValueError(f"mode must be 'rb', got {mode!r}")
-        if self.kind in ("gs", "az") and engine(self) == "fsspec":
+        if self.kind in ("gs", "az") and not reads(self):
             backend, inner, _, _ = self._cloud(path)
             return backend.open(inner, mode)
         if not usable():

@@ -399,13 +399,13 @@ def test_time_waiting_for_the_pace_is_not_counted_as_store_latency(
     far under the 0.5 + 1.0 + 1.5 s the first three requests waited alone."""
     import time
 
-    from ucstage.cache import hedge, pace
+    from ucstage.cache import objget, pace
 
     files = _files(6, 4 * KB)
     src = make_source("s3", "", files)
     paced = pace.pace("s3://ucstage-test")
     paced.rate, paced.peak, paced.cut_at = 2.0, 2.0, time.monotonic()
-    samples = hedge.latency("s3://ucstage-test").first_byte.values
+    samples = objget.latency("s3://ucstage-test").first_byte.values
     samples.clear()  # too few samples now: a step is late after 2 s
     code, doc = _warm_json(src, "--jobs", "6")
     assert code == 0, doc

@@ -28,6 +28,7 @@ from ucstage.errors import InvalidArgument, SourceUnreadable
 from ucstage.manifest import Manifest, snapshot
 from ucstage.progress import Callback
 from ucstage.volumes import list_files, resolve
+from ucstage.volumes.engine import of as engine_of
 
 KB = 1024
 MB = 1024 * KB
@@ -105,7 +106,7 @@ def _fetch_all(cache_dir: str) -> tuple[int, str, list[str]]:
     vol = m.volume()
     cache = LocalCache(cache_dir)
     got = [Path(cache.fetch(vol, e)).read_bytes().hex() for e in m.entries]
-    return os.getpid(), objstore.engine(vol), got
+    return os.getpid(), engine_of(vol).name, got
 
 
 def test_forked_workers_read_through_their_own_clients(moto, monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -307,7 +308,7 @@ def test_an_unknown_engine_is_refused(monkeypatch) -> None:  # type: ignore[no-u
     monkeypatch.setenv("UCSTAGE_ENGINE", "boto")
     with pytest.raises(InvalidArgument, match="UCSTAGE_ENGINE='boto'"):
         resolve("s3://bucket/x", must_exist=False)
-    assert objstore.engine(resolve(".", must_exist=False)) == "fsspec"  # local: never obstore
+    assert engine_of(resolve(".", must_exist=False)).name == "fsspec"  # local: never obstore
 
 
 class _Threads(Callback):

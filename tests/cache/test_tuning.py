@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.common.parts import unique
-from ucstage import LocalCache, objstore
+from ucstage import LocalCache
 from ucstage.cache.tuning import (
     FIRST_GUESS,
     LOCAL,
@@ -20,6 +20,7 @@ from ucstage.cache.tuning import (
     source_kind,
 )
 from ucstage.volumes import list_files, resolve
+from ucstage.volumes.engine import of as engine_of
 
 
 class Store:
@@ -128,24 +129,24 @@ def test_the_first_guess_of_a_fuse_mount(fuse_volume: tuple[str, str]) -> None:
     _, mnt = fuse_volume
     volume = resolve(mnt)
     assert mount_fstype(mnt).startswith("fuse")
-    assert source_kind(volume, "fsspec") == MOUNT
-    assert first_guess(volume, "fsspec") == FIRST_GUESS[MOUNT] == 32
+    assert source_kind(volume, engine_of(volume)) == MOUNT
+    assert first_guess(volume, engine_of(volume)) == FIRST_GUESS[MOUNT] == 32
 
 
 def test_the_first_guess_of_a_local_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
     volume = resolve(str(tmp_path))
-    assert source_kind(volume, "fsspec") == LOCAL
-    assert first_guess(volume, "fsspec") == FIRST_GUESS[LOCAL] == 8
+    assert source_kind(volume, engine_of(volume)) == LOCAL
+    assert first_guess(volume, engine_of(volume)) == FIRST_GUESS[LOCAL] == 8
 
 
 def test_the_first_guess_of_an_s3_volume(moto, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
     volume = resolve(f"s3://ucstage-test/{unique()}", must_exist=False)
-    assert objstore.engine(volume) == "obstore"
-    assert first_guess(volume, objstore.engine(volume)) == FIRST_GUESS[OBJECT_STORE] == 64
+    assert engine_of(volume).name == "obstore"
+    assert first_guess(volume, engine_of(volume)) == FIRST_GUESS[OBJECT_STORE] == 64
     monkeypatch.setenv("UCSTAGE_ENGINE", "fsspec")
     volume = resolve(f"s3://ucstage-test/{unique()}", must_exist=False)
-    assert first_guess(volume, objstore.engine(volume)) == FIRST_GUESS[REMOTE] == 32
+    assert first_guess(volume, engine_of(volume)) == FIRST_GUESS[REMOTE] == 32
 
 
 def test_mountinfo_is_read_for_the_deepest_mount(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -325,7 +325,7 @@ def test_byte_ranges_of_a_listed_object_and_of_a_replaced_one(store: Store, engi
     """The ranged reads a table's row groups use: pinned to the listed object
     (GCS by its generation, Azure by its ETag; the version's MD5 suffix is
     not part of the pin), and a replaced object is reported as changed."""
-    from ucstage.volumes.ranges import RangeChanged, read_ranges
+    from ucstage.volumes.engine import RangeChanged, read_ranges
 
     monkeypatch.setenv("UCSTAGE_ENGINE", engine)
     prefix = unique()

@@ -26,6 +26,7 @@ SCRIPT = r'''
 import json, os, sys
 import torch.utils.data as tud
 from ucstage import DataLoader, VolumeDataset, objstore
+from ucstage.volumes.engine import of as engine_of
 
 def main(src, cache, context):
     class Wrapper(tud.IterableDataset):  # defined here: does not pickle
@@ -36,7 +37,7 @@ def main(src, cache, context):
                 with open(path, "rb") as fh:
                     size = len(fh.read())
                 yield {"name": os.path.basename(path), "size": size, "pid": os.getpid(),
-                       "engine": objstore.engine(self.paths._get_volume()),
+                       "engine": engine_of(self.paths._get_volume()).name,
                        "obstore_here": objstore._used_in == os.getpid(),
                        "s3fs": "s3fs" in sys.modules}
 

@@ -20,6 +20,7 @@ import torch.utils.data as tud
 from tests.common.backends import make_source
 from ucstage import DataLoader, VolumeDataset, objstore
 from ucstage.data import workerstart
+from ucstage.volumes.engine import of as engine_of
 
 KB = 1024
 MARK = "UCSTAGE_TEST_WORKER_MARK"
@@ -38,7 +39,7 @@ class Seen(tud.IterableDataset):  # type: ignore[type-arg]
             with open(path, "rb") as fh:
                 data = fh.read()
             yield {"name": os.path.basename(path), "data": data, "pid": os.getpid(),
-                   "engine": objstore.engine(self.paths._get_volume()),
+                   "engine": engine_of(self.paths._get_volume()).name,
                    "obstore_here": objstore._used_in == os.getpid(),
                    "s3fs": "s3fs" in sys.modules, "mark": os.environ.get(MARK)}
 

@@ -18,12 +18,11 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-from .. import objstore
 from ..cache.mounts import mount_of
 from ..manifest import Manifest
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import DEFAULT_SHUFFLE_SCOPE
-from ..volumes import Volume
+from ..volumes import Volume, engine
 from .measure import Meter
 from .modes import MODE_TYPES, Job
 from .options import DEFAULT_MODES, DEFAULT_WORKERS, check_options
@@ -173,7 +172,7 @@ def run(
         recommendation=recommend(results), max_seconds=max_seconds,
         seconds=time.monotonic() - started, stopped_early=stopped_early,
         batch_size=batch_size if "loader" in mode_list else None,
-        engine=objstore.engine(volume),
+        engine=engine.of(volume).name,
         # A note repeated by several runs (warm's partial fill) is said once.
         notes=list(dict.fromkeys(notes)),
     )

@@ -14,19 +14,18 @@ gets the size check.
 
 Interface (beside :func:`ucstage.cache.integrity.expect_md5`):
 ``expect(source, meta, listed) -> Expect | None`` (None: not a GCS or Azure
-source, S3's rule applies); ``hasher(check)`` the running digest of a check;
-``judge(source, key, expect, got) -> Verdict``.
+source, S3's rule applies); ``judge(source, key, expect, got) -> Verdict``;
+the running digest of a check is :func:`ucstage.cache.integrity.hasher`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, NamedTuple
 
 from .. import cloudfs
 from . import integrity
 
-__all__ = ["Expect", "expect", "hasher", "judge", "listed_expect"]
+__all__ = ["Expect", "expect", "judge", "listed_expect"]
 
 
 class Expect(NamedTuple):
@@ -61,16 +60,6 @@ def expect(source: str, meta: Any, listed: str) -> Expect | None:
     got = str(meta.get("version") or "") if kind == "gs" else \
         str(meta.get("e_tag") or "").strip('"')
     return listed_expect(listed, got)
-
-
-def hasher(check: str) -> Any:
-    """A running digest (``update``, ``hexdigest``) for ``check``; None for ''."""
-    if check == "md5":
-        return hashlib.md5(usedforsecurity=False)
-    if check == "crc32c":
-        import crc32c  # C speed; releases the GIL on large buffers
-        return crc32c.CRC32CHash()
-    return None
 
 
 def judge(source: str, key: str, want: Expect, got: str) -> integrity.Verdict:

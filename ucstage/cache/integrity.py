@@ -44,6 +44,7 @@ metrics (:mod:`ucstage.cache.runstats`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -52,8 +53,26 @@ from typing import Any
 
 from .paths import CONTROL, namespace_name
 
-__all__ = ["CHECKS", "NOT_MD5_KEYS", "NOT_MD5_READS", "SUM_XATTR", "TALLY", "Mismatch", "Tally", "Verdict", "digest_file",
-           "expect_md5", "file_checksum", "forget", "judge", "marked", "note", "record", "recorded"]
+__all__ = [
+    "CHECKS",
+    "NOT_MD5_KEYS",
+    "NOT_MD5_READS",
+    "SUM_XATTR",
+    "TALLY",
+    "Mismatch",
+    "Tally",
+    "Verdict",
+    "digest_file",
+    "expect_md5",
+    "file_checksum",
+    "forget",
+    "hasher",
+    "judge",
+    "marked",
+    "note",
+    "record",
+    "recorded",
+]
 
 log = logging.getLogger("ucstage")
 
@@ -140,11 +159,21 @@ def expect_md5(source: str, etag: str) -> str:
     return value
 
 
+def hasher(check: str) -> Any:
+    """A running digest (``update``, ``hexdigest``) for ``check`` (``md5``,
+    ``crc32c``); None for '' (the size check)."""
+    if check == "md5":
+        return hashlib.md5(usedforsecurity=False)
+    if check == "crc32c":
+        import crc32c  # C speed; releases the GIL on large buffers
+        return crc32c.CRC32CHash()
+    return None
+
+
 def digest_file(fd: int, size: int, check: str = "md5", chunk: int = 8 * 1024 * 1024) -> str:
     """The ``check`` digest (``md5`` or ``crc32c``, hex) of the first
     ``size`` bytes of the open file ``fd`` (which may be open for writing
     only, as the cache's temp files are)."""
-    from .checksums import hasher  # checksums sits on this module
     digest = hasher(check)
     # A second descriptor of the same open file, for reading (Linux).
     reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)

@@ -43,8 +43,8 @@ from ..volumes import FileEntry, Volume, safe_relpath
 from . import maintenance as maint
 from . import paths
 from .fetch import Fetcher
-from .hedge import Requests
 from .inflight import Inflight
+from .objget import Requests
 from .reports import (
     CacheStatus,
     ClearReport,

@@ -34,8 +34,7 @@ from typing import Any, TypeVar
 
 from ..volumes import FileEntry, RangeEntry
 from . import objget
-from .copy import Copied
-from .fetch import Retries
+from .fetch import Copied, Retries
 from .inflight import Stopped
 from .locks import FileLock
 from .tuning import THREAD_CEILING
@@ -189,9 +188,8 @@ class LoopWarm:
                     try:
                         got = await objget.fetch(
                             volume, volume.full_path(copy.rel), pending.fd,
-                            size_hint=entry.size, listed=entry.version,
-                            parts=objget.split(self.warm.tuner.limit, self._left),
-                            root=fetcher.cache.root, requests=fetcher.cache.requests)
+                            fetcher.context(copy),
+                            parts=objget.split(self.warm.tuner.limit, self._left))
                     finally:
                         os.close(pending.fd)
                     fetcher.commit_tmp(copy, pending, Copied(got.size, got.etag, got.mtime_ns))

@@ -117,7 +117,7 @@ class WarmReport:
     etags_not_md5: bool = False
     """This warm found that the source's ETags are not MD5s (SSE-KMS): size only."""
     hedged: int = 0
-    """GETs that were late and got a second, hedged request (:mod:`ucstage.cache.hedge`)."""
+    """GETs that were late and got a second, hedged request (:mod:`ucstage.cache.objget`)."""
     timeouts: int = 0
     """Requests dropped at the deadline (each retried)."""
 

@@ -29,7 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["AUTO", "FIRST_GUESS", "OBJECT_STORE_CEILING", "THREAD_CEILING", "Jobs",
+from ..volumes.engine import Engine
+
+__all__ = ["AUTO", "FIRST_GUESS", "OBJECT_STORE_CEILING", "THREAD_CEILING", "Jobs", "ceiling",
            "check_jobs", "first_guess", "mount_fstype", "source_kind"]
 
 AUTO = "auto"
@@ -107,12 +109,13 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def source_kind(volume: Any, engine: str) -> str:
+def source_kind(volume: Any, engine: Engine) -> str:
     """What kind of source ``volume`` is, for :data:`FIRST_GUESS`:
-    :data:`OBJECT_STORE` when the object-store engine reads it, :data:`REMOTE`
-    for another fsspec filesystem, :data:`MOUNT` for a local path on a FUSE
-    (``fuse``, ``fuse.*``) or network filesystem, else :data:`LOCAL`."""
-    if engine == "obstore":
+    :data:`OBJECT_STORE` when its engine's requests share an event loop (they
+    are cheap), :data:`REMOTE` for another fsspec filesystem, :data:`MOUNT`
+    for a local path on a FUSE (``fuse``, ``fuse.*``) or network filesystem,
+    else :data:`LOCAL`."""
+    if engine.on_loop:
         return OBJECT_STORE
     if not getattr(volume, "is_local", False):
         return REMOTE
@@ -122,9 +125,15 @@ def source_kind(volume: Any, engine: str) -> str:
     return LOCAL
 
 
-def first_guess(volume: Any, engine: str) -> int:
+def first_guess(volume: Any, engine: Engine) -> int:
     """Where ``jobs="auto"`` starts for ``volume`` read by ``engine``."""
     return FIRST_GUESS[source_kind(volume, engine)]
+
+
+def ceiling(engine: Engine) -> int:
+    """The most copies in flight ``engine`` may have: :data:`OBJECT_STORE_CEILING`
+    requests on its event loop, else :data:`THREAD_CEILING` threads."""
+    return OBJECT_STORE_CEILING if engine.on_loop else THREAD_CEILING
 
 
 class Jobs:

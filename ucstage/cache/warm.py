@@ -16,17 +16,16 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .. import objstore
 from ..errors import CacheFull, InvalidArgument, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
-from ..volumes import FileEntry, Volume
-from . import hedge, integrity, paths
+from ..volumes import FileEntry, Volume, engine
+from . import integrity, objget, paths
 from .fetch import Fetcher, retryable
 from .inflight import Inflight, Stopped
 from .reports import EvictedSource, WarmReport
 from .space import Evicted, free_bytes
-from .tuning import AUTO, OBJECT_STORE_CEILING, THREAD_CEILING, Jobs, check_jobs, first_guess
+from .tuning import AUTO, Jobs, ceiling, check_jobs, first_guess
 
 __all__ = ["GRACE", "WARM_FEWER", "WarmCopies", "warm_entries"]
 
@@ -57,16 +56,16 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
         fixed = check_jobs(jobs)
     except ValueError as exc:
         raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
-    engine = objstore.engine(volume)
+    reader = engine.of(volume)  # chosen once for the whole warm
     start = time.monotonic()
     checked = integrity.TALLY.snapshot()
-    hedges = dict(hedge.STATS)
+    hedges = dict(objget.STATS)
     new_namespace = not os.path.isdir(cache.space.namespace_dir(volume.url))
     ns_dir = cache.prepare(volume)
     cache.space.sweep(ns_dir)
     report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
                         source=volume.source, cache_dir=cache.root, namespace=ns_dir,
-                        engine=engine, jobs_auto=fixed is None)
+                        engine=reader.name, jobs_auto=fixed is None)
     todo: list[FileEntry] = []
     valid: list[str] = []
     for e in entries:
@@ -96,14 +95,13 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
     for path, reason in report.failed:
         cb.item_done(path, "failed", reason)
     evicted = Evicted()
-    ceiling = OBJECT_STORE_CEILING if engine == "obstore" else THREAD_CEILING
-    start_at = first_guess(volume, engine) if fixed is None else None
-    tuner = Jobs(fixed, ceiling=ceiling, start=start_at)
-    WarmCopies(fetcher, volume, todo, report, cb, evicted, tuner).run()
+    start_at = first_guess(volume, reader) if fixed is None else None
+    tuner = Jobs(fixed, ceiling=ceiling(reader), start=start_at)
+    WarmCopies(fetcher, volume, todo, report, cb, evicted, tuner, reader.on_loop).run()
     report.jobs = tuner.settled
     integrity.note(report, checked, volume.url)
-    report.hedged = hedge.STATS["hedges"] - hedges.get("hedges", 0)
-    report.timeouts = hedge.STATS["timeouts"] - hedges.get("timeouts", 0)
+    report.hedged = objget.STATS["hedges"] - hedges.get("hedges", 0)
+    report.timeouts = objget.STATS["timeouts"] - hedges.get("timeouts", 0)
     sources = cache.space.sources()
     report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
                       for name, (files, nbytes) in evicted.by_namespace().items()]
@@ -127,8 +125,8 @@ def _check_room(ns_dir: str, todo: Sequence[FileEntry], total: int, max_bytes: i
 
 
 class WarmCopies:
-    """One warm's copy phase: ``jobs`` daemon threads copy (on the obstore
-    engine, coroutines on its event loop instead: :mod:`.loopwarm`), the
+    """One warm's copy phase: ``jobs`` daemon threads copy (``on_loop``, an
+    engine whose copies are coroutines on its event loop: :mod:`.loopwarm`), the
     calling thread waits for their results and reports them (the report and
     the callback are touched by the calling thread only).
 
@@ -140,13 +138,14 @@ class WarmCopies:
     """
 
     def __init__(self, fetcher: Fetcher, volume: Volume, todo: Sequence[FileEntry],
-                 report: WarmReport, cb: Callback, evicted: Evicted, tuner: Jobs) -> None:
+                 report: WarmReport, cb: Callback, evicted: Evicted, tuner: Jobs,
+                 on_loop: bool = False) -> None:
         self.fetcher, self.volume, self.todo = fetcher, volume, todo
         self.report, self.cb, self.evicted = report, cb, evicted
         self.tuner = tuner
         self.inflight = Inflight(on_retry=tuner.error)
         self.threads = 0
-        self.on_loop = False
+        self.on_loop = on_loop
         """Copies run as coroutines on the engine's loop (:mod:`.loopwarm`)."""
         self.results: queue.SimpleQueue[list[tuple[FileEntry, bool | BaseException]]] = \
             queue.SimpleQueue()
@@ -165,12 +164,11 @@ class WarmCopies:
         if not self.todo:
             return
         try:
-            if self.report.engine == "obstore":
+            if self.on_loop:
                 # Every copy a coroutine on the engine's event loop: no thread
                 # per copy in flight (see :mod:`.loopwarm`).
                 from .loopwarm import LoopWarm
 
-                self.on_loop = True
                 LoopWarm(self).start()
             self._spawn()
             while self.received < len(self.todo):

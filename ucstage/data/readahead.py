@@ -142,12 +142,12 @@ def node_share(read_ahead: int | str, volume: Any, readers: int,
         return Share(depth, depth, False)
     if volume is None:  # a dataset of the user's own, with no volume to size by
         return Share(FALLBACK, FALLBACK, False)
-    from .. import objstore
+    from ..volumes import engine
 
-    engine = objstore.engine(volume)
+    reader = engine.of(volume)
     readers = max(1, readers)
-    total = tuning.first_guess(volume, engine)
-    top = tuning.OBJECT_STORE_CEILING if engine == "obstore" else tuning.THREAD_CEILING
+    total = tuning.first_guess(volume, reader)
+    top = tuning.ceiling(reader)
     ceiling = min(READER_CEILING, max(1, -(-top // readers)))
     if cap_depth is not None:
         ceiling = max(1, min(ceiling, cap_depth))

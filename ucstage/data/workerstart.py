@@ -46,6 +46,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .. import objstore
+from ..volumes import engine
 
 __all__ = ["PRELOAD", "WithEnviron", "forkserver", "gc_frozen_for_fork", "reads_object_store",
            "start_context", "start_early"]
@@ -151,7 +152,7 @@ def forkserver() -> BaseContext:
 
 def reads_object_store(volume: Any) -> bool:
     """Whether ``volume`` is an object store that obstore reads in this process."""
-    return _object_store(volume) and objstore.engine(volume) == "obstore"
+    return _object_store(volume) and not engine.of(volume).fork_safe
 
 
 def _object_store(volume: Any) -> bool:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CorruptParquet, NotParquet, SchemaMismatch
-from ..volumes import FileEntry, Volume
-from ..volumes.ranges import read_ranges
+from ..volumes import FileEntry, Volume, engine
+from ..volumes.engine import read_ranges
 from .encrypted import encryption
 from .source import TableSource
 
@@ -118,11 +118,7 @@ def read_footers(table: TableSource) -> list[FileFooter]:
     engine they are read in a child process while obstore is unused here
     (:func:`ucstage.objstore.keep_clean`), so DataLoader workers forked from
     this process later still read through obstore."""
-    from .. import objstore
-
-    if not table.volume.is_local and objstore.engine(table.volume) == "obstore":
-        return objstore.keep_clean(_read_all, table)
-    return _read_all(table)
+    return engine.of(table.volume).keep_clean(_read_all, table)
 
 
 def _read_all(table: TableSource) -> list[FileFooter]:

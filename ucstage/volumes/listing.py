@@ -7,7 +7,8 @@ as Spark and Hadoop do. Local folders are walked as ``find -L`` walks them
 that cannot be read is never dropped silently: it stops the listing
 (:class:`UnreadableFolders`) unless ``skip_unreadable``, which records it.
 A single file is a source too: its listing is that one file. The walk
-itself is :mod:`ucstage.volumes.walk`; resolving the source,
+itself is the engine's (:mod:`ucstage.volumes.engine`, over
+:mod:`ucstage.volumes.walk`); resolving the source,
 :mod:`ucstage.volumes.location`.
 """
 
@@ -18,13 +19,13 @@ import os
 import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from .. import objstore, params
+from .. import params
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
+from . import engine
 from .entry import FileEntry, reserved_name, version_of
 from .location import Volume, kind_of, resolve, safe_relpath, single_file, unreadable_error
-from .walk import Walk, walk_fsspec, walk_local, walks_by_ls
+from .walk import Walk
 
 __all__ = ["FileEntry", "Listing", "UnreadableFolders", "list_files", "list_volume", "matches",
            "skip_messages"]
@@ -94,19 +95,6 @@ def _refuse_reserved(entries: list[FileEntry], refused: list[tuple[str, str]]
         else:
             refused.append((entry.path, why))
     return kept
-
-
-def _find_flat(fs: Any, root: str, volume: Volume | None) -> dict[str, dict[str, Any]]:
-    """A flat listing of an object store: through obstore when ``volume`` is
-    given (its engine), else fsspec's ``find``; both give the same entries."""
-    if volume is not None:
-        try:
-            return objstore.list_objects(volume, root)
-        except objstore.Unparsable:
-            pass  # keys with "." or ".." segments: fsspec lists them, and we refuse them
-        if isinstance(fs, objstore.ObjectFS):
-            fs = fs.fsspec()
-    return dict(fs.find(root, withdirs=False, detail=True))
 
 
 def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str]) -> Listing:
@@ -196,20 +184,10 @@ def list_volume(
         list(params.strings(exclude, "exclude"))
     if volume.file:
         return _list_one_file(volume, include, exclude)
-    fs, root = volume.fs, volume.root
+    root = volume.root
     walk = Walk(include_hidden)
-    engine = objstore.engine(volume)
     try:
-        if volume.is_local:
-            walk_local(root, walk)
-        else:
-            # fsspec instances are cached per process and some (s3fs) keep
-            # listings: a long-lived process must see the store as it is now.
-            fs.invalidate_cache(root)
-            if walks_by_ls(fs):
-                walk_fsspec(fs, root, walk)
-            else:
-                walk.found = _find_flat(fs, root, volume if engine == "obstore" else None)
+        engine.of(volume).walk(volume, walk)
     except Exception as exc:
         raise unreadable_error(volume, exc) from exc
     if any(not rel for rel, _ in walk.unreadable):

@@ -149,5 +149,5 @@ def test_a_blob_without_content_md5_is_checked_by_size_and_the_summary_says_why(
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr
-    assert "checked: by size only, the store keeps no MD5 of these objects" in out
+    assert "checked: by size only, the store keeps no checksum of these objects" in out
     assert "multipart" not in out

@@ -162,7 +162,7 @@ class Layout:
 
     def local_rank(self, rank: int) -> int:
         """Rank ``rank``'s place among its node's ranks (torchrun's ``LOCAL_RANK``)."""
-        return rank - self.node_of(rank) * self.ranks_per_node
+        return rank % self.ranks_per_node
 
     def node_ranks(self, node: int) -> range:
         """The ranks on node ``node``, as torchrun assigns them: ``node *

@@ -4,14 +4,16 @@ so a whole layout matrix runs in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from tests.common.parts import unique, wait_synced
 from ucstage.data import DataLoader, VolumeDataset
+from ucstage.sharding import World
 
 __all__ = ["Decode", "Ranked", "RankedDataset", "make_named_volume", "run_rank"]
 
@@ -48,13 +50,11 @@ class Ranked:
 
     def __init__(self, *args: Any, rank: int = 0, world: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.rank, self.world = rank, world
+        self.ranked = (rank, world)
 
-    def slot(self) -> tuple[int, int, int, int]:
-        info = get_worker_info()
-        if info is None:
-            return self.rank, self.world, 0, 0
-        return self.rank, self.world, info.num_workers, info.id
+    def world(self) -> World:
+        rank, world_size = self.ranked
+        return dataclasses.replace(World.detect(), rank=rank, world_size=world_size)
 
 
 class RankedDataset(Ranked, VolumeDataset):

@@ -14,15 +14,12 @@ from ucstage.sharding import (
     Layout,
     ReadOrder,
     Slot,
-    node_ranks,
     plan,
     rank_length,
     read_order,
-    slot_count,
     slot_files,
     slot_length,
     slot_plan,
-    workers_per_rank,
 )
 
 
@@ -148,7 +145,7 @@ def test_slot_files_matches_plan_for_one_slot():
 @pytest.mark.parametrize(("value", "world"), [("1,2", 3), ("", 2), ("a", 1), ("-1", 1), ("2", 0)])
 def test_bad_num_workers_on_the_command_line(value, world):
     with pytest.raises(InvalidArgument):
-        workers_per_rank(num_workers_list(value), world)
+        Layout(world, num_workers_list(value)).workers_per_rank()
 
 
 @pytest.mark.parametrize("value", ["6,4", "6", 2.0, [], [1, "2"], True])
@@ -162,18 +159,18 @@ def test_library_errors_name_parameters_not_flags():
     for call in (lambda: plan([1], world_size=0, num_workers=1),
                  lambda: plan([1], world_size=1, num_workers=1, batch_size=0),
                  lambda: plan([1], world_size=2, num_workers=[1, 2, 3]),
-                 lambda: node_ranks(0, 0, 4)):
+                 lambda: Layout(4, 0, 0).node_ranks(0)):
         with pytest.raises(InvalidArgument) as info:
             call()
         assert "--" not in str(info.value)
 
 
 def test_slot_count_and_node_ranks():
-    assert slot_count(4, 6) == 24
-    assert slot_count(2, [0, 3]) == 4  # num_workers=0: the main process reads
-    assert node_ranks(1, 4, 8) == [4, 5, 6, 7]
-    with pytest.raises(InvalidArgument, match="outside world_size 6"):
-        node_ranks(1, 4, 6)
+    assert Layout(4, 6).slots == 24
+    assert Layout(2, [0, 3]).slots == 4  # num_workers=0: the main process reads
+    assert list(Layout(8, 0, 4).node_ranks(1)) == [4, 5, 6, 7]
+    with pytest.raises(InvalidArgument, match="outside world_size 8"):
+        Layout(8, 0, 4).node_ranks(2)
 
 
 def test_bad_rank_or_worker():

@@ -15,7 +15,6 @@ from ucstage.sharding import (
     Slot,
     equal_slot_files,
     forecast,
-    node_count,
     node_order,
     plan,
     rank_length,
@@ -211,11 +210,11 @@ def test_world_size_must_be_a_multiple_of_nproc_per_node() -> None:
     with pytest.raises(InvalidArgument, match="world_size 6 is not a multiple of nproc_per_node 4"):
         plan([1, 2], world_size=6, num_workers=1, shuffle=True, nproc_per_node=4)
     with pytest.raises(InvalidArgument, match="nproc_per_node must be"):
-        node_count(4, 0)
+        Layout(4, 0, 0)
     with pytest.raises(InvalidArgument, match="shuffle_scope must be one of"):
         slot_files(4, rank=0, world_size=1, num_workers=0, worker=0, shuffle=True,
                    shuffle_scope="rack")
-    assert node_count(8, None) == 1 and node_count(8, 2) == 4
+    assert Layout(8).nodes == 1 and Layout(8, 0, 2).nodes == 4
 
 
 def test_a_slot_costs_its_own_positions() -> None:

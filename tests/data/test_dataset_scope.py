@@ -69,3 +69,26 @@ def test_bad_layouts_are_refused(tmp_path, monkeypatch) -> None:  # type: ignore
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
     with pytest.raises(InvalidArgument, match="LOCAL_WORLD_SIZE"):
         ds.ranks_per_node(4)
+
+
+def test_a_bad_local_world_size_is_one_error_wherever_it_is_read(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The dataset's ranks per node, the node's readers of the loader's window
+    check and the loader's guard all read $LOCAL_WORLD_SIZE through World."""
+    from ucstage.data import holding
+    from ucstage.data.loader import _GuardInfo
+    from ucstage.sharding import World
+
+    _files(tmp_path / "vol", 4)
+    ds = VolumeDataset(str(tmp_path / "vol"), cache_dir=str(tmp_path / "cache"))
+    ds.freeze()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
+    expected = "$LOCAL_WORLD_SIZE must be a whole number of at least 1, got '0'"
+    for read in (lambda: ds.ranks_per_node(4), lambda: ds.layout(4, 2),
+                 lambda: holding.check_loader_window(ds, ds.cache(), 2),
+                 lambda: World.detect().local_ranks):
+        with pytest.raises(InvalidArgument) as info:
+            read()
+        assert info.value.message == expected
+    # The guard records it so the ranks still compare, then every rank raises.
+    assert _GuardInfo.of(2, ds, True, 4).nproc_per_node == f"invalid ({expected})"
+    assert ds.ranks_per_node(1) is None  # one rank is one node: the variable is not read

@@ -26,6 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ..sharding import World
 from ..shutdown import exiting
 from . import integrity, paths
 
@@ -49,10 +50,10 @@ def job_id() -> str:
     agent's pid and run id), else this process's start time and pid."""
     global _job
     if _job is None:
-        if os.environ.get("LOCAL_RANK") is not None and os.environ.get("TORCHELASTIC_RUN_ID"):
-            run = "".join(ch if ch.isalnum() else "_"
-                          for ch in os.environ["TORCHELASTIC_RUN_ID"])[:40]
-            _job = f"torchrun-{os.getppid()}-{run}"
+        run = World.detect().torchrun_run
+        if run is not None:
+            name = "".join(ch if ch.isalnum() else "_" for ch in run)[:40]
+            _job = f"torchrun-{os.getppid()}-{name}"
         else:
             _job = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     return _job

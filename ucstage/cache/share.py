@@ -1,7 +1,7 @@
 """A warm of some ranks' files: which ranks (one, or a node's), the slice of
 the listing they read, and warming it.
 
-The numbering is torchrun's (:func:`ucstage.sharding.node_ranks`) and the
+The numbering is torchrun's (:meth:`ucstage.sharding.Layout.node_ranks`) and the
 files are the slot rule's (:func:`ucstage.sharding.rank_entries`); this
 module applies them to a warm. With ``shuffle`` under the ``"node"`` scope a
 warm covers the whole share of the ranks' nodes, the same files every epoch,
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import CacheFull, InvalidArgument
 from ..progress import NO_PROGRESS, Callback
-from ..sharding import Layout, ReadOrder, node_ranks, rank_entries
+from ..sharding import Layout, ReadOrder, rank_entries
 from ..volumes import FileEntry, Volume
 from .local import LocalCache
 from .reports import RankSlice, WarmReport
@@ -56,7 +56,7 @@ def warm_ranks(rank: int | None = None, node_rank: int | None = None, *,
     if nproc_per_node is None:
         raise InvalidArgument("node_rank needs nproc_per_node P (ranks per node)")
     assert node_rank is not None
-    return node_ranks(node_rank, nproc_per_node, world_size)
+    return list(Layout(world_size, num_workers, nproc_per_node).node_ranks(node_rank))
 
 
 def rank_slice(entries: Sequence[FileEntry], ranks: Sequence[int], layout: Layout,
@@ -78,10 +78,9 @@ def rank_slice(entries: Sequence[FileEntry], ranks: Sequence[int], layout: Layou
 
 def share_text(nodes: Sequence[int], layout: Layout) -> str:
     """``node 1's whole share (ranks 8..15)``: the nodes a node-scope warm covers."""
-    per_node, world_size = layout.ranks_per_node, layout.world_size
-    if per_node >= world_size:
+    if layout.nodes == 1:
         return "the whole share of the job's one node (every file)"
-    ranks = ", ".join(f"{n * per_node}..{(n + 1) * per_node - 1}" for n in nodes)
+    ranks = ", ".join(f"{r[0]}..{r[-1]}" for r in map(layout.node_ranks, nodes))
     which = f"node {nodes[0]}'s" if len(nodes) == 1 else \
         "nodes " + ", ".join(str(n) for n in nodes) + "'"
     return f"{which} whole share (ranks {ranks})"

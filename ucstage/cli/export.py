@@ -111,7 +111,7 @@ def _clock(seconds: float) -> str:
 def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int] | None,
                 num_workers: str | None) -> str | None:
     """The --files advice when the file count does not split evenly over the loader slots."""
-    from ..sharding import slot_count
+    from ..sharding import Layout
 
     count, suggested = len(data["files"]), data.get("suggested_files")
     if world_size is None or workers is None or suggested is None or suggested == count:
@@ -120,7 +120,7 @@ def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int]
     # TableDataset deals, so both lines can be true at once and say which is which.
     verb = "does" if count == 1 else "do"
     return (f"read as whole files (VolumeDataset), {counted(count, 'file')} {verb} not split "
-            f"evenly over {counted(slot_count(world_size, workers), 'loader slot')} "
+            f"evenly over {counted(Layout(world_size, workers).slots, 'loader slot')} "
             f"({counted(world_size, 'rank')} x {num_workers} workers): use --files "
             f"{suggested} so every (rank, worker) slot reads as many files; TableDataset "
             "deals the row groups above")
@@ -270,7 +270,7 @@ def command(
       ucstage export main.ml.events /Volumes/main/ml/train/events --remote sc://spark:15002
     """
     from ..export import export_table
-    from ..sharding import workers_per_rank
+    from ..sharding import Layout
 
     # Every check on the arguments alone comes before Spark starts or anything
     # is written: exit 2 means DEST was not touched.
@@ -278,7 +278,7 @@ def command(
         raise InvalidArgument("--world-size and --num-workers go together")
     workers: list[int] | None = None
     if world_size is not None and num_workers is not None:
-        workers = workers_per_rank(num_workers_list(num_workers), world_size)
+        workers = Layout(world_size, num_workers_list(num_workers)).workers_per_rank()
     columns_list, partition_list = column_list(columns), column_list(partition_by)
     # pyspark logs every server-side error as JSON on stderr; the CLI prints its own line.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)

@@ -283,7 +283,7 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         manifest = self.freeze()
         items = (samples.SampleRows(manifest, rows) if manifest.groups is not None
                  else samples.SlotRows(manifest, rows))
-        share = holding.check_loader_window(self, self.cache(), self.slot()[2],
+        share = holding.check_loader_window(self, self.cache(), self.world().num_workers,
                                             sharers=sharers)
         return self._fetch_all(items, rank, _UNTRACKED, share)
 
@@ -293,7 +293,8 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         record = epochrecord.apply(self)
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
-        rank, world, num_workers, worker = self.slot()
+        here = self.world()
+        rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
         # Under a ucstage DataLoader, holds last until its loop is past their batch.
         loop = looppos.view_for(self, record["gen"] if record is not None else None, worker)
         share = holding.check_loader_window(self, self.cache(), num_workers,

@@ -1,4 +1,6 @@
-"""The two ``torch.distributed`` calls the dataset and the loader's guard need."""
+"""The two ``torch.distributed`` calls the collectives need (the frozen listing's
+broadcast, the loader's guard, the state's check); the rank and world size
+themselves are read by :meth:`ucstage.sharding.World.detect`."""
 
 from __future__ import annotations
 

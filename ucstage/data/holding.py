@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from ..cache import runstats, tuning
 from ..cache.leases import DEFAULT_SLACK, Reader, check_window
 from ..cache.runstats import RunStats
 from ..manifest.groups import split_name
-from ..sharding import effective_workers
+from ..sharding import World
 from ..shutdown import exiting
 from . import looppos, samples, warm
 from .looppos import LoopView
@@ -160,14 +159,6 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
         ahead.close()
 
 
-def local_ranks() -> int:
-    """Ranks sharing this node's cache: torchrun's ``LOCAL_WORLD_SIZE``, else 1."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
 def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
                         volume: Any = None, *, sharers: int = 1, in_loop: int = 0) -> Share:
     """This node's readers' share of copies in flight (:func:`~.readahead.node_share`;
@@ -181,7 +172,7 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
     fit, and to at most :data:`~.readahead.CAP_SHARE` of the cap over the
     node (the rest keeps files for later epochs). ``sharers``: readers per
     worker (a mix's sources), each taking its part."""
-    readers = local_ranks() * effective_workers(num_workers) * max(1, sharers)
+    readers = World.detect().node_readers(num_workers) * max(1, sharers)
     if volume is None:
         volume = getattr(dataset, "_get_volume", lambda: None)()
     cap = getattr(cache, "max_bytes", None)

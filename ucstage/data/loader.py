@@ -19,7 +19,7 @@ import torch.utils.data as tud
 
 from .. import objstore
 from ..errors import InvalidArgument, RankMismatch
-from ..sharding import effective_workers
+from ..sharding import Layout, World
 from . import dist as dist_
 from . import epochrecord, holding, looppos, workerstart
 from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
@@ -196,7 +196,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         if self.volume_dataset is not None:
             self.volume_dataset.num_workers = self.num_workers  # another loader may share it
         self._prepare()
-        vds, rank = self.volume_dataset, _rank()
+        vds, rank = self.volume_dataset, World.detect().rank
         in_loop = self._in_loop()
         if vds is not None:  # a window that can never fit fails here, before workers start
             holding.check_loader_window(vds, vds.cache(), self.num_workers,
@@ -249,7 +249,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return None
         shared = self.num_workers > 0
         if self._board is None:
-            self._board = looppos.Board(effective_workers(self.num_workers), shared=shared,
+            self._board = looppos.Board(Layout(1, self.num_workers).workers, shared=shared,
                                         in_loop=in_loop)
         board = self._board
         board.start(gen if gen is not None else board.gen + 1,
@@ -409,11 +409,6 @@ def _warn_if_empty(ds: Any, rank: int) -> None:
                   f"{cut}; `ucstage shard-plan` shows each slot's share", stacklevel=3)
 
 
-def _rank() -> int:
-    dist = dist_.active()
-    return dist.get_rank() if dist is not None else 0
-
-
 @dataclass(frozen=True)
 class _GuardInfo:
     num_workers: int
@@ -469,7 +464,7 @@ def _check_scope(gathered: list[_GuardInfo]) -> None:
 def _check_workers(gathered: list[_GuardInfo]) -> None:
     if not any(g.sharded for g in gathered):
         return  # a sampler shards map-style datasets; num_workers does not matter
-    if len({effective_workers(g.num_workers) for g in gathered}) <= 1:
+    if Layout(len(gathered), [g.num_workers for g in gathered]).readers_agree:
         return
     values = ", ".join(f"rank {r}: {g.num_workers}" for r, g in enumerate(gathered))
     plan_k = ",".join(str(g.num_workers) for g in gathered)

@@ -336,13 +336,14 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     @property
     def lengths(self) -> dict[Hashable, int]:
         """Each source's items in ``len(self)``: this worker's slot, or the rank's."""
-        rank, world, num_workers, worker = self.slot()
-        if tud.get_worker_info() is None:
-            num_workers = self.num_workers
-            workers = range(max(1, num_workers))
+        here = self.world()
+        if here.in_worker:
+            layout = self.layout(here.world_size, here.num_workers)
+            workers = range(here.worker, here.worker + 1)
         else:
-            workers = range(worker, worker + 1)
-        layout = self.layout(world, num_workers)
+            layout = self.layout(here.world_size, self.num_workers)
+            workers = range(layout.readers_of(here.rank))
+        rank = here.rank
         order = self.order(layout.slots)
         total = np.zeros(len(self.datasets), dtype=np.int64)
         for w in workers:
@@ -360,7 +361,8 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         record = epochrecord.apply(self)
         if record is not None and record["stopped"]:
             return iter(())
-        rank, world, num_workers, worker = self.slot()
+        here = self.world()
+        rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
         self.freeze()
         holding.check_loader_window(self, self.cache(), num_workers)
         layout = self.layout(world, num_workers)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
-    from ..sharding import Layout, ReadOrder
+    from ..sharding import Layout, ReadOrder, World
 
 __all__ = ["Listing", "MixSource", "ShardedDataset"]
 
@@ -84,8 +84,8 @@ class ShardedDataset(Protocol):
     def layout(self, world_size: int, num_workers: int) -> Layout:
         """The job's layout as this dataset shards it."""
 
-    def slot(self) -> tuple[int, int, int, int]:
-        """(rank, world_size, num_workers, worker) of the calling process."""
+    def world(self) -> World:
+        """The calling process's rank, world size, worker and ``num_workers``."""
 
     def cache(self) -> LocalCache:
         """The local cache it reads through."""

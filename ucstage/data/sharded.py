@@ -1,6 +1,7 @@
-"""What every dataset sharded by the slot rule does the same way: its slot
-(rank, world size, workers) in the calling process, its layout and ranks per
-node, its epoch, and its checkpoint state through :mod:`ucstage.data.state`.
+"""What every dataset sharded by the slot rule does the same way: the calling
+process's :class:`~ucstage.sharding.World` (rank, world size, worker), its
+layout and ranks per node, its epoch, and its checkpoint state through
+:mod:`ucstage.data.state`.
 
 :class:`SlotRule` is the mixin ``VolumeDataset`` and ``TableDataset`` share,
 so the rank guard, the state and the audit see one behaviour.
@@ -8,37 +9,16 @@ so the rank guard, the state and the audit see one behaviour.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-import torch.utils.data as tud
-
 from ..errors import InvalidArgument
-from ..sharding import Layout, rank_length, slot_length
-from . import dist as dist_
+from ..sharding import Layout, World, rank_length, slot_length
 from . import state as _state
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
-__all__ = ["LOCAL_WORLD_SIZE_ENV", "SlotRule", "equal_mode"]
-
-LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
-"""Set by torchrun on every rank: its ranks per node."""
-
-
-def _env_nproc() -> int | None:
-    text = os.environ.get(LOCAL_WORLD_SIZE_ENV)
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidArgument(f"${LOCAL_WORLD_SIZE_ENV} must be a whole number of at least 1, "
-                              f"got {text!r}", hint="pass nproc_per_node explicitly")
-    return value
+__all__ = ["SlotRule", "equal_mode"]
 
 
 def equal_mode(value: bool | str | None) -> str | None:
@@ -93,10 +73,9 @@ class SlotRule:
         for key in self._UNPICKLED:
             if key in state:
                 state[key] = None
-        dist = dist_.active()
-        if dist is not None:
-            # A spawned worker has no process group: give it this rank's view.
-            state["_dist_rank_world"] = (dist.get_rank(), dist.get_world_size())
+        # A spawned worker has no process group: give it this rank's view.
+        world = self.world()
+        state["_dist_rank_world"] = (world.rank, world.world_size)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -139,26 +118,19 @@ class SlotRule:
         """Items the slot rule gives this process per epoch over ``read_order()``:
         a worker's slot, or the rank's slots in the main process (for its
         ``num_workers``)."""
-        rank, world, num_workers, worker = self.slot()
+        world = self.world()
         order = self.read_order()  # type: ignore[attr-defined]
-        if tud.get_worker_info() is not None:
-            layout = self.layout(world, num_workers)
-            return slot_length(order, layout, layout.slot(rank, worker))
-        return rank_length(order, self.layout(world, self.num_workers), rank)  # type: ignore[attr-defined]
+        if world.in_worker:
+            layout = self.layout(world.world_size, world.num_workers)
+            return slot_length(order, layout, layout.slot(world.rank, world.worker))
+        layout = self.layout(world.world_size, self.num_workers)  # type: ignore[attr-defined]
+        return rank_length(order, layout, world.rank)
 
-    def slot(self) -> tuple[int, int, int, int]:
-        """(rank, world_size, num_workers, worker) of the calling process."""
-        info = tud.get_worker_info()
-        dist = dist_.active()
-        if dist is not None:
-            rank, world = dist.get_rank(), dist.get_world_size()
-        elif info is not None and self._dist_rank_world is not None:
-            rank, world = self._dist_rank_world
-        else:
-            rank, world = 0, 1
-        if info is None:
-            return rank, world, 0, 0
-        return rank, world, info.num_workers, info.id
+    def world(self) -> World:
+        """The calling process's rank, world size, worker and ``num_workers``
+        (:meth:`ucstage.sharding.World.detect`; in a spawned worker, the rank's
+        view this dataset was pickled with)."""
+        return World.detect(self._dist_rank_world)
 
     def ranks_per_node(self, world_size: int) -> int | None:
         """The ``nproc_per_node`` this dataset shards with in a job of
@@ -183,5 +155,5 @@ class SlotRule:
         """:meth:`ranks_per_node` without checking it against ``world_size`` (the
         DataLoader's guard compares it across ranks first)."""
         if self.nproc_per_node is None and world_size > 1:
-            return _env_nproc()
+            return World.detect().local_ranks
         return self.nproc_per_node

@@ -205,9 +205,9 @@ def dataset_state(vds: ShardedDataset) -> dict[str, Any]:
         return tracker.state().to_dict()
     if vds._resume is not None:
         return vds._resume.to_dict()  # loaded, not started: save what was loaded
-    rank, world, _, _ = vds.slot()
-    info = tud.get_worker_info()
-    layout = vds.layout(world, info.num_workers if info is not None else vds.num_workers)
+    here = vds.world()
+    rank = here.rank
+    layout = vds.layout(here.world_size, here.num_workers if here.in_worker else vds.num_workers)
     counts = tuple(0 if layout.slot_at(s).rank == rank else None for s in range(layout.slots))
     seg = Segment(layout, counts)
     return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
@@ -347,8 +347,9 @@ class Untagging:
 
 def start_epoch(loader: Any, vds: ShardedDataset) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
-    rank, world, _, _ = vds.slot()
-    progress = LoaderProgress(vds, rank=rank, world_size=world, num_workers=loader.num_workers,
+    here = vds.world()
+    progress = LoaderProgress(vds, rank=here.rank, world_size=here.world_size,
+                              num_workers=loader.num_workers,
                               resume=_pending(vds))
     vds._progress = progress
     return progress

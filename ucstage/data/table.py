@@ -165,9 +165,9 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
         if self._fingerprint is None:
             raise TypeError("len(TableDataset) needs the frozen row groups: call freeze() "
                             "first (the ucstage DataLoader does it), or iterate once")
-        rank, world, k, worker = self.slot()
-        in_worker = tud.get_worker_info() is not None
-        layout = self.layout(world, k if in_worker else self.num_workers)
+        here = self.world()
+        rank, worker, in_worker = here.rank, here.worker, here.in_worker
+        layout = self.layout(here.world_size, here.num_workers if in_worker else self.num_workers)
         totals, counts = slot_totals(self, layout)
         fixed = equal_batches(totals, self.batch_rows, self.table_equal_length)
         slots = [layout.slot_index(layout.slot(rank, worker))] if in_worker else \
@@ -211,7 +211,8 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
         record = epochrecord.apply(self)
         if record is not None and record["stopped"]:
             return iter(())
-        rank, world, k, worker = self.slot()
+        here = self.world()
+        rank, world, k, worker = here.rank, here.world_size, here.num_workers, here.worker
         manifest = self.freeze()
         holding.check_loader_window(self, self.cache(), k)
         layout = self.layout(world, k)

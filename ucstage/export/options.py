@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgument
-from ..sharding import slot_count
+from ..sharding import Layout
 
 __all__ = ["COMPRESSIONS", "ExportOptions", "check_partition_by", "suggest_files"]
 
@@ -106,10 +106,10 @@ def check_partition_by(partition_by: Sequence[str], columns: Sequence[str], *,
 def suggest_files(files: int | None, world_size: int, num_workers: int | Sequence[int]) -> int:
     """The smallest multiple of the slot count that is at least ``files``.
 
-    With a multiple of :func:`ucstage.sharding.slot_count`, every (rank,
-    worker) slot reads the same number of files. ``num_workers`` is one int
-    for every rank or one per rank, as :func:`ucstage.sharding.slot_count` takes.
+    With a multiple of the slot count (:attr:`ucstage.sharding.Layout.slots`),
+    every (rank, worker) slot reads the same number of files. ``num_workers``
+    is one int for every rank or one per rank, as a ``Layout`` takes.
     """
-    slots = slot_count(world_size, num_workers)
+    slots = Layout(world_size, num_workers).slots
     wanted = max(files or 1, 1)
     return -(-wanted // slots) * slots

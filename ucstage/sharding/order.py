@@ -238,9 +238,8 @@ def node_share(n: int, layout: Layout, node: int, *, seed: int = 0) -> np.ndarra
     serves every epoch. With one node, every file."""
     import numpy as np
 
+    layout.node_ranks(node)  # refuses a node outside the layout
     nodes = layout.nodes
-    if not 0 <= node < nodes:
-        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
     if nodes == 1:
         return np.arange(n, dtype=np.int64)
     return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
@@ -253,9 +252,8 @@ def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
     own :class:`NodeOrder`; otherwise (``"global"``, no shuffle, one node) the
     whole job's :func:`read_order`, which every node deals from.
     """
-    nodes = layout.nodes
-    if not 0 <= node < nodes:
-        raise InvalidArgument(f"node {node} is outside 0..{nodes - 1}")
+    layout.node_ranks(node)  # refuses a node outside the layout
     if order.per_node(layout):
-        return NodeOrder(order.n, node=node, nodes=nodes, seed=order.seed, epoch=order.epoch)
+        return NodeOrder(order.n, node=node, nodes=layout.nodes, seed=order.seed,
+                         epoch=order.epoch)
     return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch)

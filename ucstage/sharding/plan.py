@@ -15,7 +15,7 @@ from ..errors import InvalidArgument
 from .order import NodeOrder, Permutation, node_order
 from .rule import slot_array, stride
 from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
-from .values import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, Slot, effective_workers
+from .values import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, Slot
 
 
 @dataclass
@@ -203,16 +203,16 @@ class ShardPlan:
         return [(s.rank, s.worker) for s in self.slots if bool((s.indices == index).any())]
 
 
-def _ranks_to_plan(spec: int | tuple[int, ...], first: int, count: int,
-                   n: int) -> Iterator[tuple[int, int]]:
+def _ranks_to_plan(layout: Layout, first: int, count: int, n: int) -> Iterator[tuple[int, int]]:
     """(rank, num_workers) of every rank of ranks ``first .. first + count - 1``
     that may read a file of an order of ``n``.
 
     With one value for all ranks, the group's ``i``-th rank reads nothing once
     ``i * K >= n``, so the walk stops there: a plan costs O(files), not O(ranks).
     """
+    spec = layout.num_workers
     if isinstance(spec, int):
-        last = min(count, -(-n // effective_workers(spec)))
+        last = min(count, -(-n // layout.workers))
         for i in range(last):
             yield first + i, spec
     else:
@@ -287,7 +287,7 @@ def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrd
         groups = iter([(0, world_size, 0)])
     # One effective worker count for all ranks partitions each group's order,
     # so every file is read exactly once; only disagreeing ranks need counting.
-    agree = isinstance(spec, int) or len({effective_workers(k) for k in spec}) == 1
+    agree = layout.readers_agree
     counts = None if agree else np.zeros(n, dtype=np.int32)
     slots: list[SlotPlan] = []
     ranks: list[RankStats] = []
@@ -310,9 +310,9 @@ def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrd
             else:
                 slot_bytes = in_order
         walked = 0
-        for rank, k in _ranks_to_plan(spec, first_rank, group_ranks, m):  # type: ignore[arg-type]
+        for rank, k in _ranks_to_plan(layout, first_rank, group_ranks, m):
             walked += 1
-            workers = effective_workers(k)
+            workers = layout.readers_of(rank)
             at = stride(layout, Slot(rank), per_node=scoped)
             busy = max(0, min(workers, m - at.start))  # workers with a file: a prefix
             empty.add(rank, busy, workers)
@@ -337,16 +337,16 @@ def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrd
                                    batches if batch_size else None))
         if isinstance(spec, int):
             # The group's ranks past the walk read nothing at all: counted, never visited.
-            empty.add(first_rank + walked, 0, effective_workers(spec),
+            empty.add(first_rank + walked, 0, layout.workers,
                       ranks=group_ranks - walked)
         planned_ranks = first_rank + group_ranks
     if planned_ranks < world_size:  # whole nodes without a file (more nodes than files)
         if isinstance(spec, int):
-            empty.add(planned_ranks, 0, effective_workers(spec),
+            empty.add(planned_ranks, 0, layout.workers,
                       ranks=world_size - planned_ranks)
         else:
             for rank in range(planned_ranks, world_size):
-                empty.add(rank, 0, effective_workers(spec[rank]))
+                empty.add(rank, 0, layout.readers_of(rank))
     read_count = (bytearray(b"\x01") * n if counts is None
                   else bytearray(np.minimum(counts, 255).astype(np.uint8).tobytes()))
     return ShardPlan(
@@ -366,7 +366,6 @@ def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrd
 
 def _node_stats(ranks: list[RankStats], layout: Layout) -> list[NodeStats]:
     """Per-node sums of the ranks that read files (in rank order, so nodes come in order)."""
-    per_node = layout.ranks_per_node
     out: list[NodeStats] = []
     for r in ranks:
         node = layout.node_of(r.rank)
@@ -375,8 +374,8 @@ def _node_stats(ranks: list[RankStats], layout: Layout) -> list[NodeStats]:
             out[-1] = NodeStats(node, last.first_rank, last.last_rank, last.files + r.files,
                                 last.bytes + r.bytes)
         else:
-            out.append(NodeStats(node, node * per_node, (node + 1) * per_node - 1, r.files,
-                                 r.bytes))
+            on_node = layout.node_ranks(node)
+            out.append(NodeStats(node, on_node[0], on_node[-1], r.files, r.bytes))
     return out
 
 
@@ -392,9 +391,9 @@ def slot_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrde
     if not 0 <= rank < layout.world_size:
         raise InvalidArgument(f"no slot {rank}:{worker}: ranks are 0..{layout.world_size - 1}")
     k = layout.workers_of(rank)
-    if not 0 <= worker < effective_workers(k):
+    if not 0 <= worker < layout.readers_of(rank):
         raise InvalidArgument(
-            f"no slot {rank}:{worker}: rank {rank} has workers 0..{effective_workers(k) - 1} "
+            f"no slot {rank}:{worker}: rank {rank} has workers 0..{layout.readers_of(rank) - 1} "
             f"(num_workers {k}; 0 means the main process reads, as worker 0)")
     files = slot_array(order, layout, slot)
     if hasattr(sizes, "take"):  # a numpy array: no Python object per file

@@ -67,9 +67,7 @@ def stride(layout: Layout, slot: Slot, *, per_node: bool) -> Stride:
     """
     k = layout.readers_of(slot.rank)
     if per_node:
-        per = layout.ranks_per_node
-        local = slot.rank - layout.node_of(slot.rank) * per
-        return Stride(local * k + slot.worker, per * k)
+        return Stride(layout.local_rank(slot.rank) * k + slot.worker, layout.ranks_per_node * k)
     return Stride(slot.rank * k + slot.worker, layout.world_size * k)
 
 

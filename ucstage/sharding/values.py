@@ -1,26 +1,30 @@
 """The slot rule's inputs as values: a job's :class:`Layout`, a :class:`Slot`
 of it, and a :class:`ReadOrder`. Each is validated once, when built, so the
-functions that take them check nothing again."""
+functions that take them check nothing again. :class:`World` is where the
+calling process sits in its job, the one reader of the environment that says so."""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
 
-__all__ = ["DEFAULT_SHUFFLE_SCOPE", "EQUAL_LENGTH_MODES", "SHUFFLE_SCOPES", "Layout",
-           "ReadOrder", "Slot", "effective_workers", "node_count", "node_ranks", "slot_count",
-           "workers_per_rank"]
+__all__ = ["DEFAULT_SHUFFLE_SCOPE", "EQUAL_LENGTH_MODES", "LOCAL_WORLD_SIZE", "SHUFFLE_SCOPES",
+           "Layout", "ReadOrder", "Slot", "World"]
 
 SHUFFLE_SCOPES = ("node", "global")
 DEFAULT_SHUFFLE_SCOPE = "node"
 """Shuffling keeps each node's files by default: its cache serves every epoch."""
 EQUAL_LENGTH_MODES = ("pad", "drop")
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+"""Set by torchrun on every rank: the ranks on its node."""
 
 
-def effective_workers(num_workers: int) -> int:
-    """Reading processes per rank: ``num_workers=0`` means the main process reads."""
+def _readers(num_workers: int) -> int:
+    """Reading processes of a rank: ``num_workers=0`` means the main process reads."""
     return max(1, num_workers)
 
 
@@ -113,21 +117,34 @@ class Layout:
 
     def readers_of(self, rank: int) -> int:
         """Reading processes of rank ``rank``: ``max(1, num_workers)``."""
-        return effective_workers(self.workers_of(rank))
+        return _readers(self.workers_of(rank))
+
+    def workers_per_rank(self) -> list[int]:
+        """The ``num_workers`` of every rank, as given (the CLI's ``-k 6,4`` checked
+        against its ``-w``)."""
+        spec = self.num_workers
+        return [spec] * self.world_size if isinstance(spec, int) else list(spec)
+
+    @property
+    def readers_agree(self) -> bool:
+        """Every rank runs as many reading processes (``num_workers`` 0 and 1 agree):
+        only then do the slots partition a read order, each file read once."""
+        return isinstance(self.num_workers, int) or \
+            len({_readers(k) for k in self.num_workers}) == 1
 
     @property
     def workers(self) -> int:
         """Reading processes per rank (one ``num_workers`` for every rank)."""
         if not isinstance(self.num_workers, int):
             raise InvalidArgument(f"the ranks run different num_workers {list(self.num_workers)}")
-        return effective_workers(self.num_workers)
+        return _readers(self.num_workers)
 
     @property
     def slots(self) -> int:
         """Every (rank, worker) slot of the job."""
         if isinstance(self.num_workers, int):
-            return self.world_size * effective_workers(self.num_workers)
-        return sum(effective_workers(k) for k in self.num_workers)
+            return self.world_size * _readers(self.num_workers)
+        return sum(_readers(k) for k in self.num_workers)
 
     @property
     def ranks_per_node(self) -> int:
@@ -142,6 +159,25 @@ class Layout:
     def node_of(self, rank: int) -> int:
         """The node rank ``rank`` runs on, as torchrun numbers them (0 with one node)."""
         return rank // self.ranks_per_node
+
+    def local_rank(self, rank: int) -> int:
+        """Rank ``rank``'s place among its node's ranks (torchrun's ``LOCAL_RANK``)."""
+        return rank % self.ranks_per_node
+
+    def node_ranks(self, node: int) -> range:
+        """The ranks on node ``node``, as torchrun assigns them: ``node *
+        ranks_per_node`` up to the next node's first rank.
+
+        Raises:
+            InvalidArgument: no such node in this layout.
+        """
+        if not _is_int(node) or node < 0:
+            raise InvalidArgument(f"node_rank must be 0 or more, got {node}")
+        per = self.ranks_per_node
+        if node >= self.nodes:
+            raise InvalidArgument(f"node {node} x {per} ranks per node covers rank "
+                                  f"{(node + 1) * per - 1}, outside world_size {self.world_size}")
+        return range(node * per, (node + 1) * per)
 
     def slot(self, rank: int, worker: int) -> Slot:
         """Slot ``(rank, worker)`` of this layout.
@@ -188,6 +224,88 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class World:
+    """Where the calling process sits in its job, as its environment says:
+    :meth:`detect` is the one place that reads it.
+
+    ``rank`` of ``world_size`` (rank 0 of 1 without a process group); ``worker``
+    of the ``num_workers`` of the DataLoader this process is a worker of (0 of
+    0 in a main process, which reads as worker 0); torchrun's
+    ``$LOCAL_WORLD_SIZE`` as set (checked where it is used, by
+    :attr:`local_ranks`, so a bad value fails what needs it and nothing else)
+    and the run this process belongs to (``$TORCHELASTIC_RUN_ID``, when
+    ``$LOCAL_RANK`` says torchrun started it). ``$RANK`` and ``$WORLD_SIZE`` are
+    not read: without a process group the ranks share nothing, so each is a
+    job of one.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 0
+    local_world_size: str | None = None
+    """``$LOCAL_WORLD_SIZE`` as set (None: unset or empty)."""
+    torchrun_run: str | None = None
+
+    @classmethod
+    def detect(cls, carried: tuple[int, int] | None = None) -> World:
+        """The calling process's world.
+
+        Rank and world size come from ``torch.distributed`` when a process group
+        is initialised; in a DataLoader worker without one (started by spawn),
+        from ``carried``: the (rank, world size) its dataset was pickled with.
+        Worker and count come from ``torch.utils.data.get_worker_info()``.
+        torch is looked for in ``sys.modules``, never imported: no process group
+        or DataLoader worker exists before it is (and the core stays torch-free).
+        """
+        dist = sys.modules.get("torch.distributed")
+        tud = sys.modules.get("torch.utils.data")
+        info = tud.get_worker_info() if tud is not None else None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        elif info is not None and carried is not None:
+            rank, world_size = carried
+        else:
+            rank, world_size = 0, 1
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 0)
+        env = os.environ
+        run = env.get("TORCHELASTIC_RUN_ID") if env.get("LOCAL_RANK") is not None else None
+        return cls(rank, world_size, worker, num_workers, env.get(LOCAL_WORLD_SIZE) or None,
+                   run or None)
+
+    @property
+    def in_worker(self) -> bool:
+        """This process is a DataLoader worker (else a main process, reading itself)."""
+        return self.num_workers > 0
+
+    @property
+    def local_ranks(self) -> int | None:
+        """Ranks on this node, from ``$LOCAL_WORLD_SIZE`` (None: unset).
+
+        Raises:
+            InvalidArgument: it is set but not a whole number of at least 1.
+        """
+        text = self.local_world_size
+        if text is None:
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise InvalidArgument(
+                f"${LOCAL_WORLD_SIZE} must be a whole number of at least 1, got {text!r}",
+                hint="torchrun sets it to the ranks on each node: unset it, or pass "
+                     "nproc_per_node explicitly")
+        return value
+
+    def node_readers(self, num_workers: int) -> int:
+        """Readers sharing this node's cache: its ranks (``$LOCAL_WORLD_SIZE``, else
+        this one alone) x each rank's reading processes for ``num_workers``."""
+        return Layout(self.local_ranks or 1, num_workers).slots
+
+
+@dataclass(frozen=True)
 class ReadOrder:
     """What decides which files an epoch reads in which order, besides the layout.
 
@@ -227,47 +345,3 @@ class ReadOrder:
         return ReadOrder(n, self.shuffle, self.seed, self.epoch, self.equal_length,
                          self.shuffle_scope)
 
-
-def slot_count(world_size: int, num_workers: int | Sequence[int]) -> int:
-    """How many (rank, worker) slots a job has: ``world_size * max(1, num_workers)``,
-    or, with one ``num_workers`` per rank, the sum of each rank's readers."""
-    if _is_int(num_workers) and num_workers >= 0:  # type: ignore[operator]
-        _check_world(world_size)
-        return world_size * effective_workers(num_workers)  # type: ignore[arg-type]
-    return Layout(world_size, num_workers).slots  # type: ignore[arg-type]
-
-
-def workers_per_rank(num_workers: int | Sequence[int], world_size: int) -> list[int]:
-    """``num_workers`` for every rank: one int for all, or exactly one per rank.
-
-    The library takes ints only; the CLI parses comma lists (``-k 6,4``).
-    """
-    spec = _workers_spec(num_workers, world_size)
-    return [spec] * world_size if isinstance(spec, int) else list(spec)
-
-
-def node_count(world_size: int, nproc_per_node: int | None) -> int:
-    """How many nodes a job of ``world_size`` ranks has: ``world_size //
-    nproc_per_node``, or 1 when ``nproc_per_node`` is None (the whole job is one node).
-
-    Raises:
-        InvalidArgument: ``nproc_per_node`` is below 1 or does not divide ``world_size``.
-    """
-    _check_world(world_size)
-    _check_nproc(world_size, nproc_per_node)
-    return 1 if nproc_per_node is None else world_size // nproc_per_node
-
-
-def node_ranks(node_rank: int, nproc_per_node: int, world_size: int) -> list[int]:
-    """The ranks on node ``node_rank``, as torchrun assigns them: ranks
-    ``node_rank * nproc_per_node`` up to the next node's first rank."""
-    if nproc_per_node < 1:
-        raise InvalidArgument(f"nproc_per_node must be at least 1, got {nproc_per_node}")
-    if node_rank < 0:
-        raise InvalidArgument(f"node_rank must be 0 or more, got {node_rank}")
-    _check_world(world_size)
-    ranks = list(range(node_rank * nproc_per_node, (node_rank + 1) * nproc_per_node))
-    if ranks[-1] >= world_size:
-        raise InvalidArgument(f"node {node_rank} x {nproc_per_node} ranks per node covers rank "
-                              f"{ranks[-1]}, outside world_size {world_size}")
-    return ranks

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ucstage.export import export_table
     from ucstage.export import spark as ucspark
-    from ucstage.export.delta import table_state
+    from ucstage.tables.delta import table_state
 
     work = args.workdir or tempfile.mkdtemp(prefix="ucstage-bench-export-")
     table = os.path.join(work, "table")

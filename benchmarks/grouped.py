@@ -30,9 +30,9 @@ import ucstage
 from benchmarks.pairs import Comparison, alternate, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import run_command
-from ucstage import LocalCache, VolumeDataset, list_files
+from ucstage import LocalCache, VolumeDataset
 from ucstage.manifest import Manifest, fingerprint, save
-from ucstage.volumes import FileEntry
+from ucstage.volumes import FileEntry, list_files
 
 
 def _read(paths: Any) -> int:

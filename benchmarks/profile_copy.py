@@ -28,9 +28,10 @@ import tempfile
 
 from benchmarks.files import write_files
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
-from ucstage import LocalCache, list_files
+from ucstage import LocalCache
 from ucstage.cache.inflight import Inflight
 from ucstage.cache.space import Evicted
+from ucstage.volumes import list_files
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,8 @@ from benchmarks.datasets import IterPaths, RawPaths, ReadBytes
 from benchmarks.files import write_files
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import best_seconds, time_call
-from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
+from ucstage import DataLoader, LocalCache, VolumeDataset
+from ucstage.volumes import list_files
 
 
 def drain(iterable: Any) -> int:

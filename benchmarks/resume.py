@@ -35,7 +35,8 @@ from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import median_seconds as timed
 from benchmarks.timing import time_call
 from ucstage.resume import LoaderState
-from ucstage.sharding import EpochOrder, Layout, ReadOrder, Segment, resume_slots
+from ucstage.sharding import Layout, ReadOrder, Segment, resume_slots
+from ucstage.sharding.resplit import EpochOrder
 
 
 def resplit(n: int) -> dict[str, float]:

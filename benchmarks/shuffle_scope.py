@@ -21,7 +21,7 @@ import numpy as np
 from benchmarks.pairs import Comparison, alternate, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import time_call
-from ucstage.sharding import Layout, ReadOrder, forecast, plan, slot_files
+from ucstage.sharding import Layout, ReadOrder, Slot, forecast, shard_plan, slot_array
 
 
 def issue_forecast(lines: list[str]) -> list[dict[str, Any]]:
@@ -56,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     results = issue_forecast(lines)
     sizes = np.arange(args.files, dtype=np.int64) % 100_000
     runs: dict[str, Callable[[str], object]] = {
-        "plan 128x8, shuffled": lambda scope: plan(
-            sizes, world_size=128, num_workers=8, shuffle=True, seed=1, epoch=2,
-            shuffle_scope=scope, nproc_per_node=8),
-        "one slot (rank 77, worker 5)": lambda scope: slot_files(
-            args.files, rank=77, world_size=128, num_workers=8, worker=5, shuffle=True, seed=1,
-            epoch=2, shuffle_scope=scope, nproc_per_node=8),
+        "plan 128x8, shuffled": lambda scope: shard_plan(
+            sizes, Layout(128, 8, 8),
+            ReadOrder(len(sizes), shuffle=True, seed=1, epoch=2, shuffle_scope=scope)),
+        "one slot (rank 77, worker 5)": lambda scope: slot_array(
+            ReadOrder(args.files, shuffle=True, seed=1, epoch=2, shuffle_scope=scope),
+            Layout(128, 8, 8), Slot(77, 5)).tolist(),
     }
     lines += [f"\n{args.files:,} files, 128 ranks x 8 workers, 16 nodes; median of "
               f"{args.pairs} alternating pairs, seconds:",

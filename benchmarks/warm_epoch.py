@@ -37,7 +37,8 @@ from benchmarks.datasets import RawPaths, ReadBytes
 from benchmarks.files import write_files
 from benchmarks.pairs import Comparison, alternate, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
-from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
+from ucstage import DataLoader, LocalCache, VolumeDataset
+from ucstage.volumes import list_files
 
 
 def second_epoch(loader: Any, n_files: int, size: int) -> float:

@@ -175,9 +175,6 @@ SLOT_RULE_KEYWORDS = {"rank", "world_size", "num_workers", "worker", "shuffle", 
 """What travels together as the slot rule's values (ucstage.sharding.values)."""
 KEYWORD_ENTRY_POINTS = {
     # The public keyword forms users call; each builds the values and calls the library.
-    "ucstage.sharding.plan.plan",
-    "ucstage.sharding.rule.slot_files",
-    "ucstage.sharding.rule.equal_slot_files",
     "ucstage.data.dataset.VolumeDataset.__init__",
     "ucstage.data.table.TableDataset.__init__",
     # click commands: their parameters are the command's flags.

@@ -27,7 +27,8 @@ from ucstage.errors import (
     TableNotFound,
     UnknownColumn,
 )
-from ucstage.tables import RECORD_NAME, RowGroupManifest, row_groups
+from ucstage.tables import RowGroupManifest, row_groups
+from ucstage.tables.record import RECORD_NAME
 
 
 def brute(files: list[pa.Table], row_group_rows: int) -> list[int]:

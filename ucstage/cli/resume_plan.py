@@ -37,18 +37,19 @@ def resume_plan(manifest: Manifest, state_path: str, *, world_size: int, num_wor
 def _json(manifest: Manifest, rest: ResumePlan, batch_size: int | None,
           slots: list[SlotRest]) -> dict[str, Any]:
     state = rest.state
+    order, saved = state.order, state.last.layout
     return {
         "source": manifest.source,
         "fingerprint": manifest.fingerprint,
         "files": len(manifest.entries),
-        "epoch": state.epoch,
-        "shuffle": state.shuffle,
-        "seed": state.seed,
-        "shuffle_scope": state.shuffle_scope,
-        "equal_length": state.equal_length,
-        "saved_layout": {"world_size": state.last.world_size,
-                         "num_workers": state.last.num_workers,
-                         "nproc_per_node": state.last.nproc_per_node},
+        "epoch": order.epoch,
+        "shuffle": order.shuffle,
+        "seed": order.seed,
+        "shuffle_scope": order.shuffle_scope,
+        "equal_length": order.equal_length,
+        "saved_layout": {"world_size": saved.world_size,
+                         "num_workers": saved.num_workers,
+                         "nproc_per_node": saved.nproc_per_node},
         "world_size": rest.layout.world_size,
         "num_workers": rest.layout.num_workers,
         "mode": "continue" if rest.continued else "resplit",
@@ -73,12 +74,12 @@ def _render(console: Console, manifest: Manifest, state: LoaderState, doc: dict[
     how = ("every slot continues where it stopped" if doc["mode"] == "continue" else
            f"the rest is re-split over {doc['world_size']:,} x "
            f"{counted(max(1, doc['num_workers']), 'slot')} by the slot rule")
-    order = f"shuffled (seed {state.seed})" if state.shuffle else "listing order"
-    console.print(f"[bold]Resumed epoch {state.epoch}[/] of "
+    order = f"shuffled (seed {state.order.seed})" if state.order.shuffle else "listing order"
+    console.print(f"[bold]Resumed epoch {state.order.epoch}[/] of "
                   f"{escape(manifest.path or manifest.source)}  "
                   f"[dim]fingerprint {manifest.fingerprint[:12]}, {order}[/]")
     console.print(f"{counted(doc['resumed_files'], 'file')} delivered before the restart (saved on "
-                  f"{state.last.world_size} x {state.last.num_workers}); "
+                  f"{state.last.layout.world_size} x {state.last.layout.num_workers}); "
                   f"{doc['remaining_files']:,} left: {how}")
     slots = table("rank", "worker", "files left", "bytes", "first files")
     rows, cut = truncated_rows(doc["slots"])

@@ -169,16 +169,16 @@ def _render(console: Console, p: Any) -> None:
                             f"{counted(len(m.files), 'file')} ({format_bytes(plan.total_bytes)})")
     if p.columns != m.columns:
         summary.add_row("columns", ", ".join(p.columns))
-    workers = plan.num_workers
+    workers = plan.layout.num_workers
     spec = f"{workers} on every rank" if isinstance(workers, int) else \
         ",".join(str(k) for k in workers)
     summary.add_row("ranks x workers",
-                    f"{plan.world_size:,} x {spec} = {counted(plan.slot_total, 'slot')}")
-    if plan.nproc_per_node is not None:
-        summary.add_row("nodes", f"{plan.node_count:,} x {counted(plan.nproc_per_node, 'rank')} "
+                    f"{plan.layout.world_size:,} x {spec} = {counted(plan.layout.slots, 'slot')}")
+    if plan.layout.nproc_per_node is not None:
+        summary.add_row("nodes", f"{plan.layout.nodes:,} x {counted(plan.layout.nproc_per_node, 'rank')} "
                                  "per node")
-    order = "listing order" if not plan.shuffle else \
-        f"shuffled (seed {plan.seed}, epoch {plan.epoch}, scope {plan.shuffle_scope})"
+    order = "listing order" if not plan.order.shuffle else \
+        f"shuffled (seed {plan.order.seed}, epoch {plan.order.epoch}, scope {plan.order.shuffle_scope})"
     summary.add_row("read order", order)
     summary.add_row("row groups per slot",
                     _spread(doc["row_groups_per_slot"], lambda v: f"{v:,.1f}".rstrip("0")
@@ -211,7 +211,7 @@ def _render(console: Console, p: Any) -> None:
         console.print(f"[red]✗[/] ranks disagree on num_workers: {len(plan.duplicated):,} "
                       f"row groups are read twice or more, {len(plan.skipped):,} never")
     if plan.empty.count:
-        console.print(f"[yellow]![/] {plan.empty.count:,} of {counted(plan.slot_total, 'slot')} "
+        console.print(f"[yellow]![/] {plan.empty.count:,} of {counted(plan.layout.slots, 'slot')} "
                       f"read no row group (more slots than the {counted(m.row_groups, 'row group')}): "
                       "use fewer slots, or export with more row groups (ucstage export "
                       "--row-group-rows N)")

@@ -175,10 +175,11 @@ def _render(console: Console, p: Any) -> None:
     summary.add_row("ranks x workers",
                     f"{plan.layout.world_size:,} x {spec} = {counted(plan.layout.slots, 'slot')}")
     if plan.layout.nproc_per_node is not None:
-        summary.add_row("nodes", f"{plan.layout.nodes:,} x {counted(plan.layout.nproc_per_node, 'rank')} "
-                                 "per node")
+        summary.add_row("nodes", f"{plan.layout.nodes:,} x "
+                                 f"{counted(plan.layout.nproc_per_node, 'rank')} per node")
     order = "listing order" if not plan.order.shuffle else \
-        f"shuffled (seed {plan.order.seed}, epoch {plan.order.epoch}, scope {plan.order.shuffle_scope})"
+        f"shuffled (seed {plan.order.seed}, epoch {plan.order.epoch}, " \
+        f"scope {plan.order.shuffle_scope})"
     summary.add_row("read order", order)
     summary.add_row("row groups per slot",
                     _spread(doc["row_groups_per_slot"], lambda v: f"{v:,.1f}".rstrip("0")

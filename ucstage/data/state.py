@@ -74,8 +74,8 @@ def resume_plan(vds: ShardedDataset, state: LoaderState, world_size: int, num_wo
                 ) -> tuple[list[Segment], list[np.ndarray | None]]:
     """The epoch's segments from now on, and what each slot still reads."""
     if state.order.epoch != vds.epoch:
-        raise InvalidArgument(f"the loaded state resumes epoch {state.order.epoch}, but the dataset "
-                              f"is at epoch {vds.epoch}")
+        raise InvalidArgument(f"the loaded state resumes epoch {state.order.epoch}, but the "
+                              f"dataset is at epoch {vds.epoch}")
     return resume_slots(state.order, state.segments, vds.layout(world_size, num_workers))
 
 

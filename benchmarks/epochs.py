@@ -274,7 +274,8 @@ def run_warm(args: argparse.Namespace) -> int:
 
         python -m benchmarks.epochs warm --pairs 5 [--json]
     """
-    from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
+    from ucstage import DataLoader, LocalCache, VolumeDataset
+    from ucstage.volumes import list_files
 
     size = args.size_kib * 1024
     rows: list[dict[str, Any]] = []
@@ -1362,7 +1363,8 @@ def run_profile(args: argparse.Namespace) -> int:
         python -m benchmarks.epochs profile [--cpu] [--json]
         python -m benchmarks.epochs profile --cprofile ucstage-loader
     """
-    from ucstage import DataLoader, LocalCache, VolumeDataset, list_files
+    from ucstage import DataLoader, LocalCache, VolumeDataset
+    from ucstage.volumes import list_files
 
     size = args.size_kib * 1024
     with tempfile.TemporaryDirectory(prefix="ucstage-profile-warm-") as work:

@@ -192,7 +192,8 @@ def run_manifest(a: argparse.Namespace) -> int:
 
 def resplit(n: int) -> dict[str, float]:
     from ucstage.resume import LoaderState
-    from ucstage.sharding import EpochOrder, Layout, ReadOrder, Segment, resume_slots
+    from ucstage.sharding import Layout, ReadOrder, Segment, resume_slots
+    from ucstage.sharding.resplit import EpochOrder
 
     order = EpochOrder(n, shuffle=True, seed=1, epoch=0)
     saved = Segment(Layout(16, 4), tuple(n // 200 + s for s in range(64)))
@@ -351,18 +352,18 @@ def run_shuffle_scope(args: argparse.Namespace) -> int:
 
         python -m benchmarks.planning shuffle_scope [--files 1000000] [--pairs 3] [--json]
     """
-    from ucstage.sharding import plan, slot_files
+    from ucstage.sharding import Layout, ReadOrder, Slot, shard_plan, slot_array
 
     lines: list[str] = []
     results = issue_forecast(lines)
     sizes = np.arange(args.files, dtype=np.int64) % 100_000
     runs: dict[str, Callable[[str], object]] = {
-        "plan 128x8, shuffled": lambda scope: plan(
-            sizes, world_size=128, num_workers=8, shuffle=True, seed=1, epoch=2,
-            shuffle_scope=scope, nproc_per_node=8),
-        "one slot (rank 77, worker 5)": lambda scope: slot_files(
-            args.files, rank=77, world_size=128, num_workers=8, worker=5, shuffle=True, seed=1,
-            epoch=2, shuffle_scope=scope, nproc_per_node=8),
+        "plan 128x8, shuffled": lambda scope: shard_plan(
+            sizes, Layout(128, 8, 8),
+            ReadOrder(len(sizes), shuffle=True, seed=1, epoch=2, shuffle_scope=scope)),
+        "one slot (rank 77, worker 5)": lambda scope: slot_array(
+            ReadOrder(args.files, shuffle=True, seed=1, epoch=2, shuffle_scope=scope),
+            Layout(128, 8, 8), Slot(77, 5)).tolist(),
     }
     lines += [f"\n{args.files:,} files, 128 ranks x 8 workers, 16 nodes; median of "
               f"{args.pairs} alternating pairs, seconds:",
@@ -408,7 +409,8 @@ def grouped_second_epoch(make: Any, expect: int) -> tuple[float, float]:
 
 
 def grouped_warm(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
-    from ucstage import LocalCache, VolumeDataset, list_files
+    from ucstage import LocalCache, VolumeDataset
+    from ucstage.volumes import list_files
 
     size = args.size_kib * 1024
     with tempfile.TemporaryDirectory(prefix="ucstage-bench-grouped-", dir=args.dir) as work:

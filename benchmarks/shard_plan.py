@@ -17,7 +17,7 @@ import tempfile
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import Steps
 from ucstage.manifest import Manifest, fingerprint, load, save
-from ucstage.sharding import plan, slot_files
+from ucstage.sharding import Layout, ReadOrder, Slot, shard_plan, slot_array
 from ucstage.volumes import FileEntry
 
 
@@ -41,18 +41,20 @@ def main(argv: list[str] | None = None) -> int:
         size = os.path.getsize(path)
         steps.time("manifest load + verify", lambda: load(path))
     sizes = [e.size for e in entries]
+    order = ReadOrder(len(sizes))
     p = steps.time(f"plan {w}x{k} slots, listing order",
-                   lambda: plan(sizes, world_size=w, num_workers=k, batch_size=32))
+                   lambda: shard_plan(sizes, Layout(w, k), order, batch_size=32))
     steps.time("summary (spread, imbalance)", lambda: (p.files_per_slot(), p.imbalance))
     assert p.consistent and len(p.slots) == w * k
     p2 = steps.time(f"plan {w}x{k}, shuffled",
-                    lambda: plan(sizes, world_size=w, num_workers=k, shuffle=True, seed=1))
+                    lambda: shard_plan(sizes, Layout(w, k),
+                                       ReadOrder(len(sizes), shuffle=True, seed=1)))
     assert p2.consistent
     mixed = [k if r % 2 else k - 2 for r in range(w)]
     p3 = steps.time("plan with mismatched num_workers",
-                    lambda: plan(sizes, world_size=w, num_workers=mixed))
+                    lambda: shard_plan(sizes, Layout(w, mixed), order))
     steps.time("one slot (--slot / VolumeDataset)",
-               lambda: slot_files(n, rank=w - 1, world_size=w, num_workers=k, worker=k - 1))
+               lambda: slot_array(ReadOrder(n), Layout(w, k), Slot(w - 1, k - 1)).tolist())
     summary = {"peak_rss_mib": max(r["peak_rss_mib"] for r in steps.rows),
                "manifest_mib": size / 2**20, "slots": w * k,
                "mismatch_duplicated": len(p3.duplicated), "mismatch_skipped": len(p3.skipped)}

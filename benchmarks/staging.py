@@ -1325,7 +1325,8 @@ def run_profile(args: argparse.Namespace) -> int:
     It calls a private method, so it profiles the tree it runs in; it is not for
     benchmarks.ab_compare.
     """
-    from ucstage import LocalCache, list_files
+    from ucstage import LocalCache
+    from ucstage.volumes import list_files
     from ucstage.cache.inflight import Inflight
     from ucstage.cache.space import Evicted
 

@@ -810,7 +810,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     from ucstage.export import export_table
     from ucstage.export import spark as ucspark
-    from ucstage.export.delta import table_state
+    from ucstage.tables.delta import table_state
 
     work = args.workdir or tempfile.mkdtemp(prefix="ucstage-bench-export-")
     table = os.path.join(work, "table")

@@ -12,15 +12,12 @@ from typing import TYPE_CHECKING, Any
 from .errors import UcstageError
 from .manifest import Manifest
 from .resume import merge_states
-from .sharding import plan, slot_files
 from .source import snapshot
-from .volumes import FileEntry, list_files, resolve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",
-    "FileEntry",
     "LocalCache",
     "Manifest",
     "Mix",
@@ -29,12 +26,8 @@ __all__ = [
     "VolumeDataset",
     "__version__",
     "export_table",
-    "list_files",
     "merge_states",
-    "plan",
     "read_table",
-    "resolve",
-    "slot_files",
     "snapshot",
 ]
 

@@ -60,30 +60,6 @@ class LoaderState:
         return self.segments[-1]
 
     @property
-    def files(self) -> int:
-        return self.order.n
-
-    @property
-    def seed(self) -> int:
-        return self.order.seed
-
-    @property
-    def epoch(self) -> int:
-        return self.order.epoch
-
-    @property
-    def shuffle(self) -> bool:
-        return self.order.shuffle
-
-    @property
-    def shuffle_scope(self) -> str:
-        return self.order.shuffle_scope
-
-    @property
-    def equal_length(self) -> str | None:
-        return self.order.equal_length
-
-    @property
     def complete(self) -> bool:
         """Every slot's count is known (a merged state, or a one-slot job)."""
         return all(d is not None for seg in self.segments for d in seg.delivered)
@@ -94,24 +70,25 @@ class LoaderState:
         return sum(d or 0 for seg in self.segments for d in seg.delivered)
 
     def to_dict(self) -> dict[str, Any]:
-        last = self.last
+        order, last = self.order, self.last.layout
         return {
             "format": FORMAT,
             "version": VERSION,
             "fingerprint": self.fingerprint,
-            "files": self.files,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "shuffle": self.shuffle,
-            "shuffle_scope": self.shuffle_scope,
-            "equal_length": self.equal_length,
+            "files": order.n,
+            "seed": order.seed,
+            "epoch": order.epoch,
+            "shuffle": order.shuffle,
+            "shuffle_scope": order.shuffle_scope,
+            "equal_length": order.equal_length,
             "world_size": last.world_size,
             "nproc_per_node": last.nproc_per_node,
             "num_workers": last.num_workers,
             "rank": self.rank,
             "finished": self.finished,
-            "segments": [{"world_size": s.world_size, "num_workers": s.num_workers,
-                          "nproc_per_node": s.nproc_per_node, "delivered": list(s.delivered)}
+            "segments": [{"world_size": s.layout.world_size, "num_workers": s.layout.num_workers,
+                          "nproc_per_node": s.layout.nproc_per_node,
+                          "delivered": list(s.delivered)}
                          for s in self.segments],
             "unit": self.unit,
             "partial": [list(p) for p in self.partial],
@@ -159,24 +136,24 @@ class LoaderState:
         Raises:
             ResumeMismatch: naming what differs.
         """
-        files, seed, shuffle = order.n, order.seed, order.shuffle
-        shuffle_scope, equal_length = order.shuffle_scope, order.equal_length
+        saved = self.order
         wrong = []
-        if fingerprint != self.fingerprint or files != self.files:
-            wrong.append(f"listing {self.fingerprint[:12]} ({self.files} files) in the state, "
-                         f"{fingerprint[:12]} ({files} files) here")
-        if seed != self.seed:
-            wrong.append(f"seed {self.seed} in the state, {seed} here")
-        if shuffle != self.shuffle:
-            wrong.append(f"shuffle {self.shuffle} in the state, {shuffle} here")
-        if self.shuffle and shuffle_scope != self.shuffle_scope:
-            wrong.append(f"shuffle_scope {self.shuffle_scope!r} in the state, "
-                         f"{shuffle_scope!r} here")
-        if equal_length != self.equal_length:
-            wrong.append(f"equal_length {self.equal_length!r} in the state, {equal_length!r} here")
+        if fingerprint != self.fingerprint or order.n != saved.n:
+            wrong.append(f"listing {self.fingerprint[:12]} ({saved.n} files) in the state, "
+                         f"{fingerprint[:12]} ({order.n} files) here")
+        if order.seed != saved.seed:
+            wrong.append(f"seed {saved.seed} in the state, {order.seed} here")
+        if order.shuffle != saved.shuffle:
+            wrong.append(f"shuffle {saved.shuffle} in the state, {order.shuffle} here")
+        if saved.shuffle and order.shuffle_scope != saved.shuffle_scope:
+            wrong.append(f"shuffle_scope {saved.shuffle_scope!r} in the state, "
+                         f"{order.shuffle_scope!r} here")
+        if order.equal_length != saved.equal_length:
+            wrong.append(f"equal_length {saved.equal_length!r} in the state, "
+                         f"{order.equal_length!r} here")
         if wrong:
             raise ResumeMismatch(
-                "cannot resume epoch " f"{self.epoch} from this state: " + "; ".join(wrong),
+                "cannot resume epoch " f"{saved.epoch} from this state: " + "; ".join(wrong),
                 hint="resume with the listing (a manifest) and the options the state was "
                      "saved with, or start without the state")
 
@@ -200,9 +177,10 @@ def _parse(cls: type[LoaderState], doc: dict[str, Any]) -> LoaderState:
     rank = doc.get("rank")
     if rank is not None:
         rank = _int(rank, "rank")
-        if rank >= segments[-1].world_size:
-            raise _malformed("rank", f"must be below the last segment's world_size "
-                                     f"{segments[-1].world_size}", rank)
+        world = segments[-1].layout.world_size
+        if rank >= world:
+            raise _malformed("rank", f"must be below the last segment's world_size {world}",
+                             rank)
     fingerprint = doc["fingerprint"]
     if not isinstance(fingerprint, str) or not fingerprint:
         raise _malformed("fingerprint", "must be the listing's fingerprint (text)", fingerprint)
@@ -312,15 +290,16 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if same != first or len(other.segments) != len(first.segments) \
                 or other.segments[:-1] != first.segments[:-1] \
                 or other.last.layout != first.last.layout:
+            one, two = first.last.layout, other.last.layout
             raise InvalidArgument(
                 f"states are of different runs or epochs (rank {first.rank}: epoch "
-                f"{first.epoch}, {first.last.world_size} x {first.last.num_workers}; rank "
-                f"{other.rank}: epoch {other.epoch}, {other.last.world_size} x "
-                f"{other.last.num_workers})",
+                f"{first.order.epoch}, {one.world_size} x {one.num_workers}; rank "
+                f"{other.rank}: epoch {other.order.epoch}, {two.world_size} x "
+                f"{two.num_workers})",
                 hint="merge the states saved at one step of one run")
     last = first.last
     k = last.layout.workers
-    counts: list[int | None] = [None] * last.slots
+    counts: list[int | None] = [None] * last.layout.slots
     for state in parsed:
         for s, d in enumerate(state.last.delivered):
             if d is None:

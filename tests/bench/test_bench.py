@@ -22,7 +22,8 @@ from click.testing import CliRunner
 
 from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
 from ucstage import bench, snapshot
-from ucstage.bench import RunResult, recommend, sample
+from ucstage.bench.report import RunResult
+from ucstage.bench.stats import recommend, sample
 from ucstage.cli import cli
 from ucstage.cli.args import parse_modes, parse_workers
 from ucstage.errors import FetchFailed, InvalidArgument

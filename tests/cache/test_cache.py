@@ -28,12 +28,12 @@ from tests.common.backends import Backend, make_source
 from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
 from tests.common.throttle import throttled
 from ucstage import manifest as manifest_mod
-from ucstage.cache import LocalCache, rank_entries
+from ucstage.cache import LocalCache
 from ucstage.cache.paths import PART_SUFFIX, STAMP_XATTR, read_stamp
 from ucstage.errors import CacheFull, CacheOwnershipError, FetchFailed, UnsafePath
 from ucstage.manifest import snapshot
 from ucstage.progress import Callback
-from ucstage.sharding import Layout, ReadOrder, plan
+from ucstage.sharding import Layout, ReadOrder, rank_entries, shard_plan
 from ucstage.volumes import FileEntry
 
 KB = 1024
@@ -613,11 +613,10 @@ def test_copies_bytes_and_mtime_only(fuse_volume: tuple[str, str]) -> None:
 
 def test_rank_entries_match_the_shard_plan(tmp_path: Path) -> None:
     _, entries = _local_source(tmp_path, 37, 10)
-    p = plan([e.size for e in entries], world_size=4, num_workers=3, shuffle=True, seed=7,
-             shuffle_scope="global", epoch=2)
+    order = ReadOrder(len(entries), shuffle=True, seed=7, epoch=2, shuffle_scope="global")
+    p = shard_plan([e.size for e in entries], Layout(4, 3), order)
     for rank in range(4):
-        mine = rank_entries(entries, [rank], Layout(4, 3),
-                            ReadOrder(len(entries), shuffle=True, seed=7, epoch=2, shuffle_scope="global"))
+        mine = rank_entries(entries, [rank], Layout(4, 3), order)
         want = sorted(i for s in p.slots if s.rank == rank for i in s.files)
         assert [e.path for e in mine] == [entries[i].path for i in want]
 
@@ -630,8 +629,8 @@ def test_rank_entries_under_the_node_scope_are_the_nodes_share(tmp_path: Path) -
         mine = rank_entries(entries, [rank], Layout(4, 3, 2),
                             ReadOrder(len(entries), shuffle=True, seed=7, epoch=5))
         for epoch in range(3):
-            p = plan(sizes, world_size=4, num_workers=3, shuffle=True, seed=7, epoch=epoch,
-                     nproc_per_node=2)
+            p = shard_plan(sizes, Layout(4, 3, 2),
+                           ReadOrder(len(sizes), shuffle=True, seed=7, epoch=epoch))
             want = sorted(i for s in p.slots if s.node == rank // 2 for i in s.files)
             assert [e.path for e in mine] == [entries[i].path for i in want]
     # One node (no nproc_per_node): its share is every file.
@@ -845,7 +844,7 @@ def test_every_report_builds_its_documented_json(tmp_path: Path) -> None:
     LocalCache(tmp_path / "cache").warm(o.volume(), o.entries)
     cache = LocalCache(tmp_path / "cache", lease_seconds=0, max_bytes=1000)
     entries = rank_entries(m.entries, [0, 1], Layout(2, 1), ReadOrder(len(m.entries)))
-    from ucstage.cache import RankSlice
+    from ucstage.cache.reports import RankSlice
 
     warm = cache.warm(vol, [*entries, FileEntry("../out.bin", 1, "x")])
     assert warm.evicted_files == 1

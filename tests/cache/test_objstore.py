@@ -21,7 +21,8 @@ from tests.common.backends import make_source
 from tests.common.parts import unique
 from tests.common.throttle import Throttle, throttled
 from ucstage import objstore
-from ucstage.cache import Inflight, LocalCache, Stopped
+from ucstage.cache import Inflight, LocalCache
+from ucstage.cache.inflight import Stopped
 from ucstage.cache.objget import PART, SPLIT_AT
 from ucstage.cache.paths import PART_SUFFIX
 from ucstage.errors import InvalidArgument, SourceUnreadable

@@ -7,22 +7,14 @@ from __future__ import annotations
 import click
 import pytest
 
-from ucstage.cache import (
-    CACHE_DIR_ENV,
-    MAX_BYTES_ENV,
-    LocalCache,
-    cached_volumes,
-    job_env,
-    rank_entries,
-    rank_slice,
-    share_text,
-    verify_source,
-    warm_ranks,
-    warm_slice,
-)
+from ucstage.cache import LocalCache
+from ucstage.cache.local import MAX_BYTES_ENV
+from ucstage.cache.paths import CACHE_DIR_ENV
+from ucstage.cache.share import rank_slice, share_text, warm_ranks, warm_slice
+from ucstage.cache.sources import cached_volumes, job_env, verify_source
 from ucstage.cli.output import error_hint, flag_names
 from ucstage.errors import CacheFull, InvalidArgument, SourceNotFound
-from ucstage.sharding import Layout, ReadOrder
+from ucstage.sharding import Layout, ReadOrder, rank_entries
 from ucstage.source import open_source
 from ucstage.volumes import VOLUMES_ROOT_ENV
 

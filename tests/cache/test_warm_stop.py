@@ -270,7 +270,8 @@ def test_fetch_with_a_run_can_be_stopped_and_abandoned(tmp_path: Path) -> None:
     """LocalCache.fetch(inflight=): what a dataset's read-ahead stops its copies with.
     A copy blocked in a read of a hung mount is given up at once by abandon();
     its thread then leaves the cache alone; a stopped run copies nothing more."""
-    from ucstage.cache import Inflight, Stopped
+    from ucstage.cache import Inflight
+    from ucstage.cache.inflight import Stopped
 
     backing, mnt, cache_dir = tmp_path / "backing", tmp_path / "mnt", tmp_path / "cache"
     _write(backing, n=4)

@@ -70,7 +70,7 @@ class Warehouse:
     root: str
 
     def path(self, name: str) -> str:
-        from ucstage.export.delta import parse_table_name
+        from ucstage.tables.names import parse_table_name
 
         return os.path.join(self.root, *parse_table_name(name).parts)
 
@@ -170,7 +170,7 @@ def read_delta(path: str) -> Any:
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from ucstage.export.delta import table_state
+    from ucstage.tables.delta import table_state
 
     state = table_state(path)
     partitioning = None

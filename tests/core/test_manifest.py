@@ -7,7 +7,8 @@ import json
 import pytest
 
 from ucstage.errors import EmptySource, ManifestError, SourceNotFound
-from ucstage.manifest import fingerprint, is_manifest_file, load, save, snapshot
+from ucstage.manifest import fingerprint, load, save, snapshot
+from ucstage.manifest.files import is_manifest_file
 from ucstage.volumes import FileEntry
 
 

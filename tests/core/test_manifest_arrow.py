@@ -9,15 +9,8 @@ from pathlib import Path
 import pytest
 
 from ucstage.errors import InvalidArgument, ManifestError
-from ucstage.manifest import (
-    ArrowEntries,
-    Manifest,
-    fingerprint,
-    is_manifest_file,
-    load,
-    save,
-    snapshot,
-)
+from ucstage.manifest import ArrowEntries, Manifest, fingerprint, load, save, snapshot
+from ucstage.manifest.files import is_manifest_file
 from ucstage.volumes import FileEntry
 
 

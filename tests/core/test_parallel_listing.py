@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from tests.common.backends import WalkingStore
 from tests.common.parts import unique, wait_synced
-from ucstage.volumes import UnreadableFolders, list_files, walk
+from ucstage.errors import UnreadableFolders
+from ucstage.volumes import list_files, walk
 
 NAMES = ["a", "b", "_c", ".d", "e"]
 FILES = ["x.bin", "_y", ".z", "w.jpg"]

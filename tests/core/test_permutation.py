@@ -7,16 +7,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from ucstage.sharding import (
-    Layout,
-    Permutation,
-    ReadOrder,
-    Slot,
-    equal_slot_files,
-    read_order,
-    slot_array,
-    slot_files,
-)
+from ucstage.sharding import Layout, Permutation, ReadOrder, Slot, slot_array
+from ucstage.sharding.order import read_order
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 7, 8, 17, 100, 1000, 4097, 65537])
@@ -72,13 +64,6 @@ def test_one_slot_matches_the_slot_rule_on_the_whole_order(shuffle, mode):
             got = slot_array(ReadOrder(n, shuffle=shuffle, seed=9, epoch=4, equal_length=mode),
                              Layout(world, k), Slot(rank, worker))
             assert got.tolist() == want
-            if mode is None:
-                assert slot_files(n, rank=rank, world_size=world, num_workers=k,
-                                  worker=worker, shuffle=shuffle, seed=9, epoch=4) == want
-            else:
-                assert equal_slot_files(n, rank=rank, world_size=world, num_workers=k,
-                                        worker=worker, equal_length=mode, shuffle=shuffle, seed=9,
-                                        epoch=4) == want
 
 
 def test_one_slot_of_a_million_costs_the_slot_not_the_files():

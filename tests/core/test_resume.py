@@ -12,15 +12,9 @@ from hypothesis import strategies as st
 
 from ucstage.errors import InvalidArgument, ResumeMismatch
 from ucstage.resume import LoaderState, load_state, merge_states
-from ucstage.sharding import (
-    EpochOrder,
-    Layout,
-    ReadOrder,
-    Segment,
-    read_order,
-    resume_slots,
-    segment_runs,
-)
+from ucstage.sharding import Layout, ReadOrder, Segment, resume_slots, segment_runs
+from ucstage.sharding.order import read_order
+from ucstage.sharding.resplit import EpochOrder
 
 
 def deal(items: list[int], slots: int, mode: str | None) -> list[tuple[list[int], list[int]]]:

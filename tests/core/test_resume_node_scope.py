@@ -6,24 +6,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ucstage import sharding
-from ucstage.sharding import EpochOrder, Layout, Segment, resume_slots, segment_runs
-
-# The node scope is the slot rule's (node-stable shuffle); until the rule has
-# it, a node-scoped state deals like a global one and this cannot be checked.
-pytestmark = pytest.mark.skipif(not hasattr(sharding, "NodeOrder"),
-                                reason="the slot rule has no shuffle scopes yet")
+from ucstage.sharding import Layout, Segment, resume_slots, segment_runs
+from ucstage.sharding.resplit import EpochOrder
 
 
 def node_files(order: EpochOrder, seg: Segment) -> list[set[int]]:
     """The files each node of ``seg`` reads in a whole epoch."""
     runs = segment_runs(order, [seg])[0]
-    k, per = max(1, seg.num_workers), seg.nproc_per_node or seg.world_size
-    nodes: list[set[int]] = [set() for _ in range(seg.world_size // per)]
+    k, per = seg.layout.workers, seg.layout.ranks_per_node
+    nodes: list[set[int]] = [set() for _ in range(seg.layout.nodes)]
     for s, run in enumerate(runs):
         nodes[(s // k) // per] |= {int(f) for f in run.files}
     return nodes
@@ -38,7 +32,7 @@ def test_node_remainders_stay_on_their_node(n, nodes, per, k, per2, k2, other_no
     first = Segment(Layout(nodes * per, k, per), (0,) * (nodes * per * max(1, k)))
     runs = segment_runs(order, [first])[0]
     counts = tuple(data.draw(st.integers(0, len(r.files))) for r in runs)
-    done = Segment(Layout(first.world_size, k, per), counts)
+    done = Segment(Layout(first.layout.world_size, k, per), counts)
     nodes2 = nodes + 1 if other_nodes else nodes
     target = Layout(nodes2 * per2, k2, per2)
     _, rest = resume_slots(order, [done], target)

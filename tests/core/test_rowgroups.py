@@ -28,7 +28,8 @@ from ucstage.errors import (
     UnknownColumn,
 )
 from ucstage.manifest import load, save
-from ucstage.tables import RECORD_NAME, RowGroupManifest, row_groups
+from ucstage.tables import RowGroupManifest, row_groups
+from ucstage.tables.record import RECORD_NAME
 
 
 def brute(files: list[pa.Table], row_group_rows: int) -> list[int]:

@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ucstage.sharding import Layout, ReadOrder, read_order, slot_array
+from ucstage.sharding import Layout, ReadOrder, slot_array
+from ucstage.sharding.order import read_order
 from ucstage.tables.plan import equal_batches, slot_rows, windows
 
 

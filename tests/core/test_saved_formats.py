@@ -32,7 +32,7 @@ def test_a_saved_loader_state_loads_and_writes_back_the_same() -> None:
     assert state.to_dict() == {**saved, "version": 2, "unit": "file", "partial": []}
     again = LoaderState.from_dict(state.to_dict())
     assert json.dumps(again.to_dict(), indent=1) == json.dumps(state.to_dict(), indent=1)
-    assert state.shuffle_scope == "node" and state.equal_length == "pad"
+    assert state.order.shuffle_scope == "node" and state.order.equal_length == "pad"
     assert state.last.layout == Layout(1, 2)
 
 
@@ -49,7 +49,7 @@ def test_a_saved_state_without_a_scope_reads_as_global() -> None:
     """States saved before the node scope existed were global (deliberately kept)."""
     doc = json.loads((SAVED / "loader-state-c3a3ebf.json").read_text())
     del doc["shuffle_scope"]
-    assert LoaderState.from_dict(doc).shuffle_scope == "global"
+    assert LoaderState.from_dict(doc).order.shuffle_scope == "global"
 
 
 @pytest.mark.parametrize("name", ["manifest-c3a3ebf.json", "manifest-c3a3ebf.manifest.arrow"])

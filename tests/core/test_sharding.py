@@ -9,18 +9,17 @@ from hypothesis import strategies as st
 from ucstage.cli.args import num_workers_list
 from ucstage.errors import InvalidArgument
 from ucstage.sharding import (
-    MAX_RANGES,
-    EmptySlots,
     Layout,
     ReadOrder,
     Slot,
-    plan,
     rank_length,
-    read_order,
-    slot_files,
+    shard_plan,
+    slot_array,
     slot_length,
     slot_plan,
 )
+from ucstage.sharding.order import read_order
+from ucstage.sharding.stats import MAX_RANGES, EmptySlots
 
 
 def simulate(n: int, world_size: int, workers: list[int], order: list[int]) -> dict:
@@ -57,15 +56,16 @@ sizes_st = st.lists(st.integers(min_value=0, max_value=10_000), max_size=300)
 @given(sizes=sizes_st, world_size=st.integers(1, 9), k=st.integers(0, 7),
        shuffle=st.booleans(), seed=st.integers(0, 3), epoch=st.integers(0, 3))
 def test_agreeing_workers_read_every_file_exactly_once(sizes, world_size, k, shuffle, seed, epoch):
-    p = plan(sizes, world_size=world_size, num_workers=k, shuffle=shuffle, seed=seed, epoch=epoch)
+    p = shard_plan(sizes, Layout(world_size, k),
+                   ReadOrder(len(sizes), shuffle=shuffle, seed=seed, epoch=epoch))
     seen = sorted(i for s in p.slots for i in s.files)
     assert seen == list(range(len(sizes)))
     assert p.consistent and not p.duplicated and not p.skipped
-    assert p.slot_total == world_size * max(k, 1)
+    assert p.layout.slots == world_size * max(k, 1)
     # Only slots that read something are listed; the rest are counted.
     assert all(s.files for s in p.slots)
-    assert len(p.slots) == min(p.slot_total, len(sizes))
-    assert p.empty.count == p.slot_total - len(p.slots)
+    assert len(p.slots) == min(p.layout.slots, len(sizes))
+    assert p.empty.count == p.layout.slots - len(p.slots)
     assert sum(s.bytes for s in p.slots) == sum(sizes)
 
 
@@ -76,8 +76,8 @@ def test_plan_equals_brute_force(n, world_size, data, shuffle, seed):
     workers = data.draw(st.lists(st.integers(0, 5), min_size=world_size, max_size=world_size))
     sizes = list(range(n))
     order = list(read_order(n, shuffle=shuffle, seed=seed, epoch=1))
-    p = plan(sizes, world_size=world_size, num_workers=workers, shuffle=shuffle, seed=seed,
-             epoch=1)
+    p = shard_plan(sizes, Layout(world_size, workers),
+                   ReadOrder(len(sizes), shuffle=shuffle, seed=seed, epoch=1))
     expected = simulate(n, world_size, workers, order)
     assert {(s.rank, s.worker): s.files for s in p.slots} == {
         slot: files for slot, files in expected.items() if files}
@@ -100,7 +100,7 @@ def test_plan_equals_brute_force(n, world_size, data, shuffle, seed):
 @given(n=st.integers(0, 100), world_size=st.integers(1, 5), k=st.integers(0, 4),
        batch=st.integers(1, 8))
 def test_batches_are_per_worker_ceilings(n, world_size, k, batch):
-    p = plan([1] * n, world_size=world_size, num_workers=k, batch_size=batch)
+    p = shard_plan([1] * n, Layout(world_size, k), ReadOrder(n), batch_size=batch)
     for rank in p.ranks:
         mine = [s for s in p.slots if s.rank == rank.rank]
         assert rank.batches == sum(-(-len(s.files) // batch) for s in mine)
@@ -127,7 +127,7 @@ PINNED = [1, 7, 4, 9, 0, 3, 5, 2, 6, 8]
 
 def test_known_mismatch_example():
     # 12 files, 2 ranks; rank 0 thinks K=3 (6 slots), rank 1 thinks K=2 (4 slots).
-    p = plan([1] * 12, world_size=2, num_workers=[3, 2])
+    p = shard_plan([1] * 12, Layout(2, [3, 2]), ReadOrder(12))
     files = {(s.rank, s.worker): s.files for s in p.slots}
     assert files[(0, 0)] == [0, 6] and files[(0, 2)] == [2, 8]
     assert files[(1, 0)] == [2, 6, 10] and files[(1, 1)] == [3, 7, 11]
@@ -135,11 +135,11 @@ def test_known_mismatch_example():
     assert p.skipped == [4, 5, 9]
 
 
-def test_slot_files_matches_plan_for_one_slot():
-    p = plan([1] * 50, world_size=3, num_workers=2, shuffle=True, seed=1, epoch=2)
+def test_slot_array_matches_plan_for_one_slot():
+    layout, order = Layout(3, 2), ReadOrder(50, shuffle=True, seed=1, epoch=2)
+    p = shard_plan([1] * 50, layout, order)
     for s in p.slots:
-        assert s.files == slot_files(50, rank=s.rank, world_size=3, num_workers=2,
-                                     worker=s.worker, shuffle=True, seed=1, epoch=2)
+        assert s.files == slot_array(order, layout, Slot(s.rank, s.worker)).tolist()
 
 
 @pytest.mark.parametrize(("value", "world"), [("1,2", 3), ("", 2), ("a", 1), ("-1", 1), ("2", 0)])
@@ -152,13 +152,13 @@ def test_bad_num_workers_on_the_command_line(value, world):
 def test_library_takes_ints_not_comma_strings(value):
     """The library speaks Python: comma strings are the CLI's to parse."""
     with pytest.raises(InvalidArgument, match="num_workers must be an int"):
-        plan([1, 2], world_size=2, num_workers=value)
+        shard_plan([1, 2], Layout(2, value), ReadOrder(2))
 
 
 def test_library_errors_name_parameters_not_flags():
-    for call in (lambda: plan([1], world_size=0, num_workers=1),
-                 lambda: plan([1], world_size=1, num_workers=1, batch_size=0),
-                 lambda: plan([1], world_size=2, num_workers=[1, 2, 3]),
+    for call in (lambda: shard_plan([1], Layout(0, 1), ReadOrder(1)),
+                 lambda: shard_plan([1], Layout(1, 1), ReadOrder(1), batch_size=0),
+                 lambda: shard_plan([1], Layout(2, [1, 2, 3]), ReadOrder(1)),
                  lambda: Layout(4, 0, 0).node_ranks(0)):
         with pytest.raises(InvalidArgument) as info:
             call()
@@ -175,11 +175,11 @@ def test_slot_count_and_node_ranks():
 
 def test_bad_rank_or_worker():
     with pytest.raises(InvalidArgument):
-        slot_files(10, rank=2, world_size=2, num_workers=1, worker=0)
+        slot_array(ReadOrder(10), Layout(2, 1), Slot(2, 0)).tolist()
     with pytest.raises(InvalidArgument):
-        slot_files(10, rank=0, world_size=2, num_workers=0, worker=1)
+        slot_array(ReadOrder(10), Layout(2, 0), Slot(0, 1)).tolist()
     with pytest.raises(InvalidArgument):
-        plan([1], world_size=1, num_workers=1, batch_size=0)
+        shard_plan([1], Layout(1, 1), ReadOrder(1), batch_size=0)
 
 
 def test_more_slots_than_files_costs_the_files_not_the_slots():
@@ -188,13 +188,13 @@ def test_more_slots_than_files_costs_the_files_not_the_slots():
 
     tracemalloc.start()
     try:
-        p = plan([7] * 250, world_size=100_000, num_workers=10, batch_size=4)
+        p = shard_plan([7] * 250, Layout(100_000, 10), ReadOrder(250), batch_size=4)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 4 * 2**20, f"planning 250 files took {peak:,} bytes"
     assert p.consistent and not p.ok and not p.batches_equal
-    assert p.slot_total == 1_000_000 and len(p.slots) == 250
+    assert p.layout.slots == 1_000_000 and len(p.slots) == 250
     assert p.empty.count == 999_750 and p.empty.ranks == 100_000 - 25
     assert p.empty.ranges == [((25, 0), (99_999, 9))] and p.empty.range_sizes == [999_750]
     assert [r.rank for r in p.ranks] == list(range(25))
@@ -214,9 +214,9 @@ def test_a_hundred_million_ranks_plan_in_little_memory():
     import sys
 
     code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30)); "
-            "from ucstage.sharding import plan; "
-            "p = plan([1] * 250, world_size=100_000_000, num_workers=100); "
-            "print(p.slot_total, len(p.slots), p.empty.count, p.empty.ranks, p.empty.ranges)")
+            "from ucstage.sharding import Layout, ReadOrder, shard_plan; "
+            "p = shard_plan([1] * 250, Layout(100_000_000, 100), ReadOrder(250)); "
+            "print(p.layout.slots, len(p.slots), p.empty.count, p.empty.ranks, p.empty.ranges)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -227,7 +227,7 @@ def test_a_hundred_million_ranks_plan_in_little_memory():
 
 def test_mismatched_ranks_with_empty_slots_keep_their_diagnosis():
     # 10 files; rank 0 thinks K=4 (8 slots), rank 1 thinks K=8 (16 slots).
-    p = plan([1] * 10, world_size=2, num_workers=[4, 8])
+    p = shard_plan([1] * 10, Layout(2, [4, 8]), ReadOrder(10))
     files = {(s.rank, s.worker): s.files for s in p.slots}
     assert files == {(0, 0): [0, 8], (0, 1): [1, 9], (0, 2): [2], (0, 3): [3],
                      (1, 0): [8], (1, 1): [9]}
@@ -240,16 +240,16 @@ def test_mismatched_ranks_with_empty_slots_keep_their_diagnosis():
 def test_empty_ranges_are_capped_but_all_counted():
     # Every other rank has many workers and reads 1 file: one range per such rank.
     workers = [1, 50] * 30
-    p = plan([1] * 200, world_size=60, num_workers=workers)
+    p = shard_plan([1] * 200, Layout(60, workers), ReadOrder(200))
     assert p.empty.range_count > MAX_RANGES == len(p.empty.ranges)
     assert p.empty.to_json()["ranges_not_listed"] == p.empty.range_count - MAX_RANGES
-    assert p.empty.count == p.slot_total - len(p.slots)
+    assert p.empty.count == p.layout.slots - len(p.slots)
 
 
 def test_slot_plan_is_the_plans_slot_without_planning_the_rest():
     sizes = [i * 3 for i in range(41)]
     for workers in (3, [3, 1]):
-        p = plan(sizes, world_size=2, num_workers=workers, shuffle=True, seed=4)
+        p = shard_plan(sizes, Layout(2, workers), ReadOrder(len(sizes), shuffle=True, seed=4))
         for s in p.slots:
             assert slot_plan(sizes, Layout(2, workers), ReadOrder(len(sizes), shuffle=True, seed=4),
                              Slot(s.rank, s.worker)) == s
@@ -257,41 +257,27 @@ def test_slot_plan_is_the_plans_slot_without_planning_the_rest():
     assert (empty.files, empty.bytes) == ([1], 1)
     assert slot_plan([1] * 3, Layout(4, 1), ReadOrder(len([1] * 3)), Slot(3, 0)).files == []
     with pytest.raises(InvalidArgument, match=r"no slot 4:0: ranks are 0\.\.3"):
-        slot_plan([1], Layout(4, 1), ReadOrder(len([1])), Slot(4, 0))
+        slot_plan([1], Layout(4, 1), ReadOrder(1), Slot(4, 0))
     with pytest.raises(InvalidArgument, match=r"no slot 1:1: rank 1 has workers 0\.\.0"):
-        slot_plan([1], Layout(2, [3, 0]), ReadOrder(len([1])), Slot(1, 1))
+        slot_plan([1], Layout(2, [3, 0]), ReadOrder(1), Slot(1, 1))
 
 
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(0, 120), world=st.integers(1, 5), k=st.integers(0, 4),
        mode=st.sampled_from([None, "pad", "drop"]))
 def test_lengths_are_the_lengths_of_the_slots(n, world, k, mode):
-    from ucstage.sharding import equal_slot_files
-
+    order, layout = ReadOrder(n, equal_length=mode), Layout(world, k)
     for rank in range(world):
         total = 0
         for w in range(max(1, k)):
-            kw = {"rank": rank, "world_size": world, "num_workers": k, "worker": w}
-            files = (slot_files(n, **kw) if mode is None
-                     else equal_slot_files(n, equal_length=mode, **kw))
-            assert slot_length(ReadOrder(n, equal_length=mode), Layout(world, k),
-                               Slot(rank, w)) == len(files)
+            files = slot_array(order, layout, Slot(rank, w))
+            assert slot_length(order, layout, Slot(rank, w)) == len(files)
             total += len(files)
-        assert rank_length(ReadOrder(n, equal_length=mode), Layout(world, k), rank) == total
-
-
-def test_the_unused_public_names_warn_they_are_deprecated():
-    from ucstage.sharding import slot_indices
-
-    with pytest.warns(DeprecationWarning, match="slot_indices"):
-        assert slot_indices(10, rank=1, world_size=2, num_workers=2, worker=1) == range(3, 10, 4)
-    p = plan([1, 2, 3], world_size=2, num_workers=[1, 2])
-    with pytest.warns(DeprecationWarning, match="workers_of"):
-        assert p.workers_of(1) == 2
+        assert rank_length(order, layout, rank) == total
 
 
 def test_the_values_are_checked_once_when_built():
-    from ucstage.sharding import stride
+    from ucstage.sharding.rule import stride
 
     Invalid = InvalidArgument
 

@@ -13,16 +13,15 @@ from ucstage.sharding import (
     Permutation,
     ReadOrder,
     Slot,
-    equal_slot_files,
     forecast,
-    node_order,
-    plan,
     rank_length,
-    slot_dealing,
-    slot_files,
+    shard_plan,
+    slot_array,
     slot_length,
     slot_plan,
 )
+from ucstage.sharding.order import node_order
+from ucstage.sharding.rule import slot_dealing
 
 
 def simulate(n: int, world: int, k: int, nproc: int | None, scope: str, seed: int,
@@ -68,18 +67,17 @@ shape = st.tuples(st.integers(1, 4), st.integers(1, 3)).map(lambda t: (t[0] * t[
 def test_plan_and_slots_equal_the_simulation(n, shape, k, seed, scope, epoch) -> None:  # type: ignore[no-untyped-def]
     world, nproc = shape
     expected = simulate(n, world, k, nproc, scope, seed, epoch)
-    p = plan(list(range(n)), world_size=world, num_workers=k, shuffle=True, seed=seed,
-             epoch=epoch, shuffle_scope=scope, nproc_per_node=nproc)
+    layout = Layout(world, k, nproc)
+    order = ReadOrder(n, shuffle=True, seed=seed, epoch=epoch, shuffle_scope=scope)
+    p = shard_plan(list(range(n)), layout, order)
     got = {(s.rank, s.worker): s.files for s in p.slots}
     assert got == {key: v for key, v in expected.items() if v}
     assert all(s.node == s.rank // nproc for s in p.slots)
     # Every file exactly once in the epoch, every slot accounted for.
     assert sorted(i for files in got.values() for i in files) == list(range(n))
-    assert p.consistent and p.empty.count == p.slot_total - len(p.slots)
+    assert p.consistent and p.empty.count == p.layout.slots - len(p.slots)
     for (rank, worker), files in expected.items():
-        kwargs = dict(rank=rank, world_size=world, num_workers=k, worker=worker, shuffle=True,
-                      seed=seed, epoch=epoch, shuffle_scope=scope, nproc_per_node=nproc)
-        assert slot_files(n, **kwargs) == files
+        assert slot_array(order, layout, Slot(rank, worker)).tolist() == files
         assert slot_length(ReadOrder(n, shuffle=True, shuffle_scope=scope),
                            Layout(world, k, nproc), Slot(rank, worker)) == len(files)
 
@@ -91,8 +89,8 @@ def test_node_scope_keeps_each_nodes_files_and_reorders_them(n, shape, k, seed) 
     nodes = world // nproc
     epochs = []
     for e in range(3):  # the implementation's slots, as the simulation keys them
-        p = plan(list(range(n)), world_size=world, num_workers=k, shuffle=True, seed=seed,
-                 epoch=e, nproc_per_node=nproc)
+        p = shard_plan(list(range(n)), Layout(world, k, nproc),
+                       ReadOrder(n, shuffle=True, seed=seed, epoch=e))
         reads = {(r, w): [] for r in range(world) for w in range(max(k, 1))}
         reads.update({(s.rank, s.worker): s.files for s in p.slots})
         epochs.append(reads)
@@ -147,17 +145,17 @@ def test_one_node_reduces_exactly_to_the_global_rule(n, world, k, seed, epoch, e
     for position, row in enumerate(order):
         slot = position % (world * max(k, 1))
         old_rule[(slot // max(k, 1), slot % max(k, 1))].append(row)
-    p = plan(list(range(n)), world_size=world, num_workers=k, shuffle=shuffle, seed=seed,
-             epoch=epoch, shuffle_scope="node", nproc_per_node=nproc)
+    p = shard_plan(list(range(n)), Layout(world, k, nproc),
+                   ReadOrder(n, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_scope="node"))
     assert {(s.rank, s.worker): s.files for s in p.slots} == {a: v for a, v in old_rule.items() if v}
     assert list(node_order(ReadOrder(n, shuffle=shuffle, seed=seed, epoch=epoch),
                            Layout(world, 0, nproc), 0)) == order
     for mode in ("pad", "drop"):
         for (rank, worker) in old_rule:
-            common = dict(rank=rank, world_size=world, num_workers=k, worker=worker, equal_length=mode,
-                          shuffle=shuffle, seed=seed, epoch=epoch)
-            assert equal_slot_files(n, **common, nproc_per_node=nproc) == \
-                equal_slot_files(n, **common, shuffle_scope="global")
+            node_scope = ReadOrder(n, shuffle, seed, epoch, mode, "node")
+            global_scope = ReadOrder(n, shuffle, seed, epoch, mode, "global")
+            assert slot_array(node_scope, Layout(world, k, nproc), Slot(rank, worker)).tolist() == \
+                slot_array(global_scope, Layout(world, k), Slot(rank, worker)).tolist()
 
 
 @settings(max_examples=100, deadline=None)
@@ -173,8 +171,8 @@ def test_equal_length_under_node_scope(n, shape, k, seed, mode) -> None:  # type
     for rank in range(world):
         mine = node_files(reads, rank // nproc, nproc)
         for worker in range(max(k, 1)):
-            files = equal_slot_files(n, rank=rank, world_size=world, num_workers=k, worker=worker,
-                                     equal_length=mode, shuffle=True, seed=seed, nproc_per_node=nproc)
+            files = slot_array(ReadOrder(n, shuffle=True, seed=seed, equal_length=mode),
+                               Layout(world, k, nproc), Slot(rank, worker)).tolist()
             counts.add(len(files))
             assert set(files) <= mine  # padding re-reads the node's own files
             assert slot_length(ReadOrder(n, shuffle=True, equal_length=mode),
@@ -184,7 +182,7 @@ def test_equal_length_under_node_scope(n, shape, k, seed, mode) -> None:  # type
 
 def test_bytes_per_node_and_node_field() -> None:
     sizes = list(range(1, 11))
-    p = plan(sizes, world_size=4, num_workers=1, shuffle=True, seed=1, nproc_per_node=2)
+    p = shard_plan(sizes, Layout(4, 1, 2), ReadOrder(len(sizes), shuffle=True, seed=1))
     assert [(nd.node, nd.first_rank, nd.last_rank, nd.files) for nd in p.nodes] == \
         [(0, 0, 1, 5), (1, 2, 3, 5)]
     assert sum(nd.bytes for nd in p.nodes) == sum(sizes)
@@ -198,22 +196,20 @@ def test_bytes_per_node_and_node_field() -> None:
 
 
 def test_more_nodes_than_files_leaves_whole_nodes_empty() -> None:
-    p = plan([5, 6, 7], world_size=8, num_workers=2, shuffle=True, nproc_per_node=2)
+    p = shard_plan([5, 6, 7], Layout(8, 2, 2), ReadOrder(3, shuffle=True))
     assert sorted(i for s in p.slots for i in s.files) == [0, 1, 2]
     assert p.empty.count == 16 - 3 and p.empty.ranks == 5
     with pytest.raises(InvalidArgument, match="pad"):
-        equal_slot_files(3, rank=7, world_size=8, num_workers=2, worker=0, equal_length="pad",
-                         shuffle=True, nproc_per_node=2)
+        slot_array(ReadOrder(3, shuffle=True, equal_length="pad"), Layout(8, 2, 2), Slot(7, 0))
 
 
 def test_world_size_must_be_a_multiple_of_nproc_per_node() -> None:
     with pytest.raises(InvalidArgument, match="world_size 6 is not a multiple of nproc_per_node 4"):
-        plan([1, 2], world_size=6, num_workers=1, shuffle=True, nproc_per_node=4)
+        shard_plan([1, 2], Layout(6, 1, 4), ReadOrder(2, shuffle=True))
     with pytest.raises(InvalidArgument, match="nproc_per_node must be"):
         Layout(4, 0, 0)
     with pytest.raises(InvalidArgument, match="shuffle_scope must be one of"):
-        slot_files(4, rank=0, world_size=1, num_workers=0, worker=0, shuffle=True,
-                   shuffle_scope="rack")
+        slot_array(ReadOrder(4, shuffle=True, shuffle_scope="rack"), Layout(1, 0), Slot(0, 0))
     assert Layout(8).nodes == 1 and Layout(8, 0, 2).nodes == 4
 
 

@@ -8,7 +8,8 @@ import pytest
 from ucstage.errors import ManifestError, SourceNotFound
 from ucstage.manifest import save
 from ucstage.source import ManifestSource, VolumeSource, open_source, snapshot
-from ucstage.volumes import is_mapped, is_volumes_path, location
+from ucstage.volumes import is_volumes_path, location
+from ucstage.volumes.location import is_mapped
 
 
 @pytest.fixture

@@ -17,10 +17,12 @@ from ucstage.errors import (
     MissingDependency,
     SourceNotFound,
     SourceUnreadable,
+    UnreadableFolders,
     UnsafePath,
 )
 from ucstage.manifest import fingerprint, snapshot
-from ucstage.volumes import UnreadableFolders, list_files, matches, resolve, safe_relpath
+from ucstage.volumes import list_files, resolve, safe_relpath
+from ucstage.volumes.listing import matches
 
 ODD = ["with space.bin", "ünïcødé.bin", "hash#1.bin", "pct%20.bin", "br[ack]et.bin", "-lead.bin"]
 
@@ -258,7 +260,8 @@ class TestUnreadable:
                     fh.write(name.encode())
             os.chmod(os.path.join(base, "vol", "dog"), 0)
             code = ("import sys\n"
-                    "from ucstage.volumes import UnreadableFolders, list_files\n"
+                    "from ucstage.errors import UnreadableFolders\n"
+                    "from ucstage.volumes import list_files\n"
                     "try:\n    list_files(sys.argv[1])\n"
                     "except UnreadableFolders as exc:\n    print('raised', exc.folders)\n"
                     "print([e.path for e in list_files(sys.argv[1], skip_unreadable=True).entries])")

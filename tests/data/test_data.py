@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from ucstage import manifest as mf
 from ucstage.data import DataLoader, VolumeDataset
 from ucstage.errors import InvalidArgument
-from ucstage.sharding import equal_slot_files, slot_files
+from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
 from ucstage.volumes import FileEntry
 
 
@@ -112,10 +112,13 @@ def test_read_ahead_fetches_the_next_files_of_the_slot(tmp_path) -> None:  # typ
        seed=st.integers(0, 3), shuffle=st.booleans())
 def test_equal_length_gives_every_slot_the_same_count(n, world, k, seed, shuffle) -> None:  # type: ignore[no-untyped-def]
     slots = [(r, w) for r in range(world) for w in range(max(1, k))]
-    kw = {"world_size": world, "num_workers": k, "shuffle": shuffle, "seed": seed}
-    pad = [equal_slot_files(n, rank=r, worker=w, equal_length="pad", **kw) for r, w in slots]
-    drop = [equal_slot_files(n, rank=r, worker=w, equal_length="drop", **kw) for r, w in slots]
-    plain = [slot_files(n, rank=r, worker=w, **kw) for r, w in slots]
+    layout = Layout(world, k)
+
+    def files(mode: str | None) -> list[list[int]]:
+        order = ReadOrder(n, shuffle, seed, equal_length=mode)
+        return [slot_array(order, layout, Slot(r, w)).tolist() for r, w in slots]
+
+    pad, drop, plain = files("pad"), files("drop"), files(None)
     s = len(slots)
     if n:
         assert {len(f) for f in pad} == {-(-n // s)}

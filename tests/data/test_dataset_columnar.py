@@ -11,7 +11,7 @@ import torch.utils.data as tud
 from ucstage import manifest as mf
 from ucstage.data import VolumeDataset
 from ucstage.errors import ManifestError
-from ucstage.sharding import slot_files
+from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
 
 
 def _files(root, n):
@@ -30,8 +30,7 @@ def test_frozen_listing_is_columnar_and_mapped(tmp_path):
         assert fh.read(6) == b"ARROW1"
     assert isinstance(m.entries, mf.ArrowEntries)
     # The slot's rows are the slot rule's, made on demand.
-    want = [m.entries[i] for i in slot_files(30, rank=0, world_size=1, num_workers=3, worker=1,
-                                             shuffle=True)]
+    want = [m.entries[i] for i in slot_array(ReadOrder(30, shuffle=True), Layout(1, 3), Slot(0, 1))]
     assert ds.slot_entries(rank=0, world_size=1, num_workers=3, worker=1) == want
 
 

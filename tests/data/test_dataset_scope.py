@@ -9,7 +9,7 @@ import pytest
 
 from ucstage.data import VolumeDataset
 from ucstage.errors import InvalidArgument
-from ucstage.sharding import slot_files
+from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
 
 
 def _files(root, n):  # type: ignore[no-untyped-def]
@@ -24,10 +24,11 @@ def rows(ds: VolumeDataset, rank: int, world: int) -> list[str]:
             for e in ds.slot_entries(rank=rank, world_size=world, num_workers=2, worker=w)]
 
 
-def rule(n: int, rank: int, world: int, **scope) -> list[str]:  # type: ignore[no-untyped-def]
+def rule(n: int, rank: int, world: int, shuffle_scope: str = "node",
+         nproc_per_node: int | None = None) -> list[str]:
+    order = ReadOrder(n, shuffle=True, seed=3, epoch=1, shuffle_scope=shuffle_scope)
     return [f"f{i:04d}.bin" for w in range(2)
-            for i in slot_files(n, rank=rank, world_size=world, num_workers=2, worker=w,
-                                shuffle=True, seed=3, epoch=1, **scope)]
+            for i in slot_array(order, Layout(world, 2, nproc_per_node), Slot(rank, w))]
 
 
 def test_nproc_per_node_comes_from_local_world_size(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ from ucstage.cache import paths
 from ucstage.cache.leases import take_exclusive
 from ucstage.data import DataLoader, VolumeDataset
 from ucstage.data.epochrecord import EpochLink, StaleEpochRecord
-from ucstage.sharding import slot_files
+from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
 
 from .test_data import rel, write_files
 
@@ -79,15 +79,9 @@ def test_three_shuffled_epochs_deliver_each_slots_shard_plan(tmp_path: Path,
     for epoch in (0, 1, 2):
         ds.set_epoch(epoch)
         got = _by_slot(ds, loader)
-        if equal_length == "drop":
-            from ucstage.sharding import equal_slot_files
-            want = {w: [entries[i].path for i in equal_slot_files(
-                n, rank=0, world_size=1, num_workers=K, worker=w, shuffle=True, seed=7,
-                epoch=epoch, equal_length="drop")] for w in range(K)}
-        else:
-            want = {w: [entries[i].path for i in slot_files(
-                n, rank=0, world_size=1, num_workers=K, worker=w, shuffle=True, seed=7,
-                epoch=epoch)] for w in range(K)}
+        order = ReadOrder(n, shuffle=True, seed=7, epoch=epoch, equal_length=equal_length or None)
+        want = {w: [entries[i].path for i in slot_array(order, Layout(1, K), Slot(0, w))]
+                for w in range(K)}
         assert got == want, f"epoch {epoch}"
         audit = loader.audits[-1]  # the end-of-epoch audit counts this epoch's files
         assert audit.epoch == epoch

@@ -310,7 +310,7 @@ def test_an_export_destination_is_read_by_its_record(tmp_path: Path) -> None:
     export's), its Delta version in the manifest."""
     import json
 
-    from ucstage.tables import RECORD_NAME
+    from ucstage.tables.record import RECORD_NAME
 
     dest = tmp_path / "dest"
     (dest / "label=1").mkdir(parents=True)

@@ -13,9 +13,10 @@ from tests.common.parts import free_port
 from tests.common.spark import Warehouse, beside_dest, dest_listing, exported_table
 from ucstage.cli.app import cli
 from ucstage.errors import InvalidArgument
-from ucstage.export import RECORD_NAME, export_table, read_record
+from ucstage.export import export_table, read_record
 from ucstage.export.dest import dest_lock, staging_path, sweep_leftovers
 from ucstage.progress import NO_PROGRESS
+from ucstage.tables.record import RECORD_NAME
 
 pytestmark = pytest.mark.spark
 

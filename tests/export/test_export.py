@@ -29,16 +29,11 @@ from ucstage.errors import (
     TableNotFound,
     UnsupportedTable,
 )
-from ucstage.export import (
-    RECORD_NAME,
-    ExportRecord,
-    export_table,
-    read_record,
-    read_table,
-    suggest_files,
-)
-from ucstage.export.delta import TableName, is_table_path, parse_table_name
+from ucstage.export import export_table, read_record, read_table
+from ucstage.export.options import suggest_files
 from ucstage.progress import NO_PROGRESS, Callback
+from ucstage.tables.names import TableName, is_table_path, parse_table_name
+from ucstage.tables.record import RECORD_NAME, ExportRecord
 
 pytestmark = pytest.mark.spark
 

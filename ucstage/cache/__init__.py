@@ -13,48 +13,10 @@ eviction order and a run's counters (:class:`RunStats`); ``paths``, ``copy``
 and ``locks`` are the pieces below. See docs/cache.md and docs/design.md.
 """
 
-from .inflight import Inflight, Stopped
-from .local import MAX_BYTES_ENV, LocalCache, rank_entries
-from .paths import CACHE_DIR_ENV
-from .reports import (
-    CacheStatus,
-    ClearReport,
-    EvictedSource,
-    NamespaceStatus,
-    PruneReport,
-    RankSlice,
-    SourceCheck,
-    VerifyReport,
-    WarmReport,
-)
+# What other packages and users import (docs/cache.md); the rest is imported from its module.
+from .inflight import Inflight
+from .local import LocalCache
 from .runstats import RunStats
-from .share import rank_slice, share_text, warm_ranks, warm_slice
-from .sources import cached_volumes, job_env, verify_source
 from .space import CacheSpace
 
-__all__ = [
-    "CACHE_DIR_ENV",
-    "MAX_BYTES_ENV",
-    "CacheSpace",
-    "CacheStatus",
-    "ClearReport",
-    "EvictedSource",
-    "Inflight",
-    "LocalCache",
-    "NamespaceStatus",
-    "PruneReport",
-    "RankSlice",
-    "RunStats",
-    "SourceCheck",
-    "Stopped",
-    "VerifyReport",
-    "WarmReport",
-    "cached_volumes",
-    "job_env",
-    "rank_entries",
-    "rank_slice",
-    "share_text",
-    "verify_source",
-    "warm_ranks",
-    "warm_slice",
-]
+__all__ = ["CacheSpace", "Inflight", "LocalCache", "RunStats"]

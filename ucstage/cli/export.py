@@ -127,7 +127,7 @@ def _suggestion(data: dict[str, Any], world_size: int | None, workers: list[int]
 
 
 def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> None:
-    from ..export import RECORD_NAME
+    from ..tables.record import RECORD_NAME
 
     files = data["files"]
     if data["skipped_unchanged"]:

@@ -29,9 +29,9 @@ PRINT_LINES = 64
 
 
 def _workers_text(p: ShardPlan) -> str:
-    if isinstance(p.num_workers, int):
-        return f"{p.num_workers} on every rank"
-    return ",".join(str(k) for k in p.num_workers)
+    if isinstance(p.layout.num_workers, int):
+        return f"{p.layout.num_workers} on every rank"
+    return ",".join(str(k) for k in p.layout.num_workers)
 
 
 def _slot_range(first: tuple[int, int], last: tuple[int, int]) -> str:
@@ -40,14 +40,14 @@ def _slot_range(first: tuple[int, int], last: tuple[int, int]) -> str:
 
 
 def _order_text(p: ShardPlan) -> str:
-    if not p.shuffle:
+    if not p.order.shuffle:
         return "listing order"
-    if p.node_count == 1:
-        return f"shuffled (seed {p.seed}, epoch {p.epoch}; one node)"
-    if p.shuffle_scope == "node":
-        return (f"shuffled within each node (seed {p.seed}, epoch {p.epoch}): each node keeps "
+    if p.layout.nodes == 1:
+        return f"shuffled (seed {p.order.seed}, epoch {p.order.epoch}; one node)"
+    if p.order.shuffle_scope == "node":
+        return (f"shuffled within each node (seed {p.order.seed}, epoch {p.order.epoch}): each node keeps "
                 "its files every epoch")
-    return (f"shuffled over the whole job (seed {p.seed}, epoch {p.epoch}): nodes get other "
+    return (f"shuffled over the whole job (seed {p.order.seed}, epoch {p.order.epoch}): nodes get other "
             "files every epoch")
 
 
@@ -61,11 +61,11 @@ def render_files(console: Console, fp: FilePlan) -> None:
                   f"[dim]fingerprint {manifest.fingerprint[:12]}[/]")
     summary = table("", "", numeric=False)
     summary.show_header = False
-    summary.add_row(f"{n}s", f"{p.n_files:,} ({format_bytes(p.total_bytes)})")
+    summary.add_row(f"{n}s", f"{p.order.n:,} ({format_bytes(p.total_bytes)})")
     summary.add_row("ranks x workers",
-                    f"{p.world_size:,} x {_workers_text(p)} = {counted(p.slot_total, 'slot')}")
-    if p.nproc_per_node is not None:
-        summary.add_row("nodes", f"{p.node_count:,} x {counted(p.nproc_per_node, 'rank')} per node")
+                    f"{p.layout.world_size:,} x {_workers_text(p)} = {counted(p.layout.slots, 'slot')}")
+    if p.layout.nproc_per_node is not None:
+        summary.add_row("nodes", f"{p.layout.nodes:,} x {counted(p.layout.nproc_per_node, 'rank')} per node")
     summary.add_row("read order", order)
     summary.add_row(f"{n}s per slot",
                     f"min {fps.min:,.0f} / mean {fps.mean:,.1f} / max {fps.max:,.0f}")
@@ -89,7 +89,7 @@ def render_files(console: Console, fp: FilePlan) -> None:
     if p.empty.ranks:
         console.print(f"[dim]{counted(p.empty.ranks, 'rank')} read no {n} and "
                       f"{'is' if p.empty.ranks == 1 else 'are'} not listed[/]")
-    if p.node_count > 1:
+    if p.layout.nodes > 1:
         console.print()
         nodes = table("node", "ranks", f"{n}s", "bytes")
         node_rows, node_cut = truncated_rows(p.nodes)
@@ -100,9 +100,9 @@ def render_files(console: Console, fp: FilePlan) -> None:
             nodes.add_row(str(nd.node), f"{nd.first_rank}..{nd.last_rank}", f"{nd.files:,}",
                           format_bytes(nd.bytes))
         console.print(nodes)
-        if len(p.nodes) < p.node_count:
-            console.print(f"[dim]{counted(p.node_count - len(p.nodes), 'node')} read no {n} and "
-                          f"{'is' if p.node_count - len(p.nodes) == 1 else 'are'} not listed[/]")
+        if len(p.nodes) < p.layout.nodes:
+            console.print(f"[dim]{counted(p.layout.nodes - len(p.nodes), 'node')} read no {n} and "
+                          f"{'is' if p.layout.nodes - len(p.nodes) == 1 else 'are'} not listed[/]")
     console.print()
     paths = fp.names
     if p.consistent and not p.empty.count:
@@ -142,10 +142,10 @@ def _render_empty(console: Console, p: ShardPlan, n: str = "file") -> None:
     whole = f"; {counted(e.ranks, 'rank')} get{'s' * (e.ranks == 1)} no {n} at all" if e.ranks else ""
     if p.consistent:
         console.print(f"[yellow]![/] every {n} is read once, but [bold]{e.count:,}[/] of "
-                      f"{counted(p.slot_total, 'slot')} read nothing (more slots than the "
-                      f"{counted(p.n_files, n)}){whole}")
+                      f"{counted(p.layout.slots, 'slot')} read nothing (more slots than the "
+                      f"{counted(p.order.n, n)}){whole}")
     else:
-        console.print(f"[yellow]![/] [bold]{e.count:,}[/] of {counted(p.slot_total, 'slot')} "
+        console.print(f"[yellow]![/] [bold]{e.count:,}[/] of {counted(p.layout.slots, 'slot')} "
                       f"read nothing{whole}")
     for (first, last), size in list(zip(e.ranges, e.range_sizes, strict=True))[:EXAMPLES]:
         console.print(f"  {'no ' + n + 's':<11} {_slot_range(first, last)}  [dim]({counted(size, 'slot')}, "
@@ -155,7 +155,7 @@ def _render_empty(console: Console, p: ShardPlan, n: str = "file") -> None:
         console.print(f"  {'':<11} [dim]… and {hidden:,} more ranges (--json lists the first "
                       f"{len(e.ranges)})[/]")
     if p.consistent:
-        console.print(f"  fix: use at most {counted(p.n_files, 'slot')} (world size x num_workers), or "
+        console.print(f"  fix: use at most {counted(p.order.n, 'slot')} (world size x num_workers), or "
                       f'VolumeDataset(equal_length="pad"), which re-reads {n}s until every '
                       "slot has one")
 
@@ -248,12 +248,12 @@ def render_resume(console: Console, rf: ResumeFiles) -> None:
     how = ("every slot continues where it stopped" if doc["mode"] == "continue" else
            f"the rest is re-split over {doc['world_size']:,} x "
            f"{counted(max(1, doc['num_workers']), 'slot')} by the slot rule")
-    order = f"shuffled (seed {state.seed})" if state.shuffle else "listing order"
-    console.print(f"[bold]Resumed epoch {state.epoch}[/] of "
+    order = f"shuffled (seed {state.order.seed})" if state.order.shuffle else "listing order"
+    console.print(f"[bold]Resumed epoch {state.order.epoch}[/] of "
                   f"{escape(manifest.path or manifest.source)}  "
                   f"[dim]fingerprint {manifest.fingerprint[:12]}, {order}[/]")
     console.print(f"{counted(doc['resumed_files'], 'file')} delivered before the restart (saved on "
-                  f"{state.last.world_size} x {state.last.num_workers}); "
+                  f"{state.last.layout.world_size} x {state.last.layout.num_workers}); "
                   f"{doc['remaining_files']:,} left: {how}")
     slots = table("rank", "worker", "files left", "bytes", "first files")
     rows, cut = truncated_rows(doc["slots"])
@@ -283,16 +283,16 @@ def render_row_groups(console: Console, p: RowGroupPlan) -> None:
                             f"{counted(len(m.files), 'file')} ({format_bytes(plan.total_bytes)})")
     if p.columns != m.columns:
         summary.add_row("columns", ", ".join(p.columns))
-    workers = plan.num_workers
+    workers = plan.layout.num_workers
     spec = f"{workers} on every rank" if isinstance(workers, int) else \
         ",".join(str(k) for k in workers)
     summary.add_row("ranks x workers",
-                    f"{plan.world_size:,} x {spec} = {counted(plan.slot_total, 'slot')}")
-    if plan.nproc_per_node is not None:
-        summary.add_row("nodes", f"{plan.node_count:,} x {counted(plan.nproc_per_node, 'rank')} "
+                    f"{plan.layout.world_size:,} x {spec} = {counted(plan.layout.slots, 'slot')}")
+    if plan.layout.nproc_per_node is not None:
+        summary.add_row("nodes", f"{plan.layout.nodes:,} x {counted(plan.layout.nproc_per_node, 'rank')} "
                                  "per node")
-    order = "listing order" if not plan.shuffle else \
-        f"shuffled (seed {plan.seed}, epoch {plan.epoch}, scope {plan.shuffle_scope})"
+    order = "listing order" if not plan.order.shuffle else \
+        f"shuffled (seed {plan.order.seed}, epoch {plan.order.epoch}, scope {plan.order.shuffle_scope})"
     summary.add_row("read order", order)
     summary.add_row("row groups per slot",
                     _spread(doc["row_groups_per_slot"], lambda v: f"{v:,.1f}".rstrip("0")
@@ -325,7 +325,7 @@ def render_row_groups(console: Console, p: RowGroupPlan) -> None:
         console.print(f"[red]✗[/] ranks disagree on num_workers: {len(plan.duplicated):,} "
                       f"row groups are read twice or more, {len(plan.skipped):,} never")
     if plan.empty.count:
-        console.print(f"[yellow]![/] {plan.empty.count:,} of {counted(plan.slot_total, 'slot')} "
+        console.print(f"[yellow]![/] {plan.empty.count:,} of {counted(plan.layout.slots, 'slot')} "
                       f"read no row group (more slots than the {counted(m.row_groups, 'row group')}): "
                       "use fewer slots, or export with more row groups (ucstage export "
                       "--row-group-rows N)")

@@ -22,6 +22,5 @@ from .dataset import VolumeDataset
 from .loader import DataLoader
 from .mix import Mix
 from .table import TableDataset
-from .timing import EpochStats
 
-__all__ = ["DataLoader", "EpochStats", "Mix", "TableDataset", "VolumeDataset"]
+__all__ = ["DataLoader", "Mix", "TableDataset", "VolumeDataset"]

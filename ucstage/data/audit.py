@@ -89,8 +89,8 @@ class EpochAudit:
 
     def __init__(self, progress: LoaderProgress) -> None:
         state = progress.state()
-        n = state.files
-        self.epoch = state.epoch
+        n = state.order.n
+        self.epoch = state.order.epoch
         self.counts = np.zeros(n, dtype=np.uint16)
         self._progress = progress
         self._pending: list[Any] = []

@@ -51,7 +51,7 @@ def load(vds: ShardedDataset, state: Any, *, check: bool = True) -> None:
 
 
 def _resumes_epoch(state: LoaderState) -> int:
-    return state.epoch + 1 if state.finished else state.epoch
+    return state.order.epoch + 1 if state.finished else state.order.epoch
 
 
 def _pending(vds: ShardedDataset) -> LoaderState | None:
@@ -73,9 +73,9 @@ def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
 def resume_plan(vds: ShardedDataset, state: LoaderState, world_size: int, num_workers: int
                 ) -> tuple[list[Segment], list[np.ndarray | None]]:
     """The epoch's segments from now on, and what each slot still reads."""
-    if state.epoch != vds.epoch:
-        raise InvalidArgument(f"the loaded state resumes epoch {state.epoch}, but the dataset "
-                              f"is at epoch {vds.epoch}")
+    if state.order.epoch != vds.epoch:
+        raise InvalidArgument(f"the loaded state resumes epoch {state.order.epoch}, but the "
+                              f"dataset is at epoch {vds.epoch}")
     return resume_slots(state.order, state.segments, vds.layout(world_size, num_workers))
 
 
@@ -368,8 +368,9 @@ def check_across_ranks(dist: Any, vds: ShardedDataset) -> None:
             check_fits(vds, pending)
         except ResumeMismatch as exc:
             error = exc.message
-    digest = None if pending is None else (pending.epoch, pending.segments[:-1],
-                                           pending.last.world_size, pending.last.num_workers)
+    digest = None if pending is None else (pending.order.epoch, pending.segments[:-1],
+                                           pending.last.layout.world_size,
+                                           pending.last.layout.num_workers)
     gathered = dist_.all_gather(dist, (error, digest))
     failed = [(r, e) for r, (e, _) in enumerate(gathered) if e]
     if failed:

@@ -27,8 +27,9 @@ from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import load
+from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, slot_array
-from ..tables import RowGroupManifest, is_row_group_manifest, row_groups
+from ..tables import row_groups
 from ..tables.plan import drop_note, equal_batches
 from . import epochrecord, holding
 from .frozen import Freezable, Request

@@ -1,5 +1,5 @@
 """The result of one export; the record itself (``_ucstage_export.json``)
-lives in :mod:`ucstage.tables.record`, re-exported here."""
+lives in :mod:`ucstage.tables.record`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tables.record import RECORD_FORMAT, RECORD_NAME, ExportedFile, ExportRecord
+from ..tables.record import ExportedFile, ExportRecord
 from .options import suggest_files
 
-__all__ = ["RECORD_FORMAT", "RECORD_NAME", "ExportRecord", "ExportResult", "ExportedFile"]
+__all__ = ["ExportResult"]
 
 
 @dataclass
@@ -47,7 +47,7 @@ class ExportResult:
         ``warnings`` and ``row_groups`` (what the footers hold); with
         ``world_size`` and ``num_workers`` (one int for every rank, or one per
         rank) also ``suggested_files``, the file count
-        :func:`~ucstage.export.suggest_files` proposes for that job, and
+        :func:`~ucstage.export.options.suggest_files` proposes for that job, and
         ``row_group_slots``, the slots its row groups fill.
         """
         data = {**self.record.to_json(), "skipped_unchanged": self.skipped_unchanged,

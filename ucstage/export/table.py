@@ -59,6 +59,7 @@ from ..tables.names import (
     parse_table_name,
     warehouse_path,
 )
+from ..tables.record import ExportRecord
 from .dest import (
     HADOOP_GLOB_CHARS,
     check_dest_writable,
@@ -76,7 +77,7 @@ from .dest import (
 )
 from .interrupt import add_note, notes, signals_deferred
 from .options import ExportOptions, check_partition_by
-from .record import ExportRecord, ExportResult
+from .record import ExportResult
 from .spark import abandon, catalog_is_new, get_session, is_connection_error
 
 __all__ = ["export_table", "read_table"]

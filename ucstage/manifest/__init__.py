@@ -22,26 +22,25 @@ listing, a table's row groups (:mod:`~ucstage.manifest.rowgroups`), saved and
 loaded as this one; the Arrow buffer helpers both use
 (:mod:`~ucstage.manifest.arrays`), the two formats
 (:mod:`~ucstage.manifest.formats`) and the files they live in
-(:mod:`~ucstage.manifest.files`). Every name users import from
-``ucstage.manifest`` is re-exported here; :func:`snapshot` lives in
-:mod:`ucstage.source`, which decides once what a SOURCE names.
+(:mod:`~ucstage.manifest.files`). The names other packages and users import
+are re-exported here; :func:`snapshot` lives in :mod:`ucstage.source`, which
+decides once what a SOURCE names.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .columns import BATCH_ROWS, ArrowEntries
-from .files import FORMATS, is_manifest_file, load, save
-from .formats import ARROW_SUFFIX, MANIFEST_SUFFIX
-from .model import FORMAT, FORMAT_VERSION, Manifest, fingerprint, group_manifest
+from .columns import ArrowEntries
+from .files import load, save
+from .formats import ARROW_SUFFIX
+from .model import Manifest, fingerprint, group_manifest
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..source import snapshot
 
-__all__ = ["ARROW_SUFFIX", "BATCH_ROWS", "FORMAT", "FORMATS", "FORMAT_VERSION", "MANIFEST_SUFFIX",
-           "ArrowEntries", "Manifest", "fingerprint", "group_manifest", "is_manifest_file", "load", "save",
-           "snapshot"]
+__all__ = ["ARROW_SUFFIX", "ArrowEntries", "Manifest", "fingerprint", "group_manifest", "load",
+           "save", "snapshot"]
 
 
 def __getattr__(name: str) -> Any:

@@ -36,38 +36,15 @@ over that node's ranks x workers with the same rule. With one node (no
 
 from __future__ import annotations
 
-from .forecast import Forecast, ForecastRow, forecast
-from .order import NodeOrder, Permutation, node_block, node_order, node_share, read_order
-from .plan import ShardPlan, plan, shard_plan, slot_plan
-from .resplit import (
-    EpochOrder,
-    Segment,
-    SlotRun,
-    epoch_slot_length,
-    resume_nodes,
-    resume_slots,
-    same_layout,
-    segment_runs,
-)
-from .rule import (
-    Dealing,
-    Stride,
-    equal_count,
-    equal_slot_files,
-    rank_entries,
-    rank_length,
-    slot_array,
-    slot_dealing,
-    slot_files,
-    slot_indices,
-    slot_length,
-    stride,
-)
-from .stats import MAX_RANGES as MAX_RANGES
-from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
+# What other packages and users import; the rest is imported from its module.
+from .forecast import Forecast, forecast
+from .order import Permutation
+from .plan import ShardPlan, shard_plan, slot_plan
+from .resplit import Segment, epoch_slot_length, resume_slots, segment_runs
+from .rule import rank_entries, rank_length, slot_array, slot_length
+from .stats import SlotPlan
 from .values import (
     DEFAULT_SHUFFLE_SCOPE,
-    EQUAL_LENGTH_MODES,
     SHUFFLE_SCOPES,
     Layout,
     ReadOrder,
@@ -77,48 +54,24 @@ from .values import (
 
 __all__ = [
     "DEFAULT_SHUFFLE_SCOPE",
-    "EQUAL_LENGTH_MODES",
     "SHUFFLE_SCOPES",
-    "Dealing",
-    "EmptySlots",
-    "EpochOrder",
     "Forecast",
-    "ForecastRow",
     "Layout",
-    "NodeOrder",
-    "NodeStats",
     "Permutation",
-    "RankStats",
     "ReadOrder",
     "Segment",
     "ShardPlan",
     "Slot",
     "SlotPlan",
-    "SlotRun",
-    "Spread",
-    "Stride",
     "World",
     "epoch_slot_length",
-    "equal_count",
-    "equal_slot_files",
     "forecast",
-    "node_block",
-    "node_order",
-    "node_share",
-    "plan",
     "rank_entries",
     "rank_length",
-    "read_order",
-    "resume_nodes",
     "resume_slots",
-    "same_layout",
     "segment_runs",
     "shard_plan",
     "slot_array",
-    "slot_dealing",
-    "slot_files",
-    "slot_indices",
     "slot_length",
     "slot_plan",
-    "stride",
 ]

@@ -9,13 +9,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-import warnings
-
 from ..errors import InvalidArgument
 from .order import NodeOrder, Permutation, node_order
 from .rule import slot_array, stride
 from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
-from .values import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, Slot
+from .values import Layout, ReadOrder, Slot
 
 
 @dataclass
@@ -47,60 +45,6 @@ class ShardPlan:
     nodes: list[NodeStats] = field(default_factory=list)
     """Nodes that read at least one file, in node order."""
 
-    # The layout's and the read order's fields, as the plan has always exposed them.
-    @property
-    def n_files(self) -> int:
-        return self.order.n
-
-    @property
-    def world_size(self) -> int:
-        return self.layout.world_size
-
-    @property
-    def num_workers(self) -> int | list[int]:
-        """As given: one int for every rank, or a list of one per rank."""
-        spec = self.layout.num_workers
-        return spec if isinstance(spec, int) else list(spec)
-
-    @property
-    def nproc_per_node(self) -> int | None:
-        """Ranks per node, or None: the whole job is one node."""
-        return self.layout.nproc_per_node
-
-    @property
-    def node_count(self) -> int:
-        return self.layout.nodes
-
-    @property
-    def slot_total(self) -> int:
-        """Every slot of the job, empty or not."""
-        return self.layout.slots
-
-    @property
-    def shuffle(self) -> bool:
-        return self.order.shuffle
-
-    @property
-    def seed(self) -> int:
-        return self.order.seed
-
-    @property
-    def epoch(self) -> int:
-        return self.order.epoch
-
-    @property
-    def shuffle_scope(self) -> str:
-        return self.order.shuffle_scope
-
-    def workers_of(self, rank: int) -> int:
-        """The ``num_workers`` rank ``rank`` runs with.
-
-        .. deprecated:: never called; use ``plan.layout.workers_of(rank)``.
-        """
-        warnings.warn("ShardPlan.workers_of is deprecated: use plan.layout.workers_of(rank)",
-                      DeprecationWarning, stacklevel=2)
-        return self.layout.workers_of(rank)
-
     @property
     def consistent(self) -> bool:
         """No file is read twice or never."""
@@ -121,7 +65,7 @@ class ShardPlan:
             out.append(f"{len(self.duplicated):,} files read twice or more, "
                        f"{len(self.skipped):,} never read")
         if self.empty.count:
-            total = self.slot_total
+            total = self.layout.slots
             out.append(f"{self.empty.count:,} of {total:,} slot{'s' * (total != 1)} read nothing")
         if not self.batches_equal:
             out.append("ranks would get different batch counts")
@@ -142,7 +86,7 @@ class ShardPlan:
         """min / mean / max over every slot, the empty ones counted as zeros."""
         if not values:
             return Spread(0, 0, 0)
-        total = self.slot_total or len(values)
+        total = self.layout.slots or len(values)
         low = 0 if self.empty.count else min(values)
         return Spread(low, sum(values) / total, max(values))
 
@@ -164,21 +108,21 @@ class ShardPlan:
         doc = {
             "source": source,
             "fingerprint": fingerprint,
-            "files": self.n_files,
+            "files": self.order.n,
             "bytes": self.total_bytes,
-            "world_size": self.world_size,
+            "world_size": self.layout.world_size,
             "num_workers": [r.num_workers for r in self.ranks],
-            "shuffle": self.shuffle,
-            "shuffle_scope": self.shuffle_scope,
-            "nproc_per_node": self.nproc_per_node,
-            "node_count": self.node_count,
-            "seed": self.seed,
-            "epoch": self.epoch,
+            "shuffle": self.order.shuffle,
+            "shuffle_scope": self.order.shuffle_scope,
+            "nproc_per_node": self.layout.nproc_per_node,
+            "node_count": self.layout.nodes,
+            "seed": self.order.seed,
+            "epoch": self.order.epoch,
             "batch_size": self.batch_size,
             "consistent": self.consistent,
             "batches_equal": self.batches_equal,
             "summary": {
-                "slots": self.slot_total,
+                "slots": self.layout.slots,
                 "files_per_slot": {"min": fps.min, "mean": fps.mean, "max": fps.max},
                 "bytes_per_slot": {"min": bps.min, "mean": bps.mean, "max": bps.max},
                 "imbalance": round(self.imbalance, 4),
@@ -220,50 +164,25 @@ def _ranks_to_plan(layout: Layout, first: int, count: int, n: int) -> Iterator[t
             yield rank, spec[rank]
 
 
-def plan(
-    sizes: Sequence[int] | np.ndarray,
-    *,
-    world_size: int,
-    num_workers: int | Sequence[int],
-    shuffle: bool = False,
-    seed: int = 0,
-    epoch: int = 0,
-    batch_size: int | None = None,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
-    nproc_per_node: int | None = None,
-) -> ShardPlan:
-    """Plan which files every slot reads, as each rank would compute it itself.
-
-    The keyword form of :func:`shard_plan`.
-
-    Args:
-        sizes: file sizes in listing order (a numpy array costs no Python
-            object per file; :meth:`ucstage.Manifest.sizes` gives one).
-        world_size: number of ranks.
-        num_workers: one value, or one per rank; rank ``r`` applies the slot rule
-            with its own value, exactly as a rank given that value would, so a
-            mismatch shows up as duplicated and skipped files.
-        shuffle, seed, epoch: the read order (see :func:`read_order`).
-        batch_size: when given, per-rank batch counts (a DataLoader over an
-            IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
-        shuffle_scope, nproc_per_node: with ``shuffle``, ``"node"`` keeps each
-            node's files across epochs (see the module docstring); ``"global"``
-            deals one permutation over the whole job. ``nproc_per_node=None``
-            makes the whole job one node.
-    """
-    layout = Layout(world_size, num_workers, nproc_per_node)
-    return shard_plan(sizes, layout, ReadOrder(len(sizes), shuffle, seed, epoch, None,
-                                               shuffle_scope), batch_size=batch_size)
-
-
 def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrder, *,
                batch_size: int | None = None) -> ShardPlan:
     """Plan which files every slot of ``layout`` reads in ``order`` (``order.n``
-    is ``len(sizes)``; its ``equal_length`` is not applied).
+    is ``len(sizes)``; its ``equal_length`` is not applied), as each rank
+    would compute it itself.
 
     Time and memory grow with the number of files, not of slots: slots that
     read nothing (more slots than files) are counted and described by ranges
     in :attr:`ShardPlan.empty`, never listed.
+
+    Args:
+        sizes: file sizes in listing order (a numpy array costs no Python
+            object per file; :meth:`ucstage.Manifest.sizes` gives one).
+        layout: the job; with one ``num_workers`` per rank, rank ``r`` applies
+            the slot rule with its own value, exactly as a rank given that value
+            would, so a mismatch shows up as duplicated and skipped files.
+        order: the epoch's read order (shuffle, seed, epoch and scope).
+        batch_size: when given, per-rank batch counts (a DataLoader over an
+            IterableDataset batches per worker: ``sum(ceil(files_w / B))``).
     """
     import numpy as np
 

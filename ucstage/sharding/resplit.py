@@ -53,28 +53,13 @@ class Segment:
         if len(self.delivered) != self.layout.slots:
             raise InvalidArgument(
                 f"the state lists {len(self.delivered)} slots but world_size "
-                f"{self.world_size} x num_workers {self.num_workers} has {self.slots}")
+                f"{self.layout.world_size} x num_workers {self.layout.num_workers} has "
+                f"{self.layout.slots}")
 
     @classmethod
     def start(cls, layout: Layout) -> Segment:
         """A segment of ``layout`` in which no slot has delivered anything yet."""
         return cls(layout, (0,) * layout.slots)
-
-    @property
-    def world_size(self) -> int:
-        return self.layout.world_size
-
-    @property
-    def num_workers(self) -> int:
-        return self.layout.num_workers  # type: ignore[return-value]  # uniform: an int
-
-    @property
-    def nproc_per_node(self) -> int | None:
-        return self.layout.nproc_per_node
-
-    @property
-    def slots(self) -> int:
-        return self.layout.slots
 
 
 @dataclass(frozen=True)
@@ -130,7 +115,7 @@ def _remainder(runs: list[SlotRun], done: Segment, groups: int) -> list[np.ndarr
         if not len(left):
             continue
         g = 0 if groups == 1 else done.layout.node_of(done.layout.slot_at(s).rank)
-        keys[g].append(np.arange(d, run.real, dtype=np.int64) * done.slots + s)
+        keys[g].append(np.arange(d, run.real, dtype=np.int64) * done.layout.slots + s)
         vals[g].append(left)
     out = []
     for g in range(groups):
@@ -184,7 +169,7 @@ def segment_runs(order: ReadOrder, segments: Sequence[Segment]) -> list[list[Slo
     for i, seg in enumerate(segments):
         layout = seg.layout
         if i == 0:
-            runs = [_epoch_slot(order, layout, layout.slot_at(s)) for s in range(seg.slots)]
+            runs = [_epoch_slot(order, layout, layout.slot_at(s)) for s in range(layout.slots)]
         else:
             prev = segments[i - 1]
             nodes = resume_nodes(layout, order)

@@ -10,7 +10,6 @@ equal-length wrap. The plan, the forecast, the resume re-split, the cache's
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -20,11 +19,10 @@ if TYPE_CHECKING:
 
 from ..errors import InvalidArgument
 from .order import NodeOrder, Permutation, node_block, node_order, node_share
-from .values import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, Slot
+from .values import Layout, ReadOrder, Slot
 
-__all__ = ["Dealing", "Stride", "equal_count", "equal_slot_files", "rank_entries",
-           "rank_length", "slot_array", "slot_dealing", "slot_files", "slot_indices",
-           "slot_length", "stride"]
+__all__ = ["Dealing", "Stride", "equal_count", "rank_entries", "rank_length", "slot_array",
+           "slot_dealing", "slot_length", "stride"]
 
 T = TypeVar("T")
 
@@ -134,63 +132,12 @@ def slot_array(order: ReadOrder, layout: Layout, slot: Slot, *,
                deals_from: Sequence[int] | None = None) -> np.ndarray:
     """The listing rows ``slot`` reads in one epoch, in read order, as an int64
     array: no Python object per file, and with a shuffle only this slot's
-    positions are permuted. With ``order.equal_length`` every slot reads the
-    same count (see :func:`equal_slot_files`)."""
-    deal = slot_dealing(order, layout, slot, deals_from=deals_from)
-    m = len(deal.order)
-    count = equal_count(order.n, layout.slots, order.equal_length) if order.n else None
-    if count and not m:
-        raise InvalidArgument(
-            f'equal_length="pad" needs a file on every node: {order.n} files, '
-            f'{deal.nodes} nodes', hint='use fewer nodes, or equal_length="drop"')
-    # m: the files the slot's node deals (the whole job's with one node).
-    return _pick(deal.order, deal.stride.positions(m, count))
+    positions are permuted. Pass ``deals_from`` (:func:`node_order` of the
+    slot's node) to avoid recomputing a permutation for every slot.
 
-
-def slot_files(
-    n: int,
-    *,
-    rank: int,
-    world_size: int,
-    num_workers: int,
-    worker: int,
-    shuffle: bool = False,
-    seed: int = 0,
-    epoch: int = 0,
-    order: Sequence[int] | None = None,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
-    nproc_per_node: int | None = None,
-) -> list[int]:
-    """File indices (into the listing) that slot (rank, worker) reads, in read order.
-
-    The keyword form of :func:`slot_array`. Pass ``order`` (from
-    :func:`node_order` for the slot's node) to avoid recomputing a
-    permutation for every slot.
-    """
-    layout = Layout(world_size, num_workers, nproc_per_node)
-    read = ReadOrder(n, shuffle, seed, epoch, None, shuffle_scope)
-    return slot_array(read, layout, layout.slot(rank, worker), deals_from=order).tolist()
-
-
-def equal_slot_files(
-    n: int,
-    *,
-    rank: int,
-    world_size: int,
-    num_workers: int,
-    worker: int,
-    equal_length: str,
-    shuffle: bool = False,
-    seed: int = 0,
-    epoch: int = 0,
-    order: Sequence[int] | None = None,
-    shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
-    nproc_per_node: int | None = None,
-) -> list[int]:
-    """:func:`slot_files`, trimmed or padded so that every slot reads the same count.
-
-    Equal counts per slot give every rank the same number of batches, so DDP
-    does not hang at the end of an epoch waiting for a rank with one more.
+    With ``order.equal_length`` every slot reads the same count, so every rank
+    gets the same number of batches and DDP does not hang at the end of an
+    epoch waiting for a rank with one more:
 
     * ``"drop"``: every slot reads ``n // slots`` files; the last ``n % slots``
       files of the read order are skipped this epoch (with ``shuffle`` a
@@ -201,23 +148,17 @@ def equal_slot_files(
       the read order are read twice, as ``DistributedSampler`` pads.
 
     Under the ``"node"`` scope with several nodes, ``slots`` still counts the
-    whole job's, and the read order is the node's (``n`` its file count).
+    whole job's, and the read order is the node's.
     """
-    layout = Layout(world_size, num_workers, nproc_per_node)
-    read = ReadOrder(n, shuffle, seed, epoch, equal_length, shuffle_scope)
-    return slot_array(read, layout, layout.slot(rank, worker), deals_from=order).tolist()
-
-
-def slot_indices(n: int, *, rank: int, world_size: int, num_workers: int, worker: int) -> range:
-    """Positions in the read order that slot (rank, worker) reads: the slot rule.
-
-    .. deprecated:: never called; use :func:`stride` (``Stride.positions``).
-    """
-    warnings.warn("ucstage.sharding.slot_indices is deprecated: use stride(layout, slot, "
-                  "per_node=False)", DeprecationWarning, stacklevel=2)
-    layout = Layout(world_size, num_workers)
-    at = stride(layout, layout.slot(rank, worker), per_node=False)
-    return range(at.start, n, at.step)
+    deal = slot_dealing(order, layout, slot, deals_from=deals_from)
+    m = len(deal.order)
+    count = equal_count(order.n, layout.slots, order.equal_length) if order.n else None
+    if count and not m:
+        raise InvalidArgument(
+            f'equal_length="pad" needs a file on every node: {order.n} files, '
+            f'{deal.nodes} nodes', hint='use fewer nodes, or equal_length="drop"')
+    # m: the files the slot's node deals (the whole job's with one node).
+    return _pick(deal.order, deal.stride.positions(m, count))
 
 
 def slot_length(order: ReadOrder, layout: Layout, slot: Slot) -> int:

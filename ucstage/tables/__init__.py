@@ -12,27 +12,9 @@ into a ``manifest`` (:class:`RowGroupManifest`). See docs/design.md and
 docs/manifest.md.
 """
 
-from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
-from .delta import TableState, table_state
+# What the CLI, data/ and users (docs/manifest.md) import; data/ and export/
+# import the rest from its module.
+from ..manifest.rowgroups import RowGroupManifest
 from .listing import row_groups
-from .names import WAREHOUSE_ENV, TableName, is_table_path, parse_table_name, warehouse_path
-from .record import RECORD_NAME, ExportRecord, load_record
-from .source import TableSource, resolve_table
 
-__all__ = [
-    "RECORD_NAME",
-    "WAREHOUSE_ENV",
-    "ExportRecord",
-    "RowGroupManifest",
-    "TableName",
-    "TableSource",
-    "TableState",
-    "is_row_group_manifest",
-    "is_table_path",
-    "load_record",
-    "parse_table_name",
-    "resolve_table",
-    "row_groups",
-    "table_state",
-    "warehouse_path",
-]
+__all__ = ["RowGroupManifest", "row_groups"]

@@ -77,7 +77,7 @@ class RowGroupPlan:
             out.append(f"{len(self.plan.duplicated):,} row groups read twice or more, "
                        f"{len(self.plan.skipped):,} never read")
         if self.plan.empty.count:
-            total = self.plan.slot_total
+            total = self.plan.layout.slots
             out.append(f"{self.plan.empty.count:,} of {total:,} slot{'s' * (total != 1)} read "
                        "no row group")
         if not self.batches_equal:
@@ -98,11 +98,12 @@ class RowGroupPlan:
         if not values:
             return {"min": 0, "mean": 0.0, "max": 0}
         low = 0 if self.plan.empty.count else min(values)
-        return {"min": low, "mean": sum(values) / self.plan.slot_total, "max": max(values)}
+        return {"min": low, "mean": sum(values) / self.plan.layout.slots, "max": max(values)}
 
     def to_json(self) -> dict[str, Any]:
         """The plan as docs/json.md#shard-plan---unit-row-group documents it."""
         m, p = self.manifest, self.plan
+        layout, order = p.layout, p.order
         return {
             "unit": "row-group",
             "source": m.source,
@@ -114,18 +115,18 @@ class RowGroupPlan:
             "row_groups": m.row_groups,
             "rows": m.rows,
             "bytes": p.total_bytes,
-            "world_size": p.world_size,
+            "world_size": layout.world_size,
             "num_workers": [r.num_workers for r in self.ranks],
-            "shuffle": p.shuffle, "shuffle_scope": p.shuffle_scope,
-            "nproc_per_node": p.nproc_per_node, "node_count": p.node_count,
-            "seed": p.seed, "epoch": p.epoch,
+            "shuffle": order.shuffle, "shuffle_scope": order.shuffle_scope,
+            "nproc_per_node": layout.nproc_per_node, "node_count": layout.nodes,
+            "seed": order.seed, "epoch": order.epoch,
             "batch_rows": self.batch_rows,
             "equal_length": self.equal_length,
             "batches_per_slot": self.equal,
             "consistent": p.consistent,
             "batches_equal": self.batches_equal,
             "summary": {
-                "slots": p.slot_total,
+                "slots": layout.slots,
                 "row_groups_per_slot": self.spread([s.count for s in p.slots]),
                 "rows_per_slot": self.spread(self.slot_rows),
                 "bytes_per_slot": self.spread([s.bytes for s in p.slots]),

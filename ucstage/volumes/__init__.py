@@ -8,32 +8,25 @@ volume deterministically (:func:`list_files`), over the parallel walk of
 (:mod:`~ucstage.volumes.entry`). Whether a SOURCE names a volume at all or a
 manifest file is decided once, by :func:`ucstage.source.open_source`.
 
-Every name users import from ``ucstage.volumes`` is re-exported here.
+The names other packages and users import are re-exported here; the rest
+is imported from its module.
 """
 
 from __future__ import annotations
 
-from ..errors import UnreadableFolders
 from .entry import RANGES_DIR, FileEntry, RangeEntry, is_range_path, version_of
-from .listing import Listing, list_files, matches
-from .location import VOLUMES_ROOT_ENV, Volume, is_mapped, is_volumes_path, resolve, safe_relpath
-
-# Readable here; the walk reads (and a test sets) ucstage.volumes.walk.LIST_THREADS.
-from .walk import LIST_THREADS as LIST_THREADS
+from .listing import list_files
+from .location import VOLUMES_ROOT_ENV, Volume, is_volumes_path, resolve, safe_relpath
 
 __all__ = [
     "RANGES_DIR",
     "VOLUMES_ROOT_ENV",
     "FileEntry",
-    "Listing",
     "RangeEntry",
-    "UnreadableFolders",
     "Volume",
-    "is_mapped",
     "is_range_path",
     "is_volumes_path",
     "list_files",
-    "matches",
     "resolve",
     "safe_relpath",
     "version_of",

@@ -1326,9 +1326,9 @@ def run_profile(args: argparse.Namespace) -> int:
     benchmarks.ab_compare.
     """
     from ucstage import LocalCache
-    from ucstage.volumes import list_files
     from ucstage.cache.inflight import Inflight
     from ucstage.cache.space import Evicted
+    from ucstage.volumes import list_files
 
     work = tempfile.mkdtemp(prefix="ucstage-profile-copy-")
     try:

@@ -7,7 +7,7 @@ the main process since the workers started (``set_epoch``, a loaded state,
 ``equal_length``, the environment) would reach them. So the ucstage
 DataLoader writes each epoch's parameters, before torch resets its workers,
 into one small file the pickled dataset points to (:class:`EpochLink`), and
-``VolumeDataset.__iter__`` in a worker reads it first (:func:`apply`). Fresh
+a sharded dataset's ``__iter__`` in a worker reads it first (:func:`apply`). Fresh
 (non-persistent) workers read the same record, so there is one route.
 
 Every record carries a generation number, one per started epoch iterator. A
@@ -94,7 +94,7 @@ class EpochRecord:
         if fresh:
             self.base_env = dict(os.environ)
         env = os.environ
-        resume = vds._resume
+        resume = vds._link.resume
         self.gen += 1
         self._payload = {
             "gen": self.gen,
@@ -161,7 +161,7 @@ class EpochLink:
 
 def apply(vds: Any) -> dict[str, Any] | None:
     """In a worker: take this epoch's parameters from the record (None without one)."""
-    link: EpochLink | None = getattr(vds, "_epoch_link", None)
+    link = vds._link.epoch_record
     if link is None:
         return None
     import torch.utils.data as tud
@@ -173,11 +173,11 @@ def apply(vds: Any) -> dict[str, Any] | None:
         setattr(vds, name, payload[name])
     resume = payload["resume"]
     if resume is None:
-        vds._resume = None
+        vds._link.resume = None
     else:
         from ..resume import LoaderState
 
-        vds._resume = LoaderState.from_dict(resume)
+        vds._link.resume = LoaderState.from_dict(resume)
     for name in payload["env_unset"]:
         os.environ.pop(name, None)
     os.environ.update(payload["env_set"])

@@ -15,7 +15,7 @@ import collections
 import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,8 +27,10 @@ from ..sharding import effective_workers
 from ..shutdown import exiting
 from . import looppos, samples, warm
 from .looppos import LoopView
-from .protocol import ShardedDataset
 from .readahead import CAP_SHARE, ReadAhead, Share, cache_fetcher, cache_lookup, node_share
+
+if TYPE_CHECKING:
+    from .sharded import ShardedDataset
 
 __all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup",
            "open_reader", "rank_stats", "source_metrics", "unheld_lookup", "wrap"]

@@ -21,7 +21,7 @@ from ..errors import InvalidArgument
 from . import audit as audit_
 from . import dist as dist_
 from . import state as state_
-from .protocol import ShardedDataset
+from .sharded import ShardedDataset
 
 __all__ = ["LoaderHooks"]
 
@@ -98,7 +98,7 @@ class LoaderHooks:
         if progress is None:
             return inner, epoch_done
         if self.loader.num_workers > 0:
-            progress.vds._resume = None  # the workers just started hold their copies
+            progress.vds._link.resume = None  # the workers just started hold their copies
 
         def done(stats: Any, next_step: int) -> None:
             if progress.live and stats.complete:

@@ -22,20 +22,18 @@ from ..errors import InvalidArgument, RankMismatch
 from ..sharding import effective_workers
 from . import dist as dist_
 from . import epochrecord, holding, looppos, workerstart
-from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
+from .dataset import VolumeDataset
 from .hooks import LoaderHooks
-from .mix import Mix
-from .protocol import ShardedDataset
-from .table import TableDataset
+from .sharded import DEFAULT_NUM_WORKERS, ShardedDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
-__all__ = ["DataLoader", "find_volume_dataset"]
+__all__ = ["DataLoader", "find_sharded_dataset"]
 
 
-def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
+def find_sharded_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
     """The sharded dataset (a VolumeDataset, a TableDataset, a Mix) inside a user's
     wrapper dataset (its attributes, a few levels deep); a mix is found before its sources."""
-    if isinstance(dataset, (Mix, VolumeDataset, TableDataset)):
+    if isinstance(dataset, ShardedDataset):
         return dataset
     if depth == 0:
         return None
@@ -46,11 +44,11 @@ def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
     for child in children:
         if isinstance(child, (list, tuple)):
             for item in child[:8]:
-                found = find_volume_dataset(item, depth - 1)
+                found = find_sharded_dataset(item, depth - 1)
                 if found is not None:
                     return found
         elif hasattr(child, "__dict__") and not isinstance(child, type):
-            found = find_volume_dataset(child, depth - 1)
+            found = find_sharded_dataset(child, depth - 1)
             if found is not None:
                 return found
     return None
@@ -134,7 +132,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         num_workers = bound.get("num_workers", kwargs.get("num_workers"))
         if "prefetch_factor" not in bound and num_workers:
             kwargs["prefetch_factor"] = 4
-        found = volume_dataset if volume_dataset is not None else find_volume_dataset(dataset)
+        found = volume_dataset if volume_dataset is not None else find_sharded_dataset(dataset)
         if "persistent_workers" not in bound and num_workers and (
                 found is not None or not isinstance(dataset, tud.IterableDataset)):
             # Workers live across epochs; each epoch's parameters reach them
@@ -160,7 +158,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self.epoch_stats: list[EpochStats] = []
         # Checkpoint/resume and the audit (data/hooks.py).
         self._hooks = LoaderHooks(self, self.volume_dataset, audit=audit,
-                                  audit_timeout=audit_timeout, find=find_volume_dataset)
+                                  audit_timeout=audit_timeout, find=find_sharded_dataset)
         self.audits = self._hooks.audits
         self.collate_fn = self._hooks.collate(self.collate_fn)
         self._steps = 0
@@ -223,7 +221,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         if gen is not None:
             on_done = self._record_done(on_done, gen)
         if board is not None:  # each next() tells the slot iterators what the loop is past
-            inner = looppos.Following(inner, board, vds, live=self.num_workers == 0)
+            inner = looppos.Following(inner, board, vds._link, live=self.num_workers == 0)
             on_done = inner.done(on_done)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
@@ -244,8 +242,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         """Start the epoch on the loop's board (data/looppos.py), which the
         holds of a VolumeDataset's slot iterators follow."""
         vds = self.volume_dataset
-        progress = getattr(vds, "_progress", None)
-        if not isinstance(vds, VolumeDataset) or progress is None:
+        progress = vds._link.progress if isinstance(vds, VolumeDataset) else None
+        if progress is None:
             return None
         shared = self.num_workers > 0
         if self._board is None:
@@ -255,9 +253,9 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         board.start(gen if gen is not None else board.gen + 1,
                     [progress.counts[s] for s in progress.own])
         if not shared:
-            vds._loop_link = board  # taken by the slot iterator this epoch starts
+            vds._link.board = board  # taken by the slot iterator this epoch starts
         elif fresh:  # pickled into (or forked with) the workers that start now
-            vds._loop_link = board.link()
+            vds._link.board = board.link()
         return board
 
     def _workers_alive(self) -> bool:
@@ -272,7 +270,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return None
         gen = self._record.write(vds, persistent=bool(self.persistent_workers), fresh=fresh)
         if fresh:  # pickled into (or forked with) the workers that start now
-            vds._epoch_link = epochrecord.EpochLink(self._record.path, gen)
+            vds._link.epoch_record = epochrecord.EpochLink(self._record.path, gen)
         return gen
 
     def _record_done(self, on_done: Any, gen: int) -> Any:
@@ -403,8 +401,7 @@ def _warn_if_empty(ds: Any, rank: int) -> None:
     if mine or not items:
         return
     cut = ' (equal_length="drop" cuts every slot to the shortest)' \
-        if "drop" in (getattr(ds, "equal_length", None),
-                      getattr(ds, "table_equal_length", None)) else ""
+        if ds.equal_length == "drop" else ""
     warnings.warn(f"rank {rank} reads nothing this epoch from a listing of {items} items"
                   f"{cut}; `ucstage shard-plan` shows each slot's share", stacklevel=3)
 

@@ -25,12 +25,13 @@ from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
 from ..resume import LoaderState, merge_states
 from ..sharding import Segment, resume_slots
 from . import dist as dist_
-from .protocol import ShardedDataset
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate"]
+    from .sharded import ShardedDataset
+
+__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging", "Wrapping"]
 
 
 def check_fits(vds: ShardedDataset, state: LoaderState) -> None:
@@ -46,7 +47,7 @@ def load(vds: ShardedDataset, state: Any, *, check: bool = True) -> None:
         check_fits(vds, parsed)
     # Kept even when the saved epoch was over (the next one then starts fresh),
     # so that the ranks still check it together before they start.
-    vds._resume = parsed
+    vds._link.resume = parsed
     vds.epoch = _resumes_epoch(parsed)
 
 
@@ -56,12 +57,12 @@ def _resumes_epoch(state: LoaderState) -> int:
 
 def _pending(vds: ShardedDataset) -> LoaderState | None:
     """The loaded state, if it has an epoch's rest to deliver."""
-    pending: LoaderState | None = vds._resume
+    pending = vds._link.resume
     return None if pending is None or pending.finished else pending
 
 
 def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
-    pending: LoaderState | None = vds._resume
+    pending = vds._link.resume
     if pending is not None and epoch != _resumes_epoch(pending):
         wanted = _resumes_epoch(pending)
         raise InvalidArgument(
@@ -87,10 +88,12 @@ class SlotTracker:
     """Counts what one slot's iterator hands out, in the process that iterates it."""
 
     def __init__(self, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
-                 num_workers: int, worker: int, start: int, done: list[Segment]) -> None:
+                 num_workers: int, worker: int, start: int, done: list[Segment],
+                 pending: LoaderState | None = None) -> None:
         self.vds = vds
         self.indices = indices
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
+        self.worker = worker
         self.layout = vds.layout(world_size, num_workers)
         self.slot = self.layout.slot_index(self.layout.slot(rank, worker))
         self.start = start
@@ -101,38 +104,52 @@ class SlotTracker:
         self.epoch = vds.epoch
         self.done = done
         """Segments of the epoch before the one this iterator runs."""
+        self.pending = pending
+        """The state this iteration resumes, if any."""
         self.finished = False
         self._taken = 0
 
     @classmethod
     def begin(cls, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
               num_workers: int, worker: int) -> SlotTracker:
-        """Start tracking an iteration; a pending resume picks the slot's rest."""
-        loaded: LoaderState | None = vds._resume
-        vds._resume = None  # applies to this one iteration of this process
+        """Start tracking an iteration over the slot's ``indices``; a pending
+        resume picks the slot's rest (:meth:`resumed` says what it reads)."""
+        link = vds._link
+        loaded, link.resume = link.resume, None  # applies to this one iteration of this process
         if loaded is not None:
             check_fits(vds, loaded)
+            cls.check_loaded(vds, loaded)
         pending = None if loaded is None or loaded.finished else loaded
-        layout = vds.layout(world_size, num_workers)
-        slot = layout.slot_index(layout.slot(rank, worker))
-        if pending is None:
-            tracker = cls(vds, indices, rank=rank, world_size=world_size,
-                          num_workers=num_workers, worker=worker, start=0, done=[])
-            vds._tracker = tracker
-            return tracker
-        chain, rest = resume_plan(vds, pending, world_size, num_workers)
-        mine = rest[slot]
-        if mine is None:
-            raise ResumeMismatch(
-                f"the state does not hold what slot {rank}:{worker} delivered",
-                hint="merge every rank's state with ucstage.merge_states and load the result")
+        start, done = 0, []
+        if pending is not None:
+            layout = vds.layout(world_size, num_workers)
+            slot = layout.slot_index(layout.slot(rank, worker))
+            chain, rest = resume_plan(vds, pending, world_size, num_workers)
+            if rest[slot] is None:
+                raise ResumeMismatch(
+                    f"the state does not hold what slot {rank}:{worker} delivered",
+                    hint="merge every rank's state with ucstage.merge_states and load the result")
+            indices, start = cls.resumed(pending, chain, rest, slot)
+            done = chain[:-1]
+        tracker = cls(vds, indices, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, start=start, done=done, pending=pending)
+        link.tracker = tracker  # state_dict() may be asked before the first item
+        return tracker
+
+    @staticmethod
+    def check_loaded(vds: ShardedDataset, loaded: LoaderState) -> None:
+        """Refuse a loaded state this kind of slot cannot resume (beyond :func:`check_fits`)."""
+
+    @staticmethod
+    def resumed(pending: LoaderState, chain: list[Segment], rest: list[Any], slot: int
+                ) -> tuple[Any, int]:
+        """(what the slot iterates, its position at the start) in a resumed
+        epoch: the slot's rest; on the same layout the slot continues, its
+        position the count it had delivered."""
         start = 0
         if len(chain) == len(pending.segments):  # the same layout: continue the slot
             start = chain[-1].delivered[slot] or 0
-        tracker = cls(vds, mine, rank=rank, world_size=world_size, num_workers=num_workers,
-                      worker=worker, start=start, done=chain[:-1])
-        vds._tracker = tracker  # state_dict() may be asked before the first item
-        return tracker
+        return rest[slot], start
 
     @property
     def position(self) -> int:
@@ -195,16 +212,15 @@ def _state_of(vds: ShardedDataset, segments: list[Segment], *, rank: int | None,
 def dataset_state(vds: ShardedDataset) -> dict[str, Any]:
     """``VolumeDataset.state_dict()``: the loader's view in its main process,
     else this process's own iteration, else a state at the start of the epoch."""
-    tracker: SlotTracker | None = vds._tracker
-    progress: LoaderProgress | None = vds._progress
+    tracker, progress = vds._link.tracker, vds._link.progress
     # A tracker or progress of an earlier epoch (set_epoch was called since)
     # says nothing about this one: the state is then at the epoch's start.
     if tud.get_worker_info() is None and progress is not None and progress.epoch == vds.epoch:
         return progress.state().to_dict()
     if tracker is not None and tracker.epoch == vds.epoch:
         return tracker.state().to_dict()
-    if vds._resume is not None:
-        return vds._resume.to_dict()  # loaded, not started: save what was loaded
+    if vds._link.resume is not None:
+        return vds._link.resume.to_dict()  # loaded, not started: save what was loaded
     rank, world, _, _ = vds.slot()
     info = tud.get_worker_info()
     layout = vds.layout(world, info.num_workers if info is not None else vds.num_workers)
@@ -247,7 +263,8 @@ class TaggingCollate:
             return batch
         if self._found[0] != id(info.dataset):  # a worker's own copy, found once
             self._found = (id(info.dataset), self.find(info.dataset))
-        tracker: SlotTracker | None = getattr(self._found[1], "_tracker", None)
+        found = self._found[1]
+        tracker = found._link.tracker if found is not None else None
         if tracker is None:
             return batch
         return Tagged(batch, tracker.take())
@@ -287,11 +304,11 @@ class LoaderProgress:
         the slot's tracker is read when the position is asked for (between
         two ``__next__`` calls everything it handed out was returned)."""
         if self.live:
-            vds._tracker = None  # an earlier epoch's; this epoch's starts with its iterator
+            vds._link.tracker = None  # an earlier epoch's; this epoch's starts with its iterator
 
     def sync(self) -> None:
         """Bring the counts (and the listeners) up to the live tracker."""
-        tracker: SlotTracker | None = self.vds._tracker if self.live else None
+        tracker = self.vds._link.tracker if self.live else None
         if tracker is not None and tracker.epoch == self.epoch:
             self.record(tracker.take())
 
@@ -316,14 +333,29 @@ class LoaderProgress:
                          finished=self.finished, epoch=self.epoch, partial=self.partial)
 
 
-class Untagging:
+class Wrapping:
+    """A wrapper of the loader's iterator on its way to the loop: torch's
+    iterator's length and attributes (``_num_yielded``, ...) show through."""
+
+    _inner: Iterator[Any]
+
+    def __iter__(self) -> Wrapping:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class Untagging(Wrapping):
     """The loader's iterator seen by the loop: strips tags and counts deliveries."""
 
     def __init__(self, inner: Iterator[Any], progress: LoaderProgress) -> None:
         self._inner, self._progress = inner, progress
-
-    def __iter__(self) -> Untagging:
-        return self
 
     def __next__(self) -> Any:
         try:
@@ -336,27 +368,19 @@ class Untagging:
             return item.batch
         return item
 
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
 
 def start_epoch(loader: Any, vds: ShardedDataset) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
     rank, world, _, _ = vds.slot()
     progress = LoaderProgress(vds, rank=rank, world_size=world, num_workers=loader.num_workers,
                               resume=_pending(vds))
-    vds._progress = progress
+    vds.track_deliveries(progress)
     return progress
 
 
 def check_across_ranks(dist: Any, vds: ShardedDataset) -> None:
     """Every rank checks the loaded state; if any fails, every rank raises."""
-    pending: LoaderState | None = vds._resume
+    pending = vds._link.resume
     if dist is None or dist.get_world_size() == 1:
         if pending is not None:
             check_fits(vds, pending)

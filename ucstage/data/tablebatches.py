@@ -256,13 +256,13 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
         real = _Windows(vds, manifest, tracker.run, tracker.start, tracker.skip, key, reader)
         streams.append(real)
         yield from cut(real, True)
-        if vds.table_equal_length == "pad" and count is not None:
+        if vds.equal_length == "pad" and count is not None:
             while yielded < count and int(manifest.rows_per_group[tracker.run].sum()):
                 pad = _Windows(vds, manifest, tracker.run, 0, {}, key, reader)
                 streams.append(pad)
                 yield from cut(pad, False)
         elif carry and (count is None or yielded < count) and \
-                vds.table_equal_length != "drop":
+                vds.equal_length != "drop":
             yield emit(carry)
             carry = []
         tracker.end()

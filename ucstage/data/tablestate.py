@@ -13,13 +13,15 @@ with its skip, to whichever slot the re-split deals it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ResumeMismatch
 from ..resume import LoaderState
 from ..sharding import Segment, segment_runs
 from . import state as _state
-from .protocol import ShardedDataset
+
+if TYPE_CHECKING:
+    from .sharded import ShardedDataset
 
 __all__ = ["TableTracker", "slot_runs"]
 
@@ -33,51 +35,18 @@ class TableTracker(_state.SlotTracker):
     """Rows already delivered of row groups begun before this iteration."""
     segment: int
     """The segment's number in the epoch (seeds the windows with the slot)."""
-    pending: LoaderState | None
-    """The state this iteration resumes, if any."""
 
-    @classmethod
-    def begin_table(cls, vds: ShardedDataset, run: Any, *, rank: int, world_size: int,
-                    num_workers: int, worker: int) -> TableTracker:
-        """Start tracking; a pending resume picks the slot's run, start and skips."""
-        loaded: LoaderState | None = vds._resume
-        vds._resume = None
-        if loaded is not None:
-            _state.check_fits(vds, loaded)
-            loaded.check_partial(vds.freeze().rows_per_group)  # type: ignore[attr-defined]
-        pending = None if loaded is None or loaded.finished else loaded
-        layout = vds.layout(world_size, num_workers)
-        slot = layout.slot_index(layout.slot(rank, worker))
-        if pending is None:
-            tracker = cls(vds, run, rank=rank, world_size=world_size, num_workers=num_workers,
-                          worker=worker, start=0, done=[])
-            tracker._setup(run, 0, {}, 0)
-            tracker.pending = None
-            vds._tracker = tracker
-            return tracker
-        chain, rest = _state.resume_plan(vds, pending, world_size, num_workers)
-        if rest[slot] is None:
-            raise ResumeMismatch(
-                f"the state does not hold what slot {rank}:{worker} delivered",
-                hint="merge every rank's state with ucstage.merge_states and load the result")
-        start = 0
-        full: Any = rest[slot]
-        if len(chain) == len(pending.segments):  # the same layout: continue the slot
-            start = chain[-1].delivered[slot] or 0
-            full = segment_runs(pending.order, chain)[-1][slot].files
-        tracker = cls(vds, full, rank=rank, world_size=world_size, num_workers=num_workers,
-                      worker=worker, start=start, done=chain[:-1])
-        tracker._setup(full, start, dict(pending.partial), len(chain) - 1)
-        tracker.pending = pending
-        vds._tracker = tracker
-        return tracker
-
-    def _setup(self, run: Any, start: int, skip: dict[int, int], segment: int) -> None:
+    def __init__(self, vds: ShardedDataset, indices: Any, *, rank: int, world_size: int,
+                 num_workers: int, worker: int, start: int, done: list[Segment],
+                 pending: LoaderState | None = None) -> None:
         import numpy as np
 
-        self.run = np.asarray(run, dtype=np.int64)
-        self.skip = skip
-        self.segment = segment
+        super().__init__(vds, indices, rank=rank, world_size=world_size,
+                         num_workers=num_workers, worker=worker, start=start, done=done,
+                         pending=pending)
+        self.run = np.asarray(indices, dtype=np.int64)
+        self.skip = dict(pending.partial) if pending is not None else {}
+        self.segment = len(done)
         self._pos = start
         self._started = start
         self._complete = np.zeros(len(self.run), dtype=bool)
@@ -85,6 +54,23 @@ class TableTracker(_state.SlotTracker):
         self._finished: list[int] = []
         self._partial: dict[int, int] = {}
         self._frozen = False
+
+    @staticmethod
+    def check_loaded(vds: ShardedDataset, loaded: LoaderState) -> None:
+        """A state's partial row groups must be row groups of this table, each
+        with no more rows than it has."""
+        loaded.check_partial(vds.freeze().rows_per_group)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def resumed(pending: LoaderState, chain: list[Segment], rest: list[Any], slot: int
+                ) -> tuple[Any, int]:
+        """On the same layout the slot's whole run, its leading row groups
+        delivered whole skipped (a window begun there is replayed); else its
+        share of the re-split remainder."""
+        if len(chain) == len(pending.segments):  # the same layout: continue the slot
+            return segment_runs(pending.order, chain)[-1][slot].files, \
+                chain[-1].delivered[slot] or 0
+        return rest[slot], 0
 
     @property
     def position(self) -> int:

@@ -121,6 +121,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     _UNPICKLED = ("_cache", "_manifest", "_volume")
     """Rebuilt on demand in each process, never pickled."""
 
+    read_ahead: int | str
+    """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
     _fingerprint: str | None
 
     def __init__(self, *, shuffle: bool, seed: int, shuffle_scope: str,

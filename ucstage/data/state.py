@@ -34,35 +34,35 @@ if TYPE_CHECKING:
 __all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging", "Wrapping"]
 
 
-def check_fits(vds: ShardedDataset, state: LoaderState) -> None:
+def check_fits(dataset: ShardedDataset, state: LoaderState) -> None:
     """Refuse a state for another listing, seed or read order (ResumeMismatch)."""
-    manifest = vds.freeze()
-    state.check_fits(manifest.fingerprint, vds.read_order())
+    manifest = dataset.freeze()
+    state.check_fits(manifest.fingerprint, dataset.read_order())
 
 
-def load(vds: ShardedDataset, state: Any, *, check: bool = True) -> None:
-    """Arm ``vds`` to resume the state's epoch at its next iteration."""
+def load(dataset: ShardedDataset, state: Any, *, check: bool = True) -> None:
+    """Arm ``dataset`` to resume the state's epoch at its next iteration."""
     parsed = LoaderState.from_dict(state)
     if check:
-        check_fits(vds, parsed)
+        check_fits(dataset, parsed)
     # Kept even when the saved epoch was over (the next one then starts fresh),
     # so that the ranks still check it together before they start.
-    vds._link.resume = parsed
-    vds.epoch = _resumes_epoch(parsed)
+    dataset._link.resume = parsed
+    dataset.epoch = _resumes_epoch(parsed)
 
 
 def _resumes_epoch(state: LoaderState) -> int:
     return state.epoch + 1 if state.finished else state.epoch
 
 
-def _pending(vds: ShardedDataset) -> LoaderState | None:
+def _pending(dataset: ShardedDataset) -> LoaderState | None:
     """The loaded state, if it has an epoch's rest to deliver."""
-    pending = vds._link.resume
+    pending = dataset._link.resume
     return None if pending is None or pending.finished else pending
 
 
-def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
-    pending = vds._link.resume
+def on_set_epoch(dataset: ShardedDataset, epoch: int) -> None:
+    pending = dataset._link.resume
     if pending is not None and epoch != _resumes_epoch(pending):
         wanted = _resumes_epoch(pending)
         raise InvalidArgument(
@@ -71,13 +71,13 @@ def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
                                "dataset's epoch is already set), or load no state")
 
 
-def resume_plan(vds: ShardedDataset, state: LoaderState, world_size: int, num_workers: int
+def resume_plan(dataset: ShardedDataset, state: LoaderState, world_size: int, num_workers: int
                 ) -> tuple[list[Segment], list[np.ndarray | None]]:
     """The epoch's segments from now on, and what each slot still reads."""
-    if state.epoch != vds.epoch:
+    if state.epoch != dataset.epoch:
         raise InvalidArgument(f"the loaded state resumes epoch {state.epoch}, but the dataset "
-                              f"is at epoch {vds.epoch}")
-    return resume_slots(state.order, state.segments, vds.layout(world_size, num_workers))
+                              f"is at epoch {dataset.epoch}")
+    return resume_slots(state.order, state.segments, dataset.layout(world_size, num_workers))
 
 
 _LIST_ROWS = 64
@@ -87,21 +87,21 @@ _LIST_ROWS = 64
 class SlotTracker:
     """Counts what one slot's iterator hands out, in the process that iterates it."""
 
-    def __init__(self, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def __init__(self, dataset: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
                  num_workers: int, worker: int, start: int, done: list[Segment],
                  pending: LoaderState | None = None) -> None:
-        self.vds = vds
+        self.dataset = dataset
         self.indices = indices
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.worker = worker
-        self.layout = vds.layout(world_size, num_workers)
+        self.layout = dataset.layout(world_size, num_workers)
         self.slot = self.layout.slot_index(self.layout.slot(rank, worker))
         self.start = start
         self._base = start
         """Paths pulled before the current run (see :meth:`run`)."""
         self._run: Any = None
         self._run_len = 0
-        self.epoch = vds.epoch
+        self.epoch = dataset.epoch
         self.done = done
         """Segments of the epoch before the one this iterator runs."""
         self.pending = pending
@@ -110,34 +110,34 @@ class SlotTracker:
         self._taken = 0
 
     @classmethod
-    def begin(cls, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def begin(cls, dataset: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
               num_workers: int, worker: int) -> SlotTracker:
         """Start tracking an iteration over the slot's ``indices``; a pending
         resume picks the slot's rest (:meth:`resumed` says what it reads)."""
-        link = vds._link
+        link = dataset._link
         loaded, link.resume = link.resume, None  # applies to this one iteration of this process
         if loaded is not None:
-            check_fits(vds, loaded)
-            cls.check_loaded(vds, loaded)
+            check_fits(dataset, loaded)
+            cls.check_loaded(dataset, loaded)
         pending = None if loaded is None or loaded.finished else loaded
         start, done = 0, []
         if pending is not None:
-            layout = vds.layout(world_size, num_workers)
+            layout = dataset.layout(world_size, num_workers)
             slot = layout.slot_index(layout.slot(rank, worker))
-            chain, rest = resume_plan(vds, pending, world_size, num_workers)
+            chain, rest = resume_plan(dataset, pending, world_size, num_workers)
             if rest[slot] is None:
                 raise ResumeMismatch(
                     f"the state does not hold what slot {rank}:{worker} delivered",
                     hint="merge every rank's state with ucstage.merge_states and load the result")
             indices, start = cls.resumed(pending, chain, rest, slot)
             done = chain[:-1]
-        tracker = cls(vds, indices, rank=rank, world_size=world_size, num_workers=num_workers,
+        tracker = cls(dataset, indices, rank=rank, world_size=world_size, num_workers=num_workers,
                       worker=worker, start=start, done=done, pending=pending)
         link.tracker = tracker  # state_dict() may be asked before the first item
         return tracker
 
     @staticmethod
-    def check_loaded(vds: ShardedDataset, loaded: LoaderState) -> None:
+    def check_loaded(dataset: ShardedDataset, loaded: LoaderState) -> None:
         """Refuse a loaded state this kind of slot cannot resume (beyond :func:`check_fits`)."""
 
     @staticmethod
@@ -195,38 +195,38 @@ class SlotTracker:
         counts: list[int | None] = [None] * self.layout.slots
         counts[self.slot] = self.position
         current = Segment(self.layout, tuple(counts))
-        return _state_of(self.vds, [*self.done, current], rank=self.rank,
+        return _state_of(self.dataset, [*self.done, current], rank=self.rank,
                          finished=self.finished and self.layout.slots == 1, epoch=self.epoch)
 
 
-def _state_of(vds: ShardedDataset, segments: list[Segment], *, rank: int | None,
+def _state_of(dataset: ShardedDataset, segments: list[Segment], *, rank: int | None,
               finished: bool, epoch: int, partial: dict[int, int] | None = None
               ) -> LoaderState:
-    manifest = vds.freeze()
-    return LoaderState(manifest.fingerprint, replace(vds.read_order(), epoch=epoch),
+    manifest = dataset.freeze()
+    return LoaderState(manifest.fingerprint, replace(dataset.read_order(), epoch=epoch),
                        tuple(segments), rank=rank, finished=finished,
-                       unit=getattr(vds, "state_unit", "file"),
+                       unit=getattr(dataset, "state_unit", "file"),
                        partial=tuple(sorted((partial or {}).items())))
 
 
-def dataset_state(vds: ShardedDataset) -> dict[str, Any]:
+def dataset_state(dataset: ShardedDataset) -> dict[str, Any]:
     """``VolumeDataset.state_dict()``: the loader's view in its main process,
     else this process's own iteration, else a state at the start of the epoch."""
-    tracker, progress = vds._link.tracker, vds._link.progress
+    tracker, progress = dataset._link.tracker, dataset._link.progress
     # A tracker or progress of an earlier epoch (set_epoch was called since)
     # says nothing about this one: the state is then at the epoch's start.
-    if tud.get_worker_info() is None and progress is not None and progress.epoch == vds.epoch:
+    if tud.get_worker_info() is None and progress is not None and progress.epoch == dataset.epoch:
         return progress.state().to_dict()
-    if tracker is not None and tracker.epoch == vds.epoch:
+    if tracker is not None and tracker.epoch == dataset.epoch:
         return tracker.state().to_dict()
-    if vds._link.resume is not None:
-        return vds._link.resume.to_dict()  # loaded, not started: save what was loaded
-    rank, world, _, _ = vds.slot()
+    if dataset._link.resume is not None:
+        return dataset._link.resume.to_dict()  # loaded, not started: save what was loaded
+    rank, world, _, _ = dataset.slot()
     info = tud.get_worker_info()
-    layout = vds.layout(world, info.num_workers if info is not None else vds.num_workers)
+    layout = dataset.layout(world, info.num_workers if info is not None else dataset.num_workers)
     counts = tuple(0 if layout.slot_at(s).rank == rank else None for s in range(layout.slots))
     seg = Segment(layout, counts)
-    return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
+    return _state_of(dataset, [seg], rank=rank, finished=False, epoch=dataset.epoch).to_dict()
 
 
 class Tagged:
@@ -251,10 +251,10 @@ class Tagged:
 class TaggingCollate:
     """Wraps the loader's ``collate_fn``: tags each batch with its worker's position."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any], vds: ShardedDataset,
+    def __init__(self, collate_fn: Callable[[Any], Any], dataset: ShardedDataset,
                  find: Callable[[Any], ShardedDataset | None]) -> None:
-        self.collate_fn, self.vds, self.find = collate_fn, vds, find
-        self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, its vds)
+        self.collate_fn, self.dataset, self.find = collate_fn, dataset, find
+        self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, the sharded one inside)
 
     def __call__(self, data: Any) -> Any:
         batch = self.collate_fn(data)
@@ -273,19 +273,19 @@ class TaggingCollate:
 class LoaderProgress:
     """What one rank's loader has delivered in the current epoch (main process)."""
 
-    def __init__(self, vds: ShardedDataset, *, rank: int, world_size: int, num_workers: int,
+    def __init__(self, dataset: ShardedDataset, *, rank: int, world_size: int, num_workers: int,
                  resume: LoaderState | None) -> None:
-        self.vds = vds
-        self.epoch = vds.epoch
+        self.dataset = dataset
+        self.epoch = dataset.epoch
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        self.layout = vds.layout(world_size, num_workers)
+        self.layout = dataset.layout(world_size, num_workers)
         k = self.layout.workers
         self.own = range(rank * k, (rank + 1) * k)
         self.resume = resume
         self.done: list[Segment] = []
         self.counts = dict.fromkeys(self.own, 0)
         if resume is not None:
-            chain, _ = resume_plan(vds, resume, world_size, num_workers)
+            chain, _ = resume_plan(dataset, resume, world_size, num_workers)
             self.done = chain[:-1]
             if len(chain) == len(resume.segments):  # same layout: slots continue
                 for s in self.own:
@@ -304,11 +304,11 @@ class LoaderProgress:
         the slot's tracker is read when the position is asked for (between
         two ``__next__`` calls everything it handed out was returned)."""
         if self.live:
-            vds._link.tracker = None  # an earlier epoch's; this epoch's starts with its iterator
+            dataset._link.tracker = None  # an earlier epoch's; this epoch's starts with its iterator
 
     def sync(self) -> None:
         """Bring the counts (and the listeners) up to the live tracker."""
-        tracker = self.vds._link.tracker if self.live else None
+        tracker = self.dataset._link.tracker if self.live else None
         if tracker is not None and tracker.epoch == self.epoch:
             self.record(tracker.take())
 
@@ -329,7 +329,7 @@ class LoaderProgress:
         for s, d in self.counts.items():
             counts[s] = d
         current = Segment(self.layout, tuple(counts))
-        return _state_of(self.vds, [*self.done, current], rank=self.rank,
+        return _state_of(self.dataset, [*self.done, current], rank=self.rank,
                          finished=self.finished, epoch=self.epoch, partial=self.partial)
 
 
@@ -369,26 +369,26 @@ class Untagging(Wrapping):
         return item
 
 
-def start_epoch(loader: Any, vds: ShardedDataset) -> LoaderProgress:
+def start_epoch(loader: Any, dataset: ShardedDataset) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
-    rank, world, _, _ = vds.slot()
-    progress = LoaderProgress(vds, rank=rank, world_size=world, num_workers=loader.num_workers,
-                              resume=_pending(vds))
-    vds.track_deliveries(progress)
+    rank, world, _, _ = dataset.slot()
+    progress = LoaderProgress(dataset, rank=rank, world_size=world, num_workers=loader.num_workers,
+                              resume=_pending(dataset))
+    dataset.track_deliveries(progress)
     return progress
 
 
-def check_across_ranks(dist: Any, vds: ShardedDataset) -> None:
+def check_across_ranks(dist: Any, dataset: ShardedDataset) -> None:
     """Every rank checks the loaded state; if any fails, every rank raises."""
-    pending = vds._link.resume
+    pending = dataset._link.resume
     if dist is None or dist.get_world_size() == 1:
         if pending is not None:
-            check_fits(vds, pending)
+            check_fits(dataset, pending)
         return
     error = ""
     if pending is not None:
         try:
-            check_fits(vds, pending)
+            check_fits(dataset, pending)
         except ResumeMismatch as exc:
             error = exc.message
     digest = None if pending is None else (pending.epoch, pending.segments[:-1],

@@ -36,12 +36,12 @@ class TableTracker(_state.SlotTracker):
     segment: int
     """The segment's number in the epoch (seeds the windows with the slot)."""
 
-    def __init__(self, vds: ShardedDataset, indices: Any, *, rank: int, world_size: int,
+    def __init__(self, dataset: ShardedDataset, indices: Any, *, rank: int, world_size: int,
                  num_workers: int, worker: int, start: int, done: list[Segment],
                  pending: LoaderState | None = None) -> None:
         import numpy as np
 
-        super().__init__(vds, indices, rank=rank, world_size=world_size,
+        super().__init__(dataset, indices, rank=rank, world_size=world_size,
                          num_workers=num_workers, worker=worker, start=start, done=done,
                          pending=pending)
         self.run = np.asarray(indices, dtype=np.int64)
@@ -56,10 +56,10 @@ class TableTracker(_state.SlotTracker):
         self._frozen = False
 
     @staticmethod
-    def check_loaded(vds: ShardedDataset, loaded: LoaderState) -> None:
+    def check_loaded(dataset: ShardedDataset, loaded: LoaderState) -> None:
         """A state's partial row groups must be row groups of this table, each
         with no more rows than it has."""
-        loaded.check_partial(vds.freeze().rows_per_group)  # type: ignore[attr-defined]
+        loaded.check_partial(dataset.freeze().rows_per_group)  # type: ignore[attr-defined]
 
     @staticmethod
     def resumed(pending: LoaderState, chain: list[Segment], rest: list[Any], slot: int
@@ -124,22 +124,22 @@ class TableTracker(_state.SlotTracker):
         lead = set(self.run[:self._pos].tolist())  # delivered whole: no skip needed
         partial = {g: n for g, n in self.skip.items() if g not in lead}
         partial.update(self._partial)
-        return _state._state_of(self.vds, [*self.done, current], rank=self.rank,
+        return _state._state_of(self.dataset, [*self.done, current], rank=self.rank,
                                 finished=self.finished and self.layout.slots == 1,
                                 epoch=self.epoch, partial=partial)
 
 
-def slot_runs(vds: ShardedDataset, layout: Any, pending: LoaderState | None
+def slot_runs(dataset: ShardedDataset, layout: Any, pending: LoaderState | None
               ) -> list[tuple[Any, int]]:
     """(run, start) of every slot of ``layout`` in this iteration: the epoch's
     slot rule, or what a resumed state leaves each slot (it must say what
     every slot delivered: a merged state)."""
     from ..sharding import slot_array
 
-    order = vds.read_order()
+    order = dataset.read_order()
     if pending is None:
         return [(slot_array(order, layout, layout.slot_at(s)), 0) for s in range(layout.slots)]
-    chain, rest = _state.resume_plan(vds, pending, layout.world_size, layout.num_workers)
+    chain, rest = _state.resume_plan(dataset, pending, layout.world_size, layout.num_workers)
     if any(r is None for r in rest):
         raise ResumeMismatch("equal_length on a resumed epoch needs every slot's count",
                              hint="load the state merged over every rank (ucstage.merge_states)")

@@ -98,7 +98,7 @@ class LoaderHooks:
         if progress is None:
             return inner, epoch_done
         if self.loader.num_workers > 0:
-            progress.ds._link.resume = None  # the workers just started hold their copies
+            progress.dataset._link.resume = None  # the workers just started hold their copies
 
         def done(stats: Any, next_step: int) -> None:
             if progress.live and stats.complete:

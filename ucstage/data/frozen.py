@@ -64,7 +64,7 @@ class FrozenListing:
 
     if TYPE_CHECKING:
         def cache(self) -> LocalCache:
-            """The dataset's cache (:class:`~ucstage.data.sharded.SlotRule`)."""
+            """The dataset's cache (:class:`~ucstage.data.sharded.ShardedDataset`)."""
 
     def _manifest_file(self, fingerprint: str) -> str:
         root = getattr(self.cache(), "root", None)

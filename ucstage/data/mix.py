@@ -239,7 +239,7 @@ class Mix(ShardedDataset):
     def _item_count(self) -> int:
         return self.shares.epoch_size
 
-    # -- the protocol: cache, volume (slot, layout, epoch, state: SlotRule) ----
+    # -- cache, volume (slot, layout, epoch, state: ShardedDataset) -----------
 
     def _first_read(self) -> MixSource:
         return next(ds for i, ds in enumerate(self.datasets) if i not in self._unread)

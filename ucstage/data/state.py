@@ -254,7 +254,8 @@ class TaggingCollate:
     def __init__(self, collate_fn: Callable[[Any], Any], dataset: ShardedDataset,
                  find: Callable[[Any], ShardedDataset | None]) -> None:
         self.collate_fn, self.dataset, self.find = collate_fn, dataset, find
-        self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, the sharded one inside)
+        # (id of the worker's dataset, the sharded dataset inside it)
+        self._found: tuple[int, Any] = (-1, None)
 
     def __call__(self, data: Any) -> Any:
         batch = self.collate_fn(data)
@@ -304,7 +305,8 @@ class LoaderProgress:
         the slot's tracker is read when the position is asked for (between
         two ``__next__`` calls everything it handed out was returned)."""
         if self.live:
-            dataset._link.tracker = None  # an earlier epoch's; this epoch's starts with its iterator
+            # An earlier epoch's; this epoch's starts with its iterator.
+            dataset._link.tracker = None
 
     def sync(self) -> None:
         """Bring the counts (and the listeners) up to the live tracker."""

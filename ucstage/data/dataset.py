@@ -39,7 +39,7 @@ from . import holding, looppos, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
 from .readahead import AUTO, Share, check_read_ahead
-from .sharded import ShardedDataset
+from .sharded import ShardedDataset, rule_order
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -142,8 +142,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         self._use_cache(cache, cache_dir, max_bytes)
-        super().__init__(shuffle=shuffle, seed=seed, shuffle_scope=shuffle_scope,
-                         nproc_per_node=nproc_per_node, equal_length=equal_length)
+        super().__init__(rule_order(shuffle, seed, shuffle_scope, equal_length), nproc_per_node)
         self.read_ahead: int | str = read_ahead
         # A single str is one pattern (or suffix), never its characters (ucstage/params.py).
         self.include = params.strings(include, "include")

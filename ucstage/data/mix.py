@@ -30,7 +30,7 @@ from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
 from . import state as _state
 from .audit import SourceAudit
 from .readahead import AUTO
-from .sharded import ShardedDataset
+from .sharded import ShardedDataset, rule_order
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -160,9 +160,8 @@ class Mix(ShardedDataset):
         self._unread: set[int] = set()
         # The mix deals in one order over the whole job: no shuffle of its
         # own, no node scope (what the loader's guard and per-epoch record read).
-        super().__init__(shuffle=False, seed=int(seed), shuffle_scope="global",
-                         nproc_per_node=getattr(sources[0], "nproc_per_node", None),
-                         equal_length=equal_length)
+        super().__init__(rule_order(False, int(seed), "global", equal_length),
+                         getattr(sources[0], "nproc_per_node", None))
         # Every source's reader holds files at once (read-ahead, the one being
         # read, the slack): the window is their sum, as one reader's read-ahead.
         # A source reading ahead by "auto" takes its share of the node's copies

@@ -1,7 +1,9 @@
-"""What the sharded datasets need of the values they are built from: a frozen
-listing as the loader reads it (:class:`Listing`), and a source of a
-:class:`~ucstage.Mix` (:class:`MixSource`). The datasets themselves share
-one base, :class:`~ucstage.data.sharded.ShardedDataset`.
+"""The types the loader's machinery reads, in a module of their own so that
+the modules implementing the one base (:mod:`ucstage.data.sharded`) and the
+modules it uses (state, holds, the table's tracker) import no cycle: a frozen
+listing as the loader reads it (:class:`Listing`), a sharded dataset as they
+see it (:class:`Sharded`, what :class:`~ucstage.data.sharded.ShardedDataset`
+is), and a source of a :class:`~ucstage.Mix` (:class:`MixSource`).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
-    from ..sharding import ReadOrder
+    from ..sharding import Layout, ReadOrder
 
-__all__ = ["Listing", "MixSource"]
+__all__ = ["Listing", "MixSource", "Sharded"]
 
 
 class Listing(Protocol):
@@ -28,6 +30,49 @@ class Listing(Protocol):
 
     @property
     def entries(self) -> Any: ...
+
+
+class Sharded(Protocol):
+    """A dataset sharded over ranks x DataLoader workers by the slot rule, as
+    the state, the holds and the audit read it (documented on
+    :class:`~ucstage.data.sharded.ShardedDataset`)."""
+
+    epoch: int
+    num_workers: int
+    run: str
+    shuffle: bool
+    seed: int
+    shuffle_scope: str
+    equal_length: str | None
+    _link: Any
+    """Its :class:`~ucstage.data.sharded.LoaderLink`."""
+
+    @property
+    def read_ahead(self) -> int | str: ...
+
+    @property
+    def fingerprint(self) -> str | None: ...
+
+    def freeze(self, *, broadcast: bool | None = None) -> Listing: ...
+
+    def read_order(self) -> ReadOrder: ...
+
+    def nproc_setting(self, world_size: int) -> int | None: ...
+
+    def layout(self, world_size: int, num_workers: int) -> Layout: ...
+
+    def slot(self) -> tuple[int, int, int, int]: ...
+
+    def cache(self) -> LocalCache: ...
+
+    def _get_volume(self) -> Any: ...
+
+    def track_deliveries(self, progress: Any) -> None: ...
+
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class MixSource(Protocol):

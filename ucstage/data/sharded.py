@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .protocol import Listing
 
 __all__ = ["DEFAULT_NUM_WORKERS", "LOCAL_WORLD_SIZE_ENV", "LoaderLink", "ShardedDataset",
-           "equal_mode"]
+           "equal_mode", "rule_order"]
 
 DEFAULT_NUM_WORKERS = 6
 """The ucstage DataLoader's default ``num_workers``. A constant, never the
@@ -74,6 +74,15 @@ def equal_mode(value: bool | str | None) -> str | None:
         return value
     raise InvalidArgument(
         f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")
+
+
+def rule_order(shuffle: bool, seed: int, shuffle_scope: str,
+               equal_length: bool | str | None) -> ReadOrder:
+    """A dataset's slot-rule parameters as given, checked once, by the value
+    that holds them: a read order of no items yet (the listing's size, the
+    epoch and the world size come later)."""
+    return ReadOrder(0, bool(shuffle), params.whole(seed, "seed", minimum=None), 0,
+                     equal_mode(equal_length), shuffle_scope)
 
 
 class LoaderLink:
@@ -125,17 +134,12 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
     _fingerprint: str | None
 
-    def __init__(self, *, shuffle: bool, seed: int, shuffle_scope: str,
-                 nproc_per_node: int | None, equal_length: bool | str | None) -> None:
+    def __init__(self, rule: ReadOrder, nproc_per_node: int | None) -> None:
+        """``rule``: the slot rule's parameters (:func:`rule_order`)."""
         super().__init__()
-        self.shuffle = bool(shuffle)
-        self.seed = params.whole(seed, "seed", minimum=None)
-        self.equal_length = equal_mode(equal_length)
-        # Checked once here, by the values the slot rule takes (the listing's
-        # size and the world size come later).
-        ReadOrder(0, self.shuffle, self.seed, 0, self._dealt_equal, shuffle_scope)
-        Layout.one_node(nproc_per_node)
-        self.shuffle_scope = shuffle_scope
+        Layout.one_node(nproc_per_node)  # checked before the world size is known
+        self.shuffle, self.seed = rule.shuffle, rule.seed
+        self.shuffle_scope, self.equal_length = rule.shuffle_scope, rule.equal_length
         self.nproc_per_node = nproc_per_node
         self.epoch = 0
         self.run = job_id()

@@ -29,18 +29,18 @@ from . import dist as dist_
 if TYPE_CHECKING:
     import numpy as np
 
-    from .sharded import ShardedDataset
+    from .protocol import Sharded
 
 __all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging", "Wrapping"]
 
 
-def check_fits(dataset: ShardedDataset, state: LoaderState) -> None:
+def check_fits(dataset: Sharded, state: LoaderState) -> None:
     """Refuse a state for another listing, seed or read order (ResumeMismatch)."""
     manifest = dataset.freeze()
     state.check_fits(manifest.fingerprint, dataset.read_order())
 
 
-def load(dataset: ShardedDataset, state: Any, *, check: bool = True) -> None:
+def load(dataset: Sharded, state: Any, *, check: bool = True) -> None:
     """Arm ``dataset`` to resume the state's epoch at its next iteration."""
     parsed = LoaderState.from_dict(state)
     if check:
@@ -55,13 +55,13 @@ def _resumes_epoch(state: LoaderState) -> int:
     return state.epoch + 1 if state.finished else state.epoch
 
 
-def _pending(dataset: ShardedDataset) -> LoaderState | None:
+def _pending(dataset: Sharded) -> LoaderState | None:
     """The loaded state, if it has an epoch's rest to deliver."""
     pending = dataset._link.resume
     return None if pending is None or pending.finished else pending
 
 
-def on_set_epoch(dataset: ShardedDataset, epoch: int) -> None:
+def on_set_epoch(dataset: Sharded, epoch: int) -> None:
     pending = dataset._link.resume
     if pending is not None and epoch != _resumes_epoch(pending):
         wanted = _resumes_epoch(pending)
@@ -71,7 +71,7 @@ def on_set_epoch(dataset: ShardedDataset, epoch: int) -> None:
                                "dataset's epoch is already set), or load no state")
 
 
-def resume_plan(dataset: ShardedDataset, state: LoaderState, world_size: int, num_workers: int
+def resume_plan(dataset: Sharded, state: LoaderState, world_size: int, num_workers: int
                 ) -> tuple[list[Segment], list[np.ndarray | None]]:
     """The epoch's segments from now on, and what each slot still reads."""
     if state.epoch != dataset.epoch:
@@ -87,7 +87,7 @@ _LIST_ROWS = 64
 class SlotTracker:
     """Counts what one slot's iterator hands out, in the process that iterates it."""
 
-    def __init__(self, dataset: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def __init__(self, dataset: Sharded, indices: np.ndarray, *, rank: int, world_size: int,
                  num_workers: int, worker: int, start: int, done: list[Segment],
                  pending: LoaderState | None = None) -> None:
         self.dataset = dataset
@@ -110,7 +110,7 @@ class SlotTracker:
         self._taken = 0
 
     @classmethod
-    def begin(cls, dataset: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def begin(cls, dataset: Sharded, indices: np.ndarray, *, rank: int, world_size: int,
               num_workers: int, worker: int) -> SlotTracker:
         """Start tracking an iteration over the slot's ``indices``; a pending
         resume picks the slot's rest (:meth:`resumed` says what it reads)."""
@@ -137,7 +137,7 @@ class SlotTracker:
         return tracker
 
     @staticmethod
-    def check_loaded(dataset: ShardedDataset, loaded: LoaderState) -> None:
+    def check_loaded(dataset: Sharded, loaded: LoaderState) -> None:
         """Refuse a loaded state this kind of slot cannot resume (beyond :func:`check_fits`)."""
 
     @staticmethod
@@ -199,7 +199,7 @@ class SlotTracker:
                          finished=self.finished and self.layout.slots == 1, epoch=self.epoch)
 
 
-def _state_of(dataset: ShardedDataset, segments: list[Segment], *, rank: int | None,
+def _state_of(dataset: Sharded, segments: list[Segment], *, rank: int | None,
               finished: bool, epoch: int, partial: dict[int, int] | None = None
               ) -> LoaderState:
     manifest = dataset.freeze()
@@ -209,7 +209,7 @@ def _state_of(dataset: ShardedDataset, segments: list[Segment], *, rank: int | N
                        partial=tuple(sorted((partial or {}).items())))
 
 
-def dataset_state(dataset: ShardedDataset) -> dict[str, Any]:
+def dataset_state(dataset: Sharded) -> dict[str, Any]:
     """``VolumeDataset.state_dict()``: the loader's view in its main process,
     else this process's own iteration, else a state at the start of the epoch."""
     tracker, progress = dataset._link.tracker, dataset._link.progress
@@ -251,8 +251,8 @@ class Tagged:
 class TaggingCollate:
     """Wraps the loader's ``collate_fn``: tags each batch with its worker's position."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any], dataset: ShardedDataset,
-                 find: Callable[[Any], ShardedDataset | None]) -> None:
+    def __init__(self, collate_fn: Callable[[Any], Any], dataset: Sharded,
+                 find: Callable[[Any], Sharded | None]) -> None:
         self.collate_fn, self.dataset, self.find = collate_fn, dataset, find
         # (id of the worker's dataset, the sharded dataset inside it)
         self._found: tuple[int, Any] = (-1, None)
@@ -274,7 +274,7 @@ class TaggingCollate:
 class LoaderProgress:
     """What one rank's loader has delivered in the current epoch (main process)."""
 
-    def __init__(self, dataset: ShardedDataset, *, rank: int, world_size: int, num_workers: int,
+    def __init__(self, dataset: Sharded, *, rank: int, world_size: int, num_workers: int,
                  resume: LoaderState | None) -> None:
         self.dataset = dataset
         self.epoch = dataset.epoch
@@ -371,7 +371,7 @@ class Untagging(Wrapping):
         return item
 
 
-def start_epoch(loader: Any, dataset: ShardedDataset) -> LoaderProgress:
+def start_epoch(loader: Any, dataset: Sharded) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
     rank, world, _, _ = dataset.slot()
     progress = LoaderProgress(dataset, rank=rank, world_size=world, num_workers=loader.num_workers,
@@ -380,7 +380,7 @@ def start_epoch(loader: Any, dataset: ShardedDataset) -> LoaderProgress:
     return progress
 
 
-def check_across_ranks(dist: Any, dataset: ShardedDataset) -> None:
+def check_across_ranks(dist: Any, dataset: Sharded) -> None:
     """Every rank checks the loaded state; if any fails, every rank raises."""
     pending = dataset._link.resume
     if dist is None or dist.get_world_size() == 1:

@@ -31,7 +31,7 @@ from ..tables import RowGroupManifest, row_groups
 from ..tables.manifest import SUFFIX
 from ..tables.plan import drop_note, equal_batches
 from .frozen import freeze_once
-from .sharded import ShardedDataset
+from .sharded import ShardedDataset, rule_order
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
 from .tableread import FORMATS, check_fill_null, check_format
 from .tablestate import TableTracker
@@ -97,8 +97,7 @@ class TableDataset(ShardedDataset):
         check_fill_null(fill_null)
         if format not in FORMATS:
             raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-        super().__init__(shuffle=shuffle, seed=seed, shuffle_scope=shuffle_scope,
-                         nproc_per_node=nproc_per_node, equal_length=equal_length)
+        super().__init__(rule_order(shuffle, seed, shuffle_scope, equal_length), nproc_per_node)
         equal_batches([], batch_rows, self.equal_length)  # needs batch_rows
         self._drop_said = ""  # the drop note this process gave (once, not every epoch)
         self.shuffle_window, self.read_ahead = int(shuffle_window), int(read_ahead)

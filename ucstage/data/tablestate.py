@@ -21,7 +21,7 @@ from ..sharding import Segment, segment_runs
 from . import state as _state
 
 if TYPE_CHECKING:
-    from .sharded import ShardedDataset
+    from .protocol import Sharded
 
 __all__ = ["TableTracker", "slot_runs"]
 
@@ -36,7 +36,7 @@ class TableTracker(_state.SlotTracker):
     segment: int
     """The segment's number in the epoch (seeds the windows with the slot)."""
 
-    def __init__(self, dataset: ShardedDataset, indices: Any, *, rank: int, world_size: int,
+    def __init__(self, dataset: Sharded, indices: Any, *, rank: int, world_size: int,
                  num_workers: int, worker: int, start: int, done: list[Segment],
                  pending: LoaderState | None = None) -> None:
         import numpy as np
@@ -56,7 +56,7 @@ class TableTracker(_state.SlotTracker):
         self._frozen = False
 
     @staticmethod
-    def check_loaded(dataset: ShardedDataset, loaded: LoaderState) -> None:
+    def check_loaded(dataset: Sharded, loaded: LoaderState) -> None:
         """A state's partial row groups must be row groups of this table, each
         with no more rows than it has."""
         loaded.check_partial(dataset.freeze().rows_per_group)  # type: ignore[attr-defined]
@@ -129,7 +129,7 @@ class TableTracker(_state.SlotTracker):
                                 epoch=self.epoch, partial=partial)
 
 
-def slot_runs(dataset: ShardedDataset, layout: Any, pending: LoaderState | None
+def slot_runs(dataset: Sharded, layout: Any, pending: LoaderState | None
               ) -> list[tuple[Any, int]]:
     """(run, start) of every slot of ``layout`` in this iteration: the epoch's
     slot rule, or what a resumed state leaves each slot (it must say what

@@ -157,6 +157,6 @@ def test_a_small_batch_tag_travels_as_a_few_bytes(tmp_path) -> None:  # type: ig
     ds, _, _ = warm_dataset(tmp_path)
     it = iter(ds)
     next(it)
-    tag = ds._tracker.take()
+    tag = ds._link.tracker.take()
     assert tag[1] == 1 and list(tag[2]) == [0]
     assert len(pickle.dumps(tag, protocol=pickle.HIGHEST_PROTOCOL)) < 40

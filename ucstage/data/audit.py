@@ -104,7 +104,7 @@ class EpochAudit:
         progress.listeners.append(self.add)
         # Row groups a resumed state holds as delivered whole past a slot's
         # leading count (TableDataset's partial): one rank counts them.
-        whole = getattr(progress.vds, "audit_prior", None)
+        whole = getattr(progress.dataset, "audit_prior", None)
         if whole is not None and progress.rank == 0 and progress.resume is not None:
             done = whole(progress.resume)
             if len(done):
@@ -116,7 +116,7 @@ class EpochAudit:
                 self.planned_real += real
                 self.planned_pad += length - real
             # A dataset that equalises by rows (TableDataset) says what it completes.
-            planned = getattr(progress.vds, "audit_planned", None)
+            planned = getattr(progress.dataset, "audit_planned", None)
             if planned is not None and (found := planned(progress)) is not None:
                 self.planned_real = found
             return
@@ -199,8 +199,8 @@ class EpochAudit:
             gaps=n - files, expected_duplicates=sum(g[5] for g in gathered),
             expected_gaps=max(0, n - sum(g[4] for g in gathered)),
             resumed_files=sum(g[3] for g in gathered),
-            skipped=int(getattr(self._progress.vds, "listing_skipped", 0) or 0))
-        per_source = getattr(self._progress.vds, "audit_sources", None)
+            skipped=int(getattr(self._progress.dataset, "listing_skipped", 0) or 0))
+        per_source = getattr(self._progress.dataset, "audit_sources", None)
         if per_source is not None:  # a mix: the same count, split by source
             result = replace(result, sources=per_source(self._progress, total))
         if not result.coverage_ok:

@@ -29,25 +29,17 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch.utils.data as tud
-
 from .. import params
-from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import Manifest
 from ..manifest.groups import Grouping
-from ..sharding import (
-    DEFAULT_SHUFFLE_SCOPE,
-    Layout,
-    ReadOrder,
-    slot_array,
-)
+from ..sharding import DEFAULT_SHUFFLE_SCOPE, slot_array
 from ..volumes import FileEntry, Volume
-from . import epochrecord, holding, looppos, samples, warm
+from . import holding, looppos, samples, warm
 from . import state as _state
 from .frozen import FrozenListing
 from .readahead import AUTO, Share, check_read_ahead
-from .sharded import SlotRule, equal_mode
+from .sharded import ShardedDataset, rule_order
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -55,10 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["VolumeDataset"]
 
 DEFAULT_READ_AHEAD = AUTO
-DEFAULT_NUM_WORKERS = 6
-"""The ucstage DataLoader's default ``num_workers``. A constant, never the
-machine's CPU count: every rank must shard with the same value."""
-class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
+
+
+class VolumeDataset(FrozenListing, ShardedDataset):
     """Local paths of a volume's files, sharded over ranks and workers, cached on first read.
 
     Args:
@@ -125,21 +116,6 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
     :attr:`num_workers` workers (both follow ``equal_length``).
     """
 
-    num_workers: int = DEFAULT_NUM_WORKERS
-    """The DataLoader ``num_workers`` that ``len()`` assumes in the main
-    process: the ucstage DataLoader sets it to its own; with torch's
-    DataLoader, set it to the value you pass there."""
-
-    # Checkpoint and resume (data/state.py): a loaded state waiting for the next
-    # iteration, this process's iteration, and the ucstage loader's deliveries.
-    _resume: Any = None
-    _tracker: Any = None
-    _progress: Any = None
-    _epoch_link: Any = None
-    """Where a DataLoader worker reads each epoch's parameters (data/epochrecord.py)."""
-    _loop_link: Any = None
-    """Where the slot iterator reads how far the loader's loop is (data/looppos.py)."""
-
     def __init__(
         self,
         source: str | os.PathLike[str] | Manifest,
@@ -161,23 +137,12 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         require: str | Sequence[str] = (),
         on_incomplete: str = "drop",
     ) -> None:
-        super().__init__()
         try:
             read_ahead = check_read_ahead(read_ahead)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        if cache is not None and cache_dir is not None:
-            raise InvalidArgument("pass cache or cache_dir, not both")
-        self.shuffle = bool(shuffle)
-        self.seed = params.whole(seed, "seed", minimum=None)
-        self.equal_length = equal_mode(equal_length)
-        # Checked once here, by the values the slot rule takes (the listing's
-        # size and the world size come later).
-        ReadOrder(0, self.shuffle, self.seed, 0, self.equal_length, shuffle_scope)
-        Layout.one_node(nproc_per_node)
-        self.shuffle_scope = shuffle_scope
-        self.nproc_per_node = nproc_per_node
-        self.epoch = 0
+        self._use_cache(cache, cache_dir, max_bytes)
+        super().__init__(rule_order(shuffle, seed, shuffle_scope, equal_length), nproc_per_node)
         self.read_ahead: int | str = read_ahead
         # A single str is one pattern (or suffix), never its characters (ucstage/params.py).
         self.include = params.strings(include, "include")
@@ -190,21 +155,12 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
                                   'group="key" (or a key callable) too')
         self._grouping = (Grouping(group, require, on_incomplete)
                           if group is not None else None)
-        self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        self._max_bytes = None if max_bytes is None else params.size(max_bytes, "max_bytes")
         self._manifest_path: str | None = None
         self._fingerprint: str | None = None
         self._manifest_size: int | None = None
-        self._dist_rank_world: tuple[int, int] | None = None
-        self.run = job_id()
-        """The run its cache counters belong to (``cache status``'s last run)."""
         # Not pickled: rebuilt on demand in each process.
-        self._cache: LocalCache | None = cache
         self._manifest: Manifest | None = None
         self._volume: Volume | None = None
-        if cache is not None:
-            self._cache_dir = str(getattr(cache, "root", "")) or None
-            self._max_bytes = getattr(cache, "max_bytes", self._max_bytes)
         if isinstance(source, Manifest):
             if self.include or self.exclude:
                 raise InvalidArgument("include/exclude do not apply to a manifest (it is frozen)")
@@ -244,13 +200,10 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
 
     # -- sharding --------------------------------------------------------------
 
-    def read_order(self) -> ReadOrder:
-        """This epoch's read order over the frozen listing (freezes it): over
-        its samples when grouped (``n`` is the item count either way)."""
+    def _item_count(self) -> int:
+        """Files, or samples when grouped: what the read order deals."""
         manifest = self.freeze()
-        n = manifest.groups.count if manifest.groups is not None else len(manifest.entries)
-        return ReadOrder(n, self.shuffle, self.seed, self.epoch, self.equal_length,
-                         self.shuffle_scope)
+        return manifest.groups.count if manifest.groups is not None else len(manifest.entries)
 
     def slot_entries(self, *, rank: int, world_size: int, num_workers: int,
                      worker: int) -> list[FileEntry] | list[samples.Sample]:
@@ -266,9 +219,12 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
 
     def _slot_rows(self, *, rank: int, world_size: int, num_workers: int,
                    worker: int) -> samples.SlotRows:
-        manifest = self.freeze()
         layout = self.layout(world_size, num_workers)
-        indices = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+        return self._rows(slot_array(self.read_order(), layout, layout.slot(rank, worker)))
+
+    def _rows(self, indices: Any) -> samples.SlotRows:
+        """The items at ``indices`` of the read order (samples when grouped)."""
+        manifest = self.freeze()
         if manifest.groups is not None:
             return samples.SampleRows(manifest, indices)
         return samples.SlotRows(manifest, indices)
@@ -280,39 +236,13 @@ class VolumeDataset(FrozenListing, SlotRule, tud.IterableDataset):  # type: igno
         :class:`ucstage.Mix` reads of each of its sources (``sharers`` of them
         read in each worker: under ``read_ahead="auto"`` each takes that part
         of the worker's share)."""
-        manifest = self.freeze()
-        items = (samples.SampleRows(manifest, rows) if manifest.groups is not None
-                 else samples.SlotRows(manifest, rows))
         share = holding.check_loader_window(self, self.cache(), self.world().num_workers,
                                             sharers=sharers)
-        return self._fetch_all(items, rank, _UNTRACKED, share)
+        return self._fetch_all(self._rows(rows), rank, _UNTRACKED, share)
 
-    def __iter__(self) -> Iterator[Any]:
-        # In a ucstage DataLoader's worker: this epoch's parameters, read from
-        # the loader's per-epoch record (persistent workers hold an old copy).
-        record = epochrecord.apply(self)
-        if record is not None and record["stopped"]:
-            return iter(())  # given up before this worker started it
-        here = self.world()
-        rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
-        # Under a ucstage DataLoader, holds last until its loop is past their batch.
-        loop = looppos.view_for(self, record["gen"] if record is not None else None, worker)
-        share = holding.check_loader_window(self, self.cache(), num_workers,
-                                            in_loop=loop.in_loop if loop is not None else 0)
-        rows = self._slot_rows(rank=rank, world_size=world, num_workers=num_workers,
-                               worker=worker)
-        # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
-        # the slot, or its share of the re-split remainder; deliveries are counted.
-        tracker = _state.SlotTracker.begin(self, rows._indices, rank=rank, world_size=world,
-                                           num_workers=num_workers, worker=worker)
-        if tracker.indices is not rows._indices:
-            rows = rows.with_indices(tracker.indices)
-        it = self._fetch_all(rows, rank, tracker, share, loop)
-        if record is not None and record["persistent"]:
-            # A persistent worker outlives the epoch: a `break` must still end
-            # its read-ahead and holds (the record marks the epoch stopped).
-            return epochrecord.guarded(it, self._epoch_link, record["gen"])
-        return it
+    def _slot_items(self, tracker: _state.SlotTracker, share: Share,
+                    loop: looppos.LoopView | None) -> Iterator[Any]:
+        return self._fetch_all(self._rows(tracker.indices), tracker.rank, tracker, share, loop)
 
     def _fetch_all(self, entries: Sequence[Any], rank: int, tracker: _state.SlotTracker,
                    share: Share, loop: looppos.LoopView | None = None) -> Iterator[Any]:

@@ -7,7 +7,7 @@ the main process since the workers started (``set_epoch``, a loaded state,
 ``equal_length``, the environment) would reach them. So the ucstage
 DataLoader writes each epoch's parameters, before torch resets its workers,
 into one small file the pickled dataset points to (:class:`EpochLink`), and
-``VolumeDataset.__iter__`` in a worker reads it first (:func:`apply`). Fresh
+a sharded dataset's ``__iter__`` in a worker reads it first (:func:`apply`). Fresh
 (non-persistent) workers read the same record, so there is one route.
 
 Every record carries a generation number, one per started epoch iterator. A
@@ -85,7 +85,7 @@ class EpochRecord:
     def folder(self) -> str | None:
         return os.path.dirname(self.path) if self.path else None
 
-    def write(self, vds: Any, *, persistent: bool, fresh: bool) -> int:
+    def write(self, dataset: Any, *, persistent: bool, fresh: bool) -> int:
         """Publish the epoch about to start; returns its generation.
 
         ``fresh``: the workers start now, with this process's environment.
@@ -94,13 +94,13 @@ class EpochRecord:
         if fresh:
             self.base_env = dict(os.environ)
         env = os.environ
-        resume = vds._resume
+        resume = dataset._link.resume
         self.gen += 1
         self._payload = {
             "gen": self.gen,
             "persistent": persistent,
             "stopped": False,
-            **{name: getattr(vds, name) for name in _FIELDS},
+            **{name: getattr(dataset, name) for name in _FIELDS},
             "resume": resume.to_dict() if resume is not None else None,
             "env_set": {k: v for k, v in env.items() if self.base_env.get(k) != v},
             "env_unset": [k for k in self.base_env if k not in env],
@@ -159,9 +159,9 @@ class EpochLink:
         return payload
 
 
-def apply(vds: Any) -> dict[str, Any] | None:
+def apply(dataset: Any) -> dict[str, Any] | None:
     """In a worker: take this epoch's parameters from the record (None without one)."""
-    link: EpochLink | None = getattr(vds, "_epoch_link", None)
+    link = dataset._link.epoch_record
     if link is None:
         return None
     import torch.utils.data as tud
@@ -170,14 +170,14 @@ def apply(vds: Any) -> dict[str, Any] | None:
         return None  # the main process has the values itself
     payload = link.read()
     for name in _FIELDS:
-        setattr(vds, name, payload[name])
+        setattr(dataset, name, payload[name])
     resume = payload["resume"]
     if resume is None:
-        vds._resume = None
+        dataset._link.resume = None
     else:
         from ..resume import LoaderState
 
-        vds._resume = LoaderState.from_dict(resume)
+        dataset._link.resume = LoaderState.from_dict(resume)
     for name in payload["env_unset"]:
         os.environ.pop(name, None)
     os.environ.update(payload["env_set"])

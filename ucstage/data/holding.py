@@ -26,7 +26,7 @@ from ..sharding import World
 from ..shutdown import exiting
 from . import looppos, samples, warm
 from .looppos import LoopView
-from .protocol import ShardedDataset
+from .protocol import Sharded
 from .readahead import CAP_SHARE, ReadAhead, Share, cache_fetcher, cache_lookup, node_share
 
 __all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup",
@@ -38,7 +38,7 @@ def _holds(cache: Any) -> bool:
     return hasattr(cache, "space") and hasattr(cache, "lookup")
 
 
-def open_reader(dataset: ShardedDataset, cache: Any, rank: int) -> Reader | None:
+def open_reader(dataset: Sharded, cache: Any, rank: int) -> Reader | None:
     """The reader of one slot iterator; None for a cache object of the user's own."""
     if not _holds(cache):
         return None
@@ -159,7 +159,7 @@ def fetch_in_order(entries: Sequence[Any], reader: Reader | None, cache: Any, vo
         ahead.close()
 
 
-def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
+def check_loader_window(dataset: Sharded, cache: Any, num_workers: int,
                         volume: Any = None, *, sharers: int = 1, in_loop: int = 0) -> Share:
     """This node's readers' share of copies in flight (:func:`~.readahead.node_share`;
     ``volume`` picks the first guess, the dataset's own by default), after
@@ -201,7 +201,7 @@ def check_loader_window(dataset: ShardedDataset, cache: Any, num_workers: int,
     return share
 
 
-def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:
+def rank_stats(dataset: Sharded | None, rank: int) -> RunStats | None:
     """This rank's counters in the dataset's run (None for a user's cache)."""
     if dataset is None:
         return None
@@ -211,7 +211,7 @@ def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:
     return runstats.read_run(cache.root, dataset.run, rank)
 
 
-def epoch_metrics(dataset: ShardedDataset | None, rank: int,
+def epoch_metrics(dataset: Sharded | None, rank: int,
                   before: RunStats | None) -> dict[str, float]:
     """The epoch's cache metrics for MLflow: ``epoch_cache_hit_rate`` (hits /
     files this rank read), ``epoch_cache_wait_s`` (time copies waited for

@@ -21,7 +21,7 @@ from ..errors import InvalidArgument
 from . import audit as audit_
 from . import dist as dist_
 from . import state as state_
-from .protocol import ShardedDataset
+from .sharded import ShardedDataset
 
 __all__ = ["LoaderHooks"]
 
@@ -53,14 +53,14 @@ atexit.register(_release_groups)
 class LoaderHooks:
     """Checkpoint/resume and audit for one loader (see the module docstring)."""
 
-    def __init__(self, loader: Any, vds: ShardedDataset | None, *, audit: bool,
+    def __init__(self, loader: Any, ds: ShardedDataset | None, *, audit: bool,
                  audit_timeout: float,
                  find: Callable[[Any], Any]) -> None:
         if audit_timeout <= 0:
             raise InvalidArgument(f"audit_timeout must be positive, got {audit_timeout}")
         # A proxy: the loader owns its hooks, and without a cycle `del loader`
         # shuts its (persistent) workers down at once, not at the next gc.
-        self.loader, self.vds = weakref.proxy(loader), vds
+        self.loader, self.ds = weakref.proxy(loader), ds
         self.audit, self.audit_timeout = audit, audit_timeout
         self.audits: list[audit_.AuditResult] = []
         self._group: Any = None  # the audit's gloo group; False once it timed out
@@ -70,24 +70,24 @@ class LoaderHooks:
 
     def collate(self, collate_fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """Each batch carries its worker's position, stripped before the loop sees it."""
-        if self.vds is None:
+        if self.ds is None:
             return collate_fn
-        return state_.TaggingCollate(collate_fn, self.vds, self._find)
+        return state_.TaggingCollate(collate_fn, self.ds, self._find)
 
     def before_workers(self) -> None:
         """Check a loaded state on every rank, start tracking the epoch's deliveries."""
         self._progress = self._epoch_audit = None
-        vds = self.vds
-        if vds is None:
+        ds = self.ds
+        if ds is None:
             return
         dist = dist_.active()
-        state_.check_across_ranks(dist, vds)
+        state_.check_across_ranks(dist, ds)
         # Only a dataset that iterates the VolumeDataset has tagged batches to audit.
         auditing = self.audit and isinstance(self.loader.dataset, tud.IterableDataset)
         if auditing and dist is not None and dist.get_world_size() > 1 and self._group is None:
             self._group = audit_.side_group(dist, self.audit_timeout)
             _HOLDING_GROUPS.add(self)
-        self._progress = state_.start_epoch(self.loader, vds)
+        self._progress = state_.start_epoch(self.loader, ds)
         if auditing and self._group is not False:
             self._epoch_audit = audit_.EpochAudit(self._progress)
 
@@ -98,7 +98,7 @@ class LoaderHooks:
         if progress is None:
             return inner, epoch_done
         if self.loader.num_workers > 0:
-            progress.vds._resume = None  # the workers just started hold their copies
+            progress.dataset._link.resume = None  # the workers just started hold their copies
 
         def done(stats: Any, next_step: int) -> None:
             if progress.live and stats.complete:
@@ -137,7 +137,7 @@ class LoaderHooks:
         state_.load(self._vds_for("load_state_dict"), state, check=dist_.active() is None)
 
     def _vds_for(self, what: str) -> Any:
-        if self.vds is None:
+        if self.ds is None:
             raise InvalidArgument(f"{what} needs a VolumeDataset inside the loader's dataset",
                                   hint="pass volume_dataset= to the DataLoader")
-        return self.vds
+        return self.ds

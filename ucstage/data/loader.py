@@ -22,20 +22,18 @@ from ..errors import InvalidArgument, RankMismatch
 from ..sharding import Layout, World
 from . import dist as dist_
 from . import epochrecord, holding, looppos, workerstart
-from .dataset import DEFAULT_NUM_WORKERS, VolumeDataset
+from .dataset import VolumeDataset
 from .hooks import LoaderHooks
-from .mix import Mix
-from .protocol import ShardedDataset
-from .table import TableDataset
+from .sharded import DEFAULT_NUM_WORKERS, ShardedDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
 
-__all__ = ["DataLoader", "find_volume_dataset"]
+__all__ = ["DataLoader", "find_sharded_dataset"]
 
 
-def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
+def find_sharded_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
     """The sharded dataset (a VolumeDataset, a TableDataset, a Mix) inside a user's
     wrapper dataset (its attributes, a few levels deep); a mix is found before its sources."""
-    if isinstance(dataset, (Mix, VolumeDataset, TableDataset)):
+    if isinstance(dataset, ShardedDataset):
         return dataset
     if depth == 0:
         return None
@@ -46,11 +44,11 @@ def find_volume_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
     for child in children:
         if isinstance(child, (list, tuple)):
             for item in child[:8]:
-                found = find_volume_dataset(item, depth - 1)
+                found = find_sharded_dataset(item, depth - 1)
                 if found is not None:
                     return found
         elif hasattr(child, "__dict__") and not isinstance(child, type):
-            found = find_volume_dataset(child, depth - 1)
+            found = find_sharded_dataset(child, depth - 1)
             if found is not None:
                 return found
     return None
@@ -134,7 +132,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         num_workers = bound.get("num_workers", kwargs.get("num_workers"))
         if "prefetch_factor" not in bound and num_workers:
             kwargs["prefetch_factor"] = 4
-        found = volume_dataset if volume_dataset is not None else find_volume_dataset(dataset)
+        found = volume_dataset if volume_dataset is not None else find_sharded_dataset(dataset)
         if "persistent_workers" not in bound and num_workers and (
                 found is not None or not isinstance(dataset, tud.IterableDataset)):
             # Workers live across epochs; each epoch's parameters reach them
@@ -160,7 +158,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         self.epoch_stats: list[EpochStats] = []
         # Checkpoint/resume and the audit (data/hooks.py).
         self._hooks = LoaderHooks(self, self.volume_dataset, audit=audit,
-                                  audit_timeout=audit_timeout, find=find_volume_dataset)
+                                  audit_timeout=audit_timeout, find=find_sharded_dataset)
         self.audits = self._hooks.audits
         self.collate_fn = self._hooks.collate(self.collate_fn)
         self._steps = 0
@@ -196,16 +194,16 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         if self.volume_dataset is not None:
             self.volume_dataset.num_workers = self.num_workers  # another loader may share it
         self._prepare()
-        vds, rank = self.volume_dataset, World.detect().rank
+        ds, rank = self.volume_dataset, World.detect().rank
         in_loop = self._in_loop()
-        if vds is not None:  # a window that can never fit fails here, before workers start
-            holding.check_loader_window(vds, vds.cache(), self.num_workers,
-                                        in_loop=in_loop if isinstance(vds, VolumeDataset) else 0)
-            _warn_if_empty(vds, rank)
+        if ds is not None:  # a window that can never fit fails here, before workers start
+            holding.check_loader_window(ds, ds.cache(), self.num_workers,
+                                        in_loop=in_loop if isinstance(ds, VolumeDataset) else 0)
+            _warn_if_empty(ds, rank)
         workers_alive = self._workers_alive()
         if not workers_alive:  # persistent workers keep the start they were given
             self._choose_start()
-        before = holding.rank_stats(vds, rank)
+        before = holding.rank_stats(ds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
         if sink is not None:
@@ -222,14 +220,15 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         inner, on_done = self._hooks.after_workers(workers, sink, self._epoch_done)
         if gen is not None:
             on_done = self._record_done(on_done, gen)
-        if board is not None:  # each next() tells the slot iterators what the loop is past
-            inner = looppos.Following(inner, board, vds, live=self.num_workers == 0)
+        if board is not None and ds is not None:
+            # Each next() tells the slot iterators what the loop is past.
+            inner = looppos.Following(inner, board, ds._link, live=self.num_workers == 0)
             on_done = inner.done(on_done)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every,
-                             extra=lambda: {**holding.epoch_metrics(vds, rank, before),
-                                            **holding.source_metrics(vds)})
+                             extra=lambda: {**holding.epoch_metrics(ds, rank, before),
+                                            **holding.source_metrics(ds)})
 
     def _in_loop(self) -> int:
         """Items per slot the loop may hold before it moves past them: with
@@ -243,10 +242,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     def _start_board(self, gen: int | None, *, fresh: bool, in_loop: int) -> looppos.Board | None:
         """Start the epoch on the loop's board (data/looppos.py), which the
         holds of a VolumeDataset's slot iterators follow."""
-        vds = self.volume_dataset
-        progress = getattr(vds, "_progress", None)
-        if not isinstance(vds, VolumeDataset) or progress is None:
+        ds = self.volume_dataset
+        if not isinstance(ds, VolumeDataset) or ds._link.progress is None:
             return None
+        progress = ds._link.progress
         shared = self.num_workers > 0
         if self._board is None:
             self._board = looppos.Board(Layout(1, self.num_workers).workers, shared=shared,
@@ -255,9 +254,9 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         board.start(gen if gen is not None else board.gen + 1,
                     [progress.counts[s] for s in progress.own])
         if not shared:
-            vds._loop_link = board  # taken by the slot iterator this epoch starts
+            ds._link.board = board  # taken by the slot iterator this epoch starts
         elif fresh:  # pickled into (or forked with) the workers that start now
-            vds._loop_link = board.link()
+            ds._link.board = board.link()
         return board
 
     def _workers_alive(self) -> bool:
@@ -267,12 +266,12 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     def _publish_epoch(self, *, fresh: bool) -> int | None:
         """Write this epoch's parameters where the workers read them, before
         torch starts or resets them; returns the record's generation."""
-        vds = self.volume_dataset
-        if vds is None or self.num_workers == 0:
+        ds = self.volume_dataset
+        if ds is None or self.num_workers == 0:
             return None
-        gen = self._record.write(vds, persistent=bool(self.persistent_workers), fresh=fresh)
+        gen = self._record.write(ds, persistent=bool(self.persistent_workers), fresh=fresh)
         if fresh:  # pickled into (or forked with) the workers that start now
-            vds._epoch_link = epochrecord.EpochLink(self._record.path, gen)
+            ds._link.epoch_record = epochrecord.EpochLink(self._record.path, gen)
         return gen
 
     def _record_done(self, on_done: Any, gen: int) -> Any:
@@ -328,16 +327,16 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         """Start the forkserver now when the first epoch's workers will use it
         (workerstart.start_early). Never lists: an unfrozen dataset is judged
         by its source's URL (a listing here could be a collective)."""
-        vds = self.volume_dataset
-        if vds is None or self.num_workers <= 0:
+        ds = self.volume_dataset
+        if ds is None or self.num_workers <= 0:
             return
         try:
-            if getattr(vds, "_manifest", None) is None and \
-                    getattr(vds, "_manifest_path", None) is None:
-                source = getattr(vds, "_source", None)
+            if getattr(ds, "_manifest", None) is None and \
+                    getattr(ds, "_manifest_path", None) is None:
+                source = getattr(ds, "_source", None)
                 store = isinstance(source, str) and objstore.serves(source)
             else:
-                store = workerstart.reads_object_store(vds._get_volume())
+                store = workerstart.reads_object_store(ds._get_volume())
             workerstart.start_early(self._given_context, self.num_workers, store,
                                     self.dataset, self.collate_fn, self.worker_init_fn)
         except Exception:  # only a head start: the first epoch decides again
@@ -350,8 +349,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         init = self.worker_init_fn
         if isinstance(init, workerstart.WithEnviron):
             init = init.init  # ours, from an earlier epoch
-        vds = self.volume_dataset
-        volume = vds._get_volume() if vds is not None and self.num_workers > 0 else None
+        ds = self.volume_dataset
+        volume = ds._get_volume() if ds is not None and self.num_workers > 0 else None
         chosen = workerstart.start_context(self._given_context, self.num_workers, volume,
                                            self.dataset, self.collate_fn, init)
         if chosen is not self.multiprocessing_context:
@@ -366,28 +365,28 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
 
     def _prepare(self) -> None:
         """Freeze the listing on every rank and run the rank-consistency guard."""
-        vds = self.volume_dataset
+        ds = self.volume_dataset
         dist = dist_.active()
         if dist is None or dist.get_world_size() == 1:
-            if vds is not None:
-                vds.freeze(broadcast=False)
+            if ds is not None:
+                ds.freeze(broadcast=False)
             return
         # Every rank takes the same branches below, because every decision is
         # made on the same gathered values: no rank waits in a collective alone.
-        sharded = vds is not None or isinstance(self.dataset, tud.IterableDataset)
-        first = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded,
+        sharded = ds is not None or isinstance(self.dataset, tud.IterableDataset)
+        first = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, ds, sharded,
                                                      dist.get_world_size()))
         if self.guard:
             _check_workers(first)
             _check_scope(first)
         unfrozen = [g.has_dataset and g.fingerprint is None for g in first]
-        if vds is not None and vds.fingerprint is None:
-            vds.freeze(broadcast=all(unfrozen))
+        if ds is not None and ds.fingerprint is None:
+            ds.freeze(broadcast=all(unfrozen))
         if not self.guard:
             return
         latest = first
         if any(unfrozen):
-            latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, vds, sharded,
+            latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, ds, sharded,
                                                           dist.get_world_size()))
         _check_listings(latest)
 
@@ -403,8 +402,7 @@ def _warn_if_empty(ds: Any, rank: int) -> None:
     if mine or not items:
         return
     cut = ' (equal_length="drop" cuts every slot to the shortest)' \
-        if "drop" in (getattr(ds, "equal_length", None),
-                      getattr(ds, "table_equal_length", None)) else ""
+        if ds.equal_length == "drop" else ""
     warnings.warn(f"rank {rank} reads nothing this epoch from a listing of {items} items"
                   f"{cut}; `ucstage shard-plan` shows each slot's share", stacklevel=3)
 
@@ -427,19 +425,19 @@ class _GuardInfo:
     """The digest of its grouping into samples (None: one file per item)."""
 
     @classmethod
-    def of(cls, num_workers: int, vds: ShardedDataset | None, sharded: bool,
+    def of(cls, num_workers: int, ds: ShardedDataset | None, sharded: bool,
            world_size: int) -> _GuardInfo:
-        if vds is None:
+        if ds is None:
             return cls(num_workers, None, None, False, sharded)
-        frozen = vds.fingerprint is not None
+        frozen = ds.fingerprint is not None
         nproc: int | str | None
         try:
-            nproc = vds.nproc_setting(world_size)
+            nproc = ds.nproc_setting(world_size)
         except InvalidArgument as exc:  # raised on every rank after the comparison
             nproc = f"invalid ({exc.message})"
-        groups = vds.freeze().groups if frozen else None
-        return cls(num_workers, vds.fingerprint, len(vds.freeze()) if frozen else None, True,
-                   sharded, vds.shuffle, vds.shuffle_scope, nproc,
+        groups = ds.freeze().groups if frozen else None
+        return cls(num_workers, ds.fingerprint, len(ds.freeze()) if frozen else None, True,
+                   sharded, ds.shuffle, ds.shuffle_scope, nproc,
                    groups.digest if groups is not None else None)
 
 

@@ -41,6 +41,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .state import Wrapping
+
 __all__ = ["PAST_ALL", "Board", "BoardLink", "Following", "LoopView", "linger", "view_for"]
 
 PAST_ALL = 1 << 62
@@ -168,34 +170,34 @@ class LoopView:
         return int(self._buf[1 + self._slot])
 
 
-def view_for(vds: Any, gen: int | None, worker: int) -> LoopView | None:
-    """The view the slot iterator ``worker`` of ``vds`` follows, if a ucstage
-    DataLoader runs it: in a worker, through the pickled :class:`BoardLink`
-    and the epoch record's generation; in the main process, the loader's
-    in-memory :class:`Board`, taken once (a later plain iteration has none)."""
+def view_for(link: Any, gen: int | None, worker: int) -> LoopView | None:
+    """The view the slot iterator ``worker`` follows, if a ucstage DataLoader
+    runs its dataset (``link``: the dataset's
+    :class:`~ucstage.data.sharded.LoaderLink`): in a worker, through the
+    pickled :class:`BoardLink` and the epoch record's generation; in the main
+    process, the loader's in-memory :class:`Board`, taken once (a later plain
+    iteration has none)."""
     import torch.utils.data as tud
 
-    link = getattr(vds, "_loop_link", None)
+    board = link.board
     if tud.get_worker_info() is None:
-        if not isinstance(link, Board):
+        if not isinstance(board, Board):
             return None
-        vds._loop_link = None
-        return link.view(0)
-    if not isinstance(link, BoardLink) or gen is None:
+        link.board = None
+        return board.view(0)
+    if not isinstance(board, BoardLink) or gen is None:
         return None
-    return link.view(worker, gen)
+    return board.view(worker, gen)
 
 
-class Following:
+class Following(Wrapping):
     """The loader's iterator as the loop sees it: each ``next()`` first tells
     the board the loop is past every batch returned before; the epoch's end
-    (or its being given up, :meth:`done`) tells it everything is past."""
+    (or its being given up, :meth:`done`) tells it everything is past.
+    ``link``: the dataset's :class:`~ucstage.data.sharded.LoaderLink`."""
 
-    def __init__(self, inner: Iterator[Any], board: Board, vds: Any, live: bool) -> None:
-        self._inner, self._board, self._vds, self._live = inner, board, vds, live
-
-    def __iter__(self) -> Following:
-        return self
+    def __init__(self, inner: Iterator[Any], board: Board, link: Any, live: bool) -> None:
+        self._inner, self._board, self._link, self._live = inner, board, link, live
 
     def __next__(self) -> Any:
         self._publish()
@@ -206,11 +208,11 @@ class Following:
             raise
 
     def _publish(self) -> None:
-        progress = getattr(self._vds, "_progress", None)
+        progress = self._link.progress
         if progress is None:
             return
         if self._live:  # the slot iterates here: its tracker counts what was pulled
-            tracker = self._vds._tracker
+            tracker = self._link.tracker
             if tracker is not None and tracker.epoch == progress.epoch:
                 self._board.publish(0, tracker.position)
             return
@@ -225,14 +227,6 @@ class Following:
             board.finish()
             on_done(*args)
         return finished
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
 
 class _Lingering:

@@ -21,21 +21,20 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch.utils.data as tud
 
 from ..cache.leases import DEFAULT_SLACK
 from ..errors import EmptySource, InvalidArgument
-from ..sharding import Layout, ReadOrder, slot_array
+from ..sharding import Layout, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
-from . import epochrecord, holding
 from . import state as _state
 from .audit import SourceAudit
-from .dataset import DEFAULT_NUM_WORKERS
 from .readahead import AUTO
-from .sharded import SlotRule, equal_mode
+from .sharded import ShardedDataset, rule_order
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
+    from ..resume import LoaderState
+    from .looppos import LoopView
     from .protocol import MixSource
 
 __all__ = ["Mix"]
@@ -107,7 +106,7 @@ class _Unread:
 _UNREAD = _Unread()
 
 
-class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
+class Mix(ShardedDataset):
     """Several sharded datasets (``VolumeDataset``, ``TableDataset``) mixed by weight.
 
     Args:
@@ -136,20 +135,11 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     source's items per epoch and :attr:`lengths` this process's.
     """
 
-    num_workers: int = DEFAULT_NUM_WORKERS
-    _resume: Any = None
-    _tracker: Any = None
-    _epoch_link: Any = None
-    _progress_: Any = None
-    _UNPICKLED = ("_tracker", "_progress_", "_progress", "_cache", "_manifest")
-    """The loader's bookkeeping of this process (SlotRule's pickling drops them)."""
-
     def __init__(self, datasets: Sequence[Any] | Mapping[str, Any],
                  weights: Sequence[float] | Mapping[str, float] | None = None,
                  epoch_size: int | None = None, seed: int = 0,
                  repeat: Sequence[float] | Mapping[str, float] | None = None,
                  equal_length: bool | str | None = False) -> None:
-        super().__init__()
         if isinstance(datasets, Mapping):
             self.keys: list[Hashable] = list(datasets)
             sources = list(datasets.values())
@@ -169,16 +159,10 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         # Sources never read (weight or repeat 0): an empty one is allowed, not listed twice.
         self._zero = frozenset(i for i, v in enumerate(ws or rs or ()) if v == 0)
         self._unread: set[int] = set()
-        self.seed = int(seed)
-        self.epoch = 0
-        self.equal_length = equal_mode(equal_length)
-        ReadOrder(0, False, self.seed, 0, self.equal_length, "global")
-        # What the loader's guard and per-epoch record read (the mix deals in
-        # one order over the whole job: no shuffle of its own, no node scope).
-        self.shuffle = False
-        self.shuffle_scope = "global"
-        self.nproc_per_node: int | None = getattr(sources[0], "nproc_per_node", None)
-        self._dist_rank_world: tuple[int, int] | None = None
+        # The mix deals in one order over the whole job: no shuffle of its
+        # own, no node scope (what the loader's guard and per-epoch record read).
+        super().__init__(rule_order(False, int(seed), "global", equal_length),
+                         getattr(sources[0], "nproc_per_node", None))
         # Every source's reader holds files at once (read-ahead, the one being
         # read, the slack): the window is their sum, as one reader's read-ahead.
         # A source reading ahead by "auto" takes its share of the node's copies
@@ -242,10 +226,6 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         return MixListing(self._fingerprint, self._shares.epoch_size, listings)
 
     @property
-    def fingerprint(self) -> str | None:
-        return self._fingerprint
-
-    @property
     def shares(self) -> MixShares:
         self.freeze()
         assert self._shares is not None
@@ -256,11 +236,10 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
         """Each source's items per epoch (freezes the listings)."""
         return dict(zip(self.keys, self.shares.counts, strict=True))
 
-    def read_order(self) -> ReadOrder:
-        return ReadOrder(self.shares.epoch_size, False, self.seed, self.epoch,
-                         self.equal_length, "global")
+    def _item_count(self) -> int:
+        return self.shares.epoch_size
 
-    # -- the protocol: cache, volume (slot, layout, epoch, state: SlotRule) ----
+    # -- cache, volume (slot, layout, epoch, state: ShardedDataset) -----------
 
     def _first_read(self) -> MixSource:
         return next(ds for i, ds in enumerate(self.datasets) if i not in self._unread)
@@ -278,24 +257,17 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
                         epoch=self.epoch if epoch is None else epoch, slots=slots)
 
     @staticmethod
-    def _dealt_slots(resume: Any, layout: Layout) -> int:
+    def _dealt_slots(resume: LoaderState | None, layout: Layout) -> int:
         """The slots the epoch's interleaving was made for: a resumed epoch keeps
         the first segment's, whatever the layout now."""
         if resume is not None and not resume.finished:
             return int(resume.segments[0].layout.slots)
         return layout.slots
 
-    @property
-    def _progress(self) -> Any:
-        return self._progress_
-
-    @_progress.setter
-    def _progress(self, progress: Any) -> None:
-        # The loader's progress of an epoch: count its deliveries per source.
-        self._progress_ = progress
+    def track_deliveries(self, progress: _state.LoaderProgress) -> None:
+        """The loader's progress of an epoch: count its deliveries per source too."""
+        super().track_deliveries(progress)
         self._delivered = np.zeros(len(self.datasets), dtype=np.int64)
-        if progress is None:
-            return
         order = self.order(self._dealt_slots(progress.resume, progress.layout), progress.epoch)
 
         def count(rows: Any) -> None:
@@ -307,7 +279,7 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
     @property
     def delivered(self) -> dict[Hashable, int]:
         """Items of each source the ucstage DataLoader returned on this rank this epoch."""
-        progress = self._progress_
+        progress = self._link.progress
         if progress is not None:
             progress.sync()
         return dict(zip(self.keys, self._delivered.tolist(), strict=True))
@@ -357,23 +329,10 @@ class Mix(SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
 
     # -- iteration -------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
-        record = epochrecord.apply(self)
-        if record is not None and record["stopped"]:
-            return iter(())
-        here = self.world()
-        rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
-        self.freeze()
-        holding.check_loader_window(self, self.cache(), num_workers)
-        layout = self.layout(world, num_workers)
-        slots = self._dealt_slots(self._resume, layout)
-        positions = slot_array(self.read_order(), layout, layout.slot(rank, worker))
-        tracker = _state.SlotTracker.begin(self, positions, rank=rank, world_size=world,
-                                           num_workers=num_workers, worker=worker)
-        it = self._read(self.order(slots), tracker, rank)
-        if record is not None and record["persistent"]:
-            return epochrecord.guarded(it, self._epoch_link, record["gen"])
-        return it
+    def _slot_items(self, tracker: _state.SlotTracker, share: Any,
+                    loop: LoopView | None) -> Iterator[Any]:
+        slots = self._dealt_slots(tracker.pending, tracker.layout)
+        return self._read(self.order(slots), tracker, tracker.rank)
 
     def _read(self, order: MixOrder, tracker: _state.SlotTracker, rank: int) -> Iterator[Any]:
         src, items, _ = order.take(tracker.indices)

@@ -1,9 +1,9 @@
-"""What the DataLoader needs of a dataset that shards itself by the slot rule.
-
-The loader's guard, checkpoint state, exactly-once audit and holds work
-through :class:`ShardedDataset`, never through :class:`VolumeDataset`
-itself, so every sharded dataset (a volume's files, a table's row groups,
-a mix of them) plugs into the same loader.
+"""The types the loader's machinery reads, in a module of their own so that
+the modules implementing the one base (:mod:`ucstage.data.sharded`) and the
+modules it uses (state, holds, the table's tracker) import no cycle: a frozen
+listing as the loader reads it (:class:`Listing`), a sharded dataset as they
+see it (:class:`Sharded`, what :class:`~ucstage.data.sharded.ShardedDataset`
+is), and a source of a :class:`~ucstage.Mix` (:class:`MixSource`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..sharding import Layout, ReadOrder, World
 
-__all__ = ["Listing", "MixSource", "ShardedDataset"]
+__all__ = ["Listing", "MixSource", "Sharded"]
 
 
 class Listing(Protocol):
@@ -36,67 +36,43 @@ class Listing(Protocol):
         """Sample boundaries (``Groups``) of files grouped into samples, else None."""
 
 
-class ShardedDataset(Protocol):
-    """A dataset sharded over ranks x DataLoader workers by the slot rule."""
+class Sharded(Protocol):
+    """A dataset sharded over ranks x DataLoader workers by the slot rule, as
+    the state, the holds and the audit read it (documented on
+    :class:`~ucstage.data.sharded.ShardedDataset`)."""
 
     epoch: int
-    """The epoch whose read order it deals (:meth:`set_epoch`)."""
     num_workers: int
-    """The DataLoader ``num_workers`` the main process assumes."""
-
-    @property
-    def read_ahead(self) -> int | str:
-        """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
-
     run: str
-    """The job its cache counters belong to."""
     shuffle: bool
     seed: int
     shuffle_scope: str
     equal_length: str | None
-    # The loader's checkpoint bookkeeping (data/state.py) kept on the dataset:
-    # a loaded state waiting for the next iteration, this process's slot
-    # tracker, and the main process's LoaderProgress.
-    _resume: Any
-    _tracker: Any
-    _progress: Any
-    _epoch_link: Any
-    """Where a worker reads each epoch's parameters (data/epochrecord.py)."""
+    _link: Any
+    """Its :class:`~ucstage.data.sharded.LoaderLink`."""
 
     @property
-    def fingerprint(self) -> str | None:
-        """The frozen listing's fingerprint, or None before :meth:`freeze`."""
+    def read_ahead(self) -> int | str: ...
 
-    def freeze(self, *, broadcast: bool | None = None) -> Listing:
-        """Freeze the listing every rank shards (a collective when broadcasting):
-        files (a Manifest), row groups (a RowGroupManifest) or a mix's positions."""
+    @property
+    def fingerprint(self) -> str | None: ...
 
-    def read_order(self) -> ReadOrder:
-        """This epoch's read order over the frozen listing."""
+    def freeze(self, *, broadcast: bool | None = None) -> Listing: ...
 
-    def ranks_per_node(self, world_size: int) -> int | None:
-        """The ``nproc_per_node`` it shards with in a job of ``world_size`` ranks
-        (None: one node), checked against ``world_size``."""
+    def read_order(self) -> ReadOrder: ...
 
-    def nproc_setting(self, world_size: int) -> int | None:
-        """:meth:`ranks_per_node` before the check (the guard compares it across ranks)."""
+    def nproc_setting(self, world_size: int) -> int | None: ...
 
-    def layout(self, world_size: int, num_workers: int) -> Layout:
-        """The job's layout as this dataset shards it."""
+    def layout(self, world_size: int, num_workers: int) -> Layout: ...
 
-    def world(self) -> World:
-        """The calling process's rank, world size, worker and ``num_workers``."""
+    def world(self) -> World: ...
 
-    def cache(self) -> LocalCache:
-        """The local cache it reads through."""
+    def cache(self) -> LocalCache: ...
 
-    def _get_volume(self) -> Any:
-        """The volume its files come from (the loader picks its workers' start by it)."""
+    def _get_volume(self) -> Any: ...
 
-    def __len__(self) -> int:
-        """Items this process yields per epoch (a worker's slot, or the rank's slots)."""
+    def track_deliveries(self, progress: Any) -> None: ...
 
-    def set_epoch(self, epoch: int) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 

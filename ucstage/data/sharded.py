@@ -1,24 +1,49 @@
-"""What every dataset sharded by the slot rule does the same way: the calling
-process's :class:`~ucstage.sharding.World` (rank, world size, worker), its
-layout and ranks per node, its epoch, and its checkpoint state through
-:mod:`ucstage.data.state`.
+"""The one base of every dataset sharded by the slot rule, and its link to the loader.
 
-:class:`SlotRule` is the mixin ``VolumeDataset`` and ``TableDataset`` share,
-so the rank guard, the state and the audit see one behaviour.
+:class:`ShardedDataset` does what ``VolumeDataset``, ``TableDataset`` and
+``Mix`` (its three kinds) do the same way: the slot rule's parameters,
+checked once; its slot (rank, world size, workers) in the calling process,
+its layout and ranks per node; its epoch and read order; its checkpoint
+state through :mod:`ucstage.data.state`; and one ``__iter__`` that takes the
+epoch's parameters from the loader, deals the slot its items, starts the
+slot's tracker and asks the kind for what the slot yields
+(:meth:`ShardedDataset._slot_items`). The ucstage DataLoader's guard, state,
+audit and holds work through this class only, so every kind plugs into the
+same loader.
+
+:class:`LoaderLink` is what passes between a dataset and the ucstage
+DataLoader running it: a loaded state waiting for the next iteration, this
+process's slot tracker and the rank's delivery progress, the per-epoch
+record workers read their parameters from, and the loop's board the holds
+follow.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch.utils.data as tud
+
+from .. import params
+from ..cache.runstats import job_id
 from ..errors import InvalidArgument
-from ..sharding import Layout, World, rank_length, slot_length
+from ..sharding import Layout, ReadOrder, World, rank_length, slot_array, slot_length
+from . import epochrecord, holding, looppos
 from . import state as _state
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
+    from ..resume import LoaderState
+    from .protocol import Listing
 
-__all__ = ["SlotRule", "equal_mode"]
+__all__ = ["DEFAULT_NUM_WORKERS", "LoaderLink", "ShardedDataset",
+           "equal_mode", "rule_order"]
+
+DEFAULT_NUM_WORKERS = 6
+"""The ucstage DataLoader's default ``num_workers``. A constant, never the
+machine's CPU count: every rank must shard with the same value."""
 
 
 def equal_mode(value: bool | str | None) -> str | None:
@@ -34,20 +59,135 @@ def equal_mode(value: bool | str | None) -> str | None:
         f"equal_length must be False, True, 'pad' or 'drop', got {value!r}")
 
 
-class SlotRule:
-    """The slot-rule half of a sharded dataset (see the module docstring)."""
+def rule_order(shuffle: bool, seed: int, shuffle_scope: str,
+               equal_length: bool | str | None) -> ReadOrder:
+    """A dataset's slot-rule parameters as given, checked once, by the value
+    that holds them: a read order of no items yet (the listing's size, the
+    epoch and the world size come later)."""
+    return ReadOrder(0, bool(shuffle), params.whole(seed, "seed", minimum=None), 0,
+                     equal_mode(equal_length), shuffle_scope)
 
-    epoch: int
-    nproc_per_node: int | None
-    _dist_rank_world: tuple[int, int] | None
-    _UNPICKLED = ("_cache", "_manifest", "_volume", "_tracker", "_progress")
+
+class LoaderLink:
+    """What a dataset and the ucstage DataLoader running it pass each other
+    (see the module docstring); one per dataset, in each process."""
+
+    __slots__ = ("board", "epoch_record", "progress", "resume", "tracker")
+
+    def __init__(self, resume: LoaderState | None = None,
+                 epoch_record: epochrecord.EpochLink | None = None,
+                 board: looppos.Board | looppos.BoardLink | None = None) -> None:
+        self.resume = resume
+        """A loaded state, applied by the next iteration of this process (data/state.py)."""
+        self.tracker: _state.SlotTracker | None = None
+        """This process's slot iteration: what it handed out."""
+        self.progress: _state.LoaderProgress | None = None
+        """The main process's deliveries of the rank's slots this epoch."""
+        self.epoch_record = epoch_record
+        """Where a DataLoader worker reads each epoch's parameters (data/epochrecord.py)."""
+        self.board = board
+        """Where the slot iterator reads how far the loader's loop is (data/looppos.py)."""
+
+    def carried(self) -> LoaderLink:
+        """The link a pickled (or copied) dataset takes along: the tracker and
+        the progress are this process's own."""
+        return LoaderLink(self.resume, self.epoch_record, self.board)
+
+
+class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
+    """The base of the sharded datasets (see the module docstring).
+
+    A kind gives its listing (:meth:`freeze`, ``fingerprint``), its item
+    count (:meth:`_item_count`), its cache and volume, and what a slot
+    yields (:meth:`_slot_items`); it may change the slot's tracker
+    (:attr:`tracker_kind`) and the read order's ``equal_length``
+    (:attr:`_dealt_equal`).
+    """
+
+    num_workers: int = DEFAULT_NUM_WORKERS
+    """The DataLoader ``num_workers`` that ``len()`` assumes in the main
+    process: the ucstage DataLoader sets it to its own; with torch's
+    DataLoader, set it to the value you pass there."""
+    tracker_kind: type[_state.SlotTracker] = _state.SlotTracker
+    """Counts what a slot's iterator hands out (a table's counts rows too)."""
+    _UNPICKLED = ("_cache", "_manifest", "_volume")
     """Rebuilt on demand in each process, never pickled."""
 
-    _source: str
+    read_ahead: int | str
+    """Items fetched ahead of the consumer in each slot, or ``"auto"``."""
     _fingerprint: str | None
-    _cache: Any
+
+    def __init__(self, rule: ReadOrder, nproc_per_node: int | None) -> None:
+        """``rule``: the slot rule's parameters (:func:`rule_order`)."""
+        super().__init__()
+        Layout.one_node(nproc_per_node)  # checked before the world size is known
+        self.shuffle, self.seed = rule.shuffle, rule.seed
+        self.shuffle_scope, self.equal_length = rule.shuffle_scope, rule.equal_length
+        self.nproc_per_node = nproc_per_node
+        self.epoch = 0
+        self.run = job_id()
+        """The run its cache counters belong to (``cache status``'s last run)."""
+        self._dist_rank_world: tuple[int, int] | None = None
+        self._link = LoaderLink()
+
+    # -- what a kind gives -------------------------------------------------------
+
+    def freeze(self, *, broadcast: bool | None = None) -> Listing:
+        """Freeze the listing every rank shards (a collective when broadcasting)."""
+        raise NotImplementedError
+
+    def _get_volume(self) -> Any:
+        """The volume its items come from (the loader picks its workers' start by it)."""
+        raise NotImplementedError
+
+    def _item_count(self) -> int:
+        """Items the slot rule deals (freezes the listing)."""
+        raise NotImplementedError
+
+    def _slot_items(self, tracker: _state.SlotTracker, share: Any,
+                    loop: looppos.LoopView | None) -> Iterator[Any]:
+        """What the slot yields, its items (``tracker.indices`` from
+        ``tracker.start``) counted by ``tracker``; ``share`` of the node's
+        copies in flight, holds following ``loop``."""
+        raise NotImplementedError
+
+    @property
+    def _dealt_equal(self) -> str | None:
+        """The read order's ``equal_length``: the slot rule pads or drops items."""
+        return self.equal_length
+
+    # -- the cache -------------------------------------------------------------
+
+    _cache: LocalCache | None
     _cache_dir: str | None
     _max_bytes: int | None
+
+    def _use_cache(self, cache: LocalCache | None, cache_dir: str | os.PathLike[str] | None,
+                   max_bytes: int | str | None) -> None:
+        """The cache it copies into: ``cache``, or one built on first use at
+        ``cache_dir`` with ``max_bytes``."""
+        if cache is not None and cache_dir is not None:
+            raise InvalidArgument("pass cache or cache_dir, not both")
+        self._cache = cache
+        self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self._max_bytes = None if max_bytes is None else params.size(max_bytes, "max_bytes")
+        if cache is not None:
+            self._cache_dir = str(getattr(cache, "root", "")) or None
+            self._max_bytes = getattr(cache, "max_bytes", self._max_bytes)
+
+    def cache(self) -> LocalCache:
+        """The local cache this dataset copies into (built on first use)."""
+        if self._cache is None:
+            from ..cache import LocalCache
+
+            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
+            if self._cache_dir is None:
+                self._cache_dir = str(getattr(self._cache, "root", "")) or None
+        return self._cache
+
+    # -- state ---------------------------------------------------------------
+
+    _source: str
 
     @property
     def fingerprint(self) -> str | None:
@@ -58,21 +198,12 @@ class SlotRule:
     def source(self) -> str:
         return self._source
 
-    def cache(self) -> LocalCache:
-        """The local cache this dataset copies into (built on first use)."""
-        if self._cache is None:
-            from ..cache import LocalCache
-
-            self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
-            if self._cache_dir is None:
-                self._cache_dir = str(getattr(self._cache, "root", "")) or None
-        return self._cache  # type: ignore[no-any-return]
-
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for key in self._UNPICKLED:
             if key in state:
                 state[key] = None
+        state["_link"] = self._link.carried()
         # A spawned worker has no process group: give it this rank's view.
         world = self.world()
         state["_dist_rank_world"] = (world.rank, world.world_size)
@@ -81,13 +212,52 @@ class SlotRule:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+    def read_order(self) -> ReadOrder:
+        """This epoch's read order over the frozen listing (freezes it)."""
+        return ReadOrder(self._item_count(), self.shuffle, self.seed, self.epoch,
+                         self._dealt_equal, self.shuffle_scope)
+
+    # -- iteration -----------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        # In a ucstage DataLoader's worker: this epoch's parameters, read from
+        # the loader's per-epoch record (persistent workers hold an old copy).
+        record = epochrecord.apply(self)
+        if record is not None and record["stopped"]:
+            return iter(())  # given up before this worker started it
+        gen = record["gen"] if record is not None else None
+        here = self.world()
+        rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
+        self.freeze()
+        # Under a ucstage DataLoader, holds last until its loop is past their batch.
+        loop = looppos.view_for(self._link, gen, worker)
+        share = holding.check_loader_window(self, self.cache(), num_workers,
+                                            in_loop=loop.in_loop if loop is not None else 0)
+        layout = self.layout(world, num_workers)
+        dealt = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+        # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
+        # the slot, or its share of the re-split remainder; deliveries are counted.
+        tracker = self.tracker_kind.begin(self, dealt, rank=rank, world_size=world,
+                                          num_workers=num_workers, worker=worker)
+        it = self._slot_items(tracker, share, loop)
+        if record is not None and record["persistent"]:
+            # A persistent worker outlives the epoch: a `break` must still end
+            # its read-ahead and holds (the record marks the epoch stopped).
+            assert self._link.epoch_record is not None
+            return epochrecord.guarded(it, self._link.epoch_record, record["gen"])
+        return it
+
+    def track_deliveries(self, progress: _state.LoaderProgress) -> None:
+        """The loader's progress of the epoch about to start (data/state.py)."""
+        self._link.progress = progress
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch's permutation (with ``shuffle``); call it on every rank.
 
         The ucstage DataLoader passes the epoch to its workers, persistent
         ones included, when the next epoch's iteration starts.
         """
-        _state.on_set_epoch(self, int(epoch))  # type: ignore[arg-type]
+        _state.on_set_epoch(self, int(epoch))
         self.epoch = int(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -98,7 +268,7 @@ class SlotRule:
         ``DataLoader``, every slot of this rank, counting only files whose
         batch the loader returned. See docs/training.md, "Checkpoint and resume".
         """
-        return _state.dataset_state(self)  # type: ignore[arg-type]
+        return _state.dataset_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the state's epoch at the next iteration (same or another layout).
@@ -107,7 +277,7 @@ class SlotRule:
             ResumeMismatch: the state is for another listing, seed, shuffle or
                 equal_length.
         """
-        _state.load(self, state)  # type: ignore[arg-type]
+        _state.load(self, state)
 
     def __bool__(self) -> bool:
         # Without this, `dataset or default` would call __len__ (and raise
@@ -119,12 +289,11 @@ class SlotRule:
         a worker's slot, or the rank's slots in the main process (for its
         ``num_workers``)."""
         world = self.world()
-        order = self.read_order()  # type: ignore[attr-defined]
+        order = self.read_order()
         if world.in_worker:
             layout = self.layout(world.world_size, world.num_workers)
             return slot_length(order, layout, layout.slot(world.rank, world.worker))
-        layout = self.layout(world.world_size, self.num_workers)  # type: ignore[attr-defined]
-        return rank_length(order, layout, world.rank)
+        return rank_length(order, self.layout(world.world_size, self.num_workers), world.rank)
 
     def world(self) -> World:
         """The calling process's rank, world size, worker and ``num_workers``

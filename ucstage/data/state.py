@@ -25,43 +25,44 @@ from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
 from ..resume import LoaderState, merge_states
 from ..sharding import Segment, resume_slots
 from . import dist as dist_
-from .protocol import ShardedDataset
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate"]
+    from .protocol import Sharded
+
+__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging", "Wrapping"]
 
 
-def check_fits(vds: ShardedDataset, state: LoaderState) -> None:
+def check_fits(dataset: Sharded, state: LoaderState) -> None:
     """Refuse a state for another listing, seed or read order (ResumeMismatch)."""
-    manifest = vds.freeze()
-    state.check_fits(manifest.fingerprint, vds.read_order())
+    manifest = dataset.freeze()
+    state.check_fits(manifest.fingerprint, dataset.read_order())
 
 
-def load(vds: ShardedDataset, state: Any, *, check: bool = True) -> None:
-    """Arm ``vds`` to resume the state's epoch at its next iteration."""
+def load(dataset: Sharded, state: Any, *, check: bool = True) -> None:
+    """Arm ``dataset`` to resume the state's epoch at its next iteration."""
     parsed = LoaderState.from_dict(state)
     if check:
-        check_fits(vds, parsed)
+        check_fits(dataset, parsed)
     # Kept even when the saved epoch was over (the next one then starts fresh),
     # so that the ranks still check it together before they start.
-    vds._resume = parsed
-    vds.epoch = _resumes_epoch(parsed)
+    dataset._link.resume = parsed
+    dataset.epoch = _resumes_epoch(parsed)
 
 
 def _resumes_epoch(state: LoaderState) -> int:
     return state.order.epoch + 1 if state.finished else state.order.epoch
 
 
-def _pending(vds: ShardedDataset) -> LoaderState | None:
+def _pending(dataset: Sharded) -> LoaderState | None:
     """The loaded state, if it has an epoch's rest to deliver."""
-    pending: LoaderState | None = vds._resume
+    pending = dataset._link.resume
     return None if pending is None or pending.finished else pending
 
 
-def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
-    pending: LoaderState | None = vds._resume
+def on_set_epoch(dataset: Sharded, epoch: int) -> None:
+    pending = dataset._link.resume
     if pending is not None and epoch != _resumes_epoch(pending):
         wanted = _resumes_epoch(pending)
         raise InvalidArgument(
@@ -70,13 +71,13 @@ def on_set_epoch(vds: ShardedDataset, epoch: int) -> None:
                                "dataset's epoch is already set), or load no state")
 
 
-def resume_plan(vds: ShardedDataset, state: LoaderState, world_size: int, num_workers: int
+def resume_plan(dataset: Sharded, state: LoaderState, world_size: int, num_workers: int
                 ) -> tuple[list[Segment], list[np.ndarray | None]]:
     """The epoch's segments from now on, and what each slot still reads."""
-    if state.order.epoch != vds.epoch:
-        raise InvalidArgument(f"the loaded state resumes epoch {state.order.epoch}, but the "
-                              f"dataset is at epoch {vds.epoch}")
-    return resume_slots(state.order, state.segments, vds.layout(world_size, num_workers))
+    if state.order.epoch != dataset.epoch:
+        raise InvalidArgument(f"the loaded state resumes epoch {state.order.epoch}, but the dataset "
+                              f"is at epoch {dataset.epoch}")
+    return resume_slots(state.order, state.segments, dataset.layout(world_size, num_workers))
 
 
 _LIST_ROWS = 64
@@ -86,53 +87,69 @@ _LIST_ROWS = 64
 class SlotTracker:
     """Counts what one slot's iterator hands out, in the process that iterates it."""
 
-    def __init__(self, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
-                 num_workers: int, worker: int, start: int, done: list[Segment]) -> None:
-        self.vds = vds
+    def __init__(self, dataset: Sharded, indices: np.ndarray, *, rank: int, world_size: int,
+                 num_workers: int, worker: int, start: int, done: list[Segment],
+                 pending: LoaderState | None = None) -> None:
+        self.dataset = dataset
         self.indices = indices
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        self.layout = vds.layout(world_size, num_workers)
+        self.worker = worker
+        self.layout = dataset.layout(world_size, num_workers)
         self.slot = self.layout.slot_index(self.layout.slot(rank, worker))
         self.start = start
         self._base = start
         """Paths pulled before the current run (see :meth:`run`)."""
         self._run: Any = None
         self._run_len = 0
-        self.epoch = vds.epoch
+        self.epoch = dataset.epoch
         self.done = done
         """Segments of the epoch before the one this iterator runs."""
+        self.pending = pending
+        """The state this iteration resumes, if any."""
         self.finished = False
         self._taken = 0
 
     @classmethod
-    def begin(cls, vds: ShardedDataset, indices: np.ndarray, *, rank: int, world_size: int,
+    def begin(cls, dataset: Sharded, indices: np.ndarray, *, rank: int, world_size: int,
               num_workers: int, worker: int) -> SlotTracker:
-        """Start tracking an iteration; a pending resume picks the slot's rest."""
-        loaded: LoaderState | None = vds._resume
-        vds._resume = None  # applies to this one iteration of this process
+        """Start tracking an iteration over the slot's ``indices``; a pending
+        resume picks the slot's rest (:meth:`resumed` says what it reads)."""
+        link = dataset._link
+        loaded, link.resume = link.resume, None  # applies to this one iteration of this process
         if loaded is not None:
-            check_fits(vds, loaded)
+            check_fits(dataset, loaded)
+            cls.check_loaded(dataset, loaded)
         pending = None if loaded is None or loaded.finished else loaded
-        layout = vds.layout(world_size, num_workers)
-        slot = layout.slot_index(layout.slot(rank, worker))
-        if pending is None:
-            tracker = cls(vds, indices, rank=rank, world_size=world_size,
-                          num_workers=num_workers, worker=worker, start=0, done=[])
-            vds._tracker = tracker
-            return tracker
-        chain, rest = resume_plan(vds, pending, world_size, num_workers)
-        mine = rest[slot]
-        if mine is None:
-            raise ResumeMismatch(
-                f"the state does not hold what slot {rank}:{worker} delivered",
-                hint="merge every rank's state with ucstage.merge_states and load the result")
+        start, done = 0, []
+        if pending is not None:
+            layout = dataset.layout(world_size, num_workers)
+            slot = layout.slot_index(layout.slot(rank, worker))
+            chain, rest = resume_plan(dataset, pending, world_size, num_workers)
+            if rest[slot] is None:
+                raise ResumeMismatch(
+                    f"the state does not hold what slot {rank}:{worker} delivered",
+                    hint="merge every rank's state with ucstage.merge_states and load the result")
+            indices, start = cls.resumed(pending, chain, rest, slot)
+            done = chain[:-1]
+        tracker = cls(dataset, indices, rank=rank, world_size=world_size, num_workers=num_workers,
+                      worker=worker, start=start, done=done, pending=pending)
+        link.tracker = tracker  # state_dict() may be asked before the first item
+        return tracker
+
+    @staticmethod
+    def check_loaded(dataset: Sharded, loaded: LoaderState) -> None:
+        """Refuse a loaded state this kind of slot cannot resume (beyond :func:`check_fits`)."""
+
+    @staticmethod
+    def resumed(pending: LoaderState, chain: list[Segment], rest: list[Any], slot: int
+                ) -> tuple[Any, int]:
+        """(what the slot iterates, its position at the start) in a resumed
+        epoch: the slot's rest; on the same layout the slot continues, its
+        position the count it had delivered."""
         start = 0
         if len(chain) == len(pending.segments):  # the same layout: continue the slot
             start = chain[-1].delivered[slot] or 0
-        tracker = cls(vds, mine, rank=rank, world_size=world_size, num_workers=num_workers,
-                      worker=worker, start=start, done=chain[:-1])
-        vds._tracker = tracker  # state_dict() may be asked before the first item
-        return tracker
+        return rest[slot], start
 
     @property
     def position(self) -> int:
@@ -178,39 +195,39 @@ class SlotTracker:
         counts: list[int | None] = [None] * self.layout.slots
         counts[self.slot] = self.position
         current = Segment(self.layout, tuple(counts))
-        return _state_of(self.vds, [*self.done, current], rank=self.rank,
+        return _state_of(self.dataset, [*self.done, current], rank=self.rank,
                          finished=self.finished and self.layout.slots == 1, epoch=self.epoch)
 
 
-def _state_of(vds: ShardedDataset, segments: list[Segment], *, rank: int | None,
+def _state_of(dataset: Sharded, segments: list[Segment], *, rank: int | None,
               finished: bool, epoch: int, partial: dict[int, int] | None = None
               ) -> LoaderState:
-    manifest = vds.freeze()
-    return LoaderState(manifest.fingerprint, replace(vds.read_order(), epoch=epoch),
+    manifest = dataset.freeze()
+    return LoaderState(manifest.fingerprint, replace(dataset.read_order(), epoch=epoch),
                        tuple(segments), rank=rank, finished=finished,
-                       unit=getattr(vds, "state_unit", "file"),
+                       unit=getattr(dataset, "state_unit", "file"),
                        partial=tuple(sorted((partial or {}).items())))
 
 
-def dataset_state(vds: ShardedDataset) -> dict[str, Any]:
+def dataset_state(dataset: Sharded) -> dict[str, Any]:
     """``VolumeDataset.state_dict()``: the loader's view in its main process,
     else this process's own iteration, else a state at the start of the epoch."""
-    tracker: SlotTracker | None = vds._tracker
-    progress: LoaderProgress | None = vds._progress
+    tracker, progress = dataset._link.tracker, dataset._link.progress
     # A tracker or progress of an earlier epoch (set_epoch was called since)
     # says nothing about this one: the state is then at the epoch's start.
-    if tud.get_worker_info() is None and progress is not None and progress.epoch == vds.epoch:
+    if tud.get_worker_info() is None and progress is not None and progress.epoch == dataset.epoch:
         return progress.state().to_dict()
-    if tracker is not None and tracker.epoch == vds.epoch:
+    if tracker is not None and tracker.epoch == dataset.epoch:
         return tracker.state().to_dict()
-    if vds._resume is not None:
-        return vds._resume.to_dict()  # loaded, not started: save what was loaded
-    here = vds.world()
+    if dataset._link.resume is not None:
+        return dataset._link.resume.to_dict()  # loaded, not started: save what was loaded
+    here = dataset.world()
     rank = here.rank
-    layout = vds.layout(here.world_size, here.num_workers if here.in_worker else vds.num_workers)
+    layout = dataset.layout(here.world_size,
+                            here.num_workers if here.in_worker else dataset.num_workers)
     counts = tuple(0 if layout.slot_at(s).rank == rank else None for s in range(layout.slots))
     seg = Segment(layout, counts)
-    return _state_of(vds, [seg], rank=rank, finished=False, epoch=vds.epoch).to_dict()
+    return _state_of(dataset, [seg], rank=rank, finished=False, epoch=dataset.epoch).to_dict()
 
 
 class Tagged:
@@ -235,10 +252,11 @@ class Tagged:
 class TaggingCollate:
     """Wraps the loader's ``collate_fn``: tags each batch with its worker's position."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any], vds: ShardedDataset,
-                 find: Callable[[Any], ShardedDataset | None]) -> None:
-        self.collate_fn, self.vds, self.find = collate_fn, vds, find
-        self._found: tuple[int, Any] = (-1, None)  # (id of the worker's dataset, its vds)
+    def __init__(self, collate_fn: Callable[[Any], Any], dataset: Sharded,
+                 find: Callable[[Any], Sharded | None]) -> None:
+        self.collate_fn, self.dataset, self.find = collate_fn, dataset, find
+        # (id of the worker's dataset, the sharded dataset inside it)
+        self._found: tuple[int, Any] = (-1, None)
 
     def __call__(self, data: Any) -> Any:
         batch = self.collate_fn(data)
@@ -247,7 +265,8 @@ class TaggingCollate:
             return batch
         if self._found[0] != id(info.dataset):  # a worker's own copy, found once
             self._found = (id(info.dataset), self.find(info.dataset))
-        tracker: SlotTracker | None = getattr(self._found[1], "_tracker", None)
+        found = self._found[1]
+        tracker = found._link.tracker if found is not None else None
         if tracker is None:
             return batch
         return Tagged(batch, tracker.take())
@@ -256,19 +275,19 @@ class TaggingCollate:
 class LoaderProgress:
     """What one rank's loader has delivered in the current epoch (main process)."""
 
-    def __init__(self, vds: ShardedDataset, *, rank: int, world_size: int, num_workers: int,
+    def __init__(self, dataset: Sharded, *, rank: int, world_size: int, num_workers: int,
                  resume: LoaderState | None) -> None:
-        self.vds = vds
-        self.epoch = vds.epoch
+        self.dataset = dataset
+        self.epoch = dataset.epoch
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
-        self.layout = vds.layout(world_size, num_workers)
+        self.layout = dataset.layout(world_size, num_workers)
         k = self.layout.workers
         self.own = range(rank * k, (rank + 1) * k)
         self.resume = resume
         self.done: list[Segment] = []
         self.counts = dict.fromkeys(self.own, 0)
         if resume is not None:
-            chain, _ = resume_plan(vds, resume, world_size, num_workers)
+            chain, _ = resume_plan(dataset, resume, world_size, num_workers)
             self.done = chain[:-1]
             if len(chain) == len(resume.segments):  # same layout: slots continue
                 for s in self.own:
@@ -287,11 +306,12 @@ class LoaderProgress:
         the slot's tracker is read when the position is asked for (between
         two ``__next__`` calls everything it handed out was returned)."""
         if self.live:
-            vds._tracker = None  # an earlier epoch's; this epoch's starts with its iterator
+            # An earlier epoch's; this epoch's starts with its iterator.
+            dataset._link.tracker = None
 
     def sync(self) -> None:
         """Bring the counts (and the listeners) up to the live tracker."""
-        tracker: SlotTracker | None = self.vds._tracker if self.live else None
+        tracker = self.dataset._link.tracker if self.live else None
         if tracker is not None and tracker.epoch == self.epoch:
             self.record(tracker.take())
 
@@ -312,18 +332,33 @@ class LoaderProgress:
         for s, d in self.counts.items():
             counts[s] = d
         current = Segment(self.layout, tuple(counts))
-        return _state_of(self.vds, [*self.done, current], rank=self.rank,
+        return _state_of(self.dataset, [*self.done, current], rank=self.rank,
                          finished=self.finished, epoch=self.epoch, partial=self.partial)
 
 
-class Untagging:
+class Wrapping:
+    """A wrapper of the loader's iterator on its way to the loop: torch's
+    iterator's length and attributes (``_num_yielded``, ...) show through."""
+
+    _inner: Iterator[Any]
+
+    def __iter__(self) -> Wrapping:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+class Untagging(Wrapping):
     """The loader's iterator seen by the loop: strips tags and counts deliveries."""
 
     def __init__(self, inner: Iterator[Any], progress: LoaderProgress) -> None:
         self._inner, self._progress = inner, progress
-
-    def __iter__(self) -> Untagging:
-        return self
 
     def __next__(self) -> Any:
         try:
@@ -336,36 +371,27 @@ class Untagging:
             return item.batch
         return item
 
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
-
-
-def start_epoch(loader: Any, vds: ShardedDataset) -> LoaderProgress:
+def start_epoch(loader: Any, dataset: Sharded) -> LoaderProgress:
     """Called by the loader before its workers start: the rank's progress tracker."""
-    here = vds.world()
-    progress = LoaderProgress(vds, rank=here.rank, world_size=here.world_size,
-                              num_workers=loader.num_workers,
-                              resume=_pending(vds))
-    vds._progress = progress
+    here = dataset.world()
+    progress = LoaderProgress(dataset, rank=here.rank, world_size=here.world_size,
+                              num_workers=loader.num_workers, resume=_pending(dataset))
+    dataset.track_deliveries(progress)
     return progress
 
 
-def check_across_ranks(dist: Any, vds: ShardedDataset) -> None:
+def check_across_ranks(dist: Any, dataset: Sharded) -> None:
     """Every rank checks the loaded state; if any fails, every rank raises."""
-    pending: LoaderState | None = vds._resume
+    pending = dataset._link.resume
     if dist is None or dist.get_world_size() == 1:
         if pending is not None:
-            check_fits(vds, pending)
+            check_fits(dataset, pending)
         return
     error = ""
     if pending is not None:
         try:
-            check_fits(vds, pending)
+            check_fits(dataset, pending)
         except ResumeMismatch as exc:
             error = exc.message
     digest = None if pending is None else (pending.order.epoch, pending.segments[:-1],

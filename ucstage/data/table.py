@@ -21,19 +21,15 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch.utils.data as tud
-
 from .. import params
-from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..manifest import load
 from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
-from ..sharding import DEFAULT_SHUFFLE_SCOPE, Layout, ReadOrder, slot_array
+from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..tables import row_groups
 from ..tables.plan import drop_note, equal_batches
-from . import epochrecord, holding
 from .frozen import Freezable, Request
-from .sharded import SlotRule, equal_mode
+from .sharded import ShardedDataset, rule_order
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
 from .tableread import FORMATS, check_fill_null, check_format
 from .tablestate import TableTracker
@@ -41,6 +37,7 @@ from .tablestate import TableTracker
 if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..volumes import Volume
+    from .looppos import LoopView
 
 __all__ = ["TableDataset"]
 
@@ -48,7 +45,7 @@ DEFAULT_WINDOW = 4
 DEFAULT_READ_AHEAD = 2
 
 
-class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[type-arg]
+class TableDataset(Freezable, ShardedDataset):
     """A Delta table, an export or a folder of Parquet files, streamed by row group.
 
     Args:
@@ -76,12 +73,8 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
             (``max_bytes`` in bytes or a size string such as ``"500M"``).
     """
 
-    num_workers: int = 6
     state_unit = "row-group"
-    _resume: Any = None
-    _tracker: Any = None
-    _progress: Any = None
-    _epoch_link: Any = None
+    tracker_kind = TableTracker
 
     def __init__(self, source: str | os.PathLike[str], *, columns: Sequence[str] | None = None,
                  version: int | None = None, batch_rows: int | None = None,
@@ -91,7 +84,6 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
                  read_ahead: int = DEFAULT_READ_AHEAD, equal_length: bool | str | None = False,
                  cache: LocalCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  max_bytes: int | str | None = None) -> None:
-        super().__init__()
         # Types and shapes checked here, by the one rule of each (ucstage/params.py).
         read_ahead = params.whole(read_ahead, "read_ahead")
         if batch_rows is not None:
@@ -99,37 +91,21 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
         shuffle_window = params.whole(shuffle_window, "shuffle_window", minimum=1)
         if version is not None:
             version = params.whole(version, "version")
-        if max_bytes is not None:
-            max_bytes = params.size(max_bytes, "max_bytes")
+        self._use_cache(cache, cache_dir, max_bytes)
         check_fill_null(fill_null)
-        if cache is not None and cache_dir is not None:
-            raise InvalidArgument("pass cache or cache_dir, not both")
         if format not in FORMATS:
             raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-        self.shuffle, self.seed = bool(shuffle), params.whole(seed, "seed", minimum=None)
-        self.table_equal_length = equal_mode(equal_length)
-        equal_batches([], batch_rows, self.table_equal_length)  # needs batch_rows
-        self.equal_length: str | None = None  # the slot rule over row groups: no pad or drop
+        super().__init__(rule_order(shuffle, seed, shuffle_scope, equal_length), nproc_per_node)
+        equal_batches([], batch_rows, self.equal_length)  # needs batch_rows
         self._drop_said = ""  # the drop note this process gave (once, not every epoch)
-        ReadOrder(0, self.shuffle, self.seed, 0, None, shuffle_scope)
-        Layout.one_node(nproc_per_node)
-        self.shuffle_scope, self.nproc_per_node = shuffle_scope, nproc_per_node
         self.shuffle_window, self.read_ahead = int(shuffle_window), int(read_ahead)
         self.columns = None if columns is None else list(params.strings(columns, "columns"))
         self.version, self.batch_rows = version, batch_rows
         self.format, self.fill_null = format, fill_null
-        self.epoch = 0
-        self.run = job_id()
         self._source = os.fspath(source)
-        self._cache: LocalCache | None = cache
-        self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else \
-            (str(getattr(cache, "root", "")) or None if cache is not None else None)
-        self._max_bytes = getattr(cache, "max_bytes", max_bytes) if cache is not None \
-            else max_bytes
         self._manifest: RowGroupManifest | None = None
         self._manifest_path: str | None = None
         self._fingerprint: str | None = None
-        self._dist_rank_world: tuple[int, int] | None = None
         if is_row_group_manifest(self._source) and os.path.isfile(self._source):
             self._adopt(load(self._source, kind=RowGroupManifest))
 
@@ -154,9 +130,14 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
     def _get_volume(self) -> Volume:
         return self.freeze().volume()
 
-    def read_order(self) -> ReadOrder:
-        return ReadOrder(len(self.freeze()), self.shuffle, self.seed, self.epoch, None,
-                         self.shuffle_scope)
+    def _item_count(self) -> int:
+        return len(self.freeze())
+
+    @property
+    def _dealt_equal(self) -> str | None:
+        # Row groups are dealt whole, none padded or dropped: equal_length
+        # counts batches (slot_batches).
+        return None
 
     # -- length --------------------------------------------------------------------
 
@@ -170,7 +151,7 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
         rank, worker, in_worker = here.rank, here.worker, here.in_worker
         layout = self.layout(here.world_size, here.num_workers if in_worker else self.num_workers)
         totals, counts = slot_totals(self, layout)
-        fixed = equal_batches(totals, self.batch_rows, self.table_equal_length)
+        fixed = equal_batches(totals, self.batch_rows, self.equal_length)
         slots = [layout.slot_index(layout.slot(rank, worker))] if in_worker else \
             [layout.slot_index(layout.slot(rank, w)) for w in range(layout.readers_of(rank))]
         return sum(fixed if fixed is not None else counts[s] for s in slots)
@@ -192,7 +173,7 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
         """Row groups the rank's slots deliver whole this epoch under
         ``equal_length="drop"`` (the rest are the audit's expected gaps); None
         otherwise. Called by the audit at the start of an epoch."""
-        if self.table_equal_length != "drop":
+        if self.equal_length != "drop":
             return None
         layout = progress.layout
         totals, _ = slot_totals(self, layout)
@@ -208,29 +189,16 @@ class TableDataset(Freezable, SlotRule, tud.IterableDataset):  # type: ignore[ty
         its read-ahead is a fixed count, so ``sharers`` changes nothing)."""
         return group_items(self, rows, rank)
 
-    def __iter__(self) -> Iterator[Any]:
-        record = epochrecord.apply(self)
-        if record is not None and record["stopped"]:
-            return iter(())
-        here = self.world()
-        rank, world, k, worker = here.rank, here.world_size, here.num_workers, here.worker
-        manifest = self.freeze()
-        holding.check_loader_window(self, self.cache(), k)
-        layout = self.layout(world, k)
-        run = slot_array(self.read_order(), layout, layout.slot(rank, worker))
-        tracker = TableTracker.begin_table(self, run, rank=rank, world_size=world,
-                                           num_workers=k, worker=worker)
+    def _slot_items(self, tracker: TableTracker, share: Any,  # type: ignore[override]
+                    loop: LoopView | None) -> Iterator[Any]:
         count = None
-        if self.table_equal_length is not None:
-            totals, _ = slot_totals(self, layout, tracker)
-            count = equal_batches(totals, self.batch_rows, self.table_equal_length)
-            if self.table_equal_length == "drop" and (rank, worker) == (0, 0):
+        if self.equal_length is not None:
+            totals, _ = slot_totals(self, tracker.layout, tracker)
+            count = equal_batches(totals, self.batch_rows, self.equal_length)
+            if self.equal_length == "drop" and (tracker.rank, tracker.worker) == (0, 0):
                 # One slot of the whole job says it (each process warns once per text).
                 note = drop_note(totals, self.batch_rows or 0)
                 if note is not None and note != self._drop_said:
                     self._drop_said = note
-                    warnings.warn(note, stacklevel=2)
-        it = slot_batches(self, manifest, tracker, rank, count)
-        if record is not None and record["persistent"]:
-            return epochrecord.guarded(it, self._epoch_link, record["gen"])
-        return it
+                    warnings.warn(note, stacklevel=3)
+        return slot_batches(self, self.freeze(), tracker, tracker.rank, count)

@@ -27,36 +27,36 @@ DECODE_AHEAD = 2
 """Row groups decoded ahead (at most ``read_ahead``; one without read-ahead)."""
 
 
-def slot_totals(vds: Any, layout: Any, tracker: TableTracker | None = None
+def slot_totals(dataset: Any, layout: Any, tracker: TableTracker | None = None
                 ) -> tuple[list[int], list[int]]:
     """Per slot of ``layout``: rows it delivers this iteration, and its batches
     without ``equal_length`` (``batch_rows`` each, else one per row group)."""
-    manifest: RowGroupManifest = vds.freeze()
+    manifest: RowGroupManifest = dataset.freeze()
     rows = manifest.rows_per_group
     pending = tracker.pending if tracker is not None else None
     skip = dict(pending.partial) if pending is not None else {}
     totals, counts = [], []
-    for run, start in slot_runs(vds, layout, pending):
+    for run, start in slot_runs(dataset, layout, pending):
         total = slot_rows(run, start, rows, skip)
         totals.append(total)
-        if vds.batch_rows:
-            counts.append(-(-total // vds.batch_rows))
+        if dataset.batch_rows:
+            counts.append(-(-total // dataset.batch_rows))
         else:
             rest = [int(g) for g in run[start:]]
             counts.append(sum(1 for g in rest if int(rows[g]) > skip.get(g, 0)))
     return totals, counts
 
 
-def whole_groups(vds: Any, layout: Any, slot: int, limit: int) -> int:
+def whole_groups(dataset: Any, layout: Any, slot: int, limit: int) -> int:
     """Row groups slot ``slot`` of a fresh epoch delivers whole within its first
     ``limit`` rows (what ``equal_length="drop"`` completes)."""
     import numpy as np
 
-    manifest: RowGroupManifest = vds.freeze()
-    run = slot_array(vds.read_order(), layout, layout.slot_at(slot))
+    manifest: RowGroupManifest = dataset.freeze()
+    run = slot_array(dataset.read_order(), layout, layout.slot_at(slot))
     whole, seen = 0, 0
-    for plan in windows(run, 0, manifest.rows_per_group, {}, window=vds.shuffle_window,
-                        shuffle=vds.shuffle, seed=vds.seed, epoch=vds.epoch,
+    for plan in windows(run, 0, manifest.rows_per_group, {}, window=dataset.shuffle_window,
+                        shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                         slot_key=(slot, 0)):
         take = max(0, min(len(plan.label), limit - seen))
         counts = np.bincount(plan.label[:take], minlength=len(plan.groups))
@@ -117,22 +117,22 @@ def _in_worker() -> bool:
 class _Windows:
     """The tables of a slot's windows, read from the cache in order."""
 
-    def __init__(self, vds: Any, manifest: RowGroupManifest, run: Any, start: int,
+    def __init__(self, dataset: Any, manifest: RowGroupManifest, run: Any, start: int,
                  skip: dict[int, int], slot_key: tuple[int, ...], reader: Any) -> None:
-        self.vds, self.manifest = vds, manifest
-        self.columns = manifest.check_columns(vds.columns)
-        size = vds.shuffle_window if vds.shuffle else 1
+        self.dataset, self.manifest = dataset, manifest
+        self.columns = manifest.check_columns(dataset.columns)
+        size = dataset.shuffle_window if dataset.shuffle else 1
         rows = manifest.rows_per_group
         todo = _todo(run, start, rows, skip, size)
         self.groups = [int(run[p]) for p in todo]
-        self.entries = [group_entry(manifest, g, vds.columns) for g in self.groups]
-        self.paths = holding.fetch_in_order(self.entries, reader, vds.cache(),
-                                            manifest.volume(), vds.read_ahead)
-        self.plans = windows(run, start, rows, skip, window=vds.shuffle_window,
-                             shuffle=vds.shuffle, seed=vds.seed, epoch=vds.epoch,
+        self.entries = [group_entry(manifest, g, dataset.columns) for g in self.groups]
+        self.paths = holding.fetch_in_order(self.entries, reader, dataset.cache(),
+                                            manifest.volume(), dataset.read_ahead)
+        self.plans = windows(run, start, rows, skip, window=dataset.shuffle_window,
+                             shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                              slot_key=slot_key)
         self._pool: ThreadPoolExecutor | None = None
-        self._tables = self._decoded(max(1, min(vds.read_ahead, DECODE_AHEAD)))
+        self._tables = self._decoded(max(1, min(dataset.read_ahead, DECODE_AHEAD)))
 
     def _decoded(self, depth: int) -> Iterator[Any]:
         """The todo row groups' tables in order, ``depth`` decoded ahead in
@@ -178,7 +178,7 @@ class _Windows:
             if tables:
                 window = pa.concat_tables(tables)
                 at_rows = offsets[plan.label] + plan.row
-                if self.vds.shuffle:
+                if self.dataset.shuffle:
                     window = window.take(int_array(at_rows, pa.int64()))
                 elif len(at_rows):  # one row group in file order: its rows from the skip on
                     window = window.slice(int(at_rows[0]), len(at_rows))
@@ -192,7 +192,7 @@ class _Windows:
         self.paths.close()  # type: ignore[attr-defined]  # a generator
 
 
-def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, rank: int,
+def slot_batches(dataset: Any, manifest: RowGroupManifest, tracker: TableTracker, rank: int,
                  count: int | None) -> Iterator[Any]:
     """The slot's batches, in order (see the module docstring); ``count``: the
     equal-length number of batches (``"drop"`` stops there, ``"pad"``
@@ -200,9 +200,9 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
     import numpy as np
     import pyarrow as pa
 
-    reader = holding.open_reader(vds, vds.cache(), rank)
+    reader = holding.open_reader(dataset, dataset.cache(), rank)
     own = _in_worker()
-    b = vds.batch_rows
+    b = dataset.batch_rows
     key = (tracker.slot, tracker.segment)
     yielded = 0
     carry: list[Any] = []
@@ -216,7 +216,7 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
         accs = []
         yielded += 1
         table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        return convert(_batch(table, own), vds.format, vds.fill_null)
+        return convert(_batch(table, own), dataset.format, dataset.fill_null)
 
     def cut(stream: _Windows, counted: bool) -> Iterator[Any]:
         nonlocal carry, accs
@@ -253,16 +253,16 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
                     accs.append((plan.first, sizes.copy(), sizes))
 
     try:
-        real = _Windows(vds, manifest, tracker.run, tracker.start, tracker.skip, key, reader)
+        real = _Windows(dataset, manifest, tracker.run, tracker.start, tracker.skip, key, reader)
         streams.append(real)
         yield from cut(real, True)
-        if vds.table_equal_length == "pad" and count is not None:
+        if dataset.equal_length == "pad" and count is not None:
             while yielded < count and int(manifest.rows_per_group[tracker.run].sum()):
-                pad = _Windows(vds, manifest, tracker.run, 0, {}, key, reader)
+                pad = _Windows(dataset, manifest, tracker.run, 0, {}, key, reader)
                 streams.append(pad)
                 yield from cut(pad, False)
         elif carry and (count is None or yielded < count) and \
-                vds.table_equal_length != "drop":
+                dataset.equal_length != "drop":
             yield emit(carry)
             carry = []
         tracker.end()
@@ -273,21 +273,21 @@ def slot_batches(vds: Any, manifest: RowGroupManifest, tracker: TableTracker, ra
             reader.close()
 
 
-def group_items(vds: Any, groups: Any, rank: int) -> Iterator[Any]:
+def group_items(dataset: Any, groups: Any, rank: int) -> Iterator[Any]:
     """Row groups ``groups`` (an int array), in order, each as one batch of its
     rows (in the table's ``format``), fetched ``read_ahead`` ahead and held
     while read; untracked: what a :class:`~ucstage.Mix` reads of a table."""
-    manifest: RowGroupManifest = vds.freeze()
-    columns = manifest.check_columns(vds.columns)
-    entries = [group_entry(manifest, int(g), vds.columns) for g in groups]
-    reader = holding.open_reader(vds, vds.cache(), rank)
+    manifest: RowGroupManifest = dataset.freeze()
+    columns = manifest.check_columns(dataset.columns)
+    entries = [group_entry(manifest, int(g), dataset.columns) for g in groups]
+    reader = holding.open_reader(dataset, dataset.cache(), rank)
     own = _in_worker()
-    paths = holding.fetch_in_order(entries, reader, vds.cache(), manifest.volume(),
-                                   vds.read_ahead)
+    paths = holding.fetch_in_order(entries, reader, dataset.cache(), manifest.volume(),
+                                   dataset.read_ahead)
     try:
         for g, path, entry in zip(groups, paths, entries):  # noqa: B905 (paths: a generator)
             table = read_group(manifest, int(g), path, entry, columns)
-            yield convert(_batch(table, own), vds.format, vds.fill_null)
+            yield convert(_batch(table, own), dataset.format, dataset.fill_null)
     finally:
         paths.close()  # type: ignore[attr-defined]  # a generator
         if reader is not None:

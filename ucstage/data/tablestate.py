@@ -13,13 +13,15 @@ with its skip, to whichever slot the re-split deals it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ResumeMismatch
 from ..resume import LoaderState
 from ..sharding import Segment, segment_runs
 from . import state as _state
-from .protocol import ShardedDataset
+
+if TYPE_CHECKING:
+    from .protocol import Sharded
 
 __all__ = ["TableTracker", "slot_runs"]
 
@@ -33,51 +35,18 @@ class TableTracker(_state.SlotTracker):
     """Rows already delivered of row groups begun before this iteration."""
     segment: int
     """The segment's number in the epoch (seeds the windows with the slot)."""
-    pending: LoaderState | None
-    """The state this iteration resumes, if any."""
 
-    @classmethod
-    def begin_table(cls, vds: ShardedDataset, run: Any, *, rank: int, world_size: int,
-                    num_workers: int, worker: int) -> TableTracker:
-        """Start tracking; a pending resume picks the slot's run, start and skips."""
-        loaded: LoaderState | None = vds._resume
-        vds._resume = None
-        if loaded is not None:
-            _state.check_fits(vds, loaded)
-            loaded.check_partial(vds.freeze().rows_per_group)  # type: ignore[attr-defined]
-        pending = None if loaded is None or loaded.finished else loaded
-        layout = vds.layout(world_size, num_workers)
-        slot = layout.slot_index(layout.slot(rank, worker))
-        if pending is None:
-            tracker = cls(vds, run, rank=rank, world_size=world_size, num_workers=num_workers,
-                          worker=worker, start=0, done=[])
-            tracker._setup(run, 0, {}, 0)
-            tracker.pending = None
-            vds._tracker = tracker
-            return tracker
-        chain, rest = _state.resume_plan(vds, pending, world_size, num_workers)
-        if rest[slot] is None:
-            raise ResumeMismatch(
-                f"the state does not hold what slot {rank}:{worker} delivered",
-                hint="merge every rank's state with ucstage.merge_states and load the result")
-        start = 0
-        full: Any = rest[slot]
-        if len(chain) == len(pending.segments):  # the same layout: continue the slot
-            start = chain[-1].delivered[slot] or 0
-            full = segment_runs(pending.order, chain)[-1][slot].files
-        tracker = cls(vds, full, rank=rank, world_size=world_size, num_workers=num_workers,
-                      worker=worker, start=start, done=chain[:-1])
-        tracker._setup(full, start, dict(pending.partial), len(chain) - 1)
-        tracker.pending = pending
-        vds._tracker = tracker
-        return tracker
-
-    def _setup(self, run: Any, start: int, skip: dict[int, int], segment: int) -> None:
+    def __init__(self, dataset: Sharded, indices: Any, *, rank: int, world_size: int,
+                 num_workers: int, worker: int, start: int, done: list[Segment],
+                 pending: LoaderState | None = None) -> None:
         import numpy as np
 
-        self.run = np.asarray(run, dtype=np.int64)
-        self.skip = skip
-        self.segment = segment
+        super().__init__(dataset, indices, rank=rank, world_size=world_size,
+                         num_workers=num_workers, worker=worker, start=start, done=done,
+                         pending=pending)
+        self.run = np.asarray(indices, dtype=np.int64)
+        self.skip = dict(pending.partial) if pending is not None else {}
+        self.segment = len(done)
         self._pos = start
         self._started = start
         self._complete = np.zeros(len(self.run), dtype=bool)
@@ -85,6 +54,23 @@ class TableTracker(_state.SlotTracker):
         self._finished: list[int] = []
         self._partial: dict[int, int] = {}
         self._frozen = False
+
+    @staticmethod
+    def check_loaded(dataset: Sharded, loaded: LoaderState) -> None:
+        """A state's partial row groups must be row groups of this table, each
+        with no more rows than it has."""
+        loaded.check_partial(dataset.freeze().rows_per_group)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def resumed(pending: LoaderState, chain: list[Segment], rest: list[Any], slot: int
+                ) -> tuple[Any, int]:
+        """On the same layout the slot's whole run, its leading row groups
+        delivered whole skipped (a window begun there is replayed); else its
+        share of the re-split remainder."""
+        if len(chain) == len(pending.segments):  # the same layout: continue the slot
+            return segment_runs(pending.order, chain)[-1][slot].files, \
+                chain[-1].delivered[slot] or 0
+        return rest[slot], 0
 
     @property
     def position(self) -> int:
@@ -138,22 +124,22 @@ class TableTracker(_state.SlotTracker):
         lead = set(self.run[:self._pos].tolist())  # delivered whole: no skip needed
         partial = {g: n for g, n in self.skip.items() if g not in lead}
         partial.update(self._partial)
-        return _state._state_of(self.vds, [*self.done, current], rank=self.rank,
+        return _state._state_of(self.dataset, [*self.done, current], rank=self.rank,
                                 finished=self.finished and self.layout.slots == 1,
                                 epoch=self.epoch, partial=partial)
 
 
-def slot_runs(vds: ShardedDataset, layout: Any, pending: LoaderState | None
+def slot_runs(dataset: Sharded, layout: Any, pending: LoaderState | None
               ) -> list[tuple[Any, int]]:
     """(run, start) of every slot of ``layout`` in this iteration: the epoch's
     slot rule, or what a resumed state leaves each slot (it must say what
     every slot delivered: a merged state)."""
     from ..sharding import slot_array
 
-    order = vds.read_order()
+    order = dataset.read_order()
     if pending is None:
         return [(slot_array(order, layout, layout.slot_at(s)), 0) for s in range(layout.slots)]
-    chain, rest = _state.resume_plan(vds, pending, layout.world_size, layout.num_workers)
+    chain, rest = _state.resume_plan(dataset, pending, layout.world_size, layout.num_workers)
     if any(r is None for r in rest):
         raise ResumeMismatch("equal_length on a resumed epoch needs every slot's count",
                              hint="load the state merged over every rank (ucstage.merge_states)")

@@ -131,10 +131,10 @@ def test_torch_only_in_data_and_lazily_in_bench_loader():
     for name, hits in _third_party(("torch",)).items():
         if not hits or name.startswith("ucstage.data"):
             continue
-        assert name == "ucstage.bench.loader", f"{name} imports torch: {hits}"
+        assert name == "ucstage.bench.loadermode", f"{name} imports torch: {hits}"
     # ...and nothing imports bench.loader at module level.
     for name in MODULES:
-        eager = [line for t, line, top in _imports(name) if t == "ucstage.bench.loader" and top]
+        eager = [line for t, line, top in _imports(name) if t == "ucstage.bench.loadermode" and top]
         assert eager == [], f"{name} imports the torch-only bench.loader eagerly (line {eager})"
 
 

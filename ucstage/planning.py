@@ -108,7 +108,7 @@ def read_row_groups(source: str | None, manifest_path: str | None = None,
     """The row groups of a table ``source`` (at Delta ``version``), or of a
     saved ``.rowgroups.arrow`` (``manifest_path``, which wins)."""
     from .manifest.rowgroups import RowGroupManifest
-    from .tables.listing import row_groups
+    from .tables.row_groups import row_groups
 
     if manifest_path is not None:
         if version is not None:

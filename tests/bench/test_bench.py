@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from tests.common.parts import REPO, rclone_mount, tmpfs, unique, wait_synced
 from ucstage import bench, snapshot
 from ucstage.bench.report import RunResult
-from ucstage.bench.stats import recommend, sample
+from ucstage.bench.sampling import recommend, sample
 from ucstage.cli import cli
 from ucstage.cli.args import parse_modes, parse_workers
 from ucstage.errors import FetchFailed, InvalidArgument
@@ -675,7 +675,7 @@ def test_log_axis_is_labelled_at_1_2_5_steps() -> None:
 
 def test_loader_takes_the_shuffle_scope_options(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("torch")
-    from ucstage.bench import loader as loader_mod
+    from ucstage.bench import loadermode as loader_mod
 
     src = tmp_path / "src"
     _flat_tree(str(src), 6)

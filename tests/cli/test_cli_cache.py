@@ -339,7 +339,7 @@ def test_progress_bar_shows_files_and_bytes(src: Path) -> None:
     from rich.console import Console
 
     from ucstage.cache import LocalCache
-    from ucstage.cli.progress import progress_bar
+    from ucstage.cli.bars import progress_bar
     from ucstage.manifest import snapshot
 
     buffer = StringIO()
@@ -360,7 +360,7 @@ def test_bench_progress_shows_one_line_per_run(src: Path) -> None:
     from rich.console import Console
 
     from ucstage import bench
-    from ucstage.cli.progress import progress_bar
+    from ucstage.cli.bars import progress_bar
     from ucstage.manifest import snapshot
 
     buffer = StringIO()
@@ -379,7 +379,7 @@ def test_off_a_terminal_progress_is_a_line_every_interval() -> None:
 
     from rich.console import Console
 
-    from ucstage.cli.progress import progress_bar
+    from ucstage.cli.bars import progress_bar
 
     buffer = StringIO()
     log = Console(file=buffer, width=150)  # not a terminal
@@ -404,7 +404,7 @@ def test_progress_line_says_rate_and_time_left() -> None:
 
     from rich.console import Console
 
-    from ucstage.cli.progress import LogLines
+    from ucstage.cli.bars import LogLines
 
     now = [100.0]
     lines = LogLines(Console(file=StringIO()), "warming", clock=lambda: now[0])
@@ -449,7 +449,7 @@ def test_rerun_progress_counts_files_already_cached(src: Path) -> None:
     from rich.console import Console
 
     from ucstage.cache import LocalCache
-    from ucstage.cli.progress import progress_bar
+    from ucstage.cli.bars import progress_bar
     from ucstage.manifest import snapshot
 
     m = snapshot(str(src))
@@ -865,7 +865,7 @@ def test_the_warm_bar_is_one_line_at_any_width(width: int) -> None:
 
     from rich.console import Console
 
-    from ucstage.cli.progress import progress_bar
+    from ucstage.cli.bars import progress_bar
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=width, color_system=None)

@@ -240,6 +240,6 @@ def test_every_entry_point_takes_a_str_whole(entry: str, value: str) -> None:
 
 @given(st.sampled_from(["direct", "cold", "warm"]))
 def test_bench_modes_take_one_mode_as_a_str(mode: str) -> None:
-    from ucstage.bench.options import check_modes
+    from ucstage.bench.settings import check_modes
 
     assert check_modes(mode) == [mode]

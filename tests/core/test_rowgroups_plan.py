@@ -1,4 +1,4 @@
-"""The row-group slot rule and the rows each slot delivers (ucstage.tables.plan),
+"""The row-group slot rule and the rows each slot delivers (ucstage.tables.rowplan),
 against brute-force models written out here position by position."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ucstage.sharding import Layout, ReadOrder, slot_array
 from ucstage.sharding.order import read_order
-from ucstage.tables.plan import equal_batches, slot_rows, windows
+from ucstage.tables.rowplan import equal_batches, slot_rows, windows
 
 
 def brute_slot(n: int, world: int, k: int, rank: int, worker: int, order: list[int]

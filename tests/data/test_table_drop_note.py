@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ucstage.data import DataLoader, TableDataset
-from ucstage.tables.plan import drop_note
+from ucstage.tables.rowplan import drop_note
 
 
 def _folder(tmp_path: Path, rows: int) -> str:

@@ -15,7 +15,7 @@ from torch.utils.data import IterableDataset
 
 from ucstage.data import DataLoader, VolumeDataset
 from ucstage.data import state as state_
-from ucstage.data.warm import BLOCK
+from ucstage.data.hitruns import BLOCK
 
 N = 3 * BLOCK + 5
 

@@ -12,10 +12,10 @@ draws the chart. This package re-exports what the CLI and users
 """
 
 from .driver import run
-from .options import check_modes, check_options
 from .plot import plot
 from .report import BenchReport, Recommendation
-from .stats import ALL, DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_FILES, NOISY_SECONDS, WITHIN
+from .sampling import ALL, DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_FILES, NOISY_SECONDS, WITHIN
+from .settings import check_modes, check_options
 
 __all__ = [
     "ALL",

@@ -3,7 +3,7 @@
 A *worker* here is a reader thread that takes the next file of the sample and
 reads every byte of it with a large buffer, as a DataLoader worker does. Each
 (mode, workers) run reports files/s, MB/s (10^6 bytes) and per-file latency
-percentiles, and :func:`~ucstage.bench.stats.recommend` turns the runs into
+percentiles, and :func:`~ucstage.bench.sampling.recommend` turns the runs into
 advice. How each mode reads is in :mod:`ucstage.bench.modes`; this module
 only orders the runs, shares out the time and collects the results.
 
@@ -25,10 +25,10 @@ from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..volumes import Volume, engine
 from .measure import Meter
 from .modes import MODE_TYPES, Job
-from .options import DEFAULT_MODES, DEFAULT_WORKERS, check_options
 from .report import PAGE_CACHED, BenchReport, RunResult
+from .sampling import ALL, NOISY_SECONDS, recommend, run_result, sample
 from .scratch import scratch_folder
-from .stats import ALL, NOISY_SECONDS, recommend, run_result, sample
+from .settings import DEFAULT_MODES, DEFAULT_WORKERS, check_options
 
 __all__ = ["run"]
 
@@ -57,10 +57,10 @@ def run(
 
     Args:
         manifest: the listing to sample (from :func:`ucstage.snapshot`).
-        files, sample_bytes, seed: see :func:`~ucstage.bench.stats.sample`
+        files, sample_bytes, seed: see :func:`~ucstage.bench.sampling.sample`
             (``sample_bytes`` is its ``max_bytes``). Neither means the default
             sample: every k-th file from a seeded offset, at most 500 files
-            or 2 GiB (:func:`~ucstage.bench.stats.spread_sample`);
+            or 2 GiB (:func:`~ucstage.bench.sampling.spread_sample`);
             ``files="all"`` reads every listed file.
         workers: reader thread counts, e.g. ``[1, 2, 4]`` (DataLoader
             ``num_workers`` in loader mode); measured in ascending order.

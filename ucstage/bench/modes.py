@@ -209,7 +209,7 @@ class Loader(Mode):
                 meter: Meter) -> Timing:
         # Imported here: the module imports torch, which only this mode needs.
         try:
-            from .loader import loader_run
+            from .loadermode import loader_run
         except MissingDependency:
             raise
         except ImportError as exc:

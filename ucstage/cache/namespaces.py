@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from ..atomic import write_atomic
 from . import paths
 from .locks import FileLock
-from .walk import unlink_if_exists
+from .scan import unlink_if_exists
 
 __all__ = ["Namespaces"]
 

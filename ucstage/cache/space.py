@@ -33,9 +33,9 @@ from .leases import take_exclusive
 from .ledger import Ledger, locked_ledger
 from .locks import FileLock, stripe_path
 from .namespaces import Namespaces
+from .scan import Cached, Tally, sweep_one, unlink_if_exists, walk
+from .scan import sweep as walk_sweep
 from .stamps import StampMemo
-from .walk import Cached, Tally, sweep_one, unlink_if_exists, walk
-from .walk import sweep as walk_sweep
 
 __all__ = ["CacheSpace", "Evicted", "Eviction", "Tally", "free_bytes", "no_room",
            "unlink_if_exists"]

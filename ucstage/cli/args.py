@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from ..bench.options import check_modes
+from ..bench.settings import check_modes
 from ..errors import InvalidArgument
 from ..manifest.groups import KEY
 from ..planning import UNITS

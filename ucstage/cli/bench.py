@@ -7,16 +7,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..bench.driver import run
-from ..bench.options import check_options
 from ..bench.plot import plot
 from ..bench.report import BenchReport, Recommendation
-from ..bench.stats import ALL, DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_FILES, NOISY_SECONDS, WITHIN
+from ..bench.sampling import ALL, DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_FILES, NOISY_SECONDS, WITHIN
+from ..bench.settings import check_options
 from ..errors import InvalidArgument
 from ..planning import scope_of
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import Seconds, nproc_option, parse_modes, parse_workers, shuffle_scope_option
+from .bars import progress_bar
 from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
-from .progress import progress_bar
 
 _VERDICT = {
     "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "

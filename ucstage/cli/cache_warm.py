@@ -33,6 +33,7 @@ from .args import (
     size_flag,
     warm_options,
 )
+from .bars import Counting, progress_bar
 from .output import (
     CONTEXT,
     counted,
@@ -46,7 +47,6 @@ from .output import (
     source_options,
     table_source,
 )
-from .progress import Counting, progress_bar
 
 EXAMPLES = 10
 FILE_ONLY = ("include", "exclude", "include_hidden", "group")

@@ -35,7 +35,7 @@ from ..manifest import Manifest
 from ..manifest.groups import Grouping
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, slot_array
 from ..volumes import FileEntry, Volume
-from . import holding, looppos, samples, warm
+from . import hitruns, holding, looppos, samples
 from . import state as _state
 from .frozen import FrozenListing
 from .readahead import AUTO, Share, check_read_ahead
@@ -250,7 +250,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = holding.open_reader(self, cache, rank)
         try:
-            # Without a cap, the leading run of hits goes out in blocks (data/warm.py).
+            # Without a cap, the leading run of hits goes out in blocks (data/hitruns.py).
             lookup: Any = holding.unheld_lookup(reader, cache, volume)
             grouped = isinstance(entries, samples.SampleRows)
             if lookup is not None and grouped:
@@ -258,7 +258,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
             done = 0
             if lookup is not None:
                 counters = reader.counters if reader is not None else None
-                done = yield from warm.hits(entries, lookup, counters, tracker)
+                done = yield from hitruns.hits(entries, lookup, counters, tracker)
             if done < len(entries):
                 rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])

@@ -24,7 +24,7 @@ from ..cache.runstats import RunStats
 from ..manifest.groups import split_name
 from ..sharding import World
 from ..shutdown import exiting
-from . import looppos, samples, warm
+from . import hitruns, looppos, samples
 from .looppos import LoopView
 from .protocol import Sharded
 from .readahead import CAP_SHARE, ReadAhead, Share, cache_fetcher, cache_lookup, node_share
@@ -61,12 +61,12 @@ def lookup(reader: Reader | None, cache: Any, volume: Any,
 
 def unheld_lookup(reader: Reader | None, cache: Any,
                   volume: Any) -> Callable[[Any], list[str]] | None:
-    """The cache's ``lookup_run`` for the warm path of :mod:`ucstage.data.warm`
+    """The cache's ``lookup_run`` for the warm path of :mod:`ucstage.data.hitruns`
     when nothing is held (no cap, or a cache object of the user's own); None
     when paths must be held (or the cache cannot look up)."""
     if reader is not None and reader.holding:
         return None
-    return warm.run_lookup(cache, volume)
+    return hitruns.run_lookup(cache, volume)
 
 
 def follow(paths: Iterator[str], reader: Reader | None, loop: LoopView | None = None,

@@ -7,7 +7,7 @@ same slot rule as :class:`~ucstage.data.dataset.VolumeDataset`
 (``slot_array``, node-stable shuffle, the rank guard). Each row group's
 column chunks of the chosen ``columns`` are one cache entry of their own
 (ranged reads; :mod:`ucstage.data.tableread`), fetched ``read_ahead`` row
-groups ahead. Rows come out in windows (:mod:`ucstage.tables.plan`) cut
+groups ahead. Rows come out in windows (:mod:`ucstage.tables.rowplan`) cut
 into batches of ``batch_rows``; checkpoint state is exact to the row
 (:mod:`ucstage.data.tablestate`).
 
@@ -27,7 +27,7 @@ from ..manifest import load
 from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
 from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..tables import row_groups
-from ..tables.plan import drop_note, equal_batches
+from ..tables.rowplan import drop_note, equal_batches
 from .frozen import Freezable, Request
 from .sharded import ShardedDataset, rule_order
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups

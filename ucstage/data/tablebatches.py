@@ -1,6 +1,6 @@
 """One slot's batches of a :class:`~ucstage.data.table.TableDataset`: its row
 groups fetched through the cache in read order, their rows taken window by
-window (:func:`ucstage.tables.plan.windows`), cut into batches, each batch's
+window (:func:`ucstage.tables.rowplan.windows`), cut into batches, each batch's
 delivery counted by the slot's :class:`~ucstage.data.tablestate.TableTracker`
 just before it is handed out."""
 
@@ -14,7 +14,7 @@ from typing import Any
 from ..manifest.arrays import int_array
 from ..sharding import slot_array
 from ..tables import RowGroupManifest
-from ..tables.plan import WindowPlan, slot_rows, windows
+from ..tables.rowplan import WindowPlan, slot_rows, windows
 from . import holding
 from .tableread import convert, group_entry, read_group
 from .tablestate import TableTracker, slot_runs

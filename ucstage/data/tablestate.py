@@ -5,7 +5,7 @@ The loader's machinery (:mod:`ucstage.data.state`) counts, per slot, the
 items of its run delivered whole: here the leading row groups of the slot's
 run whose every row was delivered. What a batch leaves half done travels in
 the batch's tag as ``partial`` (row group -> rows delivered, a prefix of the
-order :mod:`ucstage.tables.plan` reads its rows in), and lands in the state's
+order :mod:`ucstage.tables.rowplan` reads its rows in), and lands in the state's
 ``partial``; a resume skips exactly those rows, on the same layout (the
 slot continues, its window replayed) or another one (the row group goes,
 with its skip, to whichever slot the re-split deals it).

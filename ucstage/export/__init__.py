@@ -9,6 +9,6 @@ export record ``DEST/_ucstage_export.json``, table names and Delta states are
 """
 
 from .dest import read_record
-from .table import export_table, read_table
+from .exporter import export_table, read_table
 
 __all__ = ["export_table", "read_record", "read_table"]

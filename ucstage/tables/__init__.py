@@ -15,6 +15,6 @@ docs/manifest.md.
 # What the CLI, data/ and users (docs/manifest.md) import; data/ and export/
 # import the rest from its module.
 from ..manifest.rowgroups import RowGroupManifest
-from .listing import row_groups
+from .row_groups import row_groups
 
 __all__ = ["RowGroupManifest", "row_groups"]

@@ -24,7 +24,7 @@ from ..errors import CorruptParquet, NotParquet, SchemaMismatch
 from ..volumes import FileEntry, Volume, engine
 from ..volumes.engine import read_ranges
 from .encrypted import encryption
-from .source import TableSource
+from .resolve import TableSource
 
 __all__ = ["INT96_UNIT", "FileFooter", "arrow_schema", "chunk_ranges", "read_footers",
            "table_schema"]

@@ -4,7 +4,7 @@ slot, rows and batches per rank (``ucstage shard-plan --unit row-group``).
 The slots' row groups are :func:`ucstage.sharding.shard_plan`'s, over the
 row groups' bytes (of the chosen columns), so the slot rule, the shuffle and
 its scope are the ones :class:`~ucstage.TableDataset` and ``VolumeDataset``
-apply; the batch counts are :func:`ucstage.tables.plan.equal_batches`'s, the
+apply; the batch counts are :func:`ucstage.tables.rowplan.equal_batches`'s, the
 dataset's ``equal_length``.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from ..manifest.rowgroups import RowGroupManifest
 from ..sharding import Layout, ReadOrder, ShardPlan, shard_plan
-from .plan import EQUAL_MODES, equal_batches
+from .rowplan import EQUAL_MODES, equal_batches
 
 __all__ = ["RankRows", "RowGroupPlan", "plan_row_groups"]
 

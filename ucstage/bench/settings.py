@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from .. import params
 from ..errors import InvalidArgument
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, ReadOrder
-from .stats import MODES, check_sample_size
+from .sampling import MODES, check_sample_size
 
 __all__ = ["DEFAULT_MODES", "DEFAULT_WORKERS", "check_modes", "check_options", "check_workers"]
 

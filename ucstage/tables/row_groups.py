@@ -18,7 +18,7 @@ from ..manifest.rowgroups import RowGroupManifest
 from .colmap import logical_leaves, mode
 from .deletion import deleted
 from .footers import FileFooter, read_footers, table_schema
-from .source import TableSource, resolve_table
+from .resolve import TableSource, resolve_table
 
 __all__ = ["from_footers", "row_groups"]
 

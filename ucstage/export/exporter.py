@@ -77,7 +77,7 @@ from .dest import (
 )
 from .interrupt import add_note, notes, signals_deferred
 from .options import ExportOptions, check_partition_by
-from .record import ExportResult
+from .result import ExportResult
 from .spark import abandon, catalog_is_new, get_session, is_connection_error
 
 __all__ = ["export_table", "read_table"]

@@ -228,6 +228,16 @@ def test_sharding_modules_hold_one_concept_each():
     assert big == {}, f"split these modules: {big}"
 
 
+def test_no_two_modules_share_a_name():
+    """A module's file name says what it is without its package: `warm.py`
+    in two packages made readers open the wrong one."""
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {n: p for n, p in seen.items() if len(p) > 1} == {}
+
+
 def test_cli_modules_stay_thin():
     big = {name: _lines(name) for name in MODULES
            if name.startswith("ucstage.cli") and _lines(name) > 400}

@@ -67,7 +67,7 @@ class Freezable:
 
     if TYPE_CHECKING:
         def cache(self) -> LocalCache:
-            """The dataset's cache (:class:`~ucstage.data.sharded.SlotRule`)."""
+            """The dataset's cache (:class:`~ucstage.data.sharded.ShardedDataset`)."""
 
     def _list(self) -> Any:
         """A fresh listing of the source (on the rank that lists)."""

@@ -1,5 +1,6 @@
 """The package's shape: no import cycles, and heavy or CLI-only imports stay in
-their layer (docs/design.md, "Layout")."""
+their layer (docs/design.md, "Layout and layering"). Modules are not capped by
+line count: a module holds one concept, which review checks (issue 33)."""
 
 from __future__ import annotations
 
@@ -220,12 +221,6 @@ def test_the_entry_points_listed_exist():
 
 def _lines(name: str) -> int:
     return len(MODULES[name].read_text().splitlines())
-
-
-def test_sharding_modules_hold_one_concept_each():
-    big = {name: _lines(name) for name in MODULES
-           if name.startswith("ucstage.sharding") and _lines(name) >= 500}
-    assert big == {}, f"split these modules: {big}"
 
 
 def test_no_two_modules_share_a_name():

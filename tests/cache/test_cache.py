@@ -3,6 +3,7 @@ a moto S3 server and fsspec memory. Guarantees 1-9 of issue 3 are marked."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -15,7 +16,7 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
@@ -131,39 +132,40 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
     with rclone_mount(str(backing), str(tmp_path / "slow"), "--bwlimit", "3M") as mnt:
         cmd = [sys.executable, "-m", "ucstage", "cache", "warm", mnt, "--jobs", "4", "--json"]
         saw_partial = False
-        # Kill points: during start-up (once the cache folder exists: a fixed
-        # delay could land before the interpreter even started), then 0 s and
-        # 0.3 s after a copy is seen in progress (polling, so a slow machine
-        # still hits mid-copy; the 0.3 s only varies the point), then
-        # once a copy has landed while another is in progress (awaited, not
-        # timed: on a loaded machine 0.8 s could pass before any copy landed,
-        # leaving the rerun nothing to resume); then more kills right after a
-        # copy shows, until one has landed mid-copy.
-        def landed() -> bool:
-            ns = _only_namespace(cache_dir)
-            return ns is not None and bool(visible_files(ns)) and bool(partial_files(ns))
+        # Kill points, each awaited, never timed (on a loaded machine a fixed
+        # delay lands anywhere): during start-up (once the cache folder
+        # exists), as soon as this run's first copy is in progress, once
+        # several of its copies are in flight together, once one of its copies
+        # has landed while another is in progress (so the rerun has something
+        # to resume); then more kills as soon as a copy shows, until one has
+        # landed mid-copy. "This run's": the temp files a killed run left
+        # (same names, other inodes) and the files it landed do not count.
+        def points(old_temps: set[tuple[str, int]], old_files: set[str]
+                   ) -> dict[str, Callable[[], bool]]:
+            def fresh_temps() -> set[tuple[str, int]]:
+                return _temps(cache_dir) - old_temps
 
-        attempts: list[float | str | None] = [None, 0.0, 0.3, "landed", *[0.0] * 6]
-        for n, after_partial in enumerate(attempts):
+            def landed() -> bool:
+                ns = _only_namespace(cache_dir)
+                return ns is not None and bool(set(visible_files(ns)) - old_files) \
+                    and bool(fresh_temps())
+
+            return {"start": lambda: os.path.isdir(cache_dir),
+                    "copying": lambda: bool(fresh_temps()),
+                    "several": lambda: len(fresh_temps()) >= 2,
+                    "landed": landed}
+
+        attempts = ["start", "copying", "several", "landed", *["copying"] * 6]
+        for n, point in enumerate(attempts):
             if n >= 4 and saw_partial:
                 break
+            ns = _only_namespace(cache_dir)
+            seen = points(_temps(cache_dir), set(visible_files(ns)) if ns else set())[point]
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
-            if after_partial is None:  # once the warm has made the cache, before copying
-                deadline = time.monotonic() + 120
-                while not os.path.isdir(cache_dir) and time.monotonic() < deadline \
-                        and proc.poll() is None:
-                    time.sleep(0.01)
-            elif after_partial == "landed":
-                deadline = time.monotonic() + 60
-                while not landed() and time.monotonic() < deadline and proc.poll() is None:
-                    time.sleep(0.01)
-            else:
-                deadline = time.monotonic() + 30
-                while not partial_files(cache_dir) and time.monotonic() < deadline \
-                        and proc.poll() is None:
-                    time.sleep(0.01)
-                time.sleep(float(after_partial))
+            deadline = time.monotonic() + 120
+            while not seen() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.01)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             ns = _only_namespace(cache_dir)
@@ -183,6 +185,16 @@ def test_sigkill_during_warm_leaves_no_partial_data(fuse_volume: tuple[str, str]
         ns = _only_namespace(cache_dir)
         assert ns is not None and partial_files(ns) == []
         assert len(visible_files(ns)) == 24
+
+
+def _temps(folder: str) -> set[tuple[str, int]]:
+    """(path, inode) of the temp files under ``folder``: a copy's temp file
+    has the name a killed run's had, but not its inode."""
+    found = set()
+    for path in partial_files(folder):
+        with contextlib.suppress(FileNotFoundError):  # swept or renamed meanwhile
+            found.add((path, os.stat(path).st_ino))
+    return found
 
 
 def _only_namespace(cache_dir: str) -> str | None:

@@ -70,7 +70,7 @@ def test_readme_is_a_short_first_read_and_its_links_resolve() -> None:
     assert len(lines) < 200, f"README.md has {len(lines)} lines; reference belongs in docs/"
     first_code = lines[lines.index("```bash") + 1:][:2]
     assert [line.split()[0] for line in first_code] == ["scripts/demo.sh", "scripts/test.sh"]
-    assert "docs/design.md" in "\n".join(lines[:20]), "the module map is linked near the top"
+    assert "docs/design.md" in "\n".join(lines[:20]), "the design page is linked near the top"
     for page in (readme, ROOT / "docs" / "cli.md"):
         for target, anchor in _links(page):
             assert target.exists(), f"{page.name} links to a missing {target}"

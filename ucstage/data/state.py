@@ -192,11 +192,19 @@ class SlotTracker:
         return self.slot, position, rows.tolist() if len(rows) <= _LIST_ROWS else rows
 
     def state(self) -> LoaderState:
+        """The slot's state: the epoch's earlier segments, this one with the
+        slot's :attr:`position`, and the rows of items begun (:meth:`partial_rows`)."""
         counts: list[int | None] = [None] * self.layout.slots
         counts[self.slot] = self.position
         current = Segment(self.layout, tuple(counts))
         return _state_of(self.dataset, [*self.done, current], rank=self.rank,
-                         finished=self.finished and self.layout.slots == 1, epoch=self.epoch)
+                         finished=self.finished and self.layout.slots == 1, epoch=self.epoch,
+                         partial=self.partial_rows())
+
+    def partial_rows(self) -> dict[int, int] | None:
+        """Rows delivered of items begun but not delivered whole (the hook a
+        table's row groups fill in); a file is delivered whole or not at all."""
+        return None
 
 
 def _state_of(dataset: Sharded, segments: list[Segment], *, rank: int | None,

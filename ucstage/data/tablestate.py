@@ -117,16 +117,13 @@ class TableTracker(_state.SlotTracker):
         finished, self._finished = self._finished, []
         return self.slot, self._pos, finished, dict(self._partial)
 
-    def state(self) -> LoaderState:
-        counts: list[int | None] = [None] * self.layout.slots
-        counts[self.slot] = self._pos
-        current = Segment(self.layout, tuple(counts))
+    def partial_rows(self) -> dict[int, int]:
+        """Rows delivered of the row groups begun: those a resumed state held
+        (unless since delivered whole) and those this iteration began."""
         lead = set(self.run[:self._pos].tolist())  # delivered whole: no skip needed
         partial = {g: n for g, n in self.skip.items() if g not in lead}
         partial.update(self._partial)
-        return _state._state_of(self.dataset, [*self.done, current], rank=self.rank,
-                                finished=self.finished and self.layout.slots == 1,
-                                epoch=self.epoch, partial=partial)
+        return partial
 
 
 def slot_runs(dataset: Sharded, layout: Any, pending: LoaderState | None

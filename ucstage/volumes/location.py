@@ -1,6 +1,6 @@
 """Resolve a source (volume path, fsspec URL, local path) to a :class:`Volume`.
 
-Path rules (docs/design.md, "2. Data flow"):
+Path rules (docs/design.md, "Resolution"):
 
 * ``/Volumes/<catalog>/<schema>/<volume>/...`` and ``dbfs:/Volumes/...`` map to
   ``$UCSTAGE_VOLUMES_ROOT/<catalog>/<schema>/<volume>/...`` when that variable

@@ -479,13 +479,17 @@ def _first_page(client: Any, bucket: str, key: str) -> tuple[bool, Head | None]:
             return False, None
         found: dict[str, Any] = {}
         _add(found, bucket, batch)
-        # A page that was not cut short ends the stream without another
-        # request; a longer listing costs one more page here, which is kept
-        # too: the walk that follows lists on after it.
+        # A batch short of a page is the last one. After a full one, one more
+        # page is read (a request) and kept too: the walk that follows lists
+        # on after it, never asking for a page twice.
+        if len(batch) < _PAGE:
+            return True, (found, None)
         more = next(pages, None)
         if more is None:
             return True, (found, None)
         _add(found, bucket, more)
+        if len(more) < _PAGE:
+            return True, (found, None)
         return True, (found, max(str(meta["path"]) for meta in more))
     except InvalidPathError:
         return True, None  # a key object_store cannot parse: it holds something

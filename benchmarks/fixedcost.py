@@ -32,7 +32,16 @@ from typing import Any
 
 from benchmarks.report import Report, json_argument, params_of
 from benchmarks.timing import CommandFailed, run_command
-from benchmarks.volumes import DELAY_PROXY, RcloneS3, bytecode_env, free_port, s3_env, wait_port
+from benchmarks.volumes import (
+    DELAY_PROXY,
+    RcloneS3,
+    bytecode_env,
+    free_port,
+    s3_env,
+    size_spec,
+    wait_port,
+    write_objects,
+)
 
 SUITE = "fixedcost"
 
@@ -72,6 +81,19 @@ def warm_once(url: str, count: int, env: dict[str, str], work: str, mark: str) -
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def fill(server: RcloneS3, specs: list[str]) -> list[tuple[str, str, int]]:
+    """Every set written first, then each listed once (rclone hashes the
+    objects for their ETags): written after a listing, a set would stay
+    hidden behind rclone's cached listing of the bucket (s5cmd found nothing
+    under the second prefix). (spec, URL, count) per set."""
+    sets = []
+    for i, spec in enumerate(specs):
+        count, size = size_spec(spec)
+        write_objects(os.path.join(server.root, "bench", f"d{i}"), count, size)
+        sets.append((spec, f"d{i}", count))
+    return [(spec, server._listed("bench", prefix), count) for spec, prefix, count in sets]
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fill", action="append", metavar="COUNTxSIZE", default=[],
                         help="a set of COUNT objects of SIZE (repeatable; default 3000x16K "
@@ -108,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         server = RcloneS3(work)
-        sets = []
-        for i, spec in enumerate(fills):
-            count = int(spec.lower().split("x")[0])
-            sets.append((spec, server.fill(spec, prefix=f"d{i}"), count))
+        sets = fill(server, fills)
         port = free_port()
         mark = os.path.join(work, "first-get")
         proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(port), "127.0.0.1",

@@ -24,15 +24,23 @@ FSSPEC = ("fsspec", "s3fs", "botocore", "aiobotocore")
 """An s3:// source read through obstore needs none of fsspec's stack."""
 
 _CODE = """
-import atexit, json, sys
-atexit.register(lambda: open(sys.argv[1], "w").write(json.dumps(sorted(sys.modules))))
+import atexit, json, os, sys
+forks = []
+_fork = os.fork
+def fork():
+    forks.append(1)
+    return _fork()
+os.fork = fork
+atexit.register(lambda: open(sys.argv[1], "w").write(
+    json.dumps(sorted(sys.modules) + ["forks=%d" % len(forks)])))
 from ucstage.cli import main
 main(sys.argv[2:])
 """
 
 
 def _loaded(tmp_path: Path, *args: str) -> tuple[set[str], str]:
-    """The modules loaded by ``ucstage ARGS`` (run to its exit), and its stdout."""
+    """The modules loaded by ``ucstage ARGS`` (run to its exit), and its
+    stdout; ``forks=N`` among them counts the processes it forked."""
     out = tmp_path / "modules.json"
     env = {**os.environ, "UCSTAGE_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("UCSTAGE_ENGINE", None)
@@ -63,10 +71,13 @@ def test_warm_of_a_folder_loads_only_what_it_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("moto")
-def test_warm_of_s3_loads_no_fsspec(tmp_path: Path) -> None:
+def test_warm_of_s3_loads_no_fsspec_and_lists_in_process(tmp_path: Path) -> None:
     pytest.importorskip("obstore")
     src = make_source("s3", "", {f"d/f{i}.bin": os.urandom(100 + i) for i in range(5)})
     modules, out = _loaded(tmp_path, "cache", "warm", src, "--json")
     doc = json.loads(out)
     assert (doc["fetched"], doc["engine"]) == (5, "obstore")
     assert _present(modules, HEAVY + OTHER_COMMANDS + FSSPEC) == []
+    # Resolved and listed in this process (objstore.run_here), with the
+    # client the copies use: no child forked for a metadata call.
+    assert "forks=0" in modules

@@ -14,7 +14,9 @@ first). Per run: the command's wall time and CPU (``os.wait4``); its copy
 phase (the warm's own ``seconds``) and the rest, the fixed cost
 (``fixed_s``); and the time from starting the command to its first object GET
 reaching the proxy (``first_get_s``: the proxy notes it, scripts/delay_proxy.py's
-MARK). Each command is checked to have fetched every object.
+MARK). Each command is checked to have fetched every object. With
+``--cached``, each warm finds every object cached already (no GET): the
+command is then its fixed cost alone (start-up, resolving, listing, lookups).
 """
 
 from __future__ import annotations
@@ -55,9 +57,12 @@ def _first_get(mark: str, since: float) -> float | None:
         return None
 
 
-def warm_once(url: str, count: int, env: dict[str, str], work: str, mark: str) -> dict[str, Any]:
-    """One whole ``ucstage cache warm URL --json`` into a fresh cache: its figures."""
-    cache = tempfile.mkdtemp(prefix="cache-", dir=work)
+def warm_once(url: str, count: int, env: dict[str, str], work: str, mark: str,
+              cached: str = "") -> dict[str, Any]:
+    """One whole ``ucstage cache warm URL --json`` into a fresh cache (or into
+    ``cached``, a cache that holds every object already: then the command is
+    its fixed cost alone, with no GET): its figures."""
+    cache = cached or tempfile.mkdtemp(prefix="cache-", dir=work)
     for stale in (mark, mark + ".armed"):
         if os.path.exists(stale):
             os.unlink(stale)
@@ -71,14 +76,17 @@ def warm_once(url: str, count: int, env: dict[str, str], work: str, mark: str) -
             raise SystemExit(f"fixedcost: cache warm {url} failed: {exc}") from None
         first = _first_get(mark, start)
         doc = json.loads(run.stdout)
-        if doc.get("fetched") != count:
-            raise SystemExit(f"fixedcost: cache warm {url} fetched {doc.get('fetched')} of {count}")
+        want = (0, count) if cached else (count, 0)
+        if (doc.get("fetched"), doc.get("already_cached")) != want:
+            raise SystemExit(f"fixedcost: cache warm {url} fetched {doc.get('fetched')}, found "
+                             f"{doc.get('already_cached')} cached, of {count}")
         wall = run.timing.wall_s
         return {"wall_s": wall, "cpu_s": run.timing.cpu_s, "copy_s": doc["seconds"],
                 "fixed_s": wall - doc["seconds"], "first_get_s": first,
                 "peak_rss_mib": run.timing.peak_rss_mib}
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if not cached:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def fill(server: RcloneS3, specs: list[str]) -> list[tuple[str, str, int]]:
@@ -101,6 +109,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0,
                         help="round trip the delay proxy adds (default 20)")
     parser.add_argument("--runs", type=int, default=3, help="timed warms per set (default 3)")
+    parser.add_argument("--cached", action="store_true",
+                        help="time warms of a cache that holds every object already (the "
+                             "warm-up fills it): start-up, resolving, listing and the lookups, "
+                             "no GET")
     json_argument(parser)
 
 
@@ -137,11 +149,16 @@ def main(argv: list[str] | None = None) -> int:
                                   str(server.port), str(args.delay_ms / 2), mark])
         wait_port(port)
         env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
+        caches = {url: tempfile.mkdtemp(prefix="cached-", dir=work) if args.cached else ""
+                  for _, url, _ in sets}
         for _spec, url, count in sets:  # untimed: bytecode, the server's page cache
-            warm_once(url, count, env, work, mark)
+            if args.cached:  # fills the cache the timed runs find full
+                run_command([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
+                            env={**env, "UCSTAGE_CACHE_DIR": caches[url]})
+            warm_once(url, count, env, work, mark, caches[url])
         for run in range(args.runs):
             for spec, url, count in sets if run % 2 == 0 else reversed(sets):
-                found = warm_once(url, count, env, work, mark)
+                found = warm_once(url, count, env, work, mark, caches[url])
                 rows.append({"name": f"{spec} run {run + 1}", "set": spec, "run": run + 1,
                              **found})
                 first = found["first_get_s"]

@@ -6,13 +6,20 @@ Each direction is a pipeline, not stop-and-wait: a chunk read at time t is
 written at t + delay, while later chunks keep arriving, so the link keeps its
 bandwidth and every request/response pays the round trip, like netem's delay.
 
-    python delay_proxy.py LISTEN_HOST LISTEN_PORT TARGET_HOST TARGET_PORT DELAY_MS
+    python delay_proxy.py LISTEN_HOST LISTEN_PORT TARGET_HOST TARGET_PORT DELAY_MS [MARK]
+
+With MARK (a file path), the proxy notes when a client's first object GET
+arrives, for a benchmark of a command's start-up (benchmarks/fixedcost.py):
+once ``MARK.armed`` exists, the first request that reads an object (a
+``GET`` that is not a listing) removes it and writes ``time.monotonic()``
+(system-wide on Linux, so comparable with the benchmark's own clock) to MARK.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 
@@ -20,12 +27,31 @@ CHUNK = 256 * 1024
 QUEUE = 256  # chunks in flight per direction: bounds memory, not throughput
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
+MARK: str | None = None
+
+
+def _note_get(data: bytes, now: float) -> None:
+    """Write when the first object GET arrived to MARK, if MARK.armed exists."""
+    if MARK is None or not data.startswith(b"GET ") or b"list-type=" in data.split(b"\r\n", 1)[0]:
+        return
+    try:
+        os.unlink(MARK + ".armed")  # atomic: only the first GET after arming wins
+    except FileNotFoundError:
+        return
+    with open(MARK + ".tmp", "w") as fh:
+        fh.write(repr(now))
+    os.replace(MARK + ".tmp", MARK)
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
+                requests: bool = False) -> None:
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE)
 
     async def receive() -> None:
         while True:
             data = await reader.read(CHUNK)
+            if requests and MARK is not None:
+                _note_get(data, time.monotonic())
             await queue.put((time.monotonic() + delay, data))
             if not data:
                 return
@@ -55,7 +81,8 @@ async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
         client_w.close()
         return
     try:
-        await asyncio.gather(_pump(client_r, server_w, delay), _pump(server_r, client_w, delay))
+        await asyncio.gather(_pump(client_r, server_w, delay, requests=True),
+                             _pump(server_r, client_w, delay))
     finally:
         for w in (client_w, server_w):
             w.close()
@@ -72,5 +99,6 @@ async def main(listen_host: str, listen_port: int, host: str, port: int, delay_m
 
 if __name__ == "__main__":
     lh, lp, th, tp, ms = sys.argv[1:6]
+    MARK = sys.argv[6] if len(sys.argv) > 6 else None
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(lh, int(lp), th, int(tp), float(ms)))

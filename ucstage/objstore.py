@@ -44,8 +44,8 @@ from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 T = TypeVar("T")
 
 __all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline",
-           "forks_fall_back", "keep_clean", "list_objects", "location", "reads", "serves", "store",
-           "usable"]
+           "forks_fall_back", "keep_clean", "list_objects", "location", "reads", "run_here", "serves",
+           "store", "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
 ENGINES = ("auto", "obstore", "fsspec")
@@ -121,6 +121,18 @@ def keep_clean(fn: Callable[..., T], *args: Any) -> T:
     from .aside import aside
 
     return aside(_claimed, fn, *args)
+
+
+def run_here() -> None:
+    """Start obstore's runtime in this process for its metadata calls too
+    (resolving, listing, footers), instead of in a child per call
+    (:func:`keep_clean`): for a process that reads the store through obstore
+    itself and forks no DataLoader workers (``ucstage cache warm``), each
+    child only adds a fork, a second client and fresh connections before the
+    first GET. A process where obstore cannot run (:func:`usable`) is left as it is."""
+    global _used_in
+    if _used_in is None:
+        _used_in = os.getpid()
 
 
 def _claimed(fn: Callable[..., T], *args: Any) -> T:
@@ -409,20 +421,30 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
     fs = getattr(volume, "fs", None)
     if kind in ("gs", "az"):
         return _cloud_find(fs if isinstance(fs, ObjectFS) else ObjectFS(kind), root)
-    listed = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None
-    if listed is not None:
-        return listed  # resolving the source just listed all of it
-    return keep_clean(_list_all, kind, bucket, prefix)
+    head = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None
+    if head is not None and head[1] is None:
+        return head[0]  # resolving the source just listed all of it
+    return keep_clean(_list_all, kind, bucket, prefix, head)
 
 
-def _list_all(kind: str, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
+Head = tuple[dict[str, dict[str, Any]], str | None]
+"""The start of a prefix's listing that resolving it read (:meth:`ObjectFS.info`):
+the objects of its first pages, and the key to go on listing after (None:
+that was all of them)."""
+
+
+def _list_all(kind: str, bucket: str, prefix: str,
+              head: Head | None = None) -> dict[str, dict[str, Any]]:
     import obstore
     from obstore.exceptions import InvalidPathError
 
     client = store(kind, bucket)
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, dict[str, Any]] = dict(head[0]) if head is not None else {}
+    # The pages resolving read are not asked for again: the listing goes on
+    # after their last key (S3 lists keys in order; ``start-after``).
+    after = head[1] if head is not None else None
     try:
-        for batch in obstore.list(client, prefix or None, chunk_size=_PAGE):
+        for batch in obstore.list(client, prefix or None, offset=after, chunk_size=_PAGE):
             _add(found, bucket, batch)
     except InvalidPathError as exc:
         raise Unparsable(str(exc)) from exc
@@ -444,9 +466,9 @@ def _add(found: dict[str, dict[str, Any]], bucket: str, batch: Any) -> None:
                        "ETag": _etag(meta["e_tag"]), "LastModified": meta["last_modified"]}
 
 
-def _first_page(client: Any, bucket: str, key: str) -> tuple[bool, dict[str, Any] | None]:
-    """Whether any object is below ``key``, and, when one request's page held
-    every one of them, those objects (else None)."""
+def _first_page(client: Any, bucket: str, key: str) -> tuple[bool, Head | None]:
+    """Whether any object is below ``key``, and the start of its listing
+    (:data:`Head`; None when a key cannot be parsed)."""
     import obstore
     from obstore.exceptions import InvalidPathError
 
@@ -457,10 +479,18 @@ def _first_page(client: Any, bucket: str, key: str) -> tuple[bool, dict[str, Any
             return False, None
         found: dict[str, Any] = {}
         _add(found, bucket, batch)
-        # A page that was not cut short ends the stream without another
-        # request; a longer listing costs one more page here, and the walk
-        # lists afresh.
-        return True, (found if next(pages, None) is None else None)
+        # A batch short of a page is the last one. After a full one, one more
+        # page is read (a request) and kept too: the walk that follows lists
+        # on after it, never asking for a page twice.
+        if len(batch) < _PAGE:
+            return True, (found, None)
+        more = next(pages, None)
+        if more is None:
+            return True, (found, None)
+        _add(found, bucket, more)
+        if len(more) < _PAGE:
+            return True, (found, None)
+        return True, (found, max(str(meta["path"]) for meta in more))
     except InvalidPathError:
         return True, None  # a key object_store cannot parse: it holds something
 
@@ -548,18 +578,18 @@ class ObjectFS:
         """The store: ``s3``, ``gs`` or ``az`` (``https`` URLs name it by their host)."""
         self._fsspec: Any = None
         self._backends: dict[tuple[int, str], Any] = {}
-        self._listed: tuple[str, str, float, dict[str, Any]] | None = None
-        """The listing :meth:`info` made of a prefix (bucket, key, when, objects),
-        for the walk that follows (:func:`list_objects`)."""
+        self._listed: tuple[str, str, float, Head] | None = None
+        """The start of a prefix's listing that :meth:`info` read (bucket,
+        key, when, :data:`Head`), for the walk that follows (:func:`list_objects`)."""
 
-    def take_listed(self, bucket: str, key: str) -> dict[str, Any] | None:
-        """The whole listing of ``bucket/key`` that :meth:`info` made in the
-        last :data:`_LISTED_FOR` seconds, once; else None."""
+    def take_listed(self, bucket: str, key: str) -> Head | None:
+        """The start of the listing of ``bucket/key`` that :meth:`info` read
+        in the last :data:`_LISTED_FOR` seconds, once; else None."""
         listed, self._listed = self._listed, None
         if listed is None or listed[:2] != (bucket, key) or \
                 time.monotonic() - listed[2] >= _LISTED_FOR:
             return None
-        return dict(listed[3])
+        return dict(listed[3][0]), listed[3][1]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectFS) and (other.protocol, other.kind) == \
@@ -634,16 +664,16 @@ class ObjectFS:
             self._listed = (listed[0], listed[1], time.monotonic(), listed[2])
         return found
 
-    def _info(self, path: str) -> tuple[dict[str, Any], tuple[str, str, dict[str, Any]] | None]:
-        """:meth:`info`, and the listing of the prefix when one page held it."""
+    def _info(self, path: str) -> tuple[dict[str, Any], tuple[str, str, Head] | None]:
+        """:meth:`info`, and the start of the prefix's listing (:data:`Head`)."""
         import obstore
 
         client, bucket, key = self._store(path)
         name = f"{bucket}/{key}".rstrip("/")
         # A source is a file or a prefix: ask both at once (one round trip
         # instead of two for a folder, the usual source). The prefix's first
-        # page is kept: when it is the whole listing, the walk that follows
-        # resolving uses it instead of asking again.
+        # pages are kept: the walk that follows resolving starts from them
+        # instead of asking again.
         below = _pool().submit(_first_page, client, bucket, key)
         if key:
             try:

@@ -164,12 +164,31 @@ def test_resolving_a_folder_lists_it_once(proxied: Throttle) -> None:
 
 
 def test_a_prefix_longer_than_one_page_is_listed_whole(proxied: Throttle) -> None:
-    """More keys than one listing page holds: the walk lists them all, not
-    the page the resolve saw."""
+    """More keys than one listing page holds: every key is listed, not just
+    the page the resolve saw; the second page, which the resolve read to
+    learn that, is not asked for again."""
     files = {f"f{i:04d}": b"x" for i in range(1001)}
     src = make_source("s3", "", files)
     assert len(list_files(src).entries) == 1001
-    assert len(proxied.listings) > 2  # two pages to resolve, then the walk's own
+    assert len(proxied.listings) == 2
+
+
+def test_the_walk_lists_on_after_the_pages_the_resolve_read(
+        proxied: Throttle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 10 keys, 25 keys: resolving reads two batches of its one
+    request, the walk lists on after the last key read (one more request,
+    not the whole listing again); every key once, in order. In this process
+    (``objstore.run_here``, as ``cache warm`` does): a listing in a child
+    would need this process never to have used obstore."""
+    monkeypatch.setattr(objstore, "_PAGE", 10)
+    objstore.run_here()
+    assert objstore._used_in == os.getpid()
+    files = {f"d{i % 2}/f{i:03d}.bin": os.urandom(5 + i) for i in range(25)}
+    src = make_source("s3", "", files)
+    entries = list_files(src).entries
+    assert [e.path for e in entries] == sorted(files)
+    assert [e.size for e in entries] == [len(files[p]) for p in sorted(files)]
+    assert len(proxied.listings) == 2
 
 
 def test_a_warm_with_as_many_large_objects_as_places_reads_each_whole(proxied: Throttle) -> None:

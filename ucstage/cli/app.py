@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -28,12 +29,61 @@ def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -
     sys.exit(code)
 
 
+def _export() -> click.Command:
+    from .export import command
+    return command
+
+
+def _cache() -> click.Command:
+    from .cache import command
+    return command
+
+
+def _shard_plan() -> click.Command:
+    from .shard_plan import shard_plan
+    return shard_plan
+
+
+def _bench() -> click.Command:
+    from .bench import command
+    return command
+
+
+SUBCOMMANDS: dict[str, Callable[[], click.Command]] = {
+    "export": _export, "cache": _cache, "shard-plan": _shard_plan, "bench": _bench}
+"""The subcommands, in the order a job uses them (help lists them so), each
+imported when it runs or help lists it: ``ucstage cache warm`` does not load
+bench, export or shard-plan and what they import (start-up time is a fixed
+cost of every command). Each subcommand module imports only light library
+modules at the top; torch, pyspark and deltalake load inside the commands
+that need them."""
+
+
 class UcstageGroup(Group):
     """Maps errors to one line on stderr; ``--debug`` shows the traceback."""
 
+    @property
+    def commands(self) -> dict[str, click.Command]:
+        """Every subcommand, imported (click's attribute, for what walks the tree)."""
+        for name in SUBCOMMANDS:
+            self._load(name)
+        return self._loaded
+
+    @commands.setter
+    def commands(self, value: Mapping[str, click.Command]) -> None:
+        self._loaded = dict(value)
+
+    def _load(self, name: str) -> None:
+        if name not in self._loaded and name in SUBCOMMANDS:
+            self._loaded[name] = SUBCOMMANDS[name]()
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load(cmd_name)  # only the one asked for
+        return self._loaded.get(cmd_name)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         # Help lists commands in the order a job uses them, not alphabetically.
-        return list(self.commands)
+        return list(dict.fromkeys([*SUBCOMMANDS, *self._loaded]))
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = bool(ctx.params.get("debug")) or os.environ.get("UCSTAGE_DEBUG") == "1"
@@ -96,15 +146,6 @@ def cli(debug: bool) -> None:
     if debug:
         os.environ["UCSTAGE_DEBUG"] = "1"
 
-
-# Each subcommand module imports only light library modules at the top; torch,
-# pyspark and deltalake load inside the commands that need them.
-from . import bench, cache, export, shard_plan  # noqa: E402
-
-cli.add_command(export.command)
-cli.add_command(cache.command)
-cli.add_command(shard_plan.shard_plan)
-cli.add_command(bench.command)
 
 
 def _terminate(signum: int, frame: Any) -> None:

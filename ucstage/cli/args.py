@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from ..bench.settings import check_modes
 from ..errors import InvalidArgument
 from ..manifest.groups import KEY
 from ..planning import UNITS
@@ -93,6 +92,8 @@ def parse_modes(text: str) -> list[str]:
     The names are checked by the library, the one list of modes; its message
     says ``modes``, which the CLI's error mapper turns into ``--modes``.
     """
+    from ..bench.settings import check_modes  # bench's own: not loaded for other commands
+
     return check_modes(text.split(","))
 
 

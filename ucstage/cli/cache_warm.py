@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from .. import cloudfs
+from .. import cloudfs, objstore
 from ..cache.local import LocalCache
 from ..cache.reports import RankSlice, WarmReport
 from ..cache.share import rank_slice, share_text, warm_ranks, warm_slice
@@ -161,6 +161,9 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
         err.print("note: --epoch is ignored under the node shuffle scope: the node's share "
                   "is the same every epoch, so it is warmed whole", markup=False)
     cap = size_flag(max_bytes, "--max-bytes")
+    # The copies start obstore's runtime here anyway and no worker forks from
+    # this process: resolving and listing run here too, not in a child each.
+    objstore.run_here()
     # Before listing: a bad setting fails fast. The network options are the
     # cache's parameters (the environment stays the library's default).
     cache = LocalCache(max_bytes=cap, hedge=False if no_hedge else None,

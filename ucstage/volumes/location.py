@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +87,11 @@ class Volume:
 
     @property
     def is_local(self) -> bool:
-        from fsspec.implementations.local import LocalFileSystem
-
-        return isinstance(self.fs, LocalFileSystem)
+        # Looked up, not imported: a volume's local filesystem was made by
+        # resolve(), which imported fsspec's; an object store read through
+        # obstore never needs fsspec (a third of the CLI's start-up).
+        local = sys.modules.get("fsspec.implementations.local")
+        return local is not None and isinstance(self.fs, local.LocalFileSystem)
 
     def full_path(self, relpath: str) -> str:
         """The path inside ``fs`` of a listed file; refuses paths that leave the root."""
@@ -123,12 +126,6 @@ def _install_hint(protocol: str, err: str) -> str:
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
-    # fsspec is imported here, not at the top: reading a local manifest
-    # (`shard-plan MANIFEST --slot`) never needs it, and it is a third of the
-    # CLI's own start-up (asyncio, ssl, its registry).
-    import fsspec.core
-    from fsspec.registry import known_implementations
-
     protocol = url.split("://", 1)[0]
     cloud = cloudfs.parse(url)
     if cloud is not None:
@@ -138,6 +135,13 @@ def _filesystem(url: str) -> tuple[Any, str]:
         return objstore.ObjectFS(cloud[0], cloud[1]), cloud[2]
     if objstore.serves(url):
         return objstore.ObjectFS(protocol), url.split("://", 1)[1]
+    # fsspec is imported here, not at the top, and only for the URLs obstore
+    # does not read: reading a local manifest (`shard-plan MANIFEST --slot`)
+    # or warming s3:// never needs it, and it is a third of the CLI's own
+    # start-up (asyncio, ssl, its registry, importlib.metadata).
+    import fsspec.core
+    from fsspec.registry import known_implementations
+
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:

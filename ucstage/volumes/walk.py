@@ -11,6 +11,7 @@ import errno
 import os
 import posixpath
 import stat
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -209,7 +210,12 @@ def walks_by_ls(fs: Any) -> bool:
     """Whether ``fs.find`` is fsspec's own walk over ``ls``, which drops every
     folder it fails to list (``on_error="omit"``). Backends with their own
     ``find`` list an object store flat in one request, and raise."""
-    from fsspec.asyn import AsyncFileSystem  # here, not at the top: start-up time
+    spec = sys.modules.get("fsspec.spec")
+    if spec is None or not isinstance(fs, spec.AbstractFileSystem):
+        # Not an fsspec filesystem (obstore's ObjectFS lists flat with its own
+        # find); looked up, not imported: fsspec costs start-up time.
+        return False
+    from fsspec.asyn import AsyncFileSystem
     from fsspec.spec import AbstractFileSystem
 
     cls = type(fs)

@@ -84,6 +84,38 @@ def test_batches_formats_and_the_default_batch(tmp_path: Path) -> None:
     assert isinstance(np_batches[0]["x"], np.ndarray) and len(np_batches) == 3
 
 
+def test_numbers_and_booleans_convert_from_their_buffers_without_pandas(tmp_path: Path) -> None:
+    """Batches of 7 rows start at odd offsets of a row group's buffers (a
+    boolean's at a bit inside a byte): every value as Arrow's to_numpy makes
+    it, in a process that never imports pandas (seconds in every DataLoader
+    worker when pyarrow's conversion does)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "t").mkdir()
+    n = 40
+    t = pa.table({"b": pa.array([i % 3 == 0 for i in range(n)]),
+                  "i8": pa.array(np.arange(n, dtype=np.int8) - 20),
+                  "u32": pa.array(np.arange(n, dtype=np.uint32) * 7),
+                  "f16": pa.array(np.linspace(0, 1, n, dtype=np.float16)),
+                  "v": pa.FixedSizeListArray.from_arrays(
+                      pa.array(np.arange(n * 2, dtype=np.float32)), 2)})
+    pq.write_table(t, tmp_path / "t" / "a.parquet", row_group_size=25)
+    src = str(tmp_path / "t")
+    for fmt in ("numpy", "torch"):
+        got = list(TableDataset(src, batch_rows=7, format=fmt))
+        for name in t.column_names:
+            col = t.column(name).combine_chunks()
+            want = col.flatten().to_numpy().reshape(n, 2) if name == "v" else \
+                col.to_numpy(zero_copy_only=False)
+            joined = np.concatenate([np.asarray(b[name]) for b in got])
+            assert joined.dtype == want.dtype and np.array_equal(joined, want), (fmt, name)
+    script = ("import sys; from ucstage import TableDataset; "
+              f"batches = list(TableDataset({src!r}, batch_rows=7, format='torch')); "
+              "assert len(batches) == 6; assert 'pandas' not in sys.modules, 'pandas imported'")
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ})
+
+
 def test_torch_refuses_strings_and_nulls_by_name(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     t = table(0, 10).append_column("maybe", pa.array([1.0, None] * 5))

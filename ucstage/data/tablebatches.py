@@ -58,10 +58,10 @@ def whole_groups(dataset: Any, layout: Any, slot: int, limit: int) -> int:
     for plan in windows(run, 0, manifest.rows_per_group, {}, window=dataset.shuffle_window,
                         shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                         slot_key=(slot, 0)):
-        take = max(0, min(len(plan.label), limit - seen))
+        take = max(0, min(plan.count, limit - seen))
         counts = np.bincount(plan.label[:take], minlength=len(plan.groups))
         whole += int((counts == manifest.rows_per_group[plan.groups]).sum())
-        seen += len(plan.label)
+        seen += plan.count
         if seen >= limit:
             break
     return whole
@@ -84,7 +84,9 @@ def _batch(table: Any, own: bool) -> Any:
     its own rows only (:func:`_owned`)."""
     import pyarrow as pa
 
-    batches = table.combine_chunks().to_batches()
+    if any(c.num_chunks > 1 for c in table.columns):  # else already one batch's buffers
+        table = table.combine_chunks()
+    batches = table.to_batches()
     if not batches:
         return pa.RecordBatch.from_pylist([], schema=table.schema)
     batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
@@ -167,7 +169,9 @@ class _Windows:
         rows = self.manifest.rows_per_group
         for plan in self.plans:
             sizes = rows[plan.groups].astype(np.int64)
-            left = np.bincount(plan.label, minlength=len(plan.groups))
+            # one row group (every window without shuffle): its rows, uncounted
+            left = np.array([plan.count]) if len(plan.groups) == 1 else \
+                np.bincount(plan.label, minlength=len(plan.groups))
             tables, offsets, at = [], np.zeros(len(plan.groups), dtype=np.int64), 0
             for i in range(len(plan.groups)):
                 if not left[i]:
@@ -176,12 +180,11 @@ class _Windows:
                 offsets[i] = at
                 at += int(sizes[i])
             if tables:
-                window = pa.concat_tables(tables)
-                at_rows = offsets[plan.label] + plan.row
+                window = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
                 if self.dataset.shuffle:
-                    window = window.take(int_array(at_rows, pa.int64()))
-                elif len(at_rows):  # one row group in file order: its rows from the skip on
-                    window = window.slice(int(at_rows[0]), len(at_rows))
+                    window = window.take(int_array(offsets[plan.label] + plan.row, pa.int64()))
+                elif plan.count:  # one row group in file order: its rows from the skip on
+                    window = window.slice(plan.skipped, plan.count)
             else:
                 window = None
             yield plan, window, sizes - left, sizes
@@ -227,21 +230,26 @@ def slot_batches(dataset: Any, manifest: RowGroupManifest, tracker: TableTracker
             if window is None:
                 continue
             n = window.num_rows
-            if b is None:
-                edges = [len(e) for e in np.array_split(np.arange(n),
-                                                        max(1, int((done < sizes).sum())))]
-                stops = np.cumsum(edges).tolist()
+            if b is None:  # a batch per row group begun, cut as np.array_split would
+                k = max(1, int((done < sizes).sum()))
+                q, r = divmod(n, k)
+                stops = [i * q + min(i, r) for i in range(1, k + 1)]
             else:
                 stops = list(range(b - have, n + 1, b)) if b - have <= n else []
             lo = 0
+            # rows of each group delivered so far in this window, counted
+            # from where the last batch ended (not from the window's start)
+            got, counted_to = np.zeros(len(plan.groups), dtype=np.int64), 0
             for z in stops:
                 if count is not None and yielded >= count:
                     return
                 if z <= lo and not carry:
                     continue
                 if counted:
-                    after = done + np.bincount(plan.label[:z], minlength=len(plan.groups))
-                    accs.append((plan.first, after, sizes))
+                    got += z - counted_to if len(got) == 1 else \
+                        np.bincount(plan.label[counted_to:z], minlength=len(got))
+                    counted_to = z
+                    accs.append((plan.first, done + got, sizes))
                 parts = [*carry, window.slice(lo, z - lo)]
                 carry, have = [], 0
                 yield emit(parts)

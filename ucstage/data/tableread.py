@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import CorruptParquet, InvalidArgument, UnreadableDeltaLog
+from ..manifest.arrays import numbers
 from ..tables import RowGroupManifest, colmap, partvalues
 from ..tables.deletion import deleted
 from ..tables.entries import group_entry
@@ -217,6 +218,29 @@ def check_format(schema: Any, columns: Sequence[str], fmt: str, fill_null: Any) 
                               hint='pick columns=..., or use format="arrow" or "numpy"')
 
 
+def _numpy(col: Any) -> Any:
+    """An Arrow array as numpy, as ``to_numpy(zero_copy_only=False)`` makes
+    it; numbers and booleans without nulls from their buffers, for
+    ``to_numpy`` imports pandas when it is installed: seconds at the first
+    batch of every DataLoader worker (:mod:`ucstage.manifest.arrays`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    t = col.type
+    if not col.null_count:
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
+            arr = numbers(col)
+            arr.flags.writeable = False  # a view of the batch's buffers, as to_numpy's
+            return arr
+        if pa.types.is_boolean(t):
+            if not len(col):
+                return np.zeros(0, dtype=bool)
+            bits = np.frombuffer(col.buffers()[1], dtype=np.uint8)
+            return np.unpackbits(bits, count=col.offset + len(col),
+                                 bitorder="little")[col.offset:].astype(bool)
+    return col.to_numpy(zero_copy_only=False)
+
+
 def convert(batch: Any, fmt: str, fill_null: Any) -> Any:
     """A ``pyarrow.RecordBatch`` as the dataset yields it."""
     if fmt == "arrow":
@@ -243,9 +267,9 @@ def convert(batch: Any, fmt: str, fill_null: Any) -> Any:
             flat = col.flatten()
             for _ in shape[1:]:
                 flat = flat.flatten()
-            arr = flat.to_numpy(zero_copy_only=False).reshape(len(col), *shape)
+            arr = _numpy(flat).reshape(len(col), *shape)
         else:
-            arr = col.to_numpy(zero_copy_only=False)
+            arr = _numpy(col)
         if fmt == "torch":
             import torch
 

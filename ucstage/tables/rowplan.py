@@ -17,6 +17,7 @@ resume, on any layout, skips exactly that many rows of ``g`` (the state's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,16 +41,38 @@ def row_permutation(rows: int, seed: int, epoch: int, group: int) -> Any:
 
 @dataclass(frozen=True)
 class WindowPlan:
-    """One window of a slot: its row groups and the rows it still delivers, in order."""
+    """One window of a slot: its row groups and the rows it still delivers, in order.
+
+    Without shuffle the window is one row group read in file order, and its
+    per-row arrays are made only when asked for: a reader takes ``count``
+    rows from stored row ``skipped`` on (no per-row work per window)."""
 
     groups: Any
     """Row-group indices of the window (int64), in run order."""
-    label: Any
-    """Per delivered row, in delivery order: its row group's number in ``groups``."""
-    row: Any
-    """Per delivered row: its row index in that row group (as stored in the file)."""
     first: int
     """The window's first position in the run."""
+    count: int
+    """Rows the window delivers."""
+    skipped: int = 0
+    """In file order: the stored rows of the one row group delivered before."""
+    shuffled: tuple[Any, Any] | None = None
+    """With shuffle: (:attr:`label`, :attr:`row`)."""
+
+    @functools.cached_property
+    def label(self) -> Any:
+        """Per delivered row, in delivery order: its row group's number in ``groups``."""
+        import numpy as np
+
+        return self.shuffled[0] if self.shuffled is not None else \
+            np.zeros(self.count, dtype=np.int64)
+
+    @functools.cached_property
+    def row(self) -> Any:
+        """Per delivered row: its row index in that row group (as stored in the file)."""
+        import numpy as np
+
+        return self.shuffled[1] if self.shuffled is not None else \
+            np.arange(self.skipped, self.skipped + self.count, dtype=np.int64)
 
 
 def windows(run: Any, start: int, rows: Any, skip: Mapping[int, int], *, window: int,
@@ -72,27 +95,32 @@ def windows(run: Any, start: int, rows: Any, skip: Mapping[int, int], *, window:
         done = np.array([sizes[i] if lo + i < start else min(int(skip.get(int(g), 0)),
                                                               int(sizes[i]))
                          for i, g in enumerate(groups)], dtype=np.int64)
+        if not shuffle:
+            # One row group in file order: its rows from the skip on, with no
+            # per-row array (they were most of the main thread's CPU of a warm epoch).
+            skipped = int(done[0]) if len(groups) else 0
+            yield WindowPlan(groups, lo, int(sizes.sum()) - skipped, skipped)
+            continue
         label = np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
-        if shuffle and len(label) > 1:
+        if len(label) > 1:
             rng = np.random.default_rng([seed, epoch, *slot_key, lo, 0x5107])
             label = label[rng.permutation(len(label))]
-        # occ: the k-th row of its row group in delivery order
-        order = np.argsort(label, kind="stable")
+        # occ: the k-th row of its row group in delivery order (a window holds
+        # few row groups: their numbers sort as int16, by radix)
+        order = np.argsort(label.astype(np.int16) if len(groups) < 2**15 else label,
+                           kind="stable")
         occ = np.empty(len(label), dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         occ[order] = np.arange(len(label), dtype=np.int64) - np.repeat(offsets[:-1], sizes)
         keep = occ >= done[label]
         label, occ = label[keep], occ[keep]
-        if shuffle:
-            perms = [row_permutation(int(n), seed, epoch, int(g))
-                     for g, n in zip(groups, sizes, strict=True)]
-            row = np.empty(len(label), dtype=np.int64)
-            for i, perm in enumerate(perms):
-                mine = label == i
-                row[mine] = perm[occ[mine]]
-        else:
-            row = occ
-        yield WindowPlan(groups, label, row, lo)
+        # each row group's permutation, one after another: a row's stored index
+        # is its group's permutation at its occ (one gather, not a pass per group)
+        perms = [row_permutation(int(n), seed, epoch, int(g))
+                 for g, n in zip(groups, sizes, strict=True)]
+        flat = np.concatenate(perms) if perms else np.zeros(0, dtype=np.int64)
+        row = flat[offsets[:-1][label] + occ]
+        yield WindowPlan(groups, lo, len(label), shuffled=(label, row))
 
 
 def slot_rows(run: Any, start: int, rows: Any, skip: Mapping[int, int]) -> int:

@@ -427,6 +427,7 @@ def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: igno
     cache = ds.cache()
     calls: list[tuple[str, str]] = []
     lookup, lookup_run, fetch = cache.lookup, cache.lookup_run, cache.fetch
+    lookup_rows = cache.lookup_rows
 
     def traced_lookup(volume, entry):  # type: ignore[no-untyped-def]
         calls.append(("lookup", threading.current_thread().name))
@@ -436,12 +437,17 @@ def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: igno
         calls.append(("lookup", threading.current_thread().name))
         return lookup_run(volume, entries)
 
+    def traced_lookup_rows(volume, *columns):  # type: ignore[no-untyped-def]
+        calls.append(("lookup", threading.current_thread().name))
+        return lookup_rows(volume, *columns)
+
     def traced_fetch(volume, entry, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(("fetch", threading.current_thread().name))
         return fetch(volume, entry, **kwargs)
 
     cache.lookup, cache.fetch = traced_lookup, traced_fetch  # type: ignore[method-assign]
     cache.lookup_run = traced_lookup_run  # type: ignore[method-assign]
+    cache.lookup_rows = traced_lookup_rows  # type: ignore[method-assign]
     started: list[str] = []
     it = iter(ds)
     for _ in it:

@@ -60,14 +60,14 @@ def test_a_warm_epoch_is_looked_up_a_block_ahead_and_every_position_is_exact(
     ds, names, _ = warm_dataset(tmp_path, read_ahead=read_ahead)
     cache = ds.cache()
     lookups = [0]
-    lookup_run = cache.lookup_run
+    lookup_rows = cache.lookup_rows
 
-    def counted(volume, entries, **kwargs):  # type: ignore[no-untyped-def]
-        found = lookup_run(volume, entries, **kwargs)
-        lookups[0] += len(entries)
+    def counted(volume, rels, sizes, versions, **kwargs):  # type: ignore[no-untyped-def]
+        found = lookup_rows(volume, rels, sizes, versions, **kwargs)
+        lookups[0] += len(rels)
         return found
 
-    cache.lookup_run = counted  # type: ignore[method-assign]
+    cache.lookup_rows = counted  # type: ignore[method-assign]
     got = []
     for i, path in enumerate(ds, 1):
         got.append(os.path.relpath(path, cache.namespace_dir(ds.freeze().volume())))

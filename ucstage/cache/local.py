@@ -151,7 +151,8 @@ class LocalCache:
         Handing out a path refreshes its LRU time (and so its lease), unless
         ``touch`` is False (a dataset reader, which holds the file instead).
         """
-        found = self.lookup_run(volume, (entry,), touch=touch)
+        found = self.lookup_rows(volume, (entry.path,), (entry.size,), (entry.version,),
+                                 touch=touch)
         return found[0] if found else None
 
     def lookup_run(self, volume: Volume, entries: Sequence[FileEntry], *,
@@ -160,14 +161,29 @@ class LocalCache:
         in order: it stops at the first entry that is not (so its length is
         that entry's index). Never copies; touches as :meth:`lookup` does.
 
-        The one validity rule (docs/design.md, "Validity rule"): a ``stat``
-        of each path against the stamp memo, the stamp read again when the
-        memo does not vouch for the inode and ctime. :meth:`lookup` is this
+        :meth:`lookup_rows` over the entries' fields; :meth:`lookup` is this
         with one entry; a run saves a warm epoch the per-call work.
 
         Raises:
             UnsafePath: the first entry's path is unsafe (a later unsafe one
                 ends the run before it).
+        """
+        return self.lookup_rows(volume, [e.path for e in entries], [e.size for e in entries],
+                                [e.version for e in entries], touch=touch)
+
+    def lookup_rows(self, volume: Volume, rels: Sequence[str], sizes: Sequence[int],
+                    versions: Sequence[str], *, touch: bool = True) -> list[str]:
+        """:meth:`lookup_run` of the entries whose paths, sizes and versions
+        are ``rels``, ``sizes`` and ``versions`` (a manifest's columns: a
+        warm epoch makes no object per entry).
+
+        The one validity rule (docs/design.md, "Validity rule"): a ``stat``
+        of each path against the stamp memo, the stamp read again when the
+        memo does not vouch for the inode and ctime.
+
+        Raises:
+            UnsafePath: the first path is unsafe (a later unsafe one ends
+                the run before it).
         """
         last = self._last
         if last is None or last[0] is not volume:
@@ -175,8 +191,7 @@ class LocalCache:
         prefix, memos, stat, stamps = last[1], self._memo, os.stat, self._stamps
         now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
         found: list[str] = []
-        for entry in entries:
-            rel = entry.path
+        for rel, size, version in zip(rels, sizes, versions, strict=True):
             local = prefix + rel
             # A path the memo knows passed this check before (the memo only holds
             # paths of lookups); others get the cheap screen first, and only
@@ -195,8 +210,8 @@ class LocalCache:
                 stamp: tuple[int, str] | None = memo[2]
             else:
                 stamp = stamps.stamp(local, st)
-            if stamp is None or stamp[0] != entry.size or stamp[1] != entry.version \
-                    or st.st_size != entry.size:
+            if stamp is None or stamp[0] != size or stamp[1] != version \
+                    or st.st_size != size:
                 break
             # An atime in the future is a dataset's consumed mark (cache/policy.py):
             # handing the file to anyone else turns it back into an LRU file.

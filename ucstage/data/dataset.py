@@ -258,7 +258,8 @@ class VolumeDataset(FrozenListing, ShardedDataset):
             done = 0
             if lookup is not None:
                 counters = reader.counters if reader is not None else None
-                done = yield from hitruns.hits(entries, lookup, counters, tracker)
+                rows = None if grouped else hitruns.rows_lookup(cache, volume)
+                done = yield from hitruns.hits(entries, lookup, counters, tracker, rows)
             if done < len(entries):
                 rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
                         else entries[done:])

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..volumes import FileEntry
 
-__all__ = ["BLOCK", "ROWS", "hits", "run_lookup"]
+__all__ = ["BLOCK", "ROWS", "hits", "rows_lookup", "run_lookup"]
 
 BLOCK = 16
 """Entries looked up before their run is handed out: enough that the
@@ -43,12 +43,21 @@ _size = operator.attrgetter("size")
 
 
 def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]], list[str]],
-         counters: Any, tracker: Any) -> Generator[str, None, int]:
+         counters: Any, tracker: Any, lookup_rows: Callable[..., list[str]] | None = None
+         ) -> Generator[str, None, int]:
     """Hand out the paths of the leading run of hits of ``entries``, in order;
     return how many (``yield from`` gives it). ``lookup_run(block)`` is the
     cache's validity check over a block (the valid paths of its leading run,
     :meth:`ucstage.cache.LocalCache.lookup_run`); ``counters`` (or None)
-    counts the hits, ``tracker`` the position (its ``run``)."""
+    counts the hits, ``tracker`` the position (its ``run``).
+
+    ``lookup_rows(paths, sizes, versions)`` (ucstage's own cache:
+    :meth:`~ucstage.cache.LocalCache.lookup_rows`), with ``entries`` a slot's
+    files (:class:`~ucstage.data.samples.SlotRows`), checks the same blocks
+    from the manifest's columns: no entry object is made on the warm path."""
+    columns = getattr(entries, "columns", None)
+    if lookup_rows is not None and columns is not None:
+        return (yield from _column_hits(columns, len(entries), lookup_rows, counters, tracker))
     count = len(entries)
     done = 0
     while done < count:
@@ -70,11 +79,42 @@ def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]
     return done
 
 
+def _column_hits(columns: Callable[[int, int], tuple[list[str], list[int], list[str]]],
+                 count: int, lookup_rows: Callable[..., list[str]], counters: Any,
+                 tracker: Any) -> Generator[str, None, int]:
+    """:func:`hits` over the slot's columns, ``ROWS`` rows at a time."""
+    done = 0
+    while done < count:
+        rels, sizes, versions = columns(done, done + ROWS)
+        for first in range(0, len(rels), BLOCK):
+            last = first + BLOCK
+            block = rels[first:last]
+            try:
+                paths = lookup_rows(block, sizes[first:last], versions[first:last])
+            except Exception:  # the read-ahead's fetch raises it again, in its turn
+                paths = []
+            if paths:
+                if counters is not None:
+                    counters.count(True, sum(sizes[first:first + len(paths)]), len(paths))
+                yield from tracker.run(paths)
+                done += len(paths)
+            if len(paths) < len(block):
+                return done
+    return done
+
+
 def _files(run: Sequence[Any]) -> int:
     """Files in a run of entries, or of grouped samples (each ``len()`` members)."""
     if run and not isinstance(run[0], FileEntry):
         return sum(map(len, run))
     return len(run)
+
+
+def rows_lookup(cache: Any, volume: Any) -> Callable[..., list[str]] | None:
+    """``lookup_rows(paths, sizes, versions)`` of ``cache`` (ucstage's own), or
+    None for a cache object of the user's own (its ``lookup_run`` is used)."""
+    own = getattr(cache, "lookup_rows", None)
+    return functools.partial(own, volume) if callable(own) else None
 
 
 def run_lookup(cache: Any, volume: Any) -> Callable[[Sequence[FileEntry]], list[str]] | None:

@@ -115,6 +115,11 @@ class SlotRows(Sequence[Any]):
     def take_all(self) -> list[Any]:
         return self._make(self._indices)
 
+    def columns(self, start: int, stop: int) -> tuple[list[str], list[int], list[str]]:
+        """The paths, sizes and versions of items ``start:stop`` (files: the
+        warm path's lookup makes no entry object, :mod:`.hitruns`)."""
+        return self._manifest.columns(self._indices[start:stop])
+
 
 class SampleRows(SlotRows):
     """A grouped slot's samples (the slot rule dealt sample numbers)."""

@@ -139,9 +139,13 @@ class ArrowEntries(Sequence[FileEntry]):
 
     def take(self, indices: Sequence[int] | np.ndarray) -> list[FileEntry]:
         """The entries at ``indices`` (any order, repeats allowed), made in one go."""
-        paths, versions = self._strings(0, indices), self._strings(2, indices)
-        sizes = self._ints(1, indices)
-        return list(map(_new_entry, zip(paths, sizes, versions, strict=True)))
+        return list(map(_new_entry, zip(*self.columns(indices), strict=True)))
+
+    def columns(self, indices: Sequence[int] | np.ndarray) -> tuple[list[str], list[int],
+                                                                   list[str]]:
+        """The paths, sizes and versions at ``indices``, as three lists: the
+        entries' fields without an object per entry."""
+        return self._strings(0, indices), self._ints(1, indices), self._strings(2, indices)
 
     def paths(self, indices: Sequence[int] | np.ndarray | None = None) -> list[str]:
         """The relative paths at ``indices`` (None: every path, in listing order)."""

@@ -189,6 +189,15 @@ class Manifest(Frozen):
             return self.entries.take(indices)
         return [self.entries[int(i)] for i in indices]
 
+    def columns(self, indices: Sequence[int] | np.ndarray) -> tuple[list[str], list[int],
+                                                                   list[str]]:
+        """The paths, sizes and versions at ``indices`` (:meth:`take`'s
+        entries as three lists, without an object per entry)."""
+        if isinstance(self.entries, ArrowEntries):
+            return self.entries.columns(indices)
+        rows = [self.entries[int(i)] for i in indices]
+        return [e.path for e in rows], [e.size for e in rows], [e.version for e in rows]
+
     def paths(self, indices: Sequence[int] | np.ndarray | None = None) -> list[str]:
         """The relative paths at ``indices`` (None: every path, in listing order)."""
         if isinstance(self.entries, ArrowEntries):

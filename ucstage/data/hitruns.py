@@ -57,48 +57,44 @@ def hits(entries: Sequence[FileEntry], lookup_run: Callable[[Sequence[FileEntry]
     from the manifest's columns: no entry object is made on the warm path."""
     columns = getattr(entries, "columns", None)
     if lookup_rows is not None and columns is not None:
-        return (yield from _column_hits(columns, len(entries), lookup_rows, counters, tracker))
-    count = len(entries)
+        def window(start: int) -> _Window:
+            rels, sizes, versions = columns(start, start + ROWS)
+            return (len(rels),
+                    lambda a, b: lookup_rows(rels[a:b], sizes[a:b], versions[a:b]),
+                    lambda a, n: (sum(sizes[a:a + n]), n))
+    else:
+        def window(start: int) -> _Window:
+            rows = entries[start:start + ROWS]
+            return (len(rows), lambda a, b: lookup_run(rows[a:b]),
+                    lambda a, n: (sum(map(_size, rows[a:a + n])), _files(rows[a:a + n])))
+    return (yield from _leading_hits(len(entries), window, counters, tracker))
+
+
+_Window = tuple[int, Callable[[int, int], list[str]], Callable[[int, int], tuple[int, int]]]
+"""``ROWS`` rows of a slot: how many, the validity check of rows ``a:b`` (the
+valid paths of their leading run), and the bytes and files of ``n`` rows
+from ``a``."""
+
+
+def _leading_hits(count: int, window: Callable[[int], _Window], counters: Any,
+                  tracker: Any) -> Generator[str, None, int]:
+    """:func:`hits`' one loop: ``window(done)`` at a time, checked ``BLOCK``
+    rows at a time, up to the first miss."""
     done = 0
     while done < count:
-        rows = entries[done:done + ROWS]
-        for first in range(0, len(rows), BLOCK):
-            block = rows[first:first + BLOCK]
+        rows, check, weigh = window(done)
+        for first in range(0, rows, BLOCK):
+            last = min(first + BLOCK, rows)
             try:
-                paths = lookup_run(block)
+                paths = check(first, last)
             except Exception:  # the read-ahead's fetch raises it again, in its turn
                 paths = []
             if paths:
                 if counters is not None:
-                    run = block[:len(paths)]
-                    counters.count(True, sum(map(_size, run)), _files(run))
+                    counters.count(True, *weigh(first, len(paths)))
                 yield from tracker.run(paths)
                 done += len(paths)
-            if len(paths) < len(block):
-                return done
-    return done
-
-
-def _column_hits(columns: Callable[[int, int], tuple[list[str], list[int], list[str]]],
-                 count: int, lookup_rows: Callable[..., list[str]], counters: Any,
-                 tracker: Any) -> Generator[str, None, int]:
-    """:func:`hits` over the slot's columns, ``ROWS`` rows at a time."""
-    done = 0
-    while done < count:
-        rels, sizes, versions = columns(done, done + ROWS)
-        for first in range(0, len(rels), BLOCK):
-            last = first + BLOCK
-            block = rels[first:last]
-            try:
-                paths = lookup_rows(block, sizes[first:last], versions[first:last])
-            except Exception:  # the read-ahead's fetch raises it again, in its turn
-                paths = []
-            if paths:
-                if counters is not None:
-                    counters.count(True, sum(sizes[first:first + len(paths)]), len(paths))
-                yield from tracker.run(paths)
-                done += len(paths)
-            if len(paths) < len(block):
+            if len(paths) < last - first:
                 return done
     return done
 

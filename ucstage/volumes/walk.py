@@ -216,10 +216,9 @@ def walks_by_ls(fs: Any) -> bool:
         # find); looked up, not imported: fsspec costs start-up time.
         return False
     from fsspec.asyn import AsyncFileSystem
-    from fsspec.spec import AbstractFileSystem
 
     cls = type(fs)
-    if cls.find is not AbstractFileSystem.find:
+    if cls.find is not spec.AbstractFileSystem.find:
         return False
     return not isinstance(fs, AsyncFileSystem) or cls._find is AsyncFileSystem._find
 

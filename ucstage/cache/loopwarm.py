@@ -8,8 +8,16 @@ coroutine keeps as many copies in flight as the tuner allows, and each copy
 takes its stripe lock, reserves its temp file, awaits its GET and commits on
 the loop itself: those steps are short syscalls. The steps are the fetch
 protocol's own (:class:`ucstage.cache.fetch.Fetcher` ``where``, ``begin``,
-``reserve_tmp``, ``commit_tmp``, ``drop_tmp``, ``retry_pause``), so every
+``reserve_tmps``, ``commit_tmps``, ``drop_tmp``, ``retry_pause``), so every
 guarantee holds unchanged.
+
+Reserving and committing are batched: the copies that reach either step in
+one pass of the loop go through it together at the end of that pass, under
+one hold of the byte ledger's lock (one read and one write of the ledger per
+batch, not per file). A batch holds no more than a pass gathers, so no copy
+waits for others to arrive; the ledger still counts every temp file the
+moment it exists at its reserved size, so the cap's walks and recounts agree
+with it exactly as before (docs/benchmarks.md, "Per-file cost of a warm").
 
 Two cases go to a thread instead, because they may wait: a stripe another
 copy holds (``flock`` without ``LOCK_NB`` would block the loop; another

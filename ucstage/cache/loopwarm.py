@@ -232,11 +232,14 @@ class LoopWarm:
         if len(self._reserves) == 1:
             asyncio.get_running_loop().call_soon(self._reserve_batch)
         try:
-            got = await asyncio.shield(done)
-        except asyncio.CancelledError:
-            # Stopped while waiting for the batch: it still runs (it is
-            # scheduled); give back what it reserved for this copy.
             got = await done
+        except asyncio.CancelledError:
+            # Stopped before the batch ran: ``done`` is cancelled, the batch
+            # skips it, and nothing was reserved. Stopped after it: give back
+            # what it reserved for this copy.
+            if not done.done() or done.cancelled():
+                raise
+            got = done.result()
             if not isinstance(got, BaseException):
                 os.close(got.fd)
                 self.fetcher.drop_tmp(copy, got, Stopped())
@@ -247,16 +250,13 @@ class LoopWarm:
 
     def _reserve_batch(self) -> None:
         batch, self._reserves = self._reserves, []
+        batch = [(copy, done) for copy, done in batch if not done.cancelled()]
         try:
             got = self.fetcher.reserve_tmps([copy for copy, _ in batch])
         except BaseException as exc:  # a bug: every copy of the batch fails with it
             got = [exc] * len(batch)
         for (_, done), one in zip(batch, got, strict=True):
-            if not done.done():
-                done.set_result(one)
-            elif not isinstance(one, BaseException):  # cancelled twice: nobody listens
-                os.close(one.fd)
-                self.fetcher.cache.space.abandon(one.tmp, one.reserved)
+            done.set_result(one)
 
     async def _commit(self, copy: Copy, pending: Pending, copied: Copied) -> None:
         """``Fetcher.commit_tmp``, batched: the copies that finish in one pass
@@ -272,23 +272,26 @@ class LoopWarm:
         if len(self._commits) == 1:
             asyncio.get_running_loop().call_soon(self._commit_batch)
         try:
-            failed = await asyncio.shield(done)
-        except asyncio.CancelledError:
-            # Stopped while the batch waits for its turn: it still runs (it is
-            # already scheduled, and takes no time), and this copy ends as it did.
             failed = await done
+        except asyncio.CancelledError:
+            # Stopped before the batch ran: ``done`` is cancelled, the batch
+            # skips it, and the copy drops its temp file as any stopped copy.
+            # Stopped after it: the copy is in place, done.
+            if not done.done() or done.cancelled():
+                raise
+            failed = done.result()
         if failed is not None:
             raise failed
 
     def _commit_batch(self) -> None:
         batch, self._commits = self._commits, []
+        batch = [item for item in batch if not item[3].cancelled()]
         try:
             errors = self.fetcher.commit_tmps([(c, p, got) for c, p, got, _ in batch])
         except BaseException as exc:  # a bug: every copy of the batch fails with it
             errors = [exc] * len(batch)
         for (_, _, _, done), failed in zip(batch, errors, strict=True):
-            if not done.done():  # cancelled twice meanwhile: nobody listens
-                done.set_result(failed)
+            done.set_result(failed)
 
     def _client(self, copy: Copy) -> Any:
         """The bucket's client, asked for once per warm (one volume, one bucket)."""

@@ -39,6 +39,7 @@ import random
 import re
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, NoReturn, Protocol
@@ -247,11 +248,7 @@ class Fetcher:
             CacheFull: no room on disk or under the cap.
         """
         cache, space, entry = self.cache, self.cache.space, copy.entry
-        folder = os.path.dirname(copy.local)
-        if folder not in self._folders:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            self._remember_folder(folder)
-        tmp = space.temp_path(copy.local, copy.lock)
+        tmp = self._temp_for(copy)
         for attempt in (1, 2):
             try:
                 fd, reserved = space.reserve(tmp, entry.size, max_bytes=cache.max_bytes,
@@ -259,30 +256,99 @@ class Fetcher:
                                              evicted=copy.evicted, wait_s=cache.wait_seconds,
                                              inflight=copy.inflight)
                 break
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                # The folder was removed since we made it (a clear): make it again.
-                self._folders.discard(folder)
-                os.makedirs(folder, mode=0o700, exist_ok=True)
             except OSError as exc:
-                if no_room(exc):
-                    raise disk_full(copy.ns_dir, copy.rel, entry.size) from exc
-                raise
-        if copy.inflight is not None and not copy.inflight.copying(copy.token, tmp, reserved):
-            os.close(fd)  # stopped while reserving: copy nothing
-            space.abandon(tmp, reserved)
+                if not self._again(copy, exc) or attempt == 2:
+                    raise
+        return self._copying(copy, Pending(tmp, fd, reserved))
+
+    def reserve_tmps(self, copies: Sequence[Copy]) -> list[Pending | BaseException]:
+        """:meth:`reserve_tmp` of several copies (their stripes held) of a
+        cache without a cap, counted in the ledger under one hold of its lock
+        (:meth:`~ucstage.cache.space.CacheSpace.reserve_many`). Returns each
+        one's temp file, or the error :meth:`reserve_tmp` would raise."""
+        space = self.cache.space
+        tmps = [self._temp_for(copy) for copy in copies]
+        got = space.reserve_many([(tmp, copy.entry.size) for tmp, copy in zip(tmps, copies,
+                                                                              strict=True)])
+        out: list[Pending | BaseException] = []
+        for copy, tmp, one in zip(copies, tmps, got, strict=True):
+            try:
+                if isinstance(one, OSError) and self._again(copy, one):
+                    one = space.reserve_many([(tmp, copy.entry.size)])[0]
+                    if isinstance(one, OSError):
+                        self._again(copy, one)  # raises its error
+                if isinstance(one, BaseException):
+                    raise one
+                out.append(self._copying(copy, Pending(tmp, one[0], one[1])))
+            except BaseException as exc:
+                out.append(exc)
+        return out
+
+    def _temp_for(self, copy: Copy) -> str:
+        """The copy's temp file path, its folder made (once per process)."""
+        folder = os.path.dirname(copy.local)
+        if folder not in self._folders:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            self._remember_folder(folder)
+        return self.cache.space.temp_path(copy.local, copy.lock)
+
+    def _again(self, copy: Copy, exc: OSError) -> bool:
+        """Whether a reservation that failed with ``exc`` may be tried once
+        more: its folder was removed since it was made (a clear), and is made
+        again. A full disk raises :exc:`CacheFull`; other errors answer False."""
+        if isinstance(exc, FileNotFoundError):
+            folder = os.path.dirname(copy.local)
+            self._folders.discard(folder)
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            return True
+        if no_room(exc):
+            raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
+        return False
+
+    def _copying(self, copy: Copy, pending: Pending) -> Pending:
+        """``pending``, reserved, handed to the copy's job; removed and
+        :exc:`Stopped` raised if the job stopped meanwhile."""
+        if copy.inflight is not None and not copy.inflight.copying(copy.token, pending.tmp,
+                                                                   pending.reserved):
+            os.close(pending.fd)  # stopped while reserving: copy nothing
+            self.cache.space.abandon(pending.tmp, pending.reserved)
             raise Stopped()
-        return Pending(tmp, fd, reserved)
+        return pending
 
     def commit_tmp(self, copy: Copy, pending: Pending, copied: Copied) -> None:
         """Stamp the copied temp file and rename it into place."""
-        if copy.inflight is not None and not copy.inflight.claim(copy.token):
-            raise Stopped()  # abandoned: the temp file was removed, the path is not ours
-        paths.write_stamp(pending.tmp, copied.size, copied.version or copy.entry.version)
-        now = time.time_ns()
-        os.utime(pending.tmp, ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
-        self.cache.space.commit(pending.tmp, copy.local, copied.size, pending.reserved)
+        failed = self.commit_tmps([(copy, pending, copied)])[0]
+        if failed is not None:
+            raise failed
+
+    def commit_tmps(self, done: Sequence[tuple[Copy, Pending, Copied]]
+                    ) -> list[BaseException | None]:
+        """:meth:`commit_tmp` of several copies (their stripes held), the
+        renames under one hold of the ledger lock
+        (:meth:`~ucstage.cache.space.CacheSpace.commit_many`). Returns each
+        one's error (None: committed); a failed one is the caller's to drop
+        (:meth:`drop_tmp`), as when :meth:`commit_tmp` raises."""
+        errors: list[BaseException | None] = [None] * len(done)
+        ready: list[int] = []
+        for i, (copy, pending, copied) in enumerate(done):
+            try:
+                if copy.inflight is not None and not copy.inflight.claim(copy.token):
+                    raise Stopped()  # abandoned: the temp file was removed, the path is not ours
+                paths.write_stamp(pending.tmp, copied.size, copied.version or copy.entry.version)
+                now = time.time_ns()
+                os.utime(pending.tmp,
+                         ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
+            except Exception as exc:
+                errors[i] = exc
+                continue
+            ready.append(i)
+        if ready:
+            renamed = self.cache.space.commit_many(
+                [(done[i][1].tmp, done[i][0].local, done[i][2].size, done[i][1].reserved)
+                 for i in ready])
+            for i, failed in zip(ready, renamed, strict=True):
+                errors[i] = failed
+        return errors
 
     def drop_tmp(self, copy: Copy, pending: Pending, exc: BaseException) -> NoReturn:
         """A copy failed (or stopped): remove its temp file unless the job

@@ -8,8 +8,16 @@ coroutine keeps as many copies in flight as the tuner allows, and each copy
 takes its stripe lock, reserves its temp file, awaits its GET and commits on
 the loop itself: those steps are short syscalls. The steps are the fetch
 protocol's own (:class:`ucstage.cache.fetch.Fetcher` ``where``, ``begin``,
-``reserve_tmp``, ``commit_tmp``, ``drop_tmp``, ``retry_pause``), so every
+``reserve_tmps``, ``commit_tmps``, ``drop_tmp``, ``retry_pause``), so every
 guarantee holds unchanged.
+
+Reserving and committing are batched: the copies that reach either step in
+one pass of the loop go through it together at the end of that pass, under
+one hold of the byte ledger's lock (one read and one write of the ledger per
+batch, not per file). A batch holds no more than a pass gathers, so no copy
+waits for others to arrive; the ledger still counts every temp file the
+moment it exists at its reserved size, so the cap's walks and recounts agree
+with it exactly as before (docs/benchmarks.md, "Per-file cost of a warm").
 
 Two cases go to a thread instead, because they may wait: a stripe another
 copy holds (``flock`` without ``LOCK_NB`` would block the loop; another
@@ -32,9 +40,10 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from .. import objstore
 from ..volumes import FileEntry, RangeEntry
 from . import objget
-from .fetch import Copied, Retries
+from .fetch import Copied, Copy, Pending, Retries
 from .inflight import Stopped
 from .locks import FileLock
 from .tuning import THREAD_CEILING
@@ -55,6 +64,12 @@ class LoopWarm:
         self.threaded = 0
         """Copies handed to a thread (a contended stripe, a byte cap)."""
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._store: Any = None
+        self._commits: list[tuple[Copy, Pending, Copied,
+                                  asyncio.Future[BaseException | None]]] = []
+        """Copies whose bytes are in, waiting for :meth:`_commit_batch`."""
+        self._reserves: list[tuple[Copy, asyncio.Future[Pending | BaseException]]] = []
+        """Copies about to GET, waiting for :meth:`_reserve_batch`."""
         self._batch: list[tuple[FileEntry, bool | BaseException]] = []
         self._left = len(warm.todo)
         """Copies not ended yet: a large object's share of the places in
@@ -183,16 +198,17 @@ class LoopWarm:
                 return hit, False
             copy = fetcher.begin(copy)
             try:
-                pending = fetcher.reserve_tmp(copy)
+                pending = await self._reserve(copy)
                 try:
                     try:
                         got = await objget.fetch(
                             volume, volume.full_path(copy.rel), pending.fd,
                             fetcher.context(copy),
-                            parts=objget.split(self.warm.tuner.limit, self._left))
+                            parts=objget.split(self.warm.tuner.limit, self._left),
+                            client=self._client(copy))
                     finally:
                         os.close(pending.fd)
-                    fetcher.commit_tmp(copy, pending, Copied(got.size, got.etag, got.mtime_ns))
+                    await self._commit(copy, pending, Copied(got.size, got.etag, got.mtime_ns))
                 except BaseException as exc:
                     fetcher.drop_tmp(copy, pending, exc)
             finally:
@@ -200,6 +216,89 @@ class LoopWarm:
         finally:
             lock.release()
         return copy.local, True
+
+    async def _reserve(self, copy: Copy) -> Pending:
+        """``Fetcher.reserve_tmp``, batched: the copies that start in one pass
+        of the loop reserve their temp files together
+        (:meth:`Fetcher.reserve_tmps`, one hold of the ledger lock), at the
+        end of that pass.
+
+        Raises:
+            Exception: as ``reserve_tmp`` (nothing is left behind).
+        """
+        done: asyncio.Future[Pending | BaseException] = \
+            asyncio.get_running_loop().create_future()
+        self._reserves.append((copy, done))
+        if len(self._reserves) == 1:
+            asyncio.get_running_loop().call_soon(self._reserve_batch)
+        try:
+            got = await done
+        except asyncio.CancelledError:
+            # Stopped before the batch ran: ``done`` is cancelled, the batch
+            # skips it, and nothing was reserved. Stopped after it: give back
+            # what it reserved for this copy.
+            if not done.done() or done.cancelled():
+                raise
+            got = done.result()
+            if not isinstance(got, BaseException):
+                os.close(got.fd)
+                self.fetcher.drop_tmp(copy, got, Stopped())
+            raise
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _reserve_batch(self) -> None:
+        batch, self._reserves = self._reserves, []
+        batch = [(copy, done) for copy, done in batch if not done.cancelled()]
+        try:
+            got = self.fetcher.reserve_tmps([copy for copy, _ in batch])
+        except BaseException as exc:  # a bug: every copy of the batch fails with it
+            got = [exc] * len(batch)
+        for (_, done), one in zip(batch, got, strict=True):
+            done.set_result(one)
+
+    async def _commit(self, copy: Copy, pending: Pending, copied: Copied) -> None:
+        """``Fetcher.commit_tmp``, batched: the copies that finish in one pass
+        of the loop are committed together (:meth:`Fetcher.commit_tmps`, one
+        hold of the ledger lock), at the end of that pass.
+
+        Raises:
+            Exception: this copy's commit failed (the caller drops it).
+        """
+        done: asyncio.Future[BaseException | None] = \
+            asyncio.get_running_loop().create_future()
+        self._commits.append((copy, pending, copied, done))
+        if len(self._commits) == 1:
+            asyncio.get_running_loop().call_soon(self._commit_batch)
+        try:
+            failed = await done
+        except asyncio.CancelledError:
+            # Stopped before the batch ran: ``done`` is cancelled, the batch
+            # skips it, and the copy drops its temp file as any stopped copy.
+            # Stopped after it: the copy is in place, done.
+            if not done.done() or done.cancelled():
+                raise
+            failed = done.result()
+        if failed is not None:
+            raise failed
+
+    def _commit_batch(self) -> None:
+        batch, self._commits = self._commits, []
+        batch = [item for item in batch if not item[3].cancelled()]
+        try:
+            errors = self.fetcher.commit_tmps([(c, p, got) for c, p, got, _ in batch])
+        except BaseException as exc:  # a bug: every copy of the batch fails with it
+            errors = [exc] * len(batch)
+        for (_, _, _, done), failed in zip(batch, errors, strict=True):
+            done.set_result(failed)
+
+    def _client(self, copy: Copy) -> Any:
+        """The bucket's client, asked for once per warm (one volume, one bucket)."""
+        if self._store is None:
+            kind, bucket, _ = objstore.location(self.volume, self.volume.full_path(copy.rel))
+            self._store = objstore.store(kind, bucket, self.fetcher.context(copy).deadline)
+        return self._store
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` in this warm's thread pool. A stop cancels the caller

@@ -91,7 +91,8 @@ if TYPE_CHECKING:
     import asyncio
     import concurrent.futures
 
-__all__ = ["FLOOR", "HEDGES_PER_REQUEST", "HEDGE_ENV", "LATE", "MAX_HEDGES", "PART",
+__all__ = ["FLOOR", "HASH_THREADS", "HEDGES_PER_REQUEST", "HEDGE_ENV", "LATE", "MAX_HEDGES",
+           "OFF_LOOP", "PART",
            "PARTS_IN_FLIGHT", "SPLIT_AT", "STATS", "Budget", "FetchContext", "Got", "Latency",
            "Requests", "budget", "enabled", "fetch", "get_into", "latency", "loop", "read",
            "split"]
@@ -111,6 +112,13 @@ PARTS_IN_FLIGHT = 4
 WHOLE = 1024 * 1024
 """Objects up to this size are read in one piece (the stream's chunk size:
 it would have delivered them in one chunk anyway)."""
+
+OFF_LOOP = 64 * 1024
+"""Chunks this large or larger are hashed and written in a thread
+(:data:`HASH_THREADS`), not on the loop: the MD5 of a 256 KiB body alone took
+18% of the loop's time. Smaller ones cost less than the hand-off."""
+HASH_THREADS = 2
+"""Threads hashing and writing large chunks, per process."""
 
 HEDGE_ENV = "UCSTAGE_HEDGE"
 LATE = 4.0
@@ -229,6 +237,7 @@ _budget: list[Budget] = []
 
 
 def _forget_samples_after_fork() -> None:
+    _hashers.clear()  # its threads did not survive the fork
     _latency.clear()
     _budget.clear()
     STATS.clear()
@@ -271,28 +280,42 @@ _END = _End()
 class _Leg:
     """One GET of an object's bytes from ``start`` (to ``end``, exclusive, or
     the end of the object): a task that puts its headers' arrival, its body's
-    chunks, then the end (or its error) on :attr:`items`."""
+    chunks, then the end (or its error) in :attr:`items`, and rings the
+    reader's :attr:`bell` (a future :func:`_next` waits on) when one arrives.
+
+    Not an ``asyncio.Queue`` per leg waited on with ``asyncio.wait``: that
+    made a task per leg and per wait, and a small object's three waits cost
+    more CPU on the loop than the rest of its copy (docs/benchmarks.md,
+    "Per-file cost of a warm")."""
 
     def __init__(self, client: Any, key: str, start: int, end: int | None, if_match: str,
                  chunk: int, hedged: bool, source: str = "") -> None:
         import asyncio
 
         self.start, self.hedged, self.source = start, hedged, source
-        self.sent = False
-        """Whether the request left (its pace let it); until then it is not late."""
         self.began = time.monotonic()
         """When it was sent (made, until then)."""
+        self.sent = pace.send_now(source)
+        """Whether the request left (its pace let it); until then it is not
+        late. Decided here when the pace lets it go at once (the common case:
+        no wake-up of the reader to say so)."""
         self.last = self.began
         self.meta: Any = None
-        self.items: asyncio.Queue[Any] = asyncio.Queue()
-        self.held: collections.deque[Any] = collections.deque()
-        """Items taken off :attr:`items` while another leg's was handed out."""
+        self.items: collections.deque[Any] = collections.deque()
+        self.bell: asyncio.Future[None] | None = None
+        """The future the reader waits on while :attr:`items` is empty."""
         options: Any = {}
         if start or end is not None:
             options["range"] = (start, end) if end is not None else {"offset": start}
         if if_match:
             options["if_match"] = if_match
         self.task = asyncio.ensure_future(self._run(client, key, options, end, chunk))
+
+    def _put(self, item: Any) -> None:
+        self.items.append(item)
+        bell = self.bell
+        if bell is not None and not bell.done():
+            bell.set_result(None)
 
     async def _run(self, client: Any, key: str, options: Any, end: int | None,
                    chunk: int) -> None:
@@ -302,64 +325,64 @@ class _Leg:
 
         sent_at = self.began
         try:
-            sent_at = await pace.send(self.source)
-            self.items.put_nowait(_SENT)
+            if not self.sent:
+                sent_at = await pace.send(self.source)
+                self._put(_SENT)
             result = await obstore.get_async(client, key, options=options or None)
             pace.pace(self.source).answered()
             self.meta = result.meta
-            self.items.put_nowait(_HEADERS)
+            self._put(_HEADERS)
             length = min(end, self.meta["size"]) if end is not None else self.meta["size"]
             if length - self.start <= chunk:
                 # One await for the body instead of a stream's two or more:
                 # each await of a Rust future is a wake-up of the loop and a
                 # GIL hand-off, which cost more CPU than a small body's bytes.
-                self.items.put_nowait(await result.bytes_async())
+                self._put(await result.bytes_async())
             else:
                 async for block in result.stream(min_chunk_size=chunk):
-                    self.items.put_nowait(block)
-            self.items.put_nowait(_END)
+                    self._put(block)
+            self._put(_END)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # handed to the reader, which decides
             if self.meta is None and pace.throttled(exc):
                 pace.pace(self.source).throttle(sent_at)
                 exc = pace.Paced(str(concise(exc)))
-            self.items.put_nowait(_Failed(exc))
+            self._put(_Failed(exc))
 
     def cancel(self) -> None:
         """Stop the request; cancelling drops its response, closing the connection."""
         self.task.cancel()
 
 
-def _take(leg: _Leg) -> Any:
-    return leg.held.popleft() if leg.held else leg.items.get_nowait()
+def _ring(bell: asyncio.Future[None]) -> None:
+    if not bell.done():
+        bell.set_result(None)
 
 
 async def _next(legs: list[_Leg], timeout: float) -> tuple[_Leg, Any] | None:
     """The first item any of ``legs`` delivers within ``timeout`` seconds
     (the earliest leg's when several have one), or None."""
-    import asyncio
-
     for leg in legs:
-        if leg.held or not leg.items.empty():
-            return leg, _take(leg)
+        if leg.items:
+            return leg, leg.items.popleft()
     if timeout <= 0:
         return None
-    getters = {asyncio.ensure_future(leg.items.get()): leg for leg in legs}
+    loop = legs[0].task.get_loop()
+    bell: asyncio.Future[None] = loop.create_future()
+    for leg in legs:
+        leg.bell = bell
+    timer = loop.call_later(timeout, _ring, bell)
     try:
-        done, _ = await asyncio.wait(getters, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        await bell
     finally:
-        for getter in getters:
-            getter.cancel()
-    found: tuple[_Leg, Any] | None = None
-    for getter, leg in getters.items():
-        if getter in done and not getter.cancelled():
-            if found is None:
-                found = leg, getter.result()
-            else:
-                leg.held.append(getter.result())  # kept in order for its leg
-    return found
+        timer.cancel()
+        for leg in legs:
+            leg.bell = None
+    for leg in legs:
+        if leg.items:
+            return leg, leg.items.popleft()
+    return None
 
 
 async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
@@ -449,12 +472,51 @@ async def read(client: Any, key: str, fd: int, start: int, end: int | None, *,
                 return pos - start, meta
             if len(item):
                 est.per_byte.add(step_s / len(item))
+            if len(item) >= OFF_LOOP:
+                pos += await _off_loop(write, fd, pos, item, digest)
+                continue
             if digest is not None:
                 digest.update(item)
             pos += write(fd, pos, item)
     finally:
         for leg in list(legs):
             _drop(legs, leg, pool)
+
+
+def _write_hashed(write: Callable[[int, int, Any], int], fd: int, pos: int, item: Any,
+                  digest: Any) -> int:
+    if digest is not None:
+        digest.update(item)
+    return write(fd, pos, item)
+
+
+_hashers: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _hasher_pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _hashers:
+        import concurrent.futures
+
+        _hashers.append(concurrent.futures.ThreadPoolExecutor(
+            HASH_THREADS, thread_name_prefix="ucstage-hash"))
+    return _hashers[0]
+
+
+async def _off_loop(write: Callable[[int, int, Any], int], fd: int, pos: int, item: Any,
+                    digest: Any) -> int:
+    """Hash and write one large chunk in a thread (both release the GIL), so
+    the loop goes on with other copies meanwhile. A cancelled caller still
+    waits for the thread: no write may land after the copy gave its file up."""
+    import asyncio
+
+    job = asyncio.get_running_loop().run_in_executor(
+        _hasher_pool(), _write_hashed, write, fd, pos, item, digest)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await job
+        raise
 
 
 def _drop(legs: list[_Leg], leg: _Leg, pool: Budget) -> None:
@@ -738,13 +800,17 @@ def get_into(volume: Any, path: str, fd: int, ctx: FetchContext,
 
 
 async def fetch(volume: Any, path: str, fd: int, ctx: FetchContext,
-                parts: int = PARTS_IN_FLIGHT) -> Got:
+                parts: int = PARTS_IN_FLIGHT, client: Any = None) -> Got:
     """:func:`get_into` for a caller already running on :func:`loop` (a copy
     that is itself a coroutine): the same GET, awaited in place, with the
     same errors. Cancelling the caller cancels the requests; none of their
-    writes lands after this returns or raises."""
+    writes lands after this returns or raises. ``client``: the bucket's
+    client (:func:`ucstage.objstore.store`) when the caller already holds
+    it (a warm asks once, not per file: building its key reads a dozen
+    environment variables)."""
     kind, bucket, key = objstore.location(volume, path)
-    client = objstore.store(kind, bucket, ctx.deadline)
+    if client is None:
+        client = objstore.store(kind, bucket, ctx.deadline)
     try:
         return await _get(client, key, fd, ctx.size, parts, f"{kind}://{bucket}", ctx)
     except Exception as exc:

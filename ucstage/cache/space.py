@@ -217,7 +217,12 @@ class CacheSpace:
             OSError: the temp file cannot be created or preallocated
                 (ENOSPC when the disk is full); nothing is left behind.
         """
-        if max_bytes is not None and need > max_bytes:
+        if max_bytes is None:
+            got = self.reserve_many([(tmp, need)])[0]
+            if isinstance(got, BaseException):
+                raise got
+            return got
+        if need > max_bytes:
             raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(max_bytes)}", hint="raise max_bytes")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -272,20 +277,88 @@ class CacheSpace:
             _charge_wait(time.monotonic() - started)
         return fd, need
 
+    def reserve_many(self, wanted: Sequence[tuple[str, int]]
+                     ) -> list[tuple[int, int] | BaseException]:
+        """:meth:`reserve` without a cap, of several temp files (``(tmp,
+        need)`` each) under one hold of the ledger lock: each is created
+        empty first, then preallocated and counted with the others. Returns
+        each one's ``(descriptor, bytes reserved)``, or its error (nothing of
+        it left behind: ENOSPC when the disk is full)."""
+        out: list[tuple[int, int] | BaseException] = []
+        for tmp, _ in wanted:
+            try:
+                out.append((os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                                    0o600), 0))
+            except OSError as exc:
+                out.append(exc)
+        try:
+            with self._ledger() as ledger:
+                # Read before preallocating: a recount (an unreadable ledger)
+                # would count the grown temp files too.
+                used, added = ledger.read(), 0
+                for i, (tmp, need) in enumerate(wanted):
+                    got = out[i]
+                    if isinstance(got, BaseException):
+                        continue
+                    try:
+                        if need:
+                            # Preallocating makes a full disk fail here, before
+                            # any byte is copied.
+                            os.posix_fallocate(got[0], 0, need)
+                    except OSError as exc:
+                        os.close(got[0])
+                        unlink_if_exists(tmp)
+                        out[i] = exc
+                        continue
+                    out[i] = (got[0], need)
+                    added += need
+                if added:
+                    ledger.write(used + added)
+        except BaseException:
+            for (tmp, _), got in zip(wanted, out, strict=True):
+                if not isinstance(got, BaseException):
+                    os.close(got[0])
+                    unlink_if_exists(tmp)
+            raise
+        return out
+
     def commit(self, tmp: str, local: str, size: int, reserved: int) -> None:
         """Rename the finished temp file over ``local`` and settle the ledger:
         ``size`` bytes are now cached there instead of the ``reserved`` ones
         (and instead of whatever ``local`` held before)."""
+        failed = self.commit_many([(tmp, local, size, reserved)])[0]
+        if failed is not None:
+            raise failed
+
+    def commit_many(self, done: Sequence[tuple[str, str, int, int]]
+                    ) -> list[BaseException | None]:
+        """:meth:`commit` of several finished temp files (``(tmp, local, size,
+        reserved)`` each) under one hold of the ledger lock: a warm commits
+        what finished in one pass of its loop together, so the lock, the
+        ledger's read and its write cost once per batch, not per file.
+        Returns each one's error (None: committed); a failed one is left as
+        it was, its reservation still counted, for its caller to drop."""
+        errors: list[BaseException | None] = []
         with self._ledger() as ledger:
             # Renames happen under the ledger lock, so an eviction walk never
             # runs while a file changes its name (readdir could miss it under
             # both names).
-            try:
-                old = os.stat(local).st_size
-            except FileNotFoundError:
-                old = 0
-            os.replace(tmp, local)
-            ledger.write(ledger.read() + size - old - reserved)
+            used, change = ledger.read(), 0
+            for tmp, local, size, reserved in done:
+                try:
+                    try:
+                        old = os.stat(local).st_size
+                    except FileNotFoundError:
+                        old = 0
+                    os.replace(tmp, local)
+                except OSError as exc:
+                    errors.append(exc)
+                    continue
+                change += size - old - reserved
+                errors.append(None)
+            if change:
+                ledger.write(used + change)
+        return errors
 
     def abandon(self, tmp: str, reserved: int) -> None:
         """Delete an unfinished temp file and give its reservation back."""

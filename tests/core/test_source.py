@@ -49,8 +49,10 @@ def test_opening_looks_nothing_up_yet(tmp_path, lookups):
     """Deciding is cheap: a missing folder fails when it is first used."""
     opened = open_source(str(tmp_path / "nope"))
     assert lookups == []
-    with pytest.raises(SourceNotFound, match="does not exist"):
+    with pytest.raises(SourceNotFound, match="does not exist") as err:
         opened.volume()
+    # Where it was looked up is said only when it differs from the source as given.
+    assert str(err.value) == f"source {tmp_path / 'nope'} does not exist"
 
 
 def test_a_fresh_listing_resolves_its_source_once(vol, lookups):

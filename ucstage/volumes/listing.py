@@ -24,7 +24,15 @@ from .. import params
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
 from . import engine
 from .entry import FileEntry, reserved_name, version_of
-from .location import Volume, kind_of, resolve, safe_relpath, single_file, unreadable_error
+from .location import (
+    Volume,
+    kind_of,
+    looked_up,
+    resolve,
+    safe_relpath,
+    single_file,
+    unreadable_error,
+)
 from .walk import Walk
 
 __all__ = ["FileEntry", "Listing", "UnreadableFolders", "list_files", "list_volume", "matches",
@@ -103,8 +111,9 @@ def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str
     try:
         info = volume.fs.info(full)
     except FileNotFoundError as exc:
-        raise SourceNotFound(f"source {volume.source} does not exist (looked up at "
-                             f"{volume.url})") from exc
+        where = looked_up(volume.source, volume.url)
+        raise SourceNotFound(f"source {volume.source} does not exist"
+                             + (f" ({where})" if where else "")) from exc
     except Exception as exc:
         raise unreadable_error(volume, exc) from exc
     if volume.is_local:

@@ -33,8 +33,8 @@ from ..errors import (
     UnsafePath,
 )
 
-__all__ = ["VOLUMES_ROOT_ENV", "Volume", "is_mapped", "is_volumes_path", "kind_of", "resolve",
-           "safe_relpath", "single_file", "unreadable_error"]
+__all__ = ["VOLUMES_ROOT_ENV", "Volume", "is_mapped", "is_volumes_path", "kind_of", "looked_up",
+           "resolve", "safe_relpath", "single_file", "unreadable_error"]
 
 VOLUMES_ROOT_ENV = "UCSTAGE_VOLUMES_ROOT"
 
@@ -201,12 +201,19 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
         elif is_volumes_path(canonical):
             where = f"{VOLUMES_ROOT_ENV} is not set, so it was looked up as a local path"
         else:
-            where = f"looked up at {volume.url}"
+            where = looked_up(source, volume.url)
         # The variable only maps /Volumes paths: for any other it is no help.
         hint = (f"check the path, or set {VOLUMES_ROOT_ENV} to the folder or URL that holds "
                 "/Volumes") if is_volumes_path(canonical) else "check the path"
-        raise SourceNotFound(f"source {source} does not exist ({where})", hint=hint)
+        raise SourceNotFound(f"source {source} does not exist" + (f" ({where})" if where else ""),
+                             hint=hint)
     return volume if kind == "directory" else single_file(volume)
+
+
+def looked_up(source: str, url: str) -> str:
+    """"looked up at URL" for a not-found message, or "" when the URL is the
+    source as given (saying it twice tells nothing)."""
+    return "" if url.rstrip("/") == source.rstrip("/") else f"looked up at {url}"
 
 
 def single_file(volume: Volume) -> Volume:

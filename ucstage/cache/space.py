@@ -30,7 +30,7 @@ from ..units import format_bytes
 from . import paths, policy
 from .inflight import Inflight
 from .leases import take_exclusive
-from .ledger import Ledger, locked_ledger
+from .ledger import Ledger, Turns, locked_ledger
 from .locks import FileLock, stripe_path
 from .namespaces import Namespaces
 from .scan import Cached, Tally, sweep_one, unlink_if_exists, walk
@@ -108,6 +108,9 @@ class CacheSpace:
         """The namespace folders, their records and lock folders, the trash."""
         self.stamps = StampMemo()
         """This process's memo of validity stamps."""
+        self.turns = Turns(self._ledger)
+        """This process's threads' turns at the ledger lock, batched
+        (reserving without a cap, committing, giving back)."""
 
     # -- namespaces (bodies in .namespaces) -----------------------------------
 
@@ -291,29 +294,31 @@ class CacheSpace:
                                     0o600), 0))
             except OSError as exc:
                 out.append(exc)
+        def grow(ledger: Ledger) -> None:
+            # Read before preallocating: a recount (an unreadable ledger)
+            # would count the grown temp files too.
+            used, added = ledger.read(), 0
+            for i, (tmp, need) in enumerate(wanted):
+                got = out[i]
+                if isinstance(got, BaseException):
+                    continue
+                try:
+                    if need:
+                        # Preallocating makes a full disk fail here, before
+                        # any byte is copied.
+                        os.posix_fallocate(got[0], 0, need)
+                except OSError as exc:
+                    os.close(got[0])
+                    unlink_if_exists(tmp)
+                    out[i] = exc
+                    continue
+                out[i] = (got[0], need)
+                added += need
+            if added:
+                ledger.write(used + added)
+
         try:
-            with self._ledger() as ledger:
-                # Read before preallocating: a recount (an unreadable ledger)
-                # would count the grown temp files too.
-                used, added = ledger.read(), 0
-                for i, (tmp, need) in enumerate(wanted):
-                    got = out[i]
-                    if isinstance(got, BaseException):
-                        continue
-                    try:
-                        if need:
-                            # Preallocating makes a full disk fail here, before
-                            # any byte is copied.
-                            os.posix_fallocate(got[0], 0, need)
-                    except OSError as exc:
-                        os.close(got[0])
-                        unlink_if_exists(tmp)
-                        out[i] = exc
-                        continue
-                    out[i] = (got[0], need)
-                    added += need
-                if added:
-                    ledger.write(used + added)
+            self.turns.run(grow)
         except BaseException:
             for (tmp, _), got in zip(wanted, out, strict=True):
                 if not isinstance(got, BaseException):
@@ -339,7 +344,8 @@ class CacheSpace:
         Returns each one's error (None: committed); a failed one is left as
         it was, its reservation still counted, for its caller to drop."""
         errors: list[BaseException | None] = []
-        with self._ledger() as ledger:
+
+        def rename(ledger: Ledger) -> None:
             # Renames happen under the ledger lock, so an eviction walk never
             # runs while a file changes its name (readdir could miss it under
             # both names).
@@ -358,6 +364,8 @@ class CacheSpace:
                 errors.append(None)
             if change:
                 ledger.write(used + change)
+
+        self.turns.run(rename)
         return errors
 
     def abandon(self, tmp: str, reserved: int) -> None:
@@ -365,9 +373,12 @@ class CacheSpace:
         if not reserved:
             unlink_if_exists(tmp)
             return
-        with self._ledger() as ledger:
+
+        def give_back(ledger: Ledger) -> None:
             unlink_if_exists(tmp)
             ledger.write(ledger.read() - reserved)
+
+        self.turns.run(give_back)
 
     def discard(self, ns_dir: str, rel: str, local: str, seen: os.stat_result) -> bool:
         """Delete the cached file ``local`` (entry ``rel``) if it is still the

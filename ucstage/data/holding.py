@@ -29,8 +29,8 @@ from .looppos import LoopView
 from .protocol import Sharded
 from .readahead import CAP_SHARE, ReadAhead, Share, cache_fetcher, cache_lookup, node_share
 
-__all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "lookup",
-           "open_reader", "rank_stats", "source_metrics", "unheld_lookup", "wrap"]
+__all__ = ["check_loader_window", "epoch_metrics", "fetch_in_order", "follow", "holds_files",
+           "lookup", "open_reader", "rank_stats", "source_metrics", "unheld_lookup", "wrap"]
 
 
 def _holds(cache: Any) -> bool:
@@ -38,12 +38,19 @@ def _holds(cache: Any) -> bool:
     return hasattr(cache, "space") and hasattr(cache, "lookup")
 
 
+def holds_files(cache: Any) -> bool:
+    """Whether paths handed out from ``cache`` are held until the loop is past
+    them: only under a byte cap (without one nothing of a reader's is evicted
+    for its copies), and only in ucstage's own cache."""
+    return _holds(cache) and cache.max_bytes is not None
+
+
 def open_reader(dataset: Sharded, cache: Any, rank: int) -> Reader | None:
     """The reader of one slot iterator; None for a cache object of the user's own."""
     if not _holds(cache):
         return None
     counters = runstats.counters(cache.root, dataset.run, rank)
-    return Reader(counters, slack=DEFAULT_SLACK, holding=cache.max_bytes is not None)
+    return Reader(counters, slack=DEFAULT_SLACK, holding=holds_files(cache))
 
 
 def wrap(reader: Reader | None, cache: Any, volume: Any,

@@ -245,6 +245,10 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         ds = self.volume_dataset
         if not isinstance(ds, VolumeDataset) or ds._link.progress is None:
             return None
+        if not holding.holds_files(ds.cache()):
+            # Nothing is held without a cap, so nothing follows the board:
+            # no per-item publish (4 us of a warm epoch's 68 us per file).
+            return None
         progress = ds._link.progress
         shared = self.num_workers > 0
         if self._board is None:

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .state import Wrapping
+from .wrapping import Wrapping
 
 __all__ = ["PAST_ALL", "Board", "BoardLink", "Following", "LoopView", "linger", "view_for"]
 

@@ -25,13 +25,14 @@ from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
 from ..resume import LoaderState, merge_states
 from ..sharding import Segment, resume_slots
 from . import dist as dist_
+from .wrapping import Wrapping
 
 if TYPE_CHECKING:
     import numpy as np
 
     from .protocol import Sharded
 
-__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging", "Wrapping"]
+__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging"]
 
 
 def check_fits(dataset: Sharded, state: LoaderState) -> None:
@@ -342,24 +343,6 @@ class LoaderProgress:
         current = Segment(self.layout, tuple(counts))
         return _state_of(self.dataset, [*self.done, current], rank=self.rank,
                          finished=self.finished, epoch=self.epoch, partial=self.partial)
-
-
-class Wrapping:
-    """A wrapper of the loader's iterator on its way to the loop: torch's
-    iterator's length and attributes (``_num_yielded``, ...) show through."""
-
-    _inner: Iterator[Any]
-
-    def __iter__(self) -> Wrapping:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
 
 class Untagging(Wrapping):

@@ -57,6 +57,7 @@ from typing import Any
 
 from ..percentile import percentile
 from ..shutdown import exiting
+from .wrapping import Wrapping
 
 __all__ = ["EpochStats", "MlflowSink", "TimedIterator", "summarise"]
 
@@ -191,11 +192,10 @@ class MlflowSink:
         self._pending = []
 
 
-class TimedIterator:
+class TimedIterator(Wrapping):
     """Wraps a DataLoader iterator; times each ``next()`` and reports the epoch.
 
-    Other attributes are forwarded to the wrapped iterator, so code that
-    reaches into torch's iterator keeps working.
+    Other attributes are forwarded to the wrapped iterator (:class:`Wrapping`).
     """
 
     def __init__(self, inner: Iterator[Any], *, epoch: int, first_step: int,
@@ -214,17 +214,6 @@ class TimedIterator:
         self._start: float | None = None
         self._overhead = 0.0
         self._done = False
-
-    def __iter__(self) -> TimedIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_inner":  # not set yet: __init__ failed
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
     def __next__(self) -> Any:
         t0 = _clock()

@@ -239,7 +239,7 @@ def test_stalled_responses_are_hedged_well_before_the_deadline(
     assert doc["hedged"] >= 3
     # Every stall ended by the client dropping it (the hedge won), none at
     # the proxy's own limit.
-    assert fault_proxy.stalls_dropped == 3
+    assert fault_proxy.dropped() == 3
     assert _wrong(LocalCache(), src, files) == []
 
 
@@ -257,7 +257,7 @@ def test_without_hedging_a_stall_ends_at_the_deadline_and_is_retried(
     # timeout, no hedge), not at the proxy's own limit; a GET that a loaded
     # machine made slow may time out too, hence at least.
     assert doc["hedged"] == 0 and doc["timeouts"] >= 2
-    assert fault_proxy.stalls_dropped == 2
+    assert fault_proxy.dropped() == 2
     assert _wrong(LocalCache(), src, files) == []
 
 
@@ -279,7 +279,7 @@ def test_no_hedge_and_deadline_flags_apply_to_the_warm_only(
     fault_proxy.set("stall", faultkit.every(files, 20), prefix=_prefix(src))
     code, doc = _warm_json(src, "--no-hedge", "--deadline", "1.5")
     assert code == 0, doc
-    assert fault_proxy.done["stall"] == 2 and fault_proxy.stalls_dropped == 2
+    assert fault_proxy.done["stall"] == 2 and fault_proxy.dropped() == 2
     assert doc["hedged"] == 0 and doc["timeouts"] >= 2
     assert "UCSTAGE_HEDGE" not in os.environ and "UCSTAGE_REQUEST_DEADLINE" not in os.environ
     assert _wrong(LocalCache(), src, files) == []
@@ -302,7 +302,7 @@ def test_hedging_and_the_deadline_are_the_caches_parameters(
     # Both stalls dropped at the 1.5 s deadline, not hedged; a GET a loaded
     # machine made slow may time out too, hence at least.
     assert report.failed == [] and report.hedged == 0 and report.timeouts >= 2
-    assert fault_proxy.done["stall"] == 2 and fault_proxy.stalls_dropped == 2
+    assert fault_proxy.done["stall"] == 2 and fault_proxy.dropped() == 2
     assert os.environ["UCSTAGE_HEDGE"] == "1"
     assert os.environ["UCSTAGE_REQUEST_DEADLINE"] == "60"
     assert _wrong(cache, src, files) == []

@@ -106,6 +106,17 @@ class Faults:
         """Setting it ends every stall (at teardown)."""
         self._lock = threading.Lock()
 
+    def dropped(self, timeout: float = 60.0) -> int:
+        """:attr:`stalls_dropped` once every stall has ended. The proxy's
+        thread notices a closed connection on its next poll, which a loaded
+        machine can delay past the client's exit; ``timeout`` only stops a
+        hang (a stall still open then counts as not dropped)."""
+        deadline = time.monotonic() + timeout
+        while self.stalled_now and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with self._lock:
+            return self.stalls_dropped
+
     def set(self, kind: str, keys: Iterable[str], *, prefix: str = "",
             attempts: int = 1) -> Faults:
         """Fault the first ``attempts`` GETs of each of ``keys`` (names under

@@ -57,7 +57,7 @@ def test_an_epoch_through_faults_hands_out_only_right_bytes(
     assert metrics["epoch_checked_md5"] == 60 and metrics["epoch_checked_size"] == 0
     assert metrics["epoch_check_mismatches"] == (3 if kind == "flip" else 0)
     if kind == "stall":
-        assert fault_proxy.stalls_dropped == 3  # the client dropped each
+        assert fault_proxy.dropped() == 3  # the client dropped each
 
 
 def test_an_epoch_raises_on_a_corrupt_object_rather_than_serving_it(

@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import os
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from .. import objstore
 from ..volumes import FileEntry, RangeEntry
@@ -65,11 +64,12 @@ class LoopWarm:
         """Copies handed to a thread (a contended stripe, a byte cap)."""
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._store: Any = None
-        self._commits: list[tuple[Copy, Pending, Copied,
-                                  asyncio.Future[BaseException | None]]] = []
-        """Copies whose bytes are in, waiting for :meth:`_commit_batch`."""
-        self._reserves: list[tuple[Copy, asyncio.Future[Pending | BaseException]]] = []
-        """Copies about to GET, waiting for :meth:`_reserve_batch`."""
+        self._commits: _PassBatch[tuple[Copy, Pending, Copied], BaseException | None] = \
+            _PassBatch(lambda done: self.fetcher.commit_tmps(done))
+        """Copies whose bytes are in, committed together at the end of the pass."""
+        self._reserves: _PassBatch[Copy, Pending | BaseException] = \
+            _PassBatch(lambda copies: self.fetcher.reserve_tmps(copies))
+        """Copies about to GET, reserved together at the end of the pass."""
         self._batch: list[tuple[FileEntry, bool | BaseException]] = []
         self._left = len(warm.todo)
         """Copies not ended yet: a large object's share of the places in
@@ -221,16 +221,12 @@ class LoopWarm:
         """``Fetcher.reserve_tmp``, batched: the copies that start in one pass
         of the loop reserve their temp files together
         (:meth:`Fetcher.reserve_tmps`, one hold of the ledger lock), at the
-        end of that pass.
+        end of that pass (:class:`_PassBatch`).
 
         Raises:
             Exception: as ``reserve_tmp`` (nothing is left behind).
         """
-        done: asyncio.Future[Pending | BaseException] = \
-            asyncio.get_running_loop().create_future()
-        self._reserves.append((copy, done))
-        if len(self._reserves) == 1:
-            asyncio.get_running_loop().call_soon(self._reserve_batch)
+        done = self._reserves.add(copy)
         try:
             got = await done
         except asyncio.CancelledError:
@@ -248,16 +244,6 @@ class LoopWarm:
             raise got
         return got
 
-    def _reserve_batch(self) -> None:
-        batch, self._reserves = self._reserves, []
-        batch = [(copy, done) for copy, done in batch if not done.cancelled()]
-        try:
-            got = self.fetcher.reserve_tmps([copy for copy, _ in batch])
-        except BaseException as exc:  # a bug: every copy of the batch fails with it
-            got = [exc] * len(batch)
-        for (_, done), one in zip(batch, got, strict=True):
-            done.set_result(one)
-
     async def _commit(self, copy: Copy, pending: Pending, copied: Copied) -> None:
         """``Fetcher.commit_tmp``, batched: the copies that finish in one pass
         of the loop are committed together (:meth:`Fetcher.commit_tmps`, one
@@ -266,11 +252,7 @@ class LoopWarm:
         Raises:
             Exception: this copy's commit failed (the caller drops it).
         """
-        done: asyncio.Future[BaseException | None] = \
-            asyncio.get_running_loop().create_future()
-        self._commits.append((copy, pending, copied, done))
-        if len(self._commits) == 1:
-            asyncio.get_running_loop().call_soon(self._commit_batch)
+        done = self._commits.add((copy, pending, copied))
         try:
             failed = await done
         except asyncio.CancelledError:
@@ -282,16 +264,6 @@ class LoopWarm:
             failed = done.result()
         if failed is not None:
             raise failed
-
-    def _commit_batch(self) -> None:
-        batch, self._commits = self._commits, []
-        batch = [item for item in batch if not item[3].cancelled()]
-        try:
-            errors = self.fetcher.commit_tmps([(c, p, got) for c, p, got, _ in batch])
-        except BaseException as exc:  # a bug: every copy of the batch fails with it
-            errors = [exc] * len(batch)
-        for (_, _, _, done), failed in zip(batch, errors, strict=True):
-            done.set_result(failed)
 
     def _client(self, copy: Copy) -> Any:
         """The bucket's client, asked for once per warm (one volume, one bucket)."""
@@ -307,10 +279,39 @@ class LoopWarm:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 THREAD_CEILING, thread_name_prefix="ucstage-warm-wait")
-        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        return await objget.unabandoned(
+            asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class _PassBatch(Generic[Item, Result]):
+    """One step of the copies (reserving, committing) for everything that
+    reaches it in one pass of the loop, run together at the end of that pass
+    by ``run`` (items in, one result per item out, in order)."""
+
+    def __init__(self, run: Callable[[list[Item]], Sequence[Result]]) -> None:
+        self._run = run
+        self._items: list[tuple[Item, asyncio.Future[Result]]] = []
+
+    def add(self, item: Item) -> asyncio.Future[Result]:
+        """Queue ``item``; the future gets its result when the batch runs.
+        Cancelled before then, the item is left out of the batch."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Result] = loop.create_future()
+        self._items.append((item, done))
+        if len(self._items) == 1:
+            loop.call_soon(self._flush)
+        return done
+
+    def _flush(self) -> None:
+        batch, self._items = self._items, []
+        batch = [(item, done) for item, done in batch if not done.cancelled()]
         try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):
-                await future
-            raise
+            got: Sequence[Any] = self._run([item for item, _ in batch])
+        except BaseException as exc:  # a bug: every item of the batch fails with it
+            got = [exc] * len(batch)
+        for (_, done), one in zip(batch, got, strict=True):
+            done.set_result(one)

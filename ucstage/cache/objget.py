@@ -77,7 +77,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .. import objstore
 from ..errors import InvalidArgument
@@ -95,7 +95,9 @@ __all__ = ["FLOOR", "HASH_THREADS", "HEDGES_PER_REQUEST", "HEDGE_ENV", "LATE", "
            "OFF_LOOP", "PART",
            "PARTS_IN_FLIGHT", "SPLIT_AT", "STATS", "Budget", "FetchContext", "Got", "Latency",
            "Requests", "budget", "enabled", "fetch", "get_into", "latency", "loop", "read",
-           "split"]
+           "split", "unabandoned"]
+
+T = TypeVar("T")
 
 PART = 16 * 1024 * 1024
 """The smallest ranged GET of a large object: the top of the 8-16 MiB range
@@ -509,8 +511,17 @@ async def _off_loop(write: Callable[[int, int, Any], int], fd: int, pos: int, it
     waits for the thread: no write may land after the copy gave its file up."""
     import asyncio
 
-    job = asyncio.get_running_loop().run_in_executor(
-        _hasher_pool(), _write_hashed, write, fd, pos, item, digest)
+    return await unabandoned(asyncio.get_running_loop().run_in_executor(
+        _hasher_pool(), _write_hashed, write, fd, pos, item, digest))
+
+
+async def unabandoned(job: asyncio.Future[T]) -> T:
+    """Await ``job`` (a thread's work) to its end even when the caller is
+    cancelled: the caller then waits for it and re-raises the cancellation, so
+    nothing the thread does (a write into a file the caller gives up) lands
+    after the caller moved on."""
+    import asyncio
+
     try:
         return await asyncio.shield(job)
     except asyncio.CancelledError:

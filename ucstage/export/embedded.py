@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 from ..errors import MissingDependency, SparkUnavailable
@@ -72,6 +73,8 @@ TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 """The variable the server (and pyspark's client) read the token from."""
 FOLDER_PREFIX = "ucstage-spark-"
 LOCK_NAME = "server.lock"
+KILL_WAIT_SECONDS = 5.0
+"""How long a SIGKILLed server may take to be reaped before ucstage stops waiting."""
 _FOLDER = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
 
 # Settings given to spark-submit when the embedded server starts. The
@@ -288,11 +291,21 @@ class EmbeddedServer:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
+            # A stopped JVM (SIGSTOP, a debugger, a frozen cgroup) only acts
+            # on SIGTERM once it runs again; it is ours, so let it.
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGCONT)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                try:
+                    proc.wait(KILL_WAIT_SECONDS)
+                except subprocess.TimeoutExpired:
+                    warnings.warn(
+                        f"ucstage: gave up after {KILL_WAIT_SECONDS:g} s waiting for the "
+                        f"embedded Spark server (pid {proc.pid}) to exit after SIGKILL",
+                        RuntimeWarning, stacklevel=3)
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the server: SIGTERM, then SIGKILL after ``timeout`` seconds.

@@ -125,8 +125,7 @@ def _check(session: Any, url: str) -> None:
             warnings.simplefilter("ignore")  # pyspark's RETRIES_EXCEEDED UserWarning
             session.version  # noqa: B018 - one cheap round trip
     except Exception as exc:
-        with contextlib.suppress(Exception):
-            session.client.close()  # no release RPCs to a dead server at exit
+        _close(session)  # no release RPCs to a dead server at exit
         details = re.search(r'details = "([^"]*)"', str(exc))
         reason = details.group(1) if details else str(exc).strip().splitlines()[0]
         raise SparkUnavailable(
@@ -173,6 +172,11 @@ def get_session(remote: str | None = None, *, callback: Callback = NO_PROGRESS) 
             session = _connect(url)
             _check(session, url)
             _sessions[url] = session
+            # Run before pyspark's own exit hook, registered by the client just
+            # made (atexit runs the last registered first): once ucstage has
+            # closed the client, that hook sends nothing to the server.
+            atexit.unregister(stop_embedded)
+            atexit.register(stop_embedded)
         return session
 
 
@@ -193,24 +197,67 @@ def embedded_server() -> EmbeddedServer | None:
     return _embedded
 
 
+STOP_SECONDS = 5.0
+"""How long closing one session may take at teardown before ucstage gives up on it."""
+
+
 def stop_embedded() -> None:
-    """Close cached sessions and stop the embedded server, if this process started one."""
+    """Close cached sessions and stop the embedded server, if this process started one.
+
+    Every step is bounded. pyspark's ``SparkSession.stop()`` sends a
+    ReleaseSession call that was seen to deadlock inside grpc (the call
+    starts a thread whose start collects an old call object that needs the
+    channel lock the caller holds), and waits up to ten minutes on a server
+    that does not answer. So the embedded server is stopped first (SIGTERM,
+    SIGKILL after 20 s) and its session only closed, never released; any
+    other session is stopped in a daemon thread that is given
+    :data:`STOP_SECONDS`; and a step that does not end in time is named in
+    a warning and left behind.
+    """
     global _embedded
     with _lock:
-        for url, session in _sessions.items():
-            if not _reachable(url):
-                # Stopping would only retry against a dead server; closing the
-                # channel also keeps pyspark's exit hook from trying.
-                with contextlib.suppress(Exception):
-                    session.client.close()
-                continue
-            with contextlib.suppress(Exception), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                session.stop()
-        _sessions.clear()
         server, _embedded = _embedded, None
+        sessions = list(_sessions.items())
+        _sessions.clear()
     if server is not None:
+        # First: its clients' close then fails fast instead of waiting (up to
+        # 10 s in pyspark) for replies a frozen or busy server may never send.
         server.stop()
+    with warnings.catch_warnings():
+        # pyspark's RETRIES_EXCEEDED UserWarning; set here, in this thread:
+        # catch_warnings in a thread that may never end would never restore.
+        warnings.filterwarnings("ignore", category=UserWarning, module="pyspark")
+        for url, session in sessions:
+            if (server is not None and url == server.url) or not _reachable(url):
+                # Nothing to release on a server that is gone.
+                _close(session, url)
+            elif not _bounded(lambda s=session: s.stop(),
+                              f"the Spark Connect server at {url} to release this session"):
+                _mark_closed(session)
+
+
+def _bounded(step: Any, what: str, timeout: float | None = None) -> bool:
+    """Run ``step()`` in a daemon thread for at most ``timeout`` seconds.
+
+    True when it ended (its exceptions are swallowed: teardown is best
+    effort); False, with a warning naming ``what`` it waited for, when it
+    did not. A stuck step is left in its daemon thread, which does not keep
+    the process from exiting.
+    """
+    limit = STOP_SECONDS if timeout is None else timeout
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            step()
+
+    thread = threading.Thread(target=run, name="ucstage-spark-stop", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        warnings.warn(f"ucstage: gave up after {limit:g} s waiting for {what}; "
+                      f"going on without it", RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 def abandon(session: Any) -> str:
@@ -233,7 +280,7 @@ def abandon(session: Any) -> str:
     if embedded:
         assert server is not None
         server.stop(timeout=ABANDON_SECONDS)
-        _close(session)
+        _close(session, server.url)
         return "the embedded Spark server was stopped"
     try:
         with warnings.catch_warnings():
@@ -244,7 +291,18 @@ def abandon(session: Any) -> str:
     return "the Spark job was interrupted"
 
 
-def _close(session: Any) -> None:
-    """Close the client of a server that is gone, without release calls to it."""
+def _close(session: Any, url: str = "the Spark Connect server") -> None:
+    """Close the client of a server that is gone or going, without release calls to it."""
+    if not _bounded(lambda: session.client.close(), f"the gRPC channel to {url} to close"):
+        _mark_closed(session)
+
+
+def _mark_closed(session: Any) -> None:
+    """Make pyspark's exit hook skip a client whose close did not end.
+
+    That hook sends an RPC on any client not marked closed (``_closed``, a
+    private attribute of pyspark 4's client that it checks for this), which
+    would wait on the same stuck channel at interpreter exit.
+    """
     with contextlib.suppress(Exception):
-        session.client.close()
+        session.client._closed = True

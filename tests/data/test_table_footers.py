@@ -112,6 +112,69 @@ def test_a_chunk_past_the_end_of_its_file_is_refused_at_freeze(tmp_path: Path) -
     assert "rerun" not in done.output and "attempts" not in done.output
 
 
+def with_an_empty_group(dictionary: bool) -> bytes:
+    """``sample()`` in two row groups with an empty one between them, as
+    pyarrow writes it: the empty group's chunks hold no data page, and their
+    ``data_page_offset`` is 0."""
+    buf = io.BytesIO()
+    with pq.ParquetWriter(buf, sample().schema, use_dictionary=dictionary) as w:
+        w.write_table(sample().slice(0, 10))
+        w.write_table(sample().slice(0, 0))
+        w.write_table(sample().slice(10))
+    return buf.getvalue()
+
+
+def every_offset_zero(data: bytes, group: int) -> bytes:
+    """``data`` with every offset of row group ``group``'s chunks 0, as old
+    writers left them (``file_offset`` too)."""
+    def edit(footer: list[Any]) -> None:
+        groups = fe.field(footer, fe.FILE_ROW_GROUPS)[2][1]
+        for chunk in fe.field(groups[group], fe.ROW_GROUP_COLUMNS)[2][1]:
+            fe.field(chunk, fe.CHUNK_FILE_OFFSET)[2] = 0
+            meta = fe.field(chunk, fe.CHUNK_META)[2]
+            for fid in (fe.META_DATA_PAGE_OFFSET, fe.META_DICT_PAGE_OFFSET):
+                for entry in meta:
+                    if entry[0] == fid:
+                        entry[2] = 0
+    return fe.rewrite(data, edit)
+
+
+@pytest.mark.parametrize("kind", ["pyarrow-dictionary", "pyarrow-plain", "old-writer"])
+def test_an_empty_row_group_whose_offsets_are_0_reads_as_pyarrow_reads_it(
+        tmp_path: Path, kind: str) -> None:
+    data = with_an_empty_group(kind != "pyarrow-plain")
+    if kind == "old-writer":
+        data = every_offset_zero(data, 1)
+    md = pq.read_metadata(pa.BufferReader(data))
+    assert md.row_group(1).num_rows == 0
+    assert {fe.chunk_offsets(data, 1, c)[0] for c in range(4)} == {0}
+    if kind != "pyarrow-plain":  # a dictionary page's bytes are stated at 0
+        assert md.row_group(1).column(0).total_compressed_size > 0
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "empty.parquet").write_bytes(data)
+    assert pq.read_table(folder).equals(sample())  # the reference reads it
+    assert_same_rows(folder, tmp_path / "cache", sample().column_names)
+    # Every group's entry fetched, the empty one included; then read from the cache.
+    done = CliRunner(env={"UCSTAGE_CACHE_DIR": str(tmp_path / "cli")}).invoke(
+        cli, ["cache", "warm", str(folder), "--unit", "row-group"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    assert rows(folder, tmp_path / "cli", None).equals(sample())
+
+
+def test_a_group_with_rows_whose_data_page_offset_is_0_is_refused(tmp_path: Path) -> None:
+    # Its pages cannot be found (pyarrow fails on it too): one error at freeze.
+    data = every_offset_zero(with_an_empty_group(True), 2)
+    with pytest.raises(OSError):
+        pq.read_table(pa.BufferReader(data))
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "zero.parquet").write_bytes(data)
+    with pytest.raises(CorruptParquet, match=r"zero\.parquet: row group 2, column 'nation_key': "
+                                             r"its chunk \(\d+ bytes at 0\) lies past"):
+        TableDataset(str(folder), cache=LocalCache(tmp_path / "cache")).freeze()
+
+
 def test_a_column_listed_twice_is_refused_up_front(tmp_path: Path) -> None:
     folder = tmp_path / "t"
     folder.mkdir()

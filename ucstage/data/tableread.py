@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import CorruptParquet, InvalidArgument, UnreadableDeltaLog
+from ..errors import CorruptParquet, InvalidArgument, SchemaMismatch, UnreadableDeltaLog
 from ..manifest.arrays import numbers
 from ..tables import RowGroupManifest, colmap, partvalues
 from ..tables.deletion import deleted
@@ -93,16 +93,11 @@ def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEn
     how = colmap.mode(manifest.schema)
     if held:
         buffer = _sparse(path, entry.ranges)
-        if how == "none":
-            got = _decode(manifest, group, buffer, held)
-        else:
-            arrow_schema = manifest.metadata(f).schema.to_arrow_schema()
-            physical = [colmap.physical_top(manifest.schema, arrow_schema, c) for c in held]
-            raw = _decode(manifest, group, buffer, physical)
-            got = pa.table({c: pa.chunked_array(
-                [colmap.to_logical(chunk, manifest.schema.field(c), how)
-                 for chunk in raw.column(p).chunks], type=manifest.schema.field(c).type)
-                for c, p in zip(held, physical, strict=True)})
+        file_schema = manifest.metadata(f).schema.to_arrow_schema() if how != "none" else None
+        physical = [colmap.physical_top(manifest.schema, file_schema, c) for c in held]
+        raw = _decode(manifest, group, buffer, physical)
+        got = pa.table({c: _conformed(manifest, f, c, raw.column(p), how)
+                        for c, p in zip(held, physical, strict=True)})
         stored = got.num_rows
     else:
         got = pa.table({"__n": pa.nulls(n)}).drop_columns(["__n"])
@@ -122,14 +117,32 @@ def read_group(manifest: RowGroupManifest, group: int, path: str, entry: RangeEn
     for name in columns:
         field = manifest.schema.field(name)
         if name in got.column_names:
-            col = got.column(name)
-            out.append(col if col.type == field.type else col.cast(field.type))
+            out.append(got.column(name))
         elif name in parts:
             out.append(partvalues.column(parts[name], field.type, n))
         else:
             out.append(pa.nulls(n, type=field.type))
     return pa.Table.from_arrays(out, schema=pa.schema([manifest.schema.field(c)
                                                        for c in columns]))
+
+
+def _conformed(manifest: RowGroupManifest, f: int, name: str, column: Any, how: str) -> Any:
+    """File ``f``'s ``column`` as the table's column ``name``
+    (:func:`ucstage.tables.colmap.to_logical`: renamed, cast to the table's
+    types); values that do not fit are one :class:`SchemaMismatch` naming the file."""
+    import pyarrow as pa
+
+    field = manifest.schema.field(name)
+    try:
+        return pa.chunked_array([colmap.to_logical(chunk, field, how) for chunk in column.chunks],
+                                type=field.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        # Arrow's message is left out: it quotes the value that does not fit.
+        raise SchemaMismatch(f"{manifest.source}: {manifest.files[f].path}: column {name!r} "
+                             f"is {column.type} there, whose values do not all read as the "
+                             f"table's {field.type}",
+                             hint="the file does not match the table's schema: rewrite it "
+                                  "with a Delta engine") from exc
 
 
 def check_fill_null(fill_null: Any) -> None:

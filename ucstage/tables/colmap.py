@@ -35,8 +35,11 @@ def mode(schema: Any) -> str:
 
 def _key(field: Any, how: str, physical: bool) -> str | None:
     """The key a field is matched by: its physical name or id (``name``/``id``
-    mode; ``physical``: a file's field, else the log's)."""
+    mode; ``physical``: a file's field, else the log's); its name without
+    column mapping."""
     meta = field.metadata or {}
+    if how == "none":
+        return str(field.name)
     if how == "id":
         raw = meta.get(_FIELD_ID if physical else _ID)
         return raw.decode() if raw is not None else None
@@ -86,12 +89,24 @@ def physical_top(schema: Any, file_schema: Any, name: str) -> str:
 
 
 def to_logical(array: Any, field: Any, how: str) -> Any:
-    """A physical column (a pyarrow Array) as logical ``field``: nested fields
-    matched by physical name or id and renamed, the ones it lacks null."""
+    """A file's column (a pyarrow Array) as the table's ``field``: nested
+    fields matched by physical name or id (by name without column mapping)
+    and renamed, the ones it lacks null, and every leaf cast to the table's
+    type. The file's types may differ from the log's: Spark writes
+    timestamps as INT96 (read without a time zone), and a file written
+    before a type change (Delta type widening) holds the narrower type
+    (int for long, float for double, date for timestamp_ntz, a decimal of
+    smaller precision). The result is exactly ``field.type``.
+
+    Raises:
+        pyarrow.ArrowInvalid, ArrowNotImplementedError: a leaf whose values
+            do not fit the table's type (the caller names the file).
+    """
     import pyarrow as pa
 
     t, want = array.type, field.type
-    if how == "none":
+    if t == want and how != "id":
+        # Equal types name equal fields; in ``id`` mode the names prove nothing.
         return array
     if pa.types.is_struct(want) and pa.types.is_struct(t):
         found = _by_key(list(t), how)
@@ -107,8 +122,11 @@ def to_logical(array: Any, field: Any, how: str) -> Any:
             children.append(to_logical(sub, child, how))
         return pa.StructArray.from_arrays(children, fields=list(want),
                                           mask=array.is_null() if array.null_count else None)
-    if (pa.types.is_list(want) and pa.types.is_list(t)) or \
-            (pa.types.is_large_list(want) and pa.types.is_large_list(t)):
+    if (pa.types.is_list(want) or pa.types.is_large_list(want)) and \
+            (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        if pa.types.is_large_list(want) != pa.types.is_large_list(t):
+            array = array.cast(pa.large_list(t.value_field) if pa.types.is_large_list(want)
+                               else pa.list_(t.value_field))
         values = to_logical(array.values, want.value_field, how)
         cls = pa.ListArray if pa.types.is_list(want) else pa.LargeListArray
         return cls.from_arrays(array.offsets, values, type=want,
@@ -118,4 +136,4 @@ def to_logical(array: Any, field: Any, how: str) -> Any:
         items = to_logical(array.items, want.item_field, how)
         return pa.MapArray.from_arrays(array.offsets, keys, items, type=want,
                                        mask=array.is_null() if array.null_count else None)
-    return array
+    return array if t == want else array.cast(want)

@@ -2,14 +2,15 @@
 values, schema and row count, straight from the transaction log.
 
 Spark (export) and :class:`~ucstage.TableDataset` are then given exactly
-those files, never the folder (which also holds removed files). Two reader
+those files, never the folder (which also holds removed files). Three reader
 features change what a file's rows are: deletion vectors (rows deleted in a
-side file) and column mapping (physical column names differ from the
-logical ones). ``TableDataset`` honours both (:mod:`ucstage.tables.deletion`,
-:mod:`ucstage.tables.colmap`); a caller that reads the files as plain
-Parquet (``plain=True``: export through Spark, which has no Delta reader
-here) has them refused by name, since it would bring deleted rows back or
-read null columns.
+side file), column mapping (physical column names differ from the logical
+ones) and type widening (a file written before a column's type was widened
+holds the narrower type). ``TableDataset`` honours them
+(:mod:`ucstage.tables.deletion`, :mod:`ucstage.tables.colmap`); a caller
+that reads the files as plain Parquet (``plain=True``: export through Spark,
+which has no Delta reader here) has them refused by name, since it would
+bring deleted rows back, read null columns or mix a column's types.
 
 deltalake is imported only inside functions.
 """
@@ -39,11 +40,15 @@ __all__ = ["TableState", "table_state"]
 _SAFE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck",
                          "variantType", "variantType-preview"}
 # ... and those TableDataset honours besides (a plain read refuses them).
-_HONOURED = {"deletionVectors", "columnMapping"}
+_WIDENING = ("type widening (files written before a column's type was widened hold the "
+             "narrower type)")
 _REFUSED = {
     "deletionVectors": "deletion vectors (deleted rows are recorded beside the Parquet files, "
                        "so reading the files would bring them back)",
     "columnMapping": "column mapping (Parquet column names differ from the table's)",
+    # TableDataset reads each file's column as the log's type (colmap.to_logical).
+    "typeWidening": _WIDENING,
+    "typeWidening-preview": _WIDENING,
 }
 
 
@@ -115,7 +120,7 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str], pl
         raise UnsupportedTable(
             f"table {label} uses {', '.join(refused)}, which ucstage cannot honour reading "
             f"the Parquet files without Delta support in Spark ({reasons})",
-            hint="read it with ucstage.TableDataset (which applies both), export through a "
+            hint="read it with ucstage.TableDataset (which applies them), export through a "
                  "server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or rewrite the table "
                  "without the feature (e.g. REORG TABLE ... APPLY (PURGE) and disable it)",
         )

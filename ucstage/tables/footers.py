@@ -254,12 +254,20 @@ def _checked_ranges(metadata: Any, index: int, size: int, data_end: int, leaves:
                     where: str) -> list[tuple[int, int]]:
     """:func:`chunk_ranges`, each chunk's stated range checked against the
     file: a footer pointing outside the file's pages is malformed, said at
-    freeze (never fetched, and retried, as a short read)."""
+    freeze (never fetched, and retried, as a short read).
+
+    A row group without rows is the exception at the start: its chunks hold
+    no data page, so writers leave ``data_page_offset`` 0 (pyarrow's own
+    writer does, for a group written empty; older writers zero every
+    offset). pyarrow reads such a file: it takes the range from 0 as stated
+    and decodes nothing from it. The same range is cached (a few bytes), so
+    the group reads as pyarrow reads it; its end is still checked."""
     rg = metadata.row_group(index)
     out = chunk_ranges(metadata, index, size)
+    first = 0 if not rg.num_rows else 4
     for c, (start, _) in enumerate(out):
         stated = int(rg.column(c).total_compressed_size)
-        if start < 4 or stated < 0 or start + stated > data_end:
+        if start < first or stated < 0 or start + stated > data_end:
             raise CorruptParquet(
                 f"{where}: row group {index}, column {leaves[c]!r}: its chunk "
                 f"({stated} bytes at {start}) lies past the file's pages (bytes 4..{data_end})",

@@ -182,7 +182,9 @@ def _open(deltalake: Any, path: str, label: str, version: int | None) -> Any:
     what = f"version {version} of Delta table" if version is not None else "Delta table"
     raise UnreadableDeltaLog(f"cannot read the log of {what} {label} at {path}: {first}",
                              hint="the log (a commit or checkpoint in _delta_log) may be "
-                                  "damaged, or written by a newer Delta version") from failure
+                                  "damaged, written by a newer Delta version, or use what the "
+                                  "reader (deltalake) cannot parse, such as a date partition "
+                                  "column widened to timestamp_ntz") from failure
 
 
 def table_state(path: str, *, label: str | None = None, version: int | None = None,

@@ -35,8 +35,8 @@ from typing import Any
 
 from .errors import MissingDependency
 
-__all__ = ["EMULATOR_ACCOUNT", "EMULATOR_KEY", "NoCredentials", "filesystem", "marker", "parse", "sums",
-           "version"]
+__all__ = ["EMULATOR_ACCOUNT", "EMULATOR_KEY", "NoCredentials", "blob_service", "filesystem",
+           "hex_of", "marker", "parse", "sums", "version"]
 
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
@@ -131,6 +131,37 @@ def azure_options(account: str = "") -> dict[str, Any]:
     return options
 
 
+def blob_service(account: str = "", **config: Any) -> Any:
+    """An async ``BlobServiceClient`` (azure-storage-blob, which adlfs uses)
+    authenticated as :func:`azure_options` says adlfs is, for requests that
+    need headers obstore does not pass (:mod:`ucstage.cache.azranges`).
+    ``config``: the SDK's client settings (retries, timeouts, sizes).
+
+    Raises:
+        MissingDependency: adlfs (with the SDK) is not installed.
+    """
+    try:
+        from azure.storage.blob.aio import BlobServiceClient
+    except ImportError as exc:
+        raise MissingDependency("az:// needs adlfs (with azure-storage-blob) to read blobs "
+                                "with their checksums", hint="pip install 'ucstage[azure]'") from exc
+    options = azure_options(account)
+    if "connection_string" in options:
+        return BlobServiceClient.from_connection_string(options["connection_string"], **config)
+    name = options.get("account_name", "")
+    url = f"https://{name}.blob.core.windows.net"
+    credential: Any
+    if "account_key" in options:
+        credential = {"account_name": name, "account_key": options["account_key"]}
+    elif "sas_token" in options:
+        credential = options["sas_token"]
+    else:
+        from azure.identity.aio import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    return BlobServiceClient(url, credential=credential, **config)
+
+
 def filesystem(kind: str, account: str = "") -> Any:
     """A fresh gcsfs or adlfs filesystem from the standard variables.
 
@@ -188,7 +219,7 @@ def _google_token() -> Any:
     return credentials
 
 
-def _hex(value: Any) -> str:
+def hex_of(value: Any) -> str:
     """A stored checksum (base64 text, or bytes as adlfs gives them) in hex."""
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).hex()
@@ -202,14 +233,14 @@ def version(info: dict[str, Any]) -> str:
     """The version of a gcsfs or adlfs ``info`` dict (see the module
     docstring); '' for any other backend's."""
     if info.get("generation") not in (None, ""):
-        md5 = _hex(info.get("md5Hash") or "")
-        crc = _hex(info.get("crc32c") or "") if not md5 else ""
+        md5 = hex_of(info.get("md5Hash") or "")
+        crc = hex_of(info.get("crc32c") or "") if not md5 else ""
         tail = f";md5={md5}" if md5 else f";crc32c={crc}" if crc else ""
         return f"{info['generation']}{tail}"
     settings = info.get("content_settings")
     if settings is not None and info.get("etag"):
         # A dict from find, the SDK's ContentSettings (a mapping) from info.
-        md5 = _hex((settings.get("content_md5") if hasattr(settings, "get") else
+        md5 = hex_of((settings.get("content_md5") if hasattr(settings, "get") else
                     getattr(settings, "content_md5", None)) or b"")
         return str(info["etag"]).strip('"') + (f";md5={md5}" if md5 else "")
     return ""

@@ -4,6 +4,7 @@ from the environment; the hints when nothing is set."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -137,17 +138,19 @@ def test_gs_with_no_settings_names_its_variables(tmp_path: Path) -> None:
         assert name in proc.stderr
 
 
-def test_a_blob_without_content_md5_is_checked_by_size_and_the_summary_says_why(
+def test_a_blob_without_content_md5_is_checked_by_the_md5s_of_its_ranges(
         azurite, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A blob the store keeps no MD5 for is read in ranges Azure gives the MD5
+    of (tests/cloud/test_azure_ranges.py): counted as MD5-checked, never as
+    checked by size only."""
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
     prefix = unique()
     azurite.put_blocks(f"{azurite.CONTAINER}/{prefix}/blocks.bin", [b"x" * 100, b"y" * 100])
     url = f"az://{azurite.CONTAINER}/{prefix}"
     m = snapshot(url)
     assert ";md5=" not in m.entries[0].version  # the store keeps none
-    proc = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", url],
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout + proc.stderr
-    assert "checked: by size only, the store keeps no checksum of these objects" in out
-    assert "multipart" not in out
+    assert json.loads(proc.stdout)["checks"] == {"md5": 1, "crc32c": 0, "size": 0, "none": 0}
+    assert "size only" not in proc.stdout + proc.stderr

@@ -31,6 +31,12 @@ in ``x-goog-hash``), only the ``crc32c``, with a ``componentCount``.
 fake-gcs-server gives a composed object an MD5, which GCS never does, so the
 proxy edits what the real server answered instead.
 
+A GET asking Azure for the MD5 of its range (``x-ms-range-get-content-md5:
+true``) without a range or with one over 4 MiB gets ``400
+InvalidHeaderValue``, as Azure answers; Azurite (3.37) instead serves such a
+range without any ``Content-MD5``. Every object GET's range and whether it
+asked for that MD5 are kept in :attr:`Faults.ranges`.
+
 ``etags="kms"`` serves every ETag (GET, HEAD, listings) as the MD5 of the
 real one: 32 hex digits that are not the body's MD5, as an SSE-KMS bucket
 answers. Counts of what it did are in :attr:`Faults.done`; how long each stall
@@ -64,6 +70,12 @@ __all__ = ["FAULTS", "Faults", "every", "fault_proxy", "faulty"]
 FAULTS = ("reset", "stall", "flip", "corrupt")
 _SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
               b"<Message>Please reduce your request rate.</Message></Error>")
+_RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+_AZURE_MD5_RANGE = 4 * 1024 * 1024
+"""The largest range Azure gives the MD5 of."""
+_INVALID_HEADER = (b'<?xml version="1.0" encoding="utf-8"?>\n<Error><Code>InvalidHeaderValue'
+                   b"</Code><Message>The value for one of the HTTP headers is not in the "
+                   b"correct format.</Message></Error>")
 _ETAG = re.compile(r'(&quot;|")([0-9a-f]{32})(-\d+)?(&quot;|")')
 
 
@@ -101,6 +113,9 @@ class Faults:
         """Seconds each stall held its connection."""
         self.stalls_dropped = 0
         """Stalls that ended because the client closed the connection."""
+        self.ranges: list[tuple[str, int, int, bool]] = []
+        """Object GETs with a range: ``(key, first byte, last byte, asked
+        for the range's MD5)``."""
         self.stalled_now = 0
         self.release = threading.Event()
         """Setting it ends every stall (at teardown)."""
@@ -130,6 +145,7 @@ class Faults:
             self.keys = frozenset(base + key for key in keys)
             self.attempts = 1 << 30 if kind == "corrupt" else attempts
             self.gets.clear()
+            self.ranges.clear()
             self.done.clear()
             self.faulted.clear()
             self.stalls.clear()
@@ -169,6 +185,20 @@ class Faults:
                 return False
             self.done["throttled"] += 1
             return True
+
+    def range_md5_refused(self, method: str, path: str, headers: Any) -> bool:
+        """Whether this GET asks for its range's MD5 where Azure refuses it
+        (no range, or one over 4 MiB); notes its range in :attr:`ranges`."""
+        key = self._object_get(method, path)
+        if not key:
+            return False
+        asked = (headers.get("x-ms-range-get-content-md5") or "").lower() == "true"
+        found = _RANGE.search(headers.get("x-ms-range") or headers.get("Range") or "")
+        if found:
+            with self._lock:
+                self.ranges.append((key, int(found.group(1)), int(found.group(2)), asked))
+        return asked and (found is None or
+                          int(found.group(2)) - int(found.group(1)) + 1 > _AZURE_MD5_RANGE)
 
     def choose(self, method: str, path: str) -> tuple[str, int]:
         """The fault for this request ('' for none), and how many times its
@@ -254,6 +284,14 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(len(_SLOW_DOWN)))
                 self.end_headers()
                 self.wfile.write(_SLOW_DOWN)
+                return
+            if faults.range_md5_refused(self.command, self.path, self.headers):
+                self.send_response(400, "Value for one of the headers is invalid")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("x-ms-error-code", "InvalidHeaderValue")
+                self.send_header("Content-Length", str(len(_INVALID_HEADER)))
+                self.end_headers()
+                self.wfile.write(_INVALID_HEADER)
                 return
             headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
             headers["Host"] = faults.target.netloc

@@ -8,9 +8,10 @@ checksum outright, in the listing obstore does not give: so the listing's
 version carries it, and :func:`expect` hands it to the GET when the object
 the GET read is the one listed (the same GCS generation, the same Azure ETag).
 An object replaced since it was listed gets the size check and is stamped
-with its new marker, so its copy never passes for the entry. An object the
-store keeps no checksum for (an Azure blob uploaded without ``Content-MD5``)
-gets the size check.
+with its new marker, so its copy never passes for the entry. An Azure blob
+the store keeps no checksum for (committed from blocks without
+``Content-MD5``) is read in ranges checked by the MD5 Azure gives of each
+(:mod:`ucstage.cache.azranges`) on the object-store engine.
 
 Interface (beside :func:`ucstage.cache.integrity.expect_md5`):
 ``expect(source, meta, listed) -> Expect | None`` (None: not a GCS or Azure

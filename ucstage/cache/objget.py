@@ -84,7 +84,7 @@ from ..errors import InvalidArgument
 from ..objstore import DEADLINE_ENV, concise, deadline
 from ..percentile import percentile
 from ..volumes.engine import Engine
-from . import checksums, integrity, pace
+from . import azranges, checksums, integrity, pace
 from .inflight import Inflight, Stopped
 
 if TYPE_CHECKING:
@@ -330,7 +330,11 @@ class _Leg:
             if not self.sent:
                 sent_at = await pace.send(self.source)
                 self._put(_SENT)
-            result = await obstore.get_async(client, key, options=options or None)
+            # An Azure blob without a stored MD5 is read through the SDK
+            # (:mod:`~ucstage.cache.azranges`), which answers the same way.
+            result = await (client.get_async(key, options=options or None)
+                            if isinstance(client, azranges.Blobs)
+                            else obstore.get_async(client, key, options=options or None))
             pace.pace(self.source).answered()
             self.meta = result.meta
             self._put(_HEADERS)
@@ -662,7 +666,10 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
     root, requests, listed = ("", None, "") if ctx is None else \
         (ctx.root, ctx.requests, ctx.listed)
     store_sum: checksums.Expect | None = None
-    if size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
+    if azranges.wanted(source, listed, size_hint):
+        size, meta, verdict = await _get_md5_ranges(key, fd, size_hint, parts, source, requests)
+        store_sum = checksums.expect(source, meta, listed)
+    elif size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
         check: dict[str, Any] = {"want": "", "digest": None, "store": None}
 
         def digest_for(meta: Any) -> Any:
@@ -700,6 +707,77 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
     # checksum) while the object is the one listed.
     stamp = store_sum.stamp if store_sum is not None else _etag(meta)
     return Got(size, stamp, objstore.mtime_ns(meta["last_modified"]), verdict.check)
+
+
+async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source: str,
+                          requests: Requests | None) -> tuple[int, Any, integrity.Verdict]:
+    """An Azure blob the store keeps no MD5 for, read in ranges of at most
+    :data:`~ucstage.cache.azranges.RANGE` whose MD5 Azure gives
+    (:mod:`~ucstage.cache.azranges`), ``parts`` in flight, every range after
+    the first ``If-Match`` its ETag: every byte is checked as it arrives. A
+    range whose bytes mismatch is read again, :data:`~ucstage.cache.azranges.TRIES`
+    times at most; returns (size, the first range's meta, the verdict).
+
+    Raises:
+        integrity.Mismatch: a range mismatched on every read.
+        OSError: a range came without its MD5, or short.
+    """
+    import asyncio
+
+    blobs = azranges.blobs(source.split("://", 1)[1], None if requests is None else
+                           requests.deadline)
+    step = azranges.RANGE
+
+    async def checked(start: int, end: int, etag: str, whole: bool = False) -> tuple[Any, str]:
+        for attempt in range(1, azranges.TRIES + 1):
+            digest = integrity.hasher("md5")
+
+            def digest_for(_meta: Any, this: Any = digest) -> Any:
+                return this
+
+            done, meta = await read(blobs, key, fd, start, end, source=source, write=_write,
+                                    chunk=step, if_match=etag, digest_for=digest_for,
+                                    requests=requests)
+            want, got = meta["range_md5"], digest.hexdigest()
+            if done != min(end, int(meta["size"])) - start:
+                raise OSError(f"short read: {done} bytes of the range from {start}")
+            if not want:
+                raise OSError(f"Azure sent no MD5 of the bytes {start}-{start + done - 1} "
+                              "(x-ms-range-get-content-md5)")
+            if got == want:
+                return meta, got
+            # A transfer error (or a bad replica): this range again, not the file.
+            integrity.TALLY.add("mismatches")
+            if attempt == azranges.TRIES:
+                raise integrity.Mismatch(key, "md5", want, got)
+        raise AssertionError("unreachable")
+
+    # The first range (of the listed size) names the size and the ETag the
+    # others must match.
+    first = min(step, size_hint)
+    meta, first_md5 = await checked(0, first, "")
+    size, etag = int(meta["size"]), str(meta["e_tag"] or "")
+    gate = asyncio.Semaphore(max(1, parts))
+
+    async def rest(start: int) -> None:
+        async with gate:
+            await checked(start, min(size, start + step), etag)
+
+    tasks = [asyncio.ensure_future(rest(start)) for start in range(first, size, step)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # No range may go on writing into a file the caller is about to close.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    # The MD5 of the whole copy, recorded for ``cache verify --checksum``: a
+    # single range's is at hand; ranges are hashed again once all are written.
+    whole = first_md5 if size <= first else await asyncio.get_running_loop().run_in_executor(
+        None, integrity.digest_file, fd, size, "md5")
+    integrity.TALLY.add("md5")
+    return size, meta, integrity.Verdict("md5", f"md5:{whole}")
 
 
 def _etag(meta: Any) -> str:

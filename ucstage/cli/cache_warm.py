@@ -292,8 +292,10 @@ def _network_summary(console: Console, report: WarmReport) -> None:
     if checks["size"] and not checks["md5"] and not checks["crc32c"]:
         cloud = cloudfs.parse(report.source)
         why = ("its ETags are not MD5s (SSE-KMS?)" if report.etags_not_md5
-               else "the store keeps no checksum of these objects (Azure blobs "
-                    "committed from blocks without Content-MD5)" if cloud is not None
+               # GCS and Azure give every object's bytes a checksum (Azure's
+               # per range when it keeps none); only a replaced one has none listed.
+               else "the objects changed since they were listed (list them again to "
+                    "check their stored checksums)" if cloud is not None
                else "no plain-MD5 ETags (multipart uploads)")
         console.print(f"checked: by size only, {why}", markup=False)
 

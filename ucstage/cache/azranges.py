@@ -1,0 +1,189 @@
+"""Azure blobs the store keeps no MD5 for, read in ranges whose MD5 Azure
+computes as it serves them: every byte that crosses is checked.
+
+A blob committed from blocks (Put Block + Put Block List, as large uploads
+are) without ``Content-MD5`` has no stored checksum, so its whole GET could be
+checked by size only. Azure returns the MD5 of the range it serves when asked
+(``x-ms-range-get-content-md5: true``, ranges of at most :data:`RANGE`), and
+Azurite does the same. obstore (0.12.1) neither sends that header (a
+``default_headers`` one is left out of the signature: 403) nor returns
+``Content-MD5``, so these GETs go through azure-storage-blob, which adlfs
+already brings for Azure's listings, authenticated as adlfs is
+(:func:`ucstage.cloudfs.blob_service`).
+
+:class:`Blobs` answers ``get_async(key, options=)`` as an obstore store does
+(one range, ``if_match``), so :func:`ucstage.cache.objget.read` sends,
+hedges and bounds these legs like any other; the range's MD5 rides in the
+response's ``meta["range_md5"]``, and :func:`ucstage.cache.objget` checks
+each range against it as the bytes are written.
+
+One client per process and container, made on the engine's loop (its
+aiohttp session belongs to that loop), closed at exit before the loop
+stops; a forked child makes its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .. import cloudfs
+from ..objstore import deadline
+
+__all__ = ["RANGE", "TRIES", "Blobs", "blobs", "wanted"]
+
+RANGE = 4 * 1024 * 1024
+"""The largest range Azure returns an MD5 for."""
+TRIES = 3
+"""Reads of one range whose bytes mismatch its MD5 before the copy fails
+(and the cache's own retry of the file, if any, begins)."""
+
+_RANGE_HEADER = {"x-ms-range-get-content-md5": "true"}
+_CONTENT_RANGE = re.compile(r"bytes \d+-\d+/(\d+)")
+_ENV = ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL",
+        "AZURE_STORAGE_ENDPOINT", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_SAS_KEY")
+
+
+def wanted(source: str, listed: str, size: int) -> bool:
+    """Whether a copy of ``source`` (``kind://bucket``) listed as ``listed``
+    with ``size`` bytes is read in MD5-checked ranges: an Azure blob whose
+    listing carries no MD5. An empty one has no byte to check (its size says
+    all)."""
+    return source.startswith("az://") and size > 0 and not cloudfs.sums(listed)
+
+
+class _Got:
+    """One range's response, shaped as obstore's ``GetResult``: ``meta``
+    (``size`` of the blob, ``e_tag``, ``last_modified``, and ``range_md5``,
+    the hex MD5 Azure gave of this range, '' if none) and the body."""
+
+    def __init__(self, meta: dict[str, Any], body: bytes) -> None:
+        self.meta, self._body = meta, body
+
+    async def bytes_async(self) -> bytes:
+        return self._body
+
+    async def stream(self, min_chunk_size: int = 0) -> AsyncIterator[bytes]:
+        yield self._body
+
+
+class Blobs:
+    """One container's blobs, read a range at a time with its MD5."""
+
+    def __init__(self, bucket: str, limit: float) -> None:
+        container, account = cloudfs.split_account(bucket)
+        # No retries inside the SDK: the cache's retry rule applies, as for
+        # obstore; its timeouts are a backstop behind the engine's deadline.
+        self.service = cloudfs.blob_service(
+            account, retry_total=0, max_single_get_size=RANGE, max_chunk_get_size=RANGE,
+            connection_timeout=limit + 5, read_timeout=limit + 5)
+        self.container = self.service.get_container_client(container)
+
+    async def get_async(self, key: str, options: Any = None) -> _Got:
+        """The bytes ``options["range"]`` (``(start, end)``, at most
+        :data:`RANGE`) of blob ``key``, with Azure's MD5 of them; ``if_match``
+        as obstore's. Errors are the ``OSError``\\s obstore's map to."""
+        from azure.core import MatchConditions
+
+        start, end = options["range"]
+        if end - start > RANGE:
+            raise ValueError(f"a range of {end - start} bytes has no MD5 (at most {RANGE})")
+        heard: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}
+        if options.get("if_match"):
+            kwargs = {"etag": options["if_match"], "match_condition": MatchConditions.IfNotModified}
+        try:
+            got = await self.container.download_blob(
+                key, offset=start, length=end - start, headers=_RANGE_HEADER,
+                raw_response_hook=lambda response: heard.update(response.http_response.headers),
+                **kwargs)
+            body = await got.readall()
+        except Exception as exc:
+            raise _oserror(exc, key) from exc
+        headers = {name.lower(): value for name, value in heard.items()}
+        total = _CONTENT_RANGE.match(headers.get("content-range", ""))
+        props = got.properties
+        return _Got({"location": key, "size": int(total.group(1)) if total else start + len(body),
+                     "e_tag": props.etag, "last_modified": props.last_modified,
+                     "version": None,
+                     "range_md5": cloudfs.hex_of(headers.get("content-md5", ""))}, body)
+
+    async def close(self) -> None:
+        await self.service.close()
+
+
+def _oserror(exc: BaseException, key: str) -> BaseException:
+    """The SDK's errors as the one-line ``OSError``\\s of
+    :func:`ucstage.objstore.concise`: 404 ``FileNotFoundError``, 401/403
+    ``PermissionError``, else ``OSError`` (retried; 503 and 429 read as
+    throttling by :mod:`ucstage.cache.pace`)."""
+    from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceNotFoundError
+
+    if isinstance(exc, OSError) or not isinstance(exc, AzureError):
+        return exc
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    status = getattr(exc, "status_code", None)
+    code = getattr(exc, "error_code", None)
+    line = f"Azure GET: status code: {status}: {code or ''} {first}" if status else \
+        f"Azure GET: {first}"
+    if isinstance(exc, ResourceNotFoundError) or status == 404:
+        return FileNotFoundError(2, line, key)
+    if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
+        return PermissionError(line)
+    return OSError(line)
+
+
+_clients: dict[tuple[Any, ...], Blobs] = {}
+_forked_away: list[Any] = []
+"""What a forked child keeps but never uses: the parent's clients (their
+sessions belong to the parent's loop)."""
+
+
+def _forget_after_fork() -> None:
+    _forked_away.append(dict(_clients))
+    _clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def blobs(bucket: str, limit: float | None = None) -> Blobs:
+    """This process's client of ``bucket`` (``container`` or
+    ``container@account``). Call it on the engine's loop, which its
+    connections belong to."""
+    limit = deadline() if limit is None else limit
+    key = (os.getpid(), bucket, limit, *(os.environ.get(name, "") for name in _ENV))
+    found = _clients.get(key)
+    if found is None:
+        if not _clients:
+            # Registered after the loop's own stop (atexit runs last first):
+            # the sessions close while their loop still runs.
+            atexit.register(_close_all)
+        found = _clients[key] = Blobs(bucket, limit)
+    return found
+
+
+def _close_all() -> None:
+    """Close this process's clients on the loop before it stops, so no
+    "Unclosed client session" is reported at exit."""
+    import asyncio
+
+    from .objget import loop
+
+    mine = [c for k, c in _clients.items() if k[0] == os.getpid()]
+    _clients.clear()
+    if not mine:
+        return
+
+    async def close() -> None:
+        for client in mine:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(close(), loop()).result(timeout=2.0)

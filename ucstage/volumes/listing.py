@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from .. import params
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
+from ..shown import shown
 from . import engine
 from .entry import FileEntry, reserved_name, version_of
 from .location import (
@@ -61,11 +62,13 @@ def skip_messages(source: str, refused: Sequence[tuple[str, str]],
                   unreadable: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The warnings about what a listing left out: the lines the CLI prints
     and :class:`ucstage.VolumeDataset` logs, one text for both."""
-    lines = [f"skipped {path}: {reason}" for path, reason in refused[:SKIPS_NAMED]]
+    # Names come from the source and may hold ESC or CR: shown safe (ucstage.shown).
+    lines = [f"skipped {shown(path)}: {shown(reason)}" for path, reason in refused[:SKIPS_NAMED]]
     if len(refused) > SKIPS_NAMED:
         lines.append(f"skipped {len(refused) - SKIPS_NAMED} more entries")
-    lines += [f"skipped unreadable folder {source.rstrip('/')}/{folder} ({reason}): its files "
-              "are not listed" for folder, reason in unreadable[:SKIPS_NAMED]]
+    lines += [f"skipped unreadable folder {shown(source.rstrip('/'))}/{shown(folder)} "
+              f"({shown(reason)}): its files are not listed"
+              for folder, reason in unreadable[:SKIPS_NAMED]]
     if len(unreadable) > SKIPS_NAMED:
         lines.append(f"skipped {len(unreadable) - SKIPS_NAMED} more unreadable folders")
     return lines

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from .shown import shown
 
 __all__ = [
+    "NESTED_TOO_DEEP",
     "CacheError",
     "CacheFull",
     "CacheOwnershipError",
@@ -43,6 +44,11 @@ __all__ = [
     "UnsafePath",
     "UnsupportedTable",
 ]
+
+
+NESTED_TOO_DEEP = "not valid JSON: arrays or objects nested too deeply"
+"""Why a JSON file ucstage reads (a manifest, a saved state) is refused when
+it nests deeper than Python's decoder can follow (it raises RecursionError)."""
 
 
 class UcstageError(Exception):

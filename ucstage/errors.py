@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .shown import shown
+
 __all__ = [
+    "NESTED_TOO_DEEP",
     "CacheError",
     "CacheFull",
     "CacheOwnershipError",
@@ -43,6 +46,11 @@ __all__ = [
 ]
 
 
+NESTED_TOO_DEEP = "not valid JSON: arrays or objects nested too deeply"
+"""Why a JSON file ucstage reads (a manifest, a saved state) is refused when
+it nests deeper than Python's decoder can follow (it raises RecursionError)."""
+
+
 class UcstageError(Exception):
     """Base class: a problem ucstage can explain in one line.
 
@@ -54,9 +62,27 @@ class UcstageError(Exception):
     exit_code: int = 2
 
     def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
+        # Messages name files, and a name may hold ESC or CR: every typed
+        # error's text is shown safe here, once (ucstage.shown).
+        super().__init__(shown(message))
         self.message = message
         self.hint = hint
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self._message = shown(value)
+
+    @property
+    def hint(self) -> str:
+        return self._hint
+
+    @hint.setter
+    def hint(self, value: str) -> None:
+        self._hint = shown(value)
 
     def __str__(self) -> str:
         return self.message

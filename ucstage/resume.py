@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-from .errors import InvalidArgument, ResumeMismatch
+from .errors import NESTED_TOO_DEEP, InvalidArgument, ResumeMismatch
 from .sharding import Layout, ReadOrder, Segment, resume_slots
 
 __all__ = ["FORMAT", "LoaderState", "ResumePlan", "SlotRest", "load_state", "merge_states",
@@ -333,6 +333,8 @@ def load_state(path: str | os.PathLike[str]) -> LoaderState:
     except (OSError, ValueError) as exc:
         raise InvalidArgument(f"resume state {os.fspath(path)} is not readable JSON: {exc}") \
             from exc
+    except RecursionError as exc:  # json's decoder recurses once per level
+        raise InvalidArgument(f"resume state {os.fspath(path)} is {NESTED_TOO_DEEP}") from exc
     if isinstance(doc, list):
         doc = merge_states(doc)
     return LoaderState.from_dict(doc)

@@ -84,8 +84,10 @@ def test_a_name_like_a_temp_file_is_refused_at_listing_not_mid_epoch(
     got = sorted(os.path.basename(p) for p in ds)
     assert got == sorted([".keep", *(f"f{i:02d}" for i in range(50))])
     assert _skips(caplog) == [
-        "skipped .0001.f01.ucstage-part: the name looks like one of ucstage's temp files",
-        "skipped .ucstage-ranges/x: the folder is where ucstage keeps byte-range entries"]
+        "skipped .0001.f01.ucstage-part: the cache cannot hold it: the name looks like one of "
+        "ucstage's temp files",
+        "skipped .ucstage-ranges/x: the cache cannot hold it: the folder is where ucstage keeps "
+        "byte-range entries"]
     assert ds.listing_skipped == 2
 
 

@@ -49,7 +49,7 @@ from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
 from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, engine, is_range_path, safe_relpath, version_of
 from ..volumes.engine import HASH_KEYS, read_ranges
-from ..volumes.entry import reserved_name
+from ..volumes.entry import uncacheable
 from . import checksums, integrity, mounts, paths
 from .inflight import Inflight, Stopped
 from .locks import FileLock
@@ -58,10 +58,13 @@ from .pace import FREE_RETRIES, Paced, pause, throttled
 from .space import CacheSpace, Evicted, free_bytes, no_room
 
 __all__ = ["CHUNK", "Copied", "Copy", "Fetcher", "FetchingCache", "Pending", "Retries",
-           "copy_ranges", "copy_to", "disk_full", "retryable", "slows_down", "throttled"]
+           "copy_ranges", "copy_to", "disk_full", "permanent", "retryable", "slows_down", "throttled"]
 
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
+_PERMANENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR})
+"""Errors of the cache's own file system that a retry meets again: the name
+is too long for it, or the path is a folder on one side and a file on the other."""
 _FOLDERS_MAX = 1 << 16
 """Cache folders remembered as existing per process."""
 
@@ -168,7 +171,7 @@ class Fetcher:
             UcstageError: ``exc`` itself, or :exc:`FetchFailed` when it is
                 permanent (a missing file, a refusal) or retries ran out.
         """
-        if isinstance(exc, _PERMANENT):
+        if permanent(exc):
             if isinstance(exc, UcstageError):
                 raise exc
             raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
@@ -203,7 +206,7 @@ class Fetcher:
         """The copy of an entry (its token not taken yet: :meth:`begin`);
         refuses unsafe paths."""
         rel = safe_relpath(entry.path)
-        why = reserved_name(rel)  # the listing's rule, checked again here
+        why = uncacheable(rel)  # the listing's rule, checked again here
         if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
             raise UnsafePath(f"{rel}: {why}")
         ns_dir = self.cache.prepare(volume)
@@ -399,11 +402,21 @@ def disk_full(ns_dir: str, rel: str, need: int) -> CacheFull:
         hint=f"free space or point {paths.CACHE_DIR_ENV} at a larger disk")
 
 
+def permanent(exc: BaseException) -> bool:
+    """Whether a copy that raised ``exc`` fails the same way however often it
+    is tried: a missing file, a permission, a refused name (``UnsafePath``),
+    a name too long for the cache's file system, a path that is a file on one
+    side and a folder on the other. The one rule: a permanent error is never
+    retried, and a warm reports it ``retryable: false``."""
+    return isinstance(exc, _PERMANENT) or (
+        isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS)
+
+
 def retryable(exc: UcstageError) -> bool:
     """Whether a failed copy may succeed on a rerun: the source gave a transient
-    error until retries ran out (not a missing file, a permission, an unsafe path)."""
+    error until retries ran out (not a :func:`permanent` one)."""
     return isinstance(exc, FetchFailed) and exc.__cause__ is not None \
-        and not isinstance(exc.__cause__, _PERMANENT)
+        and not permanent(exc.__cause__)
 
 
 _TIMED_OUT = re.compile(r"timed? ?out|timeout|deadline", re.I)

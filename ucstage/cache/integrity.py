@@ -51,6 +51,7 @@ import re
 import threading
 from typing import Any
 
+from ..shown import shown
 from .paths import CONTROL, namespace_name
 
 __all__ = [
@@ -254,7 +255,7 @@ def judge(source: str, key: str, expected: str, got: str, *, root: str = "") -> 
     if first:
         TALLY.add("not_md5_sources")
         log.warning("ucstage: %s serves ETags that are not MD5s of the objects (SSE-KMS?): "
-                    "its copies are checked by size only", source)
+                    "its copies are checked by size only", shown(source))
     TALLY.add("size")
     return Verdict("size")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -25,7 +24,7 @@ def _report(ctx: click.Context, message: str, hint: str, kind: str, code: int) -
     print_error(message, hint)
     if ctx.meta.get(JSON_META):
         doc = {"error": {"type": kind, "message": message, "hint": hint, "exit_code": code}}
-        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(output.json_text(doc))
     sys.exit(code)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from ..bench.driver import run
 from ..bench.plot import plot
@@ -16,7 +15,17 @@ from ..planning import scope_of
 from ..units import SIZE_HELP, format_bytes, format_rate, parse_size
 from .args import Seconds, nproc_option, parse_modes, parse_workers, shuffle_scope_option
 from .bars import progress_bar
-from .output import CONTEXT, counted, emit, err, json_option, read_source, source_options, table
+from .output import (
+    CONTEXT,
+    counted,
+    emit,
+    err,
+    escape,
+    json_option,
+    read_source,
+    source_options,
+    table,
+)
 
 _VERDICT = {
     "volume": "the volume is the bottleneck: a warm local cache reads {x:.1f}x faster. "

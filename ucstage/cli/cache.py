@@ -12,7 +12,6 @@ import shlex
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from ..cache.local import LocalCache
 from ..cache.sources import job_env
@@ -25,6 +24,7 @@ from .output import (
     Group,
     counted,
     emit,
+    escape,
     format_bytes,
     json_option,
     listing,

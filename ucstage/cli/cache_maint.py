@@ -9,12 +9,12 @@ import sys
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from ..cache.local import DEFAULT_LEASE_SECONDS, LocalCache
 from ..cache.reports import SourceCheck, VerifyReport
 from ..cache.sources import cached_volumes, unusable_status, verify_source
 from ..errors import CacheUnusable
+from ..shown import shown
 from ..units import SIZE_HELP
 from .args import Seconds, size_flag
 from .output import (
@@ -22,6 +22,7 @@ from .output import (
     counted,
     emit,
     err,
+    escape,
     fail_found,
     format_bytes,
     json_option,
@@ -72,7 +73,7 @@ def status(source: str | None, as_json: bool) -> None:
                           str(n.partial_files))
             console.print(t)
             for n in st.namespaces:
-                console.print(f"  {n.source or '?'} -> {n.path}", markup=False)
+                console.print(f"  {shown(n.source or '?')} -> {shown(n.path)}", markup=False)
         run = st.last_run
         if run is not None:
             rate = f"{run.hit_rate:.0%}" if run.hit_rate is not None else "-"
@@ -248,7 +249,7 @@ def _confirm_clear_all(cache: LocalCache) -> bool:
     try:
         answer = err.input(
             f"Remove {counted(st.entries, 'cached file')} ({format_bytes(st.bytes)}) of "
-            f"{counted(len(st.namespaces), 'source')} from {st.root}? [y/N] ", markup=False)
+            f"{counted(len(st.namespaces), 'source')} from {shown(st.root)}? [y/N] ", markup=False)
     except EOFError:
         answer = ""
     return answer.strip().lower() in ("y", "yes")

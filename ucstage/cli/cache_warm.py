@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
 
 from .. import cloudfs, objstore
 from ..cache.local import LocalCache
@@ -21,6 +20,7 @@ from ..manifest.groups import Grouping
 from ..manifest.model import group_manifest
 from ..planning import check_unit, scope_of
 from ..sharding.values import Layout, ReadOrder
+from ..shown import shown
 from ..units import SIZE_HELP, format_rate
 from ..volumes.entry import FileEntry
 from .args import (
@@ -39,6 +39,7 @@ from .output import (
     counted,
     emit,
     err,
+    escape,
     fail_found,
     format_bytes,
     json_option,
@@ -256,7 +257,7 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
         f"{report.seconds:.1f} s: fetched {report.fetched:,} "
         f"({format_bytes(report.fetched_bytes)}{rate}), already cached "
         f"{report.already_cached:,}, failed {len(report.failed):,}")
-    console.print(f"cache folder: {report.namespace}", markup=False)
+    console.print(f"cache folder: {shown(report.namespace)}", markup=False)
     if report.fetched:
         how = "settled on by --jobs auto" if report.jobs_auto else "--jobs"
         console.print(f"engine: {report.engine}, "
@@ -275,7 +276,7 @@ def _warm_summary(console: Console, report: WarmReport, ranks: list[int] | None,
                       f"({format_bytes(report.evicted_bytes)}){escape(under)}:", markup=True)
         for e in report.evicted:
             mine = " (this source)" if e.namespace == os.path.basename(report.namespace) else ""
-            console.print(f"  {e.source or e.namespace}{mine}: {counted(e.files, 'file')} "
+            console.print(f"  {shown(e.source or e.namespace)}{mine}: {counted(e.files, 'file')} "
                           f"({format_bytes(e.bytes)})", markup=False)
 
 

@@ -15,8 +15,19 @@ from rich.text import Text
 
 from ..errors import InvalidArgument
 from ..progress import Callback
+from ..shown import shown
 from .args import column_list, num_workers_list
-from .output import CONTEXT, counted, emit, err, flag_names, format_bytes, json_option, table
+from .output import (
+    CONTEXT,
+    counted,
+    emit,
+    err,
+    escape,
+    flag_names,
+    format_bytes,
+    json_option,
+    table,
+)
 
 INTERVAL = 10.0
 """Seconds between two progress lines off a terminal."""
@@ -143,12 +154,12 @@ def _render(console: Console, data: dict[str, Any], suggestion: str | None) -> N
     summary.show_header = False
     summary.add_row("rows", f"{data['row_count']:,}")
     summary.add_row("files", f"{len(files):,} ({format_bytes(data['bytes'])})")
-    summary.add_row("columns", ", ".join(f["name"] for f in data["schema"]["fields"]))
+    summary.add_row("columns", escape(", ".join(f["name"] for f in data["schema"]["fields"])))
     opts = data["options"]
-    shown = {k: v for k, v in opts.items() if v not in (None, [], "")}
-    summary.add_row("options", ", ".join(f"{k}={v}" for k, v in shown.items()))
+    given = {k: v for k, v in opts.items() if v not in (None, [], "")}
+    summary.add_row("options", ", ".join(f"{k}={v}" for k, v in given.items()))
     summary.add_row("row groups", _row_groups(data))
-    summary.add_row("record", Text(f"{data['dest']}/{RECORD_NAME}"))
+    summary.add_row("record", Text(shown(f"{data['dest']}/{RECORD_NAME}")))
     console.print(summary)
     for advice in (suggestion, _slots_advice(data)):
         if advice:

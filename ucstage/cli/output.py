@@ -11,23 +11,44 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import click
+from rich import markup
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..cache.warm import WARM_FEWER
 from ..errors import CacheFull, UcstageError
 from ..manifest.model import Manifest
 from ..planning import read_row_groups
+from ..shown import UNSAFE, shown
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
 from ..volumes.listing import skip_messages
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+def escape(text: str) -> str:
+    """``text`` (a name, a message) for a rich markup string: shown safe
+    (:func:`ucstage.shown.shown`: ESC, CR, LF... as backslash escapes) and its
+    markup escaped. Every renderer puts names through this."""
+    return markup.escape(shown(text))
+
+
+_LAYOUT = re.compile("(\n)")
+
+
 class _Console(Console):
     """rich's Console, plus what a log file needs when output is not a terminal:
-    tables at their full width (never cut with "…") and no trailing spaces."""
+    tables at their full width (never cut with "…") and no trailing spaces;
+    and no control character of any text printed reaches the terminal."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        # Every str printed (cells of tables too) becomes a Text here: a name
+        # that missed :func:`escape` is still shown safe. A LF is the
+        # renderer's own line break here; names have theirs escaped by escape().
+        if UNSAFE.search(text) is not None:
+            text = "".join(part if part == "\n" else shown(part) for part in _LAYOUT.split(text))
+        return super().render_str(text, **kwargs)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -60,9 +81,11 @@ __all__ = [
     "emit",
     "err",
     "error_hint",
+    "escape",
     "fail_found",
     "format_bytes",
     "json_option",
+    "json_text",
     "listing",
     "out",
     "print_error",
@@ -216,10 +239,23 @@ def counted(count: int, noun: str, plural: str = "") -> str:
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def json_text(data: Any) -> str:
+    """``data`` as the indented JSON every ``--json`` prints. Names stay raw
+    (a script gets the key as it is); what a terminal would act on is
+    written as a ``\\uXXXX`` escape: JSON escapes C0 controls itself, and
+    DEL, C1 controls and bidi overrides (which only occur inside strings)
+    are escaped here, to the same value."""
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
+
+
 def emit(data: dict[str, Any], as_json: bool, human: Callable[[Console], None]) -> None:
     """Print ``data`` as JSON, or call ``human`` to render it for people."""
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(json_text(data))
         sys.stdout.flush()
     else:
         human(out)

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from ..planning import FilePlan, ResumeFiles, SlotFiles, disk_free
 from ..sharding.mixing import MixPlan
 from ..sharding.plan import ShardPlan
-from .output import counted, err, format_bytes, table, truncated_rows
+from .output import counted, err, escape, format_bytes, table, truncated_rows
 
 if TYPE_CHECKING:
     from ..tables.slots import RowGroupPlan

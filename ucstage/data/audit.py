@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..sharding import Segment, epoch_slot_length, segment_runs
+from ..shown import shown
 
 if TYPE_CHECKING:
     from .state import LoaderProgress
@@ -210,7 +211,7 @@ class EpochAudit:
                         result.expected_duplicates, result.expected_gaps)
             for src in result.sources:
                 log.warning("ucstage: epoch %d, source %s: %d duplicate and %d missing items",
-                            self.epoch, src.name, src.duplicates, src.gaps)
+                            self.epoch, shown(src.name), src.duplicates, src.gaps)
         return result
 
 

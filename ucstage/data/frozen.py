@@ -27,6 +27,7 @@ from ..manifest import Manifest, group_manifest
 from ..manifest.files import write
 from ..manifest.groups import Grouping
 from ..manifest.model import Frozen
+from ..shown import shown
 from ..volumes import FileEntry, Volume
 from ..volumes.listing import skip_messages
 from . import dist as dist_
@@ -223,14 +224,15 @@ class FrozenListing(Freezable):
         if found.unkeyed:
             _log.warning("left out %d of %d files of %s: group=%s returned None for them "
                          "(not part of any sample), e.g. %s", found.unkeyed, len(manifest),
-                         self._source, self._grouping.label, ", ".join(found.unkeyed_examples))
+                         shown(self._source), self._grouping.label,
+                         shown(", ".join(found.unkeyed_examples)))
         if found.groups.dropped:
             examples = "; ".join(f"{key} lacks {', '.join(missing)}"
                                  for key, missing in found.incomplete)
             _log.warning("dropped %d of %d samples of %s that lack a required member "
                          "(require=%s), e.g. %s", found.groups.dropped,
-                         found.groups.dropped + found.groups.count, self._source,
-                         list(self._grouping.require), examples)
+                         found.groups.dropped + found.groups.count, shown(self._source),
+                         list(self._grouping.require), shown(examples))
         return grouped
 
     def _entries(self) -> Sequence[FileEntry]:

@@ -15,7 +15,7 @@ import os
 import posixpath
 from typing import Any, TypeVar, cast
 
-from ..errors import ManifestError
+from ..errors import NESTED_TOO_DEEP, ManifestError
 from ..volumes.entry import FileEntry
 from ..volumes.location import is_mapped
 from .model import FORMAT, FORMAT_VERSION, Frozen, Manifest, fails_fingerprint, fingerprint
@@ -129,6 +129,8 @@ def parse_json(path: str, raw: bytes) -> Manifest:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise not_a_manifest(path, f"not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # json's decoder recurses once per level
+        raise not_a_manifest(path, NESTED_TOO_DEEP) from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise not_a_manifest(path, f'no "format": "{FORMAT}"')
     if data.get("format_version") != FORMAT_VERSION:

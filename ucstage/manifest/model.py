@@ -123,7 +123,7 @@ def header_value(meta: Meta, key: str, path: str) -> Any:
     """The JSON value of ``key`` in an Arrow file's schema metadata."""
     try:
         return json.loads(meta[key.encode()])
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, RecursionError) as exc:  # json recurses once per level
         raise ManifestError(f"manifest {path} is malformed: no valid {key!r} in its header") from exc
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from ..errors import InvalidArgument, ManifestError, UnknownColumn
+from ..errors import NESTED_TOO_DEEP, InvalidArgument, ManifestError, UnknownColumn
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolve
 from .arrays import binary, int_array, numbers
@@ -247,6 +247,9 @@ class RowGroupManifest(Frozen):
             meta = json.loads((table.schema.metadata or {})[_KEY])
             if meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}")
+        except RecursionError as exc:  # json's decoder recurses once per level
+            raise ManifestError(f"{path} is not a {FORMAT} manifest "
+                                f"({NESTED_TOO_DEEP})") from exc
         except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
             raise ManifestError(f"{path} is not a {FORMAT} manifest ({exc})") from exc
 

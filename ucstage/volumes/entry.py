@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, NamedTuple
 
-__all__ = ["PART_SUFFIX", "RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path",
-           "part_stripe", "reserved_name", "version_of"]
+__all__ = ["NAME_MAX", "PART_SUFFIX", "RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path",
+           "part_stripe", "uncacheable", "version_of"]
 
 RANGES_DIR = ".ucstage-ranges"
 """The top folder of a namespace that holds byte-range entries (row groups of
@@ -15,6 +16,15 @@ refused by the cache, so a whole file can never take a range entry's place."""
 PART_SUFFIX = ".ucstage-part"
 """How the cache's temp files end (``.NNNN.<name>.ucstage-part``, NNNN the
 lock stripe; named in :mod:`ucstage.cache.paths`)."""
+NAME_MAX = 255
+"""Bytes a file or folder name may have on the cache's file system (Linux's
+``NAME_MAX``): a longer segment cannot be a cache entry."""
+CANNOT_HOLD = "the cache cannot hold it"
+"""How every reason of :func:`uncacheable` begins (and the listing's folder rule)."""
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""Control characters: obstore cannot GET a key holding one (its paths refuse
+them), so no engine lists one, and the engines list a source alike."""
 
 # Keys fsspec backends use for a change marker, best first. An ETag or checksum
 # changes with the content; an mtime is what local and FUSE files have.
@@ -68,16 +78,33 @@ def part_stripe(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def reserved_name(relpath: str) -> str | None:
-    """Why a source file at ``relpath`` can never be cached, or None: its name
-    looks like a cache temp file (the cache's sweep would take it for a dead
-    copy), or it lies where the cache keeps byte-range entries. Only hidden
-    names can be: the listing refuses them with ``include_hidden``, and the
-    cache refuses them again."""
+def uncacheable(relpath: str) -> str | None:
+    """Why a source file at ``relpath`` (a safe relative path) can never be
+    cached, or None: a control character in it (``\\r``, ``\\n``, ``\\t``,
+    ``ESC``: no engine can read every such key), a segment over
+    :data:`NAME_MAX` bytes (no file system takes it), a name like a cache
+    temp file (the cache's sweep would take it for a dead copy), or a place
+    under the cache's byte-range folder. The listing refuses them (warned,
+    counted, in ``--json``) and the cache refuses them again, for good (a
+    permanent error, never retried). A file that is also a folder of other
+    listed files (``d`` beside ``d/e``) is the listing's rule: it needs the
+    whole listing."""
+    # isprintable() is the fast test (C, no regex) a usual path passes.
+    if not relpath.isprintable() and _CONTROL.search(relpath) is not None:
+        return f"{CANNOT_HOLD}: a control character in its name"
+    # Split only a path that could hold a long segment: 63 characters are at
+    # most 252 bytes in UTF-8, and an ASCII path's bytes are its characters.
+    if len(relpath) > NAME_MAX // 4 and (len(relpath) > NAME_MAX or not relpath.isascii()):
+        longest = max(len(part.encode("utf-8", "surrogateescape"))
+                      for part in relpath.split("/"))
+        if longest > NAME_MAX:
+            return f"{CANNOT_HOLD}: a name of {longest} bytes (at most {NAME_MAX})"
+    if not relpath.startswith(".") and "/." not in relpath:
+        return None  # the cache's own names all start with "."
     if part_stripe(relpath.rsplit("/", 1)[-1]) is not None:
-        return "the name looks like one of ucstage's temp files"
+        return f"{CANNOT_HOLD}: the name looks like one of ucstage's temp files"
     if is_range_path(relpath):
-        return "the folder is where ucstage keeps byte-range entries"
+        return f"{CANNOT_HOLD}: the folder is where ucstage keeps byte-range entries"
     return None
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 from .. import params
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
+from ..shown import shown
 from . import engine
-from .entry import FileEntry, reserved_name, version_of
+from .entry import CANNOT_HOLD, NAME_MAX, FileEntry, uncacheable, version_of
 from .location import (
     Volume,
     kind_of,
@@ -61,11 +62,13 @@ def skip_messages(source: str, refused: Sequence[tuple[str, str]],
                   unreadable: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The warnings about what a listing left out: the lines the CLI prints
     and :class:`ucstage.VolumeDataset` logs, one text for both."""
-    lines = [f"skipped {path}: {reason}" for path, reason in refused[:SKIPS_NAMED]]
+    # Names come from the source and may hold ESC or CR: shown safe (ucstage.shown).
+    lines = [f"skipped {shown(path)}: {shown(reason)}" for path, reason in refused[:SKIPS_NAMED]]
     if len(refused) > SKIPS_NAMED:
         lines.append(f"skipped {len(refused) - SKIPS_NAMED} more entries")
-    lines += [f"skipped unreadable folder {source.rstrip('/')}/{folder} ({reason}): its files "
-              "are not listed" for folder, reason in unreadable[:SKIPS_NAMED]]
+    lines += [f"skipped unreadable folder {shown(source.rstrip('/'))}/{shown(folder)} "
+              f"({shown(reason)}): its files are not listed"
+              for folder, reason in unreadable[:SKIPS_NAMED]]
     if len(unreadable) > SKIPS_NAMED:
         lines.append(f"skipped {len(unreadable) - SKIPS_NAMED} more unreadable folders")
     return lines
@@ -91,18 +94,43 @@ def _keep(relpath: str, include: Sequence[str], exclude: Sequence[str], hidden: 
     return not any(matches(relpath, p) for p in exclude)
 
 
-def _refuse_reserved(entries: list[FileEntry], refused: list[tuple[str, str]]
-                     ) -> list[FileEntry]:
-    """``entries`` without the names the cache can never hold (refused, with
-    the reason, here rather than by the cache in the middle of an epoch)."""
-    kept = []
-    for entry in entries:
-        why = reserved_name(entry.path)
-        if why is None:
-            kept.append(entry)
+def _refuse_uncacheable(entries: list[FileEntry], refused: list[tuple[str, str]]
+                        ) -> list[FileEntry]:
+    """``entries`` without the files the cache can never hold (refused, with
+    the reason, here rather than by the cache in the middle of an epoch, and
+    alike on every engine): :func:`~ucstage.volumes.entry.uncacheable` names,
+    and a file whose path is also a folder of other kept files (``d`` beside
+    ``d/e``: one cache path cannot be both; the files below are kept)."""
+    paths = [e.path for e in entries]
+    # Each name test of the usual listing is one C scan of all its paths at
+    # once: names are looked at one by one only when one may be refused.
+    joined = "/".join(paths)
+    kept = entries
+    if not (joined.isprintable() and joined.isascii() and not joined.startswith(".")
+            and "/." not in joined and max(map(len, paths), default=0) <= NAME_MAX):
+        kept = []
+        for entry in entries:
+            why = uncacheable(entry.path)
+            if why is None:
+                kept.append(entry)
+            else:
+                refused.append((entry.path, why))
+        paths = [e.path for e in kept]
+    folders: set[str] = set()
+    for parent in {p.rpartition("/")[0] for p in paths}:
+        while parent and parent not in folders:
+            folders.add(parent)
+            parent = parent.rpartition("/")[0]
+    if not folders:
+        return kept
+    out = []
+    for entry in kept:
+        if entry.path in folders:
+            refused.append((entry.path, f"{CANNOT_HOLD}: {entry.path} is also the folder of "
+                                        "other files (they are listed)"))
         else:
-            refused.append((entry.path, why))
-    return kept
+            out.append(entry)
+    return out
 
 
 def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str]) -> Listing:
@@ -123,8 +151,8 @@ def _list_one_file(volume: Volume, include: Sequence[str], exclude: Sequence[str
     entry = FileEntry(volume.file, int(info.get("size") or 0), version_of(info))
     # Named explicitly, so a hidden name is kept; include/exclude still apply.
     refused: list[tuple[str, str]] = []
-    kept = _refuse_reserved([entry] if _keep(volume.file, include, exclude, True) else [],
-                            refused)
+    kept = _refuse_uncacheable([entry] if _keep(volume.file, include, exclude, True) else [],
+                               refused)
     return Listing(volume, kept, refused)
 
 
@@ -222,7 +250,6 @@ def list_volume(
         if _keep(rel, include, exclude, include_hidden):
             entries.append(FileEntry(rel, int(info.get("size") or 0), version_of(info)))
     entries.extend(e for e in walk.entries if _keep(e.path, include, exclude, include_hidden))
-    if include_hidden:  # only hidden names can be ones the cache reserves
-        entries = _refuse_reserved(entries, refused)
+    entries = _refuse_uncacheable(entries, refused)
     entries.sort(key=lambda e: e.path)
     return Listing(volume, entries, sorted(refused), sorted(walk.unreadable))

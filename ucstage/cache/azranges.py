@@ -163,17 +163,18 @@ def blobs(bucket: str, limit: float | None = None) -> Blobs:
         if not _clients:
             # Registered after the loop's own stop (atexit runs last first):
             # the sessions close while their loop still runs.
-            atexit.register(_close_all)
+            import asyncio
+
+            atexit.register(_close_all, asyncio.get_running_loop())
         found = _clients[key] = Blobs(bucket, limit)
     return found
 
 
-def _close_all() -> None:
-    """Close this process's clients on the loop before it stops, so no
-    "Unclosed client session" is reported at exit."""
+def _close_all(loop: Any) -> None:
+    """Close this process's clients on ``loop`` (the engine's, which their
+    connections belong to) before it stops, so no "Unclosed client session"
+    is reported at exit."""
     import asyncio
-
-    from .objget import loop
 
     mine = [c for k, c in _clients.items() if k[0] == os.getpid()]
     _clients.clear()
@@ -186,4 +187,4 @@ def _close_all() -> None:
                 await client.close()
 
     with contextlib.suppress(Exception):
-        asyncio.run_coroutine_threadsafe(close(), loop()).result(timeout=2.0)
+        asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=2.0)

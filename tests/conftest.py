@@ -21,6 +21,7 @@ from tests.common.spark import (  # noqa: F401  (export fixtures)
     warehouse,
     warehouse_root,
 )
+from tests.common.users import other_user  # noqa: F401  (a second local user)
 
 # Every property test does I/O or heavy work on a machine that may be at load
 # 30: a per-example deadline would fail on the machine, not on the code.

@@ -142,7 +142,11 @@ class CacheError(UcstageError):
 
 
 class CacheOwnershipError(CacheError):
-    """The cache root is not a private folder owned by this user."""
+    """The cache root is not a private folder owned by this user: it is a
+    symlink, another user's, or writable by others; or a folder above it is
+    another user's or writable by others (without the sticky bit), so they
+    could swap the root; or a symlink sits where the cache keeps a file of
+    its own."""
 
 
 class CacheUnusable(CacheError):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,18 @@ def test_a_manifest_source_is_guarded_by_its_own_source(src: Path, tmp_path: Pat
     assert f"is inside the source {src}: the manifest would be listed as its data" in \
         result.stderr  # type: ignore[attr-defined]
     assert not (src / "new.manifest.json").exists()
+
+
+@pytest.mark.parametrize(("mask", "mode"), [("077", 0o600), ("022", 0o644)])
+def test_the_manifest_follows_the_umask(src: Path, tmp_path: Path, mask: str, mode: int) -> None:
+    # `(umask 077; ucstage cache lazy SRC -o m.json)`: a private dataset's
+    # names stay private, as any file that shell's programs write.
+    out = tmp_path / "m.json"
+    run = subprocess.run(
+        ["sh", "-c", f'umask {mask} && exec "$0" -m ucstage cache lazy "$1" -o "$2"',
+         sys.executable, str(src), str(out)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "UCSTAGE_CACHE_DIR": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stderr
+    assert oct(out.stat().st_mode & 0o777) == oct(mode)
+    assert len(manifest.load(out).entries) == 3

@@ -51,8 +51,9 @@ import re
 import threading
 from typing import Any
 
+from ..errors import CacheOwnershipError
 from ..shown import shown
-from .paths import CONTROL, namespace_name
+from .paths import CONTROL, namespace_name, open_private
 
 __all__ = [
     "CHECKS",
@@ -267,10 +268,11 @@ def _evidence(root: str, source: str) -> str:
 def _keep_match(root: str, source: str) -> None:
     """Remember under ``root`` that ``source`` served an MD5 ETag."""
     path = _evidence(root, source)
-    # Evidence only: a cache that cannot keep it still checks every copy.
-    with contextlib.suppress(OSError):
+    # Evidence only: a cache that cannot keep it (a link planted at its path
+    # included) still checks every copy.
+    with contextlib.suppress(OSError, CacheOwnershipError):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
 
 
 def _matched_before(root: str, source: str) -> bool:

@@ -56,8 +56,7 @@ class Ledger:
 def locked_ledger(root: str, recount: Callable[[], int]) -> Iterator[Ledger]:
     """The byte ledger of ``root``, locked for the ``with`` block;
     ``recount()`` counts the tree when the file cannot be read."""
-    fd = os.open(os.path.join(root, paths.CONTROL, "usage"),
-                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = paths.open_private(os.path.join(root, paths.CONTROL, "usage"), os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield Ledger(fd, recount)

@@ -25,6 +25,8 @@ import os
 import zlib
 from types import TracebackType
 
+from .paths import open_private
+
 __all__ = ["STRIPES", "FileLock", "stripe_path"]
 
 STRIPES = 1024
@@ -52,7 +54,7 @@ class FileLock:
         """Take the lock; with ``blocking=False`` return False instead of waiting."""
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             except FileNotFoundError:
                 os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
                 continue

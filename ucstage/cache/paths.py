@@ -20,8 +20,10 @@ all.
 from __future__ import annotations
 
 import errno
+import grp
 import hashlib
 import os
+import pwd
 import re
 import stat
 
@@ -34,9 +36,11 @@ __all__ = [
     "LISTINGS_DIR",
     "PART_SUFFIX",
     "STAMP_XATTR",
+    "create_fresh",
     "default_root",
     "lock_dir",
     "namespace_name",
+    "open_private",
     "open_root",
     "part_lock",
     "part_name",
@@ -90,17 +94,113 @@ def _check_private(root: str, st: os.stat_result) -> None:
             f"`chmod 700 {root}`, or {hint}")
 
 
+def _owner(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group_only_mine(gid: int) -> bool:
+    """Whether the group ``gid`` has this user as its one member (a user
+    private group, as Fedora/RHEL give every user with umask 002): a folder
+    only that group may write is as private as one only the user may write.
+    Checks primary and supplementary members, as Debian's sshd StrictModes
+    does; a group nobody is in is not counted as private (setgid tools use
+    such groups)."""
+    me = os.getuid()
+    try:
+        group = grp.getgrgid(gid)
+        my_name = pwd.getpwuid(me).pw_name
+    except KeyError:
+        return False
+    if any(member != my_name for member in group.gr_mem):
+        return False
+    primary = [user.pw_uid for user in pwd.getpwall() if user.pw_gid == gid]
+    if any(uid != me for uid in primary):
+        return False
+    return bool(primary) or bool(group.gr_mem)
+
+
+def _exposure(st: os.stat_result) -> str | None:
+    """Why another user could rename or replace what is in a folder with this
+    stat, or None. Root and this user may own it; a sticky folder (``/tmp``)
+    only lets each user rename their own entries, so it may be open to all."""
+    if st.st_uid not in (0, os.getuid()):
+        return f"is owned by {_owner(st.st_uid)}, not by you or root"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_ISVTX or not mode & 0o022:
+        return None
+    if mode & 0o002:
+        return f"is writable by every user (mode {mode:04o}) and not sticky"
+    if _group_only_mine(st.st_gid):
+        return None
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"is writable by group {group} (mode {mode:04o}), which has other members"
+
+
+def _prefixes(path: str) -> list[str]:
+    """``/``, ``/a``, ``/a/b`` for ``/a/b``."""
+    out, head = [], path
+    while True:
+        out.append(head)
+        up = os.path.dirname(head)
+        if up == head:
+            return out[::-1]
+        head = up
+
+
+def _check_parents(root: str) -> None:
+    """Refuse a root under a folder another user could change (sshd's StrictModes).
+
+    Everything under the root is then worked on by path, so whoever may
+    rename entries in a folder above it could, mid-run, swap the root for a
+    tree of their own (files with valid stamps, links at temp-file names):
+    training would read their bytes, and our writes would land in their
+    files. ``O_NOFOLLOW`` on each create guards only a path's last part; this
+    check is what guards the rest. Folders above a symlink in the path are
+    checked along its target too, since the link's own folder decides who may
+    repoint it, and the target's who may swap what it points at. Folders not
+    made yet are skipped (:func:`open_root` checks again once it made them).
+    """
+    seen: set[str] = set()
+    for literal in _prefixes(os.path.dirname(root)):
+        for folder in _prefixes(os.path.realpath(literal)):
+            if folder in seen:
+                continue
+            seen.add(folder)
+            try:
+                st = os.stat(folder)
+            except OSError:
+                break  # not made yet
+            why = _exposure(st)
+            if why is not None:
+                raise CacheOwnershipError(
+                    f"cache root {root} is under {folder}, which {why}: another user could "
+                    "swap the cache for files of their own",
+                    f"use a folder only you (and root) can write, all the way up, e.g. the "
+                    f"default {user_root()} (unset {CACHE_DIR_ENV} to use it)")
+
+
 def open_root(root: str) -> str:
     """Create ``root`` 0700, or check that an existing one is private; return it.
 
     Refuses a symlink, a folder owned by another user, and a group- or
     world-writable folder: in a shared /tmp another user could otherwise plant
-    files that training would read as data.
+    files that training would read as data. Refuses, too, a root under a
+    folder another user may write (unless sticky, as /tmp is) or owns: that
+    user could rename the root mid-run and put their own in its place
+    (:func:`_check_parents`).
 
     Raises:
-        CacheOwnershipError: the folder is not private to this user.
+        CacheOwnershipError: the folder, or one above it, is not private to
+            this user (and root).
     """
     root = os.path.abspath(root)
+    _check_parents(root)  # before making anything in a folder another user controls
     try:
         try:
             os.mkdir(root, 0o700)
@@ -112,6 +212,7 @@ def open_root(root: str) -> str:
     except OSError as exc:
         raise _unusable(root, exc, creating=True) from exc
     _check_private(root, os.lstat(root))
+    _check_parents(root)  # the folders just made, as the umask left them
     why = unusable_reason(root)
     if why is not None:
         raise CacheUnusable(root, why)
@@ -121,6 +222,46 @@ def open_root(root: str) -> str:
     except OSError as exc:
         raise _unusable(root, exc) from exc
     return root
+
+
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_private(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a file of the cache's own (a lock, the ledger, counters),
+    never through a symlink at ``path``.
+
+    Only :func:`open_root`'s checks keep other users from planting one, so a
+    link there was put by this user or root: refused rather than followed, as
+    a write through it could land anywhere.
+
+    Raises:
+        CacheOwnershipError: ``path`` is a symlink.
+    """
+    try:
+        return os.open(path, flags | _NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CacheOwnershipError(
+                f"{path} in the cache is a symlink; refusing to follow it",
+                "remove it: ucstage never puts links in its cache") from exc
+        raise
+
+
+def create_fresh(path: str, mode: int = 0o600) -> int:
+    """Create ``path`` new and empty, open for writing (a copy's temp file).
+
+    ``O_EXCL`` makes sure the file is one this call made, never a file or
+    link already there. The caller holds the name's lock stripe, so what is
+    there is a killed copy's leftover (or something planted): it is removed,
+    never written through, and the create tried once more.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        os.unlink(path)  # a link is removed, not what it points at
+        return os.open(path, flags, mode)
 
 
 def unusable_reason(root: str) -> str | None:

@@ -26,6 +26,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import CacheOwnershipError
 from ..sharding import World
 from ..shutdown import exiting
 from . import integrity, paths
@@ -79,7 +80,7 @@ class Counters:
         self._values = [0] * len(_FIELDS)
         self._lock = threading.Lock()
         self._written = 0
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = paths.open_private(path, os.O_RDWR | os.O_CREAT)
         with contextlib.suppress(OSError):
             self._values = _unpack(os.pread(self._fd, _RECORD.size, 0)) or self._values
         # The checks this process's copies make from now on count for this
@@ -167,7 +168,7 @@ def counters(root: str, run: str, rank: int) -> Counters | None:
             if fresh:
                 _prune(root, keep=run)
             found = _open[key] = Counters(os.path.join(folder, f"r{rank}-{os.getpid()}.counters"))
-        except OSError:
+        except (OSError, CacheOwnershipError):  # a link at its path: no counters either
             return None
         return found
 

@@ -228,7 +228,7 @@ class CacheSpace:
         if need > max_bytes:
             raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(max_bytes)}", hint="raise max_bytes")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = paths.create_fresh(tmp)
         started: float | None = None
         pause = 0.005
         try:
@@ -290,8 +290,7 @@ class CacheSpace:
         out: list[tuple[int, int] | BaseException] = []
         for tmp, _ in wanted:
             try:
-                out.append((os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                                    0o600), 0))
+                out.append((paths.create_fresh(tmp), 0))
             except OSError as exc:
                 out.append(exc)
         def grow(ledger: Ledger) -> None:

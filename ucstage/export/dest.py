@@ -15,6 +15,7 @@ the second of two concurrent exports finds the first one's record and skips.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -287,10 +288,18 @@ def _acquire(parent: str, lock_path: str, dest: str, callback: Callback) -> int:
         for _attempt in range(1000):
             try:
                 os.makedirs(parent, exist_ok=True)
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                # Never through a link: one planted there by another user
+                # would have us create or lock a file wherever it points.
+                fd = os.open(lock_path,
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             except FileNotFoundError:  # a finishing export removed a folder it had made
                 continue
             except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise ExportError(
+                        f"the lock file {lock_path} is a symlink; refusing to follow it",
+                        "remove it (ucstage never makes one), and check who may write "
+                        f"{parent}") from exc
                 raise ExportError(f"cannot create the lock file {lock_path}: {exc}") from exc
             try:
                 try:

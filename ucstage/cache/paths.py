@@ -28,7 +28,7 @@ import re
 import stat
 
 from ..errors import CacheError, CacheOwnershipError, CacheUnusable
-from ..volumes.entry import PART_SUFFIX, part_stripe  # the listing refuses such names too
+from ..volumes.entry import NAME_MAX, PART_SUFFIX, part_stripe  # the listing refuses such names too
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -58,7 +58,6 @@ LISTINGS_DIR = os.path.join(CONTROL, "manifests")
 """Where :class:`ucstage.VolumeDataset` keeps the listings it froze, relative
 to the root; ``clear`` of every source removes them."""
 STAMP_XATTR = "user.ucstage.v1"
-_NAME_MAX = 255
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -321,7 +320,7 @@ def part_name(stripe: int, name: str) -> str:
     """Temp file name for ``name``: hidden, and carrying the lock stripe so a
     later run can tell whether anyone is still writing it."""
     candidate = f".{stripe:04d}.{name}{PART_SUFFIX}"
-    if len(candidate.encode()) > _NAME_MAX:
+    if len(candidate.encode()) > NAME_MAX:
         candidate = f".{stripe:04d}.{hashlib.sha256(name.encode()).hexdigest()[:32]}{PART_SUFFIX}"
     return candidate
 

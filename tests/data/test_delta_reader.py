@@ -157,8 +157,9 @@ def test_column_mapping_reads_physical_columns_under_logical_names(tmp_path: Pat
 def dv_table(root: Path) -> DvTable:
     """Four files (8-row row groups) whose vectors cover every storage kind:
     inline, UUID-relative with a folder prefix (two vectors in one file),
-    absolute; and a file whose vector is replaced in a later commit (the
-    newest ``add`` wins) and one that deletes a whole row group."""
+    absolute (inside the table: one elsewhere is refused); and a file whose
+    vector is replaced in a later commit (the newest ``add`` wins) and one
+    that deletes a whole row group."""
     t = DvTable(str(root / "dv"))
     t.data("a.parquet", 0, 20, 8)
     t.data("b.parquet", 100, 20, 8)
@@ -166,7 +167,7 @@ def dv_table(root: Path) -> DvTable:
     t.data("d.parquet", 300, 20, 8)
     t.add("a.parquet", t.vector([0, 7, 8, 19], "i"))
     t.add("b.parquet", t.vector([3, 4, 5], "u", prefix="q1", before=[1, 2]))
-    t.add("c.parquet", t.vector([*range(8, 16), 17], "p", where=str(root / "elsewhere")))
+    t.add("c.parquet", t.vector([*range(8, 16), 17], "p", where=os.path.join(t.root, "abs")))
     t.add("d.parquet", None)
     t.commit()
     first = t.vector([2], "i")

@@ -19,18 +19,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ..errors import (
     MissingDataFiles,
     MissingDependency,
     TableNotFound,
     UnreadableDeltaLog,
+    UnsafePath,
     UnsupportedTable,
 )
 from . import deletion, partvalues
 from .colmap import MODE_KEY
 from .deltalog import deletion_descriptors
+from .logpaths import table_path
 from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
@@ -55,7 +56,8 @@ class TableState:
     """The table's folder (absolute, local)."""
     version: int
     files: list[str]
-    """Absolute local paths of the live data files, sorted (from the log's add actions)."""
+    """Absolute local paths of the live data files, sorted (from the log's add
+    actions), each inside ``path`` (:func:`ucstage.tables.logpaths.table_path`)."""
     partition_columns: list[str]
     arrow_schema: Any
     """The table schema as a ``pyarrow.Schema`` (partition columns included)."""
@@ -81,21 +83,14 @@ def _delta() -> Any:
     return deltalake
 
 
-def _data_path(root: str, logged: str) -> str:
-    """The local path of a data file from its path in the Delta log.
-
-    The log stores paths URI-encoded (a partition folder ``name=a%20b`` on disk is
-    ``name=a%2520b`` in the log), relative to the table root or absolute URIs.
-    ``DeltaTable.file_uris()`` is not used: it percent-encodes the root folder
-    but not the rest, so it names no real file when the root has a space.
-    """
-    if "://" in logged:
-        parsed = urlparse(logged)
-        if parsed.scheme != "file":
-            raise UnsupportedTable(f"data file {logged} is not on a local or mounted filesystem",
-                                   hint="read the table from a local or mounted path")
-        return unquote(parsed.path)
-    return os.path.join(root, *unquote(logged).split("/"))
+def _logged_file(root: str, logged: str, label: str) -> str:
+    """An ``add``'s file as :func:`table_state` names it, or "" for one it
+    would refuse: older commits may add files no longer live, which are
+    never read, so they fail nothing (every live file was checked)."""
+    try:
+        return table_path(root, logged, label, "data file")
+    except (UnsafePath, UnsupportedTable):
+        return ""
 
 
 def _check_features(label: str, protocol: Any, configuration: dict[str, str], plain: bool
@@ -193,6 +188,8 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
         TableNotFound: no Delta table there, or no such version.
         UnreadableDeltaLog: a log (or deletion-vector descriptor) that does not parse.
         MissingDataFiles: live files gone from the folder (vacuumed).
+        UnsafePath: the log names a data file or deletion vector outside the
+            table's folder (:mod:`ucstage.tables.logpaths`).
         UnsupportedTable: reader features this path cannot honour; a partition
             column whose type cannot be read.
     """
@@ -210,7 +207,12 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     configuration = dict(dt.metadata().configuration or {})
     features = _check_features(label, dt.protocol(), configuration, plain)
     actions = pa.table(dt.get_add_actions(flatten=True))
-    local = [_data_path(path, p) for p in actions.column("path").to_pylist()]
+    # Each live file confined to the table before anything reads it (export
+    # hands these to Spark). DeltaTable.file_uris() is not used: it
+    # percent-encodes the root folder but not the rest, so it names no real
+    # file when the root has a space.
+    local = [table_path(path, p, label, "data file")
+             for p in actions.column("path").to_pylist()]
     order = sorted(range(len(local)), key=local.__getitem__)
     actions = actions.take(pa.array(order, type=pa.int64()))
     rows = actions.select([c for c in ("num_records", "size_bytes")
@@ -235,7 +237,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     vectors: list[dict[str, Any] | None] = [None] * len(files)
     if "deletionVectors" in features and not plain:
         found = deletion_descriptors(path, int(dt.version()), set(files),
-                                     lambda p: _data_path(path, p), label)
+                                     lambda p: _logged_file(path, p, label), label)
         vectors = [deletion.resolve(path, d, label) if d else None
                    for d in (found[f] for f in files)]
     num_records: int | None = None

@@ -66,7 +66,7 @@ def table_path(root: str, logged: str, label: str, what: str, *, base: str | Non
     real_root = os.path.realpath(root)
     real = os.path.realpath(path) if "\0" not in path else ""
     if not real or real == real_root or os.path.commonpath([real, real_root]) != real_root:
-        where = f", which resolves to {shown(real)}" if real and real != path else ""
+        where = f", which resolves to {shown(real)}" if real and real != logged else ""
         raise UnsafePath(
             f"table {label}: the Delta log names {what} {shown(logged)}{where}, outside the "
             f"table's folder {shown(root)}",

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.common.deltadv import DvTable, kernel_rows
+from tests.common.deltadv import DvTable, kernel_rows, recheckpoint
 from tests.common.resume import Ranked
 from ucstage import DataLoader, TableDataset
 from ucstage.errors import MissingDataFiles, UnreadableDeltaLog, UnsupportedTable
@@ -212,46 +212,6 @@ def test_deletion_vectors_leave_only_live_rows(tmp_path: Path) -> None:
     assert multiset(resumed(t.root, tmp_path / "cache", 4, then=0)) == multiset(kernel)
 
 
-def _recheckpoint(log: Path, version: int, kind: str) -> None:
-    """deltalake's classic checkpoint at ``version`` rewritten as ``kind``:
-    two parts (multi-part), or a v2 checkpoint (a UUID-named JSON top file
-    whose adds are in a sidecar under ``_sidecars``)."""
-    import json
-    import uuid
-
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    classic = log / f"{version:020d}.checkpoint.parquet"
-    cp = pq.read_table(classic)
-    os.remove(classic)
-    os.remove(log / "_last_checkpoint")  # a hint only; readers list the folder
-    if kind == "multi-part":
-        half = cp.num_rows // 2
-        pq.write_table(cp.slice(0, half), log / f"{version:020d}.checkpoint.{1:010d}.{2:010d}.parquet")
-        pq.write_table(cp.slice(half), log / f"{version:020d}.checkpoint.{2:010d}.{2:010d}.parquet")
-        return
-    (log / "_sidecars").mkdir()
-    side = f"{uuid.uuid4()}.parquet"
-    pq.write_table(cp.filter(pc.is_valid(cp.column("add"))).select(["add"]),
-                   log / "_sidecars" / side)
-    rows = cp.to_pylist()
-    protocol = {k: v for k, v in next(r["protocol"] for r in rows if r["protocol"]).items()
-                if v is not None}
-    protocol["readerFeatures"] = protocol["writerFeatures"] = ["deletionVectors",
-                                                               "v2Checkpoint"]
-    meta = {k: v for k, v in next(r["metaData"] for r in rows if r["metaData"]).items()
-            if v is not None}
-    meta["format"]["options"] = dict(meta["format"]["options"] or [])
-    meta["configuration"] = dict(meta["configuration"] or [])
-    actions = [{"checkpointMetadata": {"version": version}}, {"protocol": protocol},
-               {"metaData": meta},
-               {"sidecar": {"path": side, "modificationTime": 0,
-                            "sizeInBytes": os.path.getsize(log / "_sidecars" / side)}}]
-    (log / f"{version:020d}.checkpoint.{uuid.uuid4()}.json").write_text(
-        "".join(json.dumps(a) + "\n" for a in actions))
-
-
 @pytest.mark.parametrize("kind", ["classic", "multi-part", "v2"])
 def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Path,
                                                                    kind: str) -> None:
@@ -261,7 +221,7 @@ def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Pat
     DeltaTable(t.root).create_checkpoint()
     log = Path(t.root) / "_delta_log"
     if kind != "classic":
-        _recheckpoint(log, 2, kind)
+        recheckpoint(log, 2, kind)
     for name in os.listdir(log):
         if name.endswith(".json") and ".checkpoint." not in name:
             os.remove(log / name)  # metadata cleanup: the checkpoint alone

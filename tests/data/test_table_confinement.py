@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from tests.common.deltadv import DvTable
+from tests.common.deltadv import DvTable, recheckpoint
 from tests.common.deltaedit import ESCAPES, INSIDE, ids, two_commit_table
 from ucstage import TableDataset
 from ucstage.cli import cli
@@ -188,6 +188,52 @@ def test_a_vector_whose_bitmap_disagrees_shows_no_count_of_its_own(tmp_path: Pat
                        ) as info:
         row_groups(t.root)
     assert " 2 " not in info.value.message
+
+
+def test_a_checkpoint_sidecar_outside_the_table_is_refused(tmp_path: Path) -> None:
+    """A v2 checkpoint (the commits cleaned up) whose sidecar of adds, with
+    their deletion vectors, lies outside the table."""
+    import shutil
+
+    from deltalake import DeltaTable
+
+    t = _dv_table(tmp_path)
+    t.add("a.parquet", t.vector([1], "u"))
+    t.add("b.parquet", None)
+    t.commit()
+    DeltaTable(t.root).create_checkpoint()
+    log = Path(t.root) / "_delta_log"
+    recheckpoint(log, 0, "v2")
+    os.remove(log / f"{0:020d}.json")
+    assert _ids(t.root, tmp_path / "c0") == [0, *range(2, 10), *range(100, 110)]
+    side = next((log / "_sidecars").iterdir())
+    (tmp_path / "outside").mkdir()
+    moved = shutil.move(side, tmp_path / "outside" / side.name)
+    top = next(p for p in log.iterdir() if p.name.endswith(".json"))
+    top.write_text(top.read_text().replace(json.dumps(side.name),
+                                           json.dumps(f"file://{moved}")))
+    with pytest.raises(UnsafePath) as info:
+        row_groups(t.root)
+    assert f"checkpoint sidecar file://{moved}, which resolves to {moved}, outside the " \
+           f"table's folder {t.root}" in info.value.message
+
+
+def test_an_export_record_naming_a_link_out_names_it(tmp_path: Path) -> None:
+    """An export destination (its record lists the files) whose file is now a
+    link out of it: named, not "missing"."""
+    from ucstage.tables.record import RECORD_NAME, ExportRecord
+
+    dest = tmp_path / "export"
+    dest.mkdir()
+    pq.write_table(ids(0, 4), dest / "part-0.parquet")
+    pq.write_table(ids(1000, 4), tmp_path / "x.parquet")
+    (dest / "part-1.parquet").symlink_to(tmp_path / "x.parquet")
+    files = [{"path": f"part-{i}.parquet", "bytes": 1, "rows": 4} for i in (0, 1)]
+    record = ExportRecord("t", "delta", None, 0, 8, {}, files,  # type: ignore[arg-type]
+                          2, {}, "2026-01-01T00:00:00Z", "0")
+    (dest / RECORD_NAME).write_text(record.dumps())
+    with pytest.raises(UnsafePath, match=r"data file part-1\.parquet is refused: symlink to "):
+        row_groups(str(dest))
 
 
 def test_a_footer_length_is_not_shown(tmp_path: Path) -> None:

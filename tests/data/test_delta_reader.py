@@ -365,10 +365,12 @@ def test_a_vector_is_checked_against_its_descriptor() -> None:
 
     from tests.common.deltadv import bitmap, z85
     from ucstage.tables.deletion import deleted, resolve
+    from ucstage.tables.logpaths import TableFolder
 
     good = bitmap([1, 2])
-    assert list(deleted(resolve("/t", {"storageType": "i", "pathOrInlineDv": z85(good),
-                                       "sizeInBytes": len(good), "cardinality": 2}, "t"),
+    t = TableFolder("/t", "t")
+    assert list(deleted(resolve(t, {"storageType": "i", "pathOrInlineDv": z85(good),
+                                    "sizeInBytes": len(good), "cardinality": 2}),
                         "f.parquet")) == [1, 2]
     wrong_magic = struct.pack("<I", 7) + BitMap64([1]).serialize()
     cases = [
@@ -380,13 +382,13 @@ def test_a_vector_is_checked_against_its_descriptor() -> None:
     ]
     for fields, message in cases:
         with pytest.raises(UnreadableDeltaLog, match=message):
-            deleted(resolve("/t", {"storageType": "i", **fields}, "t"), "f.parquet")
+            deleted(resolve(t, {"storageType": "i", **fields}), "f.parquet")
     with pytest.raises(UnsupportedTable, match="storage type 'x'"):
-        resolve("/t", {"storageType": "x", "pathOrInlineDv": "", "sizeInBytes": 1,
-                       "cardinality": 1}, "t")
+        resolve(t, {"storageType": "x", "pathOrInlineDv": "", "sizeInBytes": 1,
+                    "cardinality": 1})
     with pytest.raises(UnsupportedTable, match="not on a local"):
-        resolve("/t", {"storageType": "p", "pathOrInlineDv": "s3://b/dv.bin", "offset": 1,
-                       "sizeInBytes": 1, "cardinality": 1}, "t")
+        resolve(t, {"storageType": "p", "pathOrInlineDv": "s3://b/dv.bin", "offset": 1,
+                    "sizeInBytes": 1, "cardinality": 1})
 
 
 @pytest.mark.parametrize("mode", ["drop", "pad"])

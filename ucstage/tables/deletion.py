@@ -30,7 +30,7 @@ import zlib
 from typing import Any
 
 from ..errors import MissingDataFiles, MissingDependency, UnreadableDeltaLog, UnsupportedTable
-from .logpaths import shown, table_path
+from .logpaths import TableFolder, shown
 
 __all__ = ["MAGIC", "deleted", "resolve", "z85_decode"]
 
@@ -65,7 +65,7 @@ def z85_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def resolve(root: str, descriptor: dict[str, Any], label: str) -> dict[str, Any]:
+def resolve(folder: TableFolder, descriptor: dict[str, Any]) -> dict[str, Any]:
     """``descriptor`` (the log's ``deletionVector``) with its file's absolute
     local ``file`` (``u``, ``p``), checked for the fields the reader needs.
 
@@ -73,7 +73,7 @@ def resolve(root: str, descriptor: dict[str, Any], label: str) -> dict[str, Any]
         UnsupportedTable: a storage type this reader does not know; a ``p``
             path on another filesystem.
         UnsafePath: a ``u`` prefix or ``p`` path leading outside the table's
-            folder ``root`` (:func:`ucstage.tables.logpaths.table_path`).
+            ``folder`` (:meth:`ucstage.tables.logpaths.TableFolder.path`).
         UnreadableDeltaLog: a descriptor missing a field or with a bad UUID.
     """
     kind = descriptor.get("storageType")
@@ -85,21 +85,21 @@ def resolve(root: str, descriptor: dict[str, Any], label: str) -> dict[str, Any]
             text = str(out["pathOrInlineDv"])
             name = uuid.UUID(bytes=z85_decode(text[-20:]))
             prefix = text[:-20]
-            out["file"] = table_path(root, f"{prefix}/deletion_vector_{name}.bin" if prefix
-                                     else f"deletion_vector_{name}.bin", label,
-                                     "deletion vector", encoded=False)
+            out["file"] = folder.path(f"{prefix}/deletion_vector_{name}.bin" if prefix
+                                      else f"deletion_vector_{name}.bin", "deletion vector",
+                                      encoded=False)
         elif kind == "p":
-            out["file"] = table_path(root, out["pathOrInlineDv"], label, "deletion vector",
-                                     encoded=False)
+            out["file"] = folder.path(out["pathOrInlineDv"], "deletion vector",
+                                      encoded=False)
         elif kind != "i":
-            raise UnsupportedTable(f"table {label}: a deletion vector of storage type "
+            raise UnsupportedTable(f"table {folder.label}: a deletion vector of storage type "
                                    f"{kind!r}, which the Delta protocol does not define",
                                    hint="read it with a Delta engine, or rewrite the table")
         if kind != "i":
             offset = descriptor.get("offset")
             out["offset"] = 1 if offset is None else int(offset)
     except (KeyError, TypeError, ValueError) as exc:
-        raise UnreadableDeltaLog(f"table {label}: a deletion-vector descriptor cannot be read "
+        raise UnreadableDeltaLog(f"table {folder.label}: a deletion-vector descriptor cannot be read "
                                  f"({exc})", hint="the log may be damaged") from exc
     return out
 

@@ -31,7 +31,7 @@ from ..errors import (
 from . import deletion, partvalues
 from .colmap import MODE_KEY
 from .deltalog import deletion_descriptors
-from .logpaths import table_path
+from .logpaths import TableFolder
 from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
@@ -57,7 +57,7 @@ class TableState:
     version: int
     files: list[str]
     """Absolute local paths of the live data files, sorted (from the log's add
-    actions), each inside ``path`` (:func:`ucstage.tables.logpaths.table_path`)."""
+    actions), each inside ``path`` (:class:`ucstage.tables.logpaths.TableFolder`)."""
     partition_columns: list[str]
     arrow_schema: Any
     """The table schema as a ``pyarrow.Schema`` (partition columns included)."""
@@ -83,12 +83,12 @@ def _delta() -> Any:
     return deltalake
 
 
-def _logged_file(root: str, logged: str, label: str) -> str:
+def _logged_file(folder: TableFolder, logged: str) -> str:
     """An ``add``'s file as :func:`table_state` names it, or "" for one it
     would refuse: older commits may add files no longer live, which are
     never read, so they fail nothing (every live file was checked)."""
     try:
-        return table_path(root, logged, label, "data file")
+        return folder.path(logged, "data file")
     except (UnsafePath, UnsupportedTable):
         return ""
 
@@ -211,8 +211,8 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     # hands these to Spark). DeltaTable.file_uris() is not used: it
     # percent-encodes the root folder but not the rest, so it names no real
     # file when the root has a space.
-    local = [table_path(path, p, label, "data file")
-             for p in actions.column("path").to_pylist()]
+    folder = TableFolder(path, label)
+    local = [folder.path(p, "data file") for p in actions.column("path").to_pylist()]
     order = sorted(range(len(local)), key=local.__getitem__)
     actions = actions.take(pa.array(order, type=pa.int64()))
     rows = actions.select([c for c in ("num_records", "size_bytes")
@@ -237,8 +237,8 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     vectors: list[dict[str, Any] | None] = [None] * len(files)
     if "deletionVectors" in features and not plain:
         found = deletion_descriptors(path, int(dt.version()), set(files),
-                                     lambda p: _logged_file(path, p, label), label)
-        vectors = [deletion.resolve(path, d, label) if d else None
+                                     lambda p: _logged_file(folder, p), label)
+        vectors = [deletion.resolve(folder, d) if d else None
                    for d in (found[f] for f in files)]
     num_records: int | None = None
     counts = [a.get("num_records") for a in rows]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import UnreadableDeltaLog
-from .logpaths import table_path
+from .logpaths import TableFolder
 
 __all__ = ["deletion_descriptors"]
 
@@ -80,8 +80,8 @@ def _parquet_actions(path: str, log: str, label: str) -> Iterable[dict[str, Any]
 
 def _sidecar(side: dict[str, Any], log: str, label: str) -> Iterable[dict[str, Any]]:
     # Named by the log like a data file, so confined to the table like one.
-    path = table_path(os.path.dirname(log), side["path"], label, "checkpoint sidecar",
-                      base=os.path.join(log, "_sidecars"))
+    path = TableFolder(os.path.dirname(log), label).path(
+        side["path"], "checkpoint sidecar", base=os.path.join(log, "_sidecars"))
     yield from _parquet_actions(path, log, label)
 
 

@@ -277,6 +277,18 @@ def test_table_dataset_names_the_links_it_leaves_out(linked_folder: str, tmp_pat
     assert any(s.startswith("skipped gone.parquet: broken symlink") for s in said), said
 
 
+def test_a_folder_of_links_out_alone_is_empty_naming_them(tmp_path: Path) -> None:
+    from ucstage.errors import EmptySource
+
+    folder = tmp_path / "f"
+    folder.mkdir()
+    pq.write_table(ids(1000, 6), tmp_path / "x.parquet")
+    (folder / "out.parquet").symlink_to(tmp_path / "x.parquet")
+    with pytest.raises(EmptySource,
+                       match=r"no Parquet files \(1 entry refused, e\.g\. out\.parquet: symlink to"):
+        TableDataset(str(folder), cache_dir=str(tmp_path / "c")).freeze()
+
+
 def _cli(*args: str) -> Any:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 

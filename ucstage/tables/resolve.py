@@ -169,8 +169,11 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
     listing = list_files(volume)
     entries = listing.entries
     if not entries:
-        raise EmptySource(f"{text} holds no Parquet files",
-                          hint="files whose names start with _ or . are not listed")
+        refused = listing.refused
+        raise EmptySource(f"{text} holds no Parquet files" + (
+            f" ({len(refused)} {'entry' if len(refused) == 1 else 'entries'} refused, e.g. "
+            f"{shown(refused[0][0])}: {refused[0][1]})"
+            if refused else ""), hint="files whose names start with _ or . are not listed")
     return TableSource(text, "parquet", volume, list(entries),
                        partition_values=hive_values(entries), refused=list(listing.refused))
 

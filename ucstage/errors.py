@@ -134,7 +134,8 @@ class MissingDependency(UcstageError):
 
 
 class UnsafePath(UcstageError):
-    """A source entry would read or write outside its volume or the cache root."""
+    """A source entry would read or write outside its volume or the cache root,
+    or a Delta log names a file outside its table's folder."""
 
 
 class CacheError(UcstageError):

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from tests.common.deltaedit import two_commit_table
+from tests.common.parts import free_port
 from tests.common.spark import Warehouse, exported_table
 from ucstage.cli.app import cli
 
@@ -35,6 +37,25 @@ def test_cli_import_stays_light() -> None:
             "print(sorted(m for m in ('pyspark', 'deltalake') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_log_pointing_outside_the_table_exits_2_naming_it(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39 item 4, refused before Spark is asked: nothing listens at SPARK_REMOTE."""
+    monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")
+    t = two_commit_table(tmp_path)
+    logged = t.escape("dotdot")
+    human = run(t.root, str(tmp_path / "out"))
+    assert human.exit_code == 2, human.output
+    assert human.stderr.startswith("error: table ") and human.stderr.count("error:") == 1
+    assert "Traceback" not in human.output
+    doc = run(t.root, str(tmp_path / "out"), "--json")
+    assert doc.exit_code == 2
+    error = json.loads(doc.stdout)["error"]
+    assert error["type"] == "UnsafePath" and error["exit_code"] == 2
+    assert f"the Delta log names data file {logged}, which resolves to {t.secret}, outside " \
+           f"the table's folder {t.root}" in error["message"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_export_json_then_rerun_skips(spark_session: Any, warehouse: Warehouse,

@@ -15,6 +15,7 @@ import struct
 import uuid
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -128,6 +129,42 @@ class DvTable:
         with open(path, "w", encoding="utf-8") as f:
             f.write("".join(json.dumps(a) + "\n" for a in self.actions))
         self.actions, self.version = [], self.version + 1
+
+
+def recheckpoint(log: Path, version: int, kind: str) -> None:
+    """deltalake's classic checkpoint at ``version`` rewritten as ``kind``:
+    two parts (multi-part), or a v2 checkpoint (a UUID-named JSON top file
+    whose adds are in a sidecar under ``_sidecars``)."""
+    import pyarrow.compute as pc
+
+    classic = log / f"{version:020d}.checkpoint.parquet"
+    cp = pq.read_table(classic)
+    os.remove(classic)
+    os.remove(log / "_last_checkpoint")  # a hint only; readers list the folder
+    if kind == "multi-part":
+        half = cp.num_rows // 2
+        pq.write_table(cp.slice(0, half), log / f"{version:020d}.checkpoint.{1:010d}.{2:010d}.parquet")
+        pq.write_table(cp.slice(half), log / f"{version:020d}.checkpoint.{2:010d}.{2:010d}.parquet")
+        return
+    (log / "_sidecars").mkdir()
+    side = f"{uuid.uuid4()}.parquet"
+    pq.write_table(cp.filter(pc.is_valid(cp.column("add"))).select(["add"]),
+                   log / "_sidecars" / side)
+    rows = cp.to_pylist()
+    protocol = {k: v for k, v in next(r["protocol"] for r in rows if r["protocol"]).items()
+                if v is not None}
+    protocol["readerFeatures"] = protocol["writerFeatures"] = ["deletionVectors",
+                                                               "v2Checkpoint"]
+    meta = {k: v for k, v in next(r["metaData"] for r in rows if r["metaData"]).items()
+            if v is not None}
+    meta["format"]["options"] = dict(meta["format"]["options"] or [])
+    meta["configuration"] = dict(meta["configuration"] or [])
+    actions = [{"checkpointMetadata": {"version": version}}, {"protocol": protocol},
+               {"metaData": meta},
+               {"sidecar": {"path": side, "modificationTime": 0,
+                            "sizeInBytes": os.path.getsize(log / "_sidecars" / side)}}]
+    (log / f"{version:020d}.checkpoint.{uuid.uuid4()}.json").write_text(
+        "".join(json.dumps(a) + "\n" for a in actions))
 
 
 def kernel_rows(root: str) -> list[dict[str, Any]]:

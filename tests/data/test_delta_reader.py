@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.common.deltadv import DvTable, kernel_rows
+from tests.common.deltadv import DvTable, kernel_rows, recheckpoint
 from tests.common.resume import Ranked
 from ucstage import DataLoader, TableDataset
 from ucstage.errors import MissingDataFiles, UnreadableDeltaLog, UnsupportedTable
@@ -157,8 +157,9 @@ def test_column_mapping_reads_physical_columns_under_logical_names(tmp_path: Pat
 def dv_table(root: Path) -> DvTable:
     """Four files (8-row row groups) whose vectors cover every storage kind:
     inline, UUID-relative with a folder prefix (two vectors in one file),
-    absolute; and a file whose vector is replaced in a later commit (the
-    newest ``add`` wins) and one that deletes a whole row group."""
+    absolute (inside the table: one elsewhere is refused); and a file whose
+    vector is replaced in a later commit (the newest ``add`` wins) and one
+    that deletes a whole row group."""
     t = DvTable(str(root / "dv"))
     t.data("a.parquet", 0, 20, 8)
     t.data("b.parquet", 100, 20, 8)
@@ -166,7 +167,7 @@ def dv_table(root: Path) -> DvTable:
     t.data("d.parquet", 300, 20, 8)
     t.add("a.parquet", t.vector([0, 7, 8, 19], "i"))
     t.add("b.parquet", t.vector([3, 4, 5], "u", prefix="q1", before=[1, 2]))
-    t.add("c.parquet", t.vector([*range(8, 16), 17], "p", where=str(root / "elsewhere")))
+    t.add("c.parquet", t.vector([*range(8, 16), 17], "p", where=os.path.join(t.root, "abs")))
     t.add("d.parquet", None)
     t.commit()
     first = t.vector([2], "i")
@@ -211,46 +212,6 @@ def test_deletion_vectors_leave_only_live_rows(tmp_path: Path) -> None:
     assert multiset(resumed(t.root, tmp_path / "cache", 4, then=0)) == multiset(kernel)
 
 
-def _recheckpoint(log: Path, version: int, kind: str) -> None:
-    """deltalake's classic checkpoint at ``version`` rewritten as ``kind``:
-    two parts (multi-part), or a v2 checkpoint (a UUID-named JSON top file
-    whose adds are in a sidecar under ``_sidecars``)."""
-    import json
-    import uuid
-
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    classic = log / f"{version:020d}.checkpoint.parquet"
-    cp = pq.read_table(classic)
-    os.remove(classic)
-    os.remove(log / "_last_checkpoint")  # a hint only; readers list the folder
-    if kind == "multi-part":
-        half = cp.num_rows // 2
-        pq.write_table(cp.slice(0, half), log / f"{version:020d}.checkpoint.{1:010d}.{2:010d}.parquet")
-        pq.write_table(cp.slice(half), log / f"{version:020d}.checkpoint.{2:010d}.{2:010d}.parquet")
-        return
-    (log / "_sidecars").mkdir()
-    side = f"{uuid.uuid4()}.parquet"
-    pq.write_table(cp.filter(pc.is_valid(cp.column("add"))).select(["add"]),
-                   log / "_sidecars" / side)
-    rows = cp.to_pylist()
-    protocol = {k: v for k, v in next(r["protocol"] for r in rows if r["protocol"]).items()
-                if v is not None}
-    protocol["readerFeatures"] = protocol["writerFeatures"] = ["deletionVectors",
-                                                               "v2Checkpoint"]
-    meta = {k: v for k, v in next(r["metaData"] for r in rows if r["metaData"]).items()
-            if v is not None}
-    meta["format"]["options"] = dict(meta["format"]["options"] or [])
-    meta["configuration"] = dict(meta["configuration"] or [])
-    actions = [{"checkpointMetadata": {"version": version}}, {"protocol": protocol},
-               {"metaData": meta},
-               {"sidecar": {"path": side, "modificationTime": 0,
-                            "sizeInBytes": os.path.getsize(log / "_sidecars" / side)}}]
-    (log / f"{version:020d}.checkpoint.{uuid.uuid4()}.json").write_text(
-        "".join(json.dumps(a) + "\n" for a in actions))
-
-
 @pytest.mark.parametrize("kind", ["classic", "multi-part", "v2"])
 def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Path,
                                                                    kind: str) -> None:
@@ -260,7 +221,7 @@ def test_deletion_vectors_come_from_a_checkpoint_after_log_cleanup(tmp_path: Pat
     DeltaTable(t.root).create_checkpoint()
     log = Path(t.root) / "_delta_log"
     if kind != "classic":
-        _recheckpoint(log, 2, kind)
+        recheckpoint(log, 2, kind)
     for name in os.listdir(log):
         if name.endswith(".json") and ".checkpoint." not in name:
             os.remove(log / name)  # metadata cleanup: the checkpoint alone
@@ -404,10 +365,12 @@ def test_a_vector_is_checked_against_its_descriptor() -> None:
 
     from tests.common.deltadv import bitmap, z85
     from ucstage.tables.deletion import deleted, resolve
+    from ucstage.tables.logpaths import TableFolder
 
     good = bitmap([1, 2])
-    assert list(deleted(resolve("/t", {"storageType": "i", "pathOrInlineDv": z85(good),
-                                       "sizeInBytes": len(good), "cardinality": 2}, "t"),
+    t = TableFolder("/t", "t")
+    assert list(deleted(resolve(t, {"storageType": "i", "pathOrInlineDv": z85(good),
+                                    "sizeInBytes": len(good), "cardinality": 2}),
                         "f.parquet")) == [1, 2]
     wrong_magic = struct.pack("<I", 7) + BitMap64([1]).serialize()
     cases = [
@@ -419,13 +382,13 @@ def test_a_vector_is_checked_against_its_descriptor() -> None:
     ]
     for fields, message in cases:
         with pytest.raises(UnreadableDeltaLog, match=message):
-            deleted(resolve("/t", {"storageType": "i", **fields}, "t"), "f.parquet")
+            deleted(resolve(t, {"storageType": "i", **fields}), "f.parquet")
     with pytest.raises(UnsupportedTable, match="storage type 'x'"):
-        resolve("/t", {"storageType": "x", "pathOrInlineDv": "", "sizeInBytes": 1,
-                       "cardinality": 1}, "t")
+        resolve(t, {"storageType": "x", "pathOrInlineDv": "", "sizeInBytes": 1,
+                    "cardinality": 1})
     with pytest.raises(UnsupportedTable, match="not on a local"):
-        resolve("/t", {"storageType": "p", "pathOrInlineDv": "s3://b/dv.bin", "offset": 1,
-                       "sizeInBytes": 1, "cardinality": 1}, "t")
+        resolve(t, {"storageType": "p", "pathOrInlineDv": "s3://b/dv.bin", "offset": 1,
+                    "sizeInBytes": 1, "cardinality": 1})
 
 
 @pytest.mark.parametrize("mode", ["drop", "pad"])

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.common.deltaedit import ESCAPES, INSIDE, two_commit_table
 from tests.common.parts import free_port, in_lock_wait, require, tmpfs, wait_until
 from tests.common.spark import (
     Warehouse,
@@ -27,6 +28,7 @@ from ucstage.errors import (
     InvalidArgument,
     SparkUnavailable,
     TableNotFound,
+    UnsafePath,
     UnsupportedTable,
 )
 from ucstage.export import export_table, read_record, read_table
@@ -262,6 +264,22 @@ def test_missing_table_in_the_warehouse(tmp_path: Any, warehouse: Warehouse) -> 
         export_table("main.ml.nope", str(tmp_path / "x"))
 
 
+@pytest.mark.parametrize("how", ESCAPES)
+def test_an_add_outside_the_table_is_refused_before_spark(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Issue 39 item 4: a log naming a file outside the table (deltalake's
+    log, edited) is refused by name; nothing listens at SPARK_REMOTE, so a
+    refusal any later would be SparkUnavailable."""
+    monkeypatch.setenv("SPARK_REMOTE", f"sc://127.0.0.1:{free_port()}")  # nothing listens
+    t = two_commit_table(tmp_path)
+    logged = t.escape(how)
+    with pytest.raises(UnsafePath, match="outside the table's folder") as info:
+        export_table(t.root, str(tmp_path / "out"))
+    assert f"the Delta log names data file {logged}" in info.value.message
+    assert info.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
 # -- through the session's embedded Spark Connect server -----------------------
 
 def _listing(dest: str) -> dict[str, tuple[int, int]]:
@@ -489,6 +507,25 @@ def test_row_group_rows_caps_each_row_group(spark_session: Any, warehouse: Wareh
     assert again.skipped_unchanged and again.row_groups == plain.row_groups
     assert not export_table("main.ml.events", dest, files=2, row_group_rows=400
                             ).skipped_unchanged
+
+
+@pytest.mark.parametrize("how", INSIDE)
+def test_absolute_paths_inside_the_table_are_exported(spark_session: Any, tmp_path: Any,
+                                                      how: str) -> None:
+    t = two_commit_table(tmp_path)
+    t.inside(how)
+    dest = str(tmp_path / "out")
+    assert export_table(t.root, dest).row_count == 20
+    assert sorted(exported_table(dest).column("id").to_pylist()) == list(range(20))
+
+
+def test_a_live_server_is_never_handed_a_file_outside(spark_session: Any,
+                                                       tmp_path: Any) -> None:
+    t = two_commit_table(tmp_path)
+    t.escape("link-out")
+    with pytest.raises(UnsafePath, match=r"data file link\.parquet, which resolves to"):
+        export_table(t.root, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_new_table_version_is_exported(spark_session: Any, tmp_path: Any) -> None:

@@ -174,7 +174,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     noun = "row group" if unit == "row-group" else "file"
     groups = None
     if unit == "row-group":
-        volume, entries = _table_entries(source, manifest_path, columns, version)
+        volume, entries, refused = _table_entries(source, manifest_path, columns, version)
     else:
         with listing(source):
             m = read_source(source, manifest_path, include, exclude, include_hidden)
@@ -211,15 +211,16 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
 
 
 def _table_entries(source: str | None, manifest_path: str | None, columns: str | None,
-                   version: int | None) -> tuple[Any, list[Any]]:
-    """(volume, one cache entry per row group) of a table: its row groups'
-    column chunks, the entries TableDataset reads (``tables.entries``)."""
+                   version: int | None) -> tuple[Any, list[Any], Sequence[tuple[str, str]]]:
+    """(volume, one cache entry per row group, the folder's refused entries)
+    of a table: its row groups' column chunks, the entries TableDataset reads
+    (``tables.entries``)."""
     from ..tables.entries import group_entries
 
     wanted = column_list(columns)
     manifest = table_source(source, manifest_path, version)
     manifest.check_columns(wanted)
-    return manifest.volume(), group_entries(manifest, wanted)
+    return manifest.volume(), group_entries(manifest, wanted), manifest.refused
 
 
 def _stopped(callback: Counting | None, entries: Sequence[FileEntry]) -> str:

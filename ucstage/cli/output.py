@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from rich import markup
@@ -24,6 +24,9 @@ from ..shown import UNSAFE, shown
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
 from ..volumes.listing import skip_messages
+
+if TYPE_CHECKING:
+    from ..manifest.rowgroups import RowGroupManifest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -196,10 +199,13 @@ def read_source(
 
 def table_source(source: str | None, manifest_path: str | None, version: int | None) -> Any:
     """The row groups of a table SOURCE or of ``--manifest FILE.rowgroups.arrow``
-    (:func:`ucstage.planning.read_row_groups`); refuses neither and both."""
+    (:func:`ucstage.planning.read_row_groups`); refuses neither and both. Warns
+    on stderr about the folder's entries the listing refused."""
     if (source is None) == (manifest_path is None):
         raise click.UsageError("give a table SOURCE or --manifest FILE.rowgroups.arrow")
-    return read_row_groups(source, manifest_path, version)
+    result = read_row_groups(source, manifest_path, version)
+    warn_skipped(result)
+    return result
 
 
 def skip_unreadable_given() -> bool:
@@ -216,10 +222,11 @@ def refuse_filters_of_frozen(opened: Source, include: Sequence[str], exclude: Se
                                "listing; a manifest is used as frozen (filter when you make it)")
 
 
-def warn_skipped(result: Manifest) -> None:
+def warn_skipped(result: Manifest | RowGroupManifest) -> None:
     """Warn on stderr about the entries a listing refused and the folders it skipped."""
-    # The library's text (VolumeDataset logs the same lines).
-    for line in skip_messages(result.source, result.refused, result.unreadable):
+    # The library's text (VolumeDataset and TableDataset log the same lines).
+    unreadable = result.unreadable if isinstance(result, Manifest) else ()
+    for line in skip_messages(result.source, result.refused, unreadable):
         err.print(f"[yellow]warning:[/] {escape(line)}", markup=True)
 
 

@@ -16,6 +16,7 @@ Usage and every argument: docs/training.md, "Tables".
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,7 @@ from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
 from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..tables import row_groups
 from ..tables.rowplan import drop_note, equal_batches
+from ..volumes.listing import skip_messages
 from .frozen import Freezable, Request
 from .sharded import ShardedDataset, rule_order
 from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
     from .looppos import LoopView
 
 __all__ = ["TableDataset"]
+
+_log = logging.getLogger("ucstage")
 
 DEFAULT_WINDOW = 4
 DEFAULT_READ_AHEAD = 2
@@ -118,7 +122,11 @@ class TableDataset(Freezable, ShardedDataset):
                     "path)) and pass that file to every rank")
 
     def _list(self) -> RowGroupManifest:
-        return row_groups(self._source, version=self.version)
+        manifest = row_groups(self._source, version=self.version)
+        # What shard-plan and cache warm print, once per listing (on the rank that lists).
+        for line in skip_messages(manifest.source, manifest.refused):
+            _log.warning("%s", line)
+        return manifest
 
     def _checked(self, manifest: RowGroupManifest) -> None:
         columns = manifest.check_columns(self.columns)

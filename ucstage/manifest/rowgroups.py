@@ -66,6 +66,9 @@ class RowGroupManifest(Frozen):
     deletion_vectors: list[dict[str, Any] | None] = field(default_factory=list)
     """Per file, its Delta deletion vector's descriptor (``tables/deletion.py``) or
     None; ``rows_per_group`` then counts live rows. Empty: no file has one."""
+    refused: Sequence[tuple[str, str]] = ()
+    """(path, reason) of entries a fresh listing of the folder refused (a link
+    out of it...), for the warnings; not stored (as ``Manifest.refused``)."""
     formats: ClassVar[tuple[str, ...]] = ("arrow",)
     suffix: ClassVar[str] = SUFFIX
     marker: ClassVar[str] = _KEY.decode()

@@ -5,7 +5,8 @@ resolved and listed by row group, for ``data/`` (``TableDataset``),
 ``names`` parses table names and finds ``$UCSTAGE_WAREHOUSE``; ``delta``
 reads Delta table states with delta-rs (``deltalog``, ``deletion``,
 ``colmap`` and ``partvalues``: deletion vectors, column mapping and typed
-partition values for the reader); ``record`` the export record
+partition values for the reader; ``logpaths`` confines every path a log
+names to the table's folder); ``record`` the export record
 (``_ucstage_export.json``); ``source`` resolves a table SOURCE to its files;
 ``footers`` reads the Parquet footers; ``listing`` freezes the row groups
 into a ``manifest`` (:class:`RowGroupManifest`). See docs/design.md and

@@ -13,23 +13,24 @@ the size. The bitmap is a RoaringBitmapArray: a little-endian magic number,
 then the 64-bit portable roaring format (pyroaring's ``BitMap64``).
 
 Descriptors are resolved at freeze (:func:`resolve`: a file's absolute path,
-so a reader needs no table folder); the bitmap is then read by
-:func:`deleted` wherever rows are counted or read, and checked every time
-against the descriptor (magic, checksum, size, cardinality): a vector that
-does not match is an error, never a guess at which rows are live.
+refused unless inside the table's folder, so a reader needs no table
+folder); the bitmap is then read by :func:`deleted` wherever rows are
+counted or read, and checked every time against the descriptor (magic,
+checksum, size, cardinality): a vector that does not match is an error,
+never a guess at which rows are live. A message never shows a value the
+file holds (it may not be a vector file at all).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import uuid
 import zlib
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ..errors import MissingDataFiles, MissingDependency, UnreadableDeltaLog, UnsupportedTable
+from .logpaths import TableFolder, shown
 
 __all__ = ["MAGIC", "deleted", "resolve", "z85_decode"]
 
@@ -64,23 +65,15 @@ def z85_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def _local(uri: str, label: str) -> str:
-    if "://" not in uri:
-        return uri
-    parsed = urlparse(uri)
-    if parsed.scheme != "file":
-        raise UnsupportedTable(f"table {label}: a deletion vector at {uri} is not on a local "
-                               "or mounted filesystem",
-                               hint="read the table from a local or mounted path")
-    return unquote(parsed.path)
-
-
-def resolve(root: str, descriptor: dict[str, Any], label: str) -> dict[str, Any]:
+def resolve(folder: TableFolder, descriptor: dict[str, Any]) -> dict[str, Any]:
     """``descriptor`` (the log's ``deletionVector``) with its file's absolute
     local ``file`` (``u``, ``p``), checked for the fields the reader needs.
 
     Raises:
-        UnsupportedTable: a storage type this reader does not know.
+        UnsupportedTable: a storage type this reader does not know; a ``p``
+            path on another filesystem.
+        UnsafePath: a ``u`` prefix or ``p`` path leading outside the table's
+            ``folder`` (:meth:`ucstage.tables.logpaths.TableFolder.path`).
         UnreadableDeltaLog: a descriptor missing a field or with a bad UUID.
     """
     kind = descriptor.get("storageType")
@@ -92,19 +85,21 @@ def resolve(root: str, descriptor: dict[str, Any], label: str) -> dict[str, Any]
             text = str(out["pathOrInlineDv"])
             name = uuid.UUID(bytes=z85_decode(text[-20:]))
             prefix = text[:-20]
-            out["file"] = os.path.join(root, *([prefix] if prefix else []),
-                                       f"deletion_vector_{name}.bin")
+            out["file"] = folder.path(f"{prefix}/deletion_vector_{name}.bin" if prefix
+                                      else f"deletion_vector_{name}.bin", "deletion vector",
+                                      encoded=False)
         elif kind == "p":
-            out["file"] = _local(out["pathOrInlineDv"], label)
+            out["file"] = folder.path(out["pathOrInlineDv"], "deletion vector",
+                                      encoded=False)
         elif kind != "i":
-            raise UnsupportedTable(f"table {label}: a deletion vector of storage type "
+            raise UnsupportedTable(f"table {folder.label}: a deletion vector of storage type "
                                    f"{kind!r}, which the Delta protocol does not define",
                                    hint="read it with a Delta engine, or rewrite the table")
         if kind != "i":
             offset = descriptor.get("offset")
             out["offset"] = 1 if offset is None else int(offset)
     except (KeyError, TypeError, ValueError) as exc:
-        raise UnreadableDeltaLog(f"table {label}: a deletion-vector descriptor cannot be read "
+        raise UnreadableDeltaLog(f"table {folder.label}: a deletion-vector descriptor cannot be read "
                                  f"({exc})", hint="the log may be damaged") from exc
     return out
 
@@ -146,30 +141,31 @@ def _load(key: str, what: str) -> Any:
         data = data[:size]  # base85 pads to 4 bytes
     else:
         path = d["file"]
+        named = shown(path)
         try:
             with open(path, "rb") as f:
                 f.seek(d["offset"])
                 framed = f.read(size + 8)
         except FileNotFoundError as exc:
-            raise MissingDataFiles(f"the deletion vector of {what} is missing: {path}",
+            raise MissingDataFiles(f"the deletion vector of {what} is missing: {named}",
                                    hint="the table was vacuumed or copied incompletely") from exc
         except OSError as exc:
-            raise bad(f"{path}: {exc}") from exc
+            raise bad(f"{named}: {exc.strerror or exc}") from exc
         if len(framed) < size + 8:
-            raise bad(f"{path} ends {size + 8 - len(framed)} bytes early")
-        stored = int.from_bytes(framed[:4], "big")
-        if stored != size:
-            raise bad(f"{path} holds a vector of {stored} bytes at offset {d['offset']}, "
-                      f"the descriptor says {size}")
+            raise bad(f"{named} ends {size + 8 - len(framed)} bytes early")
+        # What the file says is never shown: it may not be a vector file at all.
+        if int.from_bytes(framed[:4], "big") != size:
+            raise bad(f"{named} is not a valid deletion-vector file (the size header at "
+                      f"offset {d['offset']} does not match the descriptor's {size} bytes)")
         data = framed[4:4 + size]
         if zlib.crc32(data) != int.from_bytes(framed[4 + size:], "big"):
-            raise bad(f"its checksum in {path} does not match")
+            raise bad(f"its checksum in {named} does not match")
     if len(data) < 4 or int.from_bytes(data[:4], "little") != MAGIC:
         raise bad("no RoaringBitmapArray magic number")
     try:
         bitmap = BitMap64.deserialize(data[4:])
-    except (ValueError, OverflowError) as exc:
-        raise bad(f"its bitmap does not parse ({exc})") from exc
+    except (ValueError, OverflowError, IndexError) as exc:  # IndexError: no bytes after the magic
+        raise bad("its bitmap does not parse") from exc
     if len(bitmap) != d["cardinality"]:
-        raise bad(f"it holds {len(bitmap)} rows, the descriptor says {d['cardinality']}")
+        raise bad(f"its row count does not match the descriptor's {d['cardinality']}")
     return FrozenBitMap64(bitmap)

@@ -20,18 +20,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ..errors import (
     MissingDataFiles,
     MissingDependency,
     TableNotFound,
     UnreadableDeltaLog,
+    UnsafePath,
     UnsupportedTable,
 )
 from . import deletion, partvalues
 from .colmap import MODE_KEY
 from .deltalog import deletion_descriptors
+from .logpaths import TableFolder
 from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
@@ -60,7 +61,8 @@ class TableState:
     """The table's folder (absolute, local)."""
     version: int
     files: list[str]
-    """Absolute local paths of the live data files, sorted (from the log's add actions)."""
+    """Absolute local paths of the live data files, sorted (from the log's add
+    actions), each inside ``path`` (:class:`ucstage.tables.logpaths.TableFolder`)."""
     partition_columns: list[str]
     arrow_schema: Any
     """The table schema as a ``pyarrow.Schema`` (partition columns included)."""
@@ -86,21 +88,14 @@ def _delta() -> Any:
     return deltalake
 
 
-def _data_path(root: str, logged: str) -> str:
-    """The local path of a data file from its path in the Delta log.
-
-    The log stores paths URI-encoded (a partition folder ``name=a%20b`` on disk is
-    ``name=a%2520b`` in the log), relative to the table root or absolute URIs.
-    ``DeltaTable.file_uris()`` is not used: it percent-encodes the root folder
-    but not the rest, so it names no real file when the root has a space.
-    """
-    if "://" in logged:
-        parsed = urlparse(logged)
-        if parsed.scheme != "file":
-            raise UnsupportedTable(f"data file {logged} is not on a local or mounted filesystem",
-                                   hint="read the table from a local or mounted path")
-        return unquote(parsed.path)
-    return os.path.join(root, *unquote(logged).split("/"))
+def _logged_file(folder: TableFolder, logged: str) -> str:
+    """An ``add``'s file as :func:`table_state` names it, or "" for one it
+    would refuse: older commits may add files no longer live, which are
+    never read, so they fail nothing (every live file was checked)."""
+    try:
+        return folder.path(logged, "data file")
+    except (UnsafePath, UnsupportedTable):
+        return ""
 
 
 def _check_features(label: str, protocol: Any, configuration: dict[str, str], plain: bool
@@ -200,6 +195,8 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
         TableNotFound: no Delta table there, or no such version.
         UnreadableDeltaLog: a log (or deletion-vector descriptor) that does not parse.
         MissingDataFiles: live files gone from the folder (vacuumed).
+        UnsafePath: the log names a data file or deletion vector outside the
+            table's folder (:mod:`ucstage.tables.logpaths`).
         UnsupportedTable: reader features this path cannot honour; a partition
             column whose type cannot be read.
     """
@@ -217,7 +214,12 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     configuration = dict(dt.metadata().configuration or {})
     features = _check_features(label, dt.protocol(), configuration, plain)
     actions = pa.table(dt.get_add_actions(flatten=True))
-    local = [_data_path(path, p) for p in actions.column("path").to_pylist()]
+    # Each live file confined to the table before anything reads it (export
+    # hands these to Spark). DeltaTable.file_uris() is not used: it
+    # percent-encodes the root folder but not the rest, so it names no real
+    # file when the root has a space.
+    folder = TableFolder(path, label)
+    local = [folder.path(p, "data file") for p in actions.column("path").to_pylist()]
     order = sorted(range(len(local)), key=local.__getitem__)
     actions = actions.take(pa.array(order, type=pa.int64()))
     rows = actions.select([c for c in ("num_records", "size_bytes")
@@ -242,8 +244,8 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     vectors: list[dict[str, Any] | None] = [None] * len(files)
     if "deletionVectors" in features and not plain:
         found = deletion_descriptors(path, int(dt.version()), set(files),
-                                     lambda p: _data_path(path, p), label)
-        vectors = [deletion.resolve(path, d, label) if d else None
+                                     lambda p: _logged_file(folder, p), label)
+        vectors = [deletion.resolve(folder, d) if d else None
                    for d in (found[f] for f in files)]
     num_records: int | None = None
     counts = [a.get("num_records") for a in rows]

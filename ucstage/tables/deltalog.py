@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import UnreadableDeltaLog
+from .logpaths import TableFolder
 
 __all__ = ["deletion_descriptors"]
 
@@ -53,7 +54,7 @@ def _json_actions(path: str) -> Iterable[dict[str, Any]]:
                 yield json.loads(line)
 
 
-def _parquet_actions(path: str, log: str) -> Iterable[dict[str, Any]]:
+def _parquet_actions(path: str, log: str, label: str) -> Iterable[dict[str, Any]]:
     """The ``add`` actions (path and deletion vector only) and sidecars' adds of
     a checkpoint Parquet file."""
     import pyarrow.compute as pc
@@ -74,29 +75,27 @@ def _parquet_actions(path: str, log: str) -> Iterable[dict[str, Any]]:
     if "sidecar" in columns:
         for side in table.column("sidecar").to_pylist():
             if side is not None:
-                yield from _sidecar(side, log)
+                yield from _sidecar(side, log, label)
 
 
-def _sidecar(side: dict[str, Any], log: str) -> Iterable[dict[str, Any]]:
-    from urllib.parse import unquote, urlparse
-
-    where = side["path"]
-    path = unquote(urlparse(where).path) if "://" in where else \
-        os.path.join(log, "_sidecars", *unquote(where).split("/"))
-    yield from _parquet_actions(path, log)
+def _sidecar(side: dict[str, Any], log: str, label: str) -> Iterable[dict[str, Any]]:
+    # Named by the log like a data file, so confined to the table like one.
+    path = TableFolder(os.path.dirname(log), label).path(
+        side["path"], "checkpoint sidecar", base=os.path.join(log, "_sidecars"))
+    yield from _parquet_actions(path, log, label)
 
 
-def _checkpoint_actions(files: list[str], log: str) -> Iterable[dict[str, Any]]:
+def _checkpoint_actions(files: list[str], log: str, label: str) -> Iterable[dict[str, Any]]:
     for name in files:
         path = os.path.join(log, name)
         if name.endswith(".json"):  # a v2 checkpoint's top file
             for action in _json_actions(path):
                 if "sidecar" in action:
-                    yield from _sidecar(action["sidecar"], log)
+                    yield from _sidecar(action["sidecar"], log, label)
                 else:
                     yield action
         else:
-            yield from _parquet_actions(path, log)
+            yield from _parquet_actions(path, log, label)
 
 
 def deletion_descriptors(root: str, version: int, wanted: set[str],
@@ -108,6 +107,7 @@ def deletion_descriptors(root: str, version: int, wanted: set[str],
     Raises:
         UnreadableDeltaLog: a commit or checkpoint that does not parse, or a
             live file the log does not add.
+        UnsafePath: a checkpoint sidecar outside the table's folder.
     """
     log = os.path.join(root, "_delta_log")
     names = os.listdir(log)
@@ -131,7 +131,7 @@ def deletion_descriptors(root: str, version: int, wanted: set[str],
                 break
             if v in checkpoints:
                 where = f"checkpoint {v}"
-                take(_checkpoint_actions(checkpoints[v], log))
+                take(_checkpoint_actions(checkpoints[v], log, label))
                 break
             if v not in commits:
                 break

@@ -104,7 +104,7 @@ class CompactReader:
             for _, t in self.fields():
                 self.skip(t, depth + 1)
         else:
-            raise ValueError(f"an unknown Thrift type {kind}")
+            raise ValueError("an unknown Thrift type")  # its value is the file's: not shown
 
     def _advance(self, n: int) -> None:
         if self.at + n > len(self.data):

@@ -75,7 +75,8 @@ def _footer_thrift(volume: Volume, entry: FileEntry) -> bytes:
         raise ValueError("no Parquet magic at the end")
     length = int.from_bytes(tail[-8:-4], "little")
     if length + 8 > size - 4:
-        raise ValueError(f"a footer of {length} bytes in a file of {size}")
+        # The length field is 4 bytes of the file: never shown (it may be any file).
+        raise ValueError(f"its footer length field exceeds the file's {size} bytes")
     if length + 8 > n:
         (tail,), _ = read_ranges(volume, entry.path, [(size - length - 8, length + 8)])
     return bytes(tail[-(length + 8):-8])

@@ -13,7 +13,9 @@ Three kinds, told apart in this order:
   its files, row count and Delta version.
 * ``parquet``: any other folder, by any SOURCE form (local, ``/Volumes/...``,
   an fsspec or object-store URL): every listed file (names starting with
-  ``_`` or ``.`` are not listed) is a Parquet file.
+  ``_`` or ``.`` are not listed) is a Parquet file. Entries the listing
+  refuses (a link out of the folder, a broken link) are left out by name
+  (``TableSource.refused``), never silently.
 
 The files are listed through :func:`ucstage.volumes.list_files`, so each
 carries the change marker the cache stamps its copies with.
@@ -26,9 +28,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EmptySource, InvalidArgument, MissingDataFiles, TableNotFound
+from ..errors import EmptySource, InvalidArgument, MissingDataFiles, TableNotFound, UnsafePath
 from ..volumes import FileEntry, Volume, list_files, resolve
 from .delta import table_state
+from .logpaths import shown
 from .names import WAREHOUSE_ENV, is_table_path, local_table_path, parse_table_name, warehouse_path
 from .record import RECORD_NAME, ExportRecord
 
@@ -59,6 +62,10 @@ class TableSource:
     """Rows the source says it holds (the log's statistics, the record), if it says."""
     deletion_vectors: list[dict[str, Any] | None] = field(default_factory=list)
     """Per file (``delta``), its deletion-vector descriptor (resolved) or None; else empty."""
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """(path, reason) of the entries the folder's listing refused (``parquet``):
+    a link out of the folder, a broken link... Left out, and named by every
+    reader's warning (``ucstage.volumes.listing.skip_messages``)."""
 
 
 def _is_name(source: str) -> bool:
@@ -75,8 +82,21 @@ def _local_folder(source: str) -> str | None:
 
 
 def _select(volume: Volume, wanted: list[str], label: str) -> list[FileEntry]:
-    """The listed entries of ``wanted`` relative paths (each must be listed)."""
-    listed = {e.path: e for e in list_files(volume, include_hidden=True).entries}
+    """The listed entries of ``wanted`` relative paths (each must be listed).
+
+    Raises:
+        UnsafePath: one the listing refused (a link out of the folder...), by name.
+        MissingDataFiles: one that is not there.
+    """
+    listing = list_files(volume, include_hidden=True)
+    listed = {e.path: e for e in listing.entries}
+    refused = dict(listing.refused)
+    named = [p for p in wanted if p in refused]
+    if named:
+        raise UnsafePath(f"{label}: data file {shown(named[0])} is refused: "
+                         f"{refused[named[0]]}" + (f" (and {len(named) - 1} more)"
+                                                   if len(named) > 1 else ""),
+                         hint="a table's files must be regular files inside its folder")
     missing = [p for p in wanted if p not in listed]
     if missing:
         raise MissingDataFiles(f"{label}: {len(missing)} data file(s) are missing, e.g. "
@@ -117,6 +137,8 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
             or a Delta version that does not exist.
         UnreadableDeltaLog: a Delta log that does not parse.
         MissingDataFiles: files the log or record names are gone (vacuumed).
+        UnsafePath: files the log or record names lie outside the folder (a
+            ``..`` path, an absolute path elsewhere, a link out of it).
         UnsupportedTable: a Delta reader feature this reader does not know.
         SourceNotFound, EmptySource: no such folder, or no files in it.
         InvalidArgument: ``version`` for a source that is not a Delta table.
@@ -144,12 +166,16 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
         entries = _select(volume, [f["path"] for f in record.files], text)
         return TableSource(text, "export", volume, entries, record.delta_version,
                            partition_values=hive_values(entries), rows=record.row_count)
-    entries = list_files(volume).entries
+    listing = list_files(volume)
+    entries = listing.entries
     if not entries:
-        raise EmptySource(f"{text} holds no Parquet files",
-                          hint="files whose names start with _ or . are not listed")
+        refused = listing.refused
+        raise EmptySource(f"{text} holds no Parquet files" + (
+            f" ({len(refused)} {'entry' if len(refused) == 1 else 'entries'} refused, e.g. "
+            f"{shown(refused[0][0])}: {refused[0][1]})"
+            if refused else ""), hint="files whose names start with _ or . are not listed")
     return TableSource(text, "parquet", volume, list(entries),
-                       partition_values=hive_values(entries))
+                       partition_values=hive_values(entries), refused=list(listing.refused))
 
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"

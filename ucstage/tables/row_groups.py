@@ -58,8 +58,8 @@ def from_footers(table: TableSource, footers: list[FileFooter], schema: Any
         gone = deleted(vector, footer.entry.path) if vector is not None else None
         if gone is not None and len(gone) and int(gone.max()) >= md.num_rows:
             raise UnreadableDeltaLog(
-                f"{table.source}: the deletion vector of {footer.entry.path} deletes row "
-                f"{int(gone.max())}, past its {md.num_rows} rows",
+                f"{table.source}: the deletion vector of {footer.entry.path} deletes rows "
+                f"past its {md.num_rows} rows",
                 hint="the vector belongs to another file: the table may be damaged")
         at = 0
         for g in range(md.num_row_groups):
@@ -85,7 +85,7 @@ def from_footers(table: TableSource, footers: list[FileFooter], schema: Any
         rows_per_group=np.array(rows, dtype=np.int64), chunk_start=np.array(start, dtype=np.int64),
         chunk_column=np.array(col, dtype=np.int32), chunk_offset=np.array(off, dtype=np.int64),
         chunk_length=np.array(length, dtype=np.int64), footers=footer_bytes,
-        deletion_vectors=vectors if any(vectors) else [])
+        deletion_vectors=vectors if any(vectors) else [], refused=list(table.refused))
     return _with_fingerprint(manifest)
 
 

@@ -160,3 +160,21 @@ def test_refusals(tmp_path) -> None:  # type: ignore[no-untyped-def]
         ShardDataset(str(tmp_path), block_samples=0)
     with pytest.raises(TypeError, match="needs the indexed shards"):
         len(ShardDataset(str(tmp_path)))
+
+
+def test_indexed_reads_sample_i_of_the_frozen_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch.utils.data as tud
+
+    want = write_shards(str(tmp_path / "src"), 47, 20)
+    ds = ShardDataset(str(tmp_path / "src"), block_samples=6, shuffle=True,
+                      cache_dir=str(tmp_path / "cache"))
+    view = ds.indexed()
+    assert isinstance(view, tud.Dataset) and len(view) == 47
+    order = sorted(want)  # shards in listing order, samples in file order
+    for i in (0, 5, 6, 46, -1, 20, 19):
+        sample = view[i]
+        assert sample["__key__"] == order[i] and members(sample) == want[order[i]]
+    with pytest.raises(IndexError):
+        view[47]
+    loader = tud.DataLoader(view, batch_size=5, shuffle=True, num_workers=2, collate_fn=keys)
+    assert Counter(k for batch in loader for k in batch) == Counter(order)

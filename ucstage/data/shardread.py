@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import torch.utils.data as tud
+
 from ..errors import ShardChanged
 from ..manifest.shardsamples import ShardManifest
 from ..shardfiles.shardformat import shown
@@ -21,7 +23,7 @@ from . import holding
 from .tablebatches import pending_positions
 from .tablestate import TableTracker
 
-__all__ = ["slot_samples"]
+__all__ = ["IndexedShards", "check_unchanged", "slot_samples"]
 
 _log = logging.getLogger("ucstage")
 
@@ -50,7 +52,7 @@ class _Blocks:
         path = next(self.paths)
         self._at += 1
         if path not in self._checked:
-            _check_unchanged(self.dataset, self.manifest, entry, path)
+            check_unchanged(self.dataset, self.manifest, entry, path)
             self._checked.add(path)
         return read_block(self.manifest, block, path, on_error=self.dataset.on_error,
                           errors=self.errors)
@@ -73,7 +75,7 @@ class _Blocks:
         self.paths.close()  # type: ignore[attr-defined]  # a generator
 
 
-def _check_unchanged(dataset: Any, manifest: ShardManifest, entry: Any, path: str) -> None:
+def check_unchanged(dataset: Any, manifest: ShardManifest, entry: Any, path: str) -> None:
     """Refuse a local copy that is not the shard indexed at freeze: the cache
     copies a source file's current bytes, so a shard replaced since the
     freeze comes back as another version (or size)."""
@@ -145,3 +147,44 @@ def slot_samples(dataset: Any, manifest: ShardManifest, tracker: TableTracker, r
             examples = ", ".join(f"{shown(n)} line {line:,}" for n, line in errors[:3])
             _log.warning("skipped %d JSON lines that do not parse (on_error=\"skip\"), e.g. %s",
                          len(errors), examples)
+
+
+class IndexedShards(tud.Dataset):  # type: ignore[type-arg]
+    """A map-style view of a :class:`~ucstage.data.shardset.ShardDataset`
+    (``ds.indexed()``): ``len()`` samples, ``[i]`` sample ``i`` of the frozen
+    order (shards in listing order, samples in file order), its shard
+    fetched through the cache and its block read (the last block read is
+    kept, so consecutive indices read each block once). A JSON line that does
+    not parse raises ``CorruptShard`` here whatever ``on_error`` says: an
+    index must give a sample."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self._last: tuple[int, list[Any]] | None = None
+        self._checked: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "_last": None, "_checked": set()}
+
+    def __len__(self) -> int:
+        return int(self.dataset.freeze().samples)
+
+    def __getitem__(self, index: int) -> Any:
+        import numpy as np
+
+        manifest: ShardManifest = self.dataset.freeze()
+        n = manifest.samples
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {index} is out of range: {n} samples")
+        block = int(np.searchsorted(manifest.block_first, i, side="right")) - 1
+        if self._last is None or self._last[0] != block:
+            entry = manifest.files[manifest.block_file(block)]
+            path = self.dataset.cache().fetch(manifest.volume(), entry)
+            if path not in self._checked:
+                check_unchanged(self.dataset, manifest, entry, path)
+                self._checked.add(path)
+            self._last = (block, read_block(manifest, block, path))
+        return self._last[1][i - int(manifest.block_first[block])]

@@ -33,7 +33,7 @@ from ..sharding import DEFAULT_SHUFFLE_SCOPE
 from ..tables.rowplan import equal_batches
 from .frozen import Freezable, Request
 from .sharded import ShardedDataset, rule_order
-from .shardread import slot_samples
+from .shardread import IndexedShards, slot_samples
 from .tablebatches import slot_totals
 from .tablestate import TableTracker
 from .unitcounts import UnitCounts
@@ -193,6 +193,14 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         return (f"ShardDataset({self._source!r}, format={self.format!r}, "
                 f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, {frozen})")
+
+    def indexed(self) -> IndexedShards:
+        """A map-style ``torch.utils.data.Dataset`` over the same samples:
+        ``len()`` and ``[i]``, sample ``i`` of the frozen order read through
+        the cache, for evaluation, torch samplers and ``DataLoader(shuffle=True)``
+        (freezes the shards)."""
+        self.freeze()
+        return IndexedShards(self)
 
     # -- iteration ---------------------------------------------------------------
 

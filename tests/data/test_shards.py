@@ -178,3 +178,38 @@ def test_indexed_reads_sample_i_of_the_frozen_order(tmp_path) -> None:  # type: 
         view[47]
     loader = tud.DataLoader(view, batch_size=5, shuffle=True, num_workers=2, collate_fn=keys)
     assert Counter(k for batch in loader for k in batch) == Counter(order)
+
+
+def test_cache_warm_warms_the_shards_that_freeze_then_indexes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    from ucstage.cache import LocalCache
+
+    src = str(tmp_path / "src")
+    write_shards(src, 40, 10)
+    env = dict(os.environ, UCSTAGE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.getcwd())
+    proc = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", src, "--json"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fetched"] == 4
+    misses = []
+    fetch = LocalCache.fetch
+
+    def counting(self: LocalCache, volume: Any, entry: Any, **kw: Any) -> str:
+        if self.lookup(volume, entry) is None:
+            misses.append(entry.path)
+        return fetch(self, volume, entry, **kw)
+
+    monkeypatch.setattr(LocalCache, "fetch", counting)
+    ds = ShardDataset(src, cache_dir=str(tmp_path / "cache"))
+    assert len(ds.freeze()) == 4 and misses == []
+    assert len(list(ds)) == 40
+
+
+def test_a_shard_dataset_is_no_source_of_a_mix_yet(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ucstage import Mix
+
+    write_shards(str(tmp_path / "src"), 5, 5)
+    with pytest.raises(InvalidArgument, match="got ShardDataset"):
+        Mix([ShardDataset(str(tmp_path / "src"), cache_dir=str(tmp_path / "cache"))])

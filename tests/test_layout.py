@@ -108,7 +108,10 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing", "ucstage.volumes.engine",
         "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
         "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.manifest.groups",
-        "ucstage.manifest.arrays", "ucstage.manifest.rowgroups", "ucstage.source", "ucstage.ports",
+        "ucstage.manifest.arrays", "ucstage.manifest.rowgroups", "ucstage.manifest.shardsamples",
+        "ucstage.shardfiles", "ucstage.shardfiles.shardformat", "ucstage.shardfiles.tarindex",
+        "ucstage.shardfiles.lineindex", "ucstage.shardfiles.shardindex",
+        "ucstage.source", "ucstage.ports",
         "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
         "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
         "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
@@ -179,6 +182,7 @@ KEYWORD_ENTRY_POINTS = {
     # The public keyword forms users call; each builds the values and calls the library.
     "ucstage.data.dataset.VolumeDataset.__init__",
     "ucstage.data.table.TableDataset.__init__",
+    "ucstage.data.shardset.ShardDataset.__init__",
     # click commands: their parameters are the command's flags.
     "ucstage.cli.shard_plan.shard_plan",
     "ucstage.cli.cache_warm.warm",

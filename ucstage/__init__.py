@@ -21,6 +21,7 @@ __all__ = [
     "LocalCache",
     "Manifest",
     "Mix",
+    "ShardDataset",
     "TableDataset",
     "UcstageError",
     "VolumeDataset",
@@ -35,6 +36,7 @@ _LAZY = {
     "VolumeDataset": "ucstage.data",
     "Mix": "ucstage.data",
     "TableDataset": "ucstage.data",
+    "ShardDataset": "ucstage.data",
     "DataLoader": "ucstage.data",
     "LocalCache": "ucstage.cache",
     "export_table": "ucstage.export",
@@ -43,7 +45,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import LocalCache
-    from .data import DataLoader, Mix, TableDataset, VolumeDataset
+    from .data import DataLoader, Mix, ShardDataset, TableDataset, VolumeDataset
     from .export import export_table, read_table
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "CacheOwnershipError",
     "CacheUnusable",
     "CorruptParquet",
+    "CorruptShard",
     "EmptySource",
     "ExportError",
     "FetchFailed",
@@ -33,6 +34,7 @@ __all__ = [
     "RankMismatch",
     "ResumeMismatch",
     "SchemaMismatch",
+    "ShardChanged",
     "SourceNotFound",
     "SourceUnreadable",
     "SparkUnavailable",
@@ -225,6 +227,17 @@ class NotParquet(UcstageError):
 class CorruptParquet(NotParquet):
     """A Parquet file's footer and its bytes disagree: a column chunk past the
     end of the file, or pages that do not decode (named: file, row group, column)."""
+
+
+class CorruptShard(UcstageError):
+    """A shard file cannot be read as its format: a truncated tar, a member
+    running past the end, a gzip stream cut short, a JSON line that does not
+    parse (named: the file, and the member or line number)."""
+
+
+class ShardChanged(CorruptShard):
+    """A shard's bytes are not the ones indexed when its samples were frozen:
+    the file was replaced between ``freeze()`` and the read."""
 
 
 class SchemaMismatch(UcstageError):

@@ -29,11 +29,11 @@ __all__ = ["FORMAT", "LoaderState", "ResumePlan", "SlotRest", "load_state", "mer
 
 FORMAT = "ucstage-loader-state"
 VERSION = 2
-"""Version 2 added ``unit`` (``"file"`` or ``"row-group"``) and ``partial``
-(rows delivered of row groups begun but not finished); version 1 states
-(files, nothing partial) still load."""
+"""Version 2 added ``unit`` (``"file"``, ``"row-group"`` or ``"sample-block"``)
+and ``partial`` (rows delivered of row groups begun but not finished, or
+samples of a shard's blocks); version 1 states (files, nothing partial) still load."""
 READS = (1, 2)
-UNITS = ("file", "row-group")
+UNITS = ("file", "row-group", "sample-block")
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,12 @@ class LoaderState:
     finished: bool = False
     """The epoch was delivered to its end when the state was saved."""
     unit: str = "file"
-    """What the read order orders: ``"file"`` (VolumeDataset) or ``"row-group"``
-    (TableDataset, whose segments count row groups delivered whole)."""
+    """What the read order orders: ``"file"`` (VolumeDataset), ``"row-group"``
+    (TableDataset, whose segments count row groups delivered whole) or
+    ``"sample-block"`` (ShardDataset: blocks of a shard's samples, the same way)."""
     partial: tuple[tuple[int, int], ...] = ()
     """(row group, rows delivered) of row groups begun but not delivered whole
-    (TableDataset): a resume skips exactly those rows."""
+    (TableDataset; samples of blocks for ShardDataset): a resume skips exactly those."""
 
     @property
     def last(self) -> Segment:
@@ -239,7 +240,7 @@ def _partial(doc: Any, groups: int, unit: str) -> tuple[tuple[int, int], ...]:
     """``partial``: (row group, rows delivered) pairs, each group once, within the listing."""
     if not isinstance(doc, list):
         raise _malformed("partial", "must be a list of [row group, rows] pairs", doc)
-    if doc and unit != "row-group":
+    if doc and unit == "file":
         raise _malformed("partial", "must be empty for unit \"file\"", doc)
     pairs = []
     for j, pair in enumerate(doc):

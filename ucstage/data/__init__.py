@@ -1,4 +1,4 @@
-"""Training-side API: :class:`VolumeDataset`, :class:`TableDataset`, :class:`Mix` and
+"""Training-side API: :class:`VolumeDataset`, :class:`TableDataset`, :class:`ShardDataset`, :class:`Mix` and
 :class:`DataLoader`.
 
 torch is imported here (and, lazily, by bench's loader mode) and nowhere
@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from .dataset import VolumeDataset
 from .loader import DataLoader
 from .mix import Mix
+from .shardset import ShardDataset
 from .table import TableDataset
 
-__all__ = ["DataLoader", "Mix", "TableDataset", "VolumeDataset"]
+__all__ = ["DataLoader", "Mix", "ShardDataset", "TableDataset", "VolumeDataset"]

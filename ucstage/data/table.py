@@ -32,9 +32,10 @@ from ..tables.rowplan import drop_note, equal_batches
 from ..volumes.listing import skip_messages
 from .frozen import Freezable, Request
 from .sharded import ShardedDataset, rule_order
-from .tablebatches import group_items, slot_batches, slot_totals, whole_groups
+from .tablebatches import group_items, slot_batches, slot_totals
 from .tableread import FORMATS, check_fill_null, check_format
 from .tablestate import TableTracker
+from .unitcounts import UnitCounts
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -49,7 +50,7 @@ DEFAULT_WINDOW = 4
 DEFAULT_READ_AHEAD = 2
 
 
-class TableDataset(Freezable, ShardedDataset):
+class TableDataset(UnitCounts, Freezable, ShardedDataset):
     """A Delta table, an export or a folder of Parquet files, streamed by row group.
 
     Args:
@@ -155,39 +156,12 @@ class TableDataset(Freezable, ShardedDataset):
         if self._fingerprint is None:
             raise TypeError("len(TableDataset) needs the frozen row groups: call freeze() "
                             "first (the ucstage DataLoader does it), or iterate once")
-        here = self.world()
-        rank, worker, in_worker = here.rank, here.worker, here.in_worker
-        layout = self.layout(here.world_size, here.num_workers if in_worker else self.num_workers)
-        totals, counts = slot_totals(self, layout)
-        fixed = equal_batches(totals, self.batch_rows, self.equal_length)
-        slots = [layout.slot_index(layout.slot(rank, worker))] if in_worker else \
-            [layout.slot_index(layout.slot(rank, w)) for w in range(layout.readers_of(rank))]
-        return sum(fixed if fixed is not None else counts[s] for s in slots)
+        return self.unit_length()
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         return (f"TableDataset({self._source!r}, columns={self.columns}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, epoch={self.epoch}, {frozen})")
-
-    def audit_prior(self, state: Any) -> Any:
-        """Row groups ``state`` holds as delivered whole in its ``partial`` (past
-        their slot's leading count): delivered before the restart."""
-        import numpy as np
-
-        rows = self.freeze().rows_per_group
-        return np.array([g for g, n in state.partial if n >= int(rows[g])], dtype=np.int64)
-
-    def audit_planned(self, progress: Any) -> int | None:
-        """Row groups the rank's slots deliver whole this epoch under
-        ``equal_length="drop"`` (the rest are the audit's expected gaps); None
-        otherwise. Called by the audit at the start of an epoch."""
-        if self.equal_length != "drop":
-            return None
-        layout = progress.layout
-        totals, _ = slot_totals(self, layout)
-        count = equal_batches(totals, self.batch_rows, "drop") or 0
-        return sum(whole_groups(self, layout, s, count * (self.batch_rows or 0))
-                   for s in progress.own)
 
     # -- iteration ---------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from . import holding
 from .tableread import convert, group_entry, read_group
 from .tablestate import TableTracker, slot_runs
 
-__all__ = ["group_items", "slot_batches", "slot_totals", "whole_groups"]
+__all__ = ["group_items", "pending_positions", "slot_batches", "slot_totals", "whole_groups"]
 
 DECODE_THREADS = 2
 """Threads decoding a slot's next row groups while the consumer takes batches."""
@@ -67,7 +67,7 @@ def whole_groups(dataset: Any, layout: Any, slot: int, limit: int) -> int:
     return whole
 
 
-def _todo(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> list[int]:
+def pending_positions(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> list[int]:
     """Run positions whose row group still has rows to deliver, in order."""
     first = (start // size) * size
     return [p for p in range(max(first, start), len(run))
@@ -125,7 +125,7 @@ class _Windows:
         self.columns = manifest.check_columns(dataset.columns)
         size = dataset.shuffle_window if dataset.shuffle else 1
         rows = manifest.rows_per_group
-        todo = _todo(run, start, rows, skip, size)
+        todo = pending_positions(run, start, rows, skip, size)
         self.groups = [int(run[p]) for p in todo]
         self.entries = [group_entry(manifest, g, dataset.columns) for g in self.groups]
         self.paths = holding.fetch_in_order(self.entries, reader, dataset.cache(),

@@ -20,6 +20,7 @@ from ..volumes.entry import FileEntry
 from ..volumes.location import is_mapped
 from .model import FORMAT, FORMAT_VERSION, Frozen, Manifest, fails_fingerprint, fingerprint
 from .rowgroups import RowGroupManifest
+from .shardsamples import ShardManifest
 
 __all__ = ["ARROW_MAGIC", "ARROW_SUFFIX", "KINDS", "MANIFEST_SUFFIX", "arrow_bytes", "arrow_kind",
            "json_bytes", "json_text", "not_a_manifest", "parse_json", "read_arrow"]
@@ -27,7 +28,7 @@ __all__ = ["ARROW_MAGIC", "ARROW_SUFFIX", "KINDS", "MANIFEST_SUFFIX", "arrow_byt
 ARROW_MAGIC = b"ARROW1"
 MANIFEST_SUFFIX = ".manifest.json"
 ARROW_SUFFIX = Manifest.suffix
-KINDS: tuple[type[Frozen], ...] = (Manifest, RowGroupManifest)
+KINDS: tuple[type[Frozen], ...] = (Manifest, RowGroupManifest, ShardManifest)
 """The kinds of frozen listing an Arrow file may hold, told apart by their header."""
 K = TypeVar("K", bound=Frozen)
 

@@ -45,7 +45,18 @@ def _ranges(size: int) -> int:
 @pytest.fixture
 def proxied(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching Azurite through the fault proxy."""
-    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    yield from _proxied(azurite, monkeypatch, "obstore")
+
+
+@pytest.fixture
+def proxied_fsspec(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
+    """The fsspec engine (a DataLoader worker forked after obstore ran in
+    its parent) reaching Azurite through the fault proxy."""
+    yield from _proxied(azurite, monkeypatch, "fsspec")
+
+
+def _proxied(azurite: Any, monkeypatch: pytest.MonkeyPatch, engine: str) -> Iterator[Faults]:
+    monkeypatch.setenv("UCSTAGE_ENGINE", engine)
     integrity.forget()
     with faulty(azurite.endpoint) as (url, faults):
         for k, v in azurite.env(url).items():
@@ -163,3 +174,63 @@ def test_a_blob_with_a_stored_md5_keeps_one_get_checked_against_it(
     assert not any(md5 for k, _, _, md5 in proxied.ranges if k == key)
     local = cache.lookup(m.volume(), m.entries[0])
     assert local is not None and Path(local).read_bytes() == data
+
+
+def test_the_fsspec_engine_reads_a_blob_without_md5_in_checked_ranges(
+        azurite: Any, proxied_fsspec: Faults) -> None:
+    """The fsspec engine's copy (forked DataLoader workers), which adlfs
+    would give unchecked: both blobs get one byte flipped on their first
+    GET, no retry of the file allowed; each copy succeeds because the SDK
+    asked every range for its MD5, found the one that mismatched, and the
+    copy read that range again. Counted ``md5``, the whole MD5 recorded."""
+    prefix = unique()
+    files = {"small.bin": os.urandom(SMALL), "large.bin": os.urandom(LARGE)}
+    src = _blocks(azurite, prefix, files)
+    m = snapshot(src)
+    assert all(";md5=" not in e.version for e in m.entries)
+    proxied_fsspec.set("flip", [_key(azurite, prefix, name) for name in files])
+    report = LocalCache(retries=0, hedge=False).warm(m.volume(), m.entries)
+    assert report.engine == "fsspec"
+    assert (report.failed, report.fetched) == ([], 2)
+    assert (proxied_fsspec.done["flip"], report.mismatches) == (2, 2)
+    assert report.check_counts() == {"md5": 2, "crc32c": 0, "size": 0, "none": 0}
+    for name, data in files.items():
+        key = _key(azurite, prefix, name)
+        assert proxied_fsspec.gets[key] == _ranges(len(data)) + 1, name
+        asked = [r for r in proxied_fsspec.ranges if r[0] == key]
+        assert len(asked) == proxied_fsspec.gets[key]
+        assert all(md5 and last - first + 1 <= RANGE for _, first, last, md5 in asked)
+        # Every byte was asked for (the SDK asks a whole first range, which
+        # Azure cuts at the blob's end).
+        assert {(first, min(last, len(data) - 1)) for _, first, last, _ in asked} == \
+            {(s, min(len(data), s + RANGE) - 1) for s in range(0, len(data), RANGE)}
+    proxied_fsspec.set("", [])
+    cache = LocalCache()
+    for e in m.entries:
+        local = cache.lookup(m.volume(), e)
+        assert local is not None and Path(local).read_bytes() == files[e.path]
+        assert integrity.recorded(str(local)) == "md5:" + hashlib.md5(files[e.path]).hexdigest()
+
+
+def test_the_fsspec_engine_fails_a_range_wrong_on_every_read_and_caches_nothing(
+        azurite: Any, proxied_fsspec: Faults) -> None:
+    """A bad replica on the fsspec engine: the first range is read
+    :data:`TRIES` times per attempt of the file, then the file fails with
+    the MD5 mismatch and is not cached; the other file is."""
+    prefix = unique()
+    files = {"bad.bin": os.urandom(LARGE), "good.bin": os.urandom(SMALL)}
+    src = _blocks(azurite, prefix, files)
+    m = snapshot(src)
+    bad = _key(azurite, prefix, "bad.bin")
+    proxied_fsspec.set("corrupt", [bad])
+    cache = LocalCache(retries=1, backoff=0.01, hedge=False)
+    report = cache.warm(m.volume(), m.entries)
+    assert report.engine == "fsspec"
+    assert [path for path, _ in report.failed] == ["bad.bin"]
+    assert "md5 mismatch" in report.failed[0][1]
+    assert proxied_fsspec.gets[bad] == 2 * TRIES
+    assert report.mismatches == 2 * TRIES
+    entries = {e.path: e for e in m.entries}
+    assert cache.lookup(m.volume(), entries["bad.bin"]) is None
+    local = cache.lookup(m.volume(), entries["good.bin"])
+    assert local is not None and Path(local).read_bytes() == files["good.bin"]

@@ -3,7 +3,9 @@
 at most 4 MiB whose MD5 Azure gives (``x-ms-range-get-content-md5``), so a
 flipped byte is caught and only its range read again; a range wrong on every
 read fails the file, never cached; a blob with a stored MD5 keeps its one
-GET checked against that MD5.
+GET checked against that MD5. The same on the fsspec engine (a DataLoader
+worker forked after obstore ran in its parent), whose ranges the SDK's sync
+client asks for and checks (``validate_content``).
 
 Azurite (3.37) answers a ranged GET with that header as Azure does: the MD5
 of the range served, in ``Content-MD5``; the proxy forwards it and flips a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -28,6 +31,7 @@ import pytest
 
 from tests.common.faults import Faults, faulty
 from tests.common.parts import unique
+from ucstage import objstore
 from ucstage.cache import LocalCache, integrity
 from ucstage.cache.azranges import RANGE, TRIES
 from ucstage.manifest import snapshot
@@ -234,3 +238,41 @@ def test_the_fsspec_engine_fails_a_range_wrong_on_every_read_and_caches_nothing(
     assert cache.lookup(m.volume(), entries["bad.bin"]) is None
     local = cache.lookup(m.volume(), entries["good.bin"])
     assert local is not None and Path(local).read_bytes() == files["good.bin"]
+
+
+def _warm_in_child(root: str, src: str, out: Any) -> None:
+    """A forked child's warm (what a DataLoader worker's fetch runs)."""
+    try:
+        m = snapshot(src)
+        report = LocalCache(root, retries=0, hedge=False).warm(m.volume(), m.entries)
+        out.send((report.engine, report.failed, report.mismatches, report.check_counts()))
+    except BaseException as exc:  # the parent's assertion names it
+        out.send(repr(exc))
+    finally:
+        out.close()
+
+
+def test_a_worker_forked_after_obstore_ran_checks_a_blob_without_md5(
+        azurite: Any, proxied: Faults, tmp_path: Path) -> None:
+    """The case the fsspec engine's check is for: the parent read through
+    obstore, so a forked child falls back to adlfs, and its copy of a blob
+    without a stored MD5, one byte flipped, is still checked range by range
+    and cached right."""
+    prefix = unique()
+    data = os.urandom(LARGE)
+    src = _blocks(azurite, prefix, {"large.bin": data})
+    m = snapshot(src)
+    LocalCache(tmp_path / "parent").warm(m.volume(), m.entries)  # obstore ran here
+    assert objstore.forks_fall_back()
+    proxied.set("flip", [_key(azurite, prefix, "large.bin")])
+    fork = multiprocessing.get_context("fork")
+    receive, send = fork.Pipe(duplex=False)
+    child = fork.Process(target=_warm_in_child, args=(str(tmp_path / "child"), src, send))
+    child.start()
+    send.close()
+    got = receive.recv() if receive.poll(240) else "no answer"
+    child.join(30)
+    assert got == ("fsspec", [], 1, {"md5": 1, "crc32c": 0, "size": 0, "none": 0}), got
+    assert proxied.done["flip"] == 1
+    local = LocalCache(tmp_path / "child").lookup(m.volume(), m.entries[0])
+    assert local is not None and Path(local).read_bytes() == data

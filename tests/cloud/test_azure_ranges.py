@@ -25,15 +25,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from tests.common.faults import Faults, faulty
 from tests.common.parts import unique
 from ucstage import objstore
-from ucstage.cache import LocalCache, integrity
+from ucstage.cache import LocalCache, azranges, integrity
 from ucstage.cache.azranges import RANGE, TRIES
+from ucstage.cache.inflight import Inflight
 from ucstage.manifest import snapshot
 
 KB = 1024
@@ -276,3 +277,35 @@ def test_a_worker_forked_after_obstore_ran_checks_a_blob_without_md5(
     assert proxied.done["flip"] == 1
     local = LocalCache(tmp_path / "child").lookup(m.volume(), m.entries[0])
     assert local is not None and Path(local).read_bytes() == data
+
+
+def test_a_blob_replaced_between_ranges_fails_the_sync_copy(azurite: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fsspec engine's ranges after the first ``If-Match`` its ETag: a
+    blob replaced once the first range is written fails the copy (412, an
+    ``OSError`` the cache retries) instead of mixing two versions."""
+    for k, v in azurite.env().items():
+        monkeypatch.setenv(k, v)
+    prefix = unique()
+    _blocks(azurite, prefix, {"x.bin": os.urandom(LARGE)})
+    name = f"{azurite.CONTAINER}/{prefix}/x.bin"
+
+    class ReplacedAfterFirstRange:
+        """A job whose check, after the first range is written, replaces the blob."""
+
+        checks = 0
+
+        def check(self) -> None:
+            self.checks += 1
+            if self.checks == 2:
+                azurite.put_blocks(name, [os.urandom(RANGE)] * 3)
+
+    job = ReplacedAfterFirstRange()
+    fd = os.open(tmp_path / "copy", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(OSError, match="412") as info:
+            azranges.copy_into(azurite.CONTAINER, f"{prefix}/x.bin", fd, cast(Inflight, job))
+    finally:
+        os.close(fd)
+    assert not isinstance(info.value, integrity.Mismatch)
+    assert job.checks == 2

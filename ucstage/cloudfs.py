@@ -131,17 +131,21 @@ def azure_options(account: str = "") -> dict[str, Any]:
     return options
 
 
-def blob_service(account: str = "", **config: Any) -> Any:
-    """An async ``BlobServiceClient`` (azure-storage-blob, which adlfs uses)
-    authenticated as :func:`azure_options` says adlfs is, for requests that
-    need headers obstore does not pass (:mod:`ucstage.cache.azranges`).
-    ``config``: the SDK's client settings (retries, timeouts, sizes).
+def blob_service(account: str = "", *, aio: bool = True, **config: Any) -> Any:
+    """A ``BlobServiceClient`` (azure-storage-blob, which adlfs uses),
+    async unless ``aio`` is false, authenticated as :func:`azure_options`
+    says adlfs is, for requests that need headers obstore does not pass and
+    checks adlfs does not make (:mod:`ucstage.cache.azranges`). ``config``:
+    the SDK's client settings (retries, timeouts, sizes).
 
     Raises:
         MissingDependency: adlfs (with the SDK) is not installed.
     """
     try:
-        from azure.storage.blob.aio import BlobServiceClient
+        if aio:
+            from azure.storage.blob.aio import BlobServiceClient
+        else:
+            from azure.storage.blob import BlobServiceClient  # type: ignore[assignment]
     except ImportError as exc:
         raise MissingDependency("az:// needs adlfs (with azure-storage-blob) to read blobs "
                                 "with their checksums", hint="pip install 'ucstage[azure]'") from exc
@@ -155,10 +159,14 @@ def blob_service(account: str = "", **config: Any) -> Any:
         credential = {"account_name": name, "account_key": options["account_key"]}
     elif "sas_token" in options:
         credential = options["sas_token"]
-    else:
+    elif aio:
         from azure.identity.aio import DefaultAzureCredential
 
         credential = DefaultAzureCredential()
+    else:
+        from azure.identity import DefaultAzureCredential as SyncCredential
+
+        credential = SyncCredential()
     return BlobServiceClient(url, credential=credential, **config)
 
 

@@ -3,7 +3,9 @@
 at most 4 MiB whose MD5 Azure gives (``x-ms-range-get-content-md5``), so a
 flipped byte is caught and only its range read again; a range wrong on every
 read fails the file, never cached; a blob with a stored MD5 keeps its one
-GET checked against that MD5.
+GET checked against that MD5. The same on the fsspec engine (a DataLoader
+worker forked after obstore ran in its parent), whose ranges the SDK's sync
+client asks for and checks (``validate_content``).
 
 Azurite (3.37) answers a ranged GET with that header as Azure does: the MD5
 of the range served, in ``Content-MD5``; the proxy forwards it and flips a
@@ -17,19 +19,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from tests.common.faults import Faults, faulty
 from tests.common.parts import unique
-from ucstage.cache import LocalCache, integrity
+from ucstage import objstore
+from ucstage.cache import LocalCache, azranges, integrity
 from ucstage.cache.azranges import RANGE, TRIES
+from ucstage.cache.inflight import Inflight
 from ucstage.manifest import snapshot
 
 KB = 1024
@@ -45,7 +50,18 @@ def _ranges(size: int) -> int:
 @pytest.fixture
 def proxied(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching Azurite through the fault proxy."""
-    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    yield from _proxied(azurite, monkeypatch, "obstore")
+
+
+@pytest.fixture
+def proxied_fsspec(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
+    """The fsspec engine (a DataLoader worker forked after obstore ran in
+    its parent) reaching Azurite through the fault proxy."""
+    yield from _proxied(azurite, monkeypatch, "fsspec")
+
+
+def _proxied(azurite: Any, monkeypatch: pytest.MonkeyPatch, engine: str) -> Iterator[Faults]:
+    monkeypatch.setenv("UCSTAGE_ENGINE", engine)
     integrity.forget()
     with faulty(azurite.endpoint) as (url, faults):
         for k, v in azurite.env(url).items():
@@ -163,3 +179,133 @@ def test_a_blob_with_a_stored_md5_keeps_one_get_checked_against_it(
     assert not any(md5 for k, _, _, md5 in proxied.ranges if k == key)
     local = cache.lookup(m.volume(), m.entries[0])
     assert local is not None and Path(local).read_bytes() == data
+
+
+def test_the_fsspec_engine_reads_a_blob_without_md5_in_checked_ranges(
+        azurite: Any, proxied_fsspec: Faults) -> None:
+    """The fsspec engine's copy (forked DataLoader workers), which adlfs
+    would give unchecked: both blobs get one byte flipped on their first
+    GET, no retry of the file allowed; each copy succeeds because the SDK
+    asked every range for its MD5, found the one that mismatched, and the
+    copy read that range again. Counted ``md5``, the whole MD5 recorded."""
+    prefix = unique()
+    files = {"small.bin": os.urandom(SMALL), "large.bin": os.urandom(LARGE)}
+    src = _blocks(azurite, prefix, files)
+    m = snapshot(src)
+    assert all(";md5=" not in e.version for e in m.entries)
+    proxied_fsspec.set("flip", [_key(azurite, prefix, name) for name in files])
+    report = LocalCache(retries=0, hedge=False).warm(m.volume(), m.entries)
+    assert report.engine == "fsspec"
+    assert (report.failed, report.fetched) == ([], 2)
+    assert (proxied_fsspec.done["flip"], report.mismatches) == (2, 2)
+    assert report.check_counts() == {"md5": 2, "crc32c": 0, "size": 0, "none": 0}
+    for name, data in files.items():
+        key = _key(azurite, prefix, name)
+        assert proxied_fsspec.gets[key] == _ranges(len(data)) + 1, name
+        asked = [r for r in proxied_fsspec.ranges if r[0] == key]
+        assert len(asked) == proxied_fsspec.gets[key]
+        assert all(md5 and last - first + 1 <= RANGE for _, first, last, md5 in asked)
+        # Every byte was asked for (the SDK asks a whole first range, which
+        # Azure cuts at the blob's end).
+        assert {(first, min(last, len(data) - 1)) for _, first, last, _ in asked} == \
+            {(s, min(len(data), s + RANGE) - 1) for s in range(0, len(data), RANGE)}
+    proxied_fsspec.set("", [])
+    cache = LocalCache()
+    for e in m.entries:
+        local = cache.lookup(m.volume(), e)
+        assert local is not None and Path(local).read_bytes() == files[e.path]
+        assert integrity.recorded(str(local)) == "md5:" + hashlib.md5(files[e.path]).hexdigest()
+
+
+def test_the_fsspec_engine_fails_a_range_wrong_on_every_read_and_caches_nothing(
+        azurite: Any, proxied_fsspec: Faults) -> None:
+    """A bad replica on the fsspec engine: the first range is read
+    :data:`TRIES` times per attempt of the file, then the file fails with
+    the MD5 mismatch and is not cached; the other file is."""
+    prefix = unique()
+    files = {"bad.bin": os.urandom(LARGE), "good.bin": os.urandom(SMALL)}
+    src = _blocks(azurite, prefix, files)
+    m = snapshot(src)
+    bad = _key(azurite, prefix, "bad.bin")
+    proxied_fsspec.set("corrupt", [bad])
+    cache = LocalCache(retries=1, backoff=0.01, hedge=False)
+    report = cache.warm(m.volume(), m.entries)
+    assert report.engine == "fsspec"
+    assert [path for path, _ in report.failed] == ["bad.bin"]
+    assert "md5 mismatch" in report.failed[0][1]
+    assert proxied_fsspec.gets[bad] == 2 * TRIES
+    assert report.mismatches == 2 * TRIES
+    entries = {e.path: e for e in m.entries}
+    assert cache.lookup(m.volume(), entries["bad.bin"]) is None
+    local = cache.lookup(m.volume(), entries["good.bin"])
+    assert local is not None and Path(local).read_bytes() == files["good.bin"]
+
+
+def _warm_in_child(root: str, src: str, out: Any) -> None:
+    """A forked child's warm (what a DataLoader worker's fetch runs)."""
+    try:
+        m = snapshot(src)
+        report = LocalCache(root, retries=0, hedge=False).warm(m.volume(), m.entries)
+        out.send((report.engine, report.failed, report.mismatches, report.check_counts()))
+    except BaseException as exc:  # the parent's assertion names it
+        out.send(repr(exc))
+    finally:
+        out.close()
+
+
+def test_a_worker_forked_after_obstore_ran_checks_a_blob_without_md5(
+        azurite: Any, proxied: Faults, tmp_path: Path) -> None:
+    """The case the fsspec engine's check is for: the parent read through
+    obstore, so a forked child falls back to adlfs, and its copy of a blob
+    without a stored MD5, one byte flipped, is still checked range by range
+    and cached right."""
+    prefix = unique()
+    data = os.urandom(LARGE)
+    src = _blocks(azurite, prefix, {"large.bin": data})
+    m = snapshot(src)
+    LocalCache(tmp_path / "parent").warm(m.volume(), m.entries)  # obstore ran here
+    assert objstore.forks_fall_back()
+    proxied.set("flip", [_key(azurite, prefix, "large.bin")])
+    fork = multiprocessing.get_context("fork")
+    receive, send = fork.Pipe(duplex=False)
+    child = fork.Process(target=_warm_in_child, args=(str(tmp_path / "child"), src, send))
+    child.start()
+    send.close()
+    got = receive.recv() if receive.poll(240) else "no answer"
+    child.join(30)
+    assert got == ("fsspec", [], 1, {"md5": 1, "crc32c": 0, "size": 0, "none": 0}), got
+    assert proxied.done["flip"] == 1
+    local = LocalCache(tmp_path / "child").lookup(m.volume(), m.entries[0])
+    assert local is not None and Path(local).read_bytes() == data
+
+
+def test_a_blob_replaced_between_ranges_fails_the_sync_copy(azurite: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fsspec engine's ranges after the first ``If-Match`` its ETag: a
+    blob replaced once the first range is written fails the copy (412, an
+    ``OSError`` the cache retries) instead of mixing two versions."""
+    for k, v in azurite.env().items():
+        monkeypatch.setenv(k, v)
+    prefix = unique()
+    _blocks(azurite, prefix, {"x.bin": os.urandom(LARGE)})
+    name = f"{azurite.CONTAINER}/{prefix}/x.bin"
+
+    class ReplacedAfterFirstRange:
+        """A job whose check, after the first range is written, replaces the blob."""
+
+        checks = 0
+
+        def check(self) -> None:
+            self.checks += 1
+            if self.checks == 2:
+                azurite.put_blocks(name, [os.urandom(RANGE)] * 3)
+
+    job = ReplacedAfterFirstRange()
+    fd = os.open(tmp_path / "copy", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(OSError, match="412") as info:
+            azranges.copy_into(azurite.CONTAINER, f"{prefix}/x.bin", fd, cast(Inflight, job))
+    finally:
+        os.close(fd)
+    assert not isinstance(info.value, integrity.Mismatch)
+    assert job.checks == 2

@@ -20,6 +20,14 @@ each range against it as the bytes are written.
 One client per process and container, made on the engine's loop (its
 aiohttp session belongs to that loop), closed at exit before the loop
 stops; a forked child makes its own.
+
+The fsspec engine (DataLoader workers forked after obstore ran in their
+parent, where obstore cannot run) copies such a blob with :func:`copy_into`:
+the SDK's sync client, whose ``download_blob(validate_content=True)`` asks
+each range of at most :data:`RANGE` for its MD5 and checks the bytes against
+it, every range after the first ``If-Match`` the first one's ETag. A range
+that mismatches is read again from where the copy got, :data:`TRIES` reads
+at most, as on the object-store engine.
 """
 
 from __future__ import annotations
@@ -28,13 +36,17 @@ import atexit
 import contextlib
 import os
 import re
+import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from .. import cloudfs
 from ..objstore import deadline
+from . import integrity
+from .inflight import Inflight
 
-__all__ = ["RANGE", "TRIES", "Blobs", "blobs", "wanted"]
+__all__ = ["RANGE", "TRIES", "Blobs", "Read", "blobs", "copy_into", "passed", "wanted"]
 
 RANGE = 4 * 1024 * 1024
 """The largest range Azure returns an MD5 for."""
@@ -47,6 +59,21 @@ _CONTENT_RANGE = re.compile(r"bytes \d+-\d+/(\d+)")
 _ENV = ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT", "AZURE_STORAGE_ACCOUNT_KEY",
         "AZURE_STORAGE_KEY", "AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL",
         "AZURE_STORAGE_ENDPOINT", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_SAS_KEY")
+
+
+def _settings(limit: float) -> dict[str, Any]:
+    """The SDK client's settings, async and sync alike: no retries inside
+    the SDK (the cache's retry rule applies, as for obstore), no GET of more
+    than :data:`RANGE`, timeouts a backstop behind the engine's deadline."""
+    return {"retry_total": 0, "max_single_get_size": RANGE, "max_chunk_get_size": RANGE,
+            "connection_timeout": limit + 5, "read_timeout": limit + 5}
+
+
+def passed(md5: str) -> integrity.Verdict:
+    """The verdict on a copy whose every range matched its MD5, ``md5`` (hex)
+    being the whole copy's, recorded for ``cache verify --checksum``."""
+    integrity.TALLY.add("md5")
+    return integrity.Verdict("md5", f"md5:{md5}")
 
 
 def wanted(source: str, listed: str, size: int) -> bool:
@@ -77,11 +104,7 @@ class Blobs:
 
     def __init__(self, bucket: str, limit: float) -> None:
         container, account = cloudfs.split_account(bucket)
-        # No retries inside the SDK: the cache's retry rule applies, as for
-        # obstore; its timeouts are a backstop behind the engine's deadline.
-        self.service = cloudfs.blob_service(
-            account, retry_total=0, max_single_get_size=RANGE, max_chunk_get_size=RANGE,
-            connection_timeout=limit + 5, read_timeout=limit + 5)
+        self.service = cloudfs.blob_service(account, **_settings(limit))
         self.container = self.service.get_container_client(container)
 
     async def get_async(self, key: str, options: Any = None) -> _Got:
@@ -144,9 +167,17 @@ _forked_away: list[Any] = []
 sessions belong to the parent's loop)."""
 
 
+_containers: dict[tuple[Any, ...], Any] = {}
+"""This process's sync container clients (:func:`copy_into`)."""
+_containers_lock = threading.Lock()
+
+
 def _forget_after_fork() -> None:
-    _forked_away.append(dict(_clients))
+    global _containers_lock
+    _forked_away.append((dict(_clients), dict(_containers)))
     _clients.clear()
+    _containers.clear()
+    _containers_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -157,7 +188,7 @@ def blobs(bucket: str, limit: float | None = None) -> Blobs:
     ``container@account``). Call it on the engine's loop, which its
     connections belong to."""
     limit = deadline() if limit is None else limit
-    key = (os.getpid(), bucket, limit, *(os.environ.get(name, "") for name in _ENV))
+    key = _key(bucket, limit)
     found = _clients.get(key)
     if found is None:
         if not _clients:
@@ -168,6 +199,108 @@ def blobs(bucket: str, limit: float | None = None) -> Blobs:
             atexit.register(_close_all, asyncio.get_running_loop())
         found = _clients[key] = Blobs(bucket, limit)
     return found
+
+
+def _key(bucket: str, limit: float) -> tuple[Any, ...]:
+    # The variables read are part of the key, so a process that changes them
+    # (a test, a notebook) gets a client that follows.
+    return (os.getpid(), bucket, limit, *(os.environ.get(name, "") for name in _ENV))
+
+
+def _container(bucket: str, limit: float | None) -> Any:
+    """This process's sync client of ``bucket`` (``container`` or
+    ``container@account``), shared by its threads (the SDK's clients are
+    thread-safe)."""
+    limit = deadline() if limit is None else limit
+    key = _key(bucket, limit)
+    with _containers_lock:
+        found = _containers.get(key)
+        if found is None:
+            container, account = cloudfs.split_account(bucket)
+            service = cloudfs.blob_service(account, aio=False, **_settings(limit))
+            found = _containers[key] = service.get_container_client(container)
+    return found
+
+
+class Read(NamedTuple):
+    """What :func:`copy_into` copied."""
+
+    size: int
+    etag: str
+    """The blob's ETag (unquoted), the same for every range."""
+    last_modified: datetime | None
+    md5: str
+    """The MD5 (hex) of the whole copy."""
+
+
+_MISMATCH = re.compile(r"MD5 mismatch\. Expected value is '([^']*)', computed value is '([^']*)'")
+"""The SDK's error for a range whose bytes differ from its MD5 (azure-storage-blob
+12.x, ``StorageContentValidation``), with both MD5s in base64."""
+
+
+def copy_into(bucket: str, key: str, fd: int, inflight: Inflight | None = None,
+              limit: float | None = None) -> Read:
+    """Copy blob ``key`` of ``bucket`` into the open file ``fd`` from offset
+    0 (a preallocated file is not cut: the caller does), every byte checked
+    against the MD5 Azure gives of its range (see the module docstring).
+    ``inflight`` is checked between ranges; ``limit``: seconds per request
+    (None: the environment's).
+
+    Raises:
+        integrity.Mismatch: a range mismatched on :data:`TRIES` reads in a row.
+        Stopped: ``inflight`` stopped.
+        OSError: a range came without its MD5, the blob changed during the
+            copy (412), or any other error of the store (one line, as
+            :func:`_oserror` maps them).
+    """
+    from azure.core import MatchConditions
+    from azure.core.exceptions import AzureError
+
+    container = _container(bucket, limit)
+    whole = integrity.hasher("md5")
+
+    def heard(response: Any) -> None:
+        # The SDK checks a range only when the response carries its MD5:
+        # one that came without is refused here, never taken unchecked.
+        http = response.http_response
+        if http.status_code < 300 and not http.headers.get("content-md5"):
+            raise OSError(f"Azure sent no MD5 of the bytes {http.headers.get('content-range')} "
+                          "(x-ms-range-get-content-md5)")
+
+    pos, size, misses = 0, -1, 0
+    etag, modified = "", None
+    while pos < size or size < 0:
+        if inflight is not None:
+            inflight.check()
+        conditions: dict[str, Any] = {} if not etag else \
+            {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+        try:
+            # The first GET names the blob's size and ETag; after a
+            # mismatch, the copy goes on from its first unwritten byte.
+            got = container.download_blob(key, offset=pos or None, validate_content=True,
+                                          raw_response_hook=heard, **conditions)
+            if size < 0:
+                size, etag, modified = got.size, got.properties.etag, got.properties.last_modified
+            for chunk in got.chunks():
+                view = memoryview(chunk)
+                while view:
+                    written = os.pwrite(fd, view, pos)
+                    view, pos = view[written:], pos + written
+                whole.update(chunk)
+                misses = 0
+                if inflight is not None:
+                    inflight.check()
+        except AzureError as exc:
+            mismatch = _MISMATCH.search(str(exc))
+            if mismatch is None:
+                raise _oserror(exc, key) from exc
+            # A transfer error (or a bad replica): this range again, not the file.
+            integrity.TALLY.add("mismatches")
+            misses += 1
+            if misses == TRIES:
+                raise integrity.Mismatch(key, "md5", cloudfs.hex_of(mismatch.group(1)),
+                                         cloudfs.hex_of(mismatch.group(2))) from None
+    return Read(size, str(etag or "").strip('"'), modified, whole.hexdigest())
 
 
 def _close_all(loop: Any) -> None:

@@ -9,6 +9,7 @@ flags (``ucstage.cli.output.flag_names`` and ``error_hint``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from .shown import shown
@@ -53,6 +54,22 @@ NESTED_TOO_DEEP = "not valid JSON: arrays or objects nested too deeply"
 it nests deeper than Python's decoder can follow (it raises RecursionError)."""
 
 
+_TORCH_RERAISE = re.compile(r"Caught \w+ in (DataLoader worker process \d+|pin memory thread|"
+                            r"replica \d+ on device \S+)\.\nOriginal ")
+"""How torch re-raises a DataLoader worker's error in the main process:
+``type(exc)(message=...)`` with the worker's traceback after this line."""
+
+
+def _shown_message(text: str) -> str:
+    """``text`` made safe to show (:func:`ucstage.shown.shown`), but for the
+    line breaks of torch's re-raise of a worker's error: that text is the
+    worker's traceback, whose messages were made safe when they were raised
+    there, and its lines read as one traceback only when they stay lines."""
+    if _TORCH_RERAISE.match(text):
+        return "\n".join(shown(line) for line in text.split("\n"))
+    return shown(text)
+
+
 class UcstageError(Exception):
     """Base class: a problem ucstage can explain in one line.
 
@@ -66,7 +83,7 @@ class UcstageError(Exception):
     def __init__(self, message: str, hint: str = "") -> None:
         # Messages name files, and a name may hold ESC or CR: every typed
         # error's text is shown safe here, once (ucstage.shown).
-        super().__init__(shown(message))
+        super().__init__(_shown_message(message))
         self.message = message
         self.hint = hint
 
@@ -76,7 +93,7 @@ class UcstageError(Exception):
 
     @message.setter
     def message(self, value: str) -> None:
-        self._message = shown(value)
+        self._message = _shown_message(value)
 
     @property
     def hint(self) -> str:

@@ -244,3 +244,23 @@ def test_a_manifest_nested_too_deeply_is_refused_in_one_line(tmp_path: Path,
 def test_a_resume_state_nested_too_deeply_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="nested too deeply"):
         load_state(_deep(tmp_path / "state.json", False))
+
+
+def test_a_worker_error_re_raised_by_torch_keeps_its_traceback_lines() -> None:
+    """torch re-raises a DataLoader worker's error as ``type(exc)(message=...)``
+    with the worker's traceback; its line breaks stay, so the last line is the
+    worker's message (already shown safe when raised there). Anything else
+    with a line break, a name's above all, is escaped."""
+    from ucstage.errors import FetchFailed
+
+    inner = FetchFailed("cannot copy evil\x1b[2K\nerror: fake")
+    assert "\n" not in str(inner) and "\x1b" not in str(inner)
+    text = (f"Caught FetchFailed in DataLoader worker process 1.\nOriginal Traceback "
+            f"(most recent call last):\n  File \"x.py\", line 1, in f\n"
+            f"ucstage.errors.FetchFailed: {inner}\n")
+    outer = FetchFailed(message=text)
+    lines = str(outer).splitlines()
+    assert lines[0] == "Caught FetchFailed in DataLoader worker process 1."
+    assert lines[-1] == "ucstage.errors.FetchFailed: cannot copy evil\\x1b[2K\\nerror: fake"
+    # The same text not in torch's form is one escaped line.
+    assert "\n" not in str(FetchFailed("x " + text))

@@ -709,6 +709,19 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
     return Got(size, stamp, objstore.mtime_ns(meta["last_modified"]), verdict.check)
 
 
+async def _cancelled(tasks: list[Any]) -> None:
+    """Cancel the parts of a copy and wait until each has ended.
+
+    One part failed (or the copy was cancelled): no other part may go on
+    writing into a file the caller is about to close.
+    """
+    import asyncio
+
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source: str,
                           requests: Requests | None) -> tuple[int, Any, integrity.Verdict]:
     """An Azure blob the store keeps no MD5 for, read in ranges of at most
@@ -767,10 +780,7 @@ async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source:
     try:
         await asyncio.gather(*tasks)
     except BaseException:
-        # No range may go on writing into a file the caller is about to close.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancelled(tasks)
         raise
     # The MD5 of the whole copy, recorded for ``cache verify --checksum``: a
     # single range's is at hand; ranges are hashed again once all are written.
@@ -828,11 +838,7 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
                   for start in range(step, size, step)]
         await asyncio.gather(*tasks)
     except BaseException:
-        # One part failed (or the copy was cancelled): no other part may
-        # go on writing into a file the caller is about to close.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancelled(tasks)
         raise
     if sum(wrote) != size:
         raise OSError(f"short read: {sum(wrote)} of {size} bytes")

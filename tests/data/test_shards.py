@@ -55,8 +55,28 @@ def test_a_dataloader_with_workers_gives_every_sample_once(tmp_path) -> None:  #
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=keys)
     got = [k for batch in loader for k in batch]
     assert Counter(got) == Counter(list(want))
+    audit = loader.audits[-1]  # the exactly-once audit counts samples, not blocks
+    assert (audit.files, audit.duplicates, audit.gaps) == (61, 0, 0)
+    assert len(ds.freeze()) == 13  # the blocks: 4 + 4 + 4 + 1
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_the_audit_counts_samples_under_equal_length(tmp_path, mode) -> None:  # type: ignore[no-untyped-def]
+    write_shards(str(tmp_path / "src"), 61, 20)  # blocks of 6: 4 + 4 + 4 + 1
+    ds = ShardDataset(str(tmp_path / "src"), block_samples=6, shuffle=True, seed=2,
+                      equal_length=mode, cache_dir=str(tmp_path / "cache"))
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=keys)
+    got = [k for batch in loader for k in batch]
     audit = loader.audits[-1]
-    assert (audit.files, audit.duplicates, audit.gaps) == (len(ds.freeze()), 0, 0)
+    assert audit.coverage_ok
+    if mode == "pad":  # re-reads are not counted as deliveries: every sample once
+        assert (audit.files, audit.duplicates, audit.gaps) == (61, 0, 0)
+        return
+    # drop: each slot yields as many samples as the smallest; the blocks a slot
+    # leaves unfinished are the planned gaps, counted in samples.
+    assert len(got) == len(set(got)) < 61
+    assert audit.files + audit.gaps == 61 and audit.gaps == audit.expected_gaps > 0
+    assert audit.files <= len(got)
 
 
 def test_eight_shards_feed_sixty_four_slots(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -100,7 +120,8 @@ def test_resume_mid_shard_replays_nothing(tmp_path) -> None:  # type: ignore[no-
         after = [k for batch in again for k in batch]
         assert Counter(before + after) == Counter(list(want)), workers
         audit = again.audits[-1]
-        assert (audit.duplicates, audit.gaps) == (0, 0)
+        assert (audit.files, audit.duplicates, audit.gaps) == (70, 0, 0)
+        assert audit.resumed_files <= 15  # samples of blocks delivered whole before
 
 
 def test_jsonl_by_pandas_and_bad_lines_skipped_with_a_warning(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]

@@ -80,6 +80,8 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     batch_rows = 1
     """The unit the shared counts count per item yielded: one sample
     (:mod:`ucstage.data.unitcounts`)."""
+    audit_by_unit = True
+    """The exactly-once audit (and ``epoch_files``) counts samples."""
 
     def __init__(self, source: str | os.PathLike[str], *, format: str | None = None,
                  include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),

@@ -216,9 +216,28 @@ def test_cache_warm_warms_the_shards_that_freeze_then_indexes(tmp_path, monkeypa
     assert len(list(ds)) == 40
 
 
-def test_a_shard_dataset_is_no_source_of_a_mix_yet(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ucstage import Mix
+def test_a_mix_of_files_and_shards_reads_every_item_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ucstage import Mix, VolumeDataset
 
-    write_shards(str(tmp_path / "src"), 5, 5)
-    with pytest.raises(InvalidArgument, match="got ShardDataset"):
-        Mix([ShardDataset(str(tmp_path / "src"), cache_dir=str(tmp_path / "cache"))])
+    want = write_shards(str(tmp_path / "shards"), 45, 20)  # 20 + 20 + 5 samples
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(30):
+        (files / f"f{i:02d}.bin").write_bytes(f"file{i}".encode())
+    cache = str(tmp_path / "cache")
+    vol = VolumeDataset(str(files), cache_dir=cache)
+    shards = ShardDataset(str(tmp_path / "shards"), block_samples=4, cache_dir=cache)
+    mix = Mix({"files": vol, "shards": shards}, seed=3)
+    assert mix.counts == {"files": 30, "shards": 45}  # the shards' items are samples
+    loader = DataLoader(mix, batch_size=5, num_workers=0, collate_fn=list)
+    got = [x for batch in loader for x in batch]
+    samples = [s for s in got if isinstance(s, dict)]
+    assert len(got) == 75
+    assert Counter(s["__key__"] for s in samples) == Counter(list(want))  # each sample once
+    assert {s["__key__"]: members(s) for s in samples} == want  # with its bytes
+    assert len(got) - len(samples) == 30
+    order = [isinstance(x, dict) for x in got]
+    assert order != sorted(order) and order != sorted(order, reverse=True)  # interleaved
+    audit = loader.audits[-1]
+    assert (audit.duplicates, audit.gaps) == (0, 0)
+    assert {src.name: src.items for src in audit.sources} == {"files": 30, "shards": 45}

@@ -174,6 +174,23 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
         self.freeze()
         return IndexedShards(self)
 
+    # -- as a Mix source: its items are samples ---------------------------------
+
+    def mix_items(self) -> int:
+        """Items a :class:`~ucstage.Mix` deals of it: its samples (freezes)."""
+        return int(self.freeze().samples)
+
+    def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Iterator[Any]:
+        """Samples ``rows`` (numbers in the frozen order), in order, for a
+        :class:`~ucstage.Mix`: each read through the cache from its block
+        (:class:`IndexedShards`, which keeps the last block read, so a run of
+        one block's samples reads it once). The mix permutes samples across
+        the source, so most samples cost their block's range read: shards
+        are on local disk, but prefer a small ``block_samples`` in a mix."""
+        view = IndexedShards(self)
+        for row in rows.tolist() if hasattr(rows, "tolist") else rows:
+            yield view[int(row)]
+
     # -- iteration ---------------------------------------------------------------
 
     def _slot_items(self, tracker: TableTracker, share: Any,  # type: ignore[override]

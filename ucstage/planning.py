@@ -10,6 +10,9 @@ that needs no listing; :meth:`PlanRequest.plan` reads the sources and plans:
   :func:`ucstage.sharding.mixing.mix_plan` -> ``MixPlan``;
 * **row groups** (``unit="row-group"``): the table's row groups by
   :func:`ucstage.tables.slots.plan_row_groups` -> ``RowGroupPlan``;
+* **samples** (``unit="sample"``): the shards' samples, indexed as
+  ``ShardDataset`` indexes them (:func:`read_shards`), by
+  :func:`ucstage.sampleplan.plan_samples` -> ``SamplePlan``;
 * a **resume** (``resume`` names a saved loader state): the rest of the epoch,
   :func:`ucstage.resume.resume_plan` -> :class:`ResumeFiles`;
 * one **slot** (``slot``): its files in read order -> :class:`SlotFiles`;
@@ -45,13 +48,23 @@ from .volumes.entry import FileEntry
 
 if TYPE_CHECKING:
     from .manifest.rowgroups import RowGroupManifest
+    from .manifest.shardsamples import ShardManifest
+    from .sampleplan import SamplePlan
     from .tables.slots import RowGroupPlan
 
-__all__ = ["FILE_ONLY", "MIX_REFUSED", "ROW_GROUP_ONLY", "UNITS", "FilePlan", "ItemNames",
-           "PlanRequest", "ResumeFiles", "SlotFiles", "check_unit", "disk_free",
-           "read_row_groups", "scope_of"]
+__all__ = ["FILE_ONLY", "MIX_REFUSED", "PLAN_UNITS", "ROW_GROUP_ONLY", "SAMPLE_ONLY",
+           "SAMPLE_REFUSED", "UNITS", "FilePlan", "ItemNames", "PlanRequest", "ResumeFiles",
+           "SlotFiles", "check_unit", "disk_free", "read_row_groups", "read_shards", "scope_of"]
 
 UNITS = ("file", "row-group")
+"""What ``cache warm`` warms by (shards are warmed as files)."""
+PLAN_UNITS = (*UNITS, "sample")
+"""What ``shard-plan`` deals: files, a table's row groups, or shards' samples."""
+SAMPLE_ONLY = ("format", "block_samples")
+"""What means something only with ``unit="sample"``."""
+SAMPLE_REFUSED = ("include_hidden", "batch_size", "slot", "resume", "epochs", "max_bytes",
+                  "group", "batch_rows", "columns", "version")
+"""What a sample plan does not take (``equal_length`` counts samples there)."""
 ROW_GROUP_ONLY = ("batch_rows", "equal_length", "columns", "version")
 """What means something only with ``unit="row-group"``."""
 FILE_ONLY = ("include", "exclude", "include_hidden", "batch_size", "slot", "resume", "epochs",
@@ -66,6 +79,9 @@ ReadFiles = Callable[[str | None, str | None, Sequence[str], Sequence[str], bool
 """``(source, manifest_path, include, exclude, include_hidden)`` -> the files."""
 ReadTable = Callable[[str | None, str | None, int | None], "RowGroupManifest"]
 """``(source, manifest_path, version)`` -> the table's row groups."""
+ReadShards = Callable[[str | None, str | None, Sequence[str], Sequence[str], str | None, int | None],
+                      "ShardManifest"]
+"""``(source, manifest_path, include, exclude, format, block_samples)`` -> the shards' samples."""
 
 
 def _names(names: Sequence[str]) -> str:
@@ -101,6 +117,35 @@ def check_unit(unit: str, given: Collection[str], file_only: Sequence[str] = FIL
         hint = ("use `batch_rows` for rows per batch" if "batch_size" in wrong else
                 "a table is read whole by row group: give `columns` to choose columns")
         raise InvalidArgument(f"{_names(wrong)} do not apply to `unit` row-group", hint=hint)
+
+
+def read_shards(source: str | None, manifest_path: str | None = None,
+                include: Sequence[str] = (), exclude: Sequence[str] = (),
+                format: str | None = None, block_samples: int | None = None) -> ShardManifest:
+    """The samples of a shard ``source``, every shard fetched into this
+    machine's default cache and indexed as ``ShardDataset`` indexes them
+    (:func:`ucstage.shardfiles.sourceindex.index_source`); or a saved
+    ``.shards.arrow`` (``manifest_path``, which wins)."""
+    from .cache.local import LocalCache
+    from .manifest.shardsamples import ShardManifest
+    from .shardfiles.shardformat import format_of
+    from .shardfiles.sourceindex import DEFAULT_BLOCK_SAMPLES, index_source
+
+    if manifest_path is not None:
+        given = [n for n, v in (("include", include), ("exclude", exclude), ("format", format),
+                                ("block_samples", block_samples)) if not _unset(v)]
+        if given:
+            raise InvalidArgument(f"{_names(given)} choose how shards are indexed; a frozen "
+                                  "shard manifest already is", hint="leave them out")
+        from .manifest import load
+        return load(manifest_path, kind=ShardManifest)
+    if source is None:
+        raise InvalidArgument("give a shard `source` or a `manifest_path`")
+    if format is not None:
+        format_of("", format)  # checks the name before any fetch
+    return index_source(source, fetch=LocalCache().fetch, format=format, include=include,
+                        exclude=exclude, block_samples=DEFAULT_BLOCK_SAMPLES
+                        if block_samples is None else block_samples)
 
 
 def read_row_groups(source: str | None, manifest_path: str | None = None,
@@ -324,6 +369,10 @@ class PlanRequest:
     weights: tuple[float, ...] | None = None
     repeat: tuple[float, ...] | None = None
     epoch_size: int | None = None
+    format: str | None = None
+    """With ``unit="sample"``: every file's shard format (default: by suffix)."""
+    block_samples: int | None = None
+    """With ``unit="sample"``: samples per block, as ``ShardDataset``'s."""
     cap: int | None = field(init=False, default=None)
     """The forecast's cap: ``max_bytes``, else the environment's (with ``epochs``)."""
 
@@ -334,6 +383,13 @@ class PlanRequest:
         if self.mode == "mix":
             self._check_mix()
             return
+        if self.mode == "sample":
+            self._check_samples()
+            return
+        wrong = self._given(SAMPLE_ONLY)
+        if wrong:
+            raise InvalidArgument(f"{_names(wrong)} only apply to `unit` sample",
+                                  hint="add `unit` sample, or leave them out")
         check_unit(self.unit or "file", self._given(FILE_ONLY + ROW_GROUP_ONLY))
         if self.mode == "row-group":
             self._check_rows()
@@ -342,12 +398,12 @@ class PlanRequest:
 
     @property
     def mode(self) -> str:
-        """``"mix"``, ``"row-group"``, ``"resume"``, ``"slot"`` or ``"files"``."""
+        """``"mix"``, ``"row-group"``, ``"sample"``, ``"resume"``, ``"slot"`` or ``"files"``."""
         if len(self.sources) > 1 or any(v is not None for v in
                                         (self.weights, self.repeat, self.epoch_size)):
             return "mix"
-        if self.unit == "row-group":
-            return "row-group"
+        if self.unit in ("row-group", "sample"):
+            return self.unit
         if self.resume is not None:
             return "resume"
         return "files" if self.slot is None else "slot"
@@ -385,6 +441,17 @@ class PlanRequest:
         if given and not self.shuffle:
             raise InvalidArgument("`seed`/`epoch` only matter with `shuffle`",
                                   hint=f"add `shuffle`, or leave {_names(given)} out")
+
+    def _check_samples(self) -> None:
+        wrong = self._given(SAMPLE_REFUSED)
+        if wrong:
+            raise InvalidArgument(f"{_names(wrong)} do not apply to `unit` sample",
+                                  hint="a sample plan prints each slot's shards and sample "
+                                       "ranges; give `equal_length` to count equal samples")
+        self._check_order()
+        scope_of(self.shuffle_scope, self.shuffle)
+        if self.block_samples is not None and self.block_samples < 1:
+            raise InvalidArgument(f"block_samples must be at least 1, got {self.block_samples}")
 
     def _check_rows(self) -> None:
         self._check_order()
@@ -425,15 +492,24 @@ class PlanRequest:
     def _order(self, n: int) -> ReadOrder:
         return ReadOrder(n, self.shuffle, self.seed or 0, self.epoch or 0, None, self.scope)
 
-    def plan(self, read_files: ReadFiles = _read_files, read_table: ReadTable = read_row_groups
-             ) -> MixPlan | RowGroupPlan | ResumeFiles | SlotFiles | FilePlan:
+    def plan(self, read_files: ReadFiles = _read_files, read_table: ReadTable = read_row_groups,
+             read_samples: ReadShards = read_shards
+             ) -> MixPlan | RowGroupPlan | SamplePlan | ResumeFiles | SlotFiles | FilePlan:
         """Read the sources and plan in the request's :attr:`mode`.
 
-        ``read_files`` and ``read_table`` read a SOURCE (defaults:
-        :func:`ucstage.source.snapshot`, :func:`read_row_groups`); the CLI's
-        also warn about what a listing skipped.
+        ``read_files``, ``read_table`` and ``read_samples`` read a SOURCE
+        (defaults: :func:`ucstage.source.snapshot`, :func:`read_row_groups`,
+        :func:`read_shards`); the CLI's also warn about what a listing skipped.
         """
         mode = self.mode
+        if mode == "sample":
+            from .sampleplan import plan_samples
+
+            layout = self.layout  # before the shards are fetched: a bad layout fails fast
+            shards = read_samples(self.source, self.manifest_path, self.include, self.exclude,
+                                  self.format, self.block_samples)
+            return plan_samples(shards, layout, self._order(len(shards)),
+                                equal_length=self.equal_length)
         if mode == "mix":
             manifests = [read_files(s, None, self.include, self.exclude, self.include_hidden)
                          for s in self.sources]

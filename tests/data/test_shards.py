@@ -16,22 +16,10 @@ import pandas as pd
 import pytest
 import webdataset as wds
 
+from tests.common.shards import write_shards
 from ucstage import DataLoader, ShardDataset
 from ucstage.errors import EmptySource, InvalidArgument, ShardChanged
 from ucstage.sharding import World
-
-
-def write_shards(folder: str, n: int, per: int) -> dict[str, dict[str, bytes]]:
-    """``n`` samples in shards of ``per`` by webdataset's ShardWriter: {key: members}."""
-    os.makedirs(folder, exist_ok=True)
-    want = {}
-    with wds.ShardWriter(os.path.join(folder, "part-%03d.tar"), maxcount=per, verbose=0) as w:
-        for i in range(n):
-            sample = {"__key__": f"k{i:05d}", "jpg": os.urandom(20 + i % 50),
-                      "json": json.dumps({"i": i}).encode()}
-            w.write(sample)
-            want[sample["__key__"]] = {"jpg": sample["jpg"], "json": sample["json"]}
-    return want
 
 
 def members(sample: dict[str, Any]) -> dict[str, bytes]:
@@ -67,8 +55,28 @@ def test_a_dataloader_with_workers_gives_every_sample_once(tmp_path) -> None:  #
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=keys)
     got = [k for batch in loader for k in batch]
     assert Counter(got) == Counter(list(want))
+    audit = loader.audits[-1]  # the exactly-once audit counts samples, not blocks
+    assert (audit.files, audit.duplicates, audit.gaps) == (61, 0, 0)
+    assert len(ds.freeze()) == 13  # the blocks: 4 + 4 + 4 + 1
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+def test_the_audit_counts_samples_under_equal_length(tmp_path, mode) -> None:  # type: ignore[no-untyped-def]
+    write_shards(str(tmp_path / "src"), 61, 20)  # blocks of 6: 4 + 4 + 4 + 1
+    ds = ShardDataset(str(tmp_path / "src"), block_samples=6, shuffle=True, seed=2,
+                      equal_length=mode, cache_dir=str(tmp_path / "cache"))
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=keys)
+    got = [k for batch in loader for k in batch]
     audit = loader.audits[-1]
-    assert (audit.files, audit.duplicates, audit.gaps) == (len(ds.freeze()), 0, 0)
+    assert audit.coverage_ok
+    if mode == "pad":  # re-reads are not counted as deliveries: every sample once
+        assert (audit.files, audit.duplicates, audit.gaps) == (61, 0, 0)
+        return
+    # drop: each slot yields as many samples as the smallest; the blocks a slot
+    # leaves unfinished are the planned gaps, counted in samples.
+    assert len(got) == len(set(got)) < 61
+    assert audit.files + audit.gaps == 61 and audit.gaps == audit.expected_gaps > 0
+    assert audit.files <= len(got)
 
 
 def test_eight_shards_feed_sixty_four_slots(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -112,7 +120,8 @@ def test_resume_mid_shard_replays_nothing(tmp_path) -> None:  # type: ignore[no-
         after = [k for batch in again for k in batch]
         assert Counter(before + after) == Counter(list(want)), workers
         audit = again.audits[-1]
-        assert (audit.duplicates, audit.gaps) == (0, 0)
+        assert (audit.files, audit.duplicates, audit.gaps) == (70, 0, 0)
+        assert audit.resumed_files <= 15  # samples of blocks delivered whole before
 
 
 def test_jsonl_by_pandas_and_bad_lines_skipped_with_a_warning(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -207,9 +216,28 @@ def test_cache_warm_warms_the_shards_that_freeze_then_indexes(tmp_path, monkeypa
     assert len(list(ds)) == 40
 
 
-def test_a_shard_dataset_is_no_source_of_a_mix_yet(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from ucstage import Mix
+def test_a_mix_of_files_and_shards_reads_every_item_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ucstage import Mix, VolumeDataset
 
-    write_shards(str(tmp_path / "src"), 5, 5)
-    with pytest.raises(InvalidArgument, match="got ShardDataset"):
-        Mix([ShardDataset(str(tmp_path / "src"), cache_dir=str(tmp_path / "cache"))])
+    want = write_shards(str(tmp_path / "shards"), 45, 20)  # 20 + 20 + 5 samples
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(30):
+        (files / f"f{i:02d}.bin").write_bytes(f"file{i}".encode())
+    cache = str(tmp_path / "cache")
+    vol = VolumeDataset(str(files), cache_dir=cache)
+    shards = ShardDataset(str(tmp_path / "shards"), block_samples=4, cache_dir=cache)
+    mix = Mix({"files": vol, "shards": shards}, seed=3)
+    assert mix.counts == {"files": 30, "shards": 45}  # the shards' items are samples
+    loader = DataLoader(mix, batch_size=5, num_workers=0, collate_fn=list)
+    got = [x for batch in loader for x in batch]
+    samples = [s for s in got if isinstance(s, dict)]
+    assert len(got) == 75
+    assert Counter(s["__key__"] for s in samples) == Counter(list(want))  # each sample once
+    assert {s["__key__"]: members(s) for s in samples} == want  # with its bytes
+    assert len(got) - len(samples) == 30
+    order = [isinstance(x, dict) for x in got]
+    assert order != sorted(order) and order != sorted(order, reverse=True)  # interleaved
+    audit = loader.audits[-1]
+    assert (audit.duplicates, audit.gaps) == (0, 0)
+    assert {src.name: src.items for src in audit.sources} == {"files": 30, "shards": 45}

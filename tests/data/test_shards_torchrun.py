@@ -1,6 +1,7 @@
 """ShardDataset under torchrun: 2 ranks on gloo x 2 DataLoader workers each,
 over tar shards written by the `webdataset` package and by GNU `tar`, and
-JSON Lines written by pandas: every sample is delivered exactly once per
+JSON Lines written by pandas and by Hugging Face `datasets`
+(`Dataset.to_json`): every sample is delivered exactly once per
 epoch across the 4 slots, with the bytes the files hold."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+import datasets
 import pandas as pd
 import pytest
 import webdataset as wds
@@ -55,6 +57,10 @@ def make_source(root: Any) -> list[str]:
     frame = pd.DataFrame({"id": range(53), "text": [f"line {i}" for i in range(53)]})
     frame.to_json(src / "lines.jsonl", orient="records", lines=True)
     want += [f"jsonl {i} line {i}" for i in range(53)]
+    hf = datasets.Dataset.from_dict({"id": list(range(1000, 1029)),
+                                     "text": [f"hf {i}" for i in range(29)]})
+    hf.to_json(str(src / "hf.jsonl"))  # JSON Lines, one record per line
+    want += [f"jsonl {1000 + i} hf {i}" for i in range(29)]
     return want
 
 
@@ -76,6 +82,6 @@ def test_every_sample_once_on_two_ranks_two_workers(tmp_path) -> None:  # type: 
         for r in ranks:
             e = r["epochs"][epoch]
             assert e["len"] == len(e["samples"])  # len(): this rank's samples
-            assert e["audit"][1:] == [0, 0, True]
+            assert e["audit"] == [len(want), 0, 0, True]  # the audit counts samples
         orders.append(got)
     assert orders[0] != orders[1]

@@ -19,7 +19,7 @@ from click.core import ParameterSource
 
 from ..errors import InvalidArgument
 from ..manifest.groups import KEY
-from ..planning import UNITS
+from ..planning import PLAN_UNITS, UNITS
 from ..sharding.values import SHUFFLE_SCOPES
 from ..units import parse_size
 
@@ -169,11 +169,12 @@ def _options(func: F, options: list[Callable[[F], F]]) -> F:
     return func
 
 
-def _table_options(func: F, *, columns_help: str) -> F:
+def _table_options(func: F, *, columns_help: str, units: tuple[str, ...] = UNITS,
+                   unit_help: str = UNIT_HELP) -> F:
     """``--unit``, ``--columns`` and ``--version``."""
     return _options(func, [
-        click.option("--unit", type=click.Choice(UNITS), default="file", show_default=True,
-                     help=UNIT_HELP),
+        click.option("--unit", type=click.Choice(units), default="file", show_default=True,
+                     help=unit_help),
         click.option("--columns", metavar="A,B,...", default=None, help=columns_help),
         click.option("--version", "version", type=int, default=None, metavar="N",
                      help="With --unit row-group: this Delta table version (default: "
@@ -188,10 +189,13 @@ def warm_options(func: F) -> F:
 
 
 def row_group_options(func: F) -> F:
-    """``--unit``, and what a row-group plan takes: ``--batch-rows``,
-    ``--equal-length``, ``--columns``, ``--version``."""
+    """``--unit``, what a row-group plan takes (``--batch-rows``,
+    ``--equal-length``, ``--columns``, ``--version``) and a sample plan
+    (``--format``, ``--block-samples``, ``--equal-length``)."""
     func = _table_options(func, columns_help="With --unit row-group: count only these "
-                          "columns' bytes.")
+                          "columns' bytes.", units=PLAN_UNITS,
+                          unit_help=UNIT_HELP[:-1] + ", or the samples inside shard files "
+                          "(tar, JSON Lines, text), as ShardDataset reads them.")
     return _options(func, [
         click.option("--batch-rows", type=int, default=None, metavar="N",
                      help="With --unit row-group: rows per batch, as TableDataset's "
@@ -199,5 +203,12 @@ def row_group_options(func: F) -> F:
                           "rank's batches for the batch check."),
         click.option("--equal-length", type=click.Choice(["pad", "drop"]), default=None,
                      help="With --unit row-group and --batch-rows: every slot yields the "
-                          "same number of batches, as TableDataset(equal_length=...) does."),
+                          "same number of batches, as TableDataset(equal_length=...) does; "
+                          "with --unit sample, the same number of samples."),
+        click.option("--format", "format", type=click.Choice(["tar", "jsonl", "lines"]),
+                     default=None, help="With --unit sample: read every file as this shard "
+                                        "format (default: by its suffix)."),
+        click.option("--block-samples", type=int, default=None, metavar="N",
+                     help="With --unit sample: samples per block, the unit dealt, as "
+                          "ShardDataset's block_samples (default 256)."),
     ])

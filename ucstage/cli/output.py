@@ -19,7 +19,7 @@ from rich.text import Text
 from ..cache.warm import WARM_FEWER
 from ..errors import CacheFull, UcstageError
 from ..manifest.model import Manifest
-from ..planning import read_row_groups
+from ..planning import read_row_groups, read_shards
 from ..shown import UNSAFE, shown
 from ..source import ManifestSource, Source, VolumeSource, open_source
 from ..units import format_bytes
@@ -94,6 +94,7 @@ __all__ = [
     "print_error",
     "read_source",
     "refuse_filters_of_frozen",
+    "shard_source",
     "skip_unreadable_given",
     "source_of",
     "source_options",
@@ -206,6 +207,15 @@ def table_source(source: str | None, manifest_path: str | None, version: int | N
     result = read_row_groups(source, manifest_path, version)
     warn_skipped(result)
     return result
+
+
+def shard_source(source: str | None, manifest_path: str | None, include: Sequence[str],
+                 exclude: Sequence[str], format: str | None, block_samples: int | None) -> Any:
+    """The samples of a shard SOURCE or of ``--manifest FILE.shards.arrow``
+    (:func:`ucstage.planning.read_shards`); refuses neither and both."""
+    if (source is None) == (manifest_path is None):
+        raise click.UsageError("give a SOURCE of shards or --manifest FILE.shards.arrow")
+    return read_shards(source, manifest_path, include, exclude, format, block_samples)
 
 
 def skip_unreadable_given() -> bool:

@@ -17,7 +17,8 @@ from .output import counted, err, escape, format_bytes, table, truncated_rows
 if TYPE_CHECKING:
     from ..tables.slots import RowGroupPlan
 
-__all__ = ["render_files", "render_mix", "render_resume", "render_row_groups", "render_slot"]
+__all__ = ["FIRST_FILES", "order_text", "render_files", "render_mix", "render_resume", "render_row_groups", "render_slot", "spread_text",
+           "workers_text"]
 
 EXAMPLES = 5
 """Files named per problem."""
@@ -27,7 +28,7 @@ PRINT_LINES = 64
 """Files per print of `--slot`'s list."""
 
 
-def _workers_text(p: ShardPlan) -> str:
+def workers_text(p: ShardPlan) -> str:
     if isinstance(p.layout.num_workers, int):
         return f"{p.layout.num_workers} on every rank"
     return ",".join(str(k) for k in p.layout.num_workers)
@@ -38,7 +39,7 @@ def _slot_range(first: tuple[int, int], last: tuple[int, int]) -> str:
             else f"{first[0]}:{first[1]} .. {last[0]}:{last[1]}")
 
 
-def _order_text(p: ShardPlan) -> str:
+def order_text(p: ShardPlan) -> str:
     if not p.order.shuffle:
         return "listing order"
     if p.layout.nodes == 1:
@@ -53,7 +54,7 @@ def _order_text(p: ShardPlan) -> str:
 def render_files(console: Console, fp: FilePlan) -> None:
     """The plan of every slot, its members with --group and its forecast with --epochs."""
     manifest, p = fp.manifest, fp.plan
-    order = _order_text(p)
+    order = order_text(p)
     n = "file" if manifest.groups is None else "sample"  # --group key deals samples
     fps, bps = p.files_per_slot(), p.bytes_per_slot()
     console.print(f"[bold]Shard plan[/] for {escape(manifest.path or manifest.source)}  "
@@ -62,7 +63,7 @@ def render_files(console: Console, fp: FilePlan) -> None:
     summary.show_header = False
     summary.add_row(f"{n}s", f"{p.order.n:,} ({format_bytes(p.total_bytes)})")
     summary.add_row("ranks x workers",
-                    f"{p.layout.world_size:,} x {_workers_text(p)} = {counted(p.layout.slots, 'slot')}")
+                    f"{p.layout.world_size:,} x {workers_text(p)} = {counted(p.layout.slots, 'slot')}")
     if p.layout.nproc_per_node is not None:
         summary.add_row("nodes", f"{p.layout.nodes:,} x {counted(p.layout.nproc_per_node, 'rank')} per node")
     summary.add_row("read order", order)
@@ -108,7 +109,7 @@ def render_files(console: Console, fp: FilePlan) -> None:
         console.print(f"[green]✓[/] every {n} is read exactly once")
     elif not p.consistent:
         console.print(
-            f"[red]✗[/] ranks disagree on num_workers ({_workers_text(p)}): "
+            f"[red]✗[/] ranks disagree on num_workers ({workers_text(p)}): "
             f"[bold]{len(p.duplicated):,}[/] {n}s are read twice or more, "
             f"[bold]{len(p.skipped):,}[/] are never read"
         )
@@ -266,7 +267,7 @@ def render_resume(console: Console, rf: ResumeFiles) -> None:
     console.print(slots)
 
 
-def _spread(values: dict[str, float], fmt: Callable[[float], str]) -> str:
+def spread_text(values: dict[str, float], fmt: Callable[[float], str]) -> str:
     return f"min {fmt(values['min'])} / mean {fmt(values['mean'])} / max {fmt(values['max'])}"
 
 
@@ -294,10 +295,10 @@ def render_row_groups(console: Console, p: RowGroupPlan) -> None:
         f"shuffled (seed {plan.order.seed}, epoch {plan.order.epoch}, scope {plan.order.shuffle_scope})"
     summary.add_row("read order", order)
     summary.add_row("row groups per slot",
-                    _spread(doc["row_groups_per_slot"], lambda v: f"{v:,.1f}".rstrip("0")
+                    spread_text(doc["row_groups_per_slot"], lambda v: f"{v:,.1f}".rstrip("0")
                             .rstrip(".")))
-    summary.add_row("rows per slot", _spread(doc["rows_per_slot"], lambda v: f"{v:,.0f}"))
-    summary.add_row("bytes per slot", _spread(doc["bytes_per_slot"], format_bytes))
+    summary.add_row("rows per slot", spread_text(doc["rows_per_slot"], lambda v: f"{v:,.0f}"))
+    summary.add_row("bytes per slot", spread_text(doc["bytes_per_slot"], format_bytes))
     batches = (f"{p.batch_rows:,} rows" if p.batch_rows else "one row group")
     if p.equal is not None:
         batches += (f"; equal_length={p.equal_length}: "

@@ -33,14 +33,16 @@ from .output import (
     fail_found,
     json_option,
     read_source,
+    shard_source,
     source_options,
     table_source,
 )
 from .plan_render import render_files, render_mix, render_resume, render_row_groups, render_slot
+from .sample_render import render_samples
 
 RENDERS: dict[str, Callable[[Console, Any], None]] = {
-    "mix": render_mix, "row-group": render_row_groups, "resume": render_resume,
-    "slot": render_slot, "files": render_files}
+    "mix": render_mix, "row-group": render_row_groups, "sample": render_samples,
+    "resume": render_resume, "slot": render_slot, "files": render_files}
 """The people's view of each mode's result."""
 
 
@@ -118,7 +120,8 @@ def shard_plan(
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
     batch_size: int | None, slot: str | None, resume: str | None, group: str | None,
     unit: str, batch_rows: int | None, equal_length: str | None, columns: str | None,
-    version: int | None, more_sources: tuple[str, ...], weights: str | None,
+    version: int | None, format: str | None, block_samples: int | None,
+    more_sources: tuple[str, ...], weights: str | None,
     repeat: str | None, epoch_size: int | None, as_json: bool,
 ) -> None:
     """Show which files each (rank, DataLoader worker) slot reads, and what a
@@ -136,6 +139,10 @@ def shard_plan(
     TableDataset does: rows, row groups and bytes per slot, and each rank's
     rows and batches (--batch-rows, --equal-length).
 
+    With --unit sample, SOURCE holds shard files (WebDataset tar, JSON Lines,
+    text lines): each is fetched into the cache and indexed as ShardDataset
+    does, and the plan prints each slot's shards and sample ranges.
+
     With --group key the plan deals samples (files sharing a name up to its
     first dot), as VolumeDataset(group="key") does. With several SOURCEs and
     --weights or --repeat it is a ucstage.Mix's: each source's share and
@@ -150,6 +157,7 @@ def shard_plan(
       ucstage shard-plan manifest.json -w 3 -k 1 --resume state.json
       ucstage shard-plan /Volumes/main/ml/train/events --unit row-group -w 2 -k 4 --batch-rows 4096
       ucstage shard-plan data/a data/b -w 2 -k 4 --weights 0.7,0.3 --epoch-size 1000
+      ucstage shard-plan s3://bucket/shards --unit sample -w 8 -k 8 --shuffle
     """
     chosen = set(given(("seed", "epoch", "unit")))  # a default is not a choice
     columns_list = column_list(columns)
@@ -166,9 +174,11 @@ def shard_plan(
         equal_length=equal_length,
         columns=None if columns_list is None else tuple(columns_list), version=version,
         weights=_floats(weights, "--weights", "0.7,0.3"),
-        repeat=_floats(repeat, "--repeat", "2.5,0.1"), epoch_size=epoch_size)
+        repeat=_floats(repeat, "--repeat", "2.5,0.1"), epoch_size=epoch_size,
+        format=format, block_samples=block_samples)
     mode = request.mode
-    result: Any = request.plan(read_files=read_source, read_table=table_source)
+    result: Any = request.plan(read_files=read_source, read_table=table_source,
+                               read_samples=shard_source)
     # The JSON names every file; the human view names a few, so it never builds the list.
     data = result.to_json() if as_json else {}
     emit(data, as_json, lambda console: RENDERS[mode](console, result))
@@ -179,7 +189,7 @@ def shard_plan(
 
 def _problems(mode: str, result: Any) -> list[str]:
     """What is wrong with the plan, in words (exit 1 when any)."""
-    if mode == "row-group":
+    if mode in ("row-group", "sample"):
         return result.problems
     if mode != "files":
         return []

@@ -11,6 +11,11 @@ early, makes the others skip it with a warning.
 
 Expected duplicates (``equal_length="pad"``) and gaps (``"drop"``) come from
 the slot rule: only what goes beyond them is reported.
+
+A dataset whose items hold units it yields one by one (``ShardDataset``:
+blocks of samples) gives each item a weight (``audit_weights()``): the
+bitmap still counts items, the result counts their units, so an epoch's
+``files`` are its samples.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class AuditResult:
     epoch: int
     """The dataset's epoch."""
     files: int
-    """Distinct files delivered at least once."""
+    """Distinct files delivered at least once (samples for ``ShardDataset``)."""
     duplicates: int
     """Deliveries beyond the first of a file."""
     gaps: int
@@ -94,6 +99,9 @@ class EpochAudit:
         self.epoch = state.order.epoch
         self.counts = np.zeros(n, dtype=np.uint16)
         self._progress = progress
+        weights = getattr(progress.dataset, "audit_weights", None)
+        self.weights = None if weights is None else weights()
+        """Per item, what it counts as (None: one each)."""
         self._pending: list[Any] = []
         self._pending_list: list[int] = []
         """Rows that came as lists (small batches' tags), counted in one go."""
@@ -110,7 +118,7 @@ class EpochAudit:
             done = whole(progress.resume)
             if len(done):
                 self._prior(done, len(done))
-        if not progress.done and not any(start):
+        if not progress.done and not any(start) and self.weights is None:
             # An epoch from its start: the rank's own slot lengths are arithmetic.
             for s in progress.own:
                 length, real = epoch_slot_length(state.order, layout, layout.slot_at(s))
@@ -130,14 +138,21 @@ class EpochAudit:
         for s in progress.own:
             run, d = runs[-1][s], start[s] or 0
             self._prior(run.files[:d], run.real)
-            self.planned_real += max(0, run.real - d)
-            self.planned_pad += len(run.files) - max(d, run.real)
+            self.planned_real += self._weigh(run.files[d:run.real])
+            self.planned_pad += self._weigh(run.files[max(d, run.real):])
+        planned = getattr(progress.dataset, "audit_planned", None)
+        if self.weights is not None and not progress.done and not any(start) \
+                and planned is not None and (found := planned(progress)) is not None:
+            self.planned_real = found  # a fresh epoch equalised by units (weighed)
+
+    def _weigh(self, rows: np.ndarray) -> int:
+        return len(rows) if self.weights is None else int(self.weights[rows].sum())
 
     def _prior(self, rows: np.ndarray, real: int) -> None:
         np.add.at(self.counts, rows, 1)
-        self.prior += len(rows)
-        self.prior_real += min(len(rows), real)
-        self.prior_pad += max(0, len(rows) - real)
+        self.prior += self._weigh(rows)
+        self.prior_real += self._weigh(rows[:real])
+        self.prior_pad += self._weigh(rows[real:])
 
     def add(self, rows: Any) -> None:
         # Called once per delivered batch: collect the rows and count them in
@@ -194,11 +209,13 @@ class EpochAudit:
             total += np.unpackbits(np.frombuffer(g[1], dtype=np.uint8), count=n)
             for i, extra in g[2].items():
                 total[i] += extra
-        files = int(np.count_nonzero(total))
+        w = np.ones(n, dtype=np.int64) if self.weights is None else self.weights
+        files = int(w[total > 0].sum())
+        whole = int(w.sum())
         result = AuditResult(
-            epoch=self.epoch, files=files, duplicates=int(total.sum()) - files,
-            gaps=n - files, expected_duplicates=sum(g[5] for g in gathered),
-            expected_gaps=max(0, n - sum(g[4] for g in gathered)),
+            epoch=self.epoch, files=files, duplicates=int((w * total).sum()) - files,
+            gaps=whole - files, expected_duplicates=sum(g[5] for g in gathered),
+            expected_gaps=max(0, whole - sum(g[4] for g in gathered)),
             resumed_files=sum(g[3] for g in gathered),
             skipped=int(getattr(self._progress.dataset, "listing_skipped", 0) or 0))
         per_source = getattr(self._progress.dataset, "audit_sources", None)

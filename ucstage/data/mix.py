@@ -107,7 +107,8 @@ _UNREAD = _Unread()
 
 
 class Mix(ShardedDataset):
-    """Several sharded datasets (``VolumeDataset``, ``TableDataset``) mixed by weight.
+    """Several sharded datasets (``VolumeDataset``, ``TableDataset``,
+    ``ShardDataset``: its items are samples) mixed by weight.
 
     Args:
         datasets: the sources, a sequence or a mapping of names to datasets
@@ -149,7 +150,8 @@ class Mix(ShardedDataset):
         self.names = _labels(self.keys)
         for ds in sources:
             if not callable(getattr(ds, "iter_rows", None)) or isinstance(ds, Mix):
-                raise InvalidArgument(f"Mix mixes VolumeDataset and TableDataset sources, "
+                raise InvalidArgument(f"Mix mixes VolumeDataset, TableDataset and ShardDataset "
+                                      "sources, "
                                       f"got {type(ds).__name__}")
         self.datasets: list[MixSource] = sources
         self.weights = self._by_name(weights, "weights")
@@ -214,8 +216,11 @@ class Mix(ShardedDataset):
                 self._unread.add(i)
                 listings.append(_UNREAD)
         if self._shares is None:
-            # Items per source: files, samples when grouped, row groups of a table.
-            sizes = [0 if i in self._unread else ds.read_order().n
+            # Items per source: files, samples when grouped, row groups of a
+            # table, samples of shards (a source's mix_items() when it deals
+            # other units than the items it yields).
+            sizes = [0 if i in self._unread else
+                     ds.mix_items() if hasattr(ds, "mix_items") else ds.read_order().n
                      for i, ds in enumerate(self.datasets)]
             self._shares = mix_shares(sizes, self.weights, self.repeat, self.epoch_size)
             digest = hashlib.sha256(b"ucstage-mix\0")

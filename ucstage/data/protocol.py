@@ -92,7 +92,9 @@ class MixSource(Protocol):
         """The frozen listing: ``len()`` items, a ``fingerprint`` (and ``sizes()``)."""
 
     def read_order(self) -> ReadOrder:
-        """Its read order; ``n`` is its item count (files, samples, row groups)."""
+        """Its read order; ``n`` is its item count (files, samples, row groups),
+        unless it has ``mix_items()`` (``ShardDataset``: the slot rule deals
+        blocks, the mix deals samples)."""
 
     def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Any:
         """The items at ``rows`` of its read order (an int array), in order,

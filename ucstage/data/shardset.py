@@ -18,18 +18,17 @@ Usage and every argument: docs/training.md, "Samples inside files".
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .. import params
-from ..errors import EmptySource, InvalidArgument
+from ..errors import InvalidArgument
 from ..manifest.shardsamples import ShardManifest
-from ..shardfiles.shardformat import format_of, shown
-from ..shardfiles.shardindex import ON_ERROR, index_shard
-from ..sharding import DEFAULT_SHUFFLE_SCOPE
+from ..shardfiles.shardformat import format_of
+from ..shardfiles.shardindex import ON_ERROR
+from ..shardfiles.sourceindex import DEFAULT_BLOCK_SAMPLES, index_source
+from ..sharding import DEFAULT_SHUFFLE_SCOPE, ReadOrder
 from ..tables.rowplan import equal_batches
 from .frozen import Freezable, Request
 from .sharded import ShardedDataset, rule_order
@@ -45,13 +44,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardDataset"]
 
-_log = logging.getLogger("ucstage")
 
-DEFAULT_BLOCK = 256
 DEFAULT_BUFFER = 2048
 DEFAULT_READ_AHEAD = 2
-INDEX_THREADS = 8
-"""Shards fetched and indexed at once by the freeze."""
 
 
 class ShardDataset(UnitCounts, Freezable, ShardedDataset):
@@ -85,10 +80,12 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     batch_rows = 1
     """The unit the shared counts count per item yielded: one sample
     (:mod:`ucstage.data.unitcounts`)."""
+    audit_by_unit = True
+    """The exactly-once audit (and ``epoch_files``) counts samples."""
 
     def __init__(self, source: str | os.PathLike[str], *, format: str | None = None,
                  include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),
-                 block_samples: int = DEFAULT_BLOCK, shuffle: bool = False, seed: int = 0,
+                 block_samples: int = DEFAULT_BLOCK_SAMPLES, shuffle: bool = False, seed: int = 0,
                  shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE,
                  shuffle_buffer: int = DEFAULT_BUFFER, nproc_per_node: int | None = None,
                  read_ahead: int = DEFAULT_READ_AHEAD, equal_length: bool | str | None = False,
@@ -134,45 +131,20 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
 
     def _list(self) -> ShardManifest:
         """The source listed, every shard fetched into the cache and indexed."""
-        from ..source import snapshot
-
-        files = snapshot(self._source, include=self.include, exclude=self.exclude)
-        kinds = [format_of(e.path, self.format) for e in files.entries]
-        keep = [i for i, k in enumerate(kinds) if k is not None]
-        if not keep:
-            raise EmptySource(f"{self._source} holds no shard file (.tar, .tar.gz, .tgz, "
-                              ".jsonl, .jsonl.gz, .ndjson, .txt, .txt.gz)",
-                              hint="pass format= to read files of another name as shards")
-        if len(keep) < len(kinds):
-            left = [shown(files.entries[i].path) for i in range(len(kinds)) if kinds[i] is None]
-            _log.warning("left out %d of %d files of %s whose names say no shard format, "
-                         "e.g. %s", len(left), len(kinds), self._source, ", ".join(left[:3]))
-        entries = [files.entries[i] for i in keep]
-        formats = [kinds[i] for i in keep]
-        volume = files.volume()
-        cache = self.cache()
-
-        def index(i: int) -> Any:
-            entry = entries[i]
-            path = cache.fetch(volume, entry)
-            k, gz = formats[i]  # type: ignore[misc]
-            return index_shard(path, entry.path, k, gz)
-
-        with ThreadPoolExecutor(min(INDEX_THREADS, len(entries)),
-                                thread_name_prefix="ucstage-index") as pool:
-            found = list(pool.map(index, range(len(entries))))
-        manifest = ShardManifest.build(files.source, volume.url, entries,
-                                       [k for k in formats if k is not None], found,
-                                       self.block_samples)
-        if not len(manifest):
-            raise EmptySource(f"the shards of {self._source} hold no sample")
-        return manifest
+        return index_source(self._source, fetch=self.cache().fetch, format=self.format,
+                            include=self.include, exclude=self.exclude,
+                            block_samples=self.block_samples)
 
     def _get_volume(self) -> Volume:
         return self.freeze().volume()
 
     def _item_count(self) -> int:
         return len(self.freeze())
+
+    def read_order(self) -> ReadOrder:
+        """This epoch's read order over the frozen blocks (freezes them): the
+        manifest's, which ``shard-plan --unit sample`` deals too."""
+        return self.freeze().read_order(super().read_order())
 
     @property
     def _dealt_equal(self) -> str | None:
@@ -201,6 +173,23 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
         (freezes the shards)."""
         self.freeze()
         return IndexedShards(self)
+
+    # -- as a Mix source: its items are samples ---------------------------------
+
+    def mix_items(self) -> int:
+        """Items a :class:`~ucstage.Mix` deals of it: its samples (freezes)."""
+        return int(self.freeze().samples)
+
+    def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Iterator[Any]:
+        """Samples ``rows`` (numbers in the frozen order), in order, for a
+        :class:`~ucstage.Mix`: each read through the cache from its block
+        (:class:`IndexedShards`, which keeps the last block read, so a run of
+        one block's samples reads it once). The mix permutes samples across
+        the source, so most samples cost their block's range read: shards
+        are on local disk, but prefer a small ``block_samples`` in a mix."""
+        view = IndexedShards(self)
+        for row in rows.tolist() if hasattr(rows, "tolist") else rows:
+            yield view[int(row)]
 
     # -- iteration ---------------------------------------------------------------
 

@@ -47,24 +47,25 @@ def slot_totals(dataset: Any, layout: Any, tracker: TableTracker | None = None
     return totals, counts
 
 
-def whole_groups(dataset: Any, layout: Any, slot: int, limit: int) -> int:
+def whole_groups(dataset: Any, layout: Any, slot: int, limit: int) -> Any:
     """Row groups slot ``slot`` of a fresh epoch delivers whole within its first
-    ``limit`` rows (what ``equal_length="drop"`` completes)."""
+    ``limit`` rows (what ``equal_length="drop"`` completes), as an int64 array."""
     import numpy as np
 
     manifest: RowGroupManifest = dataset.freeze()
     run = slot_array(dataset.read_order(), layout, layout.slot_at(slot))
-    whole, seen = 0, 0
+    whole: list[Any] = []
+    seen = 0
     for plan in windows(run, 0, manifest.rows_per_group, {}, window=dataset.shuffle_window,
                         shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                         slot_key=(slot, 0)):
         take = max(0, min(plan.count, limit - seen))
         counts = np.bincount(plan.label[:take], minlength=len(plan.groups))
-        whole += int((counts == manifest.rows_per_group[plan.groups]).sum())
+        whole.append(plan.groups[counts == manifest.rows_per_group[plan.groups]])
         seen += plan.count
         if seen >= limit:
             break
-    return whole
+    return np.concatenate(whole).astype(np.int64) if whole else np.zeros(0, np.int64)
 
 
 def pending_positions(run: Any, start: int, rows: Any, skip: dict[int, int], size: int) -> list[int]:

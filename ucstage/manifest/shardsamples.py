@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..errors import ManifestError
+from ..sharding.values import ReadOrder
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolve
 from .arrays import int_array, numbers
@@ -138,6 +139,12 @@ class ShardManifest(Frozen):
     def rows_per_group(self) -> Any:
         """Samples per block: the name the table's arithmetic reads (int64)."""
         return self._blocks[1]
+
+    def read_order(self, order: ReadOrder) -> ReadOrder:
+        """``order`` (its shuffle, seed, epoch, scope, equal length) over this
+        manifest's blocks: what the slot rule deals, for the dataset and the
+        plan alike."""
+        return order.with_n(len(self))
 
     def block_file(self, block: int) -> int:
         return int(self.sample_file[int(self.block_first[block])])

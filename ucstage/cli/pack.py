@@ -64,7 +64,7 @@ def command(source: str, dest: str, include: tuple[str, ...], exclude: tuple[str
     Examples:
       ucstage pack s3://bucket/images /data/images-packed --shuffle
       ucstage pack /Volumes/main/ml/raw/pairs /Volumes/main/ml/train/pairs --group key --shard-size 1G
-      torchrun --nnodes 4 --nproc-per-node 1 -m ucstage pack s3://bucket/images /mnt/shared/packed
+      ucstage pack s3://bucket/images /mnt/shared/packed --rank 0 --world-size 4
     """
     from ..packing import pack
 

@@ -2,6 +2,6 @@
 shards with an index beside them (:func:`pack`); how a pack is published
 across ranks is in :mod:`.packer`'s docstring and docs/training.md."""
 
-from .packer import PackResult, pack
+from .packer import pack
 
-__all__ = ["PackResult", "pack"]
+__all__ = ["pack"]

@@ -46,10 +46,9 @@ import itertools
 import json
 import os
 import re
+import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -449,19 +448,56 @@ def _read(volume: Any, entry: FileEntry) -> bytes:
 
 
 def _in_order(volume: Any, entries: list[FileEntry], jobs: int) -> Iterator[bytes]:
-    """Each entry's bytes, in order, ``jobs`` read at once. Stopping (Ctrl-C,
-    an error) cancels what has not started; reads under way end on their own."""
-    pool = ThreadPoolExecutor(jobs, thread_name_prefix="ucstage-pack")
-    pending: deque[Future[bytes]] = deque()
+    """Each entry's bytes, in order, ``jobs`` read at once, at most ``4 * jobs``
+    ahead of the consumer.
+
+    The readers are daemon threads, not a ``ThreadPoolExecutor``'s: Python
+    joins an executor's threads at exit, so Ctrl-C would wait for every read
+    under way (seconds on a slow mount). Stopping (Ctrl-C, an error, the
+    generator closed) starts no further read and leaves those under way to
+    end, or die with the process.
+    """
+    results: dict[int, tuple[bool, Any]] = {}
+    cond = threading.Condition()
+    stop = threading.Event()
+    state = {"next": 0, "taken": 0}
+    window = 4 * jobs
+
+    def reader() -> None:
+        while True:
+            with cond:
+                while (not stop.is_set() and state["next"] < len(entries)
+                       and state["next"] >= state["taken"] + window):
+                    cond.wait()
+                if stop.is_set() or state["next"] >= len(entries):
+                    return
+                i = state["next"]
+                state["next"] += 1
+            try:
+                out: tuple[bool, Any] = (True, _read(volume, entries[i]))
+            except BaseException as exc:  # handed to the consumer, raised there
+                out = (False, exc)
+            with cond:
+                results[i] = out
+                cond.notify_all()
+
+    for _ in range(min(jobs, len(entries))):
+        threading.Thread(target=reader, name="ucstage-pack", daemon=True).start()
     try:
-        for entry in entries:
-            pending.append(pool.submit(_read, volume, entry))
-            if len(pending) >= 4 * jobs:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        for i in range(len(entries)):
+            with cond:
+                while i not in results:
+                    cond.wait()
+                ok, value = results.pop(i)
+                state["taken"] = i + 1
+                cond.notify_all()
+            if not ok:
+                raise value
+            yield value
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        stop.set()
+        with cond:
+            cond.notify_all()
 
 
 def _write_share(volume: Any, staging: str, part: str, plan: _Plan, rank: int, jobs: int,

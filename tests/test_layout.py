@@ -111,7 +111,7 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.manifest.arrays", "ucstage.manifest.rowgroups", "ucstage.manifest.shardsamples",
         "ucstage.shardfiles", "ucstage.shardfiles.shardformat", "ucstage.shardfiles.tarindex",
         "ucstage.shardfiles.lineindex", "ucstage.shardfiles.shardindex",
-        "ucstage.shardfiles.sourceindex",
+        "ucstage.shardfiles.sourceindex", "ucstage.shardfiles.packindex",
         "ucstage.source", "ucstage.ports",
         "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
         "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",

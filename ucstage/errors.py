@@ -32,6 +32,7 @@ __all__ = [
     "MissingDependency",
     "MountLost",
     "NotParquet",
+    "PackError",
     "RankMismatch",
     "ResumeMismatch",
     "SchemaMismatch",
@@ -213,6 +214,12 @@ class ResumeMismatch(UcstageError):
 
 class ExportError(UcstageError):
     """An export failed; the previous export, if any, is left intact."""
+
+    exit_code = 1
+
+
+class PackError(UcstageError):
+    """A pack failed while reading SOURCE or writing shards; DEST is left as it was."""
 
     exit_code = 1
 

@@ -186,3 +186,14 @@ def test_export(spark_session: Any, warehouse: Any, tmp_path: Path) -> None:
                                                          "row_groups": [1, 1],
                                                          "rows": [800, 800]}}))
     assert problems == [], "\n".join(problems)
+
+
+def test_pack(source: str, tmp_path: Path) -> None:
+    dest = str(tmp_path / "packed")
+    published = run_json("pack", source, dest, "--samples-per-shard", "2")
+    assert_matches("json.md", "`ucstage pack`", published)
+    assert published["pack"] is not None
+    assert_matches("json.md", "`ucstage pack`", run_json("pack", source, dest,
+                                                          "--samples-per-shard", "2"))
+    waiting = run_json("pack", source, str(tmp_path / "two"), "--rank", "1", "-w", "2")
+    assert waiting["pack"] is None and waiting["parts_done"] == 1

@@ -38,6 +38,11 @@ def _cache() -> click.Command:
     return command
 
 
+def _pack() -> click.Command:
+    from .pack import command
+    return command
+
+
 def _shard_plan() -> click.Command:
     from .shard_plan import shard_plan
     return shard_plan
@@ -49,7 +54,8 @@ def _bench() -> click.Command:
 
 
 SUBCOMMANDS: dict[str, Callable[[], click.Command]] = {
-    "export": _export, "cache": _cache, "shard-plan": _shard_plan, "bench": _bench}
+    "export": _export, "pack": _pack, "cache": _cache, "shard-plan": _shard_plan,
+    "bench": _bench}
 """The subcommands, in the order a job uses them (help lists them so), each
 imported when it runs or help lists it: ``ucstage cache warm`` does not load
 bench, export or shard-plan and what they import (start-up time is a fixed

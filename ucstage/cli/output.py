@@ -86,6 +86,7 @@ __all__ = [
     "error_hint",
     "escape",
     "fail_found",
+    "filter_options",
     "format_bytes",
     "json_option",
     "json_text",
@@ -137,6 +138,23 @@ def _remember_skip(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     return value
 
 
+FILTER_OPTIONS = (
+    click.option("--include", multiple=True, metavar="GLOB",
+                 help="Only files matching GLOB (repeatable). A glob without / matches "
+                      "the file name, with / the relative path."),
+    click.option("--exclude", multiple=True, metavar="GLOB",
+                 help="Skip files matching GLOB (repeatable)."),
+)
+"""``--include``/``--exclude``: part of :func:`source_options`, and ``pack``'s."""
+
+
+def filter_options(func: F) -> F:
+    """``--include GLOB`` and ``--exclude GLOB``, as every command taking a SOURCE has them."""
+    for option in reversed(FILTER_OPTIONS):
+        func = option(func)
+    return func
+
+
 def source_options(func: F) -> F:
     """SOURCE plus --manifest/--include/--exclude/--all/--skip-unreadable, the
     same on every command."""
@@ -146,11 +164,7 @@ def source_options(func: F) -> F:
                      type=click.Path(dir_okay=False),
                      help="Use this frozen listing (from `ucstage cache lazy`) instead of "
                           "listing SOURCE. SOURCE may also be the manifest file itself."),
-        click.option("--include", multiple=True, metavar="GLOB",
-                     help="Only files matching GLOB (repeatable). A glob without / matches "
-                          "the file name, with / the relative path."),
-        click.option("--exclude", multiple=True, metavar="GLOB",
-                     help="Skip files matching GLOB (repeatable)."),
+        *FILTER_OPTIONS,
         click.option("--all", "include_hidden", is_flag=True,
                      help="Also list names starting with _ or . (skipped by default, as Spark does)."),
         click.option("--skip-unreadable", "skip_unreadable", is_flag=True, expose_value=False,

@@ -44,6 +44,7 @@ __all__ = [
     "remove_path",
     "resolve_dest",
     "staging_path",
+    "swap",
     "sweep_leftovers",
     "unchanged_export",
     "verify_staged",
@@ -460,6 +461,20 @@ def publish(staging: str, dest: str, record: ExportRecord) -> None:
         OSError: the record or a rename failed; ``dest`` is as it was.
     """
     write_atomic(os.path.join(staging, RECORD_NAME), record.dumps())
+    swap(staging, dest)
+
+
+def swap(staging: str, dest: str) -> None:
+    """Put the folder ``staging`` in ``dest``'s place: two renames within one folder.
+
+    The old ``dest`` is renamed aside, ``staging`` renamed to ``dest``, and the
+    old one deleted (``ucstage pack`` publishes with it too). A process killed
+    between the two renames leaves ``dest`` missing and the old one in
+    ``.<name>.ucstage-old-<id>``, which :func:`sweep_leftovers` puts back.
+
+    Raises:
+        OSError: a rename failed; ``dest`` is as it was.
+    """
     old = None
     if os.path.lexists(dest):
         old = staging_path(dest, "old")

@@ -15,6 +15,7 @@ from ..errors import EmptySource
 from ..manifest.shardsamples import ShardManifest, ShardSamples
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume
+from .packindex import indexed_samples
 from .shardformat import format_of, shown
 from .shardindex import index_shard
 
@@ -35,7 +36,9 @@ def index_source(source: str, *, fetch: Fetch, format: str | None = None,
                  include: Sequence[str] = (), exclude: Sequence[str] = (),
                  block_samples: int) -> ShardManifest:
     """The shard manifest of ``source``: its files whose names say a shard
-    format (or all, as ``format``), each fetched by ``fetch`` and indexed.
+    format (or all, as ``format``), each fetched by ``fetch`` and indexed;
+    shards that a ``ucstage pack`` index beside them describes (with their
+    listed size) are taken from it, neither fetched nor scanned.
 
     Raises:
         EmptySource: no shard file, or shards without a sample.
@@ -57,8 +60,11 @@ def index_source(source: str, *, fetch: Fetch, format: str | None = None,
     entries = [files.entries[i] for i in keep]
     formats = [k for k in (kinds[i] for i in keep) if k is not None]
     volume = files.volume()
+    packed = indexed_samples(volume, entries, formats)  # `ucstage pack`'s: no fetch, no scan
 
     def index(i: int) -> ShardSamples:
+        if i in packed:
+            return packed[i]
         kind, gz = formats[i]
         return index_shard(fetch(volume, entries[i]), entries[i].path, kind, gz)
 

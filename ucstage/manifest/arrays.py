@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["binary", "int_array", "large_string_scalar", "numbers"]
+__all__ = ["binary", "int_array", "large_string_scalar", "numbers", "read_marked"]
 
 
 def numbers(array: Any) -> np.ndarray:
@@ -66,3 +66,30 @@ def large_string_scalar(text: str) -> Any:
     data = text.encode()
     offsets = pa.py_buffer(bytes(8) + len(data).to_bytes(8, sys.byteorder))  # int64 [0, len]
     return pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)])[0]
+
+
+def read_marked(path: str, reader: Any, key: bytes, format: str) -> tuple[Any, dict[str, Any]]:
+    """The table of an Arrow manifest file and its header (the JSON document
+    under ``key`` in the schema's metadata, whose ``format`` must be
+    ``format``), for the manifest kinds that keep their header so.
+
+    Raises:
+        ManifestError: not such a manifest, one whose header does not parse,
+            or one nested too deeply to parse.
+    """
+    import json
+
+    import pyarrow as pa
+
+    from ..errors import NESTED_TOO_DEEP, ManifestError
+
+    try:
+        table = reader.read_all()
+        meta = json.loads((table.schema.metadata or {})[key])
+        if not isinstance(meta, dict) or meta.get("format") != format:
+            raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else meta!r}")
+    except RecursionError as exc:  # json's decoder recurses once per level
+        raise ManifestError(f"{path} is not a {format} manifest ({NESTED_TOO_DEEP})") from exc
+    except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
+        raise ManifestError(f"{path} is not a {format} manifest ({exc})") from exc
+    return table, meta

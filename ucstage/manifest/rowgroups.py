@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from ..errors import NESTED_TOO_DEEP, InvalidArgument, ManifestError, UnknownColumn
+from ..errors import InvalidArgument, UnknownColumn
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolve
-from .arrays import binary, int_array, numbers
+from .arrays import binary, int_array, numbers, read_marked
 from .model import Frozen, Meta, fails_fingerprint
 
 __all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "is_row_group_manifest"]
@@ -245,16 +245,7 @@ class RowGroupManifest(Frozen):
         import numpy as np
         import pyarrow as pa
 
-        try:
-            table = reader.read_all()
-            meta = json.loads((table.schema.metadata or {})[_KEY])
-            if meta.get("format") != FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}")
-        except RecursionError as exc:  # json's decoder recurses once per level
-            raise ManifestError(f"{path} is not a {FORMAT} manifest "
-                                f"({NESTED_TOO_DEEP})") from exc
-        except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
-            raise ManifestError(f"{path} is not a {FORMAT} manifest ({exc})") from exc
+        table, meta = read_marked(path, reader, _KEY, FORMAT)
 
         def flat(name: str) -> Any:
             return numbers(table.column(name).combine_chunks().values)

@@ -27,11 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import ManifestError
 from ..sharding.values import ReadOrder
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolve
-from .arrays import int_array, numbers
+from .arrays import int_array, numbers, read_marked
 from .model import Frozen, Meta, fails_fingerprint
 
 __all__ = ["FORMAT", "SUFFIX", "ShardManifest", "ShardSamples"]
@@ -245,15 +244,8 @@ class ShardManifest(Frozen):
     def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
                    verify: bool) -> ShardManifest:
         import numpy as np
-        import pyarrow as pa
 
-        try:
-            table = reader.read_all()
-            meta = json.loads((table.schema.metadata or {})[_KEY])
-            if meta.get("format") != FORMAT:
-                raise ValueError(f"format {meta.get('format')!r}")
-        except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
-            raise ManifestError(f"{path} is not a {FORMAT} manifest ({exc})") from exc
+        table, meta = read_marked(path, reader, _KEY, FORMAT)
         lists = table.column("member_suffix").combine_chunks()
         files = meta["files"]
 

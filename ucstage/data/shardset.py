@@ -82,6 +82,10 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     (:mod:`ucstage.data.unitcounts`)."""
     audit_by_unit = True
     """The exactly-once audit (and ``epoch_files``) counts samples."""
+    grouped_order = True
+    """Its read order has ``groups`` (each shard's blocks), which a saved state
+    does not hold: a loaded state's order gets them back
+    (:func:`ucstage.data.state.with_groups`)."""
 
     def __init__(self, source: str | os.PathLike[str], *, format: str | None = None,
                  include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),

@@ -63,8 +63,11 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
         block_samples: samples per block, the unit the slot rule deals
             (a shard is cut into blocks from its first sample).
         shuffle, seed, shuffle_scope, nproc_per_node: as for ``VolumeDataset``,
-            over blocks; with ``shuffle`` a slot's samples are also shuffled
-            within windows of ``shuffle_buffer`` samples (whole blocks).
+            over shards: a seeded order of shards, each shard's blocks kept
+            together (under ``"node"`` a node keeps whole shards every
+            epoch); with ``shuffle`` a slot's samples are also shuffled
+            within windows of ``shuffle_buffer`` samples (whole blocks), the
+            buffer across the shards the slot has open.
         shuffle_buffer: samples held and shuffled together (rounded up to
             whole blocks).
         read_ahead: blocks whose shards are fetched ahead of the consumer.

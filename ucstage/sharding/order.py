@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, overload
@@ -248,6 +249,33 @@ def _grouped_node(groups: np.ndarray, node: int, nodes: int, seed: int
     return items, _run_lengths(run_of)
 
 
+class _Same:
+    """An array as a cache key, by identity: a listing's ``groups`` are one
+    array (a cached property of its manifest), so equal keys are the same
+    array, and the cache holding the key keeps its id from being reused."""
+
+    def __init__(self, value: np.ndarray) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+
+@functools.lru_cache(maxsize=64)
+def _grouped(groups: _Same, seed: int, epoch: int, node: int | None, nodes: int
+             ) -> GroupedOrder:
+    """The grouped order of ``groups`` the whole job (``node`` None) or node
+    ``node`` of ``nodes`` deals in one epoch. Built in time linear in the
+    runs (and a node's items), so it is kept: every slot of a node asks."""
+    if node is None:
+        return GroupedOrder(groups.value, seed=seed, epoch=epoch)
+    items, runs = _grouped_node(groups.value, node, nodes, seed)
+    return GroupedOrder(runs, seed=seed, epoch=epoch, stream=f"node{node}", base=items)
+
+
 def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
                groups: np.ndarray | None = None) -> Sequence[int]:
     """File indices in read order: listing order (a ``range``), or a
@@ -261,7 +289,7 @@ def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
     if not shuffle:
         return range(n)
     if groups is not None:
-        return GroupedOrder(groups, seed=seed, epoch=epoch)
+        return _grouped(_Same(groups), seed, epoch, None, 1)
     return Permutation(n, seed=seed, epoch=epoch)
 
 
@@ -344,9 +372,7 @@ def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
     layout.node_ranks(node)  # refuses a node outside the layout
     if order.per_node(layout):
         if order.groups is not None:
-            items, runs = _grouped_node(order.groups, node, layout.nodes, order.seed)
-            return GroupedOrder(runs, seed=order.seed, epoch=order.epoch,
-                                stream=f"node{node}", base=items)
+            return _grouped(_Same(order.groups), order.seed, order.epoch, node, layout.nodes)
         return NodeOrder(order.n, node=node, nodes=layout.nodes, seed=order.seed,
                          epoch=order.epoch)
     return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch,

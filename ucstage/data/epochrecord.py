@@ -176,8 +176,9 @@ def apply(dataset: Any) -> dict[str, Any] | None:
         dataset._link.resume = None
     else:
         from ..resume import LoaderState
+        from .state import with_groups
 
-        dataset._link.resume = LoaderState.from_dict(resume)
+        dataset._link.resume = with_groups(dataset, LoaderState.from_dict(resume))
     for name in payload["env_unset"]:
         os.environ.pop(name, None)
     os.environ.update(payload["env_set"])

@@ -63,8 +63,11 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
         block_samples: samples per block, the unit the slot rule deals
             (a shard is cut into blocks from its first sample).
         shuffle, seed, shuffle_scope, nproc_per_node: as for ``VolumeDataset``,
-            over blocks; with ``shuffle`` a slot's samples are also shuffled
-            within windows of ``shuffle_buffer`` samples (whole blocks).
+            over shards: a seeded order of shards, each shard's blocks kept
+            together (under ``"node"`` a node keeps whole shards every
+            epoch); with ``shuffle`` a slot's samples are also shuffled
+            within windows of ``shuffle_buffer`` samples (whole blocks), the
+            buffer across the shards the slot has open.
         shuffle_buffer: samples held and shuffled together (rounded up to
             whole blocks).
         read_ahead: blocks whose shards are fetched ahead of the consumer.
@@ -82,6 +85,10 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     (:mod:`ucstage.data.unitcounts`)."""
     audit_by_unit = True
     """The exactly-once audit (and ``epoch_files``) counts samples."""
+    grouped_order = True
+    """Its read order has ``groups`` (each shard's blocks), which a saved state
+    does not hold: a loaded state's order gets them back
+    (:func:`ucstage.data.state.with_groups`)."""
 
     def __init__(self, source: str | os.PathLike[str], *, format: str | None = None,
                  include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),

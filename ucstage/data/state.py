@@ -48,8 +48,22 @@ def load(dataset: Sharded, state: Any, *, check: bool = True) -> None:
         check_fits(dataset, parsed)
     # Kept even when the saved epoch was over (the next one then starts fresh),
     # so that the ranks still check it together before they start.
-    dataset._link.resume = parsed
+    dataset._link.resume = with_groups(dataset, parsed)
     dataset.epoch = _resumes_epoch(parsed)
+
+
+def with_groups(dataset: Sharded, state: LoaderState) -> LoaderState:
+    """``state`` with its order's ``groups`` (a shard's blocks) taken from the
+    dataset's listing: a state does not save them, and without them its
+    epoch's order would not be the one the dataset read."""
+    from dataclasses import replace
+
+    if not state.order.shuffle or not getattr(dataset, "grouped_order", False):
+        return state  # nothing to put back (and no freeze for it)
+    groups = dataset.read_order().groups
+    if groups is None or state.order.n != int(groups.sum()):
+        return state  # another listing: check_fits says so
+    return replace(state, order=replace(state.order, groups=groups))
 
 
 def _resumes_epoch(state: LoaderState) -> int:

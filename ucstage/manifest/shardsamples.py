@@ -24,7 +24,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from ..sharding.values import ReadOrder
@@ -142,8 +142,19 @@ class ShardManifest(Frozen):
     def read_order(self, order: ReadOrder) -> ReadOrder:
         """``order`` (its shuffle, seed, epoch, scope, equal length) over this
         manifest's blocks: what the slot rule deals, for the dataset and the
-        plan alike."""
-        return order.with_n(len(self))
+        plan alike. Its ``groups`` are the blocks of each shard, so a shuffle
+        permutes shards and keeps each shard's blocks together (a slot reads
+        its shards one after another; under the ``"node"`` scope a node keeps
+        whole shards); the shuffle buffer then mixes the slot's samples."""
+        return replace(order.with_n(len(self)), groups=self.blocks_per_file)
+
+    @functools.cached_property
+    def blocks_per_file(self) -> Any:
+        """Blocks of each file, in listing order (int64)."""
+        import numpy as np
+
+        return np.bincount(self.sample_file[self.block_first].astype(np.int64),
+                           minlength=len(self.files)).astype(np.int64)
 
     def block_file(self, block: int) -> int:
         return int(self.sample_file[int(self.block_first[block])])

@@ -6,7 +6,7 @@ One package, one concept per module:
   a job's :class:`Layout` (ranks, workers per rank, ranks per node), a
   :class:`Slot` of it, and a :class:`ReadOrder` (files, shuffle, seed, epoch,
   scope, equal length);
-* :mod:`.order`: read orders (:class:`Permutation`, :class:`NodeOrder`);
+* :mod:`.order`: read orders (:class:`Permutation`, :class:`NodeOrder`, :class:`GroupedOrder`);
 * :mod:`.rule`: the slot rule itself (:func:`stride`, :func:`slot_array`) and
   what is counted by it (:func:`slot_length`, :func:`rank_entries`);
 * :mod:`.plan` and :mod:`.stats`: whole-job plans (:func:`shard_plan`);

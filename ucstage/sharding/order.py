@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, overload
@@ -173,15 +174,122 @@ class Permutation(_Order):
         return f"Permutation({self.n}, seed={self.seed}, epoch={self.epoch}{stream})"
 
 
-def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0) -> Sequence[int]:
+class GroupedOrder(_Order):
+    """A read order of items that come in runs (a shard's blocks): the runs
+    in a seeded order, each run's items together and in their own order.
+
+    ``sizes[g]`` items of run ``g``, the runs back to back (run ``g`` is
+    items ``sum(sizes[:g]) ..``); the runs are read in the order of
+    ``Permutation(len(sizes), seed, epoch, stream)``. With ``base``, item
+    ``i`` stands for ``base[i]`` (a node's own items, see :func:`node_order`).
+    Holds one value per run and per item of ``base``: a shard manifest's
+    blocks are arrays already.
+    """
+
+    def __init__(self, sizes: Sequence[int] | np.ndarray, *, seed: int = 0, epoch: int = 0,
+                 stream: str = "", base: np.ndarray | None = None) -> None:
+        import numpy as np
+
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.seed, self.epoch, self.stream, self.base = int(seed), int(epoch), stream, base
+        self.n = int(self.sizes.sum())
+        if base is not None and len(base) != self.n:
+            raise InvalidArgument(f"groups hold {self.n} items but base has {len(base)}")
+        firsts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.runs = Permutation(len(self.sizes), seed=seed, epoch=epoch, stream=stream).array()
+        ordered = self.sizes[self.runs]
+        self._stops = np.cumsum(ordered)  # read-order position where each run ends
+        self._firsts = firsts[self.runs]  # each run's first item, in read order
+
+    def __len__(self) -> int:
+        return self.n
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The items at read-order ``positions`` (int64)."""
+        import numpy as np
+
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= self.n):
+            raise IndexError("read-order position out of range")
+        k = np.searchsorted(self._stops, pos, side="right")
+        items = self._firsts[k] + pos - (self._stops[k] - self.sizes[self.runs[k]])
+        return items if self.base is None else self.base[items]
+
+    def __repr__(self) -> str:
+        stream = f", stream={self.stream!r}" if self.stream else ""
+        return (f"GroupedOrder({len(self.sizes)} runs of {self.n}, seed={self.seed}, "
+                f"epoch={self.epoch}{stream})")
+
+
+def _run_lengths(labels: np.ndarray) -> np.ndarray:
+    """Lengths of the runs of equal consecutive values in ``labels``."""
+    import numpy as np
+
+    if not len(labels):
+        return np.zeros(0, dtype=np.int64)
+    cuts = np.flatnonzero(labels[1:] != labels[:-1]) + 1
+    return np.diff(np.concatenate([[0], cuts, [len(labels)]])).astype(np.int64)
+
+
+def _grouped_node(groups: np.ndarray, node: int, nodes: int, seed: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Node ``node``'s items under the ``"node"`` scope when items come in runs:
+    block :func:`node_block` of the epoch-independent grouped assignment order
+    (stream ``"nodes"``), so a node holds whole runs but for at most one cut
+    run at each end of its block. Returns the items in assignment order and
+    the lengths of the runs they form there."""
+    import numpy as np
+
+    sizes = np.asarray(groups, dtype=np.int64)
+    n = int(sizes.sum())
+    block = node_block(n, node, nodes)
+    items = GroupedOrder(sizes, seed=seed, stream="nodes").take(
+        np.arange(block.start, block.stop, dtype=np.int64))
+    run_of = np.searchsorted(np.cumsum(sizes), items, side="right")
+    return items, _run_lengths(run_of)
+
+
+class _Same:
+    """An array as a cache key, by identity: a listing's ``groups`` are one
+    array (a cached property of its manifest), so equal keys are the same
+    array, and the cache holding the key keeps its id from being reused."""
+
+    def __init__(self, value: np.ndarray) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+
+@functools.lru_cache(maxsize=64)
+def _grouped(groups: _Same, seed: int, epoch: int, node: int | None, nodes: int
+             ) -> GroupedOrder:
+    """The grouped order of ``groups`` the whole job (``node`` None) or node
+    ``node`` of ``nodes`` deals in one epoch. Built in time linear in the
+    runs (and a node's items), so it is kept: every slot of a node asks."""
+    if node is None:
+        return GroupedOrder(groups.value, seed=seed, epoch=epoch)
+    items, runs = _grouped_node(groups.value, node, nodes, seed)
+    return GroupedOrder(runs, seed=seed, epoch=epoch, stream=f"node{node}", base=items)
+
+
+def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+               groups: np.ndarray | None = None) -> Sequence[int]:
     """File indices in read order: listing order (a ``range``), or a
-    :class:`Permutation` of it that depends only on ``(n, seed, epoch)``.
+    :class:`Permutation` of it that depends only on ``(n, seed, epoch)``;
+    with ``groups`` (items in runs, :class:`~.values.ReadOrder`), a
+    :class:`GroupedOrder` of the runs.
 
     Neither holds a Python object per file: index it, or take a slot's
     positions with :func:`slot_array`.
     """
     if not shuffle:
         return range(n)
+    if groups is not None:
+        return _grouped(_Same(groups), seed, epoch, None, 1)
     return Permutation(n, seed=seed, epoch=epoch)
 
 
@@ -232,16 +340,20 @@ class NodeOrder(_Order):
         return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"
 
 
-def node_share(n: int, layout: Layout, node: int, *, seed: int = 0) -> np.ndarray:
+def node_share(n: int, layout: Layout, node: int, *, seed: int = 0,
+               groups: np.ndarray | None = None) -> np.ndarray:
     """The files (sorted listing rows) node ``node`` of ``layout`` reads under the
     ``"node"`` scope with ``shuffle``: the same in every epoch, so warming them
-    serves every epoch. With one node, every file."""
+    serves every epoch. With one node, every file. ``groups``: as for
+    :func:`read_order`."""
     import numpy as np
 
     layout.node_ranks(node)  # refuses a node outside the layout
     nodes = layout.nodes
     if nodes == 1:
         return np.arange(n, dtype=np.int64)
+    if groups is not None:
+        return np.sort(_grouped_node(groups, node, nodes, seed)[0])
     return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
 
 
@@ -251,9 +363,17 @@ def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
     Under the ``"node"`` scope with several nodes and ``shuffle``, the node's
     own :class:`NodeOrder`; otherwise (``"global"``, no shuffle, one node) the
     whole job's :func:`read_order`, which every node deals from.
+
+    With ``order.groups`` (a shard's blocks) the node's items are whole runs
+    of an epoch-independent grouped order (:func:`_grouped_node`), and each
+    epoch permutes those runs (stream ``node{node}``), so a node keeps its
+    shards and its slots read them shard by shard.
     """
     layout.node_ranks(node)  # refuses a node outside the layout
     if order.per_node(layout):
+        if order.groups is not None:
+            return _grouped(_Same(order.groups), order.seed, order.epoch, node, layout.nodes)
         return NodeOrder(order.n, node=node, nodes=layout.nodes, seed=order.seed,
                          epoch=order.epoch)
-    return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch)
+    return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch,
+                      groups=order.groups)

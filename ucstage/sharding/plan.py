@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import NodeOrder, Permutation, node_order
+from .order import GroupedOrder, NodeOrder, Permutation, node_order
 from .rule import slot_array, stride
 from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
 from .values import Layout, ReadOrder, Slot
@@ -215,7 +215,7 @@ def shard_plan(sizes: Sequence[int] | np.ndarray, layout: Layout, order: ReadOrd
     for first_rank, group_ranks, node in groups:
         deals_from = node_order(order, layout, node)
         # The group's read order as one int64 array: each slot's files are a strided view.
-        order_arr = (deals_from.array() if isinstance(deals_from, (Permutation, NodeOrder))
+        order_arr = (deals_from.array() if isinstance(deals_from, (Permutation, NodeOrder, GroupedOrder))
                      else np.arange(n, dtype=np.int64))
         m = len(order_arr)
         in_order = size_arr[order_arr] if order.shuffle else size_arr

@@ -8,7 +8,7 @@ change to the rule reaches resumes without an edit here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,8 +80,7 @@ def _epoch_slot(order: ReadOrder, layout: Layout, slot: Slot) -> SlotRun:
 def epoch_slot_length(order: ReadOrder, layout: Layout, slot: Slot) -> tuple[int, int]:
     """(files, of which its real share) a slot reads in a whole epoch, by arithmetic."""
     length = slot_length(order, layout, slot)
-    real = slot_length(ReadOrder(order.n, order.shuffle, order.seed, order.epoch, None,
-                                 order.shuffle_scope), layout, slot)
+    real = slot_length(replace(order, equal_length=None), layout, slot)
     return length, min(length, real)
 
 

@@ -11,14 +11,14 @@ equal-length wrap. The plan, the forecast, the resume re-split, the cache's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import NodeOrder, Permutation, node_block, node_order, node_share
+from .order import GroupedOrder, NodeOrder, Permutation, node_block, node_order, node_share
 from .values import Layout, ReadOrder, Slot
 
 __all__ = ["Dealing", "Stride", "equal_count", "rank_entries", "rank_length", "slot_array",
@@ -121,7 +121,7 @@ def _pick(order: Sequence[int], positions: np.ndarray) -> np.ndarray:
 
     if isinstance(order, range):
         return order.start + positions * order.step
-    if isinstance(order, (Permutation, NodeOrder)):
+    if isinstance(order, (Permutation, NodeOrder, GroupedOrder)):
         return order.take(positions)
     if isinstance(order, np.ndarray):
         return order[positions].astype(np.int64, copy=False)
@@ -194,9 +194,10 @@ def rank_entries(entries: Sequence[T], ranks: Sequence[int], layout: Layout,
     wanted: set[int] = set()
     if order.shuffle and order.shuffle_scope == "node":
         for node in sorted({layout.node_of(rank) for rank in ranks}):
-            wanted.update(node_share(order.n, layout, node, seed=order.seed).tolist())
+            wanted.update(node_share(order.n, layout, node, seed=order.seed,
+                                     groups=order.groups).tolist())
         return [entries[i] for i in sorted(wanted)]
-    plain = ReadOrder(order.n, order.shuffle, order.seed, order.epoch, None, order.shuffle_scope)
+    plain = replace(order, equal_length=None)
     for rank in ranks:
         layout.slot(rank, 0)
         deals_from = node_order(plain, layout, layout.node_of(rank))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import InvalidArgument
 
@@ -315,6 +316,13 @@ class ReadOrder:
     job; ``equal_length`` ``"pad"`` or ``"drop"`` gives every slot the same
     count, None reads the plain rule.
 
+    ``groups`` (optional, int64 array summing to ``n``): the items come in
+    runs that shuffle as one, e.g. a shard's blocks (the shard manifest's
+    :meth:`~ucstage.manifest.shardsamples.ShardManifest.read_order` sets it).
+    With ``shuffle`` the runs are permuted and each keeps its items together
+    (:class:`~ucstage.sharding.order.GroupedOrder`). It follows from the
+    listing, so it is neither compared nor saved in a state.
+
     Raises:
         InvalidArgument: a negative ``n``, an unknown scope or equal-length mode.
     """
@@ -325,6 +333,7 @@ class ReadOrder:
     epoch: int = 0
     equal_length: str | None = None
     shuffle_scope: str = DEFAULT_SHUFFLE_SCOPE
+    groups: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.n < 0:
@@ -341,7 +350,8 @@ class ReadOrder:
         return self.shuffle and self.shuffle_scope == "node" and layout.nodes > 1
 
     def with_n(self, n: int) -> ReadOrder:
-        """The same order over ``n`` files."""
+        """The same order over ``n`` files (without ``groups``, which were another
+        listing's)."""
         return ReadOrder(n, self.shuffle, self.seed, self.epoch, self.equal_length,
                          self.shuffle_scope)
 

@@ -5,8 +5,10 @@ not replaced without --force."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cache.test_warm_stop import _hung
 from tests.common.parts import rclone_mount
+from ucstage.packing.packer import _READ_SIZE
 
 KB = 1024
 
@@ -64,6 +68,78 @@ def test_ctrl_c_leaves_dest_as_it_was(tmp_path: Path) -> None:
     assert "Traceback" not in err
     assert _tree(out) == before  # DEST as it was, nothing beside it
     assert sorted(p.name for p in out.iterdir()) == ["packed"]
+
+
+_MOUNT_WAITS = {"request_wait_answer", "fuse_get_req", "folio_wait_bit_common"}
+"""Where a thread reading a FUSE file waits for its daemon: for the answer,
+for a free request slot, or for the page a read-ahead request fills."""
+
+
+def _on_mount(pid: int) -> int:
+    """How many of the process's threads wait on a FUSE daemon."""
+    waiting = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # the thread just ended
+            waiting += Path(f"/proc/{pid}/task/{tid}/wchan").read_text() in _MOUNT_WAITS
+    return waiting
+
+
+@pytest.mark.fuse
+def test_ctrl_c_does_not_wait_for_reads_of_a_hung_mount(tmp_path: Path) -> None:
+    """Ctrl-C at the default --jobs (16) while the source mount hangs: pack
+    says what it did, leaves DEST as it was and its interpreter exits while
+    reads of the hung mount are still pending, so it does not wait for them.
+    The kernel still holds the dead process until the mount answers the reads
+    it is serving, one per job at most, and each read pack asks for is
+    small: that is all a Ctrl-C waits for."""
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    # 16 MiB at 512 KiB/s: still packing when the signal comes.
+    _write(backing, {f"d{i % 4}/f{i:03d}.bin": os.urandom(256 * KB) for i in range(64)})
+    out = tmp_path / "out"
+    out.mkdir()
+    dest = out / "packed"
+    dest.mkdir()  # an empty DEST: still there, still empty, after the stop
+    log = tmp_path / "stderr.log"
+    # -vv: the mount logs every read it is asked for, with its length.
+    with rclone_mount(str(backing), str(mnt), "--bwlimit", "512k", "-vv"), \
+            open(log, "w") as errfile:
+        proc = subprocess.Popen([sys.executable, "-m", "ucstage", "pack", str(mnt), str(dest),
+                                 "--shard-size", "1M"], stdout=subprocess.DEVNULL, stderr=errfile)
+        try:
+            deadline = time.monotonic() + 120  # only stops a hang
+            # Until a file read through the mount is in a shard.
+            while not any(p.stat().st_size for p in out.glob(".packed.ucstage-pack-*/shard-*")):
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "no file was packed"
+                time.sleep(0.02)
+            with _hung(backing, mnt):
+                while not _on_mount(proc.pid):
+                    assert time.monotonic() < deadline, "no read waits on the hung mount"
+                    time.sleep(0.02)
+                proc.send_signal(signal.SIGINT)
+                while "stopped: " not in log.read_text():
+                    assert time.monotonic() < deadline, "the stop was not reported"
+                    time.sleep(0.02)
+                # The interpreter exits (its main thread ends: a zombie) while
+                # the mount, stopped, has answered none of the reads waiting
+                # on it: nothing waited for them.
+                while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] \
+                        != "Z":
+                    assert time.monotonic() < deadline, "pack waits for its reads"
+                    time.sleep(0.02)
+                assert not list(out.glob(".packed.ucstage-pack-*"))  # cleaned up before
+            assert proc.wait(timeout=60) == 130  # once the mount answers them
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    err = log.read_text()
+    assert f"stopped: nothing was published: {dest} is as it was" in err, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["packed"] and _tree(dest) == {}
+    reads = [int(n) for n in re.findall(r"Read: len=(\d+)", (tmp_path / "mnt.rclone.log")
+                                        .read_text())]
+    assert reads and max(reads) <= _READ_SIZE, sorted(set(reads))
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ created 0600 by us.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -39,7 +40,7 @@ import random
 import re
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, NoReturn, Protocol
@@ -500,11 +501,39 @@ READ_CHUNK = 1024 * 1024
 """Bytes per read and write of a local-like source."""
 
 
-def _pump(src: int, dst: int, inflight: Inflight | None, size: int) -> int:
-    """Copy ``src`` to ``dst``; stop at EOF or once ``size`` bytes (the size
-    ``fstat`` gave) are copied, which saves the read that would find EOF (a
-    round trip on some mounts). A file that grew meanwhile is caught by the
-    caller's second ``fstat``.
+def read_blocks(src: int, size: int, inflight: Inflight | None,
+                read_size: int = READ_CHUNK) -> Iterator[bytes]:
+    """``src``'s bytes from its offset, ``read_size`` at a time, checking
+    before each read whether ``inflight`` stopped (raises :exc:`Stopped`);
+    ends at EOF or once ``size`` bytes (the size ``fstat`` gave) are read,
+    which saves the read that would find EOF (a round trip on some mounts).
+
+    The check between reads is all a stop can do to a read of a mount: a
+    read the kernel has sent to a FUSE daemon is waited for even by a dying
+    process, so a stop waits for at most one read per thread. A
+    ``read_size`` below ``READ_CHUNK`` also turns the kernel's read-ahead off
+    for ``src``, which would otherwise ask the mount for more than each
+    read."""
+    if read_size < READ_CHUNK:
+        with contextlib.suppress(OSError):  # advice only
+            os.posix_fadvise(src, 0, 0, os.POSIX_FADV_RANDOM)
+    total = 0
+    while True:
+        if inflight is not None:
+            inflight.check()
+        block = os.read(src, read_size)
+        if not block:
+            return
+        yield block
+        total += len(block)
+        if total >= size > 0:
+            return
+
+
+def _pump(src: int, dst: int, inflight: Inflight | None, size: int,
+          read_size: int = READ_CHUNK) -> int:
+    """Copy ``src`` to ``dst`` (:func:`read_blocks`); returns the bytes copied.
+    A file that grew meanwhile is caught by the caller's second ``fstat``.
 
     Reads and writes of up to 1 MiB, not ``sendfile``: sendfile moves the
     bytes through a pipe 64 KiB at a time, and the page cache then keeps the
@@ -513,18 +542,12 @@ def _pump(src: int, dst: int, inflight: Inflight | None, size: int) -> int:
     "Warm epochs"). The copy through Python's memory costs far less than the
     rest of a copy's work, and is what a bare copy does."""
     total = 0
-    while True:
-        if inflight is not None:
-            inflight.check()
-        block = os.read(src, READ_CHUNK)
-        if not block:
-            return total
+    for block in read_blocks(src, size, inflight, read_size):
         view = memoryview(block)
         while view:
             view = view[os.write(dst, view):]
         total += len(block)
-        if total >= size > 0:
-            return total
+    return total
 
 
 def _copy_local(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
@@ -535,7 +558,7 @@ def _copy_local(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Co
             before = os.fstat(src)
             if not stat.S_ISREG(before.st_mode):
                 raise UnsafePath(f"{relpath}: not a regular file")
-            size = _pump(src, dst, inflight, before.st_size)
+            size = _pump(src, dst, inflight, before.st_size, ctx.read_size or READ_CHUNK)
             os.ftruncate(dst, size)  # the caller may have preallocated more
             after = os.fstat(src)
         finally:

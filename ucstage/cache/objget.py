@@ -573,6 +573,10 @@ class FetchContext(NamedTuple):
     :mod:`ucstage.cache.checksums`)."""
     inflight: Inflight | None = None
     """The job that may stop the copy (a warm, a read-ahead), or None."""
+    read_size: int = 0
+    """Bytes per read of a local-like source (0: ``fetch.READ_CHUNK``). A
+    small one bounds how long a stop waits on a slow mount (see
+    :func:`ucstage.cache.fetch.read_blocks`)."""
 
     @property
     def deadline(self) -> float | None:

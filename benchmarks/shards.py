@@ -286,9 +286,16 @@ def optimize_litdata(loose: str, out: str, per_chunk: int, ctx: dict[str, Any]) 
         "    files = sorted(os.path.join(src, f) for f in os.listdir(src))\n"
         "    optimize(fn=read, inputs=files, output_dir=out, chunk_size=n, num_workers=1,\n"
         "             mode='overwrite')\n")
+    # A file, not ``-c``: optimize's worker processes import ``read`` from it.
+    path = os.path.join(ctx["work"], "litdata_optimize.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(script)
     env = {k: v for k, v in ctx["child_env"].items() if not k.startswith("AWS_")}
-    subprocess.run([sys.executable, "-c", script, loose, out, str(per_chunk)], env=env,
+    subprocess.run([sys.executable, path, loose, out, str(per_chunk)], env=env,
                    check=True, capture_output=True, cwd=ctx["work"])
+    with open(os.path.join(out, "index.json"), encoding="utf-8") as fh:
+        if not json.load(fh)["chunks"]:
+            raise SystemExit(f"shards: litData's optimize wrote no chunk into {out}")
 
 
 def run_epoch1(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:

@@ -39,6 +39,11 @@ last batch) with a fresh cache folder:
   user runs them), each into a fresh folder; files/s is FILES over the
   command's wall seconds.
 
+``resume`` and ``pack`` read from moto behind the same proxy
+(``--ranges-server``): rclone serve s3 answers a ranged GET with the whole
+object (200, not 206), which obstore refuses, and ``ucstage pack`` reads each
+file as a range, as the cache copies a large file (the JSONL) in ranged parts.
+
 Each result row carries the 1-minute load average when it ended
 (``load_1m``): the machine is shared. The targets (issue 40) are ratios of
 medians over the rounds, with the rounds' own ratios beside them.
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -56,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from benchmarks.pairs import order, pairs_argument
@@ -103,6 +110,7 @@ def one_epoch1(tool: str, src: str, workers: int, want: int, cache: str) -> dict
     from benchmarks.datasets import ReadBytes, SampleSizes, keep
 
     start = time.perf_counter()
+    first: float | None = None
     if tool == "bare get":
         got = asyncio.run(_bare_get(src, workers, cache))
     else:
@@ -132,6 +140,8 @@ def one_epoch1(tool: str, src: str, workers: int, want: int, cache: str) -> dict
         got = 0
         total = 0
         for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
             got += len(batch)
             total += sum(batch)
         if total != want * _ITEM_BYTES[0]:
@@ -141,7 +151,11 @@ def one_epoch1(tool: str, src: str, workers: int, want: int, cache: str) -> dict
     seconds = time.perf_counter() - start
     if got != want:
         raise SystemExit(f"shards: {tool} delivered {got} items of {want}")
-    return {"seconds": seconds}
+    if tool == "bare get" or first is None:
+        return {"seconds": seconds}
+    # The first batch holds the fixed cost (imports, freezing, the workers' start);
+    # the rest is the stream itself.
+    return {"seconds": seconds, "first_batch_s": first, "after_first_s": seconds - first}
 
 
 _ITEM_BYTES = [0]  # each item's size, for the check of the bytes delivered
@@ -263,6 +277,7 @@ def set_up(server: RcloneS3, args: argparse.Namespace, ctx: dict[str, Any]) -> N
         folder = os.path.join(server.root, "bench", "jsonl")
         os.makedirs(folder, exist_ok=True)
         print(f"writing a JSONL file of {args.lines:,} lines ...", file=sys.stderr, flush=True)
+        ctx["jsonl_folder"] = folder
         with open(os.path.join(folder, "data.jsonl"), "w", encoding="utf-8") as fh:
             for i in range(args.lines):
                 fh.write(f'{{"i": {i}, "text": "line {i} of the benchmark\'s JSONL file"}}\n')
@@ -338,28 +353,51 @@ def run_resume(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, 
     return rows
 
 
-def run_pack(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
-    """``ucstage pack`` and ``cache warm`` of the loose files, alternating; from
-    ``--pack-server``'s copy of them (rclone serve s3 answers a ranged GET whole,
-    and pack reads each file as a range: on rclone it fails)."""
-    if args.pack_server == "rclone":
-        return pack_rounds(args, ctx, ctx["loose"], ctx["env"])
+@contextlib.contextmanager
+def ranged_store(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[None]:
+    """The store of the parts that read ranges (resume, pack), set in ``ctx``
+    (``ranged_loose``, ``jsonl``, ``env``, ``child_env``) and in this process's
+    environment. rclone serve s3 answers a ranged GET whole (200, not 206),
+    which obstore refuses: ``ucstage pack`` reads every file as a range, and a
+    large file (the JSONL) is copied in ranged parts. ``--ranges-server moto``
+    (default) serves them from moto behind the same delay proxy instead."""
+    if args.ranges_server == "rclone":
+        ctx["ranged_loose"] = ctx["loose"]
+        yield
+        return
     server = Moto(ctx["work"])
     proxy = None
+    saved = {k: os.environ.get(k) for k in ctx["env"] if k.startswith("AWS_")}
     try:
         port = free_port()
         proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(port),
                                   "127.0.0.1", str(server.port), str(args.delay_ms / 2)])
         wait_port(port)
-        print("copying the loose files into moto ...", file=sys.stderr, flush=True)
-        url = server.upload(ctx["loose_folder"], "bench", "loose")
-        env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), ctx["work"])
-        return pack_rounds(args, ctx, url, env)
+        print("copying the sources into moto ...", file=sys.stderr, flush=True)
+        if "pack" in args.parts:
+            ctx["ranged_loose"] = server.upload(ctx["loose_folder"], "bench", "loose")
+        if "resume" in args.parts:
+            ctx["jsonl"] = server.upload(ctx["jsonl_folder"], "bench", "jsonl")
+        ctx["env"] = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), ctx["work"])
+        ctx["child_env"] = with_this_checkout(ctx["env"])
+        os.environ.update({k: v for k, v in ctx["env"].items() if k.startswith("AWS_")})
+        yield
     finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         if proxy is not None:
             proxy.terminate()
             proxy.wait(10)
         server.stop()
+
+
+def run_pack(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    """``ucstage pack`` and ``cache warm`` of the loose files, alternating, each
+    into a fresh folder (``ranged_store``'s copy of them)."""
+    return pack_rounds(args, ctx, ctx["ranged_loose"], ctx["env"])
 
 
 def pack_rounds(args: argparse.Namespace, ctx: dict[str, Any], url: str,
@@ -390,6 +428,9 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         by.setdefault((r["part"], r["tool"]), []).append(r)
     for (part, tool), mine in by.items():
         summary[f"{part} {tool} median_s"] = statistics.median(r["seconds"] for r in mine)
+        if all("first_batch_s" in r for r in mine):
+            summary[f"{part} {tool} first_batch_median_s"] = statistics.median(
+                r["first_batch_s"] for r in mine)
     for what, ours, theirs, figure, target in TARGETS:
         part = "pack" if ours == "pack" else "epoch1"
         a, b = by.get((part, ours)), by.get((part, theirs))
@@ -416,9 +457,12 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
              args: argparse.Namespace) -> str:
     lines = [f"rclone serve s3 behind the delay proxy at {args.delay_ms:g} ms; {args.files:,} x "
              f"{args.size}, {args.workers} workers; {args.pairs} alternating rounds", "",
-             "| part | round | tool | seconds | load 1m |", "|---|---:|---|---:|---:|"]
-    lines += [f"| {r['part']} | {r['round']} | {r['tool']} | {r['seconds']:.2f} | "
-              f"{r['load_1m']:.1f} |" for r in rows]
+             "| part | round | tool | seconds | first batch s | load 1m |",
+             "|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        first = f"{r['first_batch_s']:.2f}" if "first_batch_s" in r else "-"
+        lines.append(f"| {r['part']} | {r['round']} | {r['tool']} | {r['seconds']:.2f} | "
+                     f"{first} | {r['load_1m']:.1f} |")
     lines += ["", "| target | median | rounds | target | met |", "|---|---:|---|---:|---|"]
     for what, found in summary.items():
         if isinstance(found, dict):
@@ -449,9 +493,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tools", type=lambda s: s.split(","), default=list(EPOCH1),
                         help=f"epoch1's sides, of {','.join(EPOCH1)} (default all; litdata "
                              "needs the bench extra)")
-    parser.add_argument("--pack-server", choices=("moto", "rclone"), default="moto",
-                        help="the S3 server of the pack part (default moto: rclone serve s3 "
-                             "answers ranged GETs whole, which ucstage pack's reads refuse)")
+    parser.add_argument("--ranges-server", choices=("moto", "rclone"), default="moto",
+                        help="the S3 server of the resume and pack parts, behind the same "
+                             "proxy (default moto: rclone serve s3 answers ranged GETs whole, "
+                             "which obstore refuses; pack and a large file's copy read ranges)")
     pairs_argument(parser)
     json_argument(parser)
     # One run in a child process (the parent's own use).
@@ -496,10 +541,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
         if "epoch1" in args.parts:
             rows += run_epoch1(args, ctx)
-        if "resume" in args.parts:
-            rows += run_resume(args, ctx)
-        if "pack" in args.parts:
-            rows += run_pack(args, ctx)
+        if {"resume", "pack"} & set(args.parts):
+            with ranged_store(args, ctx):
+                if "resume" in args.parts:
+                    rows += run_resume(args, ctx)
+                if "pack" in args.parts:
+                    rows += run_pack(args, ctx)
     finally:
         if proxy is not None:
             proxy.terminate()

@@ -53,3 +53,15 @@ class IterPaths(tud.IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.paths)
+
+
+class SampleSizes(tud.IterableDataset):  # type: ignore[type-arg]
+    """The decoding wrapper over a ShardDataset of ``ucstage pack`` output: each
+    tar sample's bytes (its ``bin`` member), as ReadBytes reads each loose file."""
+
+    def __init__(self, samples: Iterable[dict[str, Any]]) -> None:
+        self.samples = samples
+
+    def __iter__(self) -> Iterator[int]:
+        for sample in self.samples:
+            yield len(sample["bin"])

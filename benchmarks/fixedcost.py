@@ -99,7 +99,7 @@ def fill(server: RcloneS3, specs: list[str]) -> list[tuple[str, str, int]]:
         count, size = size_spec(spec)
         write_objects(os.path.join(server.root, "bench", f"d{i}"), count, size)
         sets.append((spec, f"d{i}", count))
-    return [(spec, server._listed("bench", prefix), count) for spec, prefix, count in sets]
+    return [(spec, server.listed("bench", prefix), count) for spec, prefix, count in sets]
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

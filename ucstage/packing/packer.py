@@ -439,20 +439,20 @@ exits), so a stop waits for up to one read per job: at most 16 x 32 KiB, about
 def _read(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
     """A source file's bytes, as listed (its change marker checked).
 
-    A local or mounted file is read as ``cache warm`` copies one (symlinks
-    leaving SOURCE refused, a change while read caught), in
-    :data:`_READ_SIZE` reads that stop once ``inflight`` stops
-    (:exc:`Stopped`); an object is read whole: its reads never hold up an exit.
+    Read as ``cache warm`` copies a file, by the same engine: a local or
+    mounted file with symlinks leaving SOURCE refused and a change while read
+    caught, in :data:`_READ_SIZE` reads that stop once ``inflight`` stops
+    (:exc:`Stopped`); an object by a whole GET checked against the store's
+    checksum where it keeps one (a ranged GET of the whole object would
+    fail on servers that answer ranges with the whole object).
     """
-    from ..volumes.engine import RangeChanged, read_ranges
+    from ..volumes.engine import RangeChanged
 
     try:
         if not entry.size:
             volume.fs.info(volume.full_path(entry.path))  # still there
             return b""
-        if volume.is_local:
-            return _read_local(volume, entry, inflight)
-        return read_ranges(volume, entry.path, [(0, entry.size)], version=entry.version)[0][0]
+        return _read_copy(volume, entry, inflight)
     except (RangeChanged, InterruptedError):
         raise PackError(f"{shown(entry.path)} changed since SOURCE was listed",
                         hint="rerun the pack once SOURCE stops changing") from None
@@ -463,7 +463,7 @@ def _read(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
         raise PackError(f"cannot read {shown(entry.path)}: {exc.strerror or exc}") from None
 
 
-def _read_local(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
+def _read_copy(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
     """Through the cache's copy (:func:`ucstage.cache.fetch.copy_to`) into a
     memory file: one copy path, with its checks and its stop, for both."""
     from ..cache.fetch import copy_to

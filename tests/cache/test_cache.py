@@ -242,7 +242,8 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
     # second GET of one fetch by design; this counts fetches.
     env = dict(os.environ, UCSTAGE_HEDGE="0")
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
-                               str(go)], stdout=subprocess.PIPE, text=True, env=env)
+                               str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
              for _ in range(8)]
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("go.ready*"))) < 8:  # all imported, waiting at the gate
@@ -250,8 +251,12 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
             [p.poll() for p in procs]
         time.sleep(0.01)
     go.touch()
-    outs = [p.communicate(timeout=150)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * 8
+    done = [p.communicate(timeout=150) for p in procs]
+    outs = [out for out, _ in done]
+    # One fresh-clone run under load (2026-12-03) saw a reader die of SIGABRT
+    # after its work, once in 4 runs and never in 96 tries since: say why next time.
+    assert [p.returncode for p in procs] == [0] * 8, \
+        [err[-2000:] for p, (_, err) in zip(procs, done, strict=True) if p.returncode]
     assert [int(o) for o in outs] == [0] * 8  # every reader got the right bytes
     moto.log.flush()
     log = Path(moto.log.name).read_text(errors="replace")

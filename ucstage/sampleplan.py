@@ -73,15 +73,7 @@ class SamplePlan:
     @property
     def problems(self) -> list[str]:
         """What is wrong with the plan, in words (empty when all is well)."""
-        out = []
-        if not self.plan.consistent:
-            out.append(f"{len(self.plan.duplicated):,} blocks read twice or more, "
-                       f"{len(self.plan.skipped):,} never read")
-        if self.plan.empty.count:
-            total = self.plan.layout.slots
-            out.append(f"{self.plan.empty.count:,} of {total:,} slot{'s' * (total != 1)} read "
-                       "no sample")
-        return out
+        return self.plan.coverage_problems("blocks", "no sample")
 
     def spread(self, values: list[int]) -> dict[str, float]:
         """min / mean / max over every slot of the job, the empty ones as zeros."""

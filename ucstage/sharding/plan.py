@@ -57,16 +57,22 @@ class ShardPlan:
             counts.add(0)
         return len(counts) <= 1
 
-    @property
-    def problems(self) -> list[str]:
-        """What is wrong with the plan, in words (empty when it is :attr:`ok`)."""
+    def coverage_problems(self, units: str = "files", none: str = "nothing") -> list[str]:
+        """What this plan reads twice, never, or in no slot, in words, for
+        units named ``units`` (plural); a slot that reads none "read ``none``"."""
         out = []
         if not self.consistent:
-            out.append(f"{len(self.duplicated):,} files read twice or more, "
+            out.append(f"{len(self.duplicated):,} {units} read twice or more, "
                        f"{len(self.skipped):,} never read")
         if self.empty.count:
             total = self.layout.slots
-            out.append(f"{self.empty.count:,} of {total:,} slot{'s' * (total != 1)} read nothing")
+            out.append(f"{self.empty.count:,} of {total:,} slot{'s' * (total != 1)} read {none}")
+        return out
+
+    @property
+    def problems(self) -> list[str]:
+        """What is wrong with the plan, in words (empty when it is :attr:`ok`)."""
+        out = self.coverage_problems()
         if not self.batches_equal:
             out.append("ranks would get different batch counts")
         return out

@@ -72,14 +72,7 @@ class RowGroupPlan:
     @property
     def problems(self) -> list[str]:
         """What is wrong with the plan, in words (empty when all is well)."""
-        out = []
-        if not self.plan.consistent:
-            out.append(f"{len(self.plan.duplicated):,} row groups read twice or more, "
-                       f"{len(self.plan.skipped):,} never read")
-        if self.plan.empty.count:
-            total = self.plan.layout.slots
-            out.append(f"{self.plan.empty.count:,} of {total:,} slot{'s' * (total != 1)} read "
-                       "no row group")
+        out = self.plan.coverage_problems("row groups", "no row group")
         if not self.batches_equal:
             out.append("ranks would get different batch counts")
         elif self.empty_epoch:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from typing import Any
 
@@ -184,3 +185,37 @@ def test_the_manifest_round_trips_and_its_fingerprint_covers_the_index(tmp_path)
     assert np.array_equal(back.rows_per_group, m.rows_per_group)
     other = manifest_of(folder, sorted(os.listdir(folder)), block=4)
     assert other.fingerprint != m.fingerprint  # the blocks are part of the listing
+
+
+def test_saving_and_loading_a_shard_manifest_never_imports_pandas(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # pyarrow's pa.array() imports pandas when it is installed (about a second of
+    # every freeze's start-up, measured by benchmarks.shards); the manifest is
+    # built from buffers instead. A fresh interpreter, since this one has pandas.
+    folder = tmp_path / "w"
+    folder.mkdir()
+    webdataset_shards(str(folder), 12, 5)
+    (folder / "text.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    # (Not importing this module there: it imports pandas itself.)
+    script = (
+        "import os, sys\n"
+        "from ucstage.manifest import load\n"
+        "from ucstage.manifest.files import write\n"
+        "from ucstage.manifest.shardsamples import ShardManifest\n"
+        "from ucstage.shardfiles.shardformat import format_of\n"
+        "from ucstage.shardfiles.shardindex import index_shard\n"
+        "from ucstage.volumes import FileEntry\n"
+        "folder, out = sys.argv[1], sys.argv[2]\n"
+        "names = sorted(os.listdir(folder))\n"
+        "kinds = [format_of(n) for n in names]\n"
+        "found = [index_shard(os.path.join(folder, n), n, *k) for n, k in zip(names, kinds)]\n"
+        "entries = [FileEntry(n, os.path.getsize(os.path.join(folder, n)), 'v') for n in names]\n"
+        "m = ShardManifest.build(folder, folder, entries, kinds, found, 3)\n"
+        "back = load(write(m, out), kind=ShardManifest)\n"
+        "assert back.keys == m.keys and len(back.keys) == 14 and back.intact()\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in ('pandas', 'pyarrow'))[:1],"
+        " 'pandas' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(folder), str(tmp_path / "m.arrow")],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['pyarrow']", "False"], done.stdout

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["binary", "int_array", "large_string_scalar", "numbers", "read_marked"]
+__all__ = ["binary", "int_array", "large_string_scalar", "large_strings", "numbers", "read_marked"]
 
 
 def numbers(array: Any) -> np.ndarray:
@@ -57,6 +57,20 @@ def binary(values: Sequence[bytes | None]) -> Any:
     data = b"".join(v for v in values if v is not None)
     return pa.Array.from_buffers(pa.binary(), len(values), [
         pa.py_buffer(valid.tobytes()), pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)])
+
+
+def large_strings(values: Sequence[str]) -> Any:
+    """A pyarrow large_string array of ``values`` (UTF-8; a lone surrogate
+    raises ``UnicodeEncodeError``, as ``pa.array`` would)."""
+    import numpy as np
+    import pyarrow as pa
+
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)),
+              out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_string(), len(encoded), [
+        None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(encoded))])
 
 
 def large_string_scalar(text: str) -> Any:

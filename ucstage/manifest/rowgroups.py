@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from ..errors import InvalidArgument, UnknownColumn
 from ..volumes.entry import FileEntry
-from ..volumes.location import Volume, resolve
+from ..volumes.location import Volume, resolved
 from .arrays import binary, int_array, numbers, read_marked
 from .model import Frozen, Meta, fails_fingerprint
 
@@ -173,7 +173,7 @@ class RowGroupManifest(Frozen):
         return _parsed(self, file)
 
     def volume(self) -> Volume:
-        return _volume(self.volume_url)
+        return resolved(self.volume_url)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The schema travels in its IPC form: pickling a pyarrow schema renames
@@ -291,11 +291,6 @@ def is_row_group_manifest(path: str) -> bool:
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if v is None or isinstance(v, (str, int, float, bool)) else str(v))
             for k, v in values.items()}
-
-
-@functools.lru_cache(maxsize=16)
-def _volume(url: str) -> Volume:
-    return resolve(url)
 
 
 _PARSED: dict[tuple[int, int], Any] = {}

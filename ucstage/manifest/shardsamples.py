@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 from ..sharding.values import ReadOrder
 from ..volumes.entry import FileEntry
-from ..volumes.location import Volume, resolve
-from .arrays import int_array, numbers, read_marked
+from ..volumes.location import Volume, resolved
+from .arrays import int_array, large_strings, numbers, read_marked
 from .model import Frozen, Meta, fails_fingerprint
 
 __all__ = ["FORMAT", "SUFFIX", "ShardManifest", "ShardSamples"]
@@ -201,7 +201,7 @@ class ShardManifest(Frozen):
         return lo, lo + int(self.rows_per_group[block])
 
     def volume(self) -> Volume:
-        return _volume(self.volume_url)
+        return resolved(self.volume_url)
 
     # -- the file -------------------------------------------------------------
 
@@ -237,9 +237,9 @@ class ShardManifest(Frozen):
             "file": int_array(self.sample_file, pa.int32()),
             "start": int_array(self.sample_start, pa.int64()),
             "stop": int_array(self.sample_stop, pa.int64()),
-            "key": pa.array(self.keys, pa.string()),
+            "key": large_strings(self.keys),
             "member_suffix": pa.LargeListArray.from_arrays(
-                offsets, pa.array(self.member_suffix, pa.string())),
+                offsets, large_strings(self.member_suffix)),
             "member_offset": pa.LargeListArray.from_arrays(
                 offsets, int_array(self.member_offset, pa.int64())),
             "member_size": pa.LargeListArray.from_arrays(
@@ -279,8 +279,3 @@ class ShardManifest(Frozen):
         if verify and not manifest.intact():
             raise fails_fingerprint(path)
         return manifest
-
-
-@functools.lru_cache(maxsize=16)
-def _volume(url: str) -> Volume:
-    return resolve(url)

@@ -92,8 +92,6 @@ def indexed_samples(volume: Any, entries: Sequence[FileEntry],
     pack record beside them indexes with their listed size, by position in
     ``entries``. One record read per folder holding shards; a folder without
     a usable record gives nothing (its shards are scanned)."""
-    from ..volumes.engine import read_ranges
-
     folders: dict[str, list[int]] = {}
     for i, (entry, kind) in enumerate(zip(entries, formats, strict=True)):
         if kind == ("tar", False):
@@ -102,8 +100,9 @@ def indexed_samples(volume: Any, entries: Sequence[FileEntry],
     for folder, members in folders.items():
         name = posixpath.join(folder, RECORD) if folder else RECORD
         try:
-            size = int(volume.fs.info(volume.full_path(name))["size"])
-            data = read_ranges(volume, name, [(0, size)])[0][0] if size else b""
+            # One whole GET (a size lookup and a ranged read would be two round
+            # trips, and some servers answer a range with the whole object).
+            data = volume.fs.cat_file(volume.full_path(name))
         except (OSError, KeyError, ValueError, TypeError):
             continue  # no record there (or not readable now): scan those shards
         record = parse_record(data)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import EmptySource
 from ..manifest.shardsamples import ShardManifest, ShardSamples
 from ..volumes.entry import FileEntry
-from ..volumes.location import Volume
+from ..volumes.location import Volume, remember
 from .packindex import indexed_samples
 from .shardformat import format_of, shown
 from .shardindex import index_shard
@@ -60,6 +60,7 @@ def index_source(source: str, *, fetch: Fetch, format: str | None = None,
     entries = [files.entries[i] for i in keep]
     formats = [k for k in (kinds[i] for i in keep) if k is not None]
     volume = files.volume()
+    remember(volume)  # the manifest's readers in this process ask for it by URL
     packed = indexed_samples(volume, entries, formats)  # `ucstage pack`'s: no fetch, no scan
 
     def index(i: int) -> ShardSamples:

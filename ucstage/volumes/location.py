@@ -34,7 +34,7 @@ from ..errors import (
 )
 
 __all__ = ["VOLUMES_ROOT_ENV", "Volume", "is_mapped", "is_volumes_path", "kind_of", "looked_up",
-           "resolve", "safe_relpath", "single_file", "unreadable_error"]
+           "remember", "resolve", "resolved", "safe_relpath", "single_file", "unreadable_error"]
 
 VOLUMES_ROOT_ENV = "UCSTAGE_VOLUMES_ROOT"
 
@@ -208,6 +208,30 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
         raise SourceNotFound(f"source {source} does not exist" + (f" ({where})" if where else ""),
                              hint=hint)
     return volume if kind == "directory" else single_file(volume)
+
+
+_RESOLVED: dict[str, Volume] = {}
+"""This process's volumes by URL (:func:`resolved`)."""
+_RESOLVED_MAX = 16
+
+
+def resolved(url: str) -> Volume:
+    """``resolve(url)``, once per URL in this process: a frozen listing names
+    its volume by URL, and every reader of it asks for that volume (a HEAD
+    and a LIST on an object store each time it is resolved)."""
+    volume = _RESOLVED.get(url)
+    if volume is None:
+        volume = resolve(url)
+        remember(volume)
+    return volume
+
+
+def remember(volume: Volume) -> None:
+    """Keep ``volume`` for :func:`resolved` of its URL: a listing that has
+    just resolved it spares the frozen listing a second resolve."""
+    if len(_RESOLVED) >= _RESOLVED_MAX:
+        _RESOLVED.clear()  # a process reads a few sources; a bound, not a policy
+    _RESOLVED[volume.url] = volume
 
 
 def looked_up(source: str, url: str) -> str:

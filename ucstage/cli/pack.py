@@ -35,8 +35,9 @@ from .output import CONTEXT, counted, emit, err, escape, filter_options, format_
 @click.option("-w", "--world-size", type=click.IntRange(min=1), default=None,
               help="Ranks sharing the pack (default $WORLD_SIZE, else 1). Every rank runs "
                    "the same command; the last to finish publishes DEST.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=16, show_default=True,
-              help="Source files read at once.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=None,
+              help="Source files read at once (default 16 from a local or mounted folder, "
+                   "64 from s3://, gs://, az://).")
 @click.option("--force", is_flag=True,
               help="Pack even if DEST already holds this pack of an unchanged SOURCE. Also "
                    "replaces files added to a previous pack, and a DEST of .tar files "
@@ -44,7 +45,7 @@ from .output import CONTEXT, counted, emit, err, escape, filter_options, format_
 @json_option
 def command(source: str, dest: str, include: tuple[str, ...], exclude: tuple[str, ...],
             group: str | None, shard_size: str | None, samples_per_shard: int | None,
-            shuffle: bool, seed: int, rank: int | None, world_size: int | None, jobs: int,
+            shuffle: bool, seed: int, rank: int | None, world_size: int | None, jobs: int | None,
             force: bool, as_json: bool) -> None:
     """Write SOURCE's files into tar shards in DEST, in WebDataset's layout, with an
     index beside them; atomically, and only when SOURCE changed.

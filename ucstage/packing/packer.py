@@ -78,7 +78,12 @@ __all__ = ["DEFAULT_SHARD_SIZE", "PackResult", "pack"]
 DEFAULT_SHARD_SIZE = 256 << 20
 """``shard_size`` when neither it nor ``samples_per_shard`` is given."""
 DEFAULT_JOBS = 16
-"""Source files read at once."""
+"""Source files read at once from a local or mounted folder: a stop waits
+for one read per job (:data:`_READ_SIZE`), so more would stop slower."""
+OBJECT_JOBS = 64
+"""... and from an object store, where a file is one GET whose round trip,
+not bandwidth, sets the pace of small files (``cache warm`` keeps up to 256
+in flight there); a stop abandons the GETs in flight."""
 _CLAIM = "_publishing"
 _PART = re.compile(r"_part-(\d{5})-of-(\d{5})\.json")
 _SHARD = "shard-{rank:05d}-{n:06d}.tar"
@@ -149,7 +154,7 @@ def pack(source: str | os.PathLike[str], dest: str | os.PathLike[str], *,
          exclude: str | Sequence[str] = (), shard_size: int | str | None = None,
          samples_per_shard: int | None = None, shuffle: bool = False, seed: int = 0,
          rank: int | None = None, world_size: int | None = None, force: bool = False,
-         jobs: int = DEFAULT_JOBS, callback: Callback = NO_PROGRESS) -> PackResult:
+         jobs: int | None = None, callback: Callback = NO_PROGRESS) -> PackResult:
     """Pack SOURCE's files into WebDataset tar shards in DEST (see the module docstring).
 
     Args:
@@ -167,7 +172,8 @@ def pack(source: str | os.PathLike[str], dest: str | os.PathLike[str], *,
             ``$WORLD_SIZE`` (torchrun's), else 0 of 1.
         force: pack even when DEST holds this pack; replace a DEST holding
             only ``.tar`` files and no record.
-        jobs: source files read at once.
+        jobs: source files read at once (default: :data:`OBJECT_JOBS` from
+            an object store, else :data:`DEFAULT_JOBS`).
         callback: ``set_size`` (bytes, files of the share), ``relative_update``
             per file's bytes, ``item_done`` per file, ``set_description`` for
             the steps.
@@ -182,7 +188,8 @@ def pack(source: str | os.PathLike[str], dest: str | os.PathLike[str], *,
     started = time.monotonic()
     options = _options(group, include, exclude, shard_size, samples_per_shard, shuffle, seed)
     rank, world_size = _rank(rank, world_size)
-    jobs = params.whole(jobs, "jobs", minimum=1)
+    if jobs is not None:
+        jobs = params.whole(jobs, "jobs", minimum=1)
     dest_path = _resolve_dest(os.fspath(dest))
     check_dest_writable(dest_path)
     src = os.fspath(source)
@@ -213,8 +220,10 @@ def pack(source: str | os.PathLike[str], dest: str | os.PathLike[str], *,
             _forget_share(staging, rank, part)
         committed = _committed(staging, part)
         if committed is None:
-            committed = _write_share(manifest.volume(), staging, part, plan, rank, jobs,
-                                     callback)
+            volume = manifest.volume()
+            if jobs is None:
+                jobs = DEFAULT_JOBS if volume.is_local else OBJECT_JOBS
+            committed = _write_share(volume, staging, part, plan, rank, jobs, callback)
         else:
             result.reused = True
         result.shards = [{k: s[k] for k in ("path", "bytes", "samples")} for s in committed]

@@ -63,22 +63,22 @@ PLAN_UNITS = (*UNITS, "sample")
 SAMPLE_ONLY = ("format", "block_samples")
 """What means something only with ``unit="sample"``."""
 SAMPLE_REFUSED = ("include_hidden", "batch_size", "slot", "resume", "epochs", "max_bytes",
-                  "group", "batch_rows", "columns", "version")
+                  "group", "batch_rows", "columns", "version", "filter")
 """What a sample plan does not take (``equal_length`` counts samples there)."""
-ROW_GROUP_ONLY = ("batch_rows", "equal_length", "columns", "version")
+ROW_GROUP_ONLY = ("batch_rows", "equal_length", "columns", "version", "filter")
 """What means something only with ``unit="row-group"``."""
 FILE_ONLY = ("include", "exclude", "include_hidden", "batch_size", "slot", "resume", "epochs",
              "max_bytes", "group")
 """What a file plan takes and a row-group plan does not."""
 MIX_REFUSED = ("manifest_path", "shuffle", "shuffle_scope", "epochs", "max_bytes", "batch_size",
                "slot", "resume", "group", "unit", "batch_rows", "equal_length", "columns",
-               "version")
+               "version", "filter")
 """What plans one source and a mix does not take (each source's read order is the mix's)."""
 
 ReadFiles = Callable[[str | None, str | None, Sequence[str], Sequence[str], bool], Manifest]
 """``(source, manifest_path, include, exclude, include_hidden)`` -> the files."""
-ReadTable = Callable[[str | None, str | None, int | None], "RowGroupManifest"]
-"""``(source, manifest_path, version)`` -> the table's row groups."""
+ReadTable = Callable[[str | None, str | None, int | None, str | None], "RowGroupManifest"]
+"""``(source, manifest_path, version, filter)`` -> the table's row groups."""
 ReadShards = Callable[[str | None, str | None, Sequence[str], Sequence[str], str | None, int | None],
                       "ShardManifest"]
 """``(source, manifest_path, include, exclude, format, block_samples)`` -> the shards' samples."""
@@ -149,21 +149,25 @@ def read_shards(source: str | None, manifest_path: str | None = None,
 
 
 def read_row_groups(source: str | None, manifest_path: str | None = None,
-                    version: int | None = None) -> RowGroupManifest:
-    """The row groups of a table ``source`` (at Delta ``version``), or of a
-    saved ``.rowgroups.arrow`` (``manifest_path``, which wins)."""
+                    version: int | None = None, filter: str | None = None
+                    ) -> RowGroupManifest:
+    """The row groups of a table ``source`` (at Delta ``version``, those that
+    can hold a row ``filter`` matches), or of a saved ``.rowgroups.arrow``
+    (``manifest_path``, which wins)."""
     from .manifest.rowgroups import RowGroupManifest
     from .tables.row_groups import row_groups
 
     if manifest_path is not None:
-        if version is not None:
-            raise InvalidArgument("`version` chooses a Delta version to list; a frozen "
-                                  "row-group manifest already has one")
+        given = [n for n, v in (("version", version), ("filter", filter)) if v is not None]
+        if given:
+            raise InvalidArgument(f"{_names(given)} choose what a table lists; a frozen "
+                                  "row-group manifest already is listed",
+                                  hint="pass the table itself")
         from .manifest import load
         return load(manifest_path, kind=RowGroupManifest)
     if source is None:
         raise InvalidArgument("give a table `source` or a `manifest_path`")
-    return row_groups(source, version=version)
+    return row_groups(source, version=version, filter=filter)
 
 
 def _read_files(source: str | None, manifest_path: str | None, include: Sequence[str],
@@ -366,6 +370,8 @@ class PlanRequest:
     equal_length: str | None = None
     columns: tuple[str, ...] | None = None
     version: int | None = None
+    filter: str | None = None
+    """With ``unit="row-group"``: a row filter (``TableDataset(filter=...)``)."""
     weights: tuple[float, ...] | None = None
     repeat: tuple[float, ...] | None = None
     epoch_size: int | None = None
@@ -521,7 +527,7 @@ class PlanRequest:
             from .tables.slots import plan_row_groups
 
             layout = self.layout  # before the listing: a bad layout fails fast
-            table = read_table(self.source, self.manifest_path, self.version)
+            table = read_table(self.source, self.manifest_path, self.version, self.filter)
             return plan_row_groups(table, layout, self._order(table.row_groups),
                                    columns=None if self.columns is None else list(self.columns),
                                    batch_rows=self.batch_rows, equal_length=self.equal_length)

@@ -120,3 +120,17 @@ def test_each_node_caches_its_share_not_the_table(fuse_volume, tmp_path) -> None
     for r in ranks:
         assert 0 < r["cached"] <= 0.6 * table_bytes, (r["cached"], table_bytes)
     assert ranks[0]["cached"] + ranks[1]["cached"] == table_bytes  # each row group once
+
+
+def test_a_filter_s_rows_once_on_two_ranks_two_workers(fuse_volume, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """filter= under torchrun: every matching row once (and no other), the
+    batches len() promised, the audit over the kept row groups only."""
+    _, ranks = run_ranks(fuse_volume, tmp_path, "filtered")
+    want = [i for i in range(ROWS) if 150 <= i < 2500 and i != 777]
+    got = Counter(i for r in ranks for i in r["ids"])
+    assert sorted(got) == want and set(got.values()) == {1}
+    kept = ranks[0]["row_groups"]
+    assert kept == ranks[1]["row_groups"] and kept < 32  # the groups of ids < 150 or >= 2500
+    for r in ranks:
+        assert r["batches"] == r["len"]
+        assert r["audit"] == {"files": kept, "duplicates": 0, "gaps": 0, "ok": True}

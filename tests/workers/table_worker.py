@@ -10,6 +10,8 @@ per epoch, ``len(loader)``, the batches it counted and the audit.
 its own folder; records the ids per epoch and the bytes each cache holds.
 ``stop``: epoch 0 until BATCHES batches, then the merged state
 (``state_dict(gather=True)``) and the ids delivered so far.
+``filtered``: one shuffled epoch of the rows :data:`FILTER` matches (its
+``s`` column fetched, not asked for); the ids, batches, ``len`` and the audit.
 """
 
 from __future__ import annotations
@@ -81,12 +83,33 @@ def nodes(source: str, out: str) -> dict[str, Any]:
     return {"ids": got, "cached": cached, "table_bytes": ds.freeze().bytes}
 
 
+FILTER = "id >= 150 and id < 2500 and s <> '777'"
+
+
+def filtered(source: str) -> dict[str, Any]:
+    ds = TableDataset(source, columns=["id"], filter=FILTER, batch_rows=37, shuffle=True,
+                      seed=3, shuffle_window=3, format="torch")
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    got, batches = [], 0
+    for batch in loader:
+        assert list(batch) == ["id"]
+        got += ids_of(batch)
+        batches += 1
+    audit = loader.audits[-1]
+    return {"ids": got, "batches": batches, "len": len(loader),
+            "row_groups": ds.freeze().row_groups,
+            "audit": {"files": audit.files, "duplicates": audit.duplicates,
+                      "gaps": audit.gaps, "ok": audit.coverage_ok}}
+
+
 def main() -> None:
     mode, source, out = sys.argv[1:4]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if mode == "nodes":
         result = nodes(source, out)
+    elif mode == "filtered":
+        result = filtered(source)
     else:
         result = epochs(source) if mode == "epochs" else stop(source, int(sys.argv[4]))
     result["rank"] = rank

@@ -179,6 +179,10 @@ def _table_options(func: F, *, columns_help: str, units: tuple[str, ...] = UNITS
         click.option("--version", "version", type=int, default=None, metavar="N",
                      help="With --unit row-group: this Delta table version (default: "
                           "the latest)."),
+        click.option("--filter", "filter", metavar="EXPR", default=None,
+                     help="With --unit row-group: only the row groups that can hold a row "
+                          "EXPR matches, as TableDataset(filter=...) lists them, e.g. "
+                          "\"label >= 3 and split = 'train'\"."),
     ])
 
 

@@ -52,7 +52,7 @@ from .output import (
 EXAMPLES = 10
 FILE_ONLY = ("include", "exclude", "include_hidden", "group")
 """What a warm of files takes and a warm of a table's row groups does not."""
-ROW_GROUP_ONLY = ("columns", "version")
+ROW_GROUP_ONLY = ("columns", "version", "filter")
 
 
 class JobsType(click.ParamType):
@@ -119,7 +119,7 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
          world_size: int | None, num_workers: int | None, shuffle: bool, seed: int | None,
          epoch: int | None, shuffle_scope: str | None, no_hedge: bool, deadline: float | None,
          group: str | None, unit: str, columns: str | None, version: int | None,
-         as_json: bool) -> None:
+         filter: str | None, as_json: bool) -> None:
     """Copy SOURCE's files into the local cache now, in parallel; files already
     cached and unchanged are skipped, so a rerun resumes.
 
@@ -131,7 +131,9 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     free disk before anything is copied.
     With --unit row-group, SOURCE is a table and the unit is its row group:
     each row group's column chunks (of --columns) become one cache entry, the
-    ones TableDataset reads, dealt by the same rule.
+    ones TableDataset reads, dealt by the same rule. With --filter only the
+    row groups that can hold a matching row, with the filter's columns, as
+    TableDataset(filter=...) reads them.
     Exits 1 when files fail after retries (they are listed) or do not fit.
     Off a terminal, a progress line is printed every 10 s. Ctrl-C (or SIGTERM)
     stops within about 2 s: copies in flight finish or are removed, and the
@@ -174,7 +176,8 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
     noun = "row group" if unit == "row-group" else "file"
     groups = None
     if unit == "row-group":
-        volume, entries, refused = _table_entries(source, manifest_path, columns, version)
+        volume, entries, refused = _table_entries(source, manifest_path, columns, version,
+                                                  filter)
     else:
         with listing(source):
             m = read_source(source, manifest_path, include, exclude, include_hidden)
@@ -211,14 +214,15 @@ def warm(source: str | None, manifest_path: str | None, include: tuple[str, ...]
 
 
 def _table_entries(source: str | None, manifest_path: str | None, columns: str | None,
-                   version: int | None) -> tuple[Any, list[Any], Sequence[tuple[str, str]]]:
+                   version: int | None, filter: str | None
+                   ) -> tuple[Any, list[Any], Sequence[tuple[str, str]]]:
     """(volume, one cache entry per row group, the folder's refused entries)
     of a table: its row groups' column chunks, the entries TableDataset reads
     (``tables.entries``)."""
     from ..tables.entries import group_entries
 
     wanted = column_list(columns)
-    manifest = table_source(source, manifest_path, version)
+    manifest = table_source(source, manifest_path, version, filter)
     manifest.check_columns(wanted)
     return manifest.volume(), group_entries(manifest, wanted), manifest.refused
 

@@ -212,13 +212,14 @@ def read_source(
     return result
 
 
-def table_source(source: str | None, manifest_path: str | None, version: int | None) -> Any:
+def table_source(source: str | None, manifest_path: str | None, version: int | None,
+                 filter: str | None = None) -> Any:
     """The row groups of a table SOURCE or of ``--manifest FILE.rowgroups.arrow``
     (:func:`ucstage.planning.read_row_groups`); refuses neither and both. Warns
     on stderr about the folder's entries the listing refused."""
     if (source is None) == (manifest_path is None):
         raise click.UsageError("give a table SOURCE or --manifest FILE.rowgroups.arrow")
-    result = read_row_groups(source, manifest_path, version)
+    result = read_row_groups(source, manifest_path, version, filter)
     warn_skipped(result)
     return result
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from ..planning import FilePlan, ResumeFiles, SlotFiles, disk_free
 from ..sharding.mixing import MixPlan
 from ..sharding.plan import ShardPlan
+from ..shown import shown
 from .output import counted, err, escape, format_bytes, table, truncated_rows
 
 if TYPE_CHECKING:
@@ -271,6 +272,17 @@ def spread_text(values: dict[str, float], fmt: Callable[[float], str]) -> str:
     return f"min {fmt(values['min'])} / mean {fmt(values['mean'])} / max {fmt(values['max'])}"
 
 
+def pruned_text(pruned: dict[str, list[int]] | None) -> str:
+    """What a row filter kept of a table: ``kept 1 of 2 files, 4 of 16 row groups
+    (in the files read), 10 KB of 48 KB``."""
+    if not pruned:
+        return "kept what can match"
+    files, groups, size = pruned["files"], pruned["row_groups"], pruned["bytes"]
+    return (f"kept {files[0]:,} of {counted(files[1], 'file')}, {groups[0]:,} of "
+            f"{counted(groups[1], 'row group')} (in the files read), "
+            f"{format_bytes(size[0])} of {format_bytes(size[1])}")
+
+
 def render_row_groups(console: Console, p: RowGroupPlan) -> None:
     m, plan = p.manifest, p.plan
     doc = p.to_json()["summary"]
@@ -283,6 +295,9 @@ def render_row_groups(console: Console, p: RowGroupPlan) -> None:
                             f"{counted(len(m.files), 'file')} ({format_bytes(plan.total_bytes)})")
     if p.columns != m.columns:
         summary.add_row("columns", ", ".join(p.columns))
+    if m.filter:
+        summary.add_row("filter", escape(shown(m.filter["text"])) + ": "
+                        + pruned_text(m.filter.get("pruned")))
     workers = plan.layout.num_workers
     spec = f"{workers} on every rank" if isinstance(workers, int) else \
         ",".join(str(k) for k in workers)

@@ -120,7 +120,7 @@ def shard_plan(
     nproc_per_node: int | None, epochs: int | None, max_bytes: str | None,
     batch_size: int | None, slot: str | None, resume: str | None, group: str | None,
     unit: str, batch_rows: int | None, equal_length: str | None, columns: str | None,
-    version: int | None, format: str | None, block_samples: int | None,
+    version: int | None, filter: str | None, format: str | None, block_samples: int | None,
     more_sources: tuple[str, ...], weights: str | None,
     repeat: str | None, epoch_size: int | None, as_json: bool,
 ) -> None:
@@ -156,6 +156,7 @@ def shard_plan(
       ucstage shard-plan data/ -w 16 -k 4 --nproc-per-node 8 --shuffle --epochs 3
       ucstage shard-plan manifest.json -w 3 -k 1 --resume state.json
       ucstage shard-plan /Volumes/main/ml/train/events --unit row-group -w 2 -k 4 --batch-rows 4096
+      ucstage shard-plan events/ --unit row-group -w 2 -k 4 --filter "day >= '2024-06-01'"
       ucstage shard-plan data/a data/b -w 2 -k 4 --weights 0.7,0.3 --epoch-size 1000
       ucstage shard-plan s3://bucket/shards --unit sample -w 8 -k 8 --shuffle
     """
@@ -173,6 +174,7 @@ def shard_plan(
         unit=unit if "unit" in chosen else None, batch_rows=batch_rows,
         equal_length=equal_length,
         columns=None if columns_list is None else tuple(columns_list), version=version,
+        filter=filter,
         weights=_floats(weights, "--weights", "0.7,0.3"),
         repeat=_floats(repeat, "--repeat", "2.5,0.1"), epoch_size=epoch_size,
         format=format, block_samples=block_samples)

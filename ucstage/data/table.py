@@ -27,7 +27,9 @@ from ..errors import InvalidArgument
 from ..manifest import load
 from ..manifest.rowgroups import RowGroupManifest, is_row_group_manifest
 from ..sharding import DEFAULT_SHUFFLE_SCOPE
+from ..shown import shown
 from ..tables import row_groups
+from ..tables.filters import row_filter
 from ..tables.rowplan import drop_note, equal_batches
 from ..volumes.listing import skip_messages
 from .frozen import Freezable, Request
@@ -60,6 +62,12 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
             ``$UCSTAGE_WAREHOUSE``, or a row-group manifest file.
         columns: the columns to read (default: all); only their column
             chunks are fetched.
+        filter: only the rows it matches: a ``pyarrow.compute.Expression`` or
+            a string such as ``"label >= 3 and split = 'train'"``. Row groups
+            that cannot hold a match (partition values, statistics) are left
+            out when frozen, and the filter's columns are read then to count
+            the matching rows (what ``len()`` counts); its columns are fetched
+            with ``columns`` and left out of the batches.
         version: the Delta version (default: the latest).
         batch_rows: rows per batch (default: about one row group per batch).
         format: ``"arrow"`` (``pyarrow.RecordBatch``), ``"torch"`` (a dict of
@@ -88,7 +96,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
                  shuffle_window: int = DEFAULT_WINDOW, nproc_per_node: int | None = None,
                  read_ahead: int = DEFAULT_READ_AHEAD, equal_length: bool | str | None = False,
                  cache: LocalCache | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 max_bytes: int | str | None = None) -> None:
+                 max_bytes: int | str | None = None, filter: Any = None) -> None:
         # Types and shapes checked here, by the one rule of each (ucstage/params.py).
         read_ahead = params.whole(read_ahead, "read_ahead")
         if batch_rows is not None:
@@ -108,6 +116,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
         self.version, self.batch_rows = version, batch_rows
         self.format, self.fill_null = format, fill_null
         self._source = os.fspath(source)
+        self._filter = row_filter(filter)  # a bad string fails here, at its character
         self._manifest: RowGroupManifest | None = None
         self._manifest_path: str | None = None
         self._fingerprint: str | None = None
@@ -123,18 +132,26 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
                     "path)) and pass that file to every rank")
 
     def _list(self) -> RowGroupManifest:
-        manifest = row_groups(self._source, version=self.version)
+        manifest = row_groups(self._source, version=self.version, filter=self._filter)
         # What shard-plan and cache warm print, once per listing (on the rank that lists).
         for line in skip_messages(manifest.source, manifest.refused):
             _log.warning("%s", line)
         return manifest
 
     def _checked(self, manifest: RowGroupManifest) -> None:
+        frozen = manifest.filter["text"] if manifest.filter else None
+        if self._filter is not None and frozen != self._filter.text:
+            # A frozen listing's rows are its filter's: another would be silently ignored.
+            raise InvalidArgument(f"{self._source} was frozen " + (
+                f"with filter {shown(frozen)!r}" if frozen else "without a filter")
+                + f", not {shown(self._filter.text)!r}",
+                hint="pass the table itself with filter=..., or the same filter")
         columns = manifest.check_columns(self.columns)
         check_format(manifest.schema, columns, self.format, self.fill_null)
 
     def _request(self) -> Request:
-        return (("source", self._source), ("version", self.version))
+        return (("source", self._source), ("version", self.version),
+                ("filter", None if self._filter is None else self._filter.text))
 
     def _get_volume(self) -> Volume:
         return self.freeze().volume()
@@ -160,7 +177,9 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
 
     def __repr__(self) -> str:
         frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
-        return (f"TableDataset({self._source!r}, columns={self.columns}, shuffle={self.shuffle}, "
+        where = "" if self._filter is None else f", filter={self._filter.text!r}"
+        return (f"TableDataset({self._source!r}, columns={self.columns}{where}, "
+                f"shuffle={self.shuffle}, "
                 f"seed={self.seed}, epoch={self.epoch}, {frozen})")
 
     # -- iteration ---------------------------------------------------------------

@@ -69,6 +69,12 @@ class RowGroupManifest(Frozen):
     refused: Sequence[tuple[str, str]] = ()
     """(path, reason) of entries a fresh listing of the folder refused (a link
     out of it...), for the warnings; not stored (as ``Manifest.refused``)."""
+    filter: dict[str, Any] | None = None
+    """The row filter the listing was made with (``tables/filters.py``:
+    ``text``, ``columns``, ``expression``) and what it pruned (``pruned``:
+    files, row groups and bytes, each ``[kept, total]``), or None. With a
+    filter, only row groups holding a matching row are listed, and
+    ``rows_per_group`` counts their matching rows."""
     formats: ClassVar[tuple[str, ...]] = ("arrow",)
     suffix: ClassVar[str] = SUFFIX
     marker: ClassVar[str] = _KEY.decode()
@@ -107,6 +113,18 @@ class RowGroupManifest(Frozen):
     @property
     def columns(self) -> list[str]:
         return list(self.schema.names)
+
+    @property
+    def filter_columns(self) -> list[str]:
+        """The columns the listing's row filter reads (none without one)."""
+        return list(self.filter["columns"]) if self.filter else []
+
+    def fetched_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """What a reader of ``columns`` (None: all) fetches: those and the
+        filter's columns, which every row is tested on."""
+        if columns is None:
+            return None
+        return [*columns, *(c for c in self.filter_columns if c not in columns)]
 
     def check_columns(self, columns: Sequence[str] | None) -> list[str]:
         """``columns`` checked against the schema (None: every column).
@@ -201,6 +219,7 @@ class RowGroupManifest(Frozen):
                                           strict=True)],
             "leaves": self.leaves,
             "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            **({"filter": self.filter} if self.filter else {}),
             "fingerprint": self.fingerprint,
         }
 
@@ -271,7 +290,8 @@ class RowGroupManifest(Frozen):
             chunk_length=flat("chunk_length").astype(np.int64),
             footers=footers, fingerprint=str(meta["fingerprint"]), path=path,
             deletion_vectors=[f.get("deletion_vector") for f in files]
-            if any("deletion_vector" in f for f in files) else [])
+            if any("deletion_vector" in f for f in files) else [],
+            filter=meta.get("filter"))
         if verify and not manifest.intact():
             raise fails_fingerprint(path)
         return manifest

@@ -77,6 +77,10 @@ class TableState:
     """Each file's deletion-vector descriptor, resolved (``deletion.resolve``), or None."""
     column_mapping: str = "none"
     """``delta.columnMapping.mode``: ``none``, ``name`` or ``id``."""
+    stats: Any = None
+    """The log's file statistics, one row per file (same order): a pyarrow
+    table of ``num_records`` and the ``min.C``, ``max.C`` and ``null_count.C``
+    columns delta-rs gives (what a row filter prunes files by)."""
 
 
 def _delta() -> Any:
@@ -263,4 +267,6 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
         partition_values=[{c: texts[c][i] for c in parts} for i in range(len(rows))],
         deletion_vectors=vectors,
         column_mapping=mode,
+        stats=actions.select([c for c in actions.column_names if c == "num_records"
+                              or c.startswith(("min.", "max.", "null_count."))]),
     )

@@ -18,7 +18,9 @@ __all__ = ["group_entries", "group_entry"]
 
 def group_entry(manifest: RowGroupManifest, group: int, columns: Sequence[str] | None
                 ) -> RangeEntry:
-    """The cache entry of row group ``group``'s chunks of ``columns`` (None: all)."""
+    """The cache entry of row group ``group``'s chunks of ``columns`` (None:
+    all), and of the listing's filter columns, which every reader tests rows on."""
+    columns = manifest.fetched_columns(columns)
     f = int(manifest.file[group])
     held = manifest.file_columns(f, columns)
     name = f"rg{int(manifest.index[group])}"

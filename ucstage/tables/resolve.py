@@ -66,6 +66,8 @@ class TableSource:
     """(path, reason) of the entries the folder's listing refused (``parquet``):
     a link out of the folder, a broken link... Left out, and named by every
     reader's warning (``ucstage.volumes.listing.skip_messages``)."""
+    file_stats: Any = None
+    """Per file (``delta``), the log's statistics (``TableState.stats``), or None."""
 
 
 def _is_name(source: str) -> bool:
@@ -112,9 +114,11 @@ def _delta(source: str, folder: str, label: str, version: int | None) -> TableSo
     entries = _select(volume, rel, label)
     values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
     vectors = dict(zip(rel, state.deletion_vectors or [None] * len(rel), strict=True))
+    at = {p: i for i, p in enumerate(rel)}
+    stats = None if state.stats is None else state.stats.take([at[e.path] for e in entries])
     return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
                        [values[e.path] for e in entries], state.num_records,
-                       [vectors[e.path] for e in entries])
+                       [vectors[e.path] for e in entries], file_stats=stats)
 
 
 def _record(volume: Volume) -> ExportRecord | None:

@@ -6,6 +6,16 @@ are its live rows (the vector's deleted rows in the group's range counted
 off, no data read): the slot rule, ``len()``, resume and the audit all count
 live rows. Column-mapped files' top-level columns are listed under their
 logical names (:func:`ucstage.tables.colmap.logical_leaves`).
+
+With a row filter (:mod:`ucstage.tables.filters`) only the row groups that
+hold a matching row are listed: files are pruned by their partition values
+and the Delta log's statistics before their footers are read (a Delta
+table's schema is the log's; a folder's needs every footer), row groups by
+their footers' statistics (:mod:`ucstage.tables.prune`); the filter's
+columns of the rest are read and their matching rows counted
+(:func:`ucstage.tables.groupread.count_matching`), so ``rows_per_group``
+counts matching rows and a group with none is left out. The manifest
+records the filter and what it pruned.
 """
 
 from __future__ import annotations
@@ -17,28 +27,120 @@ from ..errors import UnreadableDeltaLog
 from ..manifest.rowgroups import RowGroupManifest
 from .colmap import logical_leaves, mode
 from .deletion import deleted
+from .filters import BoundFilter, RowFilter, row_filter
 from .footers import FileFooter, read_footers, table_schema
+from .groupread import count_matching
+from .prune import can_match, file_guarantees, group_guarantees
 from .resolve import TableSource, resolve_table
 
-__all__ = ["from_footers", "row_groups"]
+__all__ = ["from_footers", "row_groups", "select_groups"]
 
 
-def row_groups(source: str | os.PathLike[str], *, version: int | None = None
-               ) -> RowGroupManifest:
+def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
+               filter: Any = None) -> RowGroupManifest:
     """Every row group of a table SOURCE, frozen, with its fingerprint.
 
     ``source``: a folder of Parquet files (local, ``/Volumes/...``, an fsspec
     or object-store URL), an export destination (its record), a Delta table
     path or ``catalog.schema.table`` under ``$UCSTAGE_WAREHOUSE``.
     ``version``: a Delta version (default: the latest).
+    ``filter``: a row filter (a ``pyarrow.compute.Expression`` or a string,
+    :mod:`ucstage.tables.filters`): only row groups holding a matching row,
+    each counting its matching rows.
 
     Raises:
         NotParquet, SchemaMismatch, TableNotFound, UnsupportedTable,
         SourceNotFound, EmptySource, InvalidArgument: each a one-line error.
+        UnknownColumn: a filter naming a column the table lacks.
     """
+    wanted = row_filter(filter)  # a bad filter string fails before anything is read
     table = resolve_table(source, version=version)
+    if wanted is not None:
+        return _filtered(table, wanted)
     footers = read_footers(table)
     return from_footers(table, footers, table_schema(table, footers))
+
+
+def _filter_schema(schema: Any, bound: BoundFilter) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([schema.field(c) for c in bound.columns])
+
+
+def _filtered(table: TableSource, wanted: RowFilter) -> RowGroupManifest:
+    """The row groups of ``table`` that hold a row ``wanted`` matches (see the
+    module docstring)."""
+    from dataclasses import replace
+
+    files, size = len(table.files), sum(e.size for e in table.files)
+    bound = None
+    if table.schema is not None:  # the log's schema: prune files before their footers
+        bound = wanted.bind(table.schema, table.source)
+        keep = can_match(file_guarantees(table.partition_values, table.file_stats,
+                                         table.schema, bound.columns),
+                         bound.expression, _filter_schema(table.schema, bound))
+        table = _keep_files(table, keep)
+    footers = read_footers(table)
+    schema = table_schema(table, footers)
+    if bound is None:
+        bound = wanted.bind(schema, table.source)
+    listed = from_footers(table, footers, schema)
+    manifest = replace(listed, filter=bound.header())
+    manifest = select_groups(manifest, can_match(group_guarantees(manifest, bound.columns),
+                                                 bound.expression,
+                                                 _filter_schema(schema, bound)))
+    counts = count_matching(manifest)
+    manifest = select_groups(replace(manifest, rows_per_group=counts), counts > 0)
+    pruned = {"files": [len(manifest.files), files],
+              "row_groups": [manifest.row_groups, listed.row_groups],
+              "bytes": [manifest.bytes, size]}
+    return _with_fingerprint(replace(manifest, filter={**bound.header(), "pruned": pruned}))
+
+
+def _keep_files(table: TableSource, keep: Any) -> TableSource:
+    """``table`` with only the files ``keep`` marks (a bool per file)."""
+    from dataclasses import replace
+
+    def kept(values: list[Any]) -> list[Any]:
+        return [v for v, k in zip(values, keep, strict=True) if k] if values else values
+
+    stats = table.file_stats
+    if stats is not None:
+        import numpy as np
+
+        stats = stats.take(np.flatnonzero(keep))
+    return replace(table, files=kept(table.files), partition_values=kept(table.partition_values),
+                   deletion_vectors=kept(table.deletion_vectors), file_stats=stats)
+
+
+def select_groups(manifest: RowGroupManifest, keep: Any) -> RowGroupManifest:
+    """``manifest`` with only the row groups ``keep`` marks (a bool per row
+    group), and only the files that hold one; not fingerprinted."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    groups = np.flatnonzero(np.asarray(keep, dtype=bool))
+    used = sorted({int(f) for f in manifest.file[groups]})
+    number = np.zeros(len(manifest.files), dtype=np.int32)
+    number[used] = np.arange(len(used), dtype=np.int32)
+    lo, hi = manifest.chunk_start[groups], manifest.chunk_start[groups + 1]
+    chunks = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]) \
+        if len(groups) else np.zeros(0, dtype=np.int64)
+
+    def of_files(values: list[Any]) -> list[Any]:
+        return [values[f] for f in used] if values else values
+
+    return replace(
+        manifest, files=of_files(manifest.files),
+        partition_values=of_files(manifest.partition_values), leaves=of_files(manifest.leaves),
+        deletion_vectors=of_files(list(manifest.deletion_vectors)),
+        footers={int(number[f]): manifest.footers[f] for f in used if f in manifest.footers},
+        file=number[manifest.file[groups]], index=manifest.index[groups],
+        rows_per_group=np.asarray(manifest.rows_per_group)[groups].astype(np.int64),
+        chunk_start=np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64),
+        chunk_column=manifest.chunk_column[chunks], chunk_offset=manifest.chunk_offset[chunks],
+        chunk_length=manifest.chunk_length[chunks], path=None)
 
 
 def from_footers(table: TableSource, footers: list[FileFooter], schema: Any

@@ -108,6 +108,9 @@ class RowGroupPlan:
             "row_groups": m.row_groups,
             "rows": m.rows,
             "bytes": p.total_bytes,
+            "filter": None if not m.filter else {
+                "text": m.filter["text"], "columns": m.filter["columns"],
+                "pruned": m.filter.get("pruned")},
             "world_size": layout.world_size,
             "num_workers": [r.num_workers for r in self.ranks],
             "shuffle": order.shuffle, "shuffle_scope": order.shuffle_scope,

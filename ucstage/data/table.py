@@ -123,7 +123,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
                     "path)) and pass that file to every rank")
 
     def _list(self) -> RowGroupManifest:
-        manifest = row_groups(self._source, version=self.version)
+        manifest = row_groups(self._source, version=self.version, cache=self.cache())
         # What shard-plan and cache warm print, once per listing (on the rank that lists).
         for line in skip_messages(manifest.source, manifest.refused):
             _log.warning("%s", line)

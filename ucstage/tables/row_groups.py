@@ -11,7 +11,7 @@ logical names (:func:`ucstage.tables.colmap.logical_leaves`).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnreadableDeltaLog
 from ..manifest.rowgroups import RowGroupManifest
@@ -20,23 +20,28 @@ from .deletion import deleted
 from .footers import FileFooter, read_footers, table_schema
 from .resolve import TableSource, resolve_table
 
+if TYPE_CHECKING:
+    from ..cache import LocalCache
+
 __all__ = ["from_footers", "row_groups"]
 
 
-def row_groups(source: str | os.PathLike[str], *, version: int | None = None
-               ) -> RowGroupManifest:
+def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
+               cache: LocalCache | None = None) -> RowGroupManifest:
     """Every row group of a table SOURCE, frozen, with its fingerprint.
 
     ``source``: a folder of Parquet files (local, ``/Volumes/...``, an fsspec
     or object-store URL), an export destination (its record), a Delta table
     path or ``catalog.schema.table`` under ``$UCSTAGE_WAREHOUSE``.
-    ``version``: a Delta version (default: the latest).
+    ``version``: a Delta version (default: the latest). ``cache``: where a
+    Delta table on an object store has its deletion-vector files fetched
+    (default: the default cache).
 
     Raises:
         NotParquet, SchemaMismatch, TableNotFound, UnsupportedTable,
         SourceNotFound, EmptySource, InvalidArgument: each a one-line error.
     """
-    table = resolve_table(source, version=version)
+    table = resolve_table(source, version=version, cache=cache)
     footers = read_footers(table)
     return from_footers(table, footers, table_schema(table, footers))
 

@@ -2,7 +2,7 @@
 folder, then uploaded as a whole to an object store (moto, fake-gcs-server,
 Azurite) the way a table written there by another engine sits:
 
-* written by deltalake: column mapping (``name``), partitioned by ``p``,
+* written by deltalake: column mapping (``name``), partitioned by ``p`` (an int),
   8-row row groups, in two commits;
 * a commit by the protocol (deltalake writes the feature, never the
   vectors: tests/common/deltadv.py) that deletes rows of three files with
@@ -45,7 +45,8 @@ class StoreTable:
 
 def _rows(start: int, n: int) -> pa.Table:
     ids = list(range(start, start + n))
-    return pa.table({"id": pa.array(ids, pa.int64()), "p": ["a" if i % 2 else "b" for i in ids],
+    return pa.table({"id": pa.array(ids, pa.int64()),
+                     "p": pa.array([i % 2 for i in ids], pa.int32()),
                      "st": pa.array([{"u": i, "w": f"w{i}"} for i in ids])})
 
 
@@ -70,7 +71,7 @@ def build(local: str, url: str) -> StoreTable:
                       "writerFeatures": ["columnMapping", "deletionVectors"]}}]
     vectors = {}
     for kind, add, rows in (("i", adds[0], [0, 3, 4, 19]), ("u", adds[1], [1, 8, 9, 10, 11]),
-                            ("p", adds[2], list(range(0, 8)) + [12])):
+                            ("p", adds[2], [*range(8), 12])):
         data = bitmap(rows)
         desc: dict[str, Any] = {"storageType": kind, "sizeInBytes": len(data),
                                 "cardinality": len(rows)}

@@ -164,6 +164,27 @@ def test_a_flipped_byte_is_never_cached_and_a_rerun_fetches_nothing(
     assert fault_proxy.gets[vector] == 0  # the vector neither
 
 
+@pytest.mark.torchrun
+def test_a_table_on_s3_under_torchrun_two_ranks_two_workers(moto: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """2 ranks on gloo x 2 DataLoader workers each (tests/workers/table_worker.py):
+    every live row once, as deltalake reads the table."""
+    from tests.data.test_table_torchrun import results, torchrun
+
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    table = stored(Place("s3", moto.filesystem(), "ucstage-test"), tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = torchrun("rows", table.url, str(out))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    ranks = results(str(out))
+    got = [r for rank in ranks for r in rank["rows"]]
+    want = [json.dumps(r, sort_keys=True, default=str) for r in deltalake_rows(table.url)]
+    assert sorted(got) == sorted(want)  # every live row exactly once
+    assert all(rank["batches"] == rank["len"] for rank in ranks)
+
+
 def _repoint(log: Path, version: int, field: str, value: Any, data: str = "") -> None:
     """Commit ``version``'s add (of ``data``, else its first) names ``value``
     as its ``path`` or its ``deletionVector``'s."""

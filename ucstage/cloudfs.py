@@ -35,8 +35,8 @@ from typing import Any
 
 from .errors import MissingDependency
 
-__all__ = ["EMULATOR_ACCOUNT", "EMULATOR_KEY", "NoCredentials", "blob_service", "filesystem",
-           "hex_of", "marker", "parse", "sums", "version"]
+__all__ = ["EMULATOR_ACCOUNT", "EMULATOR_KEY", "NoCredentials", "azure_settings", "blob_service",
+           "filesystem", "hex_of", "marker", "parse", "sums", "version"]
 
 EMULATOR_ACCOUNT = "devstoreaccount1"
 EMULATOR_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
@@ -105,8 +105,12 @@ def _truthy(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
-def azure_options(account: str = "") -> dict[str, Any]:
-    """adlfs's keyword arguments from the variables the obstore engine reads."""
+def azure_settings(account: str = "") -> dict[str, str]:
+    """The Azure account, key, blob endpoint and SAS token the engines use,
+    from the standard variables (the one reading of them: adlfs's options,
+    :func:`azure_options`, and deltalake's, :func:`ucstage.objstore.delta_options`).
+    The emulator (``AZURE_STORAGE_USE_EMULATOR``) gets Azurite's account,
+    key and endpoint unless they are set."""
     env = os.environ
     name = account or env.get("AZURE_STORAGE_ACCOUNT_NAME") or env.get("AZURE_STORAGE_ACCOUNT", "")
     key = env.get("AZURE_STORAGE_ACCOUNT_KEY") or env.get("AZURE_STORAGE_KEY", "")
@@ -116,6 +120,14 @@ def azure_options(account: str = "") -> dict[str, Any]:
         name = name or EMULATOR_ACCOUNT
         key = key or EMULATOR_KEY
         endpoint = endpoint or f"{base}/{name}"
+    sas = env.get("AZURE_STORAGE_SAS_TOKEN") or env.get("AZURE_STORAGE_SAS_KEY", "")
+    return {"name": name, "key": key, "endpoint": endpoint, "sas": sas}
+
+
+def azure_options(account: str = "") -> dict[str, Any]:
+    """adlfs's keyword arguments from the variables the obstore engine reads."""
+    found = azure_settings(account)
+    name, key, endpoint, sas = found["name"], found["key"], found["endpoint"], found["sas"]
     if endpoint and key:
         scheme = endpoint.split("://", 1)[0]
         return {"connection_string": f"DefaultEndpointsProtocol={scheme};AccountName={name};"
@@ -123,7 +135,6 @@ def azure_options(account: str = "") -> dict[str, Any]:
     options: dict[str, Any] = {"account_name": name} if name else {}
     if key:
         options["account_key"] = key
-    sas = env.get("AZURE_STORAGE_SAS_TOKEN") or env.get("AZURE_STORAGE_SAS_KEY", "")
     if sas:
         options["sas_token"] = sas
     if not key and not sas:

@@ -30,6 +30,7 @@ and runtime. Workers forked from this process (an explicit
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -44,8 +45,8 @@ from .errors import InvalidArgument, MissingDependency, SourceUnreadable
 T = TypeVar("T")
 
 __all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline",
-           "forks_fall_back", "keep_clean", "list_objects", "location", "reads", "run_here", "serves",
-           "store", "usable"]
+           "delta_location", "forks_fall_back", "keep_clean", "list_objects", "location", "reads",
+           "run_here", "serves", "store", "usable"]
 
 ENGINE_ENV = "UCSTAGE_ENGINE"
 ENGINES = ("auto", "obstore", "fsspec")
@@ -316,6 +317,78 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
     return AzureStore(container,
                       client_options=_client_options("az", "http://" if emulator else "", limit),
                       retry_config=_retry(), **kwargs)
+
+
+def delta_location(volume: Any) -> tuple[str, dict[str, str]]:
+    """The URL and ``storage_options`` deltalake opens the Delta table at
+    ``volume`` (an ``s3``, ``gs`` or ``az`` volume, any URL form) with: the
+    store, endpoint and credentials the engines read (:func:`_build`, and
+    :func:`ucstage.cloudfs.azure_settings` for adlfs), as deltalake's keys,
+    so one environment serves the log and the data files alike.
+
+    Raises:
+        KeyError: ``volume`` is on no store of these three.
+        SourceUnreadable: S3 credentials half set (as the engine refuses them).
+    """
+    kind, bucket, key = location(volume, volume.root)
+    env = os.environ
+    options: dict[str, str] = {}
+    endpoint = ""
+    if kind == "s3":
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or ""
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if endpoint:
+            options["aws_endpoint_url"] = endpoint
+        if region:
+            options["aws_region"] = region
+        if env.get("AWS_ACCESS_KEY_ID"):
+            if not env.get("AWS_SECRET_ACCESS_KEY"):
+                raise _missing("s3", bucket, "AWS_SECRET_ACCESS_KEY is not set "
+                                             "(AWS_ACCESS_KEY_ID is)")
+            options["aws_access_key_id"] = env["AWS_ACCESS_KEY_ID"]
+            options["aws_secret_access_key"] = env["AWS_SECRET_ACCESS_KEY"]
+            if env.get("AWS_SESSION_TOKEN"):
+                options["aws_session_token"] = env["AWS_SESSION_TOKEN"]
+        elif env.get("AWS_PROFILE"):
+            options["aws_profile"] = env["AWS_PROFILE"]
+        if env.get("AWS_SKIP_SIGNATURE"):
+            options["aws_skip_signature"] = env["AWS_SKIP_SIGNATURE"]
+        url = f"s3://{bucket}/{key}"
+    elif kind == "gs":
+        emulator = env.get("STORAGE_EMULATOR_HOST", "")
+        if emulator:
+            # object_store reaches an emulator through a service-account
+            # key naming its URL, unsigned (obstore's base_url does the same).
+            endpoint = emulator if "://" in emulator else "http://" + emulator
+            options["google_service_account_key"] = json.dumps(
+                {"gcs_base_url": endpoint.rstrip("/"), "disable_oauth": True,
+                 "client_email": "", "private_key": "", "private_key_id": ""})
+        elif env.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+            options["google_service_account_key"] = env["GOOGLE_SERVICE_ACCOUNT_KEY"]
+        elif env.get("GOOGLE_SERVICE_ACCOUNT") or env.get("GOOGLE_SERVICE_ACCOUNT_PATH"):
+            options["google_service_account"] = env.get("GOOGLE_SERVICE_ACCOUNT") or \
+                env["GOOGLE_SERVICE_ACCOUNT_PATH"]
+        elif env.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            options["google_application_credentials"] = env["GOOGLE_APPLICATION_CREDENTIALS"]
+        url = f"gs://{bucket}/{key}"
+    else:
+        container, account = cloudfs.split_account(bucket)
+        found = cloudfs.azure_settings(account)
+        endpoint = found["endpoint"]
+        for name, value in (("azure_storage_account_name", found["name"]),
+                            ("azure_storage_account_key", found["key"]),
+                            ("azure_storage_endpoint", endpoint),
+                            ("azure_storage_sas_token", found["sas"])):
+            if value:
+                options[name] = value
+        url = f"az://{container}/{key}"
+    for name in _CLIENT_KEYS:  # AWS_ALLOW_HTTP, GOOGLE_TIMEOUT...: as obstore reads them
+        value = env.get(_PREFIX[kind] + name.upper(), "").strip()
+        if value:
+            options[name] = value
+    if endpoint.startswith("http://"):
+        options.setdefault("allow_http", "true")
+    return url.rstrip("/"), options
 
 
 def _only_credentials_file(bucket: str) -> bool:

@@ -2,12 +2,15 @@
 
     torchrun --nproc_per_node=2 tests/workers/table_worker.py epochs SOURCE OUT
     torchrun --nproc_per_node=2 tests/workers/table_worker.py stop SOURCE OUT BATCHES
+    torchrun --nproc_per_node=2 tests/workers/table_worker.py rows SOURCE OUT
 
 ``epochs``: 2 shuffled epochs of a TableDataset through ``ucstage.DataLoader``
 (2 workers per rank, persistent by default); records the ids each rank got
 per epoch, ``len(loader)``, the batches it counted and the audit.
 ``nodes``: two simulated nodes (``nproc_per_node=1``), each rank caching in
 its own folder; records the ids per epoch and the bytes each cache holds.
+``rows``: one shuffled epoch of every column (2 workers per rank); records
+each row as JSON (keys sorted), ``len(loader)`` and the batches counted.
 ``stop``: epoch 0 until BATCHES batches, then the merged state
 (``state_dict(gather=True)``) and the ids delivered so far.
 ``filtered``: one shuffled epoch of the rows :data:`FILTER` matches (its
@@ -53,6 +56,17 @@ def epochs(source: str) -> dict[str, Any]:
                               {"files": audit.files, "duplicates": audit.duplicates,
                                "gaps": audit.gaps, "ok": audit.coverage_ok}})
     return out
+
+
+def rows(source: str) -> dict[str, Any]:
+    ds = TableDataset(source, batch_rows=5, shuffle=True, seed=3, shuffle_window=2)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    got: list[str] = []
+    batches = 0
+    for batch in loader:
+        got += [json.dumps(r, sort_keys=True, default=str) for r in batch.to_pylist()]
+        batches += 1
+    return {"rows": got, "batches": batches, "len": len(loader)}
 
 
 def stop(source: str, batches: int) -> dict[str, Any]:
@@ -110,6 +124,8 @@ def main() -> None:
         result = nodes(source, out)
     elif mode == "filtered":
         result = filtered(source)
+    elif mode == "rows":
+        result = rows(source)
     else:
         result = epochs(source) if mode == "epochs" else stop(source, int(sys.argv[4]))
     result["rank"] = rank

@@ -132,7 +132,8 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
                     "path)) and pass that file to every rank")
 
     def _list(self) -> RowGroupManifest:
-        manifest = row_groups(self._source, version=self.version, filter=self._filter)
+        manifest = row_groups(self._source, version=self.version, filter=self._filter,
+                              cache=self.cache())
         # What shard-plan and cache warm print, once per listing (on the rank that lists).
         for line in skip_messages(manifest.source, manifest.refused):
             _log.warning("%s", line)

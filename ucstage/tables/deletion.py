@@ -30,9 +30,9 @@ import zlib
 from typing import Any
 
 from ..errors import MissingDataFiles, MissingDependency, UnreadableDeltaLog, UnsupportedTable
-from .logpaths import TableFolder, shown
+from .logpaths import Folder, shown
 
-__all__ = ["MAGIC", "deleted", "resolve", "z85_decode"]
+__all__ = ["MAGIC", "deleted", "inlined", "resolve", "z85_decode", "z85_encode"]
 
 MAGIC = 1681511377
 """The RoaringBitmapArray format's magic number (little-endian, first 4 bytes)."""
@@ -65,9 +65,26 @@ def z85_decode(text: str) -> bytes:
     return bytes(out)
 
 
-def resolve(folder: TableFolder, descriptor: dict[str, Any]) -> dict[str, Any]:
+def z85_encode(data: bytes) -> str:
+    """Z85 text of ``data``, zero-padded to a multiple of 4 bytes (an inline
+    vector's ``sizeInBytes`` says where the bitmap ends)."""
+    data = data + b"\0" * (-len(data) % 4)
+    out = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i:i + 4], "big")
+        group = []
+        for _ in range(5):
+            value, digit = divmod(value, 85)
+            group.append(_Z85[digit])
+        out.append("".join(reversed(group)))
+    return "".join(out)
+
+
+def resolve(folder: Folder, descriptor: dict[str, Any]) -> dict[str, Any]:
     """``descriptor`` (the log's ``deletionVector``) with its file's absolute
-    local ``file`` (``u``, ``p``), checked for the fields the reader needs.
+    local ``file`` (``u``, ``p``; the file's URL for a table on an object
+    store, whose vectors are then fetched and inlined: :func:`inlined`),
+    checked for the fields the reader needs.
 
     Raises:
         UnsupportedTable: a storage type this reader does not know; a ``p``
@@ -124,13 +141,7 @@ def _load(key: str, what: str) -> Any:
                                 hint="pip install 'ucstage[spark]'") from exc
     d = json.loads(key)
     size = d["sizeInBytes"]
-
-    def bad(why: str) -> UnreadableDeltaLog:
-        return UnreadableDeltaLog(f"the deletion vector of {what} cannot be read: {why}",
-                                  hint="the table's deletion-vector files may be damaged; "
-                                       "a Delta engine's REORG TABLE ... APPLY (PURGE) "
-                                       "rewrites them")
-
+    bad = functools.partial(_unreadable, what)
     if d["storageType"] == "i":
         try:
             data = z85_decode(d["pathOrInlineDv"])
@@ -140,26 +151,7 @@ def _load(key: str, what: str) -> Any:
             raise bad(f"{len(data)} inline bytes, the descriptor says {size}")
         data = data[:size]  # base85 pads to 4 bytes
     else:
-        path = d["file"]
-        named = shown(path)
-        try:
-            with open(path, "rb") as f:
-                f.seek(d["offset"])
-                framed = f.read(size + 8)
-        except FileNotFoundError as exc:
-            raise MissingDataFiles(f"the deletion vector of {what} is missing: {named}",
-                                   hint="the table was vacuumed or copied incompletely") from exc
-        except OSError as exc:
-            raise bad(f"{named}: {exc.strerror or exc}") from exc
-        if len(framed) < size + 8:
-            raise bad(f"{named} ends {size + 8 - len(framed)} bytes early")
-        # What the file says is never shown: it may not be a vector file at all.
-        if int.from_bytes(framed[:4], "big") != size:
-            raise bad(f"{named} is not a valid deletion-vector file (the size header at "
-                      f"offset {d['offset']} does not match the descriptor's {size} bytes)")
-        data = framed[4:4 + size]
-        if zlib.crc32(data) != int.from_bytes(framed[4 + size:], "big"):
-            raise bad(f"its checksum in {named} does not match")
+        data = _file_bytes(d, d["file"], what)
     if len(data) < 4 or int.from_bytes(data[:4], "little") != MAGIC:
         raise bad("no RoaringBitmapArray magic number")
     try:
@@ -169,3 +161,58 @@ def _load(key: str, what: str) -> Any:
     if len(bitmap) != d["cardinality"]:
         raise bad(f"its row count does not match the descriptor's {d['cardinality']}")
     return FrozenBitMap64(bitmap)
+
+
+def _unreadable(what: str, why: str) -> UnreadableDeltaLog:
+    return UnreadableDeltaLog(f"the deletion vector of {what} cannot be read: {why}",
+                              hint="the table's deletion-vector files may be damaged; "
+                                   "a Delta engine's REORG TABLE ... APPLY (PURGE) "
+                                   "rewrites them")
+
+
+def _file_bytes(d: dict[str, Any], path: str, what: str, named: str = "") -> bytes:
+    """The bitmap bytes of vector ``d`` in its file at local ``path`` (named
+    ``named`` in messages, default the path), checked against its size
+    header and checksum."""
+    bad = functools.partial(_unreadable, what)
+    size = d["sizeInBytes"]
+    named = shown(named or path)
+    try:
+        with open(path, "rb") as f:
+            f.seek(d["offset"])
+            framed = f.read(size + 8)
+    except FileNotFoundError as exc:
+        raise MissingDataFiles(f"the deletion vector of {what} is missing: {named}",
+                               hint="the table was vacuumed or copied incompletely") from exc
+    except OSError as exc:
+        raise bad(f"{named}: {exc.strerror or exc}") from exc
+    if len(framed) < size + 8:
+        raise bad(f"{named} ends {size + 8 - len(framed)} bytes early")
+    # What the file says is never shown: it may not be a vector file at all.
+    if int.from_bytes(framed[:4], "big") != size:
+        raise bad(f"{named} is not a valid deletion-vector file (the size header at "
+                  f"offset {d['offset']} does not match the descriptor's {size} bytes)")
+    data = framed[4:4 + size]
+    if zlib.crc32(data) != int.from_bytes(framed[4 + size:], "big"):
+        raise bad(f"its checksum in {named} does not match")
+    return data
+
+
+def inlined(descriptor: dict[str, Any], local: str, what: str) -> dict[str, Any]:
+    """A resolved ``u``/``p`` descriptor of a table on an object store as an
+    inline one (``i``), its bitmap read from ``local``, the vector file's
+    copy in the cache, and checked as :func:`deleted` checks a file's
+    (messages name the file's URL, ``descriptor["file"]``).
+
+    The manifest then carries the vector: every reader (ranks, workers, a
+    resume) applies the very bitmap checked here, and none fetches the file
+    again.
+
+    Raises:
+        UnreadableDeltaLog: wrong size, checksum, magic or cardinality.
+    """
+    data = _file_bytes(descriptor, local, what, descriptor["file"])
+    out = {"storageType": "i", "pathOrInlineDv": z85_encode(data), "sizeInBytes": len(data),
+           "cardinality": descriptor["cardinality"]}
+    deleted(out, what)  # the magic, the bitmap and its cardinality checked now
+    return out

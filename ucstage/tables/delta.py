@@ -18,8 +18,9 @@ deltalake is imported only inside functions.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import (
     MissingDataFiles,
@@ -31,8 +32,8 @@ from ..errors import (
 )
 from . import deletion, partvalues
 from .colmap import MODE_KEY
-from .deltalog import deletion_descriptors
-from .logpaths import TableFolder
+from .deltalog import LocalLog, LogFiles, deletion_descriptors
+from .logpaths import Folder, TableFolder
 from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
@@ -58,11 +59,12 @@ class TableState:
     """One version of a Delta table, as delta-rs reads it (Delta calls this a snapshot)."""
 
     path: str
-    """The table's folder (absolute, local)."""
+    """The table's folder (absolute, local), or its URL (a table on an object store)."""
     version: int
     files: list[str]
-    """Absolute local paths of the live data files, sorted (from the log's add
-    actions), each inside ``path`` (:class:`ucstage.tables.logpaths.TableFolder`)."""
+    """Absolute local paths (URLs, on a store) of the live data files, sorted
+    (from the log's add actions), each inside ``path``
+    (:class:`ucstage.tables.logpaths.TableFolder`, ``StoreFolder``)."""
     partition_columns: list[str]
     arrow_schema: Any
     """The table schema as a ``pyarrow.Schema`` (partition columns included)."""
@@ -92,7 +94,22 @@ def _delta() -> Any:
     return deltalake
 
 
-def _logged_file(folder: TableFolder, logged: str) -> str:
+class StoreTable(LogFiles, Protocol):
+    """A table on an object store, as :func:`table_state` reads it: its log's
+    files, and how deltalake opens it
+    (:class:`ucstage.tables.storedelta.StoreLog`)."""
+
+    url: str
+    """The URL deltalake opens."""
+    options: dict[str, str]
+    """deltalake's ``storage_options`` (:func:`ucstage.objstore.delta_location`)."""
+
+    def keep_clean(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` reading the store as the engine keeps this process clean."""
+        ...
+
+
+def _logged_file(folder: Folder, logged: str) -> str:
     """An ``add``'s file as :func:`table_state` names it, or "" for one it
     would refuse: older commits may add files no longer live, which are
     never read, so they fail nothing (every live file was checked)."""
@@ -158,18 +175,19 @@ def _stable(schema: Any) -> Any:
                      dict(sorted((schema.metadata or {}).items())) or None)
 
 
-def _open(deltalake: Any, path: str, label: str, version: int | None) -> Any:
+def _open(deltalake: Any, path: str, label: str, version: int | None,
+          options: dict[str, str] | None = None) -> Any:
     """``DeltaTable`` of ``path`` at ``version``; a version that does not exist
     is :class:`TableNotFound`, a log that does not parse :class:`UnreadableDeltaLog`."""
     try:
-        return deltalake.DeltaTable(path, version=version)
+        return deltalake.DeltaTable(path, version=version, storage_options=options)
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else repr(exc)
         failure = exc
     latest: int | None = None
     if version is not None:
         try:
-            latest = int(deltalake.DeltaTable(path).version())
+            latest = int(deltalake.DeltaTable(path, storage_options=options).version())
         except Exception:
             latest = None
         if latest is not None and version > latest:
@@ -186,9 +204,17 @@ def _open(deltalake: Any, path: str, label: str, version: int | None) -> Any:
                                   "column widened to timestamp_ntz") from failure
 
 
+def _here(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 def table_state(path: str, *, label: str | None = None, version: int | None = None,
-                plain: bool = True) -> TableState:
+                plain: bool = True, store: StoreTable | None = None) -> TableState:
     """Read a version of the Delta table in folder ``path`` (default: the latest).
+
+    ``store``: the table is on an object store, ``path`` its URL; its log is
+    read through ``store``, and its files' being
+    there is left to the caller's listing.
 
     ``label`` names the table in messages (its catalog name); default ``path``.
     ``plain``: the caller reads the files as plain Parquet, so deletion
@@ -208,13 +234,14 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
 
     deltalake = _delta()
     label = label or path
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
+    if store is None and not os.path.isdir(os.path.join(path, "_delta_log")):
         raise TableNotFound(
             f"table {label} not found: no Delta log at {path}",
             hint=f"check the name, or set {WAREHOUSE_ENV} to the folder holding "
                  "<catalog>/<schema>/<table>" if label != path else "check the path",
         )
-    dt = _open(deltalake, path, label, version)
+    dt = _open(deltalake, store.url if store else path, label, version,
+               store.options if store else None)
     configuration = dict(dt.metadata().configuration or {})
     features = _check_features(label, dt.protocol(), configuration, plain)
     actions = pa.table(dt.get_add_actions(flatten=True))
@@ -222,7 +249,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     # hands these to Spark). DeltaTable.file_uris() is not used: it
     # percent-encodes the root folder but not the rest, so it names no real
     # file when the root has a space.
-    folder = TableFolder(path, label)
+    folder = store.folder if store is not None else TableFolder(path, label)
     local = [folder.path(p, "data file") for p in actions.column("path").to_pylist()]
     order = sorted(range(len(local)), key=local.__getitem__)
     actions = actions.take(pa.array(order, type=pa.int64()))
@@ -230,7 +257,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
                            if c in actions.column_names]).to_pylist()
     parts = list(dt.metadata().partition_columns)
     files = [local[i] for i in order]
-    missing = [f for f in files if not os.path.isfile(f)]
+    missing = [] if store is not None else [f for f in files if not os.path.isfile(f)]
     if missing:
         raise MissingDataFiles(
             f"table {label}: {len(missing)} data file(s) of version {dt.version()} are "
@@ -247,8 +274,10 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
              for c in parts}
     vectors: list[dict[str, Any] | None] = [None] * len(files)
     if "deletionVectors" in features and not plain:
-        found = deletion_descriptors(path, int(dt.version()), set(files),
-                                     lambda p: _logged_file(folder, p), label)
+        log: LogFiles = store if store is not None else LocalLog(folder)
+        run = store.keep_clean if store is not None else _here
+        found = run(deletion_descriptors, log, int(dt.version()), set(files),
+                    lambda p: _logged_file(folder, p), label)
         vectors = [deletion.resolve(folder, d) if d else None
                    for d in (found[f] for f in files)]
     num_records: int | None = None

@@ -8,6 +8,10 @@ newest ``add``), and, for files added before the newest checkpoint at or
 below the version, that checkpoint: classic, multi-part or v2 (UUID-named,
 Parquet or JSON, with its sidecars). Only tables with the
 ``deletionVectors`` reader feature are read this way.
+
+The log's files are read through a :class:`LogFiles`: a local folder's
+(:class:`LocalLog`), or a table's on an object store
+(:class:`ucstage.tables.storedelta.StoreLog`, through the engine).
 """
 
 from __future__ import annotations
@@ -16,12 +20,59 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import UnreadableDeltaLog
-from .logpaths import TableFolder
+from .logpaths import Folder
 
-__all__ = ["deletion_descriptors"]
+__all__ = ["LocalLog", "LogFiles", "deletion_descriptors"]
+
+
+class LogFiles(Protocol):
+    """A table's ``_delta_log``, as the descriptors are read from it."""
+
+    @property
+    def folder(self) -> Folder:
+        """The table's folder (sidecars are confined to it)."""
+        ...
+
+    def names(self) -> list[str]:
+        """The names of the files in ``_delta_log``."""
+        ...
+
+    def path(self, name: str) -> str:
+        """The path (or URL) of ``_delta_log/<name>``, as :meth:`read` takes it."""
+        ...
+
+    def read(self, path: str) -> bytes:
+        """The bytes of a file of the table (a path :meth:`path` or
+        ``folder.path`` gave). Raises ``OSError``."""
+        ...
+
+    def parquet(self, path: str) -> Any:
+        """Such a file as pyarrow reads Parquet from it (a path, a buffer)."""
+        ...
+
+
+class LocalLog:
+    """The ``_delta_log`` of a local (or mounted) table folder."""
+
+    def __init__(self, folder: Folder) -> None:
+        self.folder = folder
+        self._log = os.path.join(folder.root, "_delta_log")
+
+    def names(self) -> list[str]:
+        return os.listdir(self._log)
+
+    def path(self, name: str) -> str:
+        return os.path.join(self._log, name)
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def parquet(self, path: str) -> Any:
+        return path  # pyarrow reads only the columns asked for
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10})|\.[0-9a-fA-F-]{36})?"
@@ -47,22 +98,22 @@ def _checkpoints(names: Iterable[str]) -> dict[int, list[str]]:
     return out
 
 
-def _json_actions(path: str) -> Iterable[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+def _json_actions(log: LogFiles, path: str) -> Iterable[dict[str, Any]]:
+    for line in log.read(path).decode("utf-8").splitlines():
+        if line.strip():
+            yield json.loads(line)
 
 
-def _parquet_actions(path: str, log: str, label: str) -> Iterable[dict[str, Any]]:
+def _parquet_actions(log: LogFiles, path: str) -> Iterable[dict[str, Any]]:
     """The ``add`` actions (path and deletion vector only) and sidecars' adds of
     a checkpoint Parquet file."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
+    source = log.parquet(path)
+    schema = pq.read_schema(source)
     columns = [c for c in ("add", "sidecar") if c in schema.names]
-    table = pq.read_table(path, columns=columns)
+    table = pq.read_table(source, columns=columns)
     if "add" in columns:
         adds = table.column("add").combine_chunks()
         kept = adds.filter(pc.is_valid(adds))
@@ -75,30 +126,29 @@ def _parquet_actions(path: str, log: str, label: str) -> Iterable[dict[str, Any]
     if "sidecar" in columns:
         for side in table.column("sidecar").to_pylist():
             if side is not None:
-                yield from _sidecar(side, log, label)
+                yield from _sidecar(log, side)
 
 
-def _sidecar(side: dict[str, Any], log: str, label: str) -> Iterable[dict[str, Any]]:
+def _sidecar(log: LogFiles, side: dict[str, Any]) -> Iterable[dict[str, Any]]:
     # Named by the log like a data file, so confined to the table like one.
-    path = TableFolder(os.path.dirname(log), label).path(
-        side["path"], "checkpoint sidecar", base=os.path.join(log, "_sidecars"))
-    yield from _parquet_actions(path, log, label)
+    path = log.folder.path(side["path"], "checkpoint sidecar", base=log.path("_sidecars"))
+    yield from _parquet_actions(log, path)
 
 
-def _checkpoint_actions(files: list[str], log: str, label: str) -> Iterable[dict[str, Any]]:
+def _checkpoint_actions(log: LogFiles, files: list[str]) -> Iterable[dict[str, Any]]:
     for name in files:
-        path = os.path.join(log, name)
+        path = log.path(name)
         if name.endswith(".json"):  # a v2 checkpoint's top file
-            for action in _json_actions(path):
+            for action in _json_actions(log, path):
                 if "sidecar" in action:
-                    yield from _sidecar(action["sidecar"], log, label)
+                    yield from _sidecar(log, action["sidecar"])
                 else:
                     yield action
         else:
-            yield from _parquet_actions(path, log, label)
+            yield from _parquet_actions(log, path)
 
 
-def deletion_descriptors(root: str, version: int, wanted: set[str],
+def deletion_descriptors(log: LogFiles, version: int, wanted: set[str],
                          key: Callable[[str], str], label: str
                          ) -> dict[str, dict[str, Any] | None]:
     """For each live file in ``wanted`` (each ``key(log path)``), its
@@ -109,8 +159,7 @@ def deletion_descriptors(root: str, version: int, wanted: set[str],
             live file the log does not add.
         UnsafePath: a checkpoint sidecar outside the table's folder.
     """
-    log = os.path.join(root, "_delta_log")
-    names = os.listdir(log)
+    names = log.names()
     commits = {int(m.group(1)) for m in map(_COMMIT.match, names) if m}
     checkpoints = _checkpoints(names)
     found: dict[str, dict[str, Any] | None] = {}
@@ -131,12 +180,12 @@ def deletion_descriptors(root: str, version: int, wanted: set[str],
                 break
             if v in checkpoints:
                 where = f"checkpoint {v}"
-                take(_checkpoint_actions(checkpoints[v], log, label))
+                take(_checkpoint_actions(log, checkpoints[v]))
                 break
             if v not in commits:
                 break
             where = f"commit {v}"
-            take(_json_actions(os.path.join(log, f"{v:020d}.json")))
+            take(_json_actions(log, log.path(f"{v:020d}.json")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UnreadableDeltaLog(f"table {label}: the Delta log's {where} cannot be read "
                                  f"for deletion vectors ({str(exc).splitlines()[0]})",

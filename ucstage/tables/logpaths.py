@@ -1,6 +1,8 @@
 """Paths a Delta log names (data files, deletion vectors, checkpoint
 sidecars), made local and confined to the table's folder: the one rule for
-export and :class:`~ucstage.TableDataset`.
+export and :class:`~ucstage.TableDataset`. A table on an object store
+(:class:`StoreFolder`) is confined the same way, by URL: same store, same
+bucket (container and account), under the table's prefix.
 
 The log is input, not trust: an ``add`` may say ``../../secret/x.parquet``,
 ``file:///elsewhere/x.parquet`` or ``/elsewhere/x.parquet``, and a deletion
@@ -15,12 +17,14 @@ those inside the table keep working, the rest are refused by name.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from urllib.parse import unquote, urlparse
 
+from .. import cloudfs
 from ..errors import UnsafePath, UnsupportedTable
 
-__all__ = ["TableFolder", "shown"]
+__all__ = ["Folder", "StoreFolder", "TableFolder", "shown"]
 
 # A URI with a scheme: ``file:///x``, ``file:/x`` (Hadoop's form), ``s3://b/x``.
 # A relative path with a colon in its first segment is not a URI reference
@@ -45,6 +49,16 @@ def _located(logged: str, base: str, encoded: bool, label: str, what: str) -> st
         return unquote(parsed.path)
     text = unquote(logged) if encoded else logged
     return text if text.startswith("/") else os.path.join(base, *text.split("/"))
+
+
+def _outside(label: str, what: str, logged: str, real: str, root: str) -> UnsafePath:
+    where = f", which resolves to {shown(real)}" if real and real != logged else ""
+    return UnsafePath(
+        f"table {label}: the Delta log names {what} {shown(logged)}{where}, "
+        f"outside the table's folder {shown(root)}",
+        hint="nothing was read: a table's data and deletion-vector files must lie "
+             "inside its folder (the log may have been edited, or the table is a "
+             "shallow clone of another; copy it whole)")
 
 
 class TableFolder:
@@ -92,13 +106,7 @@ class TableFolder:
         path = os.path.normpath(_located(logged, base or root, encoded, self.label, what))
         real = self._real(path) if "\0" not in path else ""
         if not real.startswith(self._real_inside):
-            where = f", which resolves to {shown(real)}" if real and real != logged else ""
-            raise UnsafePath(
-                f"table {self.label}: the Delta log names {what} {shown(logged)}{where}, "
-                f"outside the table's folder {shown(root)}",
-                hint="nothing was read: a table's data and deletion-vector files must lie "
-                     "inside its folder (the log may have been edited, or the table is a "
-                     "shallow clone of another; copy it whole)")
+            raise _outside(self.label, what, logged, real, root)
         if not path.startswith(self._inside):
             # Inside only through another name of the folder (an absolute path
             # through the link the folder was given by, or the reverse): named
@@ -106,3 +114,83 @@ class TableFolder:
             path = os.path.join(root, os.path.relpath(real, self._real_root))
         return path
 
+
+
+def _on_store(url: str) -> tuple[str, str, str, str] | None:
+    """``(kind, bucket, account, key)`` of an object-store URL in any form
+    ucstage reads (:func:`ucstage.cloudfs.parse`; ``s3://``, ``s3a://``),
+    the key not decoded; None for any other URL."""
+    parsed = cloudfs.parse(url)
+    if parsed is not None:
+        kind, rest = parsed[1], parsed[2]
+    else:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in ("s3", "s3a"):
+            return None
+        kind = "s3"
+    first, _, key = rest.partition("/")
+    bucket, account = cloudfs.split_account(first)
+    return kind, bucket, account, key
+
+
+class StoreFolder:
+    """A table's folder on an object store (its URL), to confine the paths its
+    log names (:meth:`path`), as :class:`TableFolder` does a local one.
+
+    A path is inside when, decoded and with ``.``/``..`` resolved, it lies
+    under the table's prefix in the same bucket (GCS) or container (Azure,
+    and the same account when both name one) of the same store. There are no
+    links to follow on a store.
+    """
+
+    def __init__(self, root: str, label: str) -> None:
+        self.root = root.rstrip("/")
+        """The table's URL as given (a :class:`ucstage.volumes.Volume`'s ``url``)."""
+        self.label = label
+        where = _on_store(self.root)
+        if where is None:
+            raise ValueError(f"{root} is not an object-store URL")
+        self._kind, self._bucket, self._account, key = where
+        self._key = posixpath.normpath(unquote(key)).strip("/") if key.strip("/") else ""
+
+    def relative(self, path: str) -> str:
+        """The path, relative to the table, of a URL :meth:`path` returned."""
+        return path[len(self.root) + 1:]
+
+    def _inside(self, key: str) -> bool:
+        if not self._key:
+            return key not in ("", ".", "..") and not key.startswith(("../", "/"))
+        return key.startswith(self._key + "/")
+
+    def path(self, logged: str, what: str, *, base: str | None = None,
+             encoded: bool = True) -> str:
+        """The URL of ``logged`` (a path as the log stores it: a URI
+        reference, percent-encoded unless ``encoded`` is False, relative to
+        ``base``, a URL inside the table, default the table), under the
+        table's URL as given.
+
+        Raises:
+            UnsafePath: not inside the table (another store, bucket,
+                container or account; a ``..`` out of the prefix; a local
+                path), or it holds a NUL.
+        """
+        key = ""
+        if "\0" not in logged:
+            if _URI.match(logged):
+                where = _on_store(logged)
+                if where is not None and where[:2] == (self._kind, self._bucket) and \
+                        (not where[2] or not self._account or where[2] == self._account):
+                    key = posixpath.normpath(unquote(where[3]))
+            else:
+                text = unquote(logged) if encoded else logged
+                start = self._key if base is None else \
+                    posixpath.join(self._key, self.relative(base.rstrip("/")))
+                if not text.startswith("/"):
+                    key = posixpath.normpath(posixpath.join(start, text))
+        if not key or not self._inside(key):
+            raise _outside(self.label, what, logged, "", self.root)
+        return f"{self.root}/{key[len(self._key) + 1:] if self._key else key}"
+
+
+Folder = TableFolder | StoreFolder
+"""A table's folder, local or on an object store."""

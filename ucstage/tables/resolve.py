@@ -3,7 +3,8 @@ which schema and table version.
 
 Three kinds, told apart in this order:
 
-* ``delta``: a folder with ``_delta_log`` (a path or ``file://`` URL), or a
+* ``delta``: a folder with ``_delta_log`` (a path or ``file://`` URL, or an
+  ``s3://``, ``gs://``, ``az://``/``abfss://`` URL: :mod:`.storedelta`), or a
   ``catalog.schema.table`` name under ``$UCSTAGE_WAREHOUSE``. The live files
   of the latest version (or ``version=N``) come from the log; the log's
   schema is authoritative and partition values come from the log, as do
@@ -26,14 +27,19 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import EmptySource, InvalidArgument, MissingDataFiles, TableNotFound, UnsafePath
 from ..volumes import FileEntry, Volume, list_files, resolve
+from ..volumes.listing import Listing
 from .delta import table_state
 from .logpaths import shown
 from .names import WAREHOUSE_ENV, is_table_path, local_table_path, parse_table_name, warehouse_path
 from .record import RECORD_NAME, ExportRecord
+from .storedelta import StoreLog, has_log, inline_vectors
+
+if TYPE_CHECKING:
+    from ..cache import LocalCache
 
 __all__ = ["KINDS", "TableSource", "resolve_table"]
 
@@ -83,14 +89,16 @@ def _local_folder(source: str) -> str | None:
     return None
 
 
-def _select(volume: Volume, wanted: list[str], label: str) -> list[FileEntry]:
-    """The listed entries of ``wanted`` relative paths (each must be listed).
+def _select(volume: Volume, wanted: list[str], label: str, listing: Listing | None = None
+            ) -> list[FileEntry]:
+    """The listed entries of ``wanted`` relative paths (each must be listed;
+    ``listing``: the volume's, hidden files included, if it was listed).
 
     Raises:
         UnsafePath: one the listing refused (a link out of the folder...), by name.
         MissingDataFiles: one that is not there.
     """
-    listing = list_files(volume, include_hidden=True)
+    listing = listing or list_files(volume, include_hidden=True)
     listed = {e.path: e for e in listing.entries}
     refused = dict(listing.refused)
     named = [p for p in wanted if p in refused]
@@ -121,6 +129,21 @@ def _delta(source: str, folder: str, label: str, version: int | None) -> TableSo
                        [vectors[e.path] for e in entries], file_stats=stats)
 
 
+def _delta_store(source: str, volume: Volume, version: int | None,
+                 cache: LocalCache | None) -> TableSource:
+    """A Delta table on an object store (:mod:`.storedelta`)."""
+    store = StoreLog(volume, source)
+    state = table_state(volume.url, label=source, version=version, plain=False, store=store)
+    rel = [store.folder.relative(f) for f in state.files]
+    entries = _select(volume, rel, source, store.listing)
+    vectors = inline_vectors(store, rel, state.deletion_vectors or [None] * len(rel), cache)
+    values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
+    by_path = dict(zip(rel, vectors, strict=True))
+    return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
+                       [values[e.path] for e in entries], state.num_records,
+                       [by_path[e.path] for e in entries])
+
+
 def _record(volume: Volume) -> ExportRecord | None:
     try:
         raw = volume.fs.cat_file(volume.full_path(RECORD_NAME))
@@ -132,9 +155,12 @@ def _record(volume: Volume) -> ExportRecord | None:
         return None
 
 
-def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
-                  ) -> TableSource:
+def resolve_table(source: str | os.PathLike[str], *, version: int | None = None,
+                  cache: LocalCache | None = None) -> TableSource:
     """Resolve a table SOURCE (see the module docstring).
+
+    ``cache``: where a Delta table on an object store has its deletion-vector
+    files fetched (default: the default cache).
 
     Raises:
         TableNotFound: a table name that is not under ``$UCSTAGE_WAREHOUSE``,
@@ -163,6 +189,8 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None
     if local is not None and os.path.isdir(os.path.join(local, "_delta_log")):
         return _delta(text, local, text, version)
     volume = resolve(text)
+    if has_log(volume):
+        return _delta_store(text, volume, version, cache)
     if version is not None:
         raise InvalidArgument(f"version applies to Delta tables; {text} has no _delta_log")
     record = _record(volume) if not volume.file else None

@@ -21,7 +21,7 @@ records the filter and what it pruned.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnreadableDeltaLog
 from ..manifest.rowgroups import RowGroupManifest
@@ -33,11 +33,14 @@ from .groupread import count_matching
 from .prune import can_match, file_guarantees, group_guarantees
 from .resolve import TableSource, resolve_table
 
+if TYPE_CHECKING:
+    from ..cache import LocalCache
+
 __all__ = ["from_footers", "row_groups", "select_groups"]
 
 
 def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
-               filter: Any = None) -> RowGroupManifest:
+               filter: Any = None, cache: LocalCache | None = None) -> RowGroupManifest:
     """Every row group of a table SOURCE, frozen, with its fingerprint.
 
     ``source``: a folder of Parquet files (local, ``/Volumes/...``, an fsspec
@@ -47,6 +50,8 @@ def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
     ``filter``: a row filter (a ``pyarrow.compute.Expression`` or a string,
     :mod:`ucstage.tables.filters`): only row groups holding a matching row,
     each counting its matching rows.
+    ``cache``: where a Delta table on an object store has its deletion-vector
+    files fetched (default: the default cache).
 
     Raises:
         NotParquet, SchemaMismatch, TableNotFound, UnsupportedTable,
@@ -54,7 +59,7 @@ def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
         UnknownColumn: a filter naming a column the table lacks.
     """
     wanted = row_filter(filter)  # a bad filter string fails before anything is read
-    table = resolve_table(source, version=version)
+    table = resolve_table(source, version=version, cache=cache)
     if wanted is not None:
         return _filtered(table, wanted)
     footers = read_footers(table)

@@ -87,7 +87,7 @@ def test_a_table_on_each_store_reads_the_rows_deltalake_reads(place: Place,
     reference = deltalake_rows(table.url)
     assert len(reference) == ROWS - DELETED
     cache = tmp_path / "cache"
-    m = row_groups(table.url, cache=LocalCache(str(cache)))
+    m = row_groups(table.url, fetch=LocalCache(str(cache)).fetch)
     assert (m.kind, m.table_version, m.rows) == ("delta", 3, len(reference))
     assert m.volume_url.rstrip("/") == table.url
     assert m.schema.field("p").type == pa.int32()  # the partition's type is the log's
@@ -95,6 +95,10 @@ def test_a_table_on_each_store_reads_the_rows_deltalake_reads(place: Place,
     # Each file-stored vector was fetched through the cache and checked, then inlined.
     assert sorted(v["storageType"] for v in m.deletion_vectors if v) == ["i", "i", "i"]
     assert 0 in m.rows_per_group.tolist()  # a row group the absolute vector deletes whole
+    # Without a cache (the public row_groups(), shard-plan) the vectors are read
+    # from the store, checked the same way, and the listing is the same.
+    plain = row_groups(table.url)
+    assert plain.fingerprint == m.fingerprint and plain.deletion_vectors == m.deletion_vectors
     got = over_layout(table.url, cache, world=2, workers=2, batch_rows=5)
     assert multiset(got) == multiset(reference)
     alone = over_layout(table.url, cache, world=1, workers=0, columns=["st", "id"])
@@ -115,7 +119,7 @@ def test_vacuumed_files_on_a_store_are_named_at_freeze(moto: Any, tmp_path: Path
     place.fs.rm(vector)
     with pytest.raises(MissingDataFiles, match=rf"deletion vector of {table.vectors['u']} "
                                                r"is missing: s3://.*/q1/deletion_vector_"):
-        row_groups(table.url, cache=LocalCache(str(tmp_path / "c")))
+        row_groups(table.url, fetch=LocalCache(str(tmp_path / "c")).fetch)
     place.fs.rm(f"{where}/{table.vectors['i']}")
     with pytest.raises(MissingDataFiles, match=r"1 data file.* missing, e\.g\. ") as info:
         TableDataset(table.url, cache_dir=str(tmp_path / "c")).freeze()

@@ -133,7 +133,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
 
     def _list(self) -> RowGroupManifest:
         manifest = row_groups(self._source, version=self.version, filter=self._filter,
-                              cache=self.cache())
+                              fetch=self.cache().fetch)
         # What shard-plan and cache warm print, once per listing (on the rank that lists).
         for line in skip_messages(manifest.source, manifest.refused):
             _log.warning("%s", line)

@@ -8,13 +8,12 @@ Core (no cache, no torch): the caller passes how a shard gets a local copy
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import EmptySource
 from ..manifest.shardsamples import ShardManifest, ShardSamples
-from ..volumes.entry import FileEntry
-from ..volumes.location import Volume, remember
+from ..volumes.location import Fetch, remember
 from .packindex import indexed_samples
 from .shardformat import format_of, shown
 from .shardindex import index_shard
@@ -28,8 +27,6 @@ DEFAULT_BLOCK_SAMPLES = 256
 INDEX_THREADS = 8
 """Shards fetched and indexed at once."""
 
-Fetch = Callable[[Volume, FileEntry], str]
-"""``(volume, entry)`` -> a local path holding the shard's bytes."""
 
 
 def index_source(source: str, *, fetch: Fetch, format: str | None = None,

@@ -27,19 +27,17 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import EmptySource, InvalidArgument, MissingDataFiles, TableNotFound, UnsafePath
 from ..volumes import FileEntry, Volume, list_files, resolve
 from ..volumes.listing import Listing
+from ..volumes.location import Fetch
 from .delta import table_state
 from .logpaths import shown
 from .names import WAREHOUSE_ENV, is_table_path, local_table_path, parse_table_name, warehouse_path
 from .record import RECORD_NAME, ExportRecord
 from .storedelta import StoreLog, has_log, inline_vectors
-
-if TYPE_CHECKING:
-    from ..cache import LocalCache
 
 __all__ = ["KINDS", "TableSource", "resolve_table"]
 
@@ -130,13 +128,13 @@ def _delta(source: str, folder: str, label: str, version: int | None) -> TableSo
 
 
 def _delta_store(source: str, volume: Volume, version: int | None,
-                 cache: LocalCache | None) -> TableSource:
+                 fetch: Fetch | None) -> TableSource:
     """A Delta table on an object store (:mod:`.storedelta`)."""
     store = StoreLog(volume, source)
     state = table_state(volume.url, label=source, version=version, plain=False, store=store)
     rel = [store.folder.relative(f) for f in state.files]
     entries = _select(volume, rel, source, store.listing)
-    vectors = inline_vectors(store, rel, state.deletion_vectors or [None] * len(rel), cache)
+    vectors = inline_vectors(store, rel, state.deletion_vectors or [None] * len(rel), fetch)
     values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
     by_path = dict(zip(rel, vectors, strict=True))
     return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
@@ -156,11 +154,12 @@ def _record(volume: Volume) -> ExportRecord | None:
 
 
 def resolve_table(source: str | os.PathLike[str], *, version: int | None = None,
-                  cache: LocalCache | None = None) -> TableSource:
+                  fetch: Fetch | None = None) -> TableSource:
     """Resolve a table SOURCE (see the module docstring).
 
-    ``cache``: where a Delta table on an object store has its deletion-vector
-    files fetched (default: the default cache).
+    ``fetch``: how a Delta table on an object store has its deletion-vector
+    files fetched (a dataset passes its cache's ``fetch``); without it they
+    are read from the store, uncached.
 
     Raises:
         TableNotFound: a table name that is not under ``$UCSTAGE_WAREHOUSE``,
@@ -190,7 +189,7 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None,
         return _delta(text, local, text, version)
     volume = resolve(text)
     if has_log(volume):
-        return _delta_store(text, volume, version, cache)
+        return _delta_store(text, volume, version, fetch)
     if version is not None:
         raise InvalidArgument(f"version applies to Delta tables; {text} has no _delta_log")
     record = _record(volume) if not volume.file else None

@@ -21,10 +21,11 @@ records the filter and what it pruned.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import UnreadableDeltaLog
 from ..manifest.rowgroups import RowGroupManifest
+from ..volumes.location import Fetch
 from .colmap import logical_leaves, mode
 from .deletion import deleted
 from .filters import BoundFilter, RowFilter, row_filter
@@ -33,14 +34,11 @@ from .groupread import count_matching
 from .prune import can_match, file_guarantees, group_guarantees
 from .resolve import TableSource, resolve_table
 
-if TYPE_CHECKING:
-    from ..cache import LocalCache
-
 __all__ = ["from_footers", "row_groups", "select_groups"]
 
 
 def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
-               filter: Any = None, cache: LocalCache | None = None) -> RowGroupManifest:
+               filter: Any = None, fetch: Fetch | None = None) -> RowGroupManifest:
     """Every row group of a table SOURCE, frozen, with its fingerprint.
 
     ``source``: a folder of Parquet files (local, ``/Volumes/...``, an fsspec
@@ -50,8 +48,8 @@ def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
     ``filter``: a row filter (a ``pyarrow.compute.Expression`` or a string,
     :mod:`ucstage.tables.filters`): only row groups holding a matching row,
     each counting its matching rows.
-    ``cache``: where a Delta table on an object store has its deletion-vector
-    files fetched (default: the default cache).
+    ``fetch``: how a Delta table on an object store has its deletion-vector
+    files fetched (:func:`~ucstage.tables.resolve.resolve_table`).
 
     Raises:
         NotParquet, SchemaMismatch, TableNotFound, UnsupportedTable,
@@ -59,7 +57,7 @@ def row_groups(source: str | os.PathLike[str], *, version: int | None = None,
         UnknownColumn: a filter naming a column the table lacks.
     """
     wanted = row_filter(filter)  # a bad filter string fails before anything is read
-    table = resolve_table(source, version=version, cache=cache)
+    table = resolve_table(source, version=version, fetch=fetch)
     if wanted is not None:
         return _filtered(table, wanted)
     footers = read_footers(table)

@@ -23,18 +23,19 @@ forked later still read through obstore.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import os
+import tempfile
+from typing import Any
 
 from .. import objstore
 from ..errors import MissingDataFiles, UnsupportedTable
 from ..volumes import FileEntry, Volume, engine, list_files
 from ..volumes.engine import read_ranges
 from ..volumes.listing import Listing
+from ..volumes.location import Fetch
 from . import deletion
 from .logpaths import StoreFolder, shown
-
-if TYPE_CHECKING:
-    from ..cache import LocalCache
 
 __all__ = ["StoreLog", "has_log", "inline_vectors"]
 
@@ -117,20 +118,22 @@ class StoreLog:
         return engine.of(self.volume).keep_clean(fn, *args)
 
 
-def _fetch(cache: LocalCache, volume: Volume, entries: list[FileEntry]) -> list[str]:
-    return [cache.fetch(volume, e) for e in entries]
+def _fetch(fetch: Fetch, volume: Volume, entries: list[FileEntry]) -> list[str]:
+    return [fetch(volume, e) for e in entries]
 
 
 def inline_vectors(store: StoreLog, files: list[str], vectors: list[dict[str, Any] | None],
-                   cache: LocalCache | None) -> list[dict[str, Any] | None]:
+                   fetch: Fetch | None) -> list[dict[str, Any] | None]:
     """``vectors`` (each data file's, ``files`` their paths in the table) with
-    every file-stored vector inlined: its file fetched through ``cache``
-    (default: the default cache) and checked (:func:`ucstage.tables.deletion.inlined`).
+    every file-stored vector inlined: its file fetched by ``fetch`` (a
+    dataset's cache) or, without one, read straight from the store into a
+    temporary file, and checked (:func:`ucstage.tables.deletion.inlined`:
+    each vector carries its own CRC-32, so either way a flipped byte is caught).
 
     Raises:
         MissingDataFiles: a vector's file is not in the table's listing.
         UnreadableDeltaLog: a vector's file does not match its descriptor.
-        FetchFailed, CacheFull: the cache could not copy it.
+        FetchFailed, CacheFull: ``fetch`` (the cache) could not copy it.
     """
     stored = [i for i, v in enumerate(vectors) if v is not None and "file" in v]
     if not stored:
@@ -143,16 +146,26 @@ def inline_vectors(store: StoreLog, files: list[str], vectors: list[dict[str, An
             raise MissingDataFiles(f"the deletion vector of {files[i]} is missing: {shown(url)}",
                                    hint="the table was vacuumed or copied incompletely")
         wanted[found.path] = found
-    if cache is None:
-        from ..cache import LocalCache
-
-        cache = LocalCache()
     entries = sorted(wanted.values())
-    local = dict(zip((e.path for e in entries),
-                     store.keep_clean(_fetch, cache, store.volume, entries), strict=True))
-    out = list(vectors)
-    for i in stored:
-        v = vectors[i]
-        assert v is not None
-        out[i] = deletion.inlined(v, local[store.folder.relative(v["file"])], files[i])
+    with tempfile.TemporaryDirectory(prefix="ucstage-dv-") as scratch:
+        if fetch is None:
+            fetch = functools.partial(_read_to, scratch)
+        local = dict(zip((e.path for e in entries),
+                         store.keep_clean(_fetch, fetch, store.volume, entries), strict=True))
+        out = list(vectors)
+        for i in stored:
+            v = vectors[i]
+            assert v is not None
+            out[i] = deletion.inlined(v, local[store.folder.relative(v["file"])], files[i])
     return out
+
+
+def _read_to(scratch: str, volume: Volume, entry: FileEntry) -> str:
+    """``entry`` read from the store into ``scratch`` (no cache was given),
+    the read conditional on the listed version."""
+    path = os.path.join(scratch, f"{len(os.listdir(scratch))}.bin")
+    (data,), _ = read_ranges(volume, entry.path, [(0, entry.size)], version=entry.version) \
+        if entry.size else ((b"",), None)
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return path

@@ -20,6 +20,7 @@ import os
 import posixpath
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +33,11 @@ from ..errors import (
     UcstageError,
     UnsafePath,
 )
+from .entry import FileEntry
 
-__all__ = ["VOLUMES_ROOT_ENV", "Volume", "is_mapped", "is_volumes_path", "kind_of", "looked_up",
-           "remember", "resolve", "resolved", "safe_relpath", "single_file", "unreadable_error"]
+__all__ = ["VOLUMES_ROOT_ENV", "Fetch", "Volume", "is_mapped", "is_volumes_path", "kind_of",
+           "looked_up", "remember", "resolve", "resolved", "safe_relpath", "single_file",
+           "unreadable_error"]
 
 VOLUMES_ROOT_ENV = "UCSTAGE_VOLUMES_ROOT"
 
@@ -209,6 +212,12 @@ def resolve(source: str, *, must_exist: bool = True) -> Volume:
                              hint=hint)
     return volume if kind == "directory" else single_file(volume)
 
+
+Fetch = Callable[[Volume, FileEntry], str]
+"""``(volume, entry)`` -> a local path holding the entry's bytes: how a
+core step that needs a whole file (a shard to index, a table's deletion
+vector) gets it, given by its caller (a dataset its cache's ``fetch``), so
+the core never imports the cache."""
 
 _RESOLVED: dict[str, Volume] = {}
 """This process's volumes by URL (:func:`resolved`)."""

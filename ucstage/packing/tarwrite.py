@@ -34,13 +34,21 @@ def tar_size(members: list[tuple[str, int]]) -> int:
                for name, size in members)
 
 
+_BUFFER = 8 << 20
+"""Bytes a shard's writes are gathered into before they reach the kernel."""
+
+
 class TarShard:
     """A tar shard being written at ``path``; :meth:`close` ends the archive,
     flushes it to disk and returns its index entry."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._file: IO[bytes] = open(path, "xb")  # noqa: SIM115 (closed by close/abort)
+        # A large buffer: each member is a few small writes, and every write
+        # that reaches the kernel gives up the GIL and waits to get it back from
+        # the pack's reader threads (measured: 1.5 s of 4 s writing 3,000 x
+        # 16 KiB files through the default 8 KiB buffer, against 64 readers).
+        self._file: IO[bytes] = open(path, "xb", buffering=_BUFFER)  # noqa: SIM115 (closed by close/abort)
         self._tar = tarfile.open(fileobj=self._file, mode="w",  # noqa: SIM115
                                  format=tarfile.PAX_FORMAT)
         self.keys: list[str] = []

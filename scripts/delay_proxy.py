@@ -13,6 +13,12 @@ arrives, for a benchmark of a command's start-up (benchmarks/fixedcost.py):
 once ``MARK.armed`` exists, the first request that reads an object (a
 ``GET`` that is not a listing) removes it and writes ``time.monotonic()``
 (system-wide on Linux, so comparable with the benchmark's own clock) to MARK.
+
+With ``DELAY_PROXY_COUNT`` set to a file path, the proxy keeps in that file
+the bytes the target has sent back so far (responses: headers and bodies),
+as 20 decimal digits rewritten in place as they arrive: what a client
+fetched from the store, for a benchmark to read before and after a run
+(benchmarks/tablefilter.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,18 @@ QUEUE = 256  # chunks in flight per direction: bounds memory, not throughput
 
 
 MARK: str | None = None
+COUNT_FD: int | None = None
+_counted = 0
+
+
+def _count(n: int) -> None:
+    """Add ``n`` response bytes to the count file (one ``pwrite``: the
+    proxy is one thread, and a reader sees a whole number or the previous)."""
+    global _counted
+    if COUNT_FD is None or not n:
+        return
+    _counted += n
+    os.pwrite(COUNT_FD, b"%020d" % _counted, 0)
 
 
 def _note_get(data: bytes, now: float) -> None:
@@ -52,6 +70,8 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             data = await reader.read(CHUNK)
             if requests and MARK is not None:
                 _note_get(data, time.monotonic())
+            if not requests:
+                _count(len(data))
             await queue.put((time.monotonic() + delay, data))
             if not data:
                 return
@@ -100,5 +120,9 @@ async def main(listen_host: str, listen_port: int, host: str, port: int, delay_m
 if __name__ == "__main__":
     lh, lp, th, tp, ms = sys.argv[1:6]
     MARK = sys.argv[6] if len(sys.argv) > 6 else None
+    if os.environ.get("DELAY_PROXY_COUNT"):
+        COUNT_FD = os.open(os.environ["DELAY_PROXY_COUNT"], os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                           0o644)
+        _count(0)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(lh, int(lp), th, int(tp), float(ms)))

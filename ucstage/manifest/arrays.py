@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["binary", "int_array", "large_string_scalar", "large_strings", "numbers", "read_marked"]
+__all__ = ["binary", "int_array", "large_string_scalar", "large_strings", "native", "native_copy",
+           "numbers", "one", "read_marked"]
 
 
 def numbers(array: Any) -> np.ndarray:
@@ -71,6 +72,49 @@ def large_strings(values: Sequence[str]) -> Any:
               out=offsets[1:])
     return pa.Array.from_buffers(pa.large_string(), len(encoded), [
         None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(encoded))])
+
+
+def native(size: int) -> tuple[Any, memoryview]:
+    """An Arrow-allocated buffer of ``size`` bytes (not zeroed) and a
+    writable byte view of it, to fill before Parquet reads it.
+
+    Not ``pa.py_buffer`` of Python memory: the last reference to such a
+    buffer may be dropped by one of Arrow's pool threads after a threaded
+    Parquet read returned, and freeing it takes the GIL; during interpreter
+    shutdown that thread is made to exit and the process aborts
+    ("terminate called without an active exception", SIGABRT: seen about
+    once in 24 fresh processes that read a table). Arrow's own memory is
+    freed without Python."""
+    import pyarrow as pa
+
+    buffer = pa.allocate_buffer(size)
+    return buffer, memoryview(buffer).cast("B")
+
+
+def native_copy(data: bytes | memoryview) -> Any:
+    """``data`` copied into an Arrow-allocated buffer (see :func:`native`)."""
+    buffer, view = native(len(data))
+    view[:] = data
+    return buffer
+
+
+def one(value: bool | int | float | str) -> Any:
+    """A pyarrow array holding ``value`` alone (bool, int64, float64 or
+    large_string), for ``pa.scalar(value)`` (``one(v)[0]``) or a cast; an
+    int beyond int64 goes through ``pa.array`` (and so imports pandas)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(value, bool):
+        return pa.Array.from_buffers(pa.bool_(), 1, [None, pa.py_buffer(bytes([value]))])
+    if isinstance(value, int):
+        if -(1 << 63) <= value < (1 << 63):
+            return int_array([value], pa.int64())
+        return pa.array([value])
+    if isinstance(value, float):
+        return pa.Array.from_buffers(pa.float64(), 1,
+                                     [None, pa.py_buffer(np.array([value], np.float64))])
+    return large_strings([value])
 
 
 def large_string_scalar(text: str) -> Any:

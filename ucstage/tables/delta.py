@@ -30,6 +30,7 @@ from ..errors import (
     UnsafePath,
     UnsupportedTable,
 )
+from ..manifest.arrays import int_array
 from . import deletion, partvalues
 from .colmap import MODE_KEY
 from .deltalog import LocalLog, LogFiles, deletion_descriptors
@@ -244,7 +245,9 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
                store.options if store else None)
     configuration = dict(dt.metadata().configuration or {})
     features = _check_features(label, dt.protocol(), configuration, plain)
-    actions = pa.table(dt.get_add_actions(flatten=True))
+    # Through the C stream, not pa.table(): that asks whether its argument is
+    # a pandas DataFrame first, which imports pandas (a second of start-up).
+    actions = pa.RecordBatchReader.from_stream(dt.get_add_actions(flatten=True)).read_all()
     # Each live file confined to the table before anything reads it (export
     # hands these to Spark). DeltaTable.file_uris() is not used: it
     # percent-encodes the root folder but not the rest, so it names no real
@@ -252,7 +255,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     folder = store.folder if store is not None else TableFolder(path, label)
     local = [folder.path(p, "data file") for p in actions.column("path").to_pylist()]
     order = sorted(range(len(local)), key=local.__getitem__)
-    actions = actions.take(pa.array(order, type=pa.int64()))
+    actions = actions.take(int_array(order, pa.int64()))
     rows = actions.select([c for c in ("num_records", "size_bytes")
                            if c in actions.column_names]).to_pylist()
     parts = list(dt.metadata().partition_columns)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument, UnknownColumn
+from ..manifest.arrays import one
 from ..shown import shown
 
 __all__ = ["BoundFilter", "RowFilter", "bound_from_header", "row_filter"]
@@ -337,11 +338,16 @@ class _Binder:
 
     def literal(self, node: Node, column: str | None) -> Any:
         """A literal in its column's type (when it is compared with one)."""
+        return self.literal_array(node, column)[0]
+
+    def literal_array(self, node: Node, column: str | None) -> Any:
+        """:meth:`literal` as an array of one (built from buffers: ``pa.scalar``
+        and ``pa.array`` import pandas, a second of every freeze)."""
         import pyarrow as pa
 
         value, at = node[1], node[2]
         if column is None:
-            return pa.scalar(value)
+            return one(value)
         kind = self.schema.field(column).type
         numeric = (pa.types.is_integer(kind) or pa.types.is_floating(kind)
                    or pa.types.is_decimal(kind))
@@ -352,11 +358,11 @@ class _Binder:
             (isinstance(value, bool) and pa.types.is_boolean(kind))
         if fits:
             try:
-                return pa.scalar(value).cast(kind)
+                return one(value).cast(kind)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 pass
         if number and numeric:
-            return pa.scalar(value)  # 2.5 against an int column: compared as numbers
+            return one(value)  # 2.5 against an int column: compared as numbers
         shown_value = f"'{value}'" if isinstance(value, str) else str(value).lower()
         raise _error(self.text, at, f"{shown(shown_value)} is not a value of column "
                                     f"{shown(column)!r} ({kind})")
@@ -383,10 +389,10 @@ class _Binder:
             field = self.column(node[1])
             import pyarrow as pa
 
-            values = [self.literal(v, node[1][1]) for v in node[2]]
+            values = [self.literal_array(v, node[1][1]) for v in node[2]]
             kinds = {v.type for v in values}
-            array = pa.array([v.as_py() for v in values], type=kinds.pop()) \
-                if len(kinds) == 1 else pa.array([v.as_py() for v in values])
+            array = pa.concat_arrays(values) if len(kinds) == 1 else \
+                pa.array([v[0].as_py() for v in values])  # mixed numbers: a common type
             # As in SQL a null is in no list and not out of one: neither
             # "x in (...)" nor "x not in (...)" (nor "not x in (...)") holds for it.
             test = pc.is_in(field, value_set=array, skip_nulls=True)

@@ -4,7 +4,7 @@ reader does) or from its chunks read at freeze (counting a filter's matches).
 A row group's cache entry holds only its column chunks of the chosen
 columns, one after another (``ucstage.volumes.RangeEntry``). pyarrow reads it
 as the file's first bytes (:func:`_sparse`: each chunk at its own offset in
-an untouched zero mapping), with the footer the manifest kept
+an otherwise unwritten buffer), with the footer the manifest kept
 (``ParquetFile(..., metadata=...)``): no footer is fetched, no other byte is
 needed. The table is then conformed to the table's schema: a column a file
 does not hold (added later) is null, a partition column is the log's value
@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import CorruptParquet, SchemaMismatch, UnreadableDeltaLog
+from ..manifest.arrays import native
 from ..manifest.rowgroups import RowGroupManifest
 from ..volumes import RangeEntry, engine
 from ..volumes.engine import read_ranges
@@ -42,16 +43,15 @@ __all__ = ["count_matching", "read_group"]
 
 def _sparse(path: str, ranges: Sequence[tuple[int, int]]) -> Any:
     """The file's bytes up to its last cached range, as one in-memory buffer:
-    the cached ranges at their own offsets, zeros elsewhere. The zeros are
-    never written (a fresh anonymous mapping), so only the chunks' pages
-    become resident; pyarrow then reads it natively (and in parallel), and
-    never uses a byte outside the chunks it was told of."""
-    import numpy as np
+    the cached ranges at their own offsets, unwritten elsewhere (Arrow's
+    own memory, :func:`ucstage.manifest.arrays.native`; a large allocation
+    is a fresh mapping, so only the chunks' pages become resident); pyarrow
+    then reads it natively (and in parallel), and never uses a byte outside
+    the chunks it was told of."""
     import pyarrow as pa
 
     end = max((off + n for off, n in ranges), default=0)
-    memory = np.zeros(end, dtype=np.uint8)
-    view = memoryview(memory)  # type: ignore[arg-type]
+    memory, view = native(end)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         at = 0
@@ -62,7 +62,7 @@ def _sparse(path: str, ranges: Sequence[tuple[int, int]]) -> Any:
             at += n
     finally:
         os.close(fd)
-    return pa.BufferReader(pa.py_buffer(memory))
+    return pa.BufferReader(memory)
 
 
 def _live(manifest: RowGroupManifest, f: int, group: int, rows: int) -> Any:
@@ -198,14 +198,13 @@ def _count_all(manifest: RowGroupManifest) -> Any:
 def _in_memory(ranges: Sequence[tuple[int, int]], blobs: Sequence[bytes]) -> Any:
     """The chunks ``blobs`` at their own offsets in an otherwise zero buffer
     (what :func:`_sparse` makes of a cached entry)."""
-    import numpy as np
     import pyarrow as pa
 
     end = max((off + n for off, n in ranges), default=0)
-    memory = np.zeros(end, dtype=np.uint8)
+    memory, view = native(end)
     for (off, n), blob in zip(ranges, blobs, strict=True):
-        memory[off:off + n] = np.frombuffer(blob, dtype=np.uint8, count=n)
-    return pa.BufferReader(pa.py_buffer(memory))
+        view[off:off + n] = memoryview(blob).cast("B")[:n]
+    return pa.BufferReader(memory)
 
 
 def _conformed(manifest: RowGroupManifest, f: int, name: str, column: Any, how: str) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UnsupportedTable
+from ..manifest.arrays import large_strings
 
 __all__ = ["as_text", "column"]
 
@@ -52,6 +53,6 @@ def column(value: str | None, kind: Any, n: int) -> Any:
 
     if value is None:
         return pa.nulls(n, type=kind)
-    one = pa.array([value], type=pa.string()).cast(kind)
+    one = large_strings([value]).cast(kind)  # not pa.array(): it imports pandas
     zeros = np.zeros(n, dtype=np.int32)
     return one.take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(zeros)]))

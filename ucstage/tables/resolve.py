@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import EmptySource, InvalidArgument, MissingDataFiles, TableNotFound, UnsafePath
+from ..manifest.arrays import int_array
 from ..volumes import FileEntry, Volume, list_files, resolve
 from ..volumes.listing import Listing
 from ..volumes.location import Fetch
@@ -121,10 +122,19 @@ def _delta(source: str, folder: str, label: str, version: int | None) -> TableSo
     values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
     vectors = dict(zip(rel, state.deletion_vectors or [None] * len(rel), strict=True))
     at = {p: i for i, p in enumerate(rel)}
-    stats = None if state.stats is None else state.stats.take([at[e.path] for e in entries])
+    stats = None if state.stats is None else state.stats.take(
+        _indices([at[e.path] for e in entries]))
     return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
                        [values[e.path] for e in entries], state.num_records,
                        [vectors[e.path] for e in entries], file_stats=stats)
+
+
+def _indices(rows: list[int]) -> Any:
+    """Row numbers as an Arrow array for ``take`` (a list would go through
+    ``pa.array()``, which imports pandas: a second of every freeze)."""
+    import pyarrow as pa
+
+    return int_array(rows, pa.int64())
 
 
 def _delta_store(source: str, volume: Volume, version: int | None,

@@ -30,6 +30,7 @@ from typing import Any
 
 from .. import objstore
 from ..errors import MissingDataFiles, UnsupportedTable
+from ..manifest.arrays import native_copy
 from ..volumes import FileEntry, Volume, engine, list_files
 from ..volumes.engine import read_ranges
 from ..volumes.listing import Listing
@@ -112,7 +113,7 @@ class StoreLog:
     def parquet(self, path: str) -> Any:
         import pyarrow as pa
 
-        return pa.BufferReader(self.read(path))
+        return pa.BufferReader(native_copy(self.read(path)))  # see arrays.native
 
     def keep_clean(self, fn: Any, *args: Any) -> Any:
         return engine.of(self.volume).keep_clean(fn, *args)

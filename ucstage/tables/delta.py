@@ -6,11 +6,12 @@ those files, never the folder (which also holds removed files). Three reader
 features change what a file's rows are: deletion vectors (rows deleted in a
 side file), column mapping (physical column names differ from the logical
 ones) and type widening (a file written before a column's type was widened
-holds the narrower type). ``TableDataset`` honours them
-(:mod:`ucstage.tables.deletion`, :mod:`ucstage.tables.colmap`); a caller
-that reads the files as plain Parquet (``plain=True``: export through Spark,
-which has no Delta reader here) has them refused by name, since it would
-bring deleted rows back, read null columns or mix a column's types.
+holds the narrower type). ``TableDataset`` honours all three
+(:mod:`ucstage.tables.deletion`, :mod:`ucstage.tables.colmap`), export the
+first two (:mod:`ucstage.export.deltaread`: Spark drops the deleted rows by
+their row index and selects physical columns under logical names); a
+caller that reads the files through Spark (``plain=True``) has type
+widening refused by name, since a column would come back in two types.
 
 deltalake is imported only inside functions.
 """
@@ -40,13 +41,12 @@ __all__ = ["TableState", "table_state"]
 # Reader features a plain Parquet read of the live files honours.
 _SAFE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck",
                          "variantType", "variantType-preview"}
-# ... and those TableDataset honours besides (a plain read refuses them).
+# ... those both readers apply from the state (the vectors, the schema's mapping) ...
+_APPLIED = {"deletionVectors", "columnMapping"}
+# ... and those only TableDataset honours (a Spark read, plain=True, refuses them).
 _WIDENING = ("type widening (files written before a column's type was widened hold the "
              "narrower type)")
 _REFUSED = {
-    "deletionVectors": "deletion vectors (deleted rows are recorded beside the Parquet files, "
-                       "so reading the files would bring them back)",
-    "columnMapping": "column mapping (Parquet column names differ from the table's)",
     # TableDataset reads each file's column as the log's type (colmap.to_logical).
     "typeWidening": _WIDENING,
     "typeWidening-preview": _WIDENING,
@@ -109,7 +109,8 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str], pl
         raise UnsupportedTable(f"table {label} has column mapping mode {mode!r}, which the "
                                "Delta protocol does not define")
     refused = sorted(f for f in features if f in _REFUSED) if plain else []
-    unknown = sorted(f for f in features if f not in _REFUSED and f not in _SAFE_READER_FEATURES)
+    unknown = sorted(f for f in features
+                     if f not in _REFUSED and f not in _SAFE_READER_FEATURES | _APPLIED)
     if refused:
         reasons = "; ".join(f"{f}: {_REFUSED[f]}" for f in refused)
         raise UnsupportedTable(
@@ -117,7 +118,7 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str], pl
             f"the Parquet files without Delta support in Spark ({reasons})",
             hint="read it with ucstage.TableDataset (which applies them), export through a "
                  "server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or rewrite the table "
-                 "without the feature (e.g. REORG TABLE ... APPLY (PURGE) and disable it)",
+                 "without the feature",
         )
     if unknown:
         raise UnsupportedTable(
@@ -187,9 +188,10 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     """Read a version of the Delta table in folder ``path`` (default: the latest).
 
     ``label`` names the table in messages (its catalog name); default ``path``.
-    ``plain``: the caller reads the files as plain Parquet, so deletion
-    vectors and column mapping are refused; ``False`` (``TableDataset``):
-    they are resolved for the reader.
+    ``plain``: the caller reads the files through Spark (export), so type
+    widening is refused; ``False`` (``TableDataset``): it is honoured.
+    Deletion vectors are resolved and column mapping named in the schema
+    for both; ``num_records`` counts live rows.
 
     Raises:
         TableNotFound: no Delta table there, or no such version.
@@ -242,7 +244,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
                                    else pa.nulls(len(rows)), schema.field(c).type, c, label)
              for c in parts}
     vectors: list[dict[str, Any] | None] = [None] * len(files)
-    if "deletionVectors" in features and not plain:
+    if "deletionVectors" in features:
         found = deletion_descriptors(path, int(dt.version()), set(files),
                                      lambda p: _logged_file(folder, p), label)
         vectors = [deletion.resolve(folder, d) if d else None

@@ -6,12 +6,12 @@ those files, never the folder (which also holds removed files). Three reader
 features change what a file's rows are: deletion vectors (rows deleted in a
 side file), column mapping (physical column names differ from the logical
 ones) and type widening (a file written before a column's type was widened
-holds the narrower type). ``TableDataset`` honours all three
-(:mod:`ucstage.tables.deletion`, :mod:`ucstage.tables.colmap`), export the
-first two (:mod:`ucstage.export.deltaread`: Spark drops the deleted rows by
-their row index and selects physical columns under logical names); a
-caller that reads the files through Spark (``plain=True``) has type
-widening refused by name, since a column would come back in two types.
+holds the narrower type). Both readers honour them from this state:
+``TableDataset`` by :mod:`ucstage.tables.deletion` and
+:mod:`ucstage.tables.colmap`, export by :mod:`ucstage.export.deltaread`
+(Spark drops the deleted rows by row index, reads physical columns under
+logical names, in the log's types). Reader features ucstage does not know
+are refused by name.
 
 deltalake is imported only inside functions.
 """
@@ -38,19 +38,13 @@ from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
 
-# Reader features a plain Parquet read of the live files honours.
+# Reader features a plain Parquet read of the live files honours ...
 _SAFE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck",
                          "variantType", "variantType-preview"}
-# ... those both readers apply from the state (the vectors, the schema's mapping) ...
-_APPLIED = {"deletionVectors", "columnMapping"}
-# ... and those only TableDataset honours (a Spark read, plain=True, refuses them).
-_WIDENING = ("type widening (files written before a column's type was widened hold the "
-             "narrower type)")
-_REFUSED = {
-    # TableDataset reads each file's column as the log's type (colmap.to_logical).
-    "typeWidening": _WIDENING,
-    "typeWidening-preview": _WIDENING,
-}
+# ... and those the readers apply from the state: the vectors, the schema's
+# mapping, the log's types (TableDataset: colmap.to_logical; export: Spark's
+# Parquet reader widens a narrower file type to the read schema's).
+_APPLIED = {"deletionVectors", "columnMapping", "typeWidening", "typeWidening-preview"}
 
 
 @dataclass(frozen=True)
@@ -98,9 +92,8 @@ def _logged_file(folder: TableFolder, logged: str) -> str:
         return ""
 
 
-def _check_features(label: str, protocol: Any, configuration: dict[str, str], plain: bool
-                    ) -> set[str]:
-    """The table's reader features, checked: refused when the read cannot honour one."""
+def _check_features(label: str, protocol: Any, configuration: dict[str, str]) -> set[str]:
+    """The table's reader features, checked: refused when ucstage does not know one."""
     features = set(protocol.reader_features or [])
     mode = configuration.get("delta.columnMapping.mode", "none").lower()
     if mode != "none":
@@ -108,18 +101,7 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str], pl
     if mode not in ("none", "name", "id"):
         raise UnsupportedTable(f"table {label} has column mapping mode {mode!r}, which the "
                                "Delta protocol does not define")
-    refused = sorted(f for f in features if f in _REFUSED) if plain else []
-    unknown = sorted(f for f in features
-                     if f not in _REFUSED and f not in _SAFE_READER_FEATURES | _APPLIED)
-    if refused:
-        reasons = "; ".join(f"{f}: {_REFUSED[f]}" for f in refused)
-        raise UnsupportedTable(
-            f"table {label} uses {', '.join(refused)}, which ucstage cannot honour reading "
-            f"the Parquet files without Delta support in Spark ({reasons})",
-            hint="read it with ucstage.TableDataset (which applies them), export through a "
-                 "server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or rewrite the table "
-                 "without the feature",
-        )
+    unknown = sorted(features - _SAFE_READER_FEATURES - _APPLIED)
     if unknown:
         raise UnsupportedTable(
             f"table {label} needs Delta reader feature(s) {', '.join(unknown)}, "
@@ -183,15 +165,13 @@ def _open(deltalake: Any, path: str, label: str, version: int | None) -> Any:
                                   "column widened to timestamp_ntz") from failure
 
 
-def table_state(path: str, *, label: str | None = None, version: int | None = None,
-                plain: bool = True) -> TableState:
+def table_state(path: str, *, label: str | None = None, version: int | None = None
+                ) -> TableState:
     """Read a version of the Delta table in folder ``path`` (default: the latest).
 
     ``label`` names the table in messages (its catalog name); default ``path``.
-    ``plain``: the caller reads the files through Spark (export), so type
-    widening is refused; ``False`` (``TableDataset``): it is honoured.
-    Deletion vectors are resolved and column mapping named in the schema
-    for both; ``num_records`` counts live rows.
+    Deletion vectors are resolved (``num_records`` counts live rows), the
+    column mapping mode named in the schema's metadata.
 
     Raises:
         TableNotFound: no Delta table there, or no such version.
@@ -199,7 +179,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
         MissingDataFiles: live files gone from the folder (vacuumed).
         UnsafePath: the log names a data file or deletion vector outside the
             table's folder (:mod:`ucstage.tables.logpaths`).
-        UnsupportedTable: reader features this path cannot honour; a partition
+        UnsupportedTable: reader features ucstage does not know; a partition
             column whose type cannot be read.
     """
     import pyarrow as pa
@@ -214,7 +194,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
         )
     dt = _open(deltalake, path, label, version)
     configuration = dict(dt.metadata().configuration or {})
-    features = _check_features(label, dt.protocol(), configuration, plain)
+    features = _check_features(label, dt.protocol(), configuration)
     actions = pa.table(dt.get_add_actions(flatten=True))
     # Each live file confined to the table before anything reads it (export
     # hands these to Spark). DeltaTable.file_uris() is not used: it

@@ -106,7 +106,7 @@ def _select(volume: Volume, wanted: list[str], label: str) -> list[FileEntry]:
 
 
 def _delta(source: str, folder: str, label: str, version: int | None) -> TableSource:
-    state = table_state(folder, label=label, version=version, plain=False)
+    state = table_state(folder, label=label, version=version)
     volume = resolve(folder)
     rel = [os.path.relpath(f, folder).replace(os.sep, "/") for f in state.files]
     entries = _select(volume, rel, label)

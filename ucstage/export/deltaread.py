@@ -169,7 +169,7 @@ def _files_table(state: TableState, listed: list[str]) -> Any:
     for i, field in enumerate(state.arrow_schema):
         if field.name in state.partition_columns:
             texts = [values[field.name] for values in state.partition_values]
-            columns[f"__ucstage_part_{i}"] = partvalues.typed(texts, field.type).take(index)
+            columns[f"__ucstage_part_{i}"] = partvalues.from_text(texts, field.type).take(index)
     return pa.table(columns)
 
 

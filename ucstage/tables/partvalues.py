@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import UnsupportedTable
 
-__all__ = ["as_text", "column", "typed"]
+__all__ = ["as_text", "column", "from_text"]
 
 
 def as_text(values: Any, kind: Any, name: str, label: str) -> list[str | None]:
@@ -52,12 +52,12 @@ def column(value: str | None, kind: Any, n: int) -> Any:
 
     if value is None:
         return pa.nulls(n, type=kind)
-    one = typed([value], kind)
+    one = from_text([value], kind)
     zeros = np.zeros(n, dtype=np.int32)
     return one.take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(zeros)]))
 
 
-def typed(texts: list[str | None], kind: Any) -> Any:
+def from_text(texts: list[str | None], kind: Any) -> Any:
     """One value per file: partition values ``texts`` (from :func:`as_text`)
     back in the column's type ``kind``, as a pyarrow array."""
     import pyarrow as pa

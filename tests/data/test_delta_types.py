@@ -30,8 +30,7 @@ import pytest
 from tests.common.deltadv import kernel_rows
 from tests.data.test_delta_reader import multiset, over_layout
 from ucstage import DataLoader, TableDataset
-from ucstage.errors import SchemaMismatch, UnsupportedTable
-from ucstage.tables.delta import table_state
+from ucstage.errors import SchemaMismatch
 
 UTC = dt.timezone.utc
 
@@ -226,17 +225,6 @@ def test_type_widening_reads_older_files_in_the_table_s_types(
     kernel = kernel_rows(str(root2))
     assert by_id(kernel) == by_id(expected_wide(list(range(10)), root2, some).to_pylist())
     assert multiset(ucstage_rows(root2, tmp_path / "c2")) == multiset(kernel)
-
-
-def test_type_widening_is_refused_for_a_plain_parquet_read(tmp_path: Path) -> None:
-    # Export hands the files to Spark as plain Parquet: a column would come
-    # back in two types. Refused by name, pointing at TableDataset.
-    root = tmp_path / "t"
-    widening_table(root, "typeWidening", "none", ["id", "i2l"])
-    with pytest.raises(UnsupportedTable, match=r"typeWidening.*type widening") as info:
-        table_state(str(root), plain=True)
-    assert "TableDataset" in (info.value.hint or "")
-    assert table_state(str(root), plain=False).arrow_schema.field("i2l").type == pa.int64()
 
 
 def test_a_file_whose_values_do_not_fit_the_table_s_type_is_one_error(tmp_path: Path) -> None:

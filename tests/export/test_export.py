@@ -29,7 +29,6 @@ from ucstage.errors import (
     SparkUnavailable,
     TableNotFound,
     UnsafePath,
-    UnsupportedTable,
 )
 from ucstage.export import export_table, read_record, read_table
 from ucstage.export.options import suggest_files
@@ -245,18 +244,16 @@ def test_suggest_files_is_a_multiple_of_the_slots() -> None:
         suggest_files(5, 2, "2,4")  # type: ignore[arg-type]  # comma lists are the CLI's
 
 
-def test_deletion_vectors_and_column_mapping_are_refused(tmp_path: Any,
-                                                         warehouse: Warehouse) -> None:
-    # deltalake 1.x writes these protocol features when the table is created
-    # with the configuration; it does not write deletion-vector files itself.
-    # Spark here has no Delta reader: a plain Parquet read of the files would
-    # bring deleted rows back or read null columns (TableDataset applies both)
-    with pytest.raises(UnsupportedTable, match="deletionVectors") as dv:
-        export_table("main.ml.dv", str(tmp_path / "dv"))
-    with pytest.raises(UnsupportedTable, match="columnMapping") as cm:
-        export_table("main.ml.cm", str(tmp_path / "cm"))
-    assert "TableDataset" in dv.value.hint and "TableDataset" in cm.value.hint
-    assert not os.listdir(tmp_path)
+def test_a_column_mapped_warehouse_table_exports_by_name(spark_session: Any,
+                                                         warehouse: Warehouse,
+                                                         tmp_path: Any) -> None:
+    # deltalake writes its files under physical column names: Spark reads
+    # them under the logical ones (tests/export/test_export_delta_features.py
+    # has renamed and dropped columns, id mode and deletion vectors).
+    dest = str(tmp_path / "cm")
+    result = export_table("main.ml.cm", dest)
+    assert rows(exported_table(dest)) == rows(events_table(0, 10))
+    assert result.row_count == 10 and result.record.table == "main.ml.cm"
 
 
 def test_missing_table_in_the_warehouse(tmp_path: Any, warehouse: Warehouse) -> None:

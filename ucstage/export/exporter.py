@@ -7,10 +7,11 @@ follows:
 
 1. **Resolve the source.** A Delta table path, or a name under
    ``$UCSTAGE_WAREHOUSE``: delta-rs reads the table's state (version, live
-   files, schema, row count) and Spark reads exactly those files, with the
-   table's schema (so partition columns keep their types and files written
-   before a schema change read as nulls) and ``basePath`` (so partition
-   columns survive). Otherwise the name goes to the server's catalog
+   files, schema, partition values, deletion vectors, live row count) and
+   Spark reads exactly those files as plain Parquet, applying the rest
+   (:mod:`ucstage.export.deltaread`: files written before a column was
+   added read it as null, partition values come from the log, physical
+   columns under their logical names, deleted rows dropped). Otherwise the name goes to the server's catalog
    (``spark.table``), for servers that read Delta themselves; its version
    comes from ``DESCRIBE HISTORY`` where the server supports it.
 2. **Skip** when the export record in DEST names the same table, Delta
@@ -60,8 +61,8 @@ from ..tables.names import (
     warehouse_path,
 )
 from ..tables.record import ExportRecord
+from .deltaread import delta_dataframe, quote
 from .dest import (
-    HADOOP_GLOB_CHARS,
     check_dest_writable,
     check_replaceable,
     check_unlisted,
@@ -123,11 +124,6 @@ def _check_findable(source: _Source, remote: str | None) -> None:
                  "tables, or SPARK_REMOTE=sc://HOST:PORT to a server whose catalog has it")
 
 
-def _hadoop_escape(path: str) -> str:
-    # Hadoop expands glob characters in input paths; a backslash makes them literal.
-    return "".join("\\" + c if c in HADOOP_GLOB_CHARS else c for c in path)
-
-
 def _spark_message(exc: BaseException) -> str:
     text = str(exc).strip()
     details = re.search(r'details = "([^"]*)"', text)
@@ -148,10 +144,6 @@ def _is_analysis_error(exc: BaseException) -> bool:
     return isinstance(exc, AnalysisException)
 
 
-def _quote(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
-
-
 def _dataframe(spark: Any, source: _Source) -> Any:
     if source.kind == "catalog":
         assert source.name is not None
@@ -167,20 +159,8 @@ def _dataframe(spark: Any, source: _Source) -> Any:
                      "Delta tables, or use a server whose catalog has the table",
             ) from exc
         return df
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    assert source.state is not None and source.location is not None
-    state = source.state
-    schema = from_arrow_schema(state.arrow_schema)
-    if not state.files:
-        return spark.createDataFrame([], schema)
-    # basePath is taken literally; only the input paths are globbed by Hadoop.
-    reader = spark.read.schema(schema).option("basePath", source.location)
-    df = reader.parquet(*[_hadoop_escape(f) for f in state.files])
-    names = [f.name for f in schema.fields]
-    if df.columns != names:
-        df = df.select(*[_quote(n) for n in names])
-    return df
+    assert source.state is not None
+    return delta_dataframe(spark, source.state)
 
 
 def _shape(df: Any, options: ExportOptions) -> Any:
@@ -204,7 +184,7 @@ def _apply(df: Any, where: str | None, columns: list[str] | None) -> Any:
     if where is not None:
         df = df.where(where)
     if columns is not None:
-        df = df.select(*[_quote(c) for c in columns])
+        df = df.select(*[quote(c) for c in columns])
     # The Connect client reuses a parent's cached schema for filters, so
     # df.columns alone may not reach the server; semanticHash() always
     # makes it analyze the plan.

@@ -20,7 +20,8 @@ from typing import Any
 
 from ..errors import UnsupportedTable
 
-__all__ = ["MODE_KEY", "logical_leaves", "mode", "physical_top", "to_logical"]
+__all__ = ["MODE_KEY", "logical_leaves", "mode", "physical_field", "physical_top",
+           "to_logical"]
 
 MODE_KEY = b"delta.columnMapping.mode"
 _NAME = b"delta.columnMapping.physicalName"
@@ -86,6 +87,32 @@ def physical_top(schema: Any, file_schema: Any, name: str) -> str:
         return name
     key = _key(schema.field(name), how, False) or ""
     return str(file_schema.field(_by_key(file_schema, how)[key]).name)
+
+
+def physical_field(field: Any, how: str) -> Any:
+    """The log's ``field`` as a Delta engine writes it in a Parquet file:
+    under its physical name, nested struct fields (in lists and maps too)
+    likewise, with its column mapping id as the Parquet field id
+    (``PARQUET:field_id``) in ``id`` mode; ``field`` itself without column
+    mapping. What a reader that matches a file's columns by name or id
+    (Spark, for export) asks the files for."""
+    import pyarrow as pa
+
+    if how == "none":
+        return field
+    t = field.type
+    if pa.types.is_struct(t):
+        t = pa.struct([physical_field(c, how) for c in t])
+    elif pa.types.is_large_list(t):
+        t = pa.large_list(physical_field(t.value_field, how))
+    elif pa.types.is_list(t):
+        t = pa.list_(physical_field(t.value_field, how))
+    elif pa.types.is_map(t):
+        t = pa.map_(physical_field(t.key_field, how), physical_field(t.item_field, how),
+                    keys_sorted=t.keys_sorted)
+    meta = field.metadata or {}
+    ids = {_FIELD_ID: meta[_ID]} if how == "id" and _ID in meta else None
+    return pa.field(_key(field, "name", False), t, field.nullable, ids)
 
 
 def to_logical(array: Any, field: Any, how: str) -> Any:

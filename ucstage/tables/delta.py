@@ -6,11 +6,12 @@ those files, never the folder (which also holds removed files). Three reader
 features change what a file's rows are: deletion vectors (rows deleted in a
 side file), column mapping (physical column names differ from the logical
 ones) and type widening (a file written before a column's type was widened
-holds the narrower type). ``TableDataset`` honours them
-(:mod:`ucstage.tables.deletion`, :mod:`ucstage.tables.colmap`); a caller
-that reads the files as plain Parquet (``plain=True``: export through Spark,
-which has no Delta reader here) has them refused by name, since it would
-bring deleted rows back, read null columns or mix a column's types.
+holds the narrower type). Both readers honour them from this state:
+``TableDataset`` by :mod:`ucstage.tables.deletion` and
+:mod:`ucstage.tables.colmap`, export by :mod:`ucstage.export.deltaread`
+(Spark drops the deleted rows by row index, reads physical columns under
+logical names, in the log's types). Reader features ucstage does not know
+are refused by name.
 
 deltalake is imported only inside functions.
 """
@@ -39,20 +40,13 @@ from .names import WAREHOUSE_ENV
 
 __all__ = ["TableState", "table_state"]
 
-# Reader features a plain Parquet read of the live files honours.
+# Reader features a plain Parquet read of the live files honours ...
 _SAFE_READER_FEATURES = {"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck",
                          "variantType", "variantType-preview"}
-# ... and those TableDataset honours besides (a plain read refuses them).
-_WIDENING = ("type widening (files written before a column's type was widened hold the "
-             "narrower type)")
-_REFUSED = {
-    "deletionVectors": "deletion vectors (deleted rows are recorded beside the Parquet files, "
-                       "so reading the files would bring them back)",
-    "columnMapping": "column mapping (Parquet column names differ from the table's)",
-    # TableDataset reads each file's column as the log's type (colmap.to_logical).
-    "typeWidening": _WIDENING,
-    "typeWidening-preview": _WIDENING,
-}
+# ... and those the readers apply from the state: the vectors, the schema's
+# mapping, the log's types (TableDataset: colmap.to_logical; export: Spark's
+# Parquet reader widens a narrower file type to the read schema's).
+_APPLIED = {"deletionVectors", "columnMapping", "typeWidening", "typeWidening-preview"}
 
 
 @dataclass(frozen=True)
@@ -120,9 +114,8 @@ def _logged_file(folder: Folder, logged: str) -> str:
         return ""
 
 
-def _check_features(label: str, protocol: Any, configuration: dict[str, str], plain: bool
-                    ) -> set[str]:
-    """The table's reader features, checked: refused when the read cannot honour one."""
+def _check_features(label: str, protocol: Any, configuration: dict[str, str]) -> set[str]:
+    """The table's reader features, checked: refused when ucstage does not know one."""
     features = set(protocol.reader_features or [])
     mode = configuration.get("delta.columnMapping.mode", "none").lower()
     if mode != "none":
@@ -130,17 +123,7 @@ def _check_features(label: str, protocol: Any, configuration: dict[str, str], pl
     if mode not in ("none", "name", "id"):
         raise UnsupportedTable(f"table {label} has column mapping mode {mode!r}, which the "
                                "Delta protocol does not define")
-    refused = sorted(f for f in features if f in _REFUSED) if plain else []
-    unknown = sorted(f for f in features if f not in _REFUSED and f not in _SAFE_READER_FEATURES)
-    if refused:
-        reasons = "; ".join(f"{f}: {_REFUSED[f]}" for f in refused)
-        raise UnsupportedTable(
-            f"table {label} uses {', '.join(refused)}, which ucstage cannot honour reading "
-            f"the Parquet files without Delta support in Spark ({reasons})",
-            hint="read it with ucstage.TableDataset (which applies them), export through a "
-                 "server that reads Delta (SPARK_REMOTE=sc://HOST:PORT), or rewrite the table "
-                 "without the feature (e.g. REORG TABLE ... APPLY (PURGE) and disable it)",
-        )
+    unknown = sorted(features - _SAFE_READER_FEATURES - _APPLIED)
     if unknown:
         raise UnsupportedTable(
             f"table {label} needs Delta reader feature(s) {', '.join(unknown)}, "
@@ -210,7 +193,7 @@ def _here(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def table_state(path: str, *, label: str | None = None, version: int | None = None,
-                plain: bool = True, store: StoreTable | None = None) -> TableState:
+                store: StoreTable | None = None) -> TableState:
     """Read a version of the Delta table in folder ``path`` (default: the latest).
 
     ``store``: the table is on an object store, ``path`` its URL; its log is
@@ -218,9 +201,8 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     there is left to the caller's listing.
 
     ``label`` names the table in messages (its catalog name); default ``path``.
-    ``plain``: the caller reads the files as plain Parquet, so deletion
-    vectors and column mapping are refused; ``False`` (``TableDataset``):
-    they are resolved for the reader.
+    Deletion vectors are resolved (``num_records`` counts live rows), the
+    column mapping mode named in the schema's metadata.
 
     Raises:
         TableNotFound: no Delta table there, or no such version.
@@ -228,7 +210,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
         MissingDataFiles: live files gone from the folder (vacuumed).
         UnsafePath: the log names a data file or deletion vector outside the
             table's folder (:mod:`ucstage.tables.logpaths`).
-        UnsupportedTable: reader features this path cannot honour; a partition
+        UnsupportedTable: reader features ucstage does not know; a partition
             column whose type cannot be read.
     """
     import pyarrow as pa
@@ -244,7 +226,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
     dt = _open(deltalake, store.url if store else path, label, version,
                store.options if store else None)
     configuration = dict(dt.metadata().configuration or {})
-    features = _check_features(label, dt.protocol(), configuration, plain)
+    features = _check_features(label, dt.protocol(), configuration)
     # Through the C stream, not pa.table(): that asks whether its argument is
     # a pandas DataFrame first, which imports pandas (a second of start-up).
     actions = pa.RecordBatchReader.from_stream(dt.get_add_actions(flatten=True)).read_all()
@@ -276,7 +258,7 @@ def table_state(path: str, *, label: str | None = None, version: int | None = No
                                    else pa.nulls(len(rows)), schema.field(c).type, c, label)
              for c in parts}
     vectors: list[dict[str, Any] | None] = [None] * len(files)
-    if "deletionVectors" in features and not plain:
+    if "deletionVectors" in features:
         log: LogFiles = store if store is not None else LocalLog(folder)
         run = store.keep_clean if store is not None else _here
         found = run(deletion_descriptors, log, int(dt.version()), set(files),

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import UnsupportedTable
 from ..manifest.arrays import large_strings
 
-__all__ = ["as_text", "column"]
+__all__ = ["as_text", "column", "from_text"]
 
 
 def as_text(values: Any, kind: Any, name: str, label: str) -> list[str | None]:
@@ -53,6 +53,16 @@ def column(value: str | None, kind: Any, n: int) -> Any:
 
     if value is None:
         return pa.nulls(n, type=kind)
-    one = large_strings([value]).cast(kind)  # not pa.array(): it imports pandas
+    one = from_text([value], kind)
     zeros = np.zeros(n, dtype=np.int32)
     return one.take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(zeros)]))
+
+
+def from_text(texts: list[str | None], kind: Any) -> Any:
+    """One value per file: partition values ``texts`` (from :func:`as_text`)
+    back in the column's type ``kind``, as a pyarrow array."""
+    import pyarrow as pa
+
+    if all(t is not None for t in texts):  # not pa.array(): it imports pandas
+        return large_strings(texts).cast(kind)  # type: ignore[arg-type]
+    return pa.array(texts, type=pa.string()).cast(kind)

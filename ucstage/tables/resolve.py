@@ -115,7 +115,7 @@ def _select(volume: Volume, wanted: list[str], label: str, listing: Listing | No
 
 
 def _delta(source: str, folder: str, label: str, version: int | None) -> TableSource:
-    state = table_state(folder, label=label, version=version, plain=False)
+    state = table_state(folder, label=label, version=version)
     volume = resolve(folder)
     rel = [os.path.relpath(f, folder).replace(os.sep, "/") for f in state.files]
     entries = _select(volume, rel, label)
@@ -141,7 +141,7 @@ def _delta_store(source: str, volume: Volume, version: int | None,
                  fetch: Fetch | None) -> TableSource:
     """A Delta table on an object store (:mod:`.storedelta`)."""
     store = StoreLog(volume, source)
-    state = table_state(volume.url, label=source, version=version, plain=False, store=store)
+    state = table_state(volume.url, label=source, version=version, store=store)
     rel = [store.folder.relative(f) for f in state.files]
     entries = _select(volume, rel, source, store.listing)
     vectors = inline_vectors(store, rel, state.deletion_vectors or [None] * len(rel), fetch)

@@ -366,6 +366,12 @@ def test_counters_written_before_the_check_counts_still_read(tmp_path: Path) -> 
     stats = runstats.read_run(str(tmp_path), "old-run")
     assert (stats.hits, stats.misses, stats.processes) == (3, 1, 1)
     assert (stats.checked_md5, stats.checked_size, stats.mismatches) == (0, 0, 0)
+    # Twelve fields: written before the page CRC count.
+    (folder / "r0-2.counters").write_bytes(struct.pack("<12q", 1, 0, 5, 0, 0, 0, 0, 0,
+                                                       7, 2, 1, 3))
+    stats = runstats.read_run(str(tmp_path), "old-run")
+    assert (stats.hits, stats.processes, stats.checked_md5, stats.checked_crc32c) == (4, 2, 7, 3)
+    assert stats.checked_page_crc == 0
 
 
 def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(

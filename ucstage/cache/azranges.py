@@ -28,6 +28,11 @@ each range of at most :data:`RANGE` for its MD5 and checks the bytes against
 it, every range after the first ``If-Match`` the first one's ETag. A range
 that mismatches is read again from where the copy got, :data:`TRIES` reads
 at most, as on the object-store engine.
+
+A table's row-group entries (byte ranges of a blob, however large, and
+whatever MD5 the store keeps of the whole) are read the same way on both
+engines (:func:`read_ranges`): their copies run in a thread on either, so
+the sync client serves them, every GET ``If-Match`` the listed ETag.
 """
 
 from __future__ import annotations

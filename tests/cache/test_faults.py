@@ -64,7 +64,7 @@ def test_corrupted_responses_are_retried_and_never_cached(
     assert fault_proxy.done["flip"] == 4  # the first GET of every 20th file
     assert _wrong(LocalCache(), src, files) == []
     assert doc["fetched"] == 80 and doc["failed"] == []
-    assert doc["checks"] == {"md5": 80, "crc32c": 0, "size": 0, "none": 0}
+    assert doc["checks"] == {"md5": 80, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
     assert doc["checksum_mismatches"] == 4
     assert doc["etags_not_md5"] is False
 
@@ -105,7 +105,7 @@ def test_multipart_etags_get_the_size_check_and_the_json_says_so(fault_proxy: Fa
         fh.write(b"m" * (11 * MB))
     code, doc = _warm_json(src)
     assert code == 0, doc
-    assert doc["checks"] == {"md5": 4, "crc32c": 0, "size": 1, "none": 0}
+    assert doc["checks"] == {"md5": 4, "crc32c": 0, "page_crc": 0, "size": 1, "none": 0}
     assert doc["etags_not_md5"] is False
 
 
@@ -125,7 +125,7 @@ def test_etags_that_are_not_md5s_mark_the_source_once(fault_proxy: Faults,
         report = cache.warm(m.volume(), m.entries, jobs=1)
     assert report.failed == []
     assert report.etags_not_md5
-    assert report.check_counts() == {"md5": 0, "crc32c": 0, "size": 12, "none": 0}
+    assert report.check_counts() == {"md5": 0, "crc32c": 0, "page_crc": 0, "size": 12, "none": 0}
     # The first copy's reads give the same wrong digest, and no object ever
     # matched: its 4th read marks the source (3 mismatches before), and
     # every copy after it is checked by size.
@@ -145,7 +145,7 @@ def test_etags_that_are_not_md5s_mark_the_source_from_several_objects_at_once(
     code, doc = _warm_json(src, "--jobs", "12")
     assert code == 0, doc
     assert doc["etags_not_md5"] is True and doc["failed"] == []
-    assert doc["checks"] == {"md5": 0, "crc32c": 0, "size": 12, "none": 0}
+    assert doc["checks"] == {"md5": 0, "crc32c": 0, "page_crc": 0, "size": 12, "none": 0}
     assert _wrong(LocalCache(), src, files) == []
 
 
@@ -164,7 +164,7 @@ def test_one_corrupt_object_is_named_never_cached_and_md5_stays_on(
     [failed] = doc["failed"]
     assert failed["path"] == bad and "corrupt" in failed["reason"], failed
     assert doc["fetched"] == 11
-    assert doc["checks"] == {"md5": 11, "crc32c": 0, "size": 0, "none": 0}
+    assert doc["checks"] == {"md5": 11, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
     assert doc["etags_not_md5"] is False and integrity.marked() == set()
     assert not [r for r in caplog.records if "not MD5s" in r.getMessage()]
     # Every GET of it was corrupted the same way (hedges included), and one
@@ -177,7 +177,7 @@ def test_one_corrupt_object_is_named_never_cached_and_md5_stays_on(
     integrity.forget()
     code, doc = _warm_json(src)
     assert code == 1 and [f["path"] for f in doc["failed"]] == [bad]
-    assert doc["checks"] == {"md5": 0, "crc32c": 0, "size": 0, "none": 0}
+    assert doc["checks"] == {"md5": 0, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
 
 
 def test_verify_checksum_uses_the_recorded_md5_without_reading_the_source(
@@ -366,6 +366,12 @@ def test_counters_written_before_the_check_counts_still_read(tmp_path: Path) -> 
     stats = runstats.read_run(str(tmp_path), "old-run")
     assert (stats.hits, stats.misses, stats.processes) == (3, 1, 1)
     assert (stats.checked_md5, stats.checked_size, stats.mismatches) == (0, 0, 0)
+    # Twelve fields: written before the page CRC count.
+    (folder / "r0-2.counters").write_bytes(struct.pack("<12q", 1, 0, 5, 0, 0, 0, 0, 0,
+                                                       7, 2, 1, 3))
+    stats = runstats.read_run(str(tmp_path), "old-run")
+    assert (stats.hits, stats.processes, stats.checked_md5, stats.checked_crc32c) == (4, 2, 7, 3)
+    assert stats.checked_page_crc == 0
 
 
 def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(

@@ -107,7 +107,7 @@ def test_a_flipped_byte_of_a_blob_without_md5_is_caught_and_its_range_read_again
     report = LocalCache(retries=0, hedge=False).warm(m.volume(), m.entries)
     assert (report.failed, report.fetched) == ([], 2)
     assert (proxied.done["flip"], report.mismatches) == (2, 2)
-    assert report.check_counts() == {"md5": 2, "crc32c": 0, "size": 0, "none": 0}
+    assert report.check_counts() == {"md5": 2, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
     for name, data in files.items():
         key = _key(azurite, prefix, name)
         assert proxied.gets[key] == _ranges(len(data)) + 1, name
@@ -198,7 +198,7 @@ def test_the_fsspec_engine_reads_a_blob_without_md5_in_checked_ranges(
     assert report.engine == "fsspec"
     assert (report.failed, report.fetched) == ([], 2)
     assert (proxied_fsspec.done["flip"], report.mismatches) == (2, 2)
-    assert report.check_counts() == {"md5": 2, "crc32c": 0, "size": 0, "none": 0}
+    assert report.check_counts() == {"md5": 2, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
     for name, data in files.items():
         key = _key(azurite, prefix, name)
         assert proxied_fsspec.gets[key] == _ranges(len(data)) + 1, name
@@ -273,7 +273,7 @@ def test_a_worker_forked_after_obstore_ran_checks_a_blob_without_md5(
     send.close()
     got = receive.recv() if receive.poll(240) else "no answer"
     child.join(30)
-    assert got == ("fsspec", [], 1, {"md5": 1, "crc32c": 0, "size": 0, "none": 0}), got
+    assert got == ("fsspec", [], 1, {"md5": 1, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}), got
     assert proxied.done["flip"] == 1
     local = LocalCache(tmp_path / "child").lookup(m.volume(), m.entries[0])
     assert local is not None and Path(local).read_bytes() == data

@@ -91,7 +91,7 @@ def test_warm_is_byte_identical_and_a_rewarm_copies_nothing(store: Store) -> Non
     report = cache.warm(m.volume(), m.entries)
     assert (report.engine, report.fetched, report.failed) == ("obstore", len(files), [])
     # Every copy was checked against the MD5 the store keeps, none by size only.
-    assert report.check_counts() == {"md5": len(files), "crc32c": 0, "size": 0, "none": 0}
+    assert report.check_counts() == {"md5": len(files), "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
     assert _cached(cache, src) == files
     again = cache.warm(snapshot(src).volume(), snapshot(src).entries)
     assert (again.fetched, again.already_cached) == (0, len(files))
@@ -273,7 +273,7 @@ def test_a_composite_gcs_object_is_checked_by_its_crc32c(gcs: Any, engine: str, 
         cache = LocalCache(retries=3, backoff=0.01)
         report = cache.warm(m.volume(), m.entries)
         assert (report.failed, faults.done["flip"], report.mismatches) == ([], 1, 1)
-        assert report.check_counts() == {"md5": 0, "crc32c": len(files), "size": 0, "none": 0}
+        assert report.check_counts() == {"md5": 0, "crc32c": len(files), "page_crc": 0, "size": 0, "none": 0}
         faults.set("", [])
         assert _cached(cache, src) == files
         # A copy damaged on disk since is found by its recorded CRC32C.

@@ -152,5 +152,5 @@ def test_a_blob_without_content_md5_is_checked_by_the_md5s_of_its_ranges(
     proc = subprocess.run([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["checks"] == {"md5": 1, "crc32c": 0, "size": 0, "none": 0}
+    assert json.loads(proc.stdout)["checks"] == {"md5": 1, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
     assert "size only" not in proc.stdout + proc.stderr

@@ -235,7 +235,8 @@ def test_mlflow_metrics_land_in_a_sqlite_tracking_store(tmp_path) -> None:  # ty
     assert got["names"] == sorted(prefix + n for n in (
         "batch_wait_ms", "epoch_batches", "epoch_batches_per_s", "epoch_cache_evictions",
         "epoch_cache_hit_rate", "epoch_cache_wait_s", "epoch_stall_share",
-        "epoch_checked_md5", "epoch_checked_crc32c", "epoch_checked_size", "epoch_check_mismatches",
+        "epoch_checked_md5", "epoch_checked_crc32c", "epoch_checked_page_crc",
+        "epoch_checked_size", "epoch_check_mismatches",
         "epoch_wait_max_ms", "epoch_wait_p50_ms", "epoch_wait_p95_ms",
         # the exactly-once audit (tests/data/test_resume.py tests it further)
         "epoch_files", "epoch_coverage_ok", "epoch_duplicates", "epoch_gaps"))

@@ -28,6 +28,11 @@ each range of at most :data:`RANGE` for its MD5 and checks the bytes against
 it, every range after the first ``If-Match`` the first one's ETag. A range
 that mismatches is read again from where the copy got, :data:`TRIES` reads
 at most, as on the object-store engine.
+
+A table's row-group entries (byte ranges of a blob, however large, and
+whatever MD5 the store keeps of the whole) are read the same way on both
+engines (:func:`read_ranges`): their copies run in a thread on either, so
+the sync client serves them, every GET ``If-Match`` the listed ETag.
 """
 
 from __future__ import annotations
@@ -37,16 +42,18 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from .. import cloudfs
 from ..objstore import deadline
+from ..volumes.engine import RangeChanged
 from . import integrity
 from .inflight import Inflight
 
-__all__ = ["RANGE", "TRIES", "Blobs", "Read", "blobs", "copy_into", "passed", "wanted"]
+__all__ = ["RANGE", "TRIES", "Blobs", "Read", "blobs", "copy_into", "passed", "read_ranges",
+           "wanted"]
 
 RANGE = 4 * 1024 * 1024
 """The largest range Azure returns an MD5 for."""
@@ -253,11 +260,66 @@ def copy_into(bucket: str, key: str, fd: int, inflight: Inflight | None = None,
             copy (412), or any other error of the store (one line, as
             :func:`_oserror` maps them).
     """
+    whole = integrity.hasher("md5")
+
+    def put(pos: int, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while view:
+            written = os.pwrite(fd, view, pos)
+            view, pos = view[written:], pos + written
+        whole.update(chunk)
+
+    size, etag, modified = _download(_container(bucket, limit), key, 0, None, "", put, inflight)
+    return Read(size, etag, modified, whole.hexdigest())
+
+
+def read_ranges(bucket: str, key: str, ranges: Sequence[tuple[int, int]], etag: str,
+                inflight: Inflight | None = None, limit: float | None = None) -> list[bytes]:
+    """The bytes of each (offset, length) range of blob ``key`` of
+    ``bucket`` (a table's row group: its column chunks, however large), each
+    read as GETs of at most :data:`RANGE` whose bytes are checked against the
+    MD5 Azure gives of them, as :func:`copy_into` reads a whole blob: a piece
+    that mismatches is read again, :data:`TRIES` reads in a row at most.
+    ``etag``: the listed ETag (unquoted; '' for none), which every GET must
+    match.
+
+    Raises:
+        integrity.Mismatch: a piece mismatched on :data:`TRIES` reads in a row.
+        RangeChanged: the blob is no longer the listed one (412).
+        Stopped: ``inflight`` stopped.
+        OSError: a piece came without its MD5, or any other error of the store.
+    """
+    container = _container(bucket, limit)
+    out = []
+    for offset, length in ranges:
+        got = bytearray(length)
+
+        def put(pos: int, chunk: bytes, got: bytearray = got, offset: int = offset) -> None:
+            got[pos - offset:pos - offset + len(chunk)] = chunk
+
+        if length:
+            _download(container, key, offset, offset + length, etag, put, inflight)
+        out.append(bytes(got))
+    return out
+
+
+def _download(container: Any, key: str, start: int, end: int | None, etag: str,
+              put: Callable[[int, bytes], None], inflight: Inflight | None
+              ) -> tuple[int, str, datetime | None]:
+    """Bytes ``start`` to ``end`` (None: the blob's end) of blob ``key``,
+    each handed to ``put(offset, chunk)`` once checked against the MD5 Azure
+    gives of its piece (the SDK's ``validate_content``, pieces of at most
+    :data:`RANGE`); every GET ``If-Match`` ``etag``, or, when '', the ETag
+    the first GET found. A piece that mismatches is read again from the
+    first byte not yet taken, :data:`TRIES` reads in a row at most. Returns
+    the blob's size (``end`` for a range), ETag (unquoted) and last-modified
+    time (None for a range).
+
+    Raises:
+        integrity.Mismatch, RangeChanged, Stopped, OSError: as :func:`read_ranges`.
+    """
     from azure.core import MatchConditions
     from azure.core.exceptions import AzureError
-
-    container = _container(bucket, limit)
-    whole = integrity.hasher("md5")
 
     def heard(response: Any) -> None:
         # The SDK checks a range only when the response carries its MD5:
@@ -267,40 +329,42 @@ def copy_into(bucket: str, key: str, fd: int, inflight: Inflight | None = None,
             raise OSError(f"Azure sent no MD5 of the bytes {http.headers.get('content-range')} "
                           "(x-ms-range-get-content-md5)")
 
-    pos, size, misses = 0, -1, 0
-    etag, modified = "", None
+    pos, size, misses = start, -1 if end is None else end, 0
+    etag = f'"{etag.strip(chr(34))}"' if etag else ""
+    modified = None
     while pos < size or size < 0:
         if inflight is not None:
             inflight.check()
         conditions: dict[str, Any] = {} if not etag else \
             {"etag": etag, "match_condition": MatchConditions.IfNotModified}
         try:
-            # The first GET names the blob's size and ETag; after a
-            # mismatch, the copy goes on from its first unwritten byte.
-            got = container.download_blob(key, offset=pos or None, validate_content=True,
-                                          raw_response_hook=heard, **conditions)
+            # A whole blob's first GET names its size and ETag; after a
+            # mismatch, the read goes on from its first byte not taken.
+            got = container.download_blob(
+                key, offset=pos if pos or end is not None else None,
+                length=None if end is None else end - pos, validate_content=True,
+                raw_response_hook=heard, **conditions)
             if size < 0:
                 size, etag, modified = got.size, got.properties.etag, got.properties.last_modified
             for chunk in got.chunks():
-                view = memoryview(chunk)
-                while view:
-                    written = os.pwrite(fd, view, pos)
-                    view, pos = view[written:], pos + written
-                whole.update(chunk)
+                put(pos, chunk)
+                pos += len(chunk)
                 misses = 0
                 if inflight is not None:
                     inflight.check()
         except AzureError as exc:
             mismatch = _MISMATCH.search(str(exc))
             if mismatch is None:
+                if end is not None and getattr(exc, "status_code", None) == 412:
+                    raise RangeChanged(f"{key} changed since it was listed") from None
                 raise _oserror(exc, key) from exc
-            # A transfer error (or a bad replica): this range again, not the file.
+            # A transfer error (or a bad replica): this piece again, not the whole.
             integrity.TALLY.add("mismatches")
             misses += 1
             if misses == TRIES:
                 raise integrity.Mismatch(key, "md5", cloudfs.hex_of(mismatch.group(1)),
                                          cloudfs.hex_of(mismatch.group(2))) from None
-    return Read(size, str(etag or "").strip('"'), modified, whole.hexdigest())
+    return size, str(etag or "").strip('"'), modified
 
 
 def _close_all(loop: Any) -> None:

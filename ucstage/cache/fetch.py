@@ -49,9 +49,9 @@ from .. import cloudfs, objstore
 from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
 from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, engine, is_range_path, safe_relpath, version_of
-from ..volumes.engine import HASH_KEYS, read_ranges
+from ..volumes.engine import HASH_KEYS, cut_ranges, merge_ranges, read_ranges
 from ..volumes.entry import uncacheable
-from . import azranges, checksums, integrity, mounts, paths
+from . import azranges, checksums, integrity, mounts, pagecrc, paths
 from .inflight import Inflight, Stopped
 from .locks import FileLock
 from .objget import FetchContext, Requests, get_into
@@ -674,14 +674,24 @@ def copy_to(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied
 
 
 def copy_ranges(volume: Volume, entry: RangeEntry, dst: int, ctx: FetchContext) -> Copied:
-    """Copy the byte ranges of ``entry`` (of its source file) into ``dst``, one
-    after another: ranged reads (ranged GETs on the object-store engine), each
-    checked against the source file's listed version
-    (:func:`ucstage.volumes.engine.read_ranges`).
+    """Copy the byte ranges of ``entry`` (a row group's column chunks of its
+    source file) into ``dst``, one after another: ranged reads (ranged GETs
+    on the object-store engine), each checked against the source file's
+    listed version (:func:`ucstage.volumes.engine.read_ranges`). Every byte
+    is checked where a check exists, before the entry is renamed into place:
+    an Azure blob's ranges against the MD5 Azure gives of each piece of at
+    most 4 MiB (:func:`ucstage.cache.azranges.read_ranges`, on both engines),
+    and every chunk's pages against the CRCs they carry
+    (:func:`ucstage.cache.pagecrc.verified`), a chunk that fails read again.
+    The entry counts as ``md5`` (Azure), ``page_crc`` (every page carried a
+    CRC) or ``size`` (S3 and GCS ranges of a file without page CRCs: the
+    size and the ETag only); a local or mounted file's count as a whole
+    file's does (none), unless its pages carry CRCs.
 
     Raises:
         Stopped: ``ctx.inflight`` stopped.
         InterruptedError: the file changed since it was listed (retried).
+        integrity.Mismatch: a chunk's bytes failed their check on every read.
         OSError: from the source or the local disk.
     """
     if ctx.inflight is not None:
@@ -689,14 +699,33 @@ def copy_ranges(volume: Volume, entry: RangeEntry, dst: int, ctx: FetchContext) 
     if volume.is_local:
         # The folders on the way must stay inside the volume, as for whole files.
         os.close(_open_local(volume, entry.source))
-    try:
-        blobs, seen = read_ranges(volume, entry.source, entry.ranges, version=entry.version,
-                                  deadline=ctx.deadline)
-    except OSError as exc:
-        gone = mounts.lost(volume.root, entry.source, exc) if volume.is_local else None
-        if gone is not None:
-            raise gone from exc
-        raise
+    # One rule for Azure whichever engine runs (a forked worker's fsspec, or
+    # obstore, which cannot ask for a range's MD5: azranges' docstring):
+    # range entries are copied in a thread on both, so the SDK's sync client.
+    azure = _kind(volume) == "az"
+
+    def read(ranges: Sequence[tuple[int, int]]) -> tuple[list[bytes], str]:
+        try:
+            if azure:
+                _, bucket, key = objstore.location(volume, volume.full_path(entry.source))
+                merged = merge_ranges(ranges)
+                got = azranges.read_ranges(bucket, key, merged, cloudfs.marker(entry.version),
+                                           ctx.inflight, ctx.deadline)
+                return cut_ranges(merged, got, ranges), entry.version
+            return read_ranges(volume, entry.source, ranges, version=entry.version,
+                               deadline=ctx.deadline)
+        except OSError as exc:
+            gone = mounts.lost(volume.root, entry.source, exc) if volume.is_local else None
+            if gone is not None:
+                raise gone from exc
+            raise
+
+    blobs, seen = read(entry.ranges)
+    # Reads again only a chunk whose pages fail (a flipped byte in transit).
+    paged = pagecrc.verified(entry.path, blobs, lambda i: read([entry.ranges[i]])[0][0])
+    check = "md5" if azure else pagecrc.CHECK if paged else "" if volume.is_local else "size"
+    if check:
+        integrity.TALLY.add(check)
     size = 0
     for blob in blobs:
         view = memoryview(blob)

@@ -78,8 +78,9 @@ __all__ = [
 
 log = logging.getLogger("ucstage")
 
-CHECKS = ("md5", "crc32c", "size")
-"""What a copy's bytes can be checked against, strongest first."""
+CHECKS = ("md5", "crc32c", "page_crc", "size")
+"""What a copy's bytes can be checked against, strongest first (``page_crc``:
+a row group's pages against the CRCs they carry, :mod:`ucstage.cache.pagecrc`)."""
 _PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 SUM_XATTR = "user.ucstage.sum"
 """The checksum a copy was checked against (``md5:<hex>``), beside its stamp."""
@@ -103,7 +104,7 @@ class Mismatch(OSError):
 class Tally:
     """Checks made by this process's copies, thread-safe."""
 
-    FIELDS = ("md5", "crc32c", "size", "mismatches", "not_md5_sources")
+    FIELDS = ("md5", "crc32c", "size", "mismatches", "not_md5_sources", "page_crc")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from . import integrity
 from .runstats import RunStats
 
 if TYPE_CHECKING:
@@ -109,8 +110,9 @@ class WarmReport:
     """Whether ``jobs`` was tuned (``"auto"``) rather than given."""
     checks: dict[str, int] = field(default_factory=dict)
     """Copies whose bytes passed each check (:data:`ucstage.cache.integrity.CHECKS`):
-    ``md5`` (the ETag, or GCS and Azure's stored MD5), ``crc32c`` (GCS, an
-    object with no MD5), ``size`` only; ``none``: copies the engine did not
+    ``md5`` (the ETag, or GCS and Azure's stored MD5; Azure's MD5 of each
+    range), ``crc32c`` (GCS, an object with no MD5), ``page_crc`` (a row
+    group whose every page carried a CRC32), ``size`` only; ``none``: copies the engine did not
     check (the fsspec engine, local and FUSE sources)."""
     mismatches: int = 0
     """Copies whose bytes differed from the store's checksum: retried, never cached."""
@@ -181,7 +183,7 @@ class WarmReport:
     def check_counts(self) -> dict[str, int]:
         """``checks`` with every kind present, ``none`` being the fetched
         copies no check vouched for."""
-        counts = {name: self.checks.get(name, 0) for name in ("md5", "crc32c", "size")}
+        counts = {name: self.checks.get(name, 0) for name in integrity.CHECKS}
         counts["none"] = max(0, self.fetched - sum(counts.values()))
         return counts
 

@@ -35,13 +35,15 @@ __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run"
 
 KEEP_RUNS = 8
 _FIELDS = ("hits", "misses", "hit_bytes", "miss_bytes", "evictions", "evicted_bytes",
-           "wait_ns", "waits", "checked_md5", "checked_size", "mismatches", "checked_crc32c")
+           "wait_ns", "waits", "checked_md5", "checked_size", "mismatches", "checked_crc32c",
+           "checked_page_crc")
 _RECORD = struct.Struct(f"<{len(_FIELDS)}q")
-_OLD_SIZES = (8 * 8, 11 * 8)
+_OLD_SIZES = (8 * 8, 11 * 8, 12 * 8)
 """Files written by older versions hold the first eight fields (before the
-check counts) or the first eleven (before the CRC32C count)."""
+check counts), the first eleven (before the CRC32C count) or the first
+twelve (before the page CRC count)."""
 _CHECKS = {"checked_md5": "md5", "checked_size": "size", "mismatches": "mismatches",
-           "checked_crc32c": "crc32c"}
+           "checked_crc32c": "crc32c", "checked_page_crc": "page_crc"}
 """Counters taken from this process's integrity tally when written."""
 _job: str | None = None
 
@@ -229,6 +231,8 @@ class RunStats:
     """Copies whose bytes differed from the store's checksum (retried, not cached)."""
     checked_crc32c: int = 0
     """Files copied whose bytes matched the store's CRC32C (GCS composite objects)."""
+    checked_page_crc: int = 0
+    """Row groups copied whose every page matched the CRC32 it carries."""
 
     @property
     def hit_rate(self) -> float | None:
@@ -246,7 +250,8 @@ class RunStats:
                         self.processes, self.checked_md5 - before.checked_md5,
                         self.checked_size - before.checked_size,
                         self.mismatches - before.mismatches,
-                        self.checked_crc32c - before.checked_crc32c)
+                        self.checked_crc32c - before.checked_crc32c,
+                        self.checked_page_crc - before.checked_page_crc)
 
     def to_json(self) -> dict[str, Any]:
         """The ``last_run`` object of docs/json-cache.md#status."""
@@ -289,7 +294,7 @@ def read_run(root: str, run: str, rank: int | None = None) -> RunStats:
     return RunStats(run, v["hits"], v["misses"], v["hit_bytes"], v["miss_bytes"],
                     v["evictions"], v["evicted_bytes"], v["wait_ns"] / 1e9, v["waits"],
                     newest / 1e9, count, v["checked_md5"], v["checked_size"], v["mismatches"],
-                    v["checked_crc32c"])
+                    v["checked_crc32c"], v["checked_page_crc"])
 
 
 def last_run(root: str) -> RunStats | None:

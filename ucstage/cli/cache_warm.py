@@ -295,7 +295,7 @@ def _network_summary(console: Console, report: WarmReport) -> None:
     if counts:
         console.print(f"network: {', '.join(counts)}", markup=False)
     checks = report.check_counts()
-    if checks["size"] and not checks["md5"] and not checks["crc32c"]:
+    if checks["size"] and not checks["md5"] and not checks["crc32c"] and not checks["page_crc"]:
         cloud = cloudfs.parse(report.source)
         why = ("its ETags are not MD5s (SSE-KMS?)" if report.etags_not_md5
                # GCS and Azure give every object's bytes a checksum (Azure's

@@ -224,7 +224,7 @@ def epoch_metrics(dataset: Sharded | None, rank: int,
     files this rank read), ``epoch_cache_wait_s`` (time copies waited for
     room under the cap), ``epoch_cache_evictions``, and the checks the
     copies' bytes got (``epoch_checked_md5``, ``epoch_checked_crc32c``,
-    ``epoch_checked_size``, ``epoch_check_mismatches``)."""
+    ``epoch_checked_page_crc``, ``epoch_checked_size``, ``epoch_check_mismatches``)."""
     after = rank_stats(dataset, rank)
     if after is None or before is None:
         return {}
@@ -237,6 +237,7 @@ def epoch_metrics(dataset: Sharded | None, rank: int,
     # shows as size checks only.
     found.update({"epoch_checked_md5": float(delta.checked_md5),
                   "epoch_checked_crc32c": float(delta.checked_crc32c),
+                  "epoch_checked_page_crc": float(delta.checked_page_crc),
                   "epoch_checked_size": float(delta.checked_size),
                   "epoch_check_mismatches": float(delta.mismatches)})
     return found

@@ -30,6 +30,8 @@ Metric names (``PREFIX`` defaults to ``ucstage``):
                                    the store's MD5 (the ETag)
 ``PREFIX/epoch_checked_crc32c``    files copied whose bytes matched the
                                    store's CRC32C (GCS composite objects)
+``PREFIX/epoch_checked_page_crc``  row groups copied whose every page matched
+                                   the CRC32 it carries (no store checksum)
 ``PREFIX/epoch_checked_size``      files copied checked by size only (the
                                    store gave no usable checksum)
 ``PREFIX/epoch_check_mismatches``  copies whose bytes differed from the

@@ -36,8 +36,8 @@ from .walk import Walk, walk_fsspec, walk_local, walks_by_ls
 
 T = TypeVar("T")
 
-__all__ = ["FSSPEC", "HASH_KEYS", "LOCAL", "OBSTORE", "Engine", "RangeChanged", "merge_ranges",
-           "of", "read_ranges"]
+__all__ = ["FSSPEC", "HASH_KEYS", "LOCAL", "OBSTORE", "Engine", "RangeChanged", "cut_ranges",
+           "merge_ranges", "of", "read_ranges"]
 
 HASH_KEYS = ("ETag", "etag", "md5Hash", "md5", "crc32c")
 """Keys of an fsspec ``info`` that hold a content hash: only a hash compares
@@ -223,8 +223,10 @@ def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def _cut(merged: list[tuple[int, int]], blobs: list[bytes],
-         ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+def cut_ranges(merged: list[tuple[int, int]], blobs: list[bytes],
+               ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The bytes of each of ``ranges`` out of ``blobs``, the bytes of the
+    ``merged`` ranges (:func:`merge_ranges`) that hold them."""
     out = []
     for off, n in ranges:
         for (m_off, m_n), blob in zip(merged, blobs, strict=True):
@@ -246,4 +248,4 @@ def read_ranges(volume: Volume, relpath: str, ranges: Sequence[tuple[int, int]],
     """
     merged = merge_ranges(ranges)
     blobs, seen = of(volume).ranges(volume, relpath, merged, version, deadline)
-    return _cut(merged, blobs, ranges), seen
+    return cut_ranges(merged, blobs, ranges), seen

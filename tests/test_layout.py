@@ -117,7 +117,7 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
         "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
         "ucstage.resume", "ucstage.objstore", "ucstage.cloudfs", "ucstage.aside",
-        "ucstage.params", "ucstage.shutdown", "ucstage.shown"}
+        "ucstage.params", "ucstage.shutdown", "ucstage.shown", "ucstage.thrift"}
 
 
 @pytest.mark.parametrize("name", sorted(CORE))

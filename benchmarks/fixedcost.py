@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,13 +34,11 @@ from typing import Any
 from benchmarks.report import Report, json_argument, params_of
 from benchmarks.timing import CommandFailed, run_command
 from benchmarks.volumes import (
-    DELAY_PROXY,
     RcloneS3,
     bytecode_env,
-    free_port,
+    delayed,
     s3_env,
     size_spec,
-    wait_port,
     write_objects,
 )
 
@@ -138,38 +135,31 @@ def main(argv: list[str] | None = None) -> int:
     fills = args.fill or ["3000x16K", "300x16K"]
     work = tempfile.mkdtemp(prefix="ucstage-bench-fixedcost-")
     server: RcloneS3 | None = None
-    proxy: subprocess.Popen[bytes] | None = None
     rows: list[dict[str, Any]] = []
     try:
         server = RcloneS3(work)
         sets = fill(server, fills)
-        port = free_port()
         mark = os.path.join(work, "first-get")
-        proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(port), "127.0.0.1",
-                                  str(server.port), str(args.delay_ms / 2), mark])
-        wait_port(port)
-        env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
-        caches = {url: tempfile.mkdtemp(prefix="cached-", dir=work) if args.cached else ""
-                  for _, url, _ in sets}
-        for _spec, url, count in sets:  # untimed: bytecode, the server's page cache
-            if args.cached:  # fills the cache the timed runs find full
-                run_command([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
-                            env={**env, "UCSTAGE_CACHE_DIR": caches[url]})
-            warm_once(url, count, env, work, mark, caches[url])
-        for run in range(args.runs):
-            for spec, url, count in sets if run % 2 == 0 else reversed(sets):
-                found = warm_once(url, count, env, work, mark, caches[url])
-                rows.append({"name": f"{spec} run {run + 1}", "set": spec, "run": run + 1,
-                             **found})
-                first = found["first_get_s"]
-                print(f"{spec} run {run + 1}: {found['wall_s']:.2f} s, fixed "
-                      f"{found['fixed_s']:.3f} s, first GET "
-                      f"{'-' if first is None else f'{first:.3f}'} s, CPU {found['cpu_s']:.2f} s",
-                      file=sys.stderr, flush=True)
+        with delayed(server.port, args.delay_ms, mark) as port:
+            env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
+            caches = {url: tempfile.mkdtemp(prefix="cached-", dir=work) if args.cached else ""
+                      for _, url, _ in sets}
+            for _spec, url, count in sets:  # untimed: bytecode, the server's page cache
+                if args.cached:  # fills the cache the timed runs find full
+                    run_command([sys.executable, "-m", "ucstage", "cache", "warm", url, "--json"],
+                                env={**env, "UCSTAGE_CACHE_DIR": caches[url]})
+                warm_once(url, count, env, work, mark, caches[url])
+            for run in range(args.runs):
+                for spec, url, count in sets if run % 2 == 0 else reversed(sets):
+                    found = warm_once(url, count, env, work, mark, caches[url])
+                    rows.append({"name": f"{spec} run {run + 1}", "set": spec, "run": run + 1,
+                                 **found})
+                    first = found["first_get_s"]
+                    print(f"{spec} run {run + 1}: {found['wall_s']:.2f} s, fixed "
+                          f"{found['fixed_s']:.3f} s, first GET "
+                          f"{'-' if first is None else f'{first:.3f}'} s, CPU {found['cpu_s']:.2f} s",
+                          file=sys.stderr, flush=True)
     finally:
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -69,14 +69,12 @@ from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.timing import run_command
 from benchmarks.volumes import (
-    DELAY_PROXY,
     Moto,
     RcloneS3,
     bytecode_env,
-    free_port,
+    delayed,
     s3_env,
     size_spec,
-    wait_port,
     with_this_checkout,
     write_objects,
 )
@@ -366,31 +364,24 @@ def ranged_store(args: argparse.Namespace, ctx: dict[str, Any]) -> Iterator[None
         yield
         return
     server = Moto(ctx["work"])
-    proxy = None
     saved = {k: os.environ.get(k) for k in ctx["env"] if k.startswith("AWS_")}
     try:
-        port = free_port()
-        proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(port),
-                                  "127.0.0.1", str(server.port), str(args.delay_ms / 2)])
-        wait_port(port)
-        print("copying the sources into moto ...", file=sys.stderr, flush=True)
-        if "pack" in args.parts:
-            ctx["ranged_loose"] = server.upload(ctx["loose_folder"], "bench", "loose")
-        if "resume" in args.parts:
-            ctx["jsonl"] = server.upload(ctx["jsonl_folder"], "bench", "jsonl")
-        ctx["env"] = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), ctx["work"])
-        ctx["child_env"] = with_this_checkout(ctx["env"])
-        os.environ.update({k: v for k, v in ctx["env"].items() if k.startswith("AWS_")})
-        yield
+        with delayed(server.port, args.delay_ms) as port:
+            print("copying the sources into moto ...", file=sys.stderr, flush=True)
+            if "pack" in args.parts:
+                ctx["ranged_loose"] = server.upload(ctx["loose_folder"], "bench", "loose")
+            if "resume" in args.parts:
+                ctx["jsonl"] = server.upload(ctx["jsonl_folder"], "bench", "jsonl")
+            ctx["env"] = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), ctx["work"])
+            ctx["child_env"] = with_this_checkout(ctx["env"])
+            os.environ.update({k: v for k, v in ctx["env"].items() if k.startswith("AWS_")})
+            yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
         server.stop()
 
 
@@ -526,32 +517,25 @@ def main(argv: list[str] | None = None) -> int:
     count, size = size_spec(f"{args.files}x{args.size}")
     work = tempfile.mkdtemp(prefix="ucstage-bench-shards-")
     server: RcloneS3 | None = None
-    proxy: subprocess.Popen[bytes] | None = None
     rows: list[dict[str, Any]] = []
     try:
         server = RcloneS3(work)
-        port = free_port()
-        proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(port),
-                                  "127.0.0.1", str(server.port), str(args.delay_ms / 2)])
-        wait_port(port)
-        env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
-        ctx: dict[str, Any] = {"work": work, "files": count, "size": size, "env": env,
-                               "child_env": with_this_checkout(env),
-                               "shards": -(-count // args.samples_per_shard)}
-        set_up(server, args, ctx)
-        os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
-        if "epoch1" in args.parts:
-            rows += run_epoch1(args, ctx)
-        if {"resume", "pack"} & set(args.parts):
-            with ranged_store(args, ctx):
-                if "resume" in args.parts:
-                    rows += run_resume(args, ctx)
-                if "pack" in args.parts:
-                    rows += run_pack(args, ctx)
+        with delayed(server.port, args.delay_ms) as port:
+            env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
+            ctx: dict[str, Any] = {"work": work, "files": count, "size": size, "env": env,
+                                   "child_env": with_this_checkout(env),
+                                   "shards": -(-count // args.samples_per_shard)}
+            set_up(server, args, ctx)
+            os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+            if "epoch1" in args.parts:
+                rows += run_epoch1(args, ctx)
+            if {"resume", "pack"} & set(args.parts):
+                with ranged_store(args, ctx):
+                    if "resume" in args.parts:
+                        rows += run_resume(args, ctx)
+                    if "pack" in args.parts:
+                        rows += run_pack(args, ctx)
     finally:
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)

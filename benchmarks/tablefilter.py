@@ -62,12 +62,10 @@ from typing import Any
 from benchmarks.pairs import order, pairs_argument
 from benchmarks.report import Report, benchmark_name, json_argument, params_of
 from benchmarks.volumes import (
-    DELAY_PROXY,
     Moto,
     bytecode_env,
-    free_port,
+    delayed,
     s3_env,
-    wait_port,
     with_this_checkout,
 )
 
@@ -342,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--share must be in (0, 1], got {args.share}")
     work = tempfile.mkdtemp(prefix="ucstage-bench-tablefilter-")
     server: Moto | None = None
-    proxy: subprocess.Popen[bytes] | None = None
     rows: list[dict[str, Any]] = []
     try:
         import deltalake
@@ -361,20 +358,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{table_bytes / 2**20:,.1f} MiB written and copied to moto in "
               f"{time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
         counter = os.path.join(work, "proxy.count")
-        port = free_port()
-        proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(port),
-                                  "127.0.0.1", str(server.port), str(args.delay_ms / 2)],
-                                 env={**os.environ, "DELAY_PROXY_COUNT": counter})
-        wait_port(port)
-        env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
-        ctx: dict[str, Any] = {"work": work, "url": url, "lo": lo, "hi": hi, "want": want,
-                               "rows": args.rows, "table_bytes": table_bytes,
-                               "counter": counter, "child_env": with_this_checkout(env)}
-        rows = run_rounds(args, ctx)
+        with delayed(server.port, args.delay_ms,
+                     env={**os.environ, "DELAY_PROXY_COUNT": counter}) as port:
+            env = bytecode_env(s3_env(f"http://127.0.0.1:{port}"), work)
+            ctx: dict[str, Any] = {"work": work, "url": url, "lo": lo, "hi": hi, "want": want,
+                                   "rows": args.rows, "table_bytes": table_bytes,
+                                   "counter": counter, "child_env": with_this_checkout(env)}
+            rows = run_rounds(args, ctx)
     finally:
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -57,6 +57,23 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
             time.sleep(0.05)
 
 
+@contextmanager
+def delayed(port: int, delay_ms: float, *extra: str,
+            env: dict[str, str] | None = None) -> Iterator[int]:
+    """``scripts/delay_proxy.py`` in front of 127.0.0.1:``port`` at ``delay_ms``
+    round trip (half each way; ``extra``: its further arguments), listening;
+    yields its port, stops it after."""
+    listen = free_port()
+    proxy = subprocess.Popen([sys.executable, DELAY_PROXY, "127.0.0.1", str(listen),
+                              "127.0.0.1", str(port), str(delay_ms / 2), *extra], env=env)
+    try:
+        wait_port(listen)
+        yield listen
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+
+
 def remote_env(name: str) -> str:
     """A variable scripts/remote-volume.sh sets; exit with a hint when missing."""
     value = os.environ.get(name)

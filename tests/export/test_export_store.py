@@ -38,6 +38,7 @@ from ucstage.errors import CacheFull
 from ucstage.export import export_table, read_record
 from ucstage.progress import Callback
 from ucstage.volumes import resolve
+from ucstage.volumes.entry import PART_SUFFIX
 
 pytestmark = pytest.mark.spark
 
@@ -172,3 +173,45 @@ def test_a_log_naming_a_file_outside_the_table_is_refused_by_the_cli_before_any_
     assert lines[1].startswith("hint: nothing was read")
     assert data_keys(fault_proxy) == []
     assert not os.path.exists(dest) and beside_dest(dest) == []
+
+
+def test_ctrl_c_while_fetching_stops_the_fetch_and_writes_nothing(
+        fault_proxy: Faults, moto: Any, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m ucstage export`` as a user runs it, its data files' GETs
+    stalled by the proxy (which holds them 30 s unless the client drops them)."""
+    import signal
+    import time
+
+    from tests.common.spark import export_process, server_folders
+
+    place = Place("s3", moto.filesystem(), "ucstage-test")
+    table = stored(place, tmp_path)
+    where = table.url[len("s3://"):]
+    data = [p for p in place.fs.find(where) if p.endswith(".parquet") and "/_delta_log/" not in p]
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(cache))
+    fault_proxy.set("stall", data, attempts=100)
+    dest, tmpdir = str(tmp_path / "out"), str(tmp_path / "tmp")
+    proc = export_process(table.url, dest, tmpdir)
+    try:
+        deadline = time.monotonic() + 120
+        while not fault_proxy.stalled_now and proc.poll() is None and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert fault_proxy.stalled_now, "no data file's GET was under way"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "export: fetching the table's" in err  # off a terminal, the step is a line
+    assert f"stopped: nothing was written: {dest} is as it was" in err, err
+    assert err.rstrip().endswith("interrupted")
+    assert fault_proxy.dropped() >= 1  # the stalled copies were given up, not waited for
+    assert not os.path.exists(dest) and beside_dest(dest) == []
+    assert server_folders(tmpdir) == []  # Spark never started
+    # No temp file of a copy in flight is left.
+    assert [n for _, _, fs in os.walk(cache) for n in fs if n.endswith(PART_SUFFIX)] == []

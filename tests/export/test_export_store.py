@@ -117,14 +117,21 @@ def test_a_table_on_s3_exports_the_rows_deltalake_reads_and_a_rerun_fetches_noth
 def test_a_table_on_gcs_and_azure_exports_the_rows_deltalake_reads(
         kind: str, spark_session: Any, tmp_path: Path, request: pytest.FixtureRequest,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Azure table is named by a /Volumes path that $UCSTAGE_VOLUMES_ROOT maps there."""
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
-    table = stored(_place(kind, request), tmp_path)
+    place = _place(kind, request)
+    table = stored(place, tmp_path)
     want = by_id(deltalake_rows(table.url))
+    name = table.url
+    if kind == "az":
+        monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", f"az://{place.bucket}")
+        name = "/Volumes/" + table.url.rsplit("/", 1)[1]
     dest = str(tmp_path / "out")
-    export_table(table.url, dest, cache=LocalCache(str(tmp_path / "cache")))
+    export_table(name, dest, cache=LocalCache(str(tmp_path / "cache")))
     assert by_id(exported_table(dest).to_pylist()) == want
     record = read_record(dest)
     assert record is not None and record.row_count == len(want) == ROWS - DELETED
+    assert (record.table, record.source_location) == (name, resolve(table.url).url)
 
 
 def test_a_cap_too_small_is_refused_before_spark_and_before_any_fetch(
@@ -215,3 +222,19 @@ def test_ctrl_c_while_fetching_stops_the_fetch_and_writes_nothing(
     assert server_folders(tmpdir) == []  # Spark never started
     # No temp file of a copy in flight is left.
     assert [n for _, _, fs in os.walk(cache) for n in fs if n.endswith(PART_SUFFIX)] == []
+
+
+def test_a_store_folder_without_a_delta_log_is_not_found_before_spark(
+        moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
+    monkeypatch.setenv("UCSTAGE_CACHE_DIR", str(tmp_path / "cache"))
+    from ucstage.errors import TableNotFound
+
+    fs = moto.filesystem()
+    key = unique("plain")
+    fs.pipe_file(f"ucstage-test/{key}/part-0.parquet", b"PAR1 not read")
+    url = f"s3://ucstage-test/{key}"
+    dest = str(tmp_path / "out")
+    with pytest.raises(TableNotFound, match=rf"table {url} not found: no Delta log at {url}"):
+        export_table(url, dest, remote=f"sc://127.0.0.1:{free_port()}")
+    assert not os.path.exists(dest) and not os.path.exists(tmp_path / "cache")  # no cache made

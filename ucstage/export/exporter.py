@@ -59,6 +59,7 @@ from ..cache import LocalCache
 from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..tables.delta import TableState, table_state
+from ..tables.logpaths import shown
 from ..tables.names import (
     WAREHOUSE_ENV,
     TableName,
@@ -70,7 +71,8 @@ from ..tables.names import (
 from ..tables.record import ExportRecord
 from ..tables.resolve import StoreDelta, open_store_delta
 from ..tables.storedelta import has_log
-from ..volumes import is_volumes_path, resolve
+from ..volumes import resolve
+from ..volumes.location import is_mapped
 from .deltaread import delta_dataframe, quote
 from .dest import (
     check_dest_writable,
@@ -114,13 +116,14 @@ def _on_store(table: str) -> StoreDelta | None:
     """The Delta table at an object-store URL, or at a ``/Volumes`` path
     mapped to one, resolved (log, listing, confinement; nothing fetched);
     None for a local or mounted path."""
-    if table.startswith("file://") or ("://" not in table and not is_volumes_path(table)):
+    if table.startswith("file://") or not is_mapped(table):
         return None
-    volume = resolve(table, must_exist=False)
-    if volume.is_local:
+    if resolve(table, must_exist=False).is_local:  # a /Volumes path mapped to a folder
         return None
+    volume = resolve(table)  # SourceNotFound, SourceUnreadable (credentials) by name
     if not has_log(volume):
-        raise TableNotFound(f"table {table} not found: no Delta log at {volume.url}",
+        raise TableNotFound(f"table {shown(table)} not found: no Delta log at "
+                            f"{shown(volume.url)}",
                             hint="check the path: a Delta table's folder holds _delta_log")
     return open_store_delta(volume, table.rstrip("/"))
 

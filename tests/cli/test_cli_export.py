@@ -406,6 +406,38 @@ def test_status_on_a_terminal_draws_a_spinner_not_lines() -> None:
     assert "export: writing" not in console.file.getvalue()
 
 
+def test_status_shows_the_files_and_bytes_a_fetch_has_done() -> None:
+    """Fetching a table on an object store into the cache: a step with a size."""
+    import io
+
+    from rich.console import Console
+
+    from ucstage.cli.export import _Status
+
+    console, clock = _log_console(), _Clock()
+    status = _Status(console, interval=3600, clock=clock)
+    status.set_description("fetching the table's 4 live files (4.0 KiB) into the cache")
+    status.set_size(4096, items=4)
+    status.relative_update(1024)
+    status.item_done("a.parquet", "fetched")
+    clock.now += 5
+    assert status.line() == ("export: fetching the table's 4 live files (4.0 KiB) into the "
+                             "cache: 1/4 files, 1.0 KiB/4.0 KiB (25%): running for 0:00:05")
+    status.set_description("writing 80 rows")  # a new step has no size
+    assert status.line() == ("export: writing 80 rows: running for 0:00:00 (0:00:05 since "
+                             "the export began)")
+    status.close()
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
+    spinner = _Status(terminal, interval=3600)
+    spinner.set_description("fetching")
+    spinner.set_size(2048, items=2)
+    spinner.relative_update(2048)
+    spinner.item_done("a.parquet", "cached")
+    assert spinner._status is not None
+    assert str(spinner._status.renderable.text) == "fetching: 1/2 files, 2.0 KiB/2.0 KiB (100%)"
+    spinner.close()
+
+
 def test_a_catalog_name_no_server_could_hold_is_refused_before_spark_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Issue 30 item 6: `export main.ml.nope` without UCSTAGE_WAREHOUSE started
     Spark for 26 s before saying "not found". A fresh process: no embedded

@@ -40,6 +40,8 @@ class _Status(Callback):
     step is over) removes it. Off a terminal (a log), a line when a step
     starts, then every ``interval`` seconds one that says how long it has
     run, as ``rclone --stats`` does, so a long export's log shows it is alive.
+    A step with a size (fetching a table on an object store into the cache)
+    also shows the files and bytes done.
     """
 
     def __init__(self, console: Console, *, interval: float = INTERVAL,
@@ -49,6 +51,10 @@ class _Status(Callback):
         self.interval = interval
         self.clock = clock
         self.step = ""
+        self.size: int | None = None
+        self.items: int | None = None
+        self.done = 0
+        self.files_done = 0
         self.started = clock()
         self._step_started = self.started
         self._status: Any = None
@@ -61,6 +67,8 @@ class _Status(Callback):
             if text == self.step:
                 return
             self.step, self._step_started = text, self.clock()
+            self.size = self.items = None
+            self.done = self.files_done = 0
             # Printed under the lock: no periodic line of this step comes first.
             if text and not self.terminal:
                 self.console.print(f"export: {text}", markup=False, highlight=False)
@@ -71,6 +79,36 @@ class _Status(Callback):
             self._thread = threading.Thread(target=self._loop, name="ucstage-export-status",
                                             daemon=True)
             self._thread.start()
+
+    def set_size(self, size: int, items: int | None = None) -> None:
+        with self._lock:
+            self.size, self.items, self.done, self.files_done = size, items, 0, 0
+        self._counts_changed()
+
+    def relative_update(self, inc: int = 1) -> None:
+        with self._lock:
+            self.done += inc
+        self._counts_changed()
+
+    def item_done(self, name: str, status: str, error: str = "") -> None:
+        with self._lock:
+            self.files_done += 1
+        self._counts_changed()
+
+    def _counts(self) -> str:
+        """``: 3/40 files, 1.2 MiB/5.0 MiB (24%)``, or '' for a step without a size."""
+        if self.size is None:
+            return ""
+        files = f"{self.files_done:,}/{self.items:,} files, " if self.items is not None else ""
+        pct = f" ({100 * self.done // self.size}%)" if self.size else ""
+        return f": {files}{format_bytes(self.done)}/{format_bytes(self.size)}{pct}"
+
+    def _counts_changed(self) -> None:
+        if self.terminal:
+            with self._lock:
+                text = self.step + self._counts() if self.step else ""
+            if text and self._status is not None:
+                self._status.update(text)
 
     def _spin(self, text: str) -> None:
         if not text:
@@ -93,7 +131,8 @@ class _Status(Callback):
             return None
         now = self.clock()
         # One clock; the export's total only once an earlier step makes it differ.
-        line = f"export: {self.step}: running for {_clock(now - self._step_started)}"
+        line = (f"export: {self.step}{self._counts()}: running for "
+                f"{_clock(now - self._step_started)}")
         if _clock(self._step_started - self.started) != _clock(0):
             line += f" ({_clock(now - self.started)} since the export began)"
         return line
@@ -262,7 +301,10 @@ def command(
     """Export a Delta table to Parquet files in DEST, atomically, and only when it changed.
 
     TABLE is catalog.schema.table (quote odd parts in backticks) or a Delta table
-    path. Names resolve through $UCSTAGE_WAREHOUSE/<catalog>/<schema>/<table>
+    path: a local or mounted folder, or s3://, gs://, az://, abfss:// (or a
+    /Volumes path mapped there), whose live files are first fetched into the
+    local cache and held there while Spark reads them (the disk needs about
+    the table's live size; $UCSTAGE_CACHE_MAX_BYTES must fit it). Names resolve through $UCSTAGE_WAREHOUSE/<catalog>/<schema>/<table>
     when that is set, else through the Spark server's catalog. DEST is a
     /Volumes/... path (mapped through $UCSTAGE_VOLUMES_ROOT) or a local folder.
 
@@ -295,6 +337,11 @@ def command(
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     # ...and warns when its bounded retries run out; the error line says that.
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+    # A table on an object store is read through obstore in this process,
+    # which forks no DataLoader workers: no child per metadata call (as `cache warm`).
+    from .. import objstore
+
+    objstore.run_here()
     status = _Status(err)
     try:
         result = export_table(

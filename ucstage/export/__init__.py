@@ -2,7 +2,8 @@
 
 ``table`` holds :func:`export_table` and :func:`read_table` (source, Spark
 dataframe, the steps in order); ``deltaread`` a Delta table state as
-Spark's DataFrame of its live rows; ``dest`` the destination (checks, lock,
+Spark's DataFrame of its live rows; ``staging`` a table on an object store
+copied into the cache and held there while Spark reads it; ``dest`` the destination (checks, lock,
 staging, verification, the swap); ``record`` the result type; ``options``
 the output options; ``spark`` finds or starts a Spark Connect server. The
 export record ``DEST/_ucstage_export.json``, table names and Delta states are

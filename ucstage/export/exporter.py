@@ -5,7 +5,9 @@ deletes the previous export before writing the new one, redoes the work on
 every job start and records nothing. :func:`export_table` does the same job as
 follows:
 
-1. **Resolve the source.** A Delta table path, or a name under
+1. **Resolve the source.** A Delta table path (local or mounted; or on
+   ``s3://``, ``gs://``, ``az://``/``abfss://``, also as a ``/Volumes`` path
+   mapped there by ``$UCSTAGE_VOLUMES_ROOT``), or a name under
    ``$UCSTAGE_WAREHOUSE``: delta-rs reads the table's state (version, live
    files, schema, partition values, deletion vectors, live row count) and
    Spark reads exactly those files as plain Parquet, applying the rest
@@ -14,6 +16,9 @@ follows:
    columns under their logical names, deleted rows dropped). Otherwise the name goes to the server's catalog
    (``spark.table``), for servers that read Delta themselves; its version
    comes from ``DESCRIBE HISTORY`` where the server supports it.
+   A table on an object store has its live files copied into ucstage's
+   cache and held there while Spark reads them, after the skip check
+   (:mod:`ucstage.export.staging`): Spark here reads only local paths.
 2. **Skip** when the export record in DEST names the same table, Delta
    version and options and every file it lists is present with its size. No
    Spark session is started for that check on the delta-rs path.
@@ -41,17 +46,20 @@ mounted volume path instead. Paths containing Hadoop glob characters
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from .. import __version__, params
+from ..cache import LocalCache
 from ..errors import ExportError, InvalidArgument, TableNotFound, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..tables.delta import TableState, table_state
+from ..tables.logpaths import shown
 from ..tables.names import (
     WAREHOUSE_ENV,
     TableName,
@@ -61,6 +69,10 @@ from ..tables.names import (
     warehouse_path,
 )
 from ..tables.record import ExportRecord
+from ..tables.resolve import StoreDelta, open_store_delta
+from ..tables.storedelta import has_log
+from ..volumes import resolve
+from ..volumes.location import is_mapped
 from .deltaread import delta_dataframe, quote
 from .dest import (
     check_dest_writable,
@@ -96,12 +108,35 @@ class _Source:
     name: TableName | None
     state: TableState | None = None
     version: int | None = None
+    store: StoreDelta | None = None
+    """A table on an object store: read from its files staged in the cache."""
+
+
+def _on_store(table: str) -> StoreDelta | None:
+    """The Delta table at an object-store URL, or at a ``/Volumes`` path
+    mapped to one, resolved (log, listing, confinement; nothing fetched);
+    None for a local or mounted path."""
+    if table.startswith("file://") or not is_mapped(table):
+        return None
+    if resolve(table, must_exist=False).is_local:  # a /Volumes path mapped to a folder
+        return None
+    volume = resolve(table)  # SourceNotFound, SourceUnreadable (credentials) by name
+    if not has_log(volume):
+        raise TableNotFound(f"table {shown(table)} not found: no Delta log at "
+                            f"{shown(volume.url)}",
+                            hint="check the path: a Delta table's folder holds _delta_log")
+    return open_store_delta(volume, table.rstrip("/"))
 
 
 def _resolve_source(table: str) -> _Source:
     if not table or not table.strip():
         raise InvalidArgument("the table is empty", hint="give catalog.schema.table or a path")
     if is_table_path(table):
+        found = _on_store(table)
+        if found is not None:
+            label = found.store.label
+            return _Source(label, "delta", found.store.volume.url, None, found.state,
+                           found.state.version, found)
         path = local_table_path(table)
         state = table_state(path)
         return _Source(path, "delta", path, None, state, state.version)
@@ -238,6 +273,7 @@ def export_table(
     row_group_rows: int | None = None,
     force: bool = False,
     callback: Callback = NO_PROGRESS,
+    cache: LocalCache | None = None,
 ) -> ExportResult:
     """Export a Delta table to Parquet files in ``dest``, atomically; skip if unchanged.
 
@@ -259,8 +295,14 @@ def export_table(
             :attr:`ExportResult.row_groups` says what the footers hold.
         force: export even when the export record says the table is unchanged.
         callback: told the slow step under way through ``set_description``
-            (starting the server, waiting for the lock, writing, verifying);
-            an empty description when it is over.
+            (starting the server, waiting for the lock, fetching, writing,
+            verifying); an empty description when it is over. While a table on
+            an object store is fetched, also ``set_size``, ``relative_update``
+            and ``item_done``, as :meth:`LocalCache.warm
+            <ucstage.cache.LocalCache.warm>` reports them.
+        cache: where a table on an object store is staged for Spark (default
+            ``LocalCache()``: ``$UCSTAGE_CACHE_DIR``, ``$UCSTAGE_CACHE_MAX_BYTES``);
+            its files must all fit under the cap at once.
 
     Returns:
         An :class:`ExportResult`; ``skipped_unchanged`` says whether anything was written.
@@ -270,6 +312,8 @@ def export_table(
         TableNotFound, UnsupportedTable: the table cannot be read this way.
         SparkUnavailable: no server could be started or reached.
         ExportError: the write or its verification failed; DEST is unchanged.
+        CacheFull, FetchFailed: a table on an object store could not be staged
+            in the cache (checked against the cap before anything is fetched).
     """
     started = time.monotonic()
     # The library speaks Python: a string is one column name, never a comma
@@ -289,20 +333,47 @@ def export_table(
     try:
         with dest_lock(dest_path, callback):
             sweep_leftovers(dest_path)
-            return _export(source, dest_path, options, remote, force, callback, started)
+            return _export(source, dest_path, options, remote, force, callback, started,
+                           cache)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM through the CLI's handler
         if not notes(exc):
             add_note(exc, f"nothing was written: {dest_path} is as it was")
         raise
 
 
+@contextlib.contextmanager
+def _staged(source: _Source, cache: LocalCache | None, callback: Callback) -> Iterator[None]:
+    """While the block runs, a table on an object store is read from its
+    files staged (and held) in the cache: ``source.state`` names them."""
+    if source.store is None:
+        yield
+        return
+    from .staging import staged
+
+    try:
+        with staged(source.store, cache or LocalCache(), callback) as state:
+            callback.set_description("")
+            source.state = state
+            yield
+    finally:
+        source.state = source.store.state
+
+
 def _export(source: _Source, dest_path: str, options: ExportOptions, remote: str | None,
-            force: bool, callback: Callback, started: float) -> ExportResult:
+            force: bool, callback: Callback, started: float,
+            cache: LocalCache | None) -> ExportResult:
+    # The record is checked before anything is fetched: a rerun of an
+    # unchanged table on a store reads its log and listing, no data file.
     if not force and (previous := _unchanged(dest_path, source, options)) is not None:
         return _result(dest_path, previous, True, started, source)
     check_replaceable(dest_path, force)
     check_unlisted(dest_path, force)
+    with _staged(source, cache, callback):
+        return _write_export(source, dest_path, options, remote, force, callback, started)
 
+
+def _write_export(source: _Source, dest_path: str, options: ExportOptions, remote: str | None,
+                  force: bool, callback: Callback, started: float) -> ExportResult:
     spark = get_session(remote, callback=callback)
     staging = staging_path(dest_path, "staging")
     step, published = "reading the table", False
@@ -439,13 +510,14 @@ def read_table(name: str, limit: int | None = None, *, remote: str | None = None
         raise InvalidArgument(f"limit must be 0 or more, got {limit}")
     source = _resolve_source(name)
     _check_findable(source, remote)
-    spark = get_session(remote, callback=callback)
-    try:
-        df = _dataframe(spark, source)
-        if limit is not None:
-            df = df.limit(limit)
-        return df.toArrow()
-    except UcstageError:
-        raise
-    except Exception as exc:
-        raise _spark_failure(exc, "reading the table") from exc
+    with _staged(source, None, callback):
+        spark = get_session(remote, callback=callback)
+        try:
+            df = _dataframe(spark, source)
+            if limit is not None:
+                df = df.limit(limit)
+            return df.toArrow()
+        except UcstageError:
+            raise
+        except Exception as exc:
+            raise _spark_failure(exc, "reading the table") from exc

@@ -34,13 +34,13 @@ from ..manifest.arrays import int_array
 from ..volumes import FileEntry, Volume, list_files, resolve
 from ..volumes.listing import Listing
 from ..volumes.location import Fetch
-from .delta import table_state
+from .delta import TableState, table_state
 from .logpaths import shown
 from .names import WAREHOUSE_ENV, is_table_path, local_table_path, parse_table_name, warehouse_path
 from .record import RECORD_NAME, ExportRecord
 from .storedelta import StoreLog, has_log, inline_vectors
 
-__all__ = ["KINDS", "TableSource", "resolve_table"]
+__all__ = ["KINDS", "StoreDelta", "TableSource", "open_store_delta", "resolve_table"]
 
 KINDS = ("delta", "export", "parquet")
 
@@ -137,16 +137,52 @@ def _indices(rows: list[int]) -> Any:
     return int_array(rows, pa.int64())
 
 
+@dataclass(frozen=True)
+class StoreDelta:
+    """A version of a Delta table on an object store (:mod:`.storedelta`),
+    resolved from its log and its folder's listing alone: every data file
+    and vector confined to the table and every data file listed, none of
+    them read yet."""
+
+    store: StoreLog
+    state: TableState
+    """The version; its ``files`` are URLs, its vectors not inlined yet."""
+    entries: list[FileEntry]
+    """The listed entry of each of ``state.files``, in that order."""
+
+    @property
+    def rel(self) -> list[str]:
+        """Each data file's path in the table, in ``state.files``' order."""
+        return [e.path for e in self.entries]
+
+
+def open_store_delta(volume: Volume, label: str, version: int | None = None) -> StoreDelta:
+    """The Delta table at ``volume`` (on an object store) at ``version``
+    (default the latest), resolved without reading a data file or vector:
+    what :func:`resolve_table` and export fetch through the cache afterwards.
+
+    Raises:
+        TableNotFound, UnreadableDeltaLog, UnsafePath, UnsupportedTable: as
+            :func:`ucstage.tables.delta.table_state`.
+        MissingDataFiles: a live file is not in the folder's listing (vacuumed).
+    """
+    store = StoreLog(volume, label)
+    state = table_state(volume.url, label=label, version=version, store=store)
+    rel = [store.folder.relative(f) for f in state.files]
+    listed = {e.path: e for e in _select(volume, rel, label, store.listing)}
+    return StoreDelta(store, state, [listed[p] for p in rel])
+
+
 def _delta_store(source: str, volume: Volume, version: int | None,
                  fetch: Fetch | None) -> TableSource:
     """A Delta table on an object store (:mod:`.storedelta`)."""
-    store = StoreLog(volume, source)
-    state = table_state(volume.url, label=source, version=version, store=store)
-    rel = [store.folder.relative(f) for f in state.files]
-    entries = _select(volume, rel, source, store.listing)
-    vectors = inline_vectors(store, rel, state.deletion_vectors or [None] * len(rel), fetch)
+    found = open_store_delta(volume, source, version)
+    state, rel = found.state, found.rel
+    vectors = inline_vectors(found.store, rel, state.deletion_vectors or [None] * len(rel),
+                             fetch)
     values = dict(zip(rel, state.partition_values or [{}] * len(rel), strict=True))
     by_path = dict(zip(rel, vectors, strict=True))
+    entries = sorted(found.entries, key=lambda e: e.path)
     return TableSource(source, "delta", volume, entries, state.version, state.arrow_schema,
                        [values[e.path] for e in entries], state.num_records,
                        [by_path[e.path] for e in entries])

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.common.faults import Faults, faulty
+from tests.common.faults import Faults, azurite_behind
 from tests.common.parts import unique
 from ucstage import objstore
 from ucstage.cache import LocalCache, azranges, integrity
@@ -50,24 +50,15 @@ def _ranges(size: int) -> int:
 @pytest.fixture
 def proxied(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching Azurite through the fault proxy."""
-    yield from _proxied(azurite, monkeypatch, "obstore")
+    yield from azurite_behind(azurite, monkeypatch, "obstore")
 
 
 @pytest.fixture
 def proxied_fsspec(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The fsspec engine (a DataLoader worker forked after obstore ran in
     its parent) reaching Azurite through the fault proxy."""
-    yield from _proxied(azurite, monkeypatch, "fsspec")
+    yield from azurite_behind(azurite, monkeypatch, "fsspec")
 
-
-def _proxied(azurite: Any, monkeypatch: pytest.MonkeyPatch, engine: str) -> Iterator[Faults]:
-    monkeypatch.setenv("UCSTAGE_ENGINE", engine)
-    integrity.forget()
-    with faulty(azurite.endpoint) as (url, faults):
-        for k, v in azurite.env(url).items():
-            monkeypatch.setenv(k, v)
-        yield faults
-    integrity.forget()
 
 
 def _blocks(azurite: Any, prefix: str, files: dict[str, bytes]) -> str:

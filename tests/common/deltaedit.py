@@ -99,3 +99,27 @@ def two_commit_table(base: Path) -> EditedTable:
     secret = str(base / "secret" / "x.parquet")
     pq.write_table(ids(1000, 10), secret)
     return EditedTable(root, names, secret)
+
+
+def typed_partition_table(n: int) -> pa.Table:
+    """``n`` rows with a column of every type a Delta partition takes (int,
+    long, date, timestamp, timestamp_ntz, boolean, decimal, string), nulls
+    and characters a path must escape among their values, and an ``id``."""
+    import datetime as dt
+    from decimal import Decimal
+
+    utc = dt.timezone.utc
+    return pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "i": pa.array([i % 3 if i % 5 else None for i in range(n)], pa.int32()),
+        "l": pa.array([(i % 2) * 2**40 for i in range(n)], pa.int64()),
+        "d": pa.array([dt.date(2024, 1, 1 + i % 2) for i in range(n)]),
+        "ts": pa.array([dt.datetime(2024, 5, 1, 12, i % 2, 7, 123456, tzinfo=utc)
+                        for i in range(n)], pa.timestamp("us", tz="UTC")),
+        "ntz": pa.array([dt.datetime(1999, 12, 31, 23, 59, i % 2) for i in range(n)],
+                        pa.timestamp("us")),
+        "b": pa.array([i % 2 == 0 for i in range(n)]),
+        "dec": pa.array([Decimal("1.05") if i % 2 else Decimal("10.50") for i in range(n)],
+                        pa.decimal128(6, 2)),
+        "s": pa.array([["a b/c=d%", None, "é,x"][i % 3] for i in range(n)]),
+    })

@@ -397,6 +397,23 @@ def faulty(endpoint: str) -> Iterator[tuple[str, Faults]]:
         server.server_close()
 
 
+def azurite_behind(azurite: Any, monkeypatch: pytest.MonkeyPatch,
+                   engine: str | None = None) -> Iterator[Faults]:
+    """Azurite behind a fault proxy, its variables set for the test (and
+    ``$UCSTAGE_ENGINE`` when ``engine``); the MD5 evidence forgotten before
+    and after. For a fixture to ``yield from``."""
+    from ucstage.cache import integrity
+
+    if engine is not None:
+        monkeypatch.setenv("UCSTAGE_ENGINE", engine)
+    integrity.forget()
+    with faulty(azurite.endpoint) as (url, faults):
+        for k, v in azurite.env(url).items():
+            monkeypatch.setenv(k, v)
+        yield faults
+    integrity.forget()
+
+
 @pytest.fixture
 def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching moto through the fault proxy (no faults

@@ -8,10 +8,8 @@ typed error at freeze."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from tests.common.deltadv import DvTable, kernel_rows, recheckpoint
+from tests.common.deltaedit import typed_partition_table
 from tests.common.resume import Ranked
 from ucstage import DataLoader, TableDataset
 from ucstage.errors import MissingDataFiles, UnreadableDeltaLog, UnsupportedTable
@@ -82,21 +81,7 @@ def test_typed_partition_columns_read_in_their_declared_types(tmp_path: Path) ->
     from deltalake import DeltaTable, write_deltalake
 
     n = 24
-    utc = dt.timezone.utc
-    t = pa.table({
-        "id": pa.array(range(n), pa.int64()),
-        "i": pa.array([i % 3 if i % 5 else None for i in range(n)], pa.int32()),
-        "l": pa.array([(i % 2) * 2**40 for i in range(n)], pa.int64()),
-        "d": pa.array([dt.date(2024, 1, 1 + i % 2) for i in range(n)]),
-        "ts": pa.array([dt.datetime(2024, 5, 1, 12, i % 2, 7, 123456, tzinfo=utc)
-                        for i in range(n)], pa.timestamp("us", tz="UTC")),
-        "ntz": pa.array([dt.datetime(1999, 12, 31, 23, 59, i % 2) for i in range(n)],
-                        pa.timestamp("us")),
-        "b": pa.array([i % 2 == 0 for i in range(n)]),
-        "dec": pa.array([Decimal("1.05") if i % 2 else Decimal("10.50") for i in range(n)],
-                        pa.decimal128(6, 2)),
-        "s": pa.array([["a b/c=d%", None, "é,x"][i % 3] for i in range(n)]),
-    })
+    t = typed_partition_table(n)
     path = str(tmp_path / "typed")
     parts = ["i", "l", "d", "ts", "ntz", "b", "dec", "s"]
     write_deltalake(path, t.slice(0, 12), partition_by=parts)

@@ -29,7 +29,7 @@ import pytest
 
 from tests.common import faults as faultkit
 from tests.common.deltastore import build, upload
-from tests.common.faults import Faults, faulty
+from tests.common.faults import Faults, azurite_behind
 from tests.common.parts import unique
 from tests.data.test_delta_reader import multiset
 from tests.data.test_delta_stores import deltalake_rows
@@ -83,12 +83,7 @@ def _data_gets(faults: Faults, sizes: dict[str, int]) -> list[tuple[str, int, in
 @pytest.fixture
 def azure_proxy(azurite: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """Azurite behind the fault proxy (no faults until the test sets them)."""
-    integrity.forget()
-    with faulty(azurite.endpoint) as (url, faults):
-        for k, v in azurite.env(url).items():
-            monkeypatch.setenv(k, v)
-        yield faults
-    integrity.forget()
+    yield from azurite_behind(azurite, monkeypatch)
 
 
 @pytest.mark.parametrize("engine", ["obstore", "fsspec"])

@@ -395,3 +395,31 @@ def test_equal_length_counts_live_rows(tmp_path: Path, mode: str) -> None:
         assert set(ids) == set(_live_ids(t))
     audit = loader.audits[-1]
     assert audit.coverage_ok and audit.gaps == audit.expected_gaps and audit.duplicates == 0
+
+
+# -- a Delta table named by its /Volumes path ---------------------------------------
+
+def test_a_delta_table_under_volumes_reads_its_live_files_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table named by its /Volumes path (the platform's FUSE mount, here the
+    mapping to a folder) is read through its log: the files an overwrite
+    removed stay in the folder, and a Parquet-folder read would bring their
+    rows back."""
+    from deltalake import write_deltalake
+
+    root = tmp_path / "vol"
+    folder = root / "main" / "ml" / "tables" / "events"
+    write_deltalake(str(folder), pa.table({"id": pa.array(range(10), pa.int64())}))
+    write_deltalake(str(folder), pa.table({"id": pa.array(range(100, 104), pa.int64())}),
+                    mode="overwrite")
+    monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", str(root))
+    m = row_groups("/Volumes/main/ml/tables/events")
+    assert (m.kind, m.table_version, m.rows) == ("delta", 1, 4)
+    got = [r["id"] for b in TableDataset("/Volumes/main/ml/tables/events",
+                                         cache_dir=str(tmp_path / "c"))
+           for r in b.to_pylist()]
+    assert sorted(got) == [100, 101, 102, 103]
+    old = [r["id"] for b in TableDataset("/Volumes/main/ml/tables/events", version=0,
+                                         cache_dir=str(tmp_path / "c"))
+           for r in b.to_pylist()]
+    assert sorted(old) == list(range(10))

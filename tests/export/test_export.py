@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,10 +34,22 @@ from ucstage.errors import (
 from ucstage.export import export_table, read_record, read_table
 from ucstage.export.options import suggest_files
 from ucstage.progress import NO_PROGRESS, Callback
-from ucstage.tables.names import TableName, is_table_path, parse_table_name
+from ucstage.tables.names import TableName, is_table_path, local_table_path, parse_table_name
 from ucstage.tables.record import RECORD_NAME, ExportRecord
 
 pytestmark = pytest.mark.spark
+
+
+def test_a_volumes_table_path_goes_through_the_mapping(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /Volumes TABLE is exported from where /Volumes lives: the folder
+    $UCSTAGE_VOLUMES_ROOT maps it to, else the literal path (the FUSE mount)."""
+    monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", str(tmp_path))
+    want = str(tmp_path / "main" / "ml" / "t")
+    assert local_table_path("/Volumes/main/ml/t") == want
+    assert local_table_path("dbfs:/Volumes/main/ml/t") == want
+    monkeypatch.delenv("UCSTAGE_VOLUMES_ROOT")
+    assert local_table_path("/Volumes/main/ml/t") == "/Volumes/main/ml/t"
 
 
 # -- no Spark needed ------------------------------------------------------------

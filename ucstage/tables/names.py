@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from ..errors import InvalidArgument
+from ..volumes.location import is_volumes_path, resolve
 
 __all__ = [
     "WAREHOUSE_ENV",
@@ -124,6 +125,12 @@ def local_table_path(table: str) -> str:
     """
     if table.startswith("file://"):
         return os.path.abspath(unquote(urlparse(table).path))
+    if is_volumes_path(table.removeprefix("dbfs:")):
+        # Through $UCSTAGE_VOLUMES_ROOT when it maps /Volumes to a folder (the
+        # literal path otherwise: the platform's FUSE mount).
+        volume = resolve(table, must_exist=False)
+        if volume.is_local:
+            return volume.root
     if "://" in table:
         raise InvalidArgument(
             f"cannot export {table}: Spark here reads only local or mounted paths",

@@ -234,6 +234,11 @@ def resolve_table(source: str | os.PathLike[str], *, version: int | None = None,
     if local is not None and os.path.isdir(os.path.join(local, "_delta_log")):
         return _delta(text, local, text, version)
     volume = resolve(text)
+    if volume.is_local and not volume.file and \
+            os.path.isdir(os.path.join(volume.root, "_delta_log")):
+        # A /Volumes path (the FUSE mount, or mapped to a folder): its Delta log
+        # rules which files are live, or removed files would be read too.
+        return _delta(text, volume.root, text, version)
     if has_log(volume):
         return _delta_store(text, volume, version, fetch)
     if version is not None:

@@ -57,7 +57,7 @@ from .tuning import AUTO
 from .warm import WARM_FEWER, warm_entries
 
 __all__ = ["CACHE_DIR_ENV", "DEFAULT_LEASE_SECONDS", "DEFAULT_WAIT_SECONDS", "MAX_BYTES_ENV",
-           "WARM_FEWER", "LocalCache", "rank_entries"]
+           "WARM_FEWER", "Bound", "LocalCache", "rank_entries"]
 
 CACHE_DIR_ENV = paths.CACHE_DIR_ENV
 MAX_BYTES_ENV = "UCSTAGE_CACHE_MAX_BYTES"
@@ -113,13 +113,11 @@ class LocalCache:
         cache's copies (given, else ``$UCSTAGE_HEDGE``, ``$UCSTAGE_REQUEST_DEADLINE``)."""
         self.space = CacheSpace(self.root)
         """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
-        self._stamps = self.space.stamps
-        self._memo = self._stamps.entries
         self._fetcher = Fetcher(self)
         """The fetch protocol's steps, with this cache's settings."""
-        # The last volume looked up and its namespace prefix: one attribute,
-        # replaced whole, so threads never see half of it.
-        self._last: tuple[Volume, str] | None = None
+        # The last volume bound: one attribute, replaced whole, so threads
+        # never see half of it.
+        self._last: Bound | None = None
 
     # -- layout -----------------------------------------------------------
 
@@ -151,9 +149,7 @@ class LocalCache:
         Handing out a path refreshes its LRU time (and so its lease), unless
         ``touch`` is False (a dataset reader, which holds the file instead).
         """
-        found = self.lookup_rows(volume, (entry.path,), (entry.size,), (entry.version,),
-                                 touch=touch)
-        return found[0] if found else None
+        return self.at(volume).lookup(entry, touch=touch)
 
     def lookup_run(self, volume: Volume, entries: Sequence[FileEntry], *,
                    touch: bool = True) -> list[str]:
@@ -168,63 +164,21 @@ class LocalCache:
             UnsafePath: the first entry's path is unsafe (a later unsafe one
                 ends the run before it).
         """
-        return self.lookup_rows(volume, [e.path for e in entries], [e.size for e in entries],
-                                [e.version for e in entries], touch=touch)
+        return self.at(volume).lookup_run(entries, touch=touch)
 
     def lookup_rows(self, volume: Volume, rels: Sequence[str], sizes: Sequence[int],
                     versions: Sequence[str], *, touch: bool = True) -> list[str]:
         """:meth:`lookup_run` of the entries whose paths, sizes and versions
-        are ``rels``, ``sizes`` and ``versions`` (a manifest's columns: a
-        warm epoch makes no object per entry).
+        are ``rels``, ``sizes`` and ``versions`` (:meth:`Bound.lookup_rows`)."""
+        return self.at(volume).lookup_rows(rels, sizes, versions, touch=touch)
 
-        The one validity rule (docs/design.md, "Validity rule"): a ``stat``
-        of each path against the stamp memo, the stamp read again when the
-        memo does not vouch for the inode and ctime.
-
-        Raises:
-            UnsafePath: the first path is unsafe (a later unsafe one ends
-                the run before it).
-        """
+    def at(self, volume: Volume) -> Bound:
+        """This cache bound to one volume's namespace: what a reader of that
+        volume calls (:class:`Bound`), so the pair never travels apart."""
         last = self._last
-        if last is None or last[0] is not volume:
-            last = self._last = (volume, self.namespace_dir(volume) + "/")
-        prefix, memos, stat, stamps = last[1], self._memo, os.stat, self._stamps
-        now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
-        found: list[str] = []
-        for rel, size, version in zip(rels, sizes, versions, strict=True):
-            local = prefix + rel
-            # A path the memo knows passed this check before (the memo only holds
-            # paths of lookups); others get the cheap screen first, and only
-            # paths that might be unsafe pay for the full check.
-            memo = memos.get(local)
-            if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
-                                 or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
-                if found:
-                    break  # the next run starts with it, and raises
-                safe_relpath(rel)
-            try:
-                st = stat(local)
-            except OSError:
-                break
-            if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
-                stamp: tuple[int, str] | None = memo[2]
-            else:
-                stamp = stamps.stamp(local, st)
-            if stamp is None or stamp[0] != size or stamp[1] != version \
-                    or st.st_size != size:
-                break
-            # An atime in the future is a dataset's consumed mark (cache/policy.py):
-            # handing the file to anyone else turns it back into an LRU file.
-            if touch and not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
-                try:
-                    os.utime(local, ns=(now, st.st_mtime_ns))
-                except OSError:  # evicted between the stat and the touch
-                    break
-                # The touch moved the ctime: remember the new one, or the next
-                # hand-out would read the stamp again.
-                stamps.touched(local, st, stamp)
-            found.append(local)
-        return found
+        if last is None or last.volume is not volume:
+            last = self._last = Bound(self, volume)
+        return last
 
     # -- fetching -----------------------------------------------------------
 
@@ -248,8 +202,7 @@ class LocalCache:
             UnsafePath: the entry points outside the volume or the cache.
             Stopped: ``inflight`` was stopped (a valid cached copy is still returned).
         """
-        return self.lookup(volume, entry) or \
-            self._fetcher.fetch_retrying(volume, entry, inflight)[0]
+        return self.at(volume).fetch(entry, inflight=inflight)
 
     def abandon(self, inflight: Inflight) -> int:
         """Stop ``inflight`` and give up its copies still in flight (blocked in a
@@ -348,6 +301,93 @@ class LocalCache:
         holds, stay; the report says how many bytes that kept.
         """
         return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
+
+
+class Bound:
+    """A :class:`LocalCache` bound to one volume's namespace.
+
+    What a dataset's reader, a warm and an export call: :meth:`lookup`,
+    :meth:`lookup_run`, :meth:`lookup_rows` and :meth:`fetch` take entries of
+    this volume only. Made by :meth:`LocalCache.at`.
+    """
+
+    __slots__ = ("_memo", "_stamps", "cache", "prefix", "volume")
+
+    def __init__(self, cache: LocalCache, volume: Volume) -> None:
+        self.cache = cache
+        self.volume = volume
+        self.prefix = cache.namespace_dir(volume) + "/"
+        """``<root>/<namespace>/``: a cached file's path is this plus its relpath."""
+        self._memo = cache.space.stamps.entries
+        self._stamps = cache.space.stamps
+
+    def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None:
+        """:meth:`LocalCache.lookup` of this volume's ``entry``."""
+        found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,), touch=touch)
+        return found[0] if found else None
+
+    def lookup_run(self, entries: Sequence[FileEntry], *, touch: bool = True) -> list[str]:
+        """:meth:`LocalCache.lookup_run` of this volume's ``entries``."""
+        return self.lookup_rows([e.path for e in entries], [e.size for e in entries],
+                                [e.version for e in entries], touch=touch)
+
+    def lookup_rows(self, rels: Sequence[str], sizes: Sequence[int],
+                    versions: Sequence[str], *, touch: bool = True) -> list[str]:
+        """The cached paths of the leading run of entries whose paths, sizes
+        and versions are ``rels``, ``sizes`` and ``versions`` that are valid
+        (a manifest's columns: a warm epoch makes no object per entry).
+
+        The one validity rule (docs/design.md, "Validity rule"): a ``stat``
+        of each path against the stamp memo, the stamp read again when the
+        memo does not vouch for the inode and ctime.
+
+        Raises:
+            UnsafePath: the first path is unsafe (a later unsafe one ends
+                the run before it).
+        """
+        prefix, memos, stat, stamps = self.prefix, self._memo, os.stat, self._stamps
+        now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
+        found: list[str] = []
+        for rel, size, version in zip(rels, sizes, versions, strict=True):
+            local = prefix + rel
+            # A path the memo knows passed this check before (the memo only holds
+            # paths of lookups); others get the cheap screen first, and only
+            # paths that might be unsafe pay for the full check.
+            memo = memos.get(local)
+            if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
+                                 or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
+                if found:
+                    break  # the next run starts with it, and raises
+                safe_relpath(rel)
+            try:
+                st = stat(local)
+            except OSError:
+                break
+            if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
+                stamp: tuple[int, str] | None = memo[2]
+            else:
+                stamp = stamps.stamp(local, st)
+            if stamp is None or stamp[0] != size or stamp[1] != version \
+                    or st.st_size != size:
+                break
+            # An atime in the future is a dataset's consumed mark (cache/policy.py):
+            # handing the file to anyone else turns it back into an LRU file.
+            if touch and not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
+                try:
+                    os.utime(local, ns=(now, st.st_mtime_ns))
+                except OSError:  # evicted between the stat and the touch
+                    break
+                # The touch moved the ctime: remember the new one, or the next
+                # hand-out would read the stamp again.
+                stamps.touched(local, st, stamp)
+            found.append(local)
+        return found
+
+
+    def fetch(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
+        """:meth:`LocalCache.fetch` of this volume's ``entry``."""
+        return self.lookup(entry) or \
+            self.cache._fetcher.fetch_retrying(self.volume, entry, inflight)[0]
 
 
 def env_max_bytes() -> int | None:

@@ -1313,8 +1313,9 @@ def profile_arguments(parser: argparse.ArgumentParser) -> None:
 def run_profile(args: argparse.Namespace) -> int:
     """Profile ucstage's per-file copy work from a local folder (or a FUSE mount).
 
-    Copies FILES files one at a time through ``Fetcher.fetch_retrying`` (the
-    call each of ``cache warm``'s threads makes per file) into a fresh cache,
+    Copies FILES files one at a time through ``fetch_retrying`` of
+    :mod:`ucstage.cache.fetch` (the call each of ``cache warm``'s threads
+    makes per file, under the warm's eviction sink) into a fresh cache,
     under cProfile, and prints the user and system CPU per file and the top of
     the profile. Run it under ``strace -f -c`` (or ``-T``) to count and time the
     system calls per file.
@@ -1322,12 +1323,13 @@ def run_profile(args: argparse.Namespace) -> int:
         python -m benchmarks.staging profile --files 2000 --size-kib 4 [--json]
         python -m benchmarks.staging profile --source /path/to/mounted/folder
 
-    It calls a private method, so it profiles the tree it runs in; it is not for
+    It calls the fetch protocol's driver, so it profiles the tree it runs in; it is not for
     benchmarks.ab_compare.
     """
     from ucstage import LocalCache
+    from ucstage.cache.fetch import fetch_retrying
     from ucstage.cache.inflight import Inflight
-    from ucstage.cache.space import Evicted
+    from ucstage.cache.policy import Evictions, charging
     from ucstage.volumes import list_files
 
     work = tempfile.mkdtemp(prefix="ucstage-profile-copy-")
@@ -1339,12 +1341,13 @@ def run_profile(args: argparse.Namespace) -> int:
         listing = list_files(source)
         cache = LocalCache(os.path.join(work, "cache"))
         cache.prepare(listing.volume)
-        inflight, evicted = Inflight(), Evicted()
+        inflight, at = Inflight(), cache.at(listing.volume)
         profile = cProfile.Profile()
         before = resource.getrusage(resource.RUSAGE_SELF)
         profile.enable()
-        for entry in listing.entries:
-            cache._fetcher.fetch_retrying(listing.volume, entry, inflight, evicted)
+        with charging(Evictions()):
+            for entry in listing.entries:
+                fetch_retrying(at, entry, inflight)
         profile.disable()
         after = resource.getrusage(resource.RUSAGE_SELF)
         n = len(listing.entries)

@@ -182,7 +182,7 @@ def test_one_corrupt_object_is_named_never_cached_and_md5_stays_on(
 
 def test_verify_checksum_uses_the_recorded_md5_without_reading_the_source(
         fault_proxy: Faults, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ucstage.cache import maintenance
+    from ucstage.cache import local
 
     files = _files(6)
     src = make_source("s3", "", files)
@@ -198,7 +198,7 @@ def test_verify_checksum_uses_the_recorded_md5_without_reading_the_source(
     def no_source(*_: object) -> str:
         raise AssertionError("the source was read again")
 
-    monkeypatch.setattr(maintenance, "_digest_source", no_source)
+    monkeypatch.setattr(local, "_digest_source", no_source)
     report = cache.verify(m.volume(), m.entries, checksum=True)
     [check] = report.sources
     assert check.ok == 5

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ucstage.cache import Inflight, LocalCache
-from ucstage.cache.fetch import Fetcher, slows_down, throttled
+from ucstage.cache import Inflight, LocalCache, fetch
+from ucstage.cache.fetch import retry_pause, slows_down, throttled
 from ucstage.cache.integrity import Mismatch
 from ucstage.errors import FetchFailed
 from ucstage.volumes import FileEntry, resolve
@@ -26,20 +26,20 @@ TIMEOUT = TimeoutError("no complete response within the 30 s deadline")
 @pytest.mark.parametrize("exc", [RESET, SHORT, MISMATCH, TIMEOUT], ids=str)
 def test_a_transfer_error_is_retried_at_once_then_backs_off(exc: Exception,
                                                             tmp_path: Path) -> None:
-    fetcher = Fetcher(LocalCache(tmp_path / "c", backoff=0.2))
+    retries = LocalCache(tmp_path / "c", backoff=0.2).retries
     entry = FileEntry("a.bin", 1, "v")
-    assert fetcher.retry_pause(exc, entry, 0, 0.2) == 0.0
-    assert 0.2 <= fetcher.retry_pause(exc, entry, 1, 0.2) <= 0.25
+    assert retry_pause(exc, entry, 0, 0.2, retries) == 0.0
+    assert 0.2 <= retry_pause(exc, entry, 1, 0.2, retries) <= 0.25
     assert not throttled(exc)
 
 
 def test_throttling_backs_off_from_the_first_retry(tmp_path: Path) -> None:
-    fetcher = Fetcher(LocalCache(tmp_path / "c", backoff=0.2))
+    retries = LocalCache(tmp_path / "c", backoff=0.2).retries
     entry = FileEntry("a.bin", 1, "v")
     assert throttled(SLOW_DOWN) and throttled(OSError("HTTP 429 Too Many Requests"))
     assert throttled(OSError("status code: 503, reason: none"))
     assert not throttled(OSError("short read: 503 of 1000 bytes"))
-    assert 0.2 <= fetcher.retry_pause(SLOW_DOWN, entry, 0, 0.2) <= 0.25
+    assert 0.2 <= retry_pause(SLOW_DOWN, entry, 0, 0.2, retries) <= 0.25
 
 
 @pytest.mark.parametrize(("exc", "slows"), [(SLOW_DOWN, True), (TIMEOUT, True),
@@ -55,10 +55,9 @@ def test_only_throttling_and_timeouts_slow_jobs_auto_down(exc: Exception, slows:
     (tmp_path / "src" / "a.bin").write_bytes(b"x")
     volume = resolve(str(tmp_path / "src"))
     cache = LocalCache(tmp_path / "c", backoff=0.01)
-    fetcher = Fetcher(cache)
     heard: list[int] = []
     inflight = Inflight(on_retry=lambda: heard.append(1))
-    real = fetcher.fetch_once
+    real = fetch.fetch_once
     calls = []
 
     def flaky(*args: object, **kwargs: object) -> tuple[str, bool]:
@@ -67,7 +66,7 @@ def test_only_throttling_and_timeouts_slow_jobs_auto_down(exc: Exception, slows:
             raise exc
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(fetcher, "fetch_once", flaky)
+    monkeypatch.setattr(fetch, "fetch_once", flaky)
     pauses: list[float] = []
     real_sleep = inflight.sleep
 
@@ -76,7 +75,7 @@ def test_only_throttling_and_timeouts_slow_jobs_auto_down(exc: Exception, slows:
         real_sleep(seconds, slow_down=slow_down)
 
     monkeypatch.setattr(inflight, "sleep", sleep)
-    path, copied = fetcher.fetch_retrying(volume, FileEntry("a.bin", 1, "v"), inflight)
+    path, copied = fetch.fetch_retrying(cache.at(volume), FileEntry("a.bin", 1, "v"), inflight)
     assert copied and Path(path).read_bytes() == b"x"
     assert len(heard) == (2 if slows else 0)
     assert slows_down(exc) is slows
@@ -95,11 +94,11 @@ def test_a_mismatch_on_every_attempt_fails_naming_the_file(tmp_path: Path,
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.bin").write_bytes(b"x")
     volume = resolve(str(tmp_path / "src"))
-    fetcher = Fetcher(LocalCache(tmp_path / "c", backoff=0.001))
+    at = LocalCache(tmp_path / "c", backoff=0.001).at(volume)
 
     def bad(*_: object, **__: object) -> tuple[str, bool]:
         raise MISMATCH
 
-    monkeypatch.setattr(fetcher, "fetch_once", bad)
+    monkeypatch.setattr(fetch, "fetch_once", bad)
     with pytest.raises(FetchFailed, match=r"cannot copy a.bin after 4 attempts: .*md5 mismatch"):
-        fetcher.fetch_retrying(volume, FileEntry("a.bin", 1, "v"))
+        fetch.fetch_retrying(at, FileEntry("a.bin", 1, "v"))

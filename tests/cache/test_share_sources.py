@@ -1,6 +1,6 @@
 """The library bodies of ``cache warm --rank/--node-rank``, ``cache verify``,
-``status``/``clear`` and ``cache lazy``'s environment (ucstage.cache.share,
-ucstage.cache.sources): what the CLI calls, without the CLI."""
+``status``/``clear`` and ``cache lazy``'s environment (ucstage.cache.warm):
+what the CLI calls, without the CLI."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ import pytest
 from ucstage.cache import LocalCache
 from ucstage.cache.local import MAX_BYTES_ENV
 from ucstage.cache.paths import CACHE_DIR_ENV
-from ucstage.cache.share import rank_slice, share_text, warm_ranks, warm_slice
-from ucstage.cache.sources import cached_volumes, job_env, verify_source
+from ucstage.cache.warm import (
+    cached_volumes,
+    job_env,
+    rank_slice,
+    share_text,
+    verify_source,
+    warm_ranks,
+    warm_slice,
+)
 from ucstage.cli.output import error_hint, flag_names
 from ucstage.errors import CacheFull, InvalidArgument, SourceNotFound
 from ucstage.sharding import Layout, ReadOrder, rank_entries

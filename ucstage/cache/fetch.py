@@ -1,36 +1,27 @@
 """The fetch protocol: copying one entry into the cache, once, whoever asks.
 
-A copy takes the entry's lock stripe (:mod:`ucstage.cache.locks`), looks
-again (another process may have copied it meanwhile), reserves its
-preallocated temp file in the ledger (:meth:`ucstage.cache.space.CacheSpace.reserve`),
-copies the source's bytes into it (:func:`copy_to`, below), stamps
-it and renames it into place; on any failure it removes the temp file and
-gives its bytes back. Transient source errors are retried: throttling with a
-jittered backoff (on the object-store engine, a GET its source's pace
-throttled, :exc:`~ucstage.cache.pace.Paced`, after a short jittered delay and
-without spending a retry: the pace does the waiting), other errors (resets,
-truncated bodies, checksum mismatches, timeouts) at once the first time and
-with the backoff after. A job's :class:`~ucstage.cache.inflight.Inflight` can stop its
-copies at every step (see :mod:`ucstage.cache.inflight`).
+Its steps, and why each is where it is, are in docs/design.md ("The fetch
+protocol"): under the entry's lock stripe (:mod:`ucstage.cache.locks`) the
+entry is checked once more, a preallocated temp file is reserved in the
+ledger (:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes
+are copied into it by the volume's engine (:func:`copy_to`), and it is
+stamped and renamed into place, or removed with its bytes given back. The
+retry rule is :func:`retry_pause`; a job's stop is its
+:class:`~ucstage.cache.inflight.Inflight`.
 
-:class:`Fetcher` holds these steps for one :class:`ucstage.LocalCache` (the
-threaded fetch); :mod:`ucstage.cache.loopwarm` runs the same steps with the
-GET awaited on the object-store engine's loop.
-
-The copy itself is by the volume's engine (:func:`ucstage.volumes.engine.of`,
-the one place that chooses it), with what it reads by in one value
-(:class:`~ucstage.cache.objget.FetchContext`): local-like sources (plain
-folders, FUSE mounts) are read and written 1 MiB at a time (not ``sendfile``:
-see ``_pump``); object stores on the obstore engine are streamed by
-:mod:`ucstage.cache.objget`; other fsspec sources go through ``fs.open``
-with large reads. Never ``shutil.copy2``/``copytree``: they copy xattrs,
-which FUSE mounts (rclone's among them) answer with EIO, and they copy the
-source's permission bits, which the cache must not inherit. The temp file is
-created 0600 by us.
+Each step is a function of one :class:`Copy`, which carries the cache bound
+to the entry's volume (:class:`ucstage.cache.local.Bound`): the settings,
+the space and the check a copy needs travel as that one value. Two drivers
+run the steps, side by side here: the threaded one (:func:`fetch_retrying`,
+what ``LocalCache.fetch`` and a warm's threads call) and the loop one
+(:class:`LoopWarm`, a warm on the object-store engine, each copy a
+coroutine on the engine's loop).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import errno
@@ -40,10 +31,10 @@ import random
 import re
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, NoReturn, TypeVar
 
 from .. import cloudfs, objstore
 from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
@@ -51,43 +42,28 @@ from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, engine, is_range_path, safe_relpath, version_of
 from ..volumes.engine import HASH_KEYS, cut_ranges, merge_ranges, read_ranges
 from ..volumes.entry import uncacheable
-from . import azranges, checksums, integrity, mounts, pagecrc, paths
+from . import azranges, checksums, integrity, mounts, objget, pagecrc, paths
 from .inflight import Inflight, Stopped
 from .locks import FileLock
-from .objget import FetchContext, Requests, get_into
+from .objget import FetchContext, get_into
 from .pace import FREE_RETRIES, Paced, pause, throttled
-from .space import CacheSpace, Evicted, free_bytes, no_room
+from .space import free_bytes, no_room
+from .tuning import THREAD_CEILING
 
-__all__ = ["CHUNK", "Copied", "Copy", "Fetcher", "FetchingCache", "Pending", "Retries",
-           "copy_ranges", "copy_to", "disk_full", "permanent", "retryable", "slows_down", "throttled"]
+if TYPE_CHECKING:
+    from .local import Bound
+    from .warm import WarmCopies
+
+__all__ = ["CHUNK", "Copied", "Copy", "LoopWarm", "Pending", "Retries", "begin", "commit_tmp",
+           "commit_tmps", "copy_locked", "copy_ranges", "copy_to", "disk_full", "drop_tmp",
+           "fetch_once", "fetch_retrying", "permanent", "reserve_tmp", "reserve_tmps",
+           "retry_pause", "retryable", "slows_down", "throttled", "where"]
 
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)
 _PERMANENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR})
 """Errors of the cache's own file system that a retry meets again: the name
 is too long for it, or the path is a folder on one side and a file on the other."""
-_FOLDERS_MAX = 1 << 16
-"""Cache folders remembered as existing per process."""
-
-
-class FetchingCache(Protocol):
-    """What a fetch (and a warm) reads of its cache (:class:`ucstage.LocalCache`):
-    its settings, read at each copy, its on-disk state, and its lookup."""
-
-    root: str
-    space: CacheSpace
-    max_bytes: int | None
-    lease_ns: int
-    wait_seconds: float
-    retries: int
-    backoff: float
-    requests: Requests
-
-    def lookup(self, volume: Volume, entry: FileEntry, *, touch: bool = True) -> str | None:
-        """The cached file's path if it is valid for ``entry``, else None."""
-
-    def prepare(self, volume: Volume) -> str:
-        """Create the namespace folder and record which source it holds; return it."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +71,8 @@ class Copy:
     """One copy of an entry into the cache, as its steps (reserve, copy,
     commit or drop) pass it on: where it goes, and which job it belongs to."""
 
-    volume: Volume
+    at: Bound
+    """The cache bound to the entry's volume: its settings, space and check."""
     entry: FileEntry
     rel: str
     """The entry's path, checked safe."""
@@ -109,8 +86,10 @@ class Copy:
     """The job that may stop this copy (a warm, a read-ahead), or None."""
     token: int = -1
     """The copy's token in ``inflight`` (:meth:`Inflight.begin`)."""
-    evicted: Evicted | None = None
-    """Where files evicted to make room are counted."""
+
+    @property
+    def volume(self) -> Volume:
+        return self.at.volume
 
 
 class Pending(NamedTuple):
@@ -122,252 +101,254 @@ class Pending(NamedTuple):
     """Bytes reserved in the ledger for it."""
 
 
-class Fetcher:
-    """The fetch protocol of one cache (see the module docstring).
+# -- the thread driver ------------------------------------------------------------
 
-    Args:
-        cache: whose settings, space and lookup the copies use.
+def fetch_retrying(at: Bound, entry: FileEntry,
+                   inflight: Inflight | None = None) -> tuple[str, bool]:
+    """``(local path, copied)`` for ``entry`` of ``at``'s volume, retrying
+    transient errors (:func:`retry_pause`).
+
+    Raises:
+        FetchFailed: permanent errors, or retries ran out.
+        Stopped: ``inflight`` was stopped.
     """
-
-    def __init__(self, cache: FetchingCache) -> None:
-        self.cache = cache
-        self._folders: set[str] = set()
-        """Cache folders this process made or found (no ``makedirs`` per copy)."""
-
-    def fetch_retrying(self, volume: Volume, entry: FileEntry,
-                       inflight: Inflight | None = None,
-                       evicted: Evicted | None = None) -> tuple[str, bool]:
-        """``(local path, copied)`` for ``entry``, retrying transient errors.
-
-        Raises:
-            FetchFailed: permanent errors, or retries ran out.
-            Stopped: ``inflight`` was stopped.
-        """
-        state = Retries(self.cache.backoff)
-        while True:
-            try:
-                return self.fetch_once(volume, entry, inflight, evicted)
-            except Stopped:
-                raise
-            except Exception as exc:
-                pause, slow_down = state.next(self, exc, entry)
-                if inflight is not None:
-                    # A stopping warm does not wait out the backoff; only
-                    # throttling and timeouts tell ``--jobs auto`` to back off.
-                    inflight.sleep(pause, slow_down=slow_down)
-                elif pause:
-                    time.sleep(pause)
-
-    def retry_pause(self, exc: Exception, entry: FileEntry, attempt: int,
-                    delay: float) -> float:
-        """The backoff before retrying a copy that raised ``exc`` on attempt
-        ``attempt`` (from 0), ``delay`` being the attempt's base delay.
-
-        The retry rule: throttling (503, 429, SlowDown) always backs off; any
-        other transient error (a reset, a truncated body, a checksum
-        mismatch, a timeout) is retried at once the first time, and backs off
-        when it repeats.
-
-        Raises:
-            UcstageError: ``exc`` itself, or :exc:`FetchFailed` when it is
-                permanent (a missing file, a refusal) or retries ran out.
-        """
-        if permanent(exc):
-            if isinstance(exc, UcstageError):
-                raise exc
-            raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
-        if attempt == self.cache.retries:
-            raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
-                              f"{_reason(exc)}") from exc
-        if attempt == 0 and not throttled(exc):
-            return 0.0
-        return delay * (1 + random.random() / 4)
-
-    def fetch_once(self, volume: Volume, entry: FileEntry, inflight: Inflight | None = None,
-                   evicted: Evicted | None = None) -> tuple[str, bool]:
-        """One copy attempt. With ``inflight`` (a warm), no copy starts once it
-        has stopped, and a copy it abandons is left to it (see :mod:`.inflight`)."""
-        copy = self.where(volume, entry, inflight, evicted)
-        if inflight is not None:
-            inflight.check()
-        with FileLock(copy.lock):
-            hit = self.cache.lookup(volume, entry)
-            if hit is not None:
-                return hit, False
-            copy = self.begin(copy)
-            try:
-                self.copy_locked(copy)
-            finally:
-                if inflight is not None:
-                    inflight.release(copy.token)
-        return copy.local, True
-
-    def where(self, volume: Volume, entry: FileEntry, inflight: Inflight | None = None,
-              evicted: Evicted | None = None) -> Copy:
-        """The copy of an entry (its token not taken yet: :meth:`begin`);
-        refuses unsafe paths."""
-        rel = safe_relpath(entry.path)
-        why = uncacheable(rel)  # the listing's rule, checked again here
-        if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
-            raise UnsafePath(f"{rel}: {why}")
-        ns_dir = self.cache.prepare(volume)
-        local = os.path.join(ns_dir, *rel.split("/"))
-        return Copy(volume, entry, rel, ns_dir, local, self.cache.space.entry_lock(ns_dir, rel),
-                    inflight, -1, evicted)
-
-    @staticmethod
-    def begin(copy: Copy) -> Copy:
-        """``copy`` with its token in its job taken (its stripe is held)."""
-        if copy.inflight is None:
-            return copy
-        return dataclasses.replace(copy, token=copy.inflight.begin())
-
-    def context(self, copy: Copy) -> FetchContext:
-        """What the copy reads its source with: the engine chosen for its
-        volume, this cache's settings, the entry's listed size and version."""
-        return FetchContext(engine.of(copy.volume), self.cache.root, self.cache.requests,
-                            copy.entry.size, copy.entry.version, copy.inflight)
-
-    def copy_locked(self, copy: Copy) -> None:
-        """Copy the entry to its local path through a temp file; its stripe is held."""
-        pending = self.reserve_tmp(copy)
+    state = Retries(at.cache.backoff)
+    while True:
         try:
-            try:
-                if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
-                    copied = copy_ranges(copy.volume, copy.entry, pending.fd, self.context(copy))
-                else:
-                    copied = copy_to(copy.volume, copy.rel, pending.fd, self.context(copy))
-            finally:
-                os.close(pending.fd)
-            self.commit_tmp(copy, pending, copied)
+            return fetch_once(at, entry, inflight)
+        except Stopped:
+            raise
+        except Exception as exc:
+            pause_s, slow_down = state.next(at.cache.retries, exc, entry)
+            if inflight is not None:
+                # A stopping warm does not wait out the backoff; only
+                # throttling and timeouts tell ``--jobs auto`` to back off.
+                inflight.sleep(pause_s, slow_down=slow_down)
+            elif pause_s:
+                time.sleep(pause_s)
+
+
+def fetch_once(at: Bound, entry: FileEntry,
+               inflight: Inflight | None = None) -> tuple[str, bool]:
+    """One copy attempt: the check under the entry's lock, then the copy.
+    With ``inflight`` (a warm), no copy starts once it has stopped, and a
+    copy it abandons is left to it (see :mod:`.inflight`)."""
+    copy = where(at, entry, inflight)
+    if inflight is not None:
+        inflight.check()
+    with FileLock(copy.lock):
+        hit = _valid(at, entry)
+        if hit is not None:
+            return hit, False
+        copy = begin(copy)
+        try:
+            copy_locked(copy)
+        finally:
+            if inflight is not None:
+                inflight.release(copy.token)
+    return copy.local, True
+
+
+def _valid(at: Bound, entry: FileEntry) -> str | None:
+    """The check under the lock: another process may have copied it meanwhile."""
+    found = at.lookup_rows((entry.path,), (entry.size,), (entry.version,))
+    return found[0] if found else None
+
+
+def retry_pause(exc: Exception, entry: FileEntry, attempt: int, delay: float,
+                retries: int) -> float:
+    """The backoff before retrying a copy that raised ``exc`` on attempt
+    ``attempt`` (from 0) of ``retries`` extra ones, ``delay`` being the
+    attempt's base delay.
+
+    The retry rule: throttling (503, 429, SlowDown) always backs off; any
+    other transient error (a reset, a truncated body, a checksum
+    mismatch, a timeout) is retried at once the first time, and backs off
+    when it repeats.
+
+    Raises:
+        UcstageError: ``exc`` itself, or :exc:`FetchFailed` when it is
+            permanent (a missing file, a refusal) or retries ran out.
+    """
+    if permanent(exc):
+        if isinstance(exc, UcstageError):
+            raise exc
+        raise FetchFailed(f"cannot copy {entry.path}: {_reason(exc)}") from exc
+    if attempt == retries:
+        raise FetchFailed(f"cannot copy {entry.path} after {attempt + 1} attempts: "
+                          f"{_reason(exc)}") from exc
+    if attempt == 0 and not throttled(exc):
+        return 0.0
+    return delay * (1 + random.random() / 4)
+
+
+# -- the steps ---------------------------------------------------------------------
+
+def where(at: Bound, entry: FileEntry, inflight: Inflight | None = None) -> Copy:
+    """The copy of an entry (its token not taken yet: :func:`begin`);
+    refuses unsafe paths."""
+    rel = safe_relpath(entry.path)
+    why = uncacheable(rel)  # the listing's rule, checked again here
+    if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
+        raise UnsafePath(f"{rel}: {why}")
+    ns_dir = at.prepare()
+    local = os.path.join(ns_dir, *rel.split("/"))
+    return Copy(at, entry, rel, ns_dir, local, at.cache.space.entry_lock(ns_dir, rel), inflight)
+
+
+def begin(copy: Copy) -> Copy:
+    """``copy`` with its token in its job taken (its stripe is held)."""
+    if copy.inflight is None:
+        return copy
+    return dataclasses.replace(copy, token=copy.inflight.begin())
+
+
+def context(copy: Copy) -> FetchContext:
+    """What the copy reads its source with: the engine chosen for its
+    volume, the cache's settings, the entry's listed size and version."""
+    cache = copy.at.cache
+    return FetchContext(engine.of(copy.volume), cache.root, cache.requests,
+                        copy.entry.size, copy.entry.version, copy.inflight)
+
+
+def copy_locked(copy: Copy) -> None:
+    """Copy the entry to its local path through a temp file; its stripe is held."""
+    pending = reserve_tmp(copy)
+    try:
+        try:
+            if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
+                copied = copy_ranges(copy.volume, copy.entry, pending.fd, context(copy))
+            else:
+                copied = copy_to(copy.volume, copy.rel, pending.fd, context(copy))
+        finally:
+            os.close(pending.fd)
+        commit_tmp(copy, pending, copied)
+    except BaseException as exc:
+        drop_tmp(copy, pending, exc)
+
+
+def reserve_tmp(copy: Copy) -> Pending:
+    """Create the entry's preallocated temp file and reserve its bytes
+    (:meth:`~ucstage.cache.space.CacheSpace.reserve`). Its stripe is held.
+
+    Raises:
+        Stopped: the copy's job stopped meanwhile (nothing is left behind).
+        CacheFull: no room on disk or under the cap.
+    """
+    space = copy.at.cache.space
+    tmp = _temp_for(copy)
+    for attempt in (1, 2):
+        try:
+            fd, reserved = space.reserve(tmp, copy.entry.size, name=copy.rel,
+                                         inflight=copy.inflight)
+            break
+        except OSError as exc:
+            if not _again(copy, exc) or attempt == 2:
+                raise
+    return _copying(copy, Pending(tmp, fd, reserved))
+
+
+def reserve_tmps(copies: Sequence[Copy]) -> list[Pending | BaseException]:
+    """:func:`reserve_tmp` of several copies (their stripes held) of one
+    cache without a cap, counted in the ledger under one hold of its lock
+    (:meth:`~ucstage.cache.space.CacheSpace.reserve_many`). Returns each
+    one's temp file, or the error :func:`reserve_tmp` would raise."""
+    if not copies:
+        return []
+    space = copies[0].at.cache.space
+    tmps = [_temp_for(copy) for copy in copies]
+    got = space.reserve_many([(tmp, copy.entry.size) for tmp, copy in zip(tmps, copies,
+                                                                          strict=True)])
+    out: list[Pending | BaseException] = []
+    for copy, tmp, one in zip(copies, tmps, got, strict=True):
+        try:
+            if isinstance(one, OSError) and _again(copy, one):
+                one = space.reserve_many([(tmp, copy.entry.size)])[0]
+                if isinstance(one, OSError):
+                    _again(copy, one)  # raises its error
+            if isinstance(one, BaseException):
+                raise one
+            out.append(_copying(copy, Pending(tmp, one[0], one[1])))
         except BaseException as exc:
-            self.drop_tmp(copy, pending, exc)
+            out.append(exc)
+    return out
 
-    def reserve_tmp(self, copy: Copy) -> Pending:
-        """Create the entry's preallocated temp file and reserve its bytes.
-        Its stripe is held.
 
-        Raises:
-            Stopped: the copy's job stopped meanwhile (nothing is left behind).
-            CacheFull: no room on disk or under the cap.
-        """
-        cache, space, entry = self.cache, self.cache.space, copy.entry
-        tmp = self._temp_for(copy)
-        for attempt in (1, 2):
-            try:
-                fd, reserved = space.reserve(tmp, entry.size, max_bytes=cache.max_bytes,
-                                             lease_ns=cache.lease_ns, name=copy.rel,
-                                             evicted=copy.evicted, wait_s=cache.wait_seconds,
-                                             inflight=copy.inflight)
-                break
-            except OSError as exc:
-                if not self._again(copy, exc) or attempt == 2:
-                    raise
-        return self._copying(copy, Pending(tmp, fd, reserved))
+def _temp_for(copy: Copy) -> str:
+    """The copy's temp file path, its folder made (once per process)."""
+    space = copy.at.cache.space
+    space.make_folder(os.path.dirname(copy.local))
+    return space.temp_path(copy.local, copy.lock)
 
-    def reserve_tmps(self, copies: Sequence[Copy]) -> list[Pending | BaseException]:
-        """:meth:`reserve_tmp` of several copies (their stripes held) of a
-        cache without a cap, counted in the ledger under one hold of its lock
-        (:meth:`~ucstage.cache.space.CacheSpace.reserve_many`). Returns each
-        one's temp file, or the error :meth:`reserve_tmp` would raise."""
-        space = self.cache.space
-        tmps = [self._temp_for(copy) for copy in copies]
-        got = space.reserve_many([(tmp, copy.entry.size) for tmp, copy in zip(tmps, copies,
-                                                                              strict=True)])
-        out: list[Pending | BaseException] = []
-        for copy, tmp, one in zip(copies, tmps, got, strict=True):
-            try:
-                if isinstance(one, OSError) and self._again(copy, one):
-                    one = space.reserve_many([(tmp, copy.entry.size)])[0]
-                    if isinstance(one, OSError):
-                        self._again(copy, one)  # raises its error
-                if isinstance(one, BaseException):
-                    raise one
-                out.append(self._copying(copy, Pending(tmp, one[0], one[1])))
-            except BaseException as exc:
-                out.append(exc)
-        return out
 
-    def _temp_for(self, copy: Copy) -> str:
-        """The copy's temp file path, its folder made (once per process)."""
-        folder = os.path.dirname(copy.local)
-        if folder not in self._folders:
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            self._remember_folder(folder)
-        return self.cache.space.temp_path(copy.local, copy.lock)
+def _again(copy: Copy, exc: OSError) -> bool:
+    """Whether a reservation that failed with ``exc`` may be tried once
+    more: its folder was removed since it was made (a clear), and is made
+    again. A full disk raises :exc:`CacheFull`; other errors answer False."""
+    if isinstance(exc, FileNotFoundError):
+        copy.at.cache.space.make_folder(os.path.dirname(copy.local), again=True)
+        return True
+    if no_room(exc):
+        raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
+    return False
 
-    def _again(self, copy: Copy, exc: OSError) -> bool:
-        """Whether a reservation that failed with ``exc`` may be tried once
-        more: its folder was removed since it was made (a clear), and is made
-        again. A full disk raises :exc:`CacheFull`; other errors answer False."""
-        if isinstance(exc, FileNotFoundError):
-            folder = os.path.dirname(copy.local)
-            self._folders.discard(folder)
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-            return True
-        if no_room(exc):
-            raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
-        return False
 
-    def _copying(self, copy: Copy, pending: Pending) -> Pending:
-        """``pending``, reserved, handed to the copy's job; removed and
-        :exc:`Stopped` raised if the job stopped meanwhile."""
-        if copy.inflight is not None and not copy.inflight.copying(copy.token, pending.tmp,
-                                                                   pending.reserved):
-            os.close(pending.fd)  # stopped while reserving: copy nothing
-            self.cache.space.abandon(pending.tmp, pending.reserved)
-            raise Stopped()
-        return pending
+def _copying(copy: Copy, pending: Pending) -> Pending:
+    """``pending``, reserved, handed to the copy's job; removed and
+    :exc:`Stopped` raised if the job stopped meanwhile."""
+    if copy.inflight is not None and not copy.inflight.copying(copy.token, pending.tmp,
+                                                               pending.reserved):
+        os.close(pending.fd)  # stopped while reserving: copy nothing
+        copy.at.cache.space.abandon(pending.tmp, pending.reserved)
+        raise Stopped()
+    return pending
 
-    def commit_tmp(self, copy: Copy, pending: Pending, copied: Copied) -> None:
-        """Stamp the copied temp file and rename it into place."""
-        failed = self.commit_tmps([(copy, pending, copied)])[0]
-        if failed is not None:
-            raise failed
 
-    def commit_tmps(self, done: Sequence[tuple[Copy, Pending, Copied]]
-                    ) -> list[BaseException | None]:
-        """:meth:`commit_tmp` of several copies (their stripes held), the
-        renames under one hold of the ledger lock
-        (:meth:`~ucstage.cache.space.CacheSpace.commit_many`). Returns each
-        one's error (None: committed); a failed one is the caller's to drop
-        (:meth:`drop_tmp`), as when :meth:`commit_tmp` raises."""
-        errors: list[BaseException | None] = [None] * len(done)
-        ready: list[int] = []
-        for i, (copy, pending, copied) in enumerate(done):
-            try:
-                if copy.inflight is not None and not copy.inflight.claim(copy.token):
-                    raise Stopped()  # abandoned: the temp file was removed, the path is not ours
-                paths.write_stamp(pending.tmp, copied.size, copied.version or copy.entry.version)
-                now = time.time_ns()
-                os.utime(pending.tmp,
-                         ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
-            except Exception as exc:
-                errors[i] = exc
-                continue
-            ready.append(i)
-        if ready:
-            renamed = self.cache.space.commit_many(
-                [(done[i][1].tmp, done[i][0].local, done[i][2].size, done[i][1].reserved)
-                 for i in ready])
-            for i, failed in zip(ready, renamed, strict=True):
-                errors[i] = failed
-        return errors
+def commit_tmp(copy: Copy, pending: Pending, copied: Copied) -> None:
+    """Stamp the copied temp file and rename it into place."""
+    failed = commit_tmps([(copy, pending, copied)])[0]
+    if failed is not None:
+        raise failed
 
-    def drop_tmp(self, copy: Copy, pending: Pending, exc: BaseException) -> NoReturn:
-        """A copy failed (or stopped): remove its temp file unless the job
-        already did, and raise (a full disk as :exc:`CacheFull`)."""
-        if copy.inflight is None or copy.inflight.release(copy.token):
-            # else the warm removed it already
-            self.cache.space.abandon(pending.tmp, pending.reserved)
-        if no_room(exc):
-            raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
-        raise exc
 
-    def _remember_folder(self, folder: str) -> None:
-        if len(self._folders) >= _FOLDERS_MAX:
-            self._folders.clear()  # bounded memory; the next copies just ask again
-        self._folders.add(folder)
+def commit_tmps(done: Sequence[tuple[Copy, Pending, Copied]]) -> list[BaseException | None]:
+    """:func:`commit_tmp` of several copies of one cache (their stripes
+    held), the renames under one hold of the ledger lock
+    (:meth:`~ucstage.cache.space.CacheSpace.commit_many`). Returns each
+    one's error (None: committed); a failed one is the caller's to drop
+    (:func:`drop_tmp`), as when :func:`commit_tmp` raises."""
+    errors: list[BaseException | None] = [None] * len(done)
+    ready: list[int] = []
+    for i, (copy, pending, copied) in enumerate(done):
+        try:
+            if copy.inflight is not None and not copy.inflight.claim(copy.token):
+                raise Stopped()  # abandoned: the temp file was removed, the path is not ours
+            paths.write_stamp(pending.tmp, copied.size, copied.version or copy.entry.version)
+            now = time.time_ns()
+            os.utime(pending.tmp,
+                     ns=(now, copied.mtime_ns if copied.mtime_ns is not None else now))
+        except Exception as exc:
+            errors[i] = exc
+            continue
+        ready.append(i)
+    if ready:
+        renamed = done[ready[0]][0].at.cache.space.commit_many(
+            [(done[i][1].tmp, done[i][0].local, done[i][2].size, done[i][1].reserved)
+             for i in ready])
+        for i, failed in zip(ready, renamed, strict=True):
+            errors[i] = failed
+    return errors
+
+
+def drop_tmp(copy: Copy, pending: Pending, exc: BaseException) -> NoReturn:
+    """A copy failed (or stopped): remove its temp file unless the job
+    already did, and raise (a full disk as :exc:`CacheFull`)."""
+    if copy.inflight is None or copy.inflight.release(copy.token):
+        # else the warm removed it already
+        copy.at.cache.space.abandon(pending.tmp, pending.reserved)
+    if no_room(exc):
+        raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
+    raise exc
 
 
 class Retries:
@@ -377,18 +358,19 @@ class Retries:
     def __init__(self, backoff: float) -> None:
         self.attempt, self.delay, self.paced = 0, backoff, 0
 
-    def next(self, fetcher: Fetcher, exc: Exception, entry: FileEntry) -> tuple[float, bool]:
-        """``(pause, slow_down)`` before the next attempt after ``exc``.
+    def next(self, retries: int, exc: Exception, entry: FileEntry) -> tuple[float, bool]:
+        """``(pause, slow_down)`` before the next attempt after ``exc``, of
+        ``retries`` extra attempts at most.
 
         Raises:
-            UcstageError: as :meth:`Fetcher.retry_pause`.
+            UcstageError: as :func:`retry_pause`.
         """
         if isinstance(exc, Paced) and self.paced < FREE_RETRIES:
             # The pace already slowed the source's requests: the copies in
             # flight stay (fewer would not send less), the GET goes again soon.
             self.paced += 1
             return pause(), False
-        wait = fetcher.retry_pause(exc, entry, self.attempt, self.delay)
+        wait = retry_pause(exc, entry, self.attempt, self.delay, retries)
         self.attempt += 1
         if wait:
             self.delay *= 2
@@ -434,6 +416,282 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+
+# -- the loop driver ---------------------------------------------------------------
+#
+# A warm's copies on the object-store engine: each a coroutine on the engine's
+# event loop (:func:`ucstage.cache.objget.loop`), running the steps above; why,
+# and what it batches, is in docs/design.md ("The fetch protocol"). A stripe
+# another copy holds, a byte cap (reserving may evict or wait) and byte ranges
+# go to a thread instead, which runs the threaded :func:`fetch_once`.
+
+T = TypeVar("T")
+
+
+class LoopWarm:
+    """Drives one warm's copies (``warm.todo``) on the engine's loop and puts
+    each outcome on ``warm.results``, as the warm's threads would."""
+
+    def __init__(self, warm: WarmCopies) -> None:
+        self.warm = warm
+        self.at, self.volume, self.inflight = warm.at, warm.at.volume, warm.inflight
+        self.threaded = 0
+        """Copies handed to a thread (a contended stripe, a byte cap)."""
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._store: Any = None
+        self._commits: _PassBatch[tuple[Copy, Pending, Copied], BaseException | None] = \
+            _PassBatch(commit_tmps)
+        """Copies whose bytes are in, committed together at the end of the pass."""
+        self._reserves: _PassBatch[Copy, Pending | BaseException] = \
+            _PassBatch(reserve_tmps)
+        """Copies about to GET, reserved together at the end of the pass."""
+        self._batch: list[tuple[FileEntry, bool | BaseException]] = []
+        self._left = len(warm.todo)
+        """Copies not ended yet: a large object's share of the places in
+        flight is the limit over these (:func:`objget.split`)."""
+
+    def start(self) -> None:
+        """Start the driver on the loop; returns at once."""
+        done = asyncio.run_coroutine_threadsafe(self._drive(), objget.loop())
+        done.add_done_callback(self._failed)
+
+    def _failed(self, done: concurrent.futures.Future[None]) -> None:
+        """A driver that died (a bug) must not leave the waiting thread
+        waiting forever: hand it the error, which stops the warm."""
+        if not done.cancelled() and done.exception() is not None:
+            self.warm.results.put([(FileEntry("", 0, ""), done.exception() or Exception())])
+
+    async def _drive(self) -> None:
+        warm = self.warm
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+        room = asyncio.Event()
+
+        def stop_all() -> None:
+            for task in tasks:
+                task.cancel()
+            room.set()
+
+        def wake() -> None:  # called by the thread that stops the warm
+            loop.call_soon_threadsafe(stop_all)
+
+        unwatch = self.inflight.watch(wake)
+        try:
+            pending = iter(warm.todo)
+            while not self.inflight.stopped:
+                started = self._start(pending, tasks, room)
+                if started is None:
+                    break  # every entry is started
+                room.clear()
+                await room.wait()  # a copy ended (the limit may have moved) or a stop
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            unwatch()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+
+    def _start(self, pending: Any, tasks: set[asyncio.Task[None]],
+               room: asyncio.Event) -> int | None:
+        """Start copies while the tuner has room; None once none is left."""
+        warm, tuner = self.warm, self.warm.tuner
+        started = 0
+        while tuner.try_enter():
+            entry = next(pending, None)
+            if entry is None or self.inflight.stopped:
+                tuner.leave(0, counted=False)
+                return None
+            with warm._take:
+                warm.took(entry)
+            task = asyncio.ensure_future(self._one(entry))
+            tasks.add(task)
+            task.add_done_callback(self._ended(entry, tasks, room))
+            started += 1
+        return started
+
+    def _ended(self, entry: FileEntry, tasks: set[asyncio.Task[None]],
+               room: asyncio.Event) -> Callable[[asyncio.Task[None]], None]:
+        def ended(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if task.cancelled():  # cancelled before it ran: it reported nothing
+                self._left -= 1
+                self.warm.tuner.leave(0)
+                self._report(entry, Stopped())
+            room.set()
+        return ended
+
+    async def _one(self, entry: FileEntry) -> None:
+        outcome: bool | BaseException
+        try:
+            outcome = (await self._fetch_retrying(entry))[1]
+        except asyncio.CancelledError:
+            outcome = Stopped()
+        except BaseException as exc:
+            outcome = exc
+        self._left -= 1
+        self.warm.tuner.leave(entry.size if outcome is True else 0)
+        self._report(entry, outcome)
+
+    def _report(self, entry: FileEntry, outcome: bool | BaseException) -> None:
+        """Hand an outcome to the waiting thread with the others that end in
+        this pass of the loop: one wake-up of that thread per batch."""
+        self._batch.append((entry, outcome))
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        self.warm.results.put(batch)
+
+    async def _fetch_retrying(self, entry: FileEntry) -> tuple[str, bool]:
+        """:func:`fetch_retrying`, awaiting instead of sleeping."""
+        cache = self.at.cache
+        state = Retries(cache.backoff)
+        while True:
+            try:
+                return await self._fetch_once(entry)
+            except Stopped:
+                raise
+            except Exception as exc:
+                pause_s, slow_down = state.next(cache.retries, exc, entry)
+            await self.inflight.asleep(pause_s, slow_down=slow_down)
+
+    async def _fetch_once(self, entry: FileEntry) -> tuple[str, bool]:
+        """:func:`fetch_once` with the GET awaited on the loop."""
+        at, inflight, volume = self.at, self.inflight, self.volume
+        copy = where(at, entry, inflight)
+        inflight.check()
+        lock = FileLock(copy.lock)
+        # Byte ranges (a table's row groups) are ranged reads: copy_ranges, in a thread.
+        if isinstance(entry, RangeEntry) or at.cache.max_bytes is not None or \
+                not lock.acquire(blocking=False):
+            self.threaded += 1
+            return await self._in_thread(self.warm.fetch_once, entry)
+        try:
+            hit = _valid(at, entry)
+            if hit is not None:
+                return hit, False
+            copy = begin(copy)
+            try:
+                pending = await self._reserve(copy)
+                try:
+                    try:
+                        got = await objget.fetch(
+                            volume, volume.full_path(copy.rel), pending.fd,
+                            context(copy),
+                            parts=objget.split(self.warm.tuner.limit, self._left),
+                            client=self._client(copy))
+                    finally:
+                        os.close(pending.fd)
+                    await self._commit(copy, pending, Copied(got.size, got.etag, got.mtime_ns))
+                except BaseException as exc:
+                    drop_tmp(copy, pending, exc)
+            finally:
+                inflight.release(copy.token)
+        finally:
+            lock.release()
+        return copy.local, True
+
+    async def _reserve(self, copy: Copy) -> Pending:
+        """:func:`reserve_tmp`, batched: the copies that start in one pass
+        of the loop reserve their temp files together
+        (:func:`reserve_tmps`, one hold of the ledger lock), at the
+        end of that pass (:class:`_PassBatch`).
+
+        Raises:
+            Exception: as ``reserve_tmp`` (nothing is left behind).
+        """
+        done = self._reserves.add(copy)
+        try:
+            got = await done
+        except asyncio.CancelledError:
+            # Stopped before the batch ran: ``done`` is cancelled, the batch
+            # skips it, and nothing was reserved. Stopped after it: give back
+            # what it reserved for this copy.
+            if not done.done() or done.cancelled():
+                raise
+            got = done.result()
+            if not isinstance(got, BaseException):
+                os.close(got.fd)
+                drop_tmp(copy, got, Stopped())
+            raise
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    async def _commit(self, copy: Copy, pending: Pending, copied: Copied) -> None:
+        """:func:`commit_tmp`, batched: the copies that finish in one pass
+        of the loop are committed together (:func:`commit_tmps`, one
+        hold of the ledger lock), at the end of that pass.
+
+        Raises:
+            Exception: this copy's commit failed (the caller drops it).
+        """
+        done = self._commits.add((copy, pending, copied))
+        try:
+            failed = await done
+        except asyncio.CancelledError:
+            # Stopped before the batch ran: ``done`` is cancelled, the batch
+            # skips it, and the copy drops its temp file as any stopped copy.
+            # Stopped after it: the copy is in place, done.
+            if not done.done() or done.cancelled():
+                raise
+            failed = done.result()
+        if failed is not None:
+            raise failed
+
+    def _client(self, copy: Copy) -> Any:
+        """The bucket's client, asked for once per warm (one volume, one bucket)."""
+        if self._store is None:
+            kind, bucket, _ = objstore.location(self.volume, self.volume.full_path(copy.rel))
+            self._store = objstore.store(kind, bucket, context(copy).deadline)
+        return self._store
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` in this warm's thread pool. A stop cancels the caller
+        but not the thread: it sees the stop itself (the threaded fetch checks
+        it), and the caller waits for it so that it leaves the cache as it should."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                THREAD_CEILING, thread_name_prefix="ucstage-warm-wait")
+        return await objget.unabandoned(
+            asyncio.get_running_loop().run_in_executor(self._pool, fn, *args))
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class _PassBatch(Generic[Item, Result]):
+    """One step of the copies (reserving, committing) for everything that
+    reaches it in one pass of the loop, run together at the end of that pass
+    by ``run`` (items in, one result per item out, in order)."""
+
+    def __init__(self, run: Callable[[list[Item]], Sequence[Result]]) -> None:
+        self._run = run
+        self._items: list[tuple[Item, asyncio.Future[Result]]] = []
+
+    def add(self, item: Item) -> asyncio.Future[Result]:
+        """Queue ``item``; the future gets its result when the batch runs.
+        Cancelled before then, the item is left out of the batch."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Result] = loop.create_future()
+        self._items.append((item, done))
+        if len(self._items) == 1:
+            loop.call_soon(self._flush)
+        return done
+
+    def _flush(self) -> None:
+        batch, self._items = self._items, []
+        batch = [(item, done) for item, done in batch if not done.cancelled()]
+        try:
+            got: Sequence[Any] = self._run([item for item, _ in batch])
+        except BaseException as exc:  # a bug: every item of the batch fails with it
+            got = [exc] * len(batch)
+        for (_, done), one in zip(batch, got, strict=True):
+            done.set_result(one)
 
 
 # The copy: a source file's bytes and mtime into the temp file, nothing else.

@@ -1,63 +1,56 @@
-"""The local cache: lazy fetch, eager warm, validation, eviction and locking.
+"""The local cache's front: :class:`LocalCache`, its settings, and the cache
+bound to one volume (:class:`Bound`: lookup, the one validity rule, fetch).
 
-How it works is documented in docs/cache.md. In short:
-
-* Files are path-mirrored under ``<root>/<namespace>/``, one namespace per
-  source, and appear only complete (temp file in the same folder, then
-  ``os.replace``).
-* A cached file is valid while the ``(size, version)`` stamped on it (an
-  xattr set before the rename) equals the listing entry's.
-* One ``flock`` stripe per entry makes concurrent processes copy each file
-  once; locks die with their process.
-* With a byte cap, the least recently used files are evicted first; a file's
-  atime is its last hand-out time, and files handed out in the last
-  ``lease_seconds`` are never evicted. Files a :class:`ucstage.VolumeDataset`
-  reads are held while its reader needs them and, once consumed, evicted
-  most recently consumed first (:mod:`ucstage.cache.policy`,
-  :mod:`ucstage.cache.leases`); a full cap makes a copy wait for room. A
-  copy reserves its bytes by creating its preallocated temp file under the
-  ledger lock, so usage, copies in flight included, stays within the cap.
-
-This module holds the front: :class:`LocalCache`, its settings, and the hot
-path (lookup and the one validity rule). Copying an entry is the fetch
-protocol of :mod:`ucstage.cache.fetch`, copying many at once
-:mod:`ucstage.cache.warm`. The on-disk state it shares with the maintenance
-commands (the ledger, the stamp memo, the tree walk, eviction, the namespace
-records) is a :class:`ucstage.cache.space.CacheSpace`; status, verify, clear
-and prune are in :mod:`ucstage.cache.maintenance`. ``LocalCache`` keeps every
-method and delegates to them.
+How the cache works (namespaces, stamps, locks, the cap and its eviction
+order, leases) is documented in docs/cache.md and docs/design.md; the
+modules that do it are named there. ``LocalCache`` also holds the bodies of
+the maintenance commands (status, verify, clear, prune) and ``find``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
+import posixpath
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from .. import params
-from ..errors import CacheError, InvalidArgument
+from ..errors import CacheError, InvalidArgument, SourceNotFound
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import rank_entries
 from ..units import SIZE_HELP, parse_size
-from ..volumes import FileEntry, Volume, safe_relpath
-from . import maintenance as maint
-from . import paths
-from .fetch import Fetcher
+from ..volumes import (
+    RANGES_DIR,
+    FileEntry,
+    Volume,
+    is_volumes_path,
+    list_files,
+    resolve,
+    safe_relpath,
+)
+from . import integrity, paths, runstats
+from .fetch import fetch_retrying
 from .inflight import Inflight
 from .objget import Requests
 from .reports import (
     CacheStatus,
     ClearReport,
+    NamespaceStatus,
     PruneReport,
+    SourceCheck,
     VerifyReport,
     WarmReport,
+    show_version,
 )
-from .space import CacheSpace
+from .space import CacheSpace, free_bytes
 from .tuning import AUTO
 from .warm import WARM_FEWER, warm_entries
 
 __all__ = ["CACHE_DIR_ENV", "DEFAULT_LEASE_SECONDS", "DEFAULT_WAIT_SECONDS", "MAX_BYTES_ENV",
-           "WARM_FEWER", "Bound", "LocalCache", "rank_entries"]
+           "WARM_FEWER", "Bound", "LocalCache", "Volumes", "rank_entries"]
 
 CACHE_DIR_ENV = paths.CACHE_DIR_ENV
 MAX_BYTES_ENV = "UCSTAGE_CACHE_MAX_BYTES"
@@ -68,6 +61,10 @@ DEFAULT_LEASE_SECONDS = 10.0
 """The time lease of paths handed out by ``lookup``/``fetch`` (and ``warm``)."""
 DEFAULT_WAIT_SECONDS = 120.0
 """How long a copy waits for readers to make room under a full cap."""
+
+Volumes = Volume | Sequence[Volume] | None
+"""What status and clear cover: one volume, several (:meth:`LocalCache.find`'s),
+or every cached source (None)."""
 
 
 class LocalCache:
@@ -98,26 +95,53 @@ class LocalCache:
                  retries: int = 3, backoff: float = 0.2,
                  wait_seconds: float = DEFAULT_WAIT_SECONDS,
                  hedge: bool | None = None, request_deadline: float | None = None) -> None:
-        self.root: str = paths.open_root(os.fspath(root) if root is not None
-                                         else paths.default_root())
-        self.max_bytes = env_max_bytes() if max_bytes is None else \
-            params.size(max_bytes, "max_bytes")
-        self.lease_ns = int(lease_seconds * 1e9)
-        if wait_seconds < 0:
-            raise CacheError(f"wait_seconds must be 0 or more, got {wait_seconds}")
-        self.wait_seconds = float(wait_seconds)
+        self._setup(paths.open_root(os.fspath(root) if root is not None
+                                    else paths.default_root()),
+                    max_bytes, lease_seconds, wait_seconds)
         self.retries = retries
         self.backoff = backoff
         self.requests = Requests.of(hedge, request_deadline)
         """The object-store engine's hedging and per-request deadline for this
         cache's copies (given, else ``$UCSTAGE_HEDGE``, ``$UCSTAGE_REQUEST_DEADLINE``)."""
-        self.space = CacheSpace(self.root)
-        """The cache's on-disk state (ledger, stamp memo, walk, eviction)."""
-        self._fetcher = Fetcher(self)
-        """The fetch protocol's steps, with this cache's settings."""
+
+    def _setup(self, root: str, max_bytes: int | str | None, lease_seconds: float,
+               wait_seconds: float, *, writable: bool = True) -> None:
+        self.root: str = root
+        cap = env_max_bytes() if max_bytes is None else params.size(max_bytes, "max_bytes")
+        if wait_seconds < 0:
+            raise CacheError(f"wait_seconds must be 0 or more, got {wait_seconds}")
+        self.space = CacheSpace(root, max_bytes=cap, lease_ns=int(lease_seconds * 1e9),
+                                wait_s=float(wait_seconds))
+        """The cache's on-disk state (ledger, stamp memo, walk, eviction), with its cap."""
+        self._writable = writable
+        """False for :meth:`unopened`: counted without the ledger lock."""
         # The last volume bound: one attribute, replaced whole, so threads
         # never see half of it.
         self._last: Bound | None = None
+
+    @classmethod
+    def unopened(cls, root: str, *, max_bytes: int | None = None) -> LocalCache:
+        """A cache over a root :func:`ucstage.cache.paths.open_root` refused
+        (``cache status`` of an unusable root): for :meth:`find` and
+        :meth:`status` only, which then count without writing or locking."""
+        cache = cls.__new__(cls)
+        cache._setup(root, max_bytes, DEFAULT_LEASE_SECONDS, 0.0, writable=False)
+        return cache
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The byte cap (None: no cap)."""
+        return self.space.max_bytes
+
+    @property
+    def lease_ns(self) -> int:
+        """The time lease of handed-out paths, in nanoseconds."""
+        return self.space.lease_ns
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long a copy waits for room under a full cap."""
+        return self.space.wait_s
 
     # -- layout -----------------------------------------------------------
 
@@ -139,7 +163,23 @@ class LocalCache:
         cached from; any source also matches the namespace of where it
         resolves now. Empty when nothing is cached for it.
         """
-        return maint.find(self.space, source)
+        space = self.space
+        current = resolve(source, must_exist=False)
+        here = space.namespace_dir(current.url)
+        # Only a /Volumes path means different places under different settings of
+        # $UCSTAGE_VOLUMES_ROOT; any other string resolves alike every time (a
+        # relative path recorded as given would match the wrong folder elsewhere).
+        wanted = posixpath.normpath(current.source) if is_volumes_path(current.source) else None
+        records = space.sources()
+        found: list[Volume] = []
+        for ns_dir in space.namespace_dirs():
+            given, url = records.get(os.path.basename(ns_dir), ("", ""))
+            if ns_dir == here:
+                found.append(current)
+            elif wanted is not None and url and is_volumes_path(given) \
+                    and posixpath.normpath(given) == wanted:
+                found.append(dataclasses.replace(resolve(url, must_exist=False), source=given))
+        return found
 
     # -- the hot path -------------------------------------------------------
 
@@ -246,14 +286,25 @@ class LocalCache:
             CacheFull: the files cannot fit on the disk or under the cap; checked
                 before copying, and again if the disk fills up meanwhile.
         """
-        return warm_entries(self._fetcher, volume, entries, jobs=jobs, callback=callback)
+        return warm_entries(self.at(volume), entries, jobs=jobs, callback=callback)
 
-    # -- maintenance (bodies in ucstage.cache.maintenance) --------------------
+    # -- maintenance ------------------------------------------------------------
 
-    def status(self, volume: maint.Volumes = None) -> CacheStatus:
+    def status(self, volume: Volumes = None) -> CacheStatus:
         """Entries and bytes per namespace (of one volume, of a list of them such
         as :meth:`find` returns, or of every source), cap and free disk."""
-        return maint.status(self.space, volume, max_bytes=self.max_bytes)
+        space = self.space
+        sources = space.sources()
+        rows = []
+        for ns_dir, vol in _namespaces(space, volume).items():
+            name = os.path.basename(ns_dir)
+            found = space.tally([ns_dir], locked=self._writable)
+            given, url = sources.get(name, (vol.source, vol.url) if vol else ("", ""))
+            rows.append(NamespaceStatus(name, given, url, ns_dir, found.files, found.bytes,
+                                        found.partial_files))
+        return CacheStatus(space.root, sum(r.entries for r in rows), sum(r.bytes for r in rows),
+                           self.max_bytes, free_bytes(space.root), rows,
+                           runstats.last_run(space.root))
 
     def verify(self, volume: Volume | None = None, entries: Sequence[FileEntry] | None = None,
                *, checksum: bool = False, complete: bool | None = None,
@@ -282,16 +333,45 @@ class LocalCache:
             SourceNotFound: ``volume`` no longer exists (and no ``entries``).
             InvalidArgument: ``entries`` without ``volume``.
         """
-        return maint.verify(self.space, volume, entries, checksum=checksum, complete=complete,
-                            fix=fix)
+        space = self.space
+        if volume is not None:
+            return VerifyReport([_verify_source(space, volume, entries, checksum, volume.source,
+                                                complete, fix)], checksum)
+        if entries is not None:
+            raise InvalidArgument("entries need the volume they were listed from",
+                                  hint="pass volume too, or neither to check every cached source")
+        # Every source the cache holds, as its record names it, listed afresh. A
+        # namespace without a record cannot be traced back to a source: skipped.
+        # One source that is gone is reported as such; the others are still checked.
+        sources = space.sources()
+        checks = []
+        for ns_dir in space.namespace_dirs():
+            given, url = sources.get(os.path.basename(ns_dir), ("", ""))
+            if url:
+                try:
+                    checks.append(_verify_source(space, resolve(url), None, checksum, given,
+                                                 complete, fix))
+                except SourceNotFound as exc:
+                    checks.append(SourceCheck(given, vanished=exc.message))
+        return VerifyReport(checks, checksum)
 
-    def clear(self, volume: maint.Volumes = None) -> ClearReport:
+    def clear(self, volume: Volumes = None) -> ClearReport:
         """Remove the namespaces of one volume, of a list of them (such as
         :meth:`find` returns), or every namespace, with their lock files.
         Clearing everything also removes the frozen listings and whatever
         earlier clears left of namespaces. Files already open stay readable to
         whoever opened them (POSIX unlink semantics)."""
-        return maint.clear(self.space, volume)
+        space = self.space
+        ns_dirs = list(_namespaces(space, volume))
+        found = space.tally(ns_dirs)
+        names = space.remove_namespaces(ns_dirs)
+        if volume is None:
+            # Listings VolumeDataset froze belong to the whole cache, and so do the
+            # lock folders and records older clears left: clearing everything must
+            # not leave them to pile up.
+            space.remove_frozen_listings()
+            space.remove_orphans()
+        return ClearReport(names, found.files, found.bytes)
 
     def prune(self, max_bytes: int) -> PruneReport:
         """Evict files, in the eviction order of :mod:`ucstage.cache.policy`,
@@ -300,7 +380,9 @@ class LocalCache:
         Files handed to a reader within the lease, and files a dataset reader
         holds, stay; the report says how many bytes that kept.
         """
-        return maint.prune(self.space, max_bytes, lease_ns=self.lease_ns)
+        if max_bytes < 0:
+            raise CacheError(f"max_bytes must be 0 or more, got {max_bytes}")
+        return PruneReport(max_bytes, *self.space.evict_to(max_bytes))
 
 
 class Bound:
@@ -320,6 +402,10 @@ class Bound:
         """``<root>/<namespace>/``: a cached file's path is this plus its relpath."""
         self._memo = cache.space.stamps.entries
         self._stamps = cache.space.stamps
+
+    def prepare(self) -> str:
+        """:meth:`LocalCache.prepare` of this volume."""
+        return self.cache.prepare(self.volume)
 
     def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None:
         """:meth:`LocalCache.lookup` of this volume's ``entry``."""
@@ -383,11 +469,17 @@ class Bound:
             found.append(local)
         return found
 
-
     def fetch(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
-        """:meth:`LocalCache.fetch` of this volume's ``entry``."""
-        return self.lookup(entry) or \
-            self.cache._fetcher.fetch_retrying(self.volume, entry, inflight)[0]
+        """:meth:`LocalCache.fetch` of this volume's ``entry``: the check
+        before the lock (a hit takes no lock), then :meth:`fetch_missing`."""
+        found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,))
+        return found[0] if found else self.fetch_missing(entry, inflight=inflight)
+
+    def fetch_missing(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
+        """:meth:`fetch` of an entry the caller just found missing (its own
+        lookup was the check before the lock): the entry's lock, the check
+        under it, and the copy (:func:`ucstage.cache.fetch.fetch_retrying`)."""
+        return fetch_retrying(self, entry, inflight)[0]
 
 
 def env_max_bytes() -> int | None:
@@ -406,3 +498,160 @@ def env_max_bytes() -> int | None:
                               hint="set it to e.g. 500M or 20G, or unset it for no cap")
     return value
 
+
+# -- the maintenance commands' pieces ----------------------------------------------
+
+def _namespaces(space: CacheSpace, volumes: Volumes) -> dict[str, Volume | None]:
+    """namespace folder -> its volume: the given volumes' folders, or every one."""
+    if volumes is None:
+        return dict.fromkeys(space.namespace_dirs())
+    if isinstance(volumes, Volume):
+        volumes = [volumes]
+    return {space.namespace_dir(v.url): v for v in volumes}
+
+
+def _verify_source(space: CacheSpace, volume: Volume, entries: Sequence[FileEntry] | None,
+                   checksum: bool, label: str, complete: bool | None, fix: bool) -> SourceCheck:
+    if complete is None:
+        complete = entries is None  # a listing made here is the whole source
+    if entries is None:
+        entries = list_files(volume).entries
+    ns_dir = space.namespace_dir(volume.url)
+    report = SourceCheck(label, removed_partial_files=space.sweep(ns_dir))
+    for e in entries:
+        report.checked += 1
+        rel = safe_relpath(e.path)
+        local = os.path.join(ns_dir, *rel.split("/"))
+        try:
+            st = os.stat(local)
+        except FileNotFoundError:
+            report.missing += 1
+            continue
+        # Read from the file, not the memo: verify must see what is on disk now.
+        stamp = paths.read_stamp(local)
+        problem = ""
+        if stamp is None:
+            problem = "no validity stamp"
+        elif stamp[0] != st.st_size:
+            problem = f"{st.st_size} bytes on disk, {stamp[0]} copied"
+        elif stamp != (e.size, e.version):
+            report.stale.append((e.path, f"source is now {e.size} bytes, "
+                                         f"{show_version(e.version)}; cached {stamp[0]} bytes, "
+                                         f"{show_version(stamp[1])}"))
+        elif checksum and (problem := _content_problem(volume, e.path, local)):
+            pass  # corrupt: handled below
+        else:
+            report.ok += 1
+        if problem:
+            report.corrupt.append((e.path, problem))
+            # A copy known to be corrupt must not be handed out again; its stamp
+            # may still match the source, so only deleting it makes warm refetch it.
+            if space.discard(ns_dir, rel, local, st):
+                report.removed.append(e.path)
+    _verify_ranges(space, ns_dir, entries, report)
+    if complete:
+        _find_orphans(space, ns_dir, entries, report, fix)
+    return report
+
+
+def _find_orphans(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
+                  report: SourceCheck, fix: bool) -> None:
+    """Cached files (and row-group copies) whose source file the complete
+    listing ``entries`` no longer has; deleted with ``fix``. Hidden names are
+    left out: a listing without hidden files says nothing about them. Not
+    deleted otherwise: a manifest frozen before the deletion still reads them."""
+    listed = {safe_relpath(e.path) for e in entries}
+    for folder, dirs, names in os.walk(ns_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         or (folder == ns_dir and d == RANGES_DIR))
+        rel_dir = os.path.relpath(folder, ns_dir).replace(os.sep, "/")
+        if rel_dir == RANGES_DIR or rel_dir.startswith(RANGES_DIR + "/"):
+            source = rel_dir[len(RANGES_DIR) + 1:]
+            if not source or source in listed:
+                continue
+        for name in sorted(names):
+            if name.startswith("."):
+                continue  # hidden, or a copy in flight (swept above when dead)
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if rel in listed:
+                continue
+            local = os.path.join(folder, name)
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                continue
+            report.orphans.append(rel)
+            if fix and space.discard(ns_dir, rel, local, st):
+                report.orphans_removed.append(rel)
+
+
+def _verify_ranges(space: CacheSpace, ns_dir: str, entries: Sequence[FileEntry],
+                   report: SourceCheck) -> None:
+    """The byte-range entries (a table's row groups) of the listed files: each
+    is stamped with its file's version, so a changed file makes them stale.
+    (``checksum`` does not apply: a range has no whole-file digest.)"""
+    top = os.path.join(ns_dir, RANGES_DIR)
+    if not os.path.isdir(top):
+        return
+    by_path = {e.path: e for e in entries}
+    for folder, _, names in os.walk(top):
+        source = os.path.relpath(folder, top).replace(os.sep, "/")
+        e = by_path.get(source)
+        for name in names:
+            if paths.part_stripe(name) is not None:
+                continue  # a copy in flight (swept above when dead)
+            if e is None:
+                continue  # a file this check was not asked about (or gone: prune evicts)
+            local = os.path.join(folder, name)
+            rel = f"{RANGES_DIR}/{source}/{name}"
+            report.ranges_checked += 1
+            try:
+                st = os.stat(local)
+            except FileNotFoundError:
+                continue
+            stamp = paths.read_stamp(local)
+            if stamp is None or stamp[0] != st.st_size:
+                problem = "no validity stamp" if stamp is None else \
+                    f"{st.st_size} bytes on disk, {stamp[0]} copied"
+                report.corrupt.append((rel, problem))
+                if space.discard(ns_dir, rel, local, st):
+                    report.removed.append(rel)
+            elif stamp[1] != e.version:
+                report.stale.append((rel, f"source file is now {show_version(e.version)}; "
+                                          f"cached ranges of {show_version(stamp[1])}"))
+            else:
+                report.ranges_ok += 1
+
+
+def _content_problem(volume: Volume, relpath: str, local: str) -> str:
+    """Why a cached copy's bytes are wrong ('' when they are right): against
+    the checksum recorded when it was copied (checked against the store
+    then), else against the source's bytes, read again."""
+    recorded = integrity.recorded(local)
+    if recorded:
+        kind = recorded.partition(":")[0]
+        if integrity.file_checksum(local, kind) != recorded:
+            return f"content differs from the checksum recorded when it was copied ({kind})"
+        return ""
+    if _digest_local(local) != _digest_source(volume, relpath):
+        return "content differs from the source (sha256)"
+    return ""
+
+
+def _digest_local(path: str) -> str:
+    with open(path, "rb") as fh:
+        return _digest_stream(fh)
+
+
+def _digest_source(volume: Volume, relpath: str) -> str:
+    with volume.open(relpath) as fh:
+        return _digest_stream(fh)
+
+
+def _digest_stream(fh: Any) -> str:
+    digest = hashlib.sha256()
+    while True:
+        block = fh.read(8 * 1024 * 1024)
+        if not block:
+            return digest.hexdigest()
+        digest.update(block)

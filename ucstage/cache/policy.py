@@ -27,9 +27,10 @@ Eviction takes, first, ordinary files out of their lease, oldest first; then
 scan-read files, most recently consumed first. Files a reader holds (see
 :mod:`ucstage.cache.leases`) and copies in flight are never taken.
 
-The thread-local :func:`reader` lets a dataset's fetch (which goes through the
-ordinary ``LocalCache.fetch``) tell the cache which reader's counters to
-charge for the evictions and the waiting it causes.
+Evictions and the waits for room have one sink: the calling thread's
+:class:`Charge`, set by :class:`charging` (a dataset's reader, or a warm's
+:class:`Evictions`), so a fetch, which goes through the ordinary
+``LocalCache.fetch``, carries no counter argument.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-__all__ = ["SCAN_OFFSET_NS", "Charge", "charging", "eviction_order", "is_scan",
-           "mark_consumed", "reader", "time_leased"]
+__all__ = ["SCAN_OFFSET_NS", "Charge", "Evictions", "charge_eviction", "charge_wait", "charging",
+           "eviction_order", "is_scan", "mark_consumed", "reader", "time_leased"]
 
 SCAN_OFFSET_NS = 1 << 54
 """How far ahead of the consumption time a scan-read file's atime is set
@@ -101,21 +102,64 @@ class Charge(Protocol):
     def waited(self, seconds: float) -> None: ...
 
 
+class Evictions:
+    """Files and bytes evicted per namespace: what a warm's copies pushed out
+    (its threads fetch under ``charging(evictions)``). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_namespace: dict[str, tuple[int, int]] = {}
+
+    def add(self, namespace: str, size: int) -> None:
+        """One file of ``size`` bytes was evicted from ``namespace`` (a folder name)."""
+        with self._lock:
+            files, nbytes = self._by_namespace.get(namespace, (0, 0))
+            self._by_namespace[namespace] = (files + 1, nbytes + size)
+
+    def by_namespace(self) -> dict[str, tuple[int, int]]:
+        """namespace name -> (files, bytes), namespaces by name."""
+        with self._lock:
+            return dict(sorted(self._by_namespace.items()))
+
+
 _local = threading.local()
 
 
-def reader() -> Charge | None:
-    """The reader the calling thread fetches for (see :func:`charging`), if any."""
+def reader() -> Charge | Evictions | None:
+    """The sink the calling thread fetches for (see :func:`charging`), if any."""
     return getattr(_local, "charge", None)
 
 
-class charging:
-    """``with charging(reader):`` the cache's evictions and waits in this
-    thread are counted in ``reader``."""
+def charge_eviction(namespace: str, size: int) -> None:
+    """One file of ``size`` bytes was evicted from ``namespace`` by the
+    calling thread: counted in its sink (a reader counts totals, a warm
+    counts per namespace)."""
+    charge = reader()
+    if isinstance(charge, Evictions):
+        charge.add(namespace, size)
+    elif charge is not None:
+        charge.evicted(1, size)
 
-    def __init__(self, charge: Charge | None) -> None:
+
+def charge_wait(seconds: float | None) -> None:
+    """The calling thread starts waiting for room (``None``), or waited
+    ``seconds`` for it: counted in its reader, if it has one."""
+    charge = reader()
+    if charge is None or isinstance(charge, Evictions):
+        return
+    if seconds is None:
+        charge.waiting()
+    else:
+        charge.waited(seconds)
+
+
+class charging:
+    """``with charging(sink):`` the cache's evictions and waits in this
+    thread are counted in ``sink``."""
+
+    def __init__(self, charge: Charge | Evictions | None) -> None:
         self._charge = charge
-        self._before: Charge | None = None
+        self._before: Charge | Evictions | None = None
 
     def __enter__(self) -> None:
         self._before = getattr(_local, "charge", None)

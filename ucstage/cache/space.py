@@ -1,30 +1,31 @@
 """The cache folder's on-disk state, owned by one object: :class:`CacheSpace`.
 
-It ties together the pieces each in its own module: the namespaces and their
-records (:mod:`.namespaces`), the byte ledger (:mod:`.ledger`), the tree walk
-and the sweep of dead temp files (:mod:`.walk`), and this process's memo of
-validity stamps (:mod:`.stamps`); here is what needs several of them at
-once: reserving room for a copy and committing it, discarding a file, and
-eviction. :class:`ucstage.cache.local.LocalCache` (lookup), the fetch
-protocol (:mod:`ucstage.cache.fetch`) and :mod:`ucstage.cache.maintenance`
-(status, verify, clear, prune) call it through its public methods only. The names it works on are
-:mod:`ucstage.cache.paths`'s; its locks are the stripes of
-:mod:`ucstage.cache.locks`: a cached file or temp file whose stripe is held is
-being written right now and is left alone.
+What it holds and the two kinds of lock that guard it are in docs/design.md
+("The cache's on-disk state"): the namespaces and their records
+(:class:`Namespaces`), the byte ledger (:mod:`.ledger`), the tree walk and
+the sweep of dead temp files (:func:`walk`, :func:`sweep`), this process's
+memo of validity stamps (:class:`StampMemo`), and what needs several of
+them at once: reserving room for a copy under the cap and committing it,
+discarding a file, and eviction (:mod:`.policy`'s order).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import NamedTuple
 
+from ..atomic import write_atomic
 from ..errors import CacheFull
 from ..units import format_bytes
 from . import paths, policy
@@ -32,13 +33,9 @@ from .inflight import Inflight
 from .leases import take_exclusive
 from .ledger import Ledger, Turns, locked_ledger
 from .locks import FileLock, stripe_path
-from .namespaces import Namespaces
-from .scan import Cached, Tally, sweep_one, unlink_if_exists, walk
-from .scan import sweep as walk_sweep
-from .stamps import StampMemo
 
-__all__ = ["CacheSpace", "Evicted", "Eviction", "Tally", "free_bytes", "no_room",
-           "unlink_if_exists"]
+__all__ = ["CacheSpace", "Cached", "Eviction", "Namespaces", "StampMemo", "Tally", "free_bytes",
+           "no_room", "sweep", "sweep_one", "unlink_if_exists", "walk"]
 
 _LOW_WATER = 0.99
 """Eviction makes room for the copy and goes down to 99% of the cap at least,
@@ -47,6 +44,10 @@ cap copied, or per file when a file is more). No lower: a dataset's resident
 set (cache/policy.py) loses every file evicted beyond the need, each a hit
 lost in the next epoch (at "95%, less the need", a cap a quarter of the data
 hit 0.20-0.215 of its reads instead of 0.215-0.25)."""
+
+
+_FOLDERS_MAX = 1 << 16
+"""Cache folders remembered as existing per process."""
 
 
 class Eviction(NamedTuple):
@@ -60,27 +61,6 @@ class Eviction(NamedTuple):
     """Bytes kept because they were handed to a reader within the lease."""
 
 
-class Evicted:
-    """Files and bytes that evictions removed, per namespace: what one caller's
-    copies pushed out (a warm passes one to every :meth:`CacheSpace.reserve`).
-    Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_namespace: dict[str, tuple[int, int]] = {}
-
-    def add(self, namespace: str, size: int) -> None:
-        """One file of ``size`` bytes was evicted from ``namespace`` (a folder name)."""
-        with self._lock:
-            files, nbytes = self._by_namespace.get(namespace, (0, 0))
-            self._by_namespace[namespace] = (files + 1, nbytes + size)
-
-    def by_namespace(self) -> dict[str, tuple[int, int]]:
-        """namespace name -> (files, bytes), namespaces by name."""
-        with self._lock:
-            return dict(sorted(self._by_namespace.items()))
-
-
 class CacheSpace:
     """The on-disk state of one cache root, and this process's memory of it.
 
@@ -92,27 +72,39 @@ class CacheSpace:
       counting only while it is held, so a walk never sees a file twice or
       misses one, and copies in flight (their preallocated temp files) are
       counted exactly.
-    * **This process's memory** (the stamp memo, :class:`.stamps.StampMemo`,
+    * **This process's memory** (the stamp memo, :class:`StampMemo`,
       and which namespaces it has named and prepared,
-      :class:`.namespaces.Namespaces`) is guarded by a lock of each object,
+      :class:`Namespaces`) is guarded by a lock of each object,
       held only for the dictionary update itself, never while waiting for
       the ledger lock or doing I/O, so the two never nest.
 
     Args:
         root: a cache root already opened by :func:`ucstage.cache.paths.open_root`.
+        max_bytes: the byte cap (None: no cap).
+        lease_ns: a file handed out within this many nanoseconds is not evicted.
+        wait_s: how long a copy waits for room under a full cap.
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, max_bytes: int | None = None, lease_ns: int = 0,
+                 wait_s: float = 0.0) -> None:
         self.root = root
+        self.max_bytes = max_bytes
+        """The byte cap every reservation respects (None: no cap)."""
+        self.lease_ns = lease_ns
+        """A file handed out within this many nanoseconds is not evicted."""
+        self.wait_s = wait_s
+        """How long a reservation waits for a reader to make room."""
         self.namespaces = Namespaces(root)
         """The namespace folders, their records and lock folders, the trash."""
         self.stamps = StampMemo()
         """This process's memo of validity stamps."""
+        self._folders: set[str] = set()
+        """Cache folders this process made or found (no ``makedirs`` per copy)."""
         self.turns = Turns(self._ledger)
         """This process's threads' turns at the ledger lock, batched
         (reserving without a cap, committing, giving back)."""
 
-    # -- namespaces (bodies in .namespaces) -----------------------------------
+    # -- namespaces (:class:`Namespaces`) ---------------------------------------
 
     def namespace_dir(self, url: str) -> str:
         """``<root>/<namespace>`` for a source's resolved URL (not created)."""
@@ -158,26 +150,21 @@ class CacheSpace:
         to the whole cache."""
         shutil.rmtree(os.path.join(self.root, paths.LISTINGS_DIR), ignore_errors=True)
 
-    # -- the stamp memo (body in .stamps) -------------------------------------
-
-    def stamp(self, path: str, st: os.stat_result) -> tuple[int, str] | None:
-        """See :meth:`ucstage.cache.stamps.StampMemo.stamp`."""
-        return self.stamps.stamp(path, st)
-
-    def touched(self, path: str, before: os.stat_result, stamp: tuple[int, str]) -> None:
-        """See :meth:`ucstage.cache.stamps.StampMemo.touched`."""
-        self.stamps.touched(path, before, stamp)
-
-    @property
-    def memo(self) -> Mapping[str, tuple[int, int, tuple[int, str]]]:
-        """The stamp memo, read-only (:attr:`ucstage.cache.stamps.StampMemo.entries`)."""
-        return self.stamps.entries
-
     # -- copies: lock, reserve, commit ---------------------------------------------
 
     def entry_lock(self, ns_dir: str, rel: str) -> str:
         """The lock stripe that guards the entry ``rel`` of a namespace."""
         return stripe_path(paths.lock_dir(self.root, ns_dir), rel)
+
+    def make_folder(self, folder: str, *, again: bool = False) -> None:
+        """Make a copy's cache folder, once per process (``again``: it was
+        removed since, by a clear)."""
+        if folder in self._folders and not again:
+            return
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        if len(self._folders) >= _FOLDERS_MAX:
+            self._folders.clear()  # bounded memory; the next copies just ask again
+        self._folders.add(folder)
 
     @staticmethod
     def temp_path(local: str, entry_lock: str) -> str:
@@ -188,13 +175,12 @@ class CacheSpace:
         return os.path.join(os.path.dirname(local),
                             paths.part_name(stripe, os.path.basename(local)))
 
-    def reserve(self, tmp: str, need: int, *, max_bytes: int | None, lease_ns: int,
-                name: str, evicted: Evicted | None = None, wait_s: float = 0.0,
+    def reserve(self, tmp: str, need: int, *, name: str,
                 inflight: Inflight | None = None) -> tuple[int, int]:
         """Create ``tmp`` preallocated to ``need`` bytes and count it in the
-        ledger; under a cap, evict first if needed. Return the open descriptor
+        ledger; under the cap, evict first if needed. Return the open descriptor
         and the bytes reserved in the ledger (``need``). Files evicted to make
-        room are counted in ``evicted``.
+        room are charged to the thread's sink (:func:`ucstage.cache.policy.charging`).
 
         This happens under the ledger lock: a reservation *is* its temp file,
         so every eviction walk sees the bytes in flight in every process, and
@@ -208,18 +194,18 @@ class CacheSpace:
 
         When everything cached is protected (held by a reader, in its time
         lease, or a copy in flight), the reservation waits for a reader to
-        move on, up to ``wait_s`` seconds (polling, without the ledger lock
+        move on, up to :attr:`wait_s` seconds (polling, without the ledger lock
         held in between; ``inflight`` stopping ends the wait with ``Stopped``).
-        The time waited is charged to the thread's reader
-        (:func:`ucstage.cache.policy.reader`).
+        The time waited is charged to the thread's sink too.
 
         Raises:
-            CacheFull: ``need`` is larger than ``max_bytes``, at once; or it
-                still did not fit after ``wait_s`` (``name`` says which file
+            CacheFull: ``need`` is larger than the cap, at once; or it
+                still did not fit after :attr:`wait_s` (``name`` says which file
                 in the message).
             OSError: the temp file cannot be created or preallocated
                 (ENOSPC when the disk is full); nothing is left behind.
         """
+        max_bytes, lease_ns, wait_s = self.max_bytes, self.lease_ns, self.wait_s
         if max_bytes is None:
             got = self.reserve_many([(tmp, need)])[0]
             if isinstance(got, BaseException):
@@ -235,14 +221,13 @@ class CacheSpace:
             while True:
                 with self._ledger() as ledger:
                     used = ledger.read()
-                    if max_bytes is not None and used + need > max_bytes:
+                    if used + need > max_bytes:
                         # Room for this copy, and at least the low water's
                         # share of the cap: not both added (a small cap would
                         # lose a file more than it needs at each walk).
                         room = max(need, max_bytes - int(max_bytes * _LOW_WATER))
-                        used = self._evict_lru(ledger, max(0, max_bytes - room),
-                                               lease_ns, evicted)
-                    if max_bytes is None or used + need <= max_bytes:
+                        used = self._evict_lru(ledger, max(0, max_bytes - room), lease_ns)
+                    if used + need <= max_bytes:
                         # Preallocating makes a full disk fail here, before any
                         # byte is copied.
                         if need:
@@ -254,11 +239,9 @@ class CacheSpace:
                 now = time.monotonic()
                 if started is None:
                     started = now
-                    charge = policy.reader()
-                    if charge is not None:
-                        charge.waiting()
+                    policy.charge_wait(None)
                 if now - started >= wait_s:
-                    _charge_wait(now - started)
+                    policy.charge_wait(now - started)
                     raise CacheFull(
                         f"the cache cap {format_bytes(max_bytes)} is full of files handed to "
                         f"readers (held by a reader, or handed out in the last "
@@ -277,7 +260,7 @@ class CacheSpace:
             unlink_if_exists(tmp)
             raise
         if started is not None:
-            _charge_wait(time.monotonic() - started)
+            policy.charge_wait(time.monotonic() - started)
         return fd, need
 
     def reserve_many(self, wanted: Sequence[tuple[str, int]]
@@ -425,11 +408,12 @@ class CacheSpace:
         with self._ledger() as ledger:
             return ledger.read()
 
-    def evict_to(self, target: int, lease_ns: int) -> Eviction:
+    def evict_to(self, target: int) -> Eviction:
         """Sweep dead temp files, then evict files in the eviction order
-        (:mod:`ucstage.cache.policy`), none handed out within ``lease_ns`` nor
+        (:mod:`ucstage.cache.policy`), none handed out within the lease nor
         held by a reader, until the cache holds at most ``target`` bytes (or
         nothing evictable is left)."""
+        lease_ns = self.lease_ns
         kept: list[Cached] = []
         with self._ledger() as ledger:
             for ns_dir in self.namespace_dirs():
@@ -448,7 +432,7 @@ class CacheSpace:
     def sweep(self, ns_dir: str) -> int:
         """Remove temp files left by killed runs (nobody holds their stripe);
         return how many."""
-        return walk_sweep(self.root, ns_dir)
+        return sweep(self.root, ns_dir)
 
     # -- internals ------------------------------------------------------------
 
@@ -462,12 +446,11 @@ class CacheSpace:
         return walk(self.root, ns_dirs)
 
     def _evict_lru(self, ledger: Ledger, target: int, lease_ns: int,
-                   evicted: Evicted | None = None, kept: list[Cached] | None = None) -> int:
+                   kept: list[Cached] | None = None) -> int:
         """Evict unprotected files in :func:`ucstage.cache.policy.eviction_order`
-        (ordinary files least recently used first, then files a dataset
-        consumed, most recently consumed first) until usage <= target,
-        counting each in ``evicted`` (and in the thread's reader). Files found
-        held or being fetched go to ``kept``.
+        until usage <= target, charging each to the thread's sink
+        (:func:`ucstage.cache.policy.charge_eviction`). Files found held or
+        being fetched go to ``kept``.
 
         Call with the ledger lock held. Returns the usage after, and resets
         the ledger to it (the walk is the truth).
@@ -480,16 +463,12 @@ class CacheSpace:
         for c in found:
             if c.partial and sweep_one(c.path, c.lock):
                 used -= c.size
-        charge = policy.reader()
         for c in policy.eviction_order(found, time.time_ns(), lease_ns):
             if used <= target:
                 break
             if self._evict(c):
                 used -= c.size
-                if evicted is not None:
-                    evicted.add(c.namespace, c.size)
-                if charge is not None:
-                    charge.evicted(1, c.size)
+                policy.charge_eviction(c.namespace, c.size)
             elif kept is not None:
                 kept.append(c)
         ledger.write(used)
@@ -525,12 +504,6 @@ class CacheSpace:
         return True
 
 
-def _charge_wait(seconds: float) -> None:
-    charge = policy.reader()
-    if charge is not None:
-        charge.waited(seconds)
-
-
 def no_room(exc: BaseException) -> bool:
     """Whether ``exc`` says the disk (or the user's quota) is full."""
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -542,3 +515,304 @@ def free_bytes(path: str) -> int:
         return shutil.disk_usage(path).free
     except OSError:
         return 0
+
+
+# -- the tree: walking it, sweeping dead temp files -----------------------------
+
+class Tally(NamedTuple):
+    """What a walk of some namespaces found."""
+
+    files: int
+    """Cached files (temp files not included)."""
+    bytes: int
+    """Bytes of those files."""
+    partial_files: int
+    """Temp files: copies in flight, or left by killed runs."""
+    partial_bytes: int
+
+
+@dataclass(frozen=True)
+class Cached:
+    """One file a walk found."""
+
+    atime_ns: int
+    size: int
+    path: str
+    lock: str
+    partial: bool = False
+    """A copy in flight (or left by a killed run): counted, never evicted."""
+    namespace: str = ""
+    """The namespace folder's name."""
+
+
+def walk(root: str, ns_dirs: Sequence[str]) -> Iterator[Cached]:
+    """Every file under ``ns_dirs`` (namespaces of ``root``), cached or temp,
+    with the lock that guards it."""
+    for ns_dir in ns_dirs:
+        ns_lock_dir = paths.lock_dir(root, ns_dir)
+        namespace = os.path.basename(ns_dir)
+        stack = [(ns_dir, "")]
+        while stack:
+            folder, prefix = stack.pop()
+            try:
+                it = os.scandir(folder)
+            except FileNotFoundError:
+                continue
+            with it:
+                for d in it:
+                    if d.is_dir(follow_symlinks=False):
+                        stack.append((d.path, prefix + d.name + "/"))
+                        continue
+                    try:
+                        st = d.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    stripe = paths.part_stripe(d.name)
+                    lock = (stripe_path(ns_lock_dir, prefix + d.name) if stripe is None
+                            else paths.part_lock(ns_lock_dir, stripe))
+                    yield Cached(st.st_atime_ns, st.st_size, d.path, lock,
+                                 stripe is not None, namespace)
+
+
+def sweep(root: str, ns_dir: str) -> int:
+    """Remove temp files left by killed runs (nobody holds their stripe) in
+    the namespace ``ns_dir`` of ``root``; return how many."""
+    removed = 0
+    ns_lock_dir = paths.lock_dir(root, ns_dir)
+    for folder, _, names in os.walk(ns_dir):
+        for name in names:
+            stripe = paths.part_stripe(name)
+            if stripe is None:
+                continue
+            if sweep_one(os.path.join(folder, name), paths.part_lock(ns_lock_dir, stripe)):
+                removed += 1
+    return removed
+
+
+def sweep_one(path: str, lock_path: str) -> bool:
+    """Delete the temp file ``path`` unless its copy is running (holds
+    ``lock_path``); True when it is gone."""
+    lock = FileLock(lock_path)
+    if not lock.acquire(blocking=False):
+        return False  # its copy is running
+    try:
+        unlink_if_exists(path)
+        return True
+    finally:
+        lock.release()
+
+
+def unlink_if_exists(path: str) -> None:
+    """Delete ``path``; a file already gone is what was wanted."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# -- this process's memo of validity stamps ------------------------------------
+
+_MEMO_MAX = 1 << 18
+"""Stamps remembered per process; past this the memo starts over (bounded memory
+in every DataLoader worker, at the cost of one xattr read per file)."""
+
+Memo = tuple[int, int, tuple[int, str]]
+"""(inode, ctime_ns, (size, version))."""
+
+
+class StampMemo:
+    """path -> (inode, ctime, stamp) of cached files this process read.
+
+    Every write (insert, pop, clear) happens under the object's lock; reads
+    take no lock, because a ``dict.get`` is atomic in CPython and a read that
+    races a write is harmless (an entry is checked against the file's inode
+    and ctime before it is trusted). The lock makes compound writes (the
+    bound check, then the insert) whole; it is held for the dictionary
+    update only, never during I/O.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[str, Memo] = {}
+        self._lock = threading.Lock()
+
+    def stamp(self, path: str, st: os.stat_result) -> tuple[int, str] | None:
+        """The ``(size, version)`` stamped on the cached file ``path``, whose
+        ``stat`` is ``st``; None when it has none. Read once per file and
+        process, then remembered while the inode and ctime stay the same."""
+        memo = self._memo.get(path)
+        if memo is None or memo[0] != st.st_ino or memo[1] != st.st_ctime_ns:
+            found = paths.read_stamp(path)
+            if found is None:
+                return None
+            memo = (st.st_ino, st.st_ctime_ns, found)
+            self._put(path, memo)
+        return memo[2]
+
+    def touched(self, path: str, before: os.stat_result, stamp: tuple[int, str]) -> None:
+        """``path`` (whose ``stat`` was ``before`` and stamp ``stamp``) just had
+        its atime set by this process, which moved its ctime: remember the new
+        ctime with the same stamp, if ``path`` still names the same file (a
+        touch changes no stamp; a replacement is a new inode)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if st.st_ino == before.st_ino and st.st_dev == before.st_dev:
+            self._put(path, (st.st_ino, st.st_ctime_ns, stamp))
+
+    @property
+    def entries(self) -> Mapping[str, Memo]:
+        """The memo, read-only: path -> (inode, ctime_ns, (size, version)).
+        For a lookup's hot path, which reads it without a call per file; an
+        entry is trusted only while the file's inode and ctime match, and
+        every path in it passed a lookup's path-safety check."""
+        return self._memo
+
+    def forget(self, path: str) -> None:
+        """Drop ``path``'s entry (the file was removed)."""
+        with self._lock:
+            self._memo.pop(path, None)
+
+    def clear(self) -> None:
+        """Forget every entry (namespaces were removed)."""
+        with self._lock:
+            self._memo.clear()
+
+    def _put(self, path: str, memo: Memo) -> None:
+        with self._lock:
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            self._memo[path] = memo
+
+
+# -- namespaces: a folder per source, its record, its locks, the trash -------------
+
+class Namespaces:
+    """The namespaces of one cache root, and which of them this process has
+    named and prepared (remembered so a copy asks the disk once per process).
+
+    Args:
+        root: a cache root already opened by :func:`ucstage.cache.paths.open_root`.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._control = os.path.join(root, paths.CONTROL)
+        self._dirs: dict[str, str] = {}
+        self._prepared: set[str] = set()
+        # Writes happen under it; reads (a dict lookup, a set test) take none:
+        # they are atomic in CPython and a missed entry only costs a recompute.
+        self._lock = threading.Lock()
+
+    def dir(self, url: str) -> str:
+        """``<root>/<namespace>`` for a source's resolved URL (not created)."""
+        path = self._dirs.get(url)
+        if path is None:
+            path = os.path.join(self.root, paths.namespace_name(url))
+            with self._lock:
+                self._dirs[url] = path
+        return path
+
+    def dirs(self) -> list[str]:
+        """Every namespace folder under the root, by name (the control folder is hidden)."""
+        return [e.path for e in sorted(os.scandir(self.root), key=lambda e: e.name)
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+
+    def prepare(self, ns_dir: str, *, url: str, source: str) -> str:
+        """Create a namespace folder and its lock folder, and record which
+        source it holds (once; the record is written atomically). Return it."""
+        if ns_dir in self._prepared:
+            return ns_dir
+        os.makedirs(ns_dir, mode=0o700, exist_ok=True)
+        os.makedirs(paths.lock_dir(self.root, ns_dir), mode=0o700, exist_ok=True)
+        record = paths.record_path(self.root, ns_dir)
+        if not os.path.exists(record):
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            write_atomic(record, json.dumps(
+                {"namespace": os.path.basename(ns_dir), "url": url, "source": source,
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
+        with self._lock:
+            self._prepared.add(ns_dir)
+        return ns_dir
+
+    def sources(self) -> dict[str, tuple[str, str]]:
+        """namespace name -> (source as given, resolved URL), from the records
+        :meth:`prepare` wrote. Unreadable records are skipped."""
+        found: dict[str, tuple[str, str]] = {}
+        folder = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue  # a record being written (write_atomic's hidden temp file)
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                    record = json.load(fh)
+                found[name[:-5]] = (str(record.get("source") or record["url"]),
+                                    str(record["url"]))
+            except (OSError, ValueError, KeyError, AttributeError):
+                continue
+        return found
+
+    def remove(self, ns_dir: str) -> bool:
+        """Delete one namespace folder, its record and its lock files; False
+        when it was not there. The folder is renamed into the trash first, so
+        it disappears at once; files already open stay readable (POSIX unlink)."""
+        if not os.path.isdir(ns_dir):
+            return False
+        staged = self.trash_name()
+        os.rename(ns_dir, staged)
+        shutil.rmtree(staged, ignore_errors=True)
+        with self._lock:
+            self._prepared.discard(ns_dir)
+        unlink_if_exists(paths.record_path(self.root, ns_dir))
+        self._remove_locks(os.path.basename(ns_dir))
+        return True
+
+    def remove_orphans(self) -> None:
+        """Delete lock folders and records of namespaces whose folder is gone
+        (left by clears of older versions, or by a clear that was killed), and
+        whatever a killed clear, verify or eviction left in the trash."""
+        trash = os.path.join(self._control, "trash")
+        # Everything in the trash was renamed there to be deleted; a process
+        # deleting one right now and this one both ignore what the other took.
+        for name in sorted(os.listdir(trash)) if os.path.isdir(trash) else []:
+            path = os.path.join(trash, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                unlink_if_exists(path)
+
+        def gone(name: str) -> bool:  # asked just before each removal: a warm may start now
+            return not os.path.isdir(os.path.join(self.root, name))
+
+        locks = os.path.join(self._control, "locks")
+        for name in sorted(os.listdir(locks)) if os.path.isdir(locks) else []:
+            if gone(name):
+                self._remove_locks(name)
+        records = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(records)) if os.path.isdir(records) else []:
+            if name.endswith(".json") and not name.startswith(".") and gone(name[:-5]):
+                unlink_if_exists(os.path.join(records, name))
+
+    def trash_name(self) -> str:
+        """A fresh path in the trash folder: renaming there makes a file or folder
+        disappear at once (same filesystem) before it is deleted."""
+        trash = os.path.join(self._control, "trash")
+        os.makedirs(trash, mode=0o700, exist_ok=True)
+        return os.path.join(trash, uuid.uuid4().hex)
+
+    def _remove_locks(self, namespace: str) -> None:
+        """Delete a namespace's lock stripes. Each is taken before it is unlinked
+        (waiting for a copy that holds it), so no two holders ever share one:
+        see :mod:`ucstage.cache.locks`."""
+        folder = os.path.join(self._control, "locks", namespace)
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            return
+        for name in names:
+            lock = FileLock(os.path.join(folder, name))
+            lock.acquire()
+            try:
+                lock.unlink()
+            finally:
+                lock.release()
+        with contextlib.suppress(FileNotFoundError, OSError):
+            os.rmdir(folder)  # not empty: a new copy of this source started meanwhile

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from ..cache.local import LocalCache
-from ..cache.sources import job_env
+from ..cache.warm import job_env
 from ..manifest.files import save
 from ..manifest.formats import ARROW_SUFFIX
 from .cache_maint import clear, prune, status, verify

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ..cache.local import DEFAULT_LEASE_SECONDS, LocalCache
 from ..cache.reports import SourceCheck, VerifyReport
-from ..cache.sources import cached_volumes, unusable_status, verify_source
+from ..cache.warm import cached_volumes, unusable_status, verify_source
 from ..errors import CacheUnusable
 from ..shown import shown
 from ..units import SIZE_HELP

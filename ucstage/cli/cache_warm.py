@@ -14,7 +14,7 @@ from rich.console import Console
 from .. import cloudfs, objstore
 from ..cache.local import LocalCache
 from ..cache.reports import RankSlice, WarmReport
-from ..cache.share import rank_slice, share_text, warm_ranks, warm_slice
+from ..cache.warm import rank_slice, share_text, warm_ranks, warm_slice
 from ..errors import InvalidArgument
 from ..manifest.groups import Grouping
 from ..manifest.model import group_manifest

@@ -1,16 +1,16 @@
 """The local cache: a private, path-mirrored copy of source files on local disk.
 
-``local`` holds :class:`LocalCache` (lookup and the validity rule), ``fetch``
-the fetch protocol (copying one entry once), ``warm`` copying many at once,
-``space`` the on-disk state (:class:`CacheSpace`: ``namespaces``, the byte
-``ledger``, the tree ``walk``, the ``stamps`` memo, eviction) it shares with
-``maintenance`` (status, verify, clear, prune), ``reports`` what they return,
-``inflight`` how a job stops its copies (:class:`Inflight`); ``share`` which
-ranks' files a warm covers (a node's share) and ``sources`` the cache seen from
-a SOURCE (verifying one or all, a lazy job's environment); ``leases``,
-``policy`` and ``runstats`` how a dataset's reader holds its files, the
-eviction order and a run's counters (:class:`RunStats`); ``paths``, ``copy``
-and ``locks`` are the pieces below. See docs/cache.md and docs/design.md.
+``local`` holds :class:`LocalCache` and the cache bound to one volume
+(:class:`~ucstage.cache.local.Bound`: lookup, the validity rule, fetch),
+``fetch`` the fetch protocol (its thread and loop drivers, and the copy),
+``warm`` copying many at once and the cache seen from a SOURCE, ``space``
+the on-disk state (:class:`CacheSpace`), ``ledger`` its byte count,
+``policy`` the eviction order and its one sink, ``leases`` a dataset
+reader's holds, ``inflight`` how a job stops its copies (:class:`Inflight`),
+``runstats`` a run's counters (:class:`RunStats`), ``reports`` what the
+operations return, ``tuning`` the copies in flight, and ``paths`` and
+``locks`` the names and locks below. What each does and why is in
+docs/cache.md and docs/design.md (section 6).
 """
 
 # What other packages and users import (docs/cache.md); the rest is imported from its module.

@@ -1,7 +1,7 @@
 """The fetch protocol: copying one entry into the cache, once, whoever asks.
 
-Its steps, and why each is where it is, are in docs/design.md ("The fetch
-protocol"): under the entry's lock stripe (:mod:`ucstage.cache.locks`) the
+Its steps, and why each is where it is, are in docs/design.md ("Crash
+safety", and section 6 on the fetch protocol and a warm): under the entry's lock stripe (:mod:`ucstage.cache.locks`) the
 entry is checked once more, a preallocated temp file is reserved in the
 ledger (:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes
 are copied into it by the volume's engine (:func:`copy_to`), and it is
@@ -423,7 +423,7 @@ def _reason(exc: BaseException) -> str:
 #
 # A warm's copies on the object-store engine: each a coroutine on the engine's
 # event loop (:func:`ucstage.cache.objget.loop`), running the steps above; why,
-# and what it batches, is in docs/design.md ("The fetch protocol"). A stripe
+# and what it batches, is in docs/design.md (section 6, "A warm"). A stripe
 # another copy holds, a byte cap (reserving may evict or wait) and byte ranges
 # go to a thread instead, which runs the threaded :func:`fetch_once`.
 

@@ -1,7 +1,7 @@
 """What the cache's operations return: one report type per operation.
 
-Kept apart from behaviour so :mod:`ucstage.cache.local` and
-:mod:`ucstage.cache.maintenance` both import them directly. Each report's
+Kept apart from behaviour so :mod:`ucstage.cache.local`,
+:mod:`ucstage.cache.warm` and the CLI import them without a cycle. Each report's
 ``to_json()`` builds the document ``ucstage cache <command> --json`` prints,
 with the keys, types and nesting docs/json-cache.md documents.
 """

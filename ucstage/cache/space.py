@@ -1,7 +1,7 @@
 """The cache folder's on-disk state, owned by one object: :class:`CacheSpace`.
 
-What it holds and the two kinds of lock that guard it are in docs/design.md
-("The cache's on-disk state"): the namespaces and their records
+What it holds is in docs/design.md (section 6, "The on-disk state", and
+"Crash safety"), the two kinds of lock in :class:`CacheSpace`: the namespaces and their records
 (:class:`Namespaces`), the byte ledger (:mod:`.ledger`), the tree walk and
 the sweep of dead temp files (:func:`walk`, :func:`sweep`), this process's
 memo of validity stamps (:class:`StampMemo`), and what needs several of

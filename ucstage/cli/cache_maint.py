@@ -1,6 +1,6 @@
 """``ucstage cache status``, ``verify``, ``clear`` and ``prune``: each parses,
 calls one library function (a :class:`ucstage.cache.LocalCache` method, or
-:func:`ucstage.cache.sources.verify_source`) and renders; the JSON shapes are
+:func:`ucstage.cache.warm.verify_source`) and renders; the JSON shapes are
 docs/json-cache.md's."""
 
 from __future__ import annotations

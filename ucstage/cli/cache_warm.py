@@ -1,5 +1,5 @@
-"""``ucstage cache warm``: parses, calls :func:`ucstage.cache.share.warm_slice`
-(after :func:`~ucstage.cache.share.rank_slice` chose the ranks' files) and
+"""``ucstage cache warm``: parses, calls :func:`ucstage.cache.warm.warm_slice`
+(after :func:`~ucstage.cache.warm.rank_slice` chose the ranks' files) and
 renders; the JSON shape is docs/json-cache.md#warm."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Engine:
     ``fsspec``; a local folder has always been reported as ``fsspec``."""
     on_loop = False
     """Whether a warm's copies run as coroutines on the engine's event loop
-    (:mod:`ucstage.cache.loopwarm`), not one thread each."""
+    (:class:`ucstage.cache.fetch.LoopWarm`), not one thread each."""
     fork_safe = True
     """Whether a process forked after this engine ran can still use it."""
 

@@ -1,9 +1,10 @@
 """The local cache: a private, path-mirrored copy of source files on local disk.
 
-``local`` holds :class:`LocalCache` and the cache bound to one volume
-(:class:`~ucstage.cache.local.Bound`: lookup, the validity rule, fetch),
-``fetch`` the fetch protocol (its thread and loop drivers, and the copy),
-``warm`` copying many at once and the cache seen from a SOURCE, ``space``
+``local`` holds :class:`LocalCache` (settings, find, maintenance),
+``fetch`` the cache bound to one volume (:class:`~ucstage.cache.fetch.Bound`:
+lookup, the validity rule, fetch), the fetch protocol, its thread and loop
+drivers (a warm's too) and the copy, ``warm`` what the CLI's cache commands
+call on a SOURCE (a warm of some ranks, verify, status), ``space``
 the on-disk state (:class:`CacheSpace`), ``ledger`` its byte count,
 ``policy`` the eviction order and its one sink, ``leases`` a dataset
 reader's holds, ``inflight`` how a job stops its copies (:class:`Inflight`),

@@ -1,21 +1,21 @@
 """The fetch protocol: copying one entry into the cache, once, whoever asks.
 
 Its steps, and why each is where it is, are in docs/design.md ("Crash
-safety", and section 6 on the fetch protocol and a warm): under the entry's lock stripe (:mod:`ucstage.cache.locks`) the
-entry is checked once more, a preallocated temp file is reserved in the
-ledger (:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes
-are copied into it by the volume's engine (:func:`copy_to`), and it is
-stamped and renamed into place, or removed with its bytes given back. The
-retry rule is :func:`retry_pause`; a job's stop is its
+safety", and section 6 on the fetch protocol and a warm): under the entry's
+lock stripe (:mod:`ucstage.cache.locks`) the entry is checked once more, a
+preallocated temp file is reserved in the ledger
+(:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes are
+copied into it by the volume's engine (:func:`copy_to`), and it is stamped
+and renamed into place, or removed with its bytes given back. The retry
+rule is :func:`retry_pause`; a job's stop is its
 :class:`~ucstage.cache.inflight.Inflight`.
 
-Each step is a function of one :class:`Copy`, which carries the cache bound
-to the entry's volume (:class:`ucstage.cache.local.Bound`): the settings,
-the space and the check a copy needs travel as that one value. Two drivers
-run the steps, side by side here: the threaded one (:func:`fetch_retrying`,
-what ``LocalCache.fetch`` and a warm's threads call) and the loop one
-(:class:`LoopWarm`, a warm on the object-store engine, each copy a
-coroutine on the engine's loop).
+Here are the cache bound to one volume (:class:`Bound`, what
+``LocalCache.at`` returns: lookup, the validity rule, fetch); the steps, as
+functions of one :class:`Copy`, which carries its :class:`Bound`; and the
+two drivers that run them, side by side: the threads' (:func:`fetch_retrying`,
+what ``fetch`` calls, and a warm's :class:`WarmCopies`) and the event loop's
+(:class:`LoopWarm`, a warm on the object-store engine); then the copy itself.
 """
 
 from __future__ import annotations
@@ -27,17 +27,20 @@ import dataclasses
 import errno
 import functools
 import os
+import queue
 import random
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, NoReturn, TypeVar
+from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
 from .. import cloudfs, objstore
-from ..errors import CacheFull, FetchFailed, UcstageError, UnsafePath
+from ..errors import CacheFull, FetchFailed, InvalidArgument, UcstageError, UnsafePath
+from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, engine, is_range_path, safe_relpath, version_of
 from ..volumes.engine import HASH_KEYS, cut_ranges, merge_ranges, read_ranges
@@ -45,14 +48,12 @@ from ..volumes.entry import uncacheable
 from . import azranges, checksums, integrity, mounts, objget, pagecrc, paths
 from .inflight import Inflight, Stopped
 from .locks import FileLock
-from .objget import FetchContext, get_into
+from .objget import FetchContext, Requests, get_into
 from .pace import FREE_RETRIES, Paced, pause, throttled
-from .space import free_bytes, no_room
-from .tuning import THREAD_CEILING
-
-if TYPE_CHECKING:
-    from .local import Bound
-    from .warm import WarmCopies
+from .policy import Evictions, charging
+from .reports import EvictedSource, WarmReport
+from .space import CacheSpace, free_bytes, no_room
+from .tuning import AUTO, THREAD_CEILING, Jobs, ceiling, check_jobs, first_guess
 
 __all__ = ["CHUNK", "Copied", "Copy", "LoopWarm", "Pending", "Retries", "begin", "commit_tmp",
            "commit_tmps", "copy_locked", "copy_ranges", "copy_to", "disk_full", "drop_tmp",
@@ -64,6 +65,9 @@ _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryErro
 _PERMANENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR})
 """Errors of the cache's own file system that a retry meets again: the name
 is too long for it, or the path is a folder on one side and a file on the other."""
+_TOUCH_NS = 1_000_000_000
+"""Hand-outs refresh a file's atime at most once a second: the LRU clock has
+one-second resolution, and hot lookups cost one stat, not a stat and a write."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,116 @@ class Pending(NamedTuple):
     """Bytes reserved in the ledger for it."""
 
 
+# -- the cache bound to one volume ------------------------------------------------
+
+class Bound:
+    """A :class:`~ucstage.cache.local.LocalCache` bound to one volume's namespace.
+
+    What a dataset's reader, a warm and an export call: :meth:`lookup`,
+    :meth:`lookup_run`, :meth:`lookup_rows` and :meth:`fetch` take entries of
+    this volume only. Made by :meth:`LocalCache.at`, with the cache's space
+    and its copy settings (here, not in ``local``: the fetch protocol below
+    reads them, and ``local`` imports this module).
+    """
+
+    __slots__ = ("_memo", "_stamps", "backoff", "prefix", "requests", "retries", "space",
+                 "volume")
+
+    def __init__(self, space: CacheSpace, volume: Volume, *, requests: Requests,
+                 retries: int, backoff: float) -> None:
+        self.space = space
+        self.volume = volume
+        self.requests = requests
+        """The object-store engine's hedging and per-request deadline."""
+        self.retries = retries
+        """Extra attempts for transient source errors."""
+        self.backoff = backoff
+        """First retry delay in seconds."""
+        self.prefix = space.namespace_dir(volume.url) + "/"
+        """``<root>/<namespace>/``: a cached file's path is this plus its relpath."""
+        self._memo = space.stamps.entries
+        self._stamps = space.stamps
+
+    def prepare(self) -> str:
+        """:meth:`LocalCache.prepare` of this volume."""
+        return self.space.prepare(self.prefix[:-1], url=self.volume.url,
+                                  source=self.volume.source)
+
+    def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None:
+        """:meth:`LocalCache.lookup` of this volume's ``entry``."""
+        found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,), touch=touch)
+        return found[0] if found else None
+
+    def lookup_run(self, entries: Sequence[FileEntry], *, touch: bool = True) -> list[str]:
+        """:meth:`LocalCache.lookup_run` of this volume's ``entries``."""
+        return self.lookup_rows([e.path for e in entries], [e.size for e in entries],
+                                [e.version for e in entries], touch=touch)
+
+    def lookup_rows(self, rels: Sequence[str], sizes: Sequence[int],
+                    versions: Sequence[str], *, touch: bool = True) -> list[str]:
+        """The cached paths of the leading run of entries whose paths, sizes
+        and versions are ``rels``, ``sizes`` and ``versions`` that are valid
+        (a manifest's columns: a warm epoch makes no object per entry).
+
+        The one validity rule (docs/design.md, "Validity rule"): a ``stat``
+        of each path against the stamp memo, the stamp read again when the
+        memo does not vouch for the inode and ctime.
+
+        Raises:
+            UnsafePath: the first path is unsafe (a later unsafe one ends
+                the run before it).
+        """
+        prefix, memos, stat, stamps = self.prefix, self._memo, os.stat, self._stamps
+        now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
+        found: list[str] = []
+        for rel, size, version in zip(rels, sizes, versions, strict=True):
+            local = prefix + rel
+            # A path the memo knows passed this check before (the memo only holds
+            # paths of lookups); others get the cheap screen first, and only
+            # paths that might be unsafe pay for the full check.
+            memo = memos.get(local)
+            if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
+                                 or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
+                if found:
+                    break  # the next run starts with it, and raises
+                safe_relpath(rel)
+            try:
+                st = stat(local)
+            except OSError:
+                break
+            if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
+                stamp: tuple[int, str] | None = memo[2]
+            else:
+                stamp = stamps.stamp(local, st)
+            if stamp is None or stamp[0] != size or stamp[1] != version \
+                    or st.st_size != size:
+                break
+            # An atime in the future is a dataset's consumed mark (cache/policy.py):
+            # handing the file to anyone else turns it back into an LRU file.
+            if touch and not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
+                try:
+                    os.utime(local, ns=(now, st.st_mtime_ns))
+                except OSError:  # evicted between the stat and the touch
+                    break
+                # The touch moved the ctime: remember the new one, or the next
+                # hand-out would read the stamp again.
+                stamps.touched(local, st, stamp)
+            found.append(local)
+        return found
+
+    def fetch(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
+        """:meth:`LocalCache.fetch` of this volume's ``entry``: the check
+        before the lock (a hit takes no lock), then :meth:`fetch_missing`."""
+        found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,))
+        return found[0] if found else self.fetch_missing(entry, inflight=inflight)
+
+    def fetch_missing(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
+        """:meth:`fetch` of an entry the caller just found missing (its own
+        lookup was the check before the lock): the entry's lock, the check
+        under it, and the copy (:func:`ucstage.cache.fetch.fetch_retrying`)."""
+        return fetch_retrying(self, entry, inflight)[0]
+
+
 # -- the thread driver ------------------------------------------------------------
 
 def fetch_retrying(at: Bound, entry: FileEntry,
@@ -112,14 +226,14 @@ def fetch_retrying(at: Bound, entry: FileEntry,
         FetchFailed: permanent errors, or retries ran out.
         Stopped: ``inflight`` was stopped.
     """
-    state = Retries(at.cache.backoff)
+    state = Retries(at.backoff)
     while True:
         try:
             return fetch_once(at, entry, inflight)
         except Stopped:
             raise
         except Exception as exc:
-            pause_s, slow_down = state.next(at.cache.retries, exc, entry)
+            pause_s, slow_down = state.next(at.retries, exc, entry)
             if inflight is not None:
                 # A stopping warm does not wait out the backoff; only
                 # throttling and timeouts tell ``--jobs auto`` to back off.
@@ -193,7 +307,7 @@ def where(at: Bound, entry: FileEntry, inflight: Inflight | None = None) -> Copy
         raise UnsafePath(f"{rel}: {why}")
     ns_dir = at.prepare()
     local = os.path.join(ns_dir, *rel.split("/"))
-    return Copy(at, entry, rel, ns_dir, local, at.cache.space.entry_lock(ns_dir, rel), inflight)
+    return Copy(at, entry, rel, ns_dir, local, at.space.entry_lock(ns_dir, rel), inflight)
 
 
 def begin(copy: Copy) -> Copy:
@@ -206,8 +320,8 @@ def begin(copy: Copy) -> Copy:
 def context(copy: Copy) -> FetchContext:
     """What the copy reads its source with: the engine chosen for its
     volume, the cache's settings, the entry's listed size and version."""
-    cache = copy.at.cache
-    return FetchContext(engine.of(copy.volume), cache.root, cache.requests,
+    at = copy.at
+    return FetchContext(engine.of(copy.volume), at.space.root, at.requests,
                         copy.entry.size, copy.entry.version, copy.inflight)
 
 
@@ -235,7 +349,7 @@ def reserve_tmp(copy: Copy) -> Pending:
         Stopped: the copy's job stopped meanwhile (nothing is left behind).
         CacheFull: no room on disk or under the cap.
     """
-    space = copy.at.cache.space
+    space = copy.at.space
     tmp = _temp_for(copy)
     for attempt in (1, 2):
         try:
@@ -255,7 +369,7 @@ def reserve_tmps(copies: Sequence[Copy]) -> list[Pending | BaseException]:
     one's temp file, or the error :func:`reserve_tmp` would raise."""
     if not copies:
         return []
-    space = copies[0].at.cache.space
+    space = copies[0].at.space
     tmps = [_temp_for(copy) for copy in copies]
     got = space.reserve_many([(tmp, copy.entry.size) for tmp, copy in zip(tmps, copies,
                                                                           strict=True)])
@@ -276,7 +390,7 @@ def reserve_tmps(copies: Sequence[Copy]) -> list[Pending | BaseException]:
 
 def _temp_for(copy: Copy) -> str:
     """The copy's temp file path, its folder made (once per process)."""
-    space = copy.at.cache.space
+    space = copy.at.space
     space.make_folder(os.path.dirname(copy.local))
     return space.temp_path(copy.local, copy.lock)
 
@@ -286,7 +400,7 @@ def _again(copy: Copy, exc: OSError) -> bool:
     more: its folder was removed since it was made (a clear), and is made
     again. A full disk raises :exc:`CacheFull`; other errors answer False."""
     if isinstance(exc, FileNotFoundError):
-        copy.at.cache.space.make_folder(os.path.dirname(copy.local), again=True)
+        copy.at.space.make_folder(os.path.dirname(copy.local), again=True)
         return True
     if no_room(exc):
         raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
@@ -299,7 +413,7 @@ def _copying(copy: Copy, pending: Pending) -> Pending:
     if copy.inflight is not None and not copy.inflight.copying(copy.token, pending.tmp,
                                                                pending.reserved):
         os.close(pending.fd)  # stopped while reserving: copy nothing
-        copy.at.cache.space.abandon(pending.tmp, pending.reserved)
+        copy.at.space.abandon(pending.tmp, pending.reserved)
         raise Stopped()
     return pending
 
@@ -332,7 +446,7 @@ def commit_tmps(done: Sequence[tuple[Copy, Pending, Copied]]) -> list[BaseExcept
             continue
         ready.append(i)
     if ready:
-        renamed = done[ready[0]][0].at.cache.space.commit_many(
+        renamed = done[ready[0]][0].at.space.commit_many(
             [(done[i][1].tmp, done[i][0].local, done[i][2].size, done[i][1].reserved)
              for i in ready])
         for i, failed in zip(ready, renamed, strict=True):
@@ -345,7 +459,7 @@ def drop_tmp(copy: Copy, pending: Pending, exc: BaseException) -> NoReturn:
     already did, and raise (a full disk as :exc:`CacheFull`)."""
     if copy.inflight is None or copy.inflight.release(copy.token):
         # else the warm removed it already
-        copy.at.cache.space.abandon(pending.tmp, pending.reserved)
+        copy.at.space.abandon(pending.tmp, pending.reserved)
     if no_room(exc):
         raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
     raise exc
@@ -417,6 +531,290 @@ def _reason(exc: BaseException) -> str:
         return exc.strerror
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
+
+
+# -- a warm: many copies, jobs at a time, threads or the loop driver --------------
+
+WARM_FEWER = "warm fewer files"
+"""How a :exc:`CacheFull` hint of :meth:`ucstage.LocalCache.warm` ends when warming
+fewer files would help; the library cannot name the CLI flags that choose
+them, so the CLI's error mapper adds them (:func:`ucstage.cli.output.error_hint`)."""
+GRACE = 1.0
+"""Seconds a stopping warm lets its copies in flight finish before abandoning them."""
+_LATE_REPORTS = 0.5
+"""Seconds a stopped warm still listens, after abandoning, for copies that
+committed meanwhile. It returns as soon as every copy has reported, so only a
+copy stuck in a hung read costs the whole wait; GRACE plus this stays well
+inside the 2 s a Ctrl-C may take. The margin is for a thread starved on a
+loaded 2-core machine: without this wait, one fresh-clone test run counted a
+file fewer than the cache held.)"""
+
+
+def warm_entries(at: Bound, entries: Sequence[FileEntry], *,
+                 jobs: int | str = AUTO, callback: Callback = NO_PROGRESS) -> WarmReport:
+    """Copy every entry not already valid into ``at``'s namespace, ``jobs`` at a time.
+
+    See :meth:`ucstage.LocalCache.warm`.
+    """
+    space, volume = at.space, at.volume
+    cb = callback if callback is not None else NO_PROGRESS
+    try:
+        fixed = check_jobs(jobs)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
+    reader = engine.of(volume)  # chosen once for the whole warm
+    start = time.monotonic()
+    checked = integrity.TALLY.snapshot()
+    hedges = dict(objget.STATS)
+    new_namespace = not os.path.isdir(at.prefix)
+    ns_dir = at.prepare()
+    space.sweep(ns_dir)
+    report = WarmReport(files=len(entries), bytes=sum(e.size for e in entries),
+                        source=volume.source, cache_dir=space.root, namespace=ns_dir,
+                        engine=reader.name, jobs_auto=fixed is None)
+    todo: list[FileEntry] = []
+    valid: list[str] = []
+    for e in entries:
+        try:
+            hit = at.lookup(e)
+        except UcstageError as exc:
+            report.failed.append((e.path, str(exc)))
+            continue
+        if hit is None:
+            todo.append(e)
+        else:
+            valid.append(e.path)
+            report.already_cached += 1
+            report.already_cached_bytes += e.size
+    try:
+        _check_room(ns_dir, todo, report.bytes, space.max_bytes)
+    except CacheFull:
+        # Refused before copying anything: a namespace made for this warm
+        # would show in `cache status` as an empty source that was never cached.
+        if new_namespace and not os.listdir(ns_dir):
+            space.remove_namespaces([ns_dir])
+        raise
+    cb.set_size(report.bytes, items=report.files)
+    cb.relative_update(report.already_cached_bytes)
+    for path in valid:
+        cb.item_done(path, "cached")
+    for path, reason in report.failed:
+        cb.item_done(path, "failed", reason)
+    evicted = Evictions()
+    start_at = first_guess(volume, reader) if fixed is None else None
+    tuner = Jobs(fixed, ceiling=ceiling(reader), start=start_at)
+    WarmCopies(at, todo, report, cb, evicted, tuner, reader.on_loop).run()
+    report.jobs = tuner.settled
+    integrity.note(report, checked, volume.url)
+    report.hedged = objget.STATS["hedges"] - hedges.get("hedges", 0)
+    report.timeouts = objget.STATS["timeouts"] - hedges.get("timeouts", 0)
+    sources = space.sources()
+    report.evicted = [EvictedSource(name, sources.get(name, ("", ""))[0], files, nbytes)
+                      for name, (files, nbytes) in evicted.by_namespace().items()]
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _check_room(ns_dir: str, todo: Sequence[FileEntry], total: int, max_bytes: int | None) -> None:
+    need = sum(e.size for e in todo)
+    free = free_bytes(ns_dir)
+    if need > free:
+        raise CacheFull(
+            f"not enough space in the cache folder {ns_dir}: {len(todo):,} files need "
+            f"{format_bytes(need)}, {format_bytes(free)} free",
+            hint=f"free space, point {paths.CACHE_DIR_ENV} at a larger disk, or {WARM_FEWER}")
+    if max_bytes is not None and total > max_bytes:
+        raise CacheFull(
+            f"these files total {format_bytes(total)}, more than the cache cap "
+            f"{format_bytes(max_bytes)}",
+            hint=f"raise max_bytes, or {WARM_FEWER}")
+
+
+class WarmCopies:
+    """One warm's copy phase: ``jobs`` daemon threads copy (``on_loop``, an
+    engine whose copies are coroutines on its event loop:
+    :class:`ucstage.cache.fetch.LoopWarm`), the
+    calling thread waits for their results and reports them (the report and
+    the callback are touched by the calling thread only).
+
+    Daemon threads, not a ``ThreadPoolExecutor``: leaving an executor waits for
+    every queued copy, and the interpreter joins its threads at exit, so a
+    thread stuck in a slow read would hold up Ctrl-C. On any exception in the
+    calling thread (Ctrl-C, SIGTERM, a full cache) the warm stops: see
+    :meth:`_stop`.
+    """
+
+    def __init__(self, at: Bound, todo: Sequence[FileEntry],
+                 report: WarmReport, cb: Callback, evicted: Evictions, tuner: Jobs,
+                 on_loop: bool = False) -> None:
+        self.at, self.todo = at, todo
+        self.report, self.cb, self.evicted = report, cb, evicted
+        self.tuner = tuner
+        self.inflight = Inflight(on_retry=tuner.error)
+        self.threads = 0
+        self.on_loop = on_loop
+        """Copies run as coroutines on the engine's loop (:class:`LoopWarm`)."""
+        self.results: queue.SimpleQueue[list[tuple[FileEntry, bool | BaseException]]] = \
+            queue.SimpleQueue()
+        """Outcomes of copies, in batches (a thread puts one; the event loop's
+        driver puts what ended in one pass of the loop, so the waiting thread
+        wakes once per batch, not once per file)."""
+        self._pending = iter(todo)
+        self._take = threading.Lock()
+        self.taken = 0
+        self._open: set[FileEntry] = set()
+        """Entries taken whose outcome is not recorded yet (see :meth:`_settle`)."""
+        self.received = 0
+        self.done_bytes = 0
+
+    def run(self) -> None:
+        if not self.todo:
+            return
+        try:
+            if self.on_loop:
+                # Every copy a coroutine on the engine's event loop: no thread
+                # per copy in flight.
+                LoopWarm(self).start()
+            self._spawn()
+            while self.received < len(self.todo):
+                for entry, outcome in self.results.get():
+                    self._record(entry, outcome)
+                self._spawn()
+        except BaseException as exc:
+            self._stop()
+            if isinstance(exc, CacheFull):
+                left = sum(e.size for e in self.todo) - self.done_bytes
+                raise CacheFull(f"{exc.message}; this warm still needs {format_bytes(left)}",
+                                exc.hint) from exc
+            raise
+
+    def _spawn(self) -> None:
+        """One thread per place in flight, started as the tuner raises the limit."""
+        want = min(self.tuner.limit, len(self.todo))
+        while not self.on_loop and self.threads < want:
+            threading.Thread(target=self._work, name=f"ucstage-warm-{self.threads}",
+                             daemon=True).start()
+            self.threads += 1
+
+    def _work(self) -> None:
+        tuner = self.tuner
+        while tuner.enter():
+            with self._take:
+                entry = None if self.inflight.stopped else next(self._pending, None)
+                if entry is None:
+                    tuner.leave(0, counted=False)
+                    tuner.close()
+                    return
+                self.took(entry)
+            outcome: bool | BaseException
+            try:
+                with charging(self.evicted):  # this warm's evictions, per source
+                    outcome = fetch_retrying(self.at, entry, self.inflight)[1]
+            except BaseException as exc:
+                outcome = exc
+            tuner.leave(entry.size if outcome is True else 0)
+            self.results.put([(entry, outcome)])
+
+    def fetch_once(self, entry: FileEntry) -> tuple[str, bool]:
+        """:func:`ucstage.cache.fetch.fetch_once` of ``entry`` for this warm,
+        in the calling thread (the loop driver's thread for a copy that may wait)."""
+        with charging(self.evicted):
+            return fetch_once(self.at, entry, self.inflight)
+
+    def took(self, entry: FileEntry) -> None:
+        """A copy of ``entry`` starts (called under ``_take``)."""
+        self.taken += 1
+        self._open.add(entry)
+
+    def _record(self, e: FileEntry, outcome: bool | BaseException) -> None:
+        self.received += 1
+        with self._take:
+            self._open.discard(e)
+        report, cb = self.report, self.cb
+        if isinstance(outcome, Stopped):
+            return
+        if isinstance(outcome, UcstageError) and not isinstance(outcome, CacheFull):
+            report.failed.append((e.path, str(outcome)))
+            if retryable(outcome):
+                report.retryable.add(e.path)
+            cb.item_done(e.path, "failed", str(outcome))
+            return
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome:
+            report.fetched += 1
+            report.fetched_bytes += e.size
+        else:
+            report.already_cached += 1
+            report.already_cached_bytes += e.size
+        self.done_bytes += e.size
+        cb.relative_update(e.size)
+        cb.item_done(e.path, "fetched" if outcome else "cached")
+
+    def _stop(self) -> None:
+        """Start no copy; give copies in flight :data:`GRACE` seconds to finish
+        (reporting the ones that do), then abandon the rest."""
+        self.inflight.stop()
+        self.tuner.close()
+        deadline = time.monotonic() + GRACE
+        try:
+            while True:
+                with self._take:
+                    running = self.taken - self.received
+                left = deadline - time.monotonic()
+                if running <= 0 or left <= 0:
+                    break
+                try:
+                    batch = self.results.get(timeout=left)
+                except queue.Empty:
+                    break
+                for entry, outcome in batch:
+                    # Stopping already: the first error is the one raised.
+                    with contextlib.suppress(BaseException):
+                        self._record(entry, outcome)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop waiting, but still clean up
+        # A second Ctrl-C here leaves temp files that the next warm sweeps
+        # (nobody holds their stripes once this process is gone).
+        with contextlib.suppress(KeyboardInterrupt):
+            self.inflight.abandon(self.at.space.abandon)
+            # A copy that committed just as the grace ran out (abandon waited
+            # for it) reports right after: count it, or the summary would
+            # miss a file that is cached.
+            self._drain(time.monotonic() + _LATE_REPORTS)
+            self._settle()
+
+    def _settle(self) -> None:
+        """Count the copies still unreported that are in the cache now.
+
+        A thread starved past the wait above, or an outcome taken off the
+        queue just as Ctrl-C landed, would otherwise leave the summary a file
+        short of what the cache holds (seen on a loaded 2-core machine). The
+        cache itself is the truth: each open entry that is valid there now was
+        copied since the warm started (by this warm, or by another process
+        racing it, which the stop summary need not tell apart). At most the
+        copies in flight are looked up."""
+        with self._take:
+            still = list(self._open)
+        for entry in still:
+            if self.at.lookup(entry, touch=False) is not None:
+                with contextlib.suppress(BaseException):
+                    self._record(entry, True)
+
+    def _drain(self, until: float) -> None:
+        while True:
+            with self._take:
+                running = self.taken - self.received
+            left = until - time.monotonic()
+            if running <= 0 or left <= 0:
+                return
+            try:
+                batch = self.results.get(timeout=left)
+            except queue.Empty:
+                return
+            for entry, outcome in batch:
+                with contextlib.suppress(BaseException):
+                    self._record(entry, outcome)
 
 
 # -- the loop driver ---------------------------------------------------------------
@@ -547,15 +945,15 @@ class LoopWarm:
 
     async def _fetch_retrying(self, entry: FileEntry) -> tuple[str, bool]:
         """:func:`fetch_retrying`, awaiting instead of sleeping."""
-        cache = self.at.cache
-        state = Retries(cache.backoff)
+        at = self.at
+        state = Retries(at.backoff)
         while True:
             try:
                 return await self._fetch_once(entry)
             except Stopped:
                 raise
             except Exception as exc:
-                pause_s, slow_down = state.next(cache.retries, exc, entry)
+                pause_s, slow_down = state.next(at.retries, exc, entry)
             await self.inflight.asleep(pause_s, slow_down=slow_down)
 
     async def _fetch_once(self, entry: FileEntry) -> tuple[str, bool]:
@@ -565,7 +963,7 @@ class LoopWarm:
         inflight.check()
         lock = FileLock(copy.lock)
         # Byte ranges (a table's row groups) are ranged reads: copy_ranges, in a thread.
-        if isinstance(entry, RangeEntry) or at.cache.max_bytes is not None or \
+        if isinstance(entry, RangeEntry) or at.space.max_bytes is not None or \
                 not lock.acquire(blocking=False):
             self.threaded += 1
             return await self._in_thread(self.warm.fetch_once, entry)

@@ -1,5 +1,6 @@
-"""The local cache's front: :class:`LocalCache`, its settings, and the cache
-bound to one volume (:class:`Bound`: lookup, the one validity rule, fetch).
+"""The local cache's front: :class:`LocalCache` and its settings; its
+volume-taking methods are one-liners over the cache bound to one volume
+(:meth:`LocalCache.at`, a :class:`ucstage.cache.fetch.Bound`).
 
 How the cache works (namespaces, stamps, locks, the cap and its eviction
 order, leases) is documented in docs/cache.md and docs/design.md; the
@@ -13,7 +14,6 @@ import dataclasses
 import hashlib
 import os
 import posixpath
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..volumes import (
     safe_relpath,
 )
 from . import integrity, paths, runstats
-from .fetch import fetch_retrying
+from .fetch import WARM_FEWER, Bound, warm_entries
 from .inflight import Inflight
 from .objget import Requests
 from .reports import (
@@ -47,16 +47,12 @@ from .reports import (
 )
 from .space import CacheSpace, free_bytes
 from .tuning import AUTO
-from .warm import WARM_FEWER, warm_entries
 
 __all__ = ["CACHE_DIR_ENV", "DEFAULT_LEASE_SECONDS", "DEFAULT_WAIT_SECONDS", "MAX_BYTES_ENV",
            "WARM_FEWER", "Bound", "LocalCache", "Volumes", "rank_entries"]
 
 CACHE_DIR_ENV = paths.CACHE_DIR_ENV
 MAX_BYTES_ENV = "UCSTAGE_CACHE_MAX_BYTES"
-_TOUCH_NS = 1_000_000_000
-"""Hand-outs refresh a file's atime at most once a second: the LRU clock has
-one-second resolution, and hot lookups cost one stat, not a stat and a write."""
 DEFAULT_LEASE_SECONDS = 10.0
 """The time lease of paths handed out by ``lookup``/``fetch`` (and ``warm``)."""
 DEFAULT_WAIT_SECONDS = 120.0
@@ -151,8 +147,7 @@ class LocalCache:
 
     def prepare(self, volume: Volume) -> str:
         """Create the namespace folder and record which source it holds; return it."""
-        return self.space.prepare(self.namespace_dir(volume), url=volume.url,
-                                  source=volume.source)
+        return self.at(volume).prepare()
 
     def find(self, source: str) -> list[Volume]:
         """The cached volumes that hold ``source``, by the records the cache keeps.
@@ -217,7 +212,8 @@ class LocalCache:
         volume calls (:class:`Bound`), so the pair never travels apart."""
         last = self._last
         if last is None or last.volume is not volume:
-            last = self._last = Bound(self, volume)
+            last = self._last = Bound(self.space, volume, requests=self.requests,
+                                      retries=self.retries, backoff=self.backoff)
         return last
 
     # -- fetching -----------------------------------------------------------
@@ -383,103 +379,6 @@ class LocalCache:
         if max_bytes < 0:
             raise CacheError(f"max_bytes must be 0 or more, got {max_bytes}")
         return PruneReport(max_bytes, *self.space.evict_to(max_bytes))
-
-
-class Bound:
-    """A :class:`LocalCache` bound to one volume's namespace.
-
-    What a dataset's reader, a warm and an export call: :meth:`lookup`,
-    :meth:`lookup_run`, :meth:`lookup_rows` and :meth:`fetch` take entries of
-    this volume only. Made by :meth:`LocalCache.at`.
-    """
-
-    __slots__ = ("_memo", "_stamps", "cache", "prefix", "volume")
-
-    def __init__(self, cache: LocalCache, volume: Volume) -> None:
-        self.cache = cache
-        self.volume = volume
-        self.prefix = cache.namespace_dir(volume) + "/"
-        """``<root>/<namespace>/``: a cached file's path is this plus its relpath."""
-        self._memo = cache.space.stamps.entries
-        self._stamps = cache.space.stamps
-
-    def prepare(self) -> str:
-        """:meth:`LocalCache.prepare` of this volume."""
-        return self.cache.prepare(self.volume)
-
-    def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None:
-        """:meth:`LocalCache.lookup` of this volume's ``entry``."""
-        found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,), touch=touch)
-        return found[0] if found else None
-
-    def lookup_run(self, entries: Sequence[FileEntry], *, touch: bool = True) -> list[str]:
-        """:meth:`LocalCache.lookup_run` of this volume's ``entries``."""
-        return self.lookup_rows([e.path for e in entries], [e.size for e in entries],
-                                [e.version for e in entries], touch=touch)
-
-    def lookup_rows(self, rels: Sequence[str], sizes: Sequence[int],
-                    versions: Sequence[str], *, touch: bool = True) -> list[str]:
-        """The cached paths of the leading run of entries whose paths, sizes
-        and versions are ``rels``, ``sizes`` and ``versions`` that are valid
-        (a manifest's columns: a warm epoch makes no object per entry).
-
-        The one validity rule (docs/design.md, "Validity rule"): a ``stat``
-        of each path against the stamp memo, the stamp read again when the
-        memo does not vouch for the inode and ctime.
-
-        Raises:
-            UnsafePath: the first path is unsafe (a later unsafe one ends
-                the run before it).
-        """
-        prefix, memos, stat, stamps = self.prefix, self._memo, os.stat, self._stamps
-        now = time.time_ns()  # the touch's clock: a run takes far less than its 1 s step
-        found: list[str] = []
-        for rel, size, version in zip(rels, sizes, versions, strict=True):
-            local = prefix + rel
-            # A path the memo knows passed this check before (the memo only holds
-            # paths of lookups); others get the cheap screen first, and only
-            # paths that might be unsafe pay for the full check.
-            memo = memos.get(local)
-            if memo is None and (rel[:1] in ("", ".", "/") or "/." in rel or "//" in rel
-                                 or "\\" in rel or "\0" in rel or rel[-1:] == "/"):
-                if found:
-                    break  # the next run starts with it, and raises
-                safe_relpath(rel)
-            try:
-                st = stat(local)
-            except OSError:
-                break
-            if memo is not None and memo[0] == st.st_ino and memo[1] == st.st_ctime_ns:
-                stamp: tuple[int, str] | None = memo[2]
-            else:
-                stamp = stamps.stamp(local, st)
-            if stamp is None or stamp[0] != size or stamp[1] != version \
-                    or st.st_size != size:
-                break
-            # An atime in the future is a dataset's consumed mark (cache/policy.py):
-            # handing the file to anyone else turns it back into an LRU file.
-            if touch and not 0 <= now - st.st_atime_ns <= _TOUCH_NS:
-                try:
-                    os.utime(local, ns=(now, st.st_mtime_ns))
-                except OSError:  # evicted between the stat and the touch
-                    break
-                # The touch moved the ctime: remember the new one, or the next
-                # hand-out would read the stamp again.
-                stamps.touched(local, st, stamp)
-            found.append(local)
-        return found
-
-    def fetch(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
-        """:meth:`LocalCache.fetch` of this volume's ``entry``: the check
-        before the lock (a hit takes no lock), then :meth:`fetch_missing`."""
-        found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,))
-        return found[0] if found else self.fetch_missing(entry, inflight=inflight)
-
-    def fetch_missing(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
-        """:meth:`fetch` of an entry the caller just found missing (its own
-        lookup was the check before the lock): the entry's lock, the check
-        under it, and the copy (:func:`ucstage.cache.fetch.fetch_retrying`)."""
-        return fetch_retrying(self, entry, inflight)[0]
 
 
 def env_max_bytes() -> int | None:

@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,10 +116,12 @@ class Counters:
         if time.monotonic_ns() - self._written >= _FLUSH_NS:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, _exiting: Callable[[], bool] = exiting) -> None:
         """Write the counters out now (at interpreter exit: already written by
-        the atexit handler, and the modules this needs may be gone)."""
-        if exiting():
+        the atexit handler, and the modules this needs may be gone: the
+        default holds its own reference to :func:`ucstage.shutdown.exiting`,
+        as this module's globals may be cleared first)."""
+        if _exiting():
             return
         self._write()
 

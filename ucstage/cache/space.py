@@ -1,12 +1,13 @@
 """The cache folder's on-disk state, owned by one object: :class:`CacheSpace`.
 
 What it holds is in docs/design.md (section 6, "The on-disk state", and
-"Crash safety"), the two kinds of lock in :class:`CacheSpace`: the namespaces and their records
-(:class:`Namespaces`), the byte ledger (:mod:`.ledger`), the tree walk and
-the sweep of dead temp files (:func:`walk`, :func:`sweep`), this process's
-memo of validity stamps (:class:`StampMemo`), and what needs several of
-them at once: reserving room for a copy under the cap and committing it,
-discarding a file, and eviction (:mod:`.policy`'s order).
+"Crash safety"); the two kinds of lock that guard it in :class:`CacheSpace`.
+Here are the namespaces and their records (:meth:`CacheSpace.prepare`,
+:meth:`CacheSpace.sources`), the byte ledger (:mod:`.ledger`), the tree
+walk and the sweep of dead temp files (:func:`walk`, :func:`sweep`), this
+process's memo of validity stamps (:class:`StampMemo`), and what needs
+several of them at once: reserving room for a copy under the cap and
+committing it, discarding a file, and eviction (:mod:`.policy`'s order).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .leases import take_exclusive
 from .ledger import Ledger, Turns, locked_ledger
 from .locks import FileLock, stripe_path
 
-__all__ = ["CacheSpace", "Cached", "Eviction", "Namespaces", "StampMemo", "Tally", "free_bytes",
+__all__ = ["CacheSpace", "Cached", "Eviction", "StampMemo", "Tally", "free_bytes",
            "no_room", "sweep", "sweep_one", "unlink_if_exists", "walk"]
 
 _LOW_WATER = 0.99
@@ -73,8 +74,7 @@ class CacheSpace:
       misses one, and copies in flight (their preallocated temp files) are
       counted exactly.
     * **This process's memory** (the stamp memo, :class:`StampMemo`,
-      and which namespaces it has named and prepared,
-      :class:`Namespaces`) is guarded by a lock of each object,
+      and which namespaces it has named and prepared) is guarded by a lock of each object,
       held only for the dictionary update itself, never while waiting for
       the ledger lock or doing I/O, so the two never nest.
 
@@ -94,8 +94,15 @@ class CacheSpace:
         """A file handed out within this many nanoseconds is not evicted."""
         self.wait_s = wait_s
         """How long a reservation waits for a reader to make room."""
-        self.namespaces = Namespaces(root)
-        """The namespace folders, their records and lock folders, the trash."""
+        self._control = os.path.join(root, paths.CONTROL)
+        self._dirs: dict[str, str] = {}
+        """Namespace folders by source URL, named once per process."""
+        self._prepared: set[str] = set()
+        """Namespace folders this process prepared (asked of the disk once)."""
+        # Writes to those two happen under it; reads (a dict lookup, a set test)
+        # take none: they are atomic in CPython and a missed entry only costs a
+        # recompute.
+        self._names_lock = threading.Lock()
         self.stamps = StampMemo()
         """This process's memo of validity stamps."""
         self._folders: set[str] = set()
@@ -104,25 +111,122 @@ class CacheSpace:
         """This process's threads' turns at the ledger lock, batched
         (reserving without a cap, committing, giving back)."""
 
-    # -- namespaces (:class:`Namespaces`) ---------------------------------------
+    # -- namespaces: a folder per source, its record, its locks, the trash -------
 
     def namespace_dir(self, url: str) -> str:
         """``<root>/<namespace>`` for a source's resolved URL (not created)."""
-        return self.namespaces.dir(url)
+        path = self._dirs.get(url)
+        if path is None:
+            path = os.path.join(self.root, paths.namespace_name(url))
+            with self._names_lock:
+                self._dirs[url] = path
+        return path
 
     def namespace_dirs(self) -> list[str]:
         """Every namespace folder under the root, by name (the control folder is hidden)."""
-        return self.namespaces.dirs()
+        return [e.path for e in sorted(os.scandir(self.root), key=lambda e: e.name)
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
 
     def prepare(self, ns_dir: str, *, url: str, source: str) -> str:
         """Create a namespace folder and its lock folder, and record which
         source it holds (once; the record is written atomically). Return it."""
-        return self.namespaces.prepare(ns_dir, url=url, source=source)
+        if ns_dir in self._prepared:
+            return ns_dir
+        os.makedirs(ns_dir, mode=0o700, exist_ok=True)
+        os.makedirs(paths.lock_dir(self.root, ns_dir), mode=0o700, exist_ok=True)
+        record = paths.record_path(self.root, ns_dir)
+        if not os.path.exists(record):
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            write_atomic(record, json.dumps(
+                {"namespace": os.path.basename(ns_dir), "url": url, "source": source,
+                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
+        with self._names_lock:
+            self._prepared.add(ns_dir)
+        return ns_dir
 
     def sources(self) -> dict[str, tuple[str, str]]:
         """namespace name -> (source as given, resolved URL), from the records
         :meth:`prepare` wrote. Unreadable records are skipped."""
-        return self.namespaces.sources()
+        found: dict[str, tuple[str, str]] = {}
+        folder = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if name.startswith(".") or not name.endswith(".json"):
+                continue  # a record being written (write_atomic's hidden temp file)
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                    record = json.load(fh)
+                found[name[:-5]] = (str(record.get("source") or record["url"]),
+                                    str(record["url"]))
+            except (OSError, ValueError, KeyError, AttributeError):
+                continue
+        return found
+
+    def _remove_namespace(self, ns_dir: str) -> bool:
+        """Delete one namespace folder, its record and its lock files; False
+        when it was not there. The folder is renamed into the trash first, so
+        it disappears at once; files already open stay readable (POSIX unlink)."""
+        if not os.path.isdir(ns_dir):
+            return False
+        staged = self.trash_name()
+        os.rename(ns_dir, staged)
+        shutil.rmtree(staged, ignore_errors=True)
+        with self._names_lock:
+            self._prepared.discard(ns_dir)
+        unlink_if_exists(paths.record_path(self.root, ns_dir))
+        self._remove_locks(os.path.basename(ns_dir))
+        return True
+
+    def remove_orphans(self) -> None:
+        """Delete lock folders and records of namespaces whose folder is gone
+        (left by clears of older versions, or by a clear that was killed), and
+        whatever a killed clear, verify or eviction left in the trash."""
+        trash = os.path.join(self._control, "trash")
+        # Everything in the trash was renamed there to be deleted; a process
+        # deleting one right now and this one both ignore what the other took.
+        for name in sorted(os.listdir(trash)) if os.path.isdir(trash) else []:
+            path = os.path.join(trash, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                unlink_if_exists(path)
+
+        def gone(name: str) -> bool:  # asked just before each removal: a warm may start now
+            return not os.path.isdir(os.path.join(self.root, name))
+
+        locks = os.path.join(self._control, "locks")
+        for name in sorted(os.listdir(locks)) if os.path.isdir(locks) else []:
+            if gone(name):
+                self._remove_locks(name)
+        records = os.path.join(self._control, "namespaces")
+        for name in sorted(os.listdir(records)) if os.path.isdir(records) else []:
+            if name.endswith(".json") and not name.startswith(".") and gone(name[:-5]):
+                unlink_if_exists(os.path.join(records, name))
+
+    def trash_name(self) -> str:
+        """A fresh path in the trash folder: renaming there makes a file or folder
+        disappear at once (same filesystem) before it is deleted."""
+        trash = os.path.join(self._control, "trash")
+        os.makedirs(trash, mode=0o700, exist_ok=True)
+        return os.path.join(trash, uuid.uuid4().hex)
+
+    def _remove_locks(self, namespace: str) -> None:
+        """Delete a namespace's lock stripes. Each is taken before it is unlinked
+        (waiting for a copy that holds it), so no two holders ever share one:
+        see :mod:`ucstage.cache.locks`."""
+        folder = os.path.join(self._control, "locks", namespace)
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            return
+        for name in names:
+            lock = FileLock(os.path.join(folder, name))
+            lock.acquire()
+            try:
+                lock.unlink()
+            finally:
+                lock.release()
+        with contextlib.suppress(FileNotFoundError, OSError):
+            os.rmdir(folder)  # not empty: a new copy of this source started meanwhile
 
     def remove_namespaces(self, ns_dirs: Sequence[str]) -> list[str]:
         """Delete these namespaces, their records and their lock files; return
@@ -132,17 +236,11 @@ class CacheSpace:
         files already open stay readable (POSIX unlink). The stamp memo is
         forgotten and the ledger recounted from what is left.
         """
-        names = [os.path.basename(d) for d in ns_dirs if self.namespaces.remove(d)]
+        names = [os.path.basename(d) for d in ns_dirs if self._remove_namespace(d)]
         self.stamps.clear()
         with self._ledger() as ledger:
             ledger.write(sum(c.size for c in self._walk(self.namespace_dirs())))
         return names
-
-    def remove_orphans(self) -> None:
-        """Delete lock folders and records of namespaces whose folder is gone
-        (left by clears of older versions, or by a clear that was killed), and
-        whatever a killed clear, verify or eviction left in the trash."""
-        self.namespaces.remove_orphans()
 
     def remove_frozen_listings(self) -> None:
         """Delete the listings :class:`ucstage.VolumeDataset` froze under the
@@ -377,7 +475,7 @@ class CacheSpace:
             if (st.st_ino, st.st_dev) != (seen.st_ino, seen.st_dev):
                 return False  # refetched meanwhile: a new copy, not the one checked
             used = ledger.read()  # before the rename: a recount must still see the file
-            staged = self.namespaces.trash_name()
+            staged = self.trash_name()
             os.rename(local, staged)
             os.unlink(staged)
             ledger.write(used - st.st_size)
@@ -485,7 +583,7 @@ class CacheSpace:
                 return False  # a reader holds it (see ucstage.cache.leases)
             if hold < 0:
                 return True  # gone meanwhile
-            staged = self.namespaces.trash_name()
+            staged = self.trash_name()
             try:
                 os.rename(c.path, staged)
             except FileNotFoundError:
@@ -681,138 +779,3 @@ class StampMemo:
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
             self._memo[path] = memo
-
-
-# -- namespaces: a folder per source, its record, its locks, the trash -------------
-
-class Namespaces:
-    """The namespaces of one cache root, and which of them this process has
-    named and prepared (remembered so a copy asks the disk once per process).
-
-    Args:
-        root: a cache root already opened by :func:`ucstage.cache.paths.open_root`.
-    """
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self._control = os.path.join(root, paths.CONTROL)
-        self._dirs: dict[str, str] = {}
-        self._prepared: set[str] = set()
-        # Writes happen under it; reads (a dict lookup, a set test) take none:
-        # they are atomic in CPython and a missed entry only costs a recompute.
-        self._lock = threading.Lock()
-
-    def dir(self, url: str) -> str:
-        """``<root>/<namespace>`` for a source's resolved URL (not created)."""
-        path = self._dirs.get(url)
-        if path is None:
-            path = os.path.join(self.root, paths.namespace_name(url))
-            with self._lock:
-                self._dirs[url] = path
-        return path
-
-    def dirs(self) -> list[str]:
-        """Every namespace folder under the root, by name (the control folder is hidden)."""
-        return [e.path for e in sorted(os.scandir(self.root), key=lambda e: e.name)
-                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
-
-    def prepare(self, ns_dir: str, *, url: str, source: str) -> str:
-        """Create a namespace folder and its lock folder, and record which
-        source it holds (once; the record is written atomically). Return it."""
-        if ns_dir in self._prepared:
-            return ns_dir
-        os.makedirs(ns_dir, mode=0o700, exist_ok=True)
-        os.makedirs(paths.lock_dir(self.root, ns_dir), mode=0o700, exist_ok=True)
-        record = paths.record_path(self.root, ns_dir)
-        if not os.path.exists(record):
-            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
-            write_atomic(record, json.dumps(
-                {"namespace": os.path.basename(ns_dir), "url": url, "source": source,
-                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
-        with self._lock:
-            self._prepared.add(ns_dir)
-        return ns_dir
-
-    def sources(self) -> dict[str, tuple[str, str]]:
-        """namespace name -> (source as given, resolved URL), from the records
-        :meth:`prepare` wrote. Unreadable records are skipped."""
-        found: dict[str, tuple[str, str]] = {}
-        folder = os.path.join(self._control, "namespaces")
-        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            if name.startswith(".") or not name.endswith(".json"):
-                continue  # a record being written (write_atomic's hidden temp file)
-            try:
-                with open(os.path.join(folder, name), encoding="utf-8") as fh:
-                    record = json.load(fh)
-                found[name[:-5]] = (str(record.get("source") or record["url"]),
-                                    str(record["url"]))
-            except (OSError, ValueError, KeyError, AttributeError):
-                continue
-        return found
-
-    def remove(self, ns_dir: str) -> bool:
-        """Delete one namespace folder, its record and its lock files; False
-        when it was not there. The folder is renamed into the trash first, so
-        it disappears at once; files already open stay readable (POSIX unlink)."""
-        if not os.path.isdir(ns_dir):
-            return False
-        staged = self.trash_name()
-        os.rename(ns_dir, staged)
-        shutil.rmtree(staged, ignore_errors=True)
-        with self._lock:
-            self._prepared.discard(ns_dir)
-        unlink_if_exists(paths.record_path(self.root, ns_dir))
-        self._remove_locks(os.path.basename(ns_dir))
-        return True
-
-    def remove_orphans(self) -> None:
-        """Delete lock folders and records of namespaces whose folder is gone
-        (left by clears of older versions, or by a clear that was killed), and
-        whatever a killed clear, verify or eviction left in the trash."""
-        trash = os.path.join(self._control, "trash")
-        # Everything in the trash was renamed there to be deleted; a process
-        # deleting one right now and this one both ignore what the other took.
-        for name in sorted(os.listdir(trash)) if os.path.isdir(trash) else []:
-            path = os.path.join(trash, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                unlink_if_exists(path)
-
-        def gone(name: str) -> bool:  # asked just before each removal: a warm may start now
-            return not os.path.isdir(os.path.join(self.root, name))
-
-        locks = os.path.join(self._control, "locks")
-        for name in sorted(os.listdir(locks)) if os.path.isdir(locks) else []:
-            if gone(name):
-                self._remove_locks(name)
-        records = os.path.join(self._control, "namespaces")
-        for name in sorted(os.listdir(records)) if os.path.isdir(records) else []:
-            if name.endswith(".json") and not name.startswith(".") and gone(name[:-5]):
-                unlink_if_exists(os.path.join(records, name))
-
-    def trash_name(self) -> str:
-        """A fresh path in the trash folder: renaming there makes a file or folder
-        disappear at once (same filesystem) before it is deleted."""
-        trash = os.path.join(self._control, "trash")
-        os.makedirs(trash, mode=0o700, exist_ok=True)
-        return os.path.join(trash, uuid.uuid4().hex)
-
-    def _remove_locks(self, namespace: str) -> None:
-        """Delete a namespace's lock stripes. Each is taken before it is unlinked
-        (waiting for a copy that holds it), so no two holders ever share one:
-        see :mod:`ucstage.cache.locks`."""
-        folder = os.path.join(self._control, "locks", namespace)
-        try:
-            names = sorted(os.listdir(folder))
-        except FileNotFoundError:
-            return
-        for name in names:
-            lock = FileLock(os.path.join(folder, name))
-            lock.acquire()
-            try:
-                lock.unlink()
-            finally:
-                lock.release()
-        with contextlib.suppress(FileNotFoundError, OSError):
-            os.rmdir(folder)  # not empty: a new copy of this source started meanwhile

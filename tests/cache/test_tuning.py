@@ -163,7 +163,7 @@ def test_mountinfo_is_read_for_the_deepest_mount(tmp_path) -> None:  # type: ign
 
 
 def test_warm_starts_from_the_sources_first_guess(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from ucstage.cache import warm
+    from ucstage.cache import fetch
 
     starts: list[int | None] = []
 
@@ -172,7 +172,7 @@ def test_warm_starts_from_the_sources_first_guess(tmp_path, monkeypatch: pytest.
             starts.append(kw.get("start"))
             super().__init__(jobs, **kw)
 
-    monkeypatch.setattr(warm, "Jobs", Recorded)
+    monkeypatch.setattr(fetch, "Jobs", Recorded)
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_bytes(b"x")

@@ -55,10 +55,11 @@ from .reports import EvictedSource, WarmReport
 from .space import CacheSpace, free_bytes, no_room
 from .tuning import AUTO, THREAD_CEILING, Jobs, ceiling, check_jobs, first_guess
 
-__all__ = ["CHUNK", "Copied", "Copy", "LoopWarm", "Pending", "Retries", "begin", "commit_tmp",
-           "commit_tmps", "copy_locked", "copy_ranges", "copy_to", "disk_full", "drop_tmp",
-           "fetch_once", "fetch_retrying", "permanent", "reserve_tmp", "reserve_tmps",
-           "retry_pause", "retryable", "slows_down", "throttled", "where"]
+__all__ = ["CHUNK", "GRACE", "WARM_FEWER", "Bound", "Copied", "Copy", "LoopWarm", "Pending",
+           "Retries", "WarmCopies", "begin", "commit_tmp", "commit_tmps", "copy_locked",
+           "copy_ranges", "copy_to", "disk_full", "drop_tmp", "fetch_once", "fetch_retrying",
+           "permanent", "reserve_tmp", "reserve_tmps", "retry_pause", "retryable", "slows_down",
+           "throttled", "warm_entries", "where"]
 
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
               NotADirectoryError, FileExistsError)

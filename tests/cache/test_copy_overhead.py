@@ -174,3 +174,33 @@ def test_a_cached_copy_is_cached_in_folios_as_large_as_a_whole_write(tmp_path: P
     cache = LocalCache(tmp_path / "cache")
     path = cache.fetch(m.volume(), m.entries[0])
     assert folios(path) == reference
+
+
+def test_a_miss_checks_validity_once_before_its_lock_and_once_under_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: ``fetch`` of a miss runs the validity rule twice (the check
+    that spares a hit the lock, and the one under the lock that finds another
+    process's copy), and ``fetch_missing`` (the caller's lookup just missed)
+    once; a hit once. Counted at the rule itself, ``Bound.lookup_rows``."""
+    from ucstage.cache.fetch import Bound
+
+    m = snapshot(str(_tree(tmp_path / "src")))
+    at = LocalCache(tmp_path / "cache").at(m.volume())
+    checks: list[tuple[str, ...]] = []
+    rule = Bound.lookup_rows
+
+    def counted(self, rels, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        checks.append(tuple(rels))
+        return rule(self, rels, *rest, **kwargs)
+
+    monkeypatch.setattr(Bound, "lookup_rows", counted)
+    first, second = m.entries[0], m.entries[1]
+    at.fetch(first)
+    assert checks == [(first.path,), (first.path,)]
+    checks.clear()
+    at.fetch(first)
+    assert checks == [(first.path,)]
+    checks.clear()
+    assert at.lookup(second) is None
+    at.fetch_missing(second)
+    assert checks == [(second.path,), (second.path,)]  # the caller's lookup, then under the lock

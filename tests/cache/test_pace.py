@@ -5,7 +5,7 @@ against moto behind a rate-limiting proxy is in tests/cache/test_faults.py."""
 
 from __future__ import annotations
 
-from ucstage.cache.pace import BETA, Pace
+from ucstage.engines.pace import BETA, Pace
 
 
 class Clock:

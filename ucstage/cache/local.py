@@ -35,6 +35,7 @@ import time
 from collections.abc import Sequence
 
 from .. import params
+from ..engines.context import Requests
 from ..errors import CacheError, InvalidArgument
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import rank_entries
@@ -44,7 +45,6 @@ from . import maintenance as maint
 from . import paths
 from .fetch import Fetcher
 from .inflight import Inflight
-from .objget import Requests
 from .reports import (
     CacheStatus,
     ClearReport,

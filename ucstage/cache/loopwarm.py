@@ -1,5 +1,5 @@
 """A warm's copy phase on the object-store engine: every copy is a coroutine
-on the engine's event loop (:func:`ucstage.cache.objget.loop`).
+on the engine's event loop (:func:`ucstage.engines.objget.loop`).
 
 With threads, each copy in flight was a thread that waited for its GET on
 the loop: at a hundred copies in flight the threads' wake-ups and the GIL
@@ -39,10 +39,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from .. import objstore
+from ..engines import objget, objstore
+from ..engines.context import Copied
 from ..volumes import FileEntry, RangeEntry
-from . import objget
-from .fetch import Copied, Copy, Pending, Retries
+from .fetch import Copy, Pending, Retries
 from .inflight import Stopped
 from .locks import FileLock
 from .tuning import THREAD_CEILING

@@ -16,6 +16,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
+from ..engines.checks import file_checksum, recorded
 from ..errors import CacheError, InvalidArgument, SourceNotFound
 from ..volumes import (
     RANGES_DIR,
@@ -26,7 +27,7 @@ from ..volumes import (
     resolve,
     safe_relpath,
 )
-from . import integrity, paths, runstats
+from . import paths, runstats
 from .reports import (
     CacheStatus,
     ClearReport,
@@ -255,10 +256,10 @@ def _content_problem(volume: Volume, relpath: str, local: str) -> str:
     """Why a cached copy's bytes are wrong ('' when they are right): against
     the checksum recorded when it was copied (checked against the store
     then), else against the source's bytes, read again."""
-    recorded = integrity.recorded(local)
-    if recorded:
-        kind = recorded.partition(":")[0]
-        if integrity.file_checksum(local, kind) != recorded:
+    kept = recorded(local)
+    if kept:
+        kind = kept.partition(":")[0]
+        if file_checksum(local, kind) != kept:
             return f"content differs from the checksum recorded when it was copied ({kind})"
         return ""
     if _digest_local(local) != _digest_source(volume, relpath):

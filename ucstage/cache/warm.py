@@ -16,11 +16,12 @@ import threading
 import time
 from collections.abc import Sequence
 
+from ..engines import checks, engine, objget
 from ..errors import CacheFull, InvalidArgument, UcstageError
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
-from ..volumes import FileEntry, Volume, engine
-from . import integrity, objget, paths
+from ..volumes import FileEntry, Volume
+from . import paths
 from .fetch import Fetcher, retryable
 from .inflight import Inflight, Stopped
 from .reports import EvictedSource, WarmReport
@@ -58,7 +59,7 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
         raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
     reader = engine.of(volume)  # chosen once for the whole warm
     start = time.monotonic()
-    checked = integrity.TALLY.snapshot()
+    checked = checks.TALLY.snapshot()
     hedges = dict(objget.STATS)
     new_namespace = not os.path.isdir(cache.space.namespace_dir(volume.url))
     ns_dir = cache.prepare(volume)
@@ -99,7 +100,7 @@ def warm_entries(fetcher: Fetcher, volume: Volume, entries: Sequence[FileEntry],
     tuner = Jobs(fixed, ceiling=ceiling(reader), start=start_at)
     WarmCopies(fetcher, volume, todo, report, cb, evicted, tuner, reader.on_loop).run()
     report.jobs = tuner.settled
-    integrity.note(report, checked, volume.url)
+    checks.note(report, checked, volume.url)
     report.hedged = objget.STATS["hedges"] - hedges.get("hedges", 0)
     report.timeouts = objget.STATS["timeouts"] - hedges.get("timeouts", 0)
     sources = cache.space.sources()

@@ -7,7 +7,7 @@ as Spark and Hadoop do. Local folders are walked as ``find -L`` walks them
 that cannot be read is never dropped silently: it stops the listing
 (:class:`UnreadableFolders`) unless ``skip_unreadable``, which records it.
 A single file is a source too: its listing is that one file. The walk
-itself is the engine's (:mod:`ucstage.volumes.engine`, over
+itself is the engine's (:mod:`ucstage.engines.engine`, over
 :mod:`ucstage.volumes.walk`); resolving the source,
 :mod:`ucstage.volumes.location`.
 """
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .. import params
+from ..engines import engine
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
 from ..shown import shown
-from . import engine
 from .entry import CANNOT_HOLD, NAME_MAX, FileEntry, uncacheable, version_of
 from .location import (
     Volume,

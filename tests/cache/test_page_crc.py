@@ -109,7 +109,7 @@ def test_a_layout_read_the_same_way_twice_is_the_files_own(tmp_path: Path) -> No
 
 def test_the_walk_of_a_64_mib_row_group(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                         ) -> None:
-    """The cost quoted in ucstage/cache/pagecrc.py and docs/cache.md: a
+    """The cost quoted in ucstage/engines/pagecrc.py and docs/cache.md: a
     64 MiB row group (two columns of random doubles, 1 MiB pages) walked and
     every page's CRC32 checked. Printed, not asserted (no wall-clock limits)."""
     rows = 4 * 1024 * 1024

@@ -188,8 +188,6 @@ def _forget_after_fork() -> None:
     _containers_lock = threading.Lock()
 
 
-
-
 def blobs(bucket: str, limit: float | None = None) -> Blobs:
     """This process's client of ``bucket`` (``container`` or
     ``container@account``). Call it on the engine's loop, which its

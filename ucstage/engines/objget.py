@@ -27,7 +27,7 @@ response gets a hedged second request, and none outlives the deadline
 (below). A copy is returned only after its bytes passed :mod:`ucstage.engines.checks`'s check (the ETag's MD5, hashed
 as a whole GET streams or over the file once every part is written; else the
 size), which it records on the temp file; a mismatch raises
-:exc:`~ucstage.cache.checks.Mismatch`, an ``OSError`` the cache retries.
+:exc:`~ucstage.engines.checks.Mismatch`, an ``OSError`` the cache retries.
 
 The loop and its thread belong to the process that made them; a forked child
 (a DataLoader worker) starts its own on first use. asyncio is imported inside
@@ -197,16 +197,6 @@ _latency: dict[str, Latency] = {}
 _budget: list[Budget] = []
 
 
-@reset_after_fork
-def _forget_samples_after_fork() -> None:
-    _hashers.clear()  # its threads did not survive the fork
-    _latency.clear()
-    _budget.clear()
-    STATS.clear()
-
-
-
-
 def latency(source: str) -> Latency:
     """The running latency of ``source`` (``kind://bucket``)."""
     found = _latency.get(source)
@@ -220,6 +210,14 @@ def budget() -> Budget:
     if not _budget:
         _budget.append(Budget())
     return _budget[0]
+
+
+@reset_after_fork
+def _forget_samples_after_fork() -> None:
+    _hashers.clear()  # its threads did not survive the fork
+    _latency.clear()
+    _budget.clear()
+    STATS.clear()
 
 
 class _End:
@@ -511,7 +509,7 @@ class Got(NamedTuple):
     etag: str
     mtime_ns: int | None
     check: str = ""
-    """The check its bytes passed (:data:`ucstage.cache.checks.CHECKS`)."""
+    """The check its bytes passed (:data:`ucstage.engines.checks.CHECKS`)."""
 
 
 _forked_away: list[Any] = []
@@ -528,8 +526,6 @@ def _forget_after_fork() -> None:
         _forked_away.append(_loop)
     _loop = None
     _loop_lock = threading.Lock()
-
-
 
 
 def loop() -> asyncio.AbstractEventLoop:

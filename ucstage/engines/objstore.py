@@ -111,8 +111,6 @@ def forks_fall_back() -> bool:
     return _used_in is not None
 
 
-
-
 def keep_clean(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` without starting obstore's runtime in this process: in a
     short-lived forked child while obstore is unused here, so that processes

@@ -156,15 +156,10 @@ _paces: dict[str, Pace] = {}
 
 
 @reset_after_fork
-def _forget_after_fork() -> None:
-    _paces.clear()
-
-
-
-
 def forget() -> None:
-    """Forget every source's pace (a process that points the same bucket name
-    at another store: tests)."""
+    """Forget every source's pace: in a forked child (the parent's go on
+    there), and in a process that points the same bucket name at another
+    store (tests)."""
     _paces.clear()
 
 

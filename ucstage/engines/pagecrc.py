@@ -27,14 +27,14 @@ decompress and decode every page as well, and needs the file's footer.
 
 A chunk that fails is read again, :data:`~ucstage.engines.azranges.TRIES`
 reads in a row at most: a CRC that never matches fails the entry with
-:exc:`~ucstage.cache.checks.Mismatch` (never cached; the cache's retry of
+:exc:`~ucstage.engines.checks.Mismatch` (never cached; the cache's retry of
 the entry may follow). A walk that does not land on the chunk's end (a
 header flipped in transit is not covered by any CRC, but moves the walk) is
 read again too; when the same bytes come back, the layout is the file's own
 (a writer known to understate its chunks, or an empty row group whose range
 starts at the file's magic), and the entry keeps the size check.
 
-An entry counts as ``page_crc`` (:data:`ucstage.cache.checks.CHECKS`)
+An entry counts as ``page_crc`` (:data:`ucstage.engines.checks.CHECKS`)
 only when every page of every chunk carried a CRC that matched; a file
 without page CRCs, or with some pages only, counts as ``size``. The headers
 themselves (page type, value counts, statistics) are covered by no CRC.
@@ -76,7 +76,7 @@ def walk(chunk: bytes | memoryview) -> tuple[int, int]:
         Unwalkable: a header does not parse, or the pages do not end where
             the chunk does.
         _BadCrc: a page's bytes do not give its CRC (private: :func:`verified`
-            turns it into :exc:`~ucstage.cache.checks.Mismatch`).
+            turns it into :exc:`~ucstage.engines.checks.Mismatch`).
     """
     view = memoryview(chunk)
     end = len(view)

@@ -313,8 +313,7 @@ def _copy_remote(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> C
             size += len(block)
         os.ftruncate(dst, size)
     if digest is not None:
-        checks.record(dst, checks.judge(f"{_kind(volume)}://", relpath, want,
-                                              digest.hexdigest()))
+        checks.record(dst, checks.judge(f"{kind}://", relpath, want, digest.hexdigest()))
     # Only a content hash is comparable across calls: fsspec backends format
     # timestamps differently in info() and find() (memory gives a datetime in
     # one and a float in the other), so those fall back to the listing's.

@@ -21,7 +21,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .. import params
-from ..engines import engine
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
 from ..shown import shown
 from .entry import CANNOT_HOLD, NAME_MAX, FileEntry, uncacheable, version_of
@@ -221,6 +220,12 @@ def list_volume(
         list(params.strings(exclude, "exclude"))
     if volume.file:
         return _list_one_file(volume, include, exclude)
+    # The engine interface (which copies as well as walks: its GETs, checks
+    # and paces) loads with the first listing, not with ``import
+    # ucstage.volumes``: resolving a SOURCE or reading a frozen listing
+    # needs none of it.
+    from ..engines import engine
+
     root = volume.root
     walk = Walk(include_hidden)
     try:

@@ -98,9 +98,9 @@ class FetchContext(NamedTuple):
     inflight: Stoppable | None = None
     """The job that may stop the copy (a warm, a read-ahead), or None."""
     read_size: int = 0
-    """Bytes per read of a local-like source (0: ``localfile.READ_CHUNK``). A
+    """Bytes per read of a local-like source (0: ``engine.READ_CHUNK``). A
     small one bounds how long a stop waits on a slow mount (see
-    :func:`ucstage.engines.localfile.read_blocks`)."""
+    :func:`ucstage.engines.engine.read_blocks`)."""
 
     @property
     def deadline(self) -> float | None:

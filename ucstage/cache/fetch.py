@@ -21,7 +21,7 @@ GET awaited on the object-store engine's loop.
 
 The copy itself is the engine's (:mod:`ucstage.engines.engine`), given what
 it reads by in one value (:class:`~ucstage.engines.context.FetchContext`:
-this cache's request settings and MD5 evidence folder, the entry's listed
+this cache's request settings and MD5 evidence, the entry's listed
 size and version, the job that may stop it). The temp file is created 0600
 by us.
 """
@@ -217,8 +217,9 @@ class Fetcher:
         return dataclasses.replace(copy, token=copy.inflight.begin())
 
     def context(self, copy: Copy) -> FetchContext:
-        """What the copy reads its source with: the engine chosen for its
-        volume, this cache's settings, the entry's listed size and version."""
+        """What the copy reads its source with: this cache's request settings
+        and where it keeps its MD5 evidence (``.ucstage/md5-etags/``), the
+        entry's listed size and version, the job that may stop it."""
         return FetchContext(functools.partial(paths.md5_evidence, self.cache.root),
                             self.cache.requests, copy.entry.size, copy.entry.version,
                             copy.inflight)

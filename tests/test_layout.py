@@ -105,7 +105,7 @@ def test_the_cycle_finder_finds_cycles():
 
 
 CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.entry",
-        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing", "ucstage.volumes.engine",
+        "ucstage.volumes.location", "ucstage.volumes.walk", "ucstage.volumes.listing",
         "ucstage.manifest", "ucstage.manifest.model", "ucstage.manifest.columns",
         "ucstage.manifest.formats", "ucstage.manifest.files", "ucstage.manifest.groups",
         "ucstage.manifest.arrays", "ucstage.manifest.rowgroups", "ucstage.manifest.shardsamples",
@@ -116,8 +116,35 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
         "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
         "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
-        "ucstage.resume", "ucstage.objstore", "ucstage.cloudfs", "ucstage.aside",
+        "ucstage.resume", "ucstage.cloudfs", "ucstage.aside",
         "ucstage.params", "ucstage.shutdown", "ucstage.shown", "ucstage.thrift"}
+
+
+ENGINES = {name for name in MODULES if name == "ucstage.engines" or name.startswith("ucstage.engines.")}
+"""The engines (issue 41): every byte that moves between a source and a local
+descriptor. They are part of the core (the volumes walk through them), below
+the cache, the tables, the data side and the CLI, which call them."""
+CORE |= ENGINES
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_the_engines_import_nothing_of_their_callers(name):
+    """What the cache lends a copy (its MD5 evidence, what stops it) comes in as
+    a value: the engines never import the cache, the data side, the tables or
+    the CLI."""
+    callers = ("ucstage.cache", "ucstage.data", "ucstage.tables", "ucstage.cli",
+               "ucstage.export", "ucstage.packing")
+    found = [(t, line) for t, line, _ in _imports(name) if t.startswith(callers)]
+    assert found == [], f"{name} imports its callers: {found}"
+
+
+def test_one_fork_hook_resets_the_engines():
+    """Every process-global the engines keep is reset by the one hook of
+    :mod:`ucstage.engines`, and nothing else in the package registers its own."""
+    own = sorted(name for name in ENGINES if name != "ucstage.engines"
+                 and "register_at_fork" in MODULES[name].read_text())
+    assert own == []
+    assert "register_at_fork" in MODULES["ucstage.engines"].read_text()
 
 
 @pytest.mark.parametrize("name", sorted(CORE))

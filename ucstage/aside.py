@@ -2,7 +2,7 @@
 
 obstore runs its requests on one process-global Tokio runtime whose threads do
 not survive ``fork``: once a process has used obstore, a child forked from it
-cannot (``ucstage.objstore.usable``). A training script lists its volume in
+cannot (``ucstage.engines.objstore.usable``). A training script lists its volume in
 the main process, then DataLoader workers fork from it; if the listing started
 the runtime, every forked worker falls back to fsspec, at about twice the
 client CPU per file, and the only way around it, starting workers from a

@@ -16,7 +16,7 @@ entry's version from that listing with :func:`version`:
 * Azure: ``<ETag>``, then ``;md5=<hex>`` when the blob has a ``Content-MD5``.
 
 The checksum thus travels with the entry (manifests, workers, stamps), and a
-copy checks its bytes against it (:mod:`ucstage.cache.checksums`).
+copy checks its bytes against it (:mod:`ucstage.engines.checks`).
 
 Settings: the obstore engine reads the standard variables; so do the fsspec
 backends built here (:func:`filesystem`): ``STORAGE_EMULATOR_HOST`` for
@@ -108,7 +108,7 @@ def _truthy(name: str) -> bool:
 def azure_settings(account: str = "") -> dict[str, str]:
     """The Azure account, key, blob endpoint and SAS token the engines use,
     from the standard variables (the one reading of them: adlfs's options,
-    :func:`azure_options`, and deltalake's, :func:`ucstage.objstore.delta_options`).
+    :func:`azure_options`, and deltalake's, :func:`ucstage.engines.objstore.delta_options`).
     The emulator (``AZURE_STORAGE_USE_EMULATOR``) gets Azurite's account,
     key and endpoint unless they are set."""
     env = os.environ
@@ -146,7 +146,7 @@ def blob_service(account: str = "", *, aio: bool = True, **config: Any) -> Any:
     """A ``BlobServiceClient`` (azure-storage-blob, which adlfs uses),
     async unless ``aio`` is false, authenticated as :func:`azure_options`
     says adlfs is, for requests that need headers obstore does not pass and
-    checks adlfs does not make (:mod:`ucstage.cache.azranges`). ``config``:
+    checks adlfs does not make (:mod:`ucstage.engines.azranges`). ``config``:
     the SDK's client settings (retries, timeouts, sizes).
 
     Raises:

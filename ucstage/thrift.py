@@ -2,7 +2,7 @@
 Parquet's own structures (parquet.thrift) without pyarrow, where pyarrow
 cannot be asked safely (a footer's encryption, :mod:`ucstage.tables.encrypted`)
 or not cheaply (the page headers of a fetched row group,
-:mod:`ucstage.cache.pagecrc`)."""
+:mod:`ucstage.engines.pagecrc`)."""
 
 from __future__ import annotations
 

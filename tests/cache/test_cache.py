@@ -582,7 +582,7 @@ def test_transient_errors_are_retried_and_failures_named(
     assert report.retryable == {"broken.bin"}
     # On the object-store engine a throttled GET is paced, and its first
     # FREE_RETRIES retries spend none of the copy's 4 attempts.
-    from ucstage.cache.pace import FREE_RETRIES
+    from ucstage.engines.pace import FREE_RETRIES
 
     paced = FREE_RETRIES if os.environ.get("UCSTAGE_ENGINE") == "obstore" else 0
     assert reads["flaky.bin"] == 3 and reads["broken.bin"] == 4 * per_attempt + paced
@@ -668,17 +668,18 @@ def test_lookup_rate_is_counted(tmp_path: Path) -> None:
 
 def test_concurrent_threads_fetch_each_file_once(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch, source_kind: str) -> None:
-    import ucstage.cache.fetch as cache_mod
+    from ucstage.engines.engine import of as engine_of
 
+    vol, entries = _local_source(tmp_path, 20, 4 * KB, source_kind)
     copies: list[str] = []
-    real_copy = cache_mod.copy_to
+    reader_engine = engine_of(vol)
+    real_copy = reader_engine.copy
 
     def counting_copy(volume, relpath, dst, *rest, **kw):  # type: ignore[no-untyped-def]
         copies.append(relpath)
         return real_copy(volume, relpath, dst, *rest, **kw)
 
-    monkeypatch.setattr(cache_mod, "copy_to", counting_copy)
-    vol, entries = _local_source(tmp_path, 20, 4 * KB, source_kind)
+    monkeypatch.setattr(reader_engine, "copy", counting_copy)
     cache = LocalCache()
     results: list[str] = []
     barrier = threading.Barrier(6)

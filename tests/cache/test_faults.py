@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from tests.common import faults as faultkit
 from tests.common.backends import make_source
 from tests.common.faults import Faults
-from ucstage.cache import LocalCache, integrity
+from ucstage.cache import LocalCache
 from ucstage.cli.app import cli
+from ucstage.engines import checks
 from ucstage.errors import InvalidArgument
 from ucstage.manifest import snapshot
 
@@ -129,10 +130,10 @@ def test_etags_that_are_not_md5s_mark_the_source_once(fault_proxy: Faults,
     # The first copy's reads give the same wrong digest, and no object ever
     # matched: its 4th read marks the source (3 mismatches before), and
     # every copy after it is checked by size.
-    assert report.mismatches == integrity.NOT_MD5_READS - 1
+    assert report.mismatches == checks.NOT_MD5_READS - 1
     assert len([r for r in caplog.records if "not MD5s" in r.getMessage()]) == 1
     assert _wrong(cache, src, files) == []
-    assert integrity.marked() == {"s3://ucstage-test"}
+    assert checks.marked() == {"s3://ucstage-test"}
 
 
 def test_etags_that_are_not_md5s_mark_the_source_from_several_objects_at_once(
@@ -165,7 +166,7 @@ def test_one_corrupt_object_is_named_never_cached_and_md5_stays_on(
     assert failed["path"] == bad and "corrupt" in failed["reason"], failed
     assert doc["fetched"] == 11
     assert doc["checks"] == {"md5": 11, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
-    assert doc["etags_not_md5"] is False and integrity.marked() == set()
+    assert doc["etags_not_md5"] is False and checks.marked() == set()
     assert not [r for r in caplog.records if "not MD5s" in r.getMessage()]
     # Every GET of it was corrupted the same way (hedges included), and one
     # per attempt at least.
@@ -174,7 +175,7 @@ def test_one_corrupt_object_is_named_never_cached_and_md5_stays_on(
     assert _wrong(LocalCache(), src, files) == [bad]  # never cached
     # The next warm, in a process that has not seen the others match (the
     # cache remembers they did), checks MD5s still and still refuses it.
-    integrity.forget()
+    checks.forget()
     code, doc = _warm_json(src)
     assert code == 1 and [f["path"] for f in doc["failed"]] == [bad]
     assert doc["checks"] == {"md5": 0, "crc32c": 0, "page_crc": 0, "size": 0, "none": 0}
@@ -190,7 +191,7 @@ def test_verify_checksum_uses_the_recorded_md5_without_reading_the_source(
     m = snapshot(src)
     assert cache.warm(m.volume(), m.entries).fetched == 6
     victim = cache.lookup(m.volume(), m.entries[2])
-    assert victim is not None and integrity.recorded(victim).startswith("md5:")
+    assert victim is not None and checks.recorded(victim).startswith("md5:")
     with open(victim, "r+b") as fh:  # same size, same stamp: only the bytes say
         fh.seek(100)
         fh.write(b"\0")
@@ -209,7 +210,7 @@ def test_verify_checksum_uses_the_recorded_md5_without_reading_the_source(
 def test_a_corrupted_ranged_part_fails_the_md5_of_the_whole_object(fault_proxy: Faults) -> None:
     """A large single-part object is read as parallel ranged GETs and hashed
     once every part is written: a flipped byte in one part is caught."""
-    from ucstage.cache.objget import PART
+    from ucstage.engines.objget import PART
 
     data = os.urandom(2 * PART + 12345)
     src = make_source("s3", "", {"big.bin": data})
@@ -388,7 +389,7 @@ def test_a_rate_limited_store_is_warmed_at_its_rate_and_every_file_is_right(
     assert code == 0, doc
     assert doc["fetched"] == 200 and doc["failed"] == []
     assert _wrong(LocalCache(), src, files) == []
-    from ucstage.cache import pace
+    from ucstage.engines import pace
 
     # The first burst (the copies in flight at the start, unpaced) is
     # throttled, then the pace's cuts bring the rate down: fewer than one
@@ -409,7 +410,7 @@ def test_time_waiting_for_the_pace_is_not_counted_as_store_latency(
     far under the 0.5 + 1.0 + 1.5 s the first three requests waited alone."""
     import time
 
-    from ucstage.cache import objget, pace
+    from ucstage.engines import objget, pace
 
     files = _files(6, 4 * KB)
     src = make_source("s3", "", files)
@@ -440,7 +441,7 @@ def test_a_file_digest_is_the_digest_of_its_bytes(check: str, tmp_path: Path) ->
     want = hashlib.md5(data).hexdigest() if check == "md5" else f"{crc32c.crc32c(data):08x}"
     fd = os.open(path, os.O_WRONLY)  # the cache's temp files are open for writing only
     try:
-        assert integrity.digest_file(fd, len(data), check, chunk=1024 * 1024) == want
+        assert checks.digest_file(fd, len(data), check, chunk=1024 * 1024) == want
     finally:
         os.close(fd)
-    assert integrity.file_checksum(str(path), check) == f"{check}:{want}"
+    assert checks.file_checksum(str(path), check) == f"{check}:{want}"

@@ -20,16 +20,16 @@ import pytest
 from tests.common.backends import make_source
 from tests.common.parts import unique
 from tests.common.throttle import Throttle, throttled
-from ucstage import objstore
 from ucstage.cache import Inflight, LocalCache
 from ucstage.cache.inflight import Stopped
-from ucstage.cache.objget import PART, SPLIT_AT
 from ucstage.cache.paths import PART_SUFFIX
+from ucstage.engines import objstore
+from ucstage.engines.engine import of as engine_of
+from ucstage.engines.objget import PART, SPLIT_AT
 from ucstage.errors import InvalidArgument, SourceUnreadable
 from ucstage.manifest import Manifest, snapshot
 from ucstage.progress import Callback
 from ucstage.volumes import list_files, resolve
-from ucstage.volumes.engine import of as engine_of
 
 KB = 1024
 MB = 1024 * KB
@@ -115,7 +115,7 @@ def test_forked_workers_read_through_their_own_clients(moto, monkeypatch, tmp_pa
     obstore, whose runtime does not survive a fork: each child reads through
     clients of its own (fsspec's), gets the right bytes, and its copies are
     valid for the parent's obstore engine (the same stamps)."""
-    from ucstage.cache import objget
+    from ucstage.engines import objget
 
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
     files = {f"f{i}.bin": os.urandom(2 * KB + i) for i in range(12)}
@@ -207,7 +207,7 @@ def test_a_warm_with_as_many_large_objects_as_places_reads_each_whole(proxied: T
 
 
 def test_split_shares_the_places_in_flight_among_the_objects_left() -> None:
-    from ucstage.cache.objget import MAX_PART, PARTS_IN_FLIGHT, _part_size, split
+    from ucstage.engines.objget import MAX_PART, PARTS_IN_FLIGHT, _part_size, split
 
     assert split(32, 16) == 1 and split(32, 8) == PARTS_IN_FLIGHT
     assert split(32, 1) == PARTS_IN_FLIGHT and split(2, 3) == 1 and split(1, 0) == 1
@@ -227,7 +227,7 @@ def test_the_first_part_streams_while_the_others_run(monkeypatch, tmp_path: Path
 
     import obstore
 
-    from ucstage.cache import objget
+    from ucstage.engines import objget
 
     size = 3 * PART
     last_started = asyncio.Event()
@@ -403,7 +403,7 @@ def test_a_failed_ranged_part_cancels_the_others(monkeypatch, tmp_path: Path) ->
 
     import obstore
 
-    from ucstage.cache import objget
+    from ucstage.engines import objget
 
     size = 3 * PART + 1
     cancelled: list[int] = []

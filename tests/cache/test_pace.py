@@ -1,11 +1,11 @@
-"""The client-side pace of ucstage/cache/pace.py against a simulated token
+"""The client-side pace of ucstage/engines/pace.py against a simulated token
 bucket (a store allowing RATE requests per second, as S3 throttles a
 prefix), on a simulated clock: the logic alone, deterministic. The same pace
 against moto behind a rate-limiting proxy is in tests/cache/test_faults.py."""
 
 from __future__ import annotations
 
-from ucstage.cache.pace import BETA, Pace
+from ucstage.engines.pace import BETA, Pace
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The page walk of a row group's column chunks (ucstage.cache.pagecrc), on
+"""The page walk of a row group's column chunks (ucstage.engines.pagecrc), on
 files pyarrow and deltalake write: every CRC a page carries is checked, a
 flipped byte in a page or its header is caught and the chunk read again, a
 file without CRCs keeps the size check; and what the walk costs on a 64 MiB
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ucstage.cache import integrity, pagecrc
-from ucstage.cache.azranges import TRIES
+from ucstage.engines import checks, pagecrc
+from ucstage.engines.azranges import TRIES
 from ucstage.tables.footers import chunk_ranges
 
 
@@ -41,9 +41,9 @@ def test_every_page_of_a_file_written_with_checksums_is_checked(tmp_path: Path,
     for chunk in _chunks(path):
         pages, crcs = pagecrc.walk(chunk)
         assert pages > 1 and crcs == pages  # a dictionary page and several data pages
-    before = integrity.TALLY.snapshot()
+    before = checks.TALLY.snapshot()
     assert pagecrc.verified("k", _chunks(path), lambda i: b"") is True
-    assert integrity.TALLY.since(before)["mismatches"] == 0
+    assert checks.TALLY.since(before)["mismatches"] == 0
 
 
 @pytest.mark.parametrize("writer", ["pyarrow", "deltalake"])
@@ -81,18 +81,18 @@ def test_a_flipped_byte_is_read_again_and_a_repeated_one_fails(tmp_path: Path) -
             reads.append(i)
             return good[i]
 
-        before = integrity.TALLY.snapshot()
+        before = checks.TALLY.snapshot()
         assert pagecrc.verified("k", blobs, reread) is True
         assert blobs == good and reads == [0]
-        assert integrity.TALLY.since(before)["mismatches"] == 1
+        assert checks.TALLY.since(before)["mismatches"] == 1
     # The same wrong byte on every read: the entry fails, never passed on.
     bad = bytearray(good[1])
     bad[-1] ^= 0xFF
     blobs = [good[0], bytes(bad), *good[2:]]
-    before = integrity.TALLY.snapshot()
-    with pytest.raises(integrity.Mismatch, match="page CRC32 mismatch"):
+    before = checks.TALLY.snapshot()
+    with pytest.raises(checks.Mismatch, match="page CRC32 mismatch"):
         pagecrc.verified("k", blobs, lambda i: bytes(bad))
-    assert integrity.TALLY.since(before)["mismatches"] == TRIES
+    assert checks.TALLY.since(before)["mismatches"] == TRIES
 
 
 def test_a_layout_read_the_same_way_twice_is_the_files_own(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_a_layout_read_the_same_way_twice_is_the_files_own(tmp_path: Path) -> No
 
 def test_the_walk_of_a_64_mib_row_group(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                         ) -> None:
-    """The cost quoted in ucstage/cache/pagecrc.py and docs/cache.md: a
+    """The cost quoted in ucstage/engines/pagecrc.py and docs/cache.md: a
     64 MiB row group (two columns of random doubles, 1 MiB pages) walked and
     every page's CRC32 checked. Printed, not asserted (no wall-clock limits)."""
     rows = 4 * 1024 * 1024

@@ -11,7 +11,7 @@ import pytest
 
 from ucstage.cache import Inflight, LocalCache, fetch
 from ucstage.cache.fetch import retry_pause, slows_down, throttled
-from ucstage.cache.integrity import Mismatch
+from ucstage.engines.checks import Mismatch
 from ucstage.errors import FetchFailed
 from ucstage.volumes import FileEntry, resolve
 

@@ -16,11 +16,11 @@ from ucstage.cache.tuning import (
     Jobs,
     check_jobs,
     first_guess,
-    mount_fstype,
     source_kind,
 )
+from ucstage.engines.engine import of as engine_of
+from ucstage.engines.mounts import mount_fstype
 from ucstage.volumes import list_files, resolve
-from ucstage.volumes.engine import of as engine_of
 
 
 class Store:

@@ -31,10 +31,10 @@ import pytest
 
 from tests.common.faults import Faults, azurite_behind
 from tests.common.parts import unique
-from ucstage import objstore
-from ucstage.cache import LocalCache, azranges, integrity
-from ucstage.cache.azranges import RANGE, TRIES
+from ucstage.cache import LocalCache
 from ucstage.cache.inflight import Inflight
+from ucstage.engines import azranges, checks, objstore
+from ucstage.engines.azranges import RANGE, TRIES
 from ucstage.manifest import snapshot
 
 KB = 1024
@@ -114,7 +114,7 @@ def test_a_flipped_byte_of_a_blob_without_md5_is_caught_and_its_range_read_again
     assert {p: Path(c).read_bytes() for p, c in copies.items() if c} == files
     # The whole copy's MD5 is recorded: verify needs no second read of the source.
     for path, local in copies.items():
-        assert integrity.recorded(str(local)) == "md5:" + hashlib.md5(files[path]).hexdigest()
+        assert checks.recorded(str(local)) == "md5:" + hashlib.md5(files[path]).hexdigest()
     assert _cli("cache", "verify", src, "--checksum").returncode == 0
     local = Path(str(copies["large.bin"]))
     body = bytearray(local.read_bytes())
@@ -205,7 +205,7 @@ def test_the_fsspec_engine_reads_a_blob_without_md5_in_checked_ranges(
     for e in m.entries:
         local = cache.lookup(m.volume(), e)
         assert local is not None and Path(local).read_bytes() == files[e.path]
-        assert integrity.recorded(str(local)) == "md5:" + hashlib.md5(files[e.path]).hexdigest()
+        assert checks.recorded(str(local)) == "md5:" + hashlib.md5(files[e.path]).hexdigest()
 
 
 def test_the_fsspec_engine_fails_a_range_wrong_on_every_read_and_caches_nothing(
@@ -298,5 +298,5 @@ def test_a_blob_replaced_between_ranges_fails_the_sync_copy(azurite: Any, tmp_pa
             azranges.copy_into(azurite.CONTAINER, f"{prefix}/x.bin", fd, cast(Inflight, job))
     finally:
         os.close(fd)
-    assert not isinstance(info.value, integrity.Mismatch)
+    assert not isinstance(info.value, checks.Mismatch)
     assert job.checks == 2

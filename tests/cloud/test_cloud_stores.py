@@ -21,9 +21,9 @@ import pytest
 from tests.common.faults import Faults, faulty
 from tests.common.parts import unique
 from tests.common.throttle import Throttle, throttled
-from ucstage import objstore
-from ucstage.cache import LocalCache, integrity
-from ucstage.cache.objget import PART, SPLIT_AT
+from ucstage.cache import LocalCache
+from ucstage.engines import checks, objstore
+from ucstage.engines.objget import PART, SPLIT_AT
 from ucstage.manifest import snapshot
 
 KB = 1024
@@ -247,7 +247,7 @@ def test_faults_are_retried_and_no_wrong_byte_is_cached(store: Store, kind: str,
         assert report.check_counts()["md5"] == len(files)
         faults.set("", [])
         assert _cached(cache, src) == files
-    integrity.forget()
+    checks.forget()
 
 
 @pytest.mark.parametrize("engine", ["obstore", "fsspec"])
@@ -284,7 +284,7 @@ def test_a_composite_gcs_object_is_checked_by_its_crc32c(gcs: Any, engine: str, 
         verify = _cli("cache", "verify", src, "--checksum", "--json")
         assert verify.returncode == 1, verify.stderr
         assert "crc32c" in verify.stdout
-    integrity.forget()
+    checks.forget()
 
 
 @pytest.mark.parametrize("context", ["forkserver", "fork"])
@@ -325,7 +325,8 @@ def test_byte_ranges_of_a_listed_object_and_of_a_replaced_one(store: Store, engi
     """The ranged reads a table's row groups use: pinned to the listed object
     (GCS by its generation, Azure by its ETag; the version's MD5 suffix is
     not part of the pin), and a replaced object is reported as changed."""
-    from ucstage.volumes.engine import RangeChanged, read_ranges
+    from ucstage.engines.engine import read_ranges
+    from ucstage.engines.ranges import RangeChanged
 
     monkeypatch.setenv("UCSTAGE_ENGINE", engine)
     prefix = unique()

@@ -402,16 +402,16 @@ def azurite_behind(azurite: Any, monkeypatch: pytest.MonkeyPatch,
     """Azurite behind a fault proxy, its variables set for the test (and
     ``$UCSTAGE_ENGINE`` when ``engine``); the MD5 evidence forgotten before
     and after. For a fixture to ``yield from``."""
-    from ucstage.cache import integrity
+    from ucstage.engines import checks
 
     if engine is not None:
         monkeypatch.setenv("UCSTAGE_ENGINE", engine)
-    integrity.forget()
+    checks.forget()
     with faulty(azurite.endpoint) as (url, faults):
         for k, v in azurite.env(url).items():
             monkeypatch.setenv(k, v)
         yield faults
-    integrity.forget()
+    checks.forget()
 
 
 @pytest.fixture
@@ -419,11 +419,11 @@ def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """The obstore engine reaching moto through the fault proxy (no faults
     until the test calls :meth:`Faults.set`)."""
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
-    from ucstage.cache import integrity, pace
+    from ucstage.engines import checks, pace
 
     # What this process learnt of the shared bucket's ETags (an earlier
     # test's copies matched their MD5s) must not decide this test's verdicts.
-    integrity.forget()
+    checks.forget()
     pace.forget()
     with faulty(moto.endpoint) as (url, faults):
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
@@ -432,5 +432,5 @@ def fault_proxy(moto: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
         finally:
             # The moto bucket is shared by every test: a test that made its
             # ETags look unlike MD5s must not leave it marked for the next.
-            integrity.forget()
+            checks.forget()
             pace.forget()  # a rate learnt from this test's throttling

@@ -6,7 +6,7 @@ The table (tests/common/deltastore.py) has column mapping, a typed partition
 column, deletion vectors of every storage kind (the absolute one naming the
 store URL), a checkpoint and a commit after it; it is built in a local folder
 and uploaded whole. The reference rows are deltalake's, read from the store
-with the storage options ucstage derives (:func:`ucstage.objstore.delta_location`).
+with the storage options ucstage derives (:func:`ucstage.engines.objstore.delta_location`).
 A flipped byte in a vector file is never cached, a rerun fetches nothing,
 and a log that names a file outside the table is refused before any of it
 is fetched."""
@@ -29,8 +29,8 @@ from tests.common.parts import unique
 from tests.data.test_delta_reader import multiset, over_layout
 from ucstage import DataLoader, TableDataset
 from ucstage.cache import LocalCache
+from ucstage.engines.objstore import delta_location
 from ucstage.errors import MissingDataFiles, UnsafePath
-from ucstage.objstore import delta_location
 from ucstage.tables import row_groups
 from ucstage.volumes import resolve
 

@@ -65,7 +65,8 @@ def test_an_epoch_raises_on_a_corrupt_object_rather_than_serving_it(
     """One object read back with the same wrong byte on every GET, the
     others matching their MD5 ETags: the epoch stops naming it, and no copy
     of it is cached (the source is not taken to serve ETags that are not MD5s)."""
-    from ucstage.cache import LocalCache, integrity
+    from ucstage.cache import LocalCache
+    from ucstage.engines import checks
     from ucstage.errors import FetchFailed
 
     files = {f"f{i:03}.bin": os.urandom(64 * KB) for i in range(12)}
@@ -80,7 +81,7 @@ def test_an_epoch_raises_on_a_corrupt_object_rather_than_serving_it(
                 served[os.path.basename(path)] = fh.read()
     assert bad not in served
     assert all(data == files[name] for name, data in served.items())
-    assert integrity.marked() == set()
+    assert checks.marked() == set()
     cache = LocalCache(str(tmp_path / "cache"))
     from ucstage.manifest import snapshot
 

@@ -25,8 +25,9 @@ KB = 1024
 SCRIPT = r'''
 import json, os, sys
 import torch.utils.data as tud
-from ucstage import DataLoader, VolumeDataset, objstore
-from ucstage.volumes.engine import of as engine_of
+from ucstage import DataLoader, VolumeDataset
+from ucstage.engines import objstore
+from ucstage.engines.engine import of as engine_of
 
 def main(src, cache, context):
     class Wrapper(tud.IterableDataset):  # defined here: does not pickle
@@ -94,7 +95,8 @@ def test_forked_workers_of_notebook_code_read_through_obstore(
 TABLE_SCRIPT = r'''
 import json, os
 import torch.utils.data as tud
-from ucstage import DataLoader, TableDataset, objstore
+from ucstage import DataLoader, TableDataset
+from ucstage.engines import objstore
 
 def main(src, cache):
     class Rows(tud.IterableDataset):  # defined here: does not pickle

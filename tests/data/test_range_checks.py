@@ -34,7 +34,8 @@ from tests.common.parts import unique
 from tests.data.test_delta_reader import multiset
 from tests.data.test_delta_stores import deltalake_rows
 from ucstage import DataLoader, TableDataset
-from ucstage.cache import LocalCache, integrity
+from ucstage.cache import LocalCache
+from ucstage.engines import checks
 from ucstage.tables import RowGroupManifest
 from ucstage.tables.entries import group_entries
 
@@ -110,9 +111,9 @@ def test_a_flipped_byte_of_a_row_group_on_azure_is_caught_by_the_range_md5(
              for p in fs.find(f"{container}/{key}")}
     files = sorted(k for k in sizes if k.endswith(".parquet") and "/_delta_log/" not in k)
     azure_proxy.set("flip", files)
-    before = integrity.TALLY.snapshot()
+    before = checks.TALLY.snapshot()
     rows = _epoch(ds)
-    done = integrity.TALLY.since(before)
+    done = checks.TALLY.since(before)
     assert multiset(rows) == multiset(reference)
     flips = azure_proxy.done["flip"]
     assert flips == len(files) > 0  # every data file's first GET was damaged...
@@ -158,9 +159,9 @@ def test_a_flipped_byte_of_a_row_group_on_s3_is_caught_by_its_page_crcs(
     key = f"{where}/part-0.parquet"
     sizes = {key: int(fs.info(key)["size"])}
     fault_proxy.set("flip", [key], attempts=2)  # the first two GETs of the file
-    before = integrity.TALLY.snapshot()
+    before = checks.TALLY.snapshot()
     got = _epoch(ds)
-    done = integrity.TALLY.since(before)
+    done = checks.TALLY.since(before)
     assert sorted(r["id"] for r in got) == rows.column("id").to_pylist()
     assert got == [r for r in got if r["w"] == f"w{r['id'] % 13}"]  # every value right
     assert fault_proxy.done["flip"] == 2 and done["mismatches"] == 2

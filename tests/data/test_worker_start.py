@@ -18,9 +18,10 @@ import pytest
 import torch.utils.data as tud
 
 from tests.common.backends import make_source
-from ucstage import DataLoader, VolumeDataset, objstore
+from ucstage import DataLoader, VolumeDataset
 from ucstage.data import workerstart
-from ucstage.volumes.engine import of as engine_of
+from ucstage.engines import objstore
+from ucstage.engines.engine import of as engine_of
 
 KB = 1024
 MARK = "UCSTAGE_TEST_WORKER_MARK"

@@ -31,9 +31,9 @@ from tests.data.test_delta_stores import (
     fault_proxy,  # noqa: F401  (fixture)
     stored,
 )
-from ucstage import objstore
 from ucstage.cache import LocalCache
 from ucstage.cli.app import cli
+from ucstage.engines import objstore
 from ucstage.errors import CacheFull
 from ucstage.export import export_table, read_record
 from ucstage.progress import Callback

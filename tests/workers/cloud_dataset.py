@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from ucstage import objstore
+from ucstage.engines import objstore
 
 
 class ReadAll(tud.IterableDataset):  # type: ignore[misc]

@@ -18,11 +18,12 @@ import contextlib
 import time
 from collections.abc import Sequence
 
-from ..cache.mounts import mount_of
+from ..engines import engine
+from ..engines.mounts import mount_of
 from ..manifest import Manifest
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import DEFAULT_SHUFFLE_SCOPE
-from ..volumes import Volume, engine
+from ..volumes import Volume
 from .measure import Meter
 from .modes import MODE_TYPES, Job
 from .report import PAGE_CACHED, BenchReport, RunResult

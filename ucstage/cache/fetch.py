@@ -5,7 +5,9 @@ safety", and section 6 on the fetch protocol and a warm): under the entry's
 lock stripe (:mod:`ucstage.cache.locks`) the entry is checked once more, a
 preallocated temp file is reserved in the ledger
 (:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes are
-copied into it by the volume's engine (:func:`copy_to`), and it is stamped
+copied into it by the volume's engine
+(:meth:`ucstage.engines.engine.Engine.copy`; a row group's chunks:
+:func:`ucstage.engines.engine.copy_ranges`), and it is stamped
 and renamed into place, or removed with its bytes given back. The retry
 rule is :func:`retry_pause`; a job's stop is its
 :class:`~ucstage.cache.inflight.Inflight`.
@@ -15,7 +17,8 @@ Here are the cache bound to one volume (:class:`Bound`, what
 functions of one :class:`Copy`, which carries its :class:`Bound`; and the
 two drivers that run them, side by side: the threads' (:func:`fetch_retrying`,
 what ``fetch`` calls, and a warm's :class:`WarmCopies`) and the event loop's
-(:class:`LoopWarm`, a warm on the object-store engine); then the copy itself.
+(:class:`LoopWarm`, a warm on the object-store engine). The copy itself is the
+engine's (:mod:`ucstage.engines.engine`).
 """
 
 from __future__ import annotations
@@ -30,34 +33,32 @@ import os
 import queue
 import random
 import re
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Generic, NamedTuple, NoReturn, TypeVar
 
-from .. import cloudfs, objstore
+from ..engines import checks, engine, objget, objstore
+from ..engines.context import Copied, FetchContext, Requests
+from ..engines.engine import copy_ranges
+from ..engines.pace import FREE_RETRIES, Paced, pause, throttled
 from ..errors import CacheFull, FetchFailed, InvalidArgument, UcstageError, UnsafePath
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
-from ..volumes import FileEntry, RangeEntry, Volume, engine, is_range_path, safe_relpath, version_of
-from ..volumes.engine import HASH_KEYS, cut_ranges, merge_ranges, read_ranges
+from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
 from ..volumes.entry import uncacheable
-from . import azranges, checksums, integrity, mounts, objget, pagecrc, paths
+from . import paths
 from .inflight import Inflight, Stopped
 from .locks import FileLock
-from .objget import FetchContext, Requests, get_into
-from .pace import FREE_RETRIES, Paced, pause, throttled
 from .policy import Evictions, charging
 from .reports import EvictedSource, WarmReport
 from .space import CacheSpace, free_bytes, no_room
 from .tuning import AUTO, THREAD_CEILING, Jobs, ceiling, check_jobs, first_guess
 
-__all__ = ["CHUNK", "GRACE", "WARM_FEWER", "Bound", "Copied", "Copy", "LoopWarm", "Pending",
+__all__ = ["GRACE", "WARM_FEWER", "Bound", "Copy", "LoopWarm", "Pending",
            "Retries", "WarmCopies", "begin", "commit_tmp", "commit_tmps", "copy_locked",
-           "copy_ranges", "copy_to", "disk_full", "drop_tmp", "fetch_once", "fetch_retrying",
+           "disk_full", "drop_tmp", "fetch_once", "fetch_retrying",
            "permanent", "reserve_tmp", "reserve_tmps", "retry_pause", "retryable", "slows_down",
            "throttled", "warm_entries", "where"]
 
@@ -319,10 +320,11 @@ def begin(copy: Copy) -> Copy:
 
 
 def context(copy: Copy) -> FetchContext:
-    """What the copy reads its source with: the engine chosen for its
-    volume, the cache's settings, the entry's listed size and version."""
+    """What the copy reads its source with: the cache's request settings and
+    where it keeps its MD5 evidence (``.ucstage/md5-etags/``), the entry's
+    listed size and version, the job that may stop it."""
     at = copy.at
-    return FetchContext(engine.of(copy.volume), at.space.root, at.requests,
+    return FetchContext(functools.partial(paths.md5_evidence, at.space.root), at.requests,
                         copy.entry.size, copy.entry.version, copy.inflight)
 
 
@@ -333,8 +335,9 @@ def copy_locked(copy: Copy) -> None:
         try:
             if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
                 copied = copy_ranges(copy.volume, copy.entry, pending.fd, context(copy))
-            else:
-                copied = copy_to(copy.volume, copy.rel, pending.fd, context(copy))
+            else:  # a whole file, by the volume's engine
+                copied = engine.of(copy.volume).copy(copy.volume, copy.rel, pending.fd,
+                                                     context(copy))
         finally:
             os.close(pending.fd)
         commit_tmp(copy, pending, copied)
@@ -565,7 +568,7 @@ def warm_entries(at: Bound, entries: Sequence[FileEntry], *,
         raise InvalidArgument(str(exc), hint="pass a positive number, or 'auto'") from None
     reader = engine.of(volume)  # chosen once for the whole warm
     start = time.monotonic()
-    checked = integrity.TALLY.snapshot()
+    checked = checks.TALLY.snapshot()
     hedges = dict(objget.STATS)
     new_namespace = not os.path.isdir(at.prefix)
     ns_dir = at.prepare()
@@ -606,7 +609,7 @@ def warm_entries(at: Bound, entries: Sequence[FileEntry], *,
     tuner = Jobs(fixed, ceiling=ceiling(reader), start=start_at)
     WarmCopies(at, todo, report, cb, evicted, tuner, reader.on_loop).run()
     report.jobs = tuner.settled
-    integrity.note(report, checked, volume.url)
+    checks.note(report, checked, volume.url)
     report.hedged = objget.STATS["hedges"] - hedges.get("hedges", 0)
     report.timeouts = objget.STATS["timeouts"] - hedges.get("timeouts", 0)
     sources = space.sources()
@@ -821,7 +824,7 @@ class WarmCopies:
 # -- the loop driver ---------------------------------------------------------------
 #
 # A warm's copies on the object-store engine: each a coroutine on the engine's
-# event loop (:func:`ucstage.cache.objget.loop`), running the steps above; why,
+# event loop (:func:`ucstage.engines.objget.loop`), running the steps above; why,
 # and what it batches, is in docs/design.md (section 6, "A warm"). A stripe
 # another copy holds, a byte cap (reserving may evict or wait) and byte ranges
 # go to a thread instead, which runs the threaded :func:`fetch_once`.
@@ -1091,303 +1094,3 @@ class _PassBatch(Generic[Item, Result]):
             got = [exc] * len(batch)
         for (_, done), one in zip(batch, got, strict=True):
             done.set_result(one)
-
-
-# The copy: a source file's bytes and mtime into the temp file, nothing else.
-
-CHUNK = 8 * 1024 * 1024
-"""Bytes per read call of a remote fsspec source: large, so a network-bound
-source sees few round trips per file."""
-
-
-class Copied(NamedTuple):
-    """What was actually copied, to stamp the cache entry with."""
-
-    size: int
-    version: str
-    """The version observed while copying ('' when the source gave none)."""
-    mtime_ns: int | None
-
-
-def _inside(real: str, real_root: str) -> bool:
-    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
-
-
-@functools.lru_cache(maxsize=64)
-def _real_root(root: str) -> str:
-    return os.path.realpath(root)
-
-
-def _folders_inside(volume: Volume, relpath: str, full: str, real_root: str) -> bool:
-    """Whether the folders of ``relpath`` resolve inside the volume.
-
-    One ``lstat`` per folder below the root (the root's own real path is
-    known): a path of plain folders stays inside by construction, and only a
-    symlinked folder on the way costs a full ``realpath``. On a mount every
-    ``lstat`` of the root's own ancestors, which ``realpath`` would redo for
-    every file, can be a round trip.
-    """
-    folder = volume.root
-    for part in relpath.split("/")[:-1]:
-        folder = os.path.join(folder, part)
-        if stat.S_ISLNK(os.lstat(folder).st_mode):
-            return _inside(os.path.realpath(os.path.dirname(full)), real_root)
-    return True
-
-
-def _open_local(volume: Volume, relpath: str) -> int:
-    """Open a local source file without following a symlink out of the volume."""
-    full = volume.full_path(relpath)
-    real_root = _real_root(volume.root)
-    # The folders on the way must resolve inside the volume; O_NOFOLLOW then
-    # refuses a last component that is a symlink, which we resolve ourselves.
-    if not _folders_inside(volume, relpath, full, real_root):
-        raise UnsafePath(f"{relpath}: a folder on its path links outside the volume")
-    try:
-        return os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-    real = os.path.realpath(full)
-    if not _inside(real, real_root):
-        raise UnsafePath(f"{relpath}: symlink to {real}, outside the volume")
-    return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
-
-
-READ_CHUNK = 1024 * 1024
-"""Bytes per read and write of a local-like source."""
-
-
-def read_blocks(src: int, size: int, inflight: Inflight | None,
-                read_size: int = READ_CHUNK) -> Iterator[bytes]:
-    """``src``'s bytes from its offset, ``read_size`` at a time, checking
-    before each read whether ``inflight`` stopped (raises :exc:`Stopped`);
-    ends at EOF or once ``size`` bytes (the size ``fstat`` gave) are read,
-    which saves the read that would find EOF (a round trip on some mounts).
-
-    The check between reads is all a stop can do to a read of a mount: a
-    read the kernel has sent to a FUSE daemon is waited for even by a dying
-    process, so a stop waits for at most one read per thread. A
-    ``read_size`` below ``READ_CHUNK`` also turns the kernel's read-ahead off
-    for ``src``, which would otherwise ask the mount for more than each
-    read."""
-    if read_size < READ_CHUNK:
-        with contextlib.suppress(OSError):  # advice only
-            os.posix_fadvise(src, 0, 0, os.POSIX_FADV_RANDOM)
-    total = 0
-    while True:
-        if inflight is not None:
-            inflight.check()
-        block = os.read(src, read_size)
-        if not block:
-            return
-        yield block
-        total += len(block)
-        if total >= size > 0:
-            return
-
-
-def _pump(src: int, dst: int, inflight: Inflight | None, size: int,
-          read_size: int = READ_CHUNK) -> int:
-    """Copy ``src`` to ``dst`` (:func:`read_blocks`); returns the bytes copied.
-    A file that grew meanwhile is caught by the caller's second ``fstat``.
-
-    Reads and writes of up to 1 MiB, not ``sendfile``: sendfile moves the
-    bytes through a pipe 64 KiB at a time, and the page cache then keeps the
-    copy in 64 KiB pieces instead of one large folio, which made every later
-    read of a page-cached 256 KiB copy about 15% slower (docs/benchmarks.md,
-    "Warm epochs"). The copy through Python's memory costs far less than the
-    rest of a copy's work, and is what a bare copy does."""
-    total = 0
-    for block in read_blocks(src, size, inflight, read_size):
-        view = memoryview(block)
-        while view:
-            view = view[os.write(dst, view):]
-        total += len(block)
-    return total
-
-
-def _copy_local(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
-    inflight = ctx.inflight
-    try:
-        src = _open_local(volume, relpath)
-        try:
-            before = os.fstat(src)
-            if not stat.S_ISREG(before.st_mode):
-                raise UnsafePath(f"{relpath}: not a regular file")
-            size = _pump(src, dst, inflight, before.st_size, ctx.read_size or READ_CHUNK)
-            os.ftruncate(dst, size)  # the caller may have preallocated more
-            after = os.fstat(src)
-        finally:
-            os.close(src)
-    except OSError as exc:
-        gone = mounts.lost(volume.root, relpath, exc)
-        if gone is not None:
-            raise gone from exc  # not retried: the mount's server is gone
-        raise
-    if (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
-        # Rewritten while we read it: the bytes may mix two versions.
-        raise InterruptedError(f"{relpath} changed while it was copied")
-    if size != before.st_size:
-        # Fewer bytes than the file has, and it did not change: a read cut
-        # short (a FUSE mount's glitch). Discarded and retried, never cached.
-        raise OSError(f"short read: {size} of {before.st_size} bytes of {relpath}")
-    return Copied(size, version_of({"mtime": before.st_mtime}), before.st_mtime_ns)
-
-
-def _mtime_ns(info: dict[str, Any]) -> int | None:
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if isinstance(value, datetime):
-            return int(value.timestamp() * 1e9)
-        if isinstance(value, (int, float)):
-            return int(value * 1e9)
-    return None
-
-
-def _copy_remote(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
-    path, inflight, listed = volume.full_path(relpath), ctx.inflight, ctx.listed
-    kind = _kind(volume)
-    if kind:
-        _, bucket, key = objstore.location(volume, path)
-        if azranges.wanted(f"{kind}://{bucket}", listed, ctx.size):
-            return _copy_az_ranges(bucket, key, dst, ctx)
-    with volume.fs.open(path, "rb") as src:
-        # s3fs and friends attach the object's info to the open file (served
-        # from the listing cache when this process listed the source).
-        info = getattr(src, "details", None) or volume.fs.info(path)
-        # GCS and Azure keep an MD5 that the listed version carries: checked
-        # here too (a forked worker's copy), while the object is the one listed.
-        want = checksums.listed_expect(listed, cloudfs.marker(version_of(info)))
-        digest = integrity.hasher(want.check)
-        size = 0
-        while True:
-            if inflight is not None:
-                inflight.check()
-            block = src.read(CHUNK)
-            if not block:
-                break
-            if digest is not None:
-                digest.update(block)
-            view = memoryview(block)
-            while view:
-                view = view[os.write(dst, view):]
-            size += len(block)
-        os.ftruncate(dst, size)
-    if digest is not None:
-        integrity.record(dst, checksums.judge(f"{_kind(volume)}://", relpath, want,
-                                              digest.hexdigest()))
-    # Only a content hash is comparable across calls: fsspec backends format
-    # timestamps differently in info() and find() (memory gives a datetime in
-    # one and a float in the other), so those fall back to the listing's.
-    version = version_of(info) if any(k in info for k in HASH_KEYS) else ""
-    return Copied(size, version, _mtime_ns(info))
-
-
-def _copy_az_ranges(bucket: str, key: str, dst: int, ctx: FetchContext) -> Copied:
-    """An Azure blob the store keeps no MD5 for, read in ranges whose MD5
-    Azure gives (:func:`ucstage.cache.azranges.copy_into`), as the
-    object-store engine reads it: adlfs would check nothing."""
-    got = azranges.copy_into(bucket, key, dst, ctx.inflight, ctx.deadline)
-    os.ftruncate(dst, got.size)  # the caller may have preallocated more
-    integrity.record(dst, azranges.passed(got.md5))
-    # Stamped with the listed version while the blob is the one listed.
-    stamp = checksums.listed_expect(ctx.listed, got.etag).stamp
-    return Copied(got.size, stamp, objstore.mtime_ns(got.last_modified))
-
-
-def _kind(volume: Volume) -> str:
-    return str(getattr(volume.fs, "kind", "") or "")
-
-
-def _copy_object(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
-    got = get_into(volume, volume.full_path(relpath), dst, ctx)
-    return Copied(got.size, got.etag, got.mtime_ns)
-
-
-_COPY = {engine.LOCAL: _copy_local, engine.FSSPEC: _copy_remote, engine.OBSTORE: _copy_object}
-"""How the cache copies a whole file of each engine (:mod:`ucstage.volumes.engine`)."""
-
-
-def copy_to(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
-    """Copy ``relpath`` of ``volume`` into the open file ``dst`` (at offset 0;
-    a preallocated file is overwritten and cut to the copied size), by
-    ``ctx.engine``.
-
-    With ``ctx.inflight`` (a warm's :class:`~ucstage.cache.inflight.Inflight`),
-    the copy checks between chunks whether the warm stopped. ``ctx.size`` (the
-    listed size) lets the object-store engine split a large object into ranged
-    GETs; ``ctx.root`` (the cache's) is where it remembers which sources serve
-    MD5 ETags (:func:`ucstage.cache.integrity.judge`); ``ctx.listed`` (the
-    listed version) carries a GCS or Azure object's MD5.
-
-    Raises:
-        Stopped: ``ctx.inflight`` stopped.
-        UnsafePath: the entry is a symlink or folder link leaving the volume.
-        OSError: from the source or the local disk (ENOSPC included); the
-            caller removes the temp file.
-    """
-    return _COPY[ctx.engine](volume, relpath, dst, ctx)
-
-
-def copy_ranges(volume: Volume, entry: RangeEntry, dst: int, ctx: FetchContext) -> Copied:
-    """Copy the byte ranges of ``entry`` (a row group's column chunks of its
-    source file) into ``dst``, one after another: ranged reads (ranged GETs
-    on the object-store engine), each checked against the source file's
-    listed version (:func:`ucstage.volumes.engine.read_ranges`). Every byte
-    is checked where a check exists, before the entry is renamed into place:
-    an Azure blob's ranges against the MD5 Azure gives of each piece of at
-    most 4 MiB (:func:`ucstage.cache.azranges.read_ranges`, on both engines),
-    and every chunk's pages against the CRCs they carry
-    (:func:`ucstage.cache.pagecrc.verified`), a chunk that fails read again.
-    The entry counts as ``md5`` (Azure), ``page_crc`` (every page carried a
-    CRC) or ``size`` (S3 and GCS ranges of a file without page CRCs: the
-    size and the ETag only); a local or mounted file's count as a whole
-    file's does (none), unless its pages carry CRCs.
-
-    Raises:
-        Stopped: ``ctx.inflight`` stopped.
-        InterruptedError: the file changed since it was listed (retried).
-        integrity.Mismatch: a chunk's bytes failed their check on every read.
-        OSError: from the source or the local disk.
-    """
-    if ctx.inflight is not None:
-        ctx.inflight.check()
-    if volume.is_local:
-        # The folders on the way must stay inside the volume, as for whole files.
-        os.close(_open_local(volume, entry.source))
-    # One rule for Azure whichever engine runs (a forked worker's fsspec, or
-    # obstore, which cannot ask for a range's MD5: azranges' docstring):
-    # range entries are copied in a thread on both, so the SDK's sync client.
-    azure = _kind(volume) == "az"
-
-    def read(ranges: Sequence[tuple[int, int]]) -> tuple[list[bytes], str]:
-        try:
-            if azure:
-                _, bucket, key = objstore.location(volume, volume.full_path(entry.source))
-                merged = merge_ranges(ranges)
-                got = azranges.read_ranges(bucket, key, merged, cloudfs.marker(entry.version),
-                                           ctx.inflight, ctx.deadline)
-                return cut_ranges(merged, got, ranges), entry.version
-            return read_ranges(volume, entry.source, ranges, version=entry.version,
-                               deadline=ctx.deadline)
-        except OSError as exc:
-            gone = mounts.lost(volume.root, entry.source, exc) if volume.is_local else None
-            if gone is not None:
-                raise gone from exc
-            raise
-
-    blobs, seen = read(entry.ranges)
-    # Reads again only a chunk whose pages fail (a flipped byte in transit).
-    paged = pagecrc.verified(entry.path, blobs, lambda i: read([entry.ranges[i]])[0][0])
-    check = "md5" if azure else pagecrc.CHECK if paged else "" if volume.is_local else "size"
-    if check:
-        integrity.TALLY.add(check)
-    size = 0
-    for blob in blobs:
-        view = memoryview(blob)
-        while view:
-            written = os.pwrite(dst, view, size)
-            view, size = view[written:], size + written
-    os.ftruncate(dst, size)
-    return Copied(size, seen or entry.version, None)

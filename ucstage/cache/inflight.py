@@ -28,11 +28,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..engines.context import Stopped
+
 __all__ = ["Inflight", "Stopped"]
-
-
-class Stopped(Exception):
-    """Raised inside a copy's thread once the warm stops: the copy must not go on."""
 
 
 _RESERVING, _COPYING, _COMMITTING = "reserving", "copying", "committing"

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import params
+from ..engines import checks
+from ..engines.context import Requests
 from ..errors import CacheError, InvalidArgument, SourceNotFound
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import rank_entries
@@ -31,10 +33,9 @@ from ..volumes import (
     resolve,
     safe_relpath,
 )
-from . import integrity, paths, runstats
+from . import paths, runstats
 from .fetch import WARM_FEWER, Bound, warm_entries
 from .inflight import Inflight
-from .objget import Requests
 from .reports import (
     CacheStatus,
     ClearReport,
@@ -526,10 +527,10 @@ def _content_problem(volume: Volume, relpath: str, local: str) -> str:
     """Why a cached copy's bytes are wrong ('' when they are right): against
     the checksum recorded when it was copied (checked against the store
     then), else against the source's bytes, read again."""
-    recorded = integrity.recorded(local)
+    recorded = checks.recorded(local)
     if recorded:
         kind = recorded.partition(":")[0]
-        if integrity.file_checksum(local, kind) != recorded:
+        if checks.file_checksum(local, kind) != recorded:
             return f"content differs from the checksum recorded when it was copied ({kind})"
         return ""
     if _digest_local(local) != _digest_source(volume, relpath):

@@ -39,6 +39,7 @@ __all__ = [
     "create_fresh",
     "default_root",
     "lock_dir",
+    "md5_evidence",
     "namespace_name",
     "open_private",
     "open_root",
@@ -314,6 +315,13 @@ def namespace_name(url: str) -> str:
     digest = hashlib.sha256(url.encode()).hexdigest()[:8]
     readable = _UNSAFE.sub("_", url.replace("://", "_")).strip("._-") or "source"
     return f"{readable[-60:].lstrip('._-')}-{digest}"
+
+
+def md5_evidence(root: str, source: str) -> str:
+    """Where the cache at ``root`` keeps the evidence that ``source`` served
+    an MD5 ETag (:data:`ucstage.engines.checks.Evidence`): a file of
+    ``.ucstage/md5-etags/``, passed to the engine's checks by the cache."""
+    return os.path.join(root, CONTROL, "md5-etags", namespace_name(source))
 
 
 def part_name(stripe: int, name: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from . import integrity
+from ..engines.checks import CHECKS
 from .runstats import RunStats
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class WarmReport:
     jobs_auto: bool = False
     """Whether ``jobs`` was tuned (``"auto"``) rather than given."""
     checks: dict[str, int] = field(default_factory=dict)
-    """Copies whose bytes passed each check (:data:`ucstage.cache.integrity.CHECKS`):
+    """Copies whose bytes passed each check (:data:`ucstage.engines.checks.CHECKS`):
     ``md5`` (the ETag, or GCS and Azure's stored MD5; Azure's MD5 of each
     range), ``crc32c`` (GCS, an object with no MD5), ``page_crc`` (a row
     group whose every page carried a CRC32), ``size`` only; ``none``: copies the engine did not
@@ -119,7 +119,7 @@ class WarmReport:
     etags_not_md5: bool = False
     """This warm found that the source's ETags are not MD5s (SSE-KMS): size only."""
     hedged: int = 0
-    """GETs that were late and got a second, hedged request (:mod:`ucstage.cache.objget`)."""
+    """GETs that were late and got a second, hedged request (:mod:`ucstage.engines.objget`)."""
     timeouts: int = 0
     """Requests dropped at the deadline (each retried)."""
 
@@ -183,7 +183,7 @@ class WarmReport:
     def check_counts(self) -> dict[str, int]:
         """``checks`` with every kind present, ``none`` being the fetched
         copies no check vouched for."""
-        counts = {name: self.checks.get(name, 0) for name in integrity.CHECKS}
+        counts = {name: self.checks.get(name, 0) for name in CHECKS}
         counts["none"] = max(0, self.fetched - sum(counts.values()))
         return counts
 

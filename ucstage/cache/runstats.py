@@ -27,10 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines import checks
 from ..errors import CacheOwnershipError
 from ..sharding import World
 from ..shutdown import exiting
-from . import integrity, paths
+from . import paths
 
 __all__ = ["KEEP_RUNS", "Counters", "RunStats", "counters", "job_id", "last_run", "read_run"]
 
@@ -88,7 +89,7 @@ class Counters:
             self._values = _unpack(os.pread(self._fd, _RECORD.size, 0)) or self._values
         # The checks this process's copies make from now on count for this
         # run (copies a reader made, and any other copy of the process).
-        self._checks_from = integrity.TALLY.snapshot()
+        self._checks_from = checks.TALLY.snapshot()
         self._checks_base = [self._values[_FIELDS.index(name)] for name in _CHECKS]
         _LIVE.add(self)
 
@@ -128,7 +129,7 @@ class Counters:
     def _write(self) -> None:
         with self._lock:
             self._written = time.monotonic_ns()
-            done = integrity.TALLY.since(self._checks_from)
+            done = checks.TALLY.since(self._checks_from)
             for (name, kind), base in zip(_CHECKS.items(), self._checks_base, strict=True):
                 self._values[_FIELDS.index(name)] = base + done[kind]
             with contextlib.suppress(OSError):  # counting must never stop a training run

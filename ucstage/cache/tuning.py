@@ -22,17 +22,16 @@ have passed, so each measurement covers a full round of requests.
 
 from __future__ import annotations
 
-import os
-import re
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..volumes.engine import Engine
+from ..engines.engine import Engine
+from ..engines.mounts import mount_fstype
 
 __all__ = ["AUTO", "FIRST_GUESS", "OBJECT_STORE_CEILING", "THREAD_CEILING", "Jobs", "ceiling",
-           "check_jobs", "first_guess", "mount_fstype", "source_kind"]
+           "check_jobs", "first_guess", "source_kind"]
 
 AUTO = "auto"
 OBJECT_STORE_CEILING = 256
@@ -54,7 +53,6 @@ windows a short job would spend doubling from a low start."""
 _NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph",
                          "lustre", "gpfs", "glusterfs", "afs", "beegfs"})
 """Kernel filesystems that are a remote store behind a local path, as FUSE is."""
-_MOUNTINFO = "/proc/self/mountinfo"
 _WINDOW = 0.15
 _GAIN = 1.10
 """A doubling must raise throughput by this factor to count as rising."""
@@ -78,35 +76,6 @@ def check_jobs(jobs: int | str | None) -> int | None:
     if isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive number or 'auto', got {jobs!r}")
     return int(jobs)
-
-
-def mount_fstype(path: str, mountinfo: str = _MOUNTINFO) -> str:
-    """The filesystem type (``ext4``, ``fuse.rclone``...) of the mount that
-    holds ``path``, from ``/proc/self/mountinfo``; empty when unknown (not
-    Linux, unreadable). One read of a small file: cheap once per job."""
-    try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return ""
-    real = os.path.realpath(path)
-    best, fstype = -1, ""
-    for line in lines:
-        # "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER"
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or not tail:
-            continue
-        point = _unescape(fields[4])
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best:  # the deepest; a later one over-mounts
-            best, fstype = len(point), tail[0]
-    return fstype
-
-
-def _unescape(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as octal escapes.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def source_kind(volume: Any, engine: Engine) -> str:

@@ -11,10 +11,11 @@ from typing import Any
 import click
 from rich.console import Console
 
-from .. import cloudfs, objstore
+from .. import cloudfs
 from ..cache.local import LocalCache
 from ..cache.reports import RankSlice, WarmReport
 from ..cache.warm import rank_slice, share_text, warm_ranks, warm_slice
+from ..engines import objstore
 from ..errors import InvalidArgument
 from ..manifest.groups import Grouping
 from ..manifest.model import group_manifest

@@ -339,7 +339,7 @@ def command(
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
     # A table on an object store is read through obstore in this process,
     # which forks no DataLoader workers: no child per metadata call (as `cache warm`).
-    from .. import objstore
+    from ..engines import objstore
 
     objstore.run_here()
     status = _Status(err)

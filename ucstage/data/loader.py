@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from .. import objstore
+from ..engines import objstore
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import Layout, World
 from . import dist as dist_

@@ -143,7 +143,7 @@ def node_share(read_ahead: int | str, volume: Any, readers: int,
         return Share(depth, depth, False)
     if volume is None:  # a dataset of the user's own, with no volume to size by
         return Share(FALLBACK, FALLBACK, False)
-    from ..volumes import engine
+    from ..engines import engine
 
     reader = engine.of(volume)
     readers = max(1, readers)

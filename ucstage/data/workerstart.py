@@ -4,13 +4,13 @@ start, and the only one a dataset defined in a notebook cell survives), or
 
 obstore runs every request on one process-global Tokio runtime, which does not
 survive ``fork``: a worker forked after the main process fetched through
-obstore reads through fsspec instead (:func:`ucstage.objstore.usable`), at
+obstore reads through fsspec instead (:func:`ucstage.engines.objstore.usable`), at
 about twice the client CPU per file. The main process's own metadata calls
 (resolving and listing a source) run in a short-lived forked child
 (:mod:`ucstage.aside`), so listing leaves it clean and forked workers build
 their own clients and runtimes. Only when this process has itself read through
 obstore (iterated a dataset without workers, warmed a cache in-process) would
-forked workers fall back (:func:`ucstage.objstore.forks_fall_back`); then, when
+forked workers fall back (:func:`ucstage.engines.objstore.forks_fall_back`); then, when
 the user did not choose a start method and the default one is ``fork``, the
 loader starts them from a ``forkserver`` instead, whose process never touched
 obstore.
@@ -45,8 +45,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from .. import objstore
-from ..volumes import engine
+from ..engines import engine, objstore
 
 __all__ = ["PRELOAD", "WithEnviron", "forkserver", "gc_frozen_for_fork", "reads_object_store",
            "start_context", "start_early"]

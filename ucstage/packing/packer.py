@@ -455,7 +455,7 @@ def _read(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
     checksum where it keeps one (a ranged GET of the whole object would
     fail on servers that answer ranges with the whole object).
     """
-    from ..volumes.engine import RangeChanged
+    from ..engines.ranges import RangeChanged
 
     try:
         if not entry.size:
@@ -473,16 +473,16 @@ def _read(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
 
 
 def _read_copy(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
-    """Through the cache's copy (:func:`ucstage.cache.fetch.copy_to`) into a
-    memory file: one copy path, with its checks and its stop, for both."""
-    from ..cache.fetch import copy_to
-    from ..cache.objget import FetchContext
-    from ..volumes import engine
+    """Through the engine's copy (:meth:`ucstage.engines.engine.Engine.copy`,
+    the cache's) into a memory file: one copy path, with its checks and its
+    stop, for both."""
+    from ..engines import engine
+    from ..engines.context import FetchContext
 
     fd = os.memfd_create("ucstage-pack", os.MFD_CLOEXEC)
     try:
-        copied = copy_to(volume, entry.path, fd, FetchContext(
-            engine.of(volume), inflight=inflight, read_size=_READ_SIZE))
+        copied = engine.of(volume).copy(volume, entry.path, fd, FetchContext(
+            inflight=inflight, read_size=_READ_SIZE))
         if copied.size != entry.size or (entry.version and copied.version != entry.version):
             raise InterruptedError(f"{entry.path} changed since it was listed")
         return os.pread(fd, copied.size, 0)

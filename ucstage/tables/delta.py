@@ -97,7 +97,7 @@ class StoreTable(LogFiles, Protocol):
     url: str
     """The URL deltalake opens."""
     options: dict[str, str]
-    """deltalake's ``storage_options`` (:func:`ucstage.objstore.delta_location`)."""
+    """deltalake's ``storage_options`` (:func:`ucstage.engines.objstore.delta_location`)."""
 
     def keep_clean(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` reading the store as the engine keeps this process clean."""

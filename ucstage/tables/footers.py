@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines import engine
+from ..engines.engine import read_ranges
 from ..errors import CorruptParquet, NotParquet, SchemaMismatch
-from ..volumes import FileEntry, Volume, engine
-from ..volumes.engine import read_ranges
+from ..volumes import FileEntry, Volume
 from .encrypted import encryption
 from .resolve import TableSource
 
@@ -117,7 +118,7 @@ def _read_one(volume: Volume, entry: FileEntry, label: str) -> FileFooter:
 def read_footers(table: TableSource) -> list[FileFooter]:
     """Every file's footer, in the source's file order. On the object-store
     engine they are read in a child process while obstore is unused here
-    (:func:`ucstage.objstore.keep_clean`), so DataLoader workers forked from
+    (:func:`ucstage.engines.objstore.keep_clean`), so DataLoader workers forked from
     this process later still read through obstore."""
     return engine.of(table.volume).keep_clean(_read_all, table)
 

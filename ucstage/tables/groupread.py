@@ -27,11 +27,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..engines import engine
+from ..engines.engine import read_ranges
 from ..errors import CorruptParquet, SchemaMismatch, UnreadableDeltaLog
 from ..manifest.arrays import native
 from ..manifest.rowgroups import RowGroupManifest
-from ..volumes import RangeEntry, engine
-from ..volumes.engine import read_ranges
+from ..volumes import RangeEntry
 from . import colmap, partvalues
 from .deletion import deleted
 from .entries import group_entry

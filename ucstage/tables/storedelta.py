@@ -3,7 +3,7 @@
 files read through the engines and the cache like a Parquet folder's.
 
 * deltalake opens the table at its URL with ``storage_options`` derived from
-  the same environment the engines read (:func:`ucstage.objstore.delta_location`).
+  the same environment the engines read (:func:`ucstage.engines.objstore.delta_location`).
 * The table's folder is listed once, after deltalake read the version (so
   every file of that version is in the listing), through the engine: each
   file carries the change marker (ETag, generation) and checksum the cache
@@ -17,7 +17,7 @@ files read through the engines and the cache like a Parquet folder's.
   (:func:`ucstage.tables.deletion.inlined`): readers never fetch them again.
 
 Store reads run as the engine keeps this process clean
-(:meth:`ucstage.volumes.engine.Engine.keep_clean`), so DataLoader workers
+(:meth:`ucstage.engines.engine.Engine.keep_clean`), so DataLoader workers
 forked later still read through obstore.
 """
 
@@ -28,11 +28,11 @@ import os
 import tempfile
 from typing import Any
 
-from .. import objstore
+from ..engines import engine, objstore
+from ..engines.engine import read_ranges
 from ..errors import MissingDataFiles, UnsupportedTable
 from ..manifest.arrays import native_copy
-from ..volumes import FileEntry, Volume, engine, list_files
-from ..volumes.engine import read_ranges
+from ..volumes import FileEntry, Volume, list_files
 from ..volumes.listing import Listing
 from ..volumes.location import Fetch
 from . import deletion

@@ -7,7 +7,7 @@ as Spark and Hadoop do. Local folders are walked as ``find -L`` walks them
 that cannot be read is never dropped silently: it stops the listing
 (:class:`UnreadableFolders`) unless ``skip_unreadable``, which records it.
 A single file is a source too: its listing is that one file. The walk
-itself is the engine's (:mod:`ucstage.volumes.engine`, over
+itself is the engine's (:mod:`ucstage.engines.engine`, over
 :mod:`ucstage.volumes.walk`); resolving the source,
 :mod:`ucstage.volumes.location`.
 """
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from .. import params
 from ..errors import SourceNotFound, SourceUnreadable, UnreadableFolders, UnsafePath
 from ..shown import shown
-from . import engine
 from .entry import CANNOT_HOLD, NAME_MAX, FileEntry, uncacheable, version_of
 from .location import (
     Volume,
@@ -221,6 +220,12 @@ def list_volume(
         list(params.strings(exclude, "exclude"))
     if volume.file:
         return _list_one_file(volume, include, exclude)
+    # The engine interface (which copies as well as walks: its GETs, checks
+    # and paces) loads with the first listing, not with ``import
+    # ucstage.volumes``: resolving a SOURCE or reading a frozen listing
+    # needs none of it.
+    from ..engines import engine
+
     root = volume.root
     walk = Walk(include_hidden)
     try:

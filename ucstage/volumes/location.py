@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import cloudfs, objstore
+from .. import cloudfs
+from ..engines import objstore
 from ..errors import (
     InvalidArgument,
     MissingDependency,

@@ -1,11 +1,11 @@
 """The object-store engine's store side: whether obstore reads a source (the
 ``$UCSTAGE_ENGINE`` rule, :func:`reads`; the engine itself is chosen by
-:func:`ucstage.volumes.engine.of`), one obstore client per process, and listing.
+:func:`ucstage.engines.engine.of`), one obstore client per process, and listing.
 
 ucstage reads ``s3://``, ``gs://`` and ``az://``/``abfs://`` sources (and
 ``/Volumes`` mapped to them) through obstore, the Python binding of Rust's
 ``object_store``: requests are signed and parsed in Rust, and many of them
-share one event loop (:mod:`ucstage.cache.objget`). Every other protocol, and
+share one event loop (:mod:`ucstage.engines.objget`). Every other protocol, and
 these too when obstore is missing or ``UCSTAGE_ENGINE=fsspec``, goes through
 fsspec. Both engines list the same entries (paths, sizes, ETag versions), so
 switching engines changes no fingerprint and invalidates no cached file. GCS
@@ -39,8 +39,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from . import cloudfs
-from .errors import InvalidArgument, MissingDependency, SourceUnreadable
+from .. import cloudfs
+from ..errors import InvalidArgument, MissingDependency, SourceUnreadable
+from . import reset_after_fork
 
 T = TypeVar("T")
 
@@ -86,6 +87,7 @@ _forked_away: list[Any] = []
 """What a forked child keeps but never uses: the parent's clients."""
 
 
+@reset_after_fork
 def _forget_after_fork() -> None:
     global _lock, _stores
     _lock = threading.Lock()  # a lock held by another thread at fork stays held
@@ -109,9 +111,6 @@ def forks_fall_back() -> bool:
     return _used_in is not None
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
-
-
 def keep_clean(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` without starting obstore's runtime in this process: in a
     short-lived forked child while obstore is unused here, so that processes
@@ -119,7 +118,7 @@ def keep_clean(fn: Callable[..., T], *args: Any) -> T:
     (:mod:`ucstage.aside`); directly once it is used here anyway."""
     if _used_in is not None or not hasattr(os, "fork"):  # no fork, no forked workers
         return fn(*args)
-    from .aside import aside
+    from ..aside import aside
 
     return aside(_claimed, fn, *args)
 
@@ -152,7 +151,7 @@ def _installed() -> bool:
 
 def reads(fs: Any) -> bool:
     """Whether obstore reads the store behind ``fs`` (a volume's filesystem)
-    in this process; :func:`ucstage.volumes.engine.of` picks the engine by it.
+    in this process; :func:`ucstage.engines.engine.of` picks the engine by it.
 
     Raises:
         InvalidArgument: ``$UCSTAGE_ENGINE`` has an unknown value.
@@ -220,7 +219,7 @@ DEFAULT_DEADLINE = 30.0
 def deadline() -> float:
     """Seconds one request may take at most: ``$UCSTAGE_REQUEST_DEADLINE``,
     else :data:`DEFAULT_DEADLINE`. The engine drops a request at it
-    (:mod:`ucstage.cache.objget`); the client's own timeout is a little later.
+    (:mod:`ucstage.engines.objget`); the client's own timeout is a little later.
 
     Raises:
         InvalidArgument: the variable is not a positive, finite number.

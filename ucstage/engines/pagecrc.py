@@ -4,7 +4,7 @@ before it is cached, where the store gives no checksum of a range.
 A store's checksum covers a whole object, so a row group's column chunks,
 read as ranges, get at most the size check and the file's ETag (every range
 ``If-Match``: a changed file is never mixed) on S3 and GCS; Azure gives the
-MD5 of every range of at most 4 MiB (:func:`ucstage.cache.azranges.read_ranges`).
+MD5 of every range of at most 4 MiB (:func:`ucstage.engines.azranges.read_ranges`).
 The file itself may carry a checksum of every page: a column chunk is a run
 of pages, each a ``PageHeader`` (parquet.thrift, Thrift's compact protocol)
 and ``compressed_page_size`` bytes, and a writer may put in the header
@@ -25,16 +25,16 @@ about a sixth of an MD5 of the same bytes
 prints it). pyarrow's own check (``page_checksum_verification=True``) would
 decompress and decode every page as well, and needs the file's footer.
 
-A chunk that fails is read again, :data:`~ucstage.cache.azranges.TRIES`
+A chunk that fails is read again, :data:`~ucstage.engines.azranges.TRIES`
 reads in a row at most: a CRC that never matches fails the entry with
-:exc:`~ucstage.cache.integrity.Mismatch` (never cached; the cache's retry of
+:exc:`~ucstage.engines.checks.Mismatch` (never cached; the cache's retry of
 the entry may follow). A walk that does not land on the chunk's end (a
 header flipped in transit is not covered by any CRC, but moves the walk) is
 read again too; when the same bytes come back, the layout is the file's own
 (a writer known to understate its chunks, or an empty row group whose range
 starts at the file's magic), and the entry keeps the size check.
 
-An entry counts as ``page_crc`` (:data:`ucstage.cache.integrity.CHECKS`)
+An entry counts as ``page_crc`` (:data:`ucstage.engines.checks.CHECKS`)
 only when every page of every chunk carried a CRC that matched; a file
 without page CRCs, or with some pages only, counts as ``size``. The headers
 themselves (page type, value counts, statistics) are covered by no CRC.
@@ -46,7 +46,7 @@ import zlib
 from collections.abc import Callable
 
 from ..thrift import I32, CompactReader, zigzag
-from . import integrity
+from . import checks
 from .azranges import TRIES
 
 __all__ = ["CHECK", "Unwalkable", "verified", "walk"]
@@ -76,7 +76,7 @@ def walk(chunk: bytes | memoryview) -> tuple[int, int]:
         Unwalkable: a header does not parse, or the pages do not end where
             the chunk does.
         _BadCrc: a page's bytes do not give its CRC (private: :func:`verified`
-            turns it into :exc:`~ucstage.cache.integrity.Mismatch`).
+            turns it into :exc:`~ucstage.engines.checks.Mismatch`).
     """
     view = memoryview(chunk)
     end = len(view)
@@ -113,7 +113,7 @@ def verified(key: str, blobs: list[bytes], reread: Callable[[int], bytes]) -> bo
     of every chunk carried a CRC (the entry counts as ``page_crc``).
 
     Raises:
-        integrity.Mismatch: a chunk failed on every read (counted in the
+        checks.Mismatch: a chunk failed on every read (counted in the
             tally's mismatches, one per failed read).
     """
     covered = bool(blobs)
@@ -126,18 +126,18 @@ def verified(key: str, blobs: list[bytes], reread: Callable[[int], bytes]) -> bo
                 break
             except Unwalkable:
                 if reads == TRIES:
-                    raise integrity.Mismatch(key, "page layout", "pages ending where the "
+                    raise checks.Mismatch(key, "page layout", "pages ending where the "
                                              "chunk ends", "other bytes on every read") from None
                 again, reads = reread(i), reads + 1
                 if again == blobs[i]:  # the file's own layout, read the same way twice
                     covered = False
                     break
-                integrity.TALLY.add("mismatches")  # the first read was damaged
+                checks.TALLY.add("mismatches")  # the first read was damaged
                 blobs[i] = again
             except _BadCrc as exc:
-                integrity.TALLY.add("mismatches")
+                checks.TALLY.add("mismatches")
                 if reads == TRIES:
-                    raise integrity.Mismatch(key, "page CRC32", f"{exc.want:08x}",
+                    raise checks.Mismatch(key, "page CRC32", f"{exc.want:08x}",
                                              f"{exc.got:08x}") from None
                 blobs[i], reads = reread(i), reads + 1
     return covered

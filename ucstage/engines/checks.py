@@ -1,12 +1,28 @@
-"""Which check a copy's bytes get before they are committed, and the tally of them.
+"""What a copy's bytes are checked against, the verdict, and the tally of them.
 
 A copy of an object is committed only after its bytes match what the store
-says the object is. What it can say on the object-store engine:
+says the object is. A GET works out its expectation once (:func:`expect`,
+an :class:`Expect`) from the response's headers and the entry's listed
+version, hashes the bytes for it (:func:`hasher`), and gets its verdict once
+(:func:`judge`), whatever the store. What a store can say:
 
-* ``md5``: the ETag, when it is a plain MD5 (a single-part upload: 32 hex
-  digits, no ``-N`` suffix). The digest is computed while the body streams,
-  or, for ranged GETs, over the file once every part is written (it is in the
-  page cache then).
+* GCS (``md5Hash``, else ``crc32c``: a composite object has only the CRC32C)
+  and Azure (``Content-MD5``) say the checksum outright, in the listing
+  obstore does not give: so the listing's version carries it
+  (:mod:`ucstage.cloudfs`), and it is the expectation while the object the
+  GET read is the one listed (the same GCS generation, the same Azure ETag,
+  :func:`listed_expect`). An object replaced since it was listed gets the
+  size check and is stamped with its new marker, so its copy never passes
+  for the entry. An Azure blob the store keeps no checksum for (committed
+  from blocks without ``Content-MD5``) is read in ranges checked by the MD5
+  Azure gives of each (:mod:`ucstage.engines.azranges`). The store's own
+  checksum is no inference: a mismatch is always a bad transfer (or a bad
+  replica), never cached, however often it repeats.
+* S3 says ``md5`` only as the ETag, when it is a plain MD5 (a single-part
+  upload: 32 hex digits, no ``-N`` suffix): an inferred expectation
+  (:attr:`Expect.inferred`). The digest is computed while the body streams,
+  or, for ranged GETs, over the file once every part is written (it is in
+  the page cache then).
 * ``size``: the bytes received against the size the response declared, for
   every other ETag (multipart uploads, SSE-C), and for a source found to
   serve ETags that are not MD5s (below).
@@ -19,15 +35,16 @@ attributes.
 SSE-KMS objects have ETags of 32 hex digits that are not MD5s, and obstore
 does not return the encryption header that would tell (its GET result has no
 SSE-KMS or SSE-C header). A mismatch is retried like any transfer error. A
-mismatch that repeats with the same digest is either such an ETag or a bad
-replica (an object stored corrupt, read the same way every time), and only
-the source's other objects can tell them apart (:func:`judge`):
+mismatch of an inferred MD5 that repeats with the same digest is either such
+an ETag or a bad replica (an object stored corrupt, read the same way every
+time), and only the source's other objects can tell them apart (:func:`judge`):
 
 * a source with an object whose bytes matched their MD5 ETag serves MD5
-  ETags (a match is remembered in the process and, under the cache's root,
-  in ``.ucstage/md5-etags/``, so a later run that finds only the bad object
-  left to fetch knows it too): the repeated mismatch is a corrupt object, never
-  cached; its copy fails with :exc:`Mismatch` saying so;
+  ETags (a match is remembered in the process and, where the caller keeps
+  evidence (:attr:`~ucstage.engines.context.FetchContext.evidence`: a
+  cache's ``.ucstage/md5-etags/``), on disk, so a later run that finds only
+  the bad object left to fetch knows it too): the repeated mismatch is a
+  corrupt object, never cached; its copy fails with :exc:`Mismatch` saying so;
 * a source where nothing ever matched is marked as serving ETags that are
   not MD5s once :data:`NOT_MD5_KEYS` of its objects repeated their mismatch,
   or one object gave the same wrong digest :data:`NOT_MD5_READS` times (a
@@ -49,11 +66,13 @@ import logging
 import os
 import re
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from ..errors import CacheOwnershipError
+from .. import cloudfs
 from ..shown import shown
-from .paths import CONTROL, namespace_name, open_private
+from . import reset_after_fork
+from .objstore import _etag
 
 __all__ = [
     "CHECKS",
@@ -61,15 +80,19 @@ __all__ = [
     "NOT_MD5_READS",
     "SUM_XATTR",
     "TALLY",
+    "Evidence",
+    "Expect",
     "Mismatch",
     "Tally",
     "Verdict",
     "digest_file",
+    "expect",
     "expect_md5",
     "file_checksum",
     "forget",
     "hasher",
     "judge",
+    "listed_expect",
     "marked",
     "note",
     "record",
@@ -80,7 +103,7 @@ log = logging.getLogger("ucstage")
 
 CHECKS = ("md5", "crc32c", "page_crc", "size")
 """What a copy's bytes can be checked against, strongest first (``page_crc``:
-a row group's pages against the CRCs they carry, :mod:`ucstage.cache.pagecrc`)."""
+a row group's pages against the CRCs they carry, :mod:`ucstage.engines.pagecrc`)."""
 _PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 SUM_XATTR = "user.ucstage.sum"
 """The checksum a copy was checked against (``md5:<hex>``), beside its stamp."""
@@ -134,8 +157,8 @@ in a row gave it (bounded)."""
 _LAST_MAX = 4096
 _matched: set[str] = set()
 """Sources with an object whose bytes matched their MD5 ETag: their ETags are MD5s."""
-_kept: set[tuple[str, str]] = set()
-"""(root, source) pairs whose match this process already wrote down."""
+_kept: set[str] = set()
+"""Evidence files (:data:`Evidence`) this process already wrote."""
 _repeated: dict[str, set[str]] = {}
 """source -> keys whose mismatch repeated with the same digest (while none matched)."""
 NOT_MD5_KEYS = 3
@@ -145,12 +168,32 @@ NOT_MD5_READS = 4
 none of the source's objects matched (the cache's default 4 attempts)."""
 
 
+@reset_after_fork
 def _forget_after_fork() -> None:
     global _marks_lock
     _marks_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+Evidence = Callable[[str], str]
+"""Where a caller keeps the evidence that a source (``kind://bucket``) served
+an MD5 ETag: the path of that source's (empty) file, which any process of
+the caller may have made. A cache's is under ``.ucstage/md5-etags/``; the
+cache passes it in (:attr:`ucstage.engines.context.FetchContext.evidence`)."""
+
+
+class Expect(NamedTuple):
+    """What one GET's bytes are checked against: worked out once per GET."""
+
+    check: str
+    """``"md5"``, ``"crc32c"``, or '' for the size check only."""
+    want: str
+    """The digest (hex) the bytes must have; '' for the size check."""
+    stamp: str
+    """The version to stamp on the copy: GCS and Azure, the listed one while
+    the object is the one listed, else the store's new marker; S3, its ETag."""
+    inferred: bool = False
+    """The MD5 is S3's ETag, taken for an MD5 (see the module docstring), not
+    a checksum the store keeps."""
 
 
 def expect_md5(source: str, etag: str) -> str:
@@ -160,6 +203,34 @@ def expect_md5(source: str, etag: str) -> str:
     if not _PLAIN_MD5.fullmatch(value) or source in _not_md5:
         return ""
     return value
+
+
+def listed_expect(listed: str, seen: str) -> Expect:
+    """The check a copy of the entry listed as ``listed`` gets, the object
+    read being at marker ``seen``: the strongest checksum the listing carries
+    while the object is the one listed, else the size check."""
+    if not listed or cloudfs.marker(listed) != seen:
+        return Expect("", "", seen)
+    found = cloudfs.sums(listed)
+    for check in ("md5", "crc32c"):
+        if found.get(check):
+            return Expect(check, found[check], listed)
+    return Expect("", "", listed)
+
+
+def expect(source: str, meta: Any, listed: str) -> Expect:
+    """What a GET of an object of ``source`` (``kind://bucket``; ``meta``:
+    obstore's response metadata) is checked against, given the entry's
+    listed version: the checksum GCS and Azure keep while the object is the
+    one listed (:func:`listed_expect`), S3's ETag when it is a plain MD5."""
+    kind = source.split("://", 1)[0]
+    if kind == "gs":
+        return listed_expect(listed, str(meta.get("version") or ""))
+    if kind == "az":
+        return listed_expect(listed, str(meta.get("e_tag") or "").strip('"'))
+    etag = _etag(meta.get("e_tag"))
+    md5 = expect_md5(source, etag)
+    return Expect("md5" if md5 else "", md5, etag, inferred=True)
 
 
 def hasher(check: str) -> Any:
@@ -202,32 +273,49 @@ class Verdict:
         self.check, self.checksum = check, checksum
 
 
-def judge(source: str, key: str, expected: str, got: str, *, root: str = "") -> Verdict:
-    """The verdict on a copy whose bytes' MD5 is ``got``, ``expected`` being
-    :func:`expect_md5`'s answer ('' : size only, already checked). ``root``
-    (a cache's, '' for none) keeps which sources matched across processes.
+def judge(source: str, key: str, want: Expect, got: str, *,
+          evidence: Evidence | None = None) -> Verdict:
+    """The verdict on a copy whose bytes' digest is ``got`` ('' when not
+    hashed), ``want`` being :func:`expect`'s answer. ``evidence`` (the
+    caller's, None for none) keeps which sources matched an inferred MD5
+    across processes.
 
     Raises:
-        Mismatch: the digests differ and the source is not (yet) known to
-            serve ETags that are not MD5s (see the module docstring).
+        Mismatch: the digests differ (an inferred MD5: and the source is not
+            (yet) known to serve ETags that are not MD5s; see the module
+            docstring).
     """
-    if not expected:
+    if not want.check:
         TALLY.add("size")
         return Verdict("size")
+    if not want.inferred:
+        if got != want.want:
+            TALLY.add("mismatches")
+            raise Mismatch(key, want.check, want.want, got)
+        TALLY.add(want.check)
+        return Verdict(want.check, f"{want.check}:{got}")
+    return _judge_etag(source, key, want.want, got, evidence)
+
+
+def _judge_etag(source: str, key: str, expected: str, got: str,
+                evidence: Evidence | None) -> Verdict:
+    """:func:`judge` of an MD5 inferred from an ETag."""
     name = f"{source}/{key}"
     if got == expected:
+        path = evidence(source) if evidence is not None else ""
         with _marks_lock:
             _last_miss.pop(name, None)
             if source not in _matched:
                 _matched.add(source)
                 _repeated.pop(source, None)
-            new = bool(root) and (root, source) not in _kept
-            _kept.add((root, source))
+            new = bool(path) and path not in _kept
+            _kept.add(path)
         if new:
-            _keep_match(root, source)
+            _keep_match(path)
         TALLY.add("md5")
         return Verdict("md5", f"md5:{got}")
-    if root and source not in _matched and _matched_before(root, source):
+    if evidence is not None and source not in _matched and os.path.exists(evidence(source)):
+        # A copy by another process of the caller matched an MD5 ETag of the source.
         with _marks_lock:
             _matched.add(source)
     with _marks_lock:
@@ -262,23 +350,13 @@ def judge(source: str, key: str, expected: str, got: str, *, root: str = "") -> 
     return Verdict("size")
 
 
-def _evidence(root: str, source: str) -> str:
-    return os.path.join(root, CONTROL, "md5-etags", namespace_name(source))
-
-
-def _keep_match(root: str, source: str) -> None:
-    """Remember under ``root`` that ``source`` served an MD5 ETag."""
-    path = _evidence(root, source)
-    # Evidence only: a cache that cannot keep it (a link planted at its path
-    # included) still checks every copy.
-    with contextlib.suppress(OSError, CacheOwnershipError):
+def _keep_match(path: str) -> None:
+    """Write the evidence file ``path`` (:data:`Evidence`)."""
+    # Evidence only: a caller that cannot keep it (a link planted at its path
+    # included: never followed) still checks every copy.
+    with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        os.close(open_private(path, os.O_WRONLY | os.O_CREAT))
-
-
-def _matched_before(root: str, source: str) -> bool:
-    """Whether a copy into ``root`` (any process's) matched an MD5 ETag of ``source``."""
-    return os.path.exists(_evidence(root, source))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
 
 
 def note(report: Any, before: dict[str, int], url: str) -> None:

@@ -24,10 +24,10 @@ part streams while the others run; only its headers are awaited first.
 
 Every request (a whole GET or one part) is read through :func:`read`: a late
 response gets a hedged second request, and none outlives the deadline
-(below). A copy is returned only after its bytes passed :mod:`ucstage.cache.integrity`'s check (the ETag's MD5, hashed
+(below). A copy is returned only after its bytes passed :mod:`ucstage.engines.checks`'s check (the ETag's MD5, hashed
 as a whole GET streams or over the file once every part is written; else the
 size), which it records on the temp file; a mismatch raises
-:exc:`~ucstage.cache.integrity.Mismatch`, an ``OSError`` the cache retries.
+:exc:`~ucstage.engines.checks.Mismatch`, an ``OSError`` the cache retries.
 
 The loop and its thread belong to the process that made them; a forked child
 (a DataLoader worker) starts its own on first use. asyncio is imported inside
@@ -48,7 +48,7 @@ connection. Hedges in flight are bounded per process (:data:`MAX_HEDGES`), so
 a sick store is not stormed, and a request is given at most
 :data:`HEDGES_PER_REQUEST`.
 
-Every leg also has a hard deadline (:func:`ucstage.objstore.deadline`,
+Every leg also has a hard deadline (:func:`ucstage.engines.objstore.deadline`,
 ``$UCSTAGE_REQUEST_DEADLINE``, default 30 s, ``object_store``'s own overall
 request timeout, which the client gets a little beyond it):
 a leg that has not finished by then is dropped, and a request with no leg
@@ -57,11 +57,11 @@ left fails with :exc:`TimeoutError`, which the cache retries.
 Hedging is on by default; ``UCSTAGE_HEDGE=0`` (or ``cache warm --no-hedge``)
 turns it off, leaving only the deadline.
 
-Every leg waits for its source's :mod:`~ucstage.cache.pace` before it is
+Every leg waits for its source's :mod:`~ucstage.engines.pace` before it is
 sent; its time to first byte, and its deadline, start when it is sent, so
 ucstage's own queueing is not counted as the store's latency (which would
 make every queued request look late and hedge it, adding load to a slow or
-throttling store). A throttled leg fails as :exc:`~ucstage.cache.pace.Paced`.
+throttling store). A throttled leg fails as :exc:`~ucstage.engines.pace.Paced`.
 
 Everything of a GET runs on the engine's event loop (one thread): no locks.
 """
@@ -71,30 +71,25 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from .. import objstore
-from ..errors import InvalidArgument
-from ..objstore import DEADLINE_ENV, concise, deadline
 from ..percentile import percentile
-from ..volumes.engine import Engine
-from . import azranges, checksums, integrity, pace
-from .inflight import Inflight, Stopped
+from . import azranges, checks, objstore, pace, reset_after_fork
+from .context import FetchContext, Requests, Stopped
+from .objstore import DEADLINE_ENV, concise
 
 if TYPE_CHECKING:
     import asyncio
     import concurrent.futures
 
-__all__ = ["FLOOR", "HASH_THREADS", "HEDGES_PER_REQUEST", "HEDGE_ENV", "LATE", "MAX_HEDGES",
+__all__ = ["FLOOR", "HASH_THREADS", "HEDGES_PER_REQUEST", "LATE", "MAX_HEDGES",
            "OFF_LOOP", "PART",
-           "PARTS_IN_FLIGHT", "SPLIT_AT", "STATS", "Budget", "FetchContext", "Got", "Latency",
-           "Requests", "budget", "enabled", "fetch", "get_into", "latency", "loop", "read",
+           "PARTS_IN_FLIGHT", "SPLIT_AT", "STATS", "Budget", "Got", "Latency",
+           "budget", "fetch", "get_into", "latency", "loop", "read",
            "split", "unabandoned"]
 
 T = TypeVar("T")
@@ -122,7 +117,6 @@ OFF_LOOP = 64 * 1024
 HASH_THREADS = 2
 """Threads hashing and writing large chunks, per process."""
 
-HEDGE_ENV = "UCSTAGE_HEDGE"
 LATE = 4.0
 """A step is late at this many times the source's 95th percentile."""
 FLOOR = 0.5
@@ -136,41 +130,6 @@ MAX_HEDGES = 16
 HEDGES_PER_REQUEST = 2
 """Hedged legs one request may start at most."""
 _WINDOW = 256
-
-
-def enabled() -> bool:
-    """Whether GETs are hedged: ``$UCSTAGE_HEDGE`` unset or not ``0``/``off``/``false``/``no``."""
-    return os.environ.get(HEDGE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
-
-
-@dataclass(frozen=True)
-class Requests:
-    """How the engine sends one cache's GETs: hedge late ones or not, and the
-    seconds one request may take. Passed as a parameter (``LocalCache(hedge=,
-    request_deadline=)``, ``cache warm --no-hedge --deadline``); the
-    environment (``$UCSTAGE_HEDGE``, ``$UCSTAGE_REQUEST_DEADLINE``) is only
-    the default, read by :meth:`of` when a value is not given."""
-
-    hedge: bool
-    deadline: float
-
-    @classmethod
-    def of(cls, hedge: bool | None = None, deadline_s: float | None = None) -> Requests:
-        """The values given, the environment's for the others.
-
-        Raises:
-            InvalidArgument: ``request_deadline`` is not a positive finite
-                number, ``hedge`` not a bool (or the environment's value is bad).
-        """
-        if hedge is not None and not isinstance(hedge, bool):
-            raise InvalidArgument(f"hedge must be True or False, got {hedge!r}")
-        if deadline_s is not None and (
-                isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
-                or not (0 < deadline_s < math.inf)):
-            raise InvalidArgument(f"request_deadline must be a positive, finite number of "
-                                  f"seconds, got {deadline_s!r}")
-        return cls(enabled() if hedge is None else hedge,
-                   deadline() if deadline_s is None else float(deadline_s))
 
 
 class _Window:
@@ -238,16 +197,6 @@ _latency: dict[str, Latency] = {}
 _budget: list[Budget] = []
 
 
-def _forget_samples_after_fork() -> None:
-    _hashers.clear()  # its threads did not survive the fork
-    _latency.clear()
-    _budget.clear()
-    STATS.clear()
-
-
-os.register_at_fork(after_in_child=_forget_samples_after_fork)
-
-
 def latency(source: str) -> Latency:
     """The running latency of ``source`` (``kind://bucket``)."""
     found = _latency.get(source)
@@ -261,6 +210,14 @@ def budget() -> Budget:
     if not _budget:
         _budget.append(Budget())
     return _budget[0]
+
+
+@reset_after_fork
+def _forget_samples_after_fork() -> None:
+    _hashers.clear()  # its threads did not survive the fork
+    _latency.clear()
+    _budget.clear()
+    STATS.clear()
 
 
 class _End:
@@ -331,7 +288,7 @@ class _Leg:
                 sent_at = await pace.send(self.source)
                 self._put(_SENT)
             # An Azure blob without a stored MD5 is read through the SDK
-            # (:mod:`~ucstage.cache.azranges`), which answers the same way.
+            # (:mod:`~ucstage.engines.azranges`), which answers the same way.
             result = await (client.get_async(key, options=options or None)
                             if isinstance(client, azranges.Blobs)
                             else obstore.get_async(client, key, options=options or None))
@@ -552,42 +509,14 @@ class Got(NamedTuple):
     etag: str
     mtime_ns: int | None
     check: str = ""
-    """The check its bytes passed (:data:`ucstage.cache.integrity.CHECKS`)."""
-
-
-class FetchContext(NamedTuple):
-    """What one copy reads its source with beyond the path: one value down the
-    copy path (:func:`ucstage.cache.fetch.copy_to`, :func:`get_into`)."""
-
-    engine: Engine
-    """The engine that reads the source (:func:`ucstage.volumes.engine.of`)."""
-    root: str = ""
-    """The cache's root, where the checks keep what they learnt of a source
-    (:func:`ucstage.cache.integrity.judge`: which sources serve MD5 ETags)."""
-    requests: Requests | None = None
-    """The cache's hedging and per-request deadline (None: the environment's)."""
-    size: int = 0
-    """The listed size: one GET or ranged GETs."""
-    listed: str = ""
-    """The listed version (a GCS or Azure one carries the store's MD5:
-    :mod:`ucstage.cache.checksums`)."""
-    inflight: Inflight | None = None
-    """The job that may stop the copy (a warm, a read-ahead), or None."""
-    read_size: int = 0
-    """Bytes per read of a local-like source (0: ``fetch.READ_CHUNK``). A
-    small one bounds how long a stop waits on a slow mount (see
-    :func:`ucstage.cache.fetch.read_blocks`)."""
-
-    @property
-    def deadline(self) -> float | None:
-        """Seconds per request (None: the environment's)."""
-        return None if self.requests is None else self.requests.deadline
+    """The check its bytes passed (:data:`ucstage.engines.checks.CHECKS`)."""
 
 
 _forked_away: list[Any] = []
 """What a forked child keeps but never uses: the parent's loop."""
 
 
+@reset_after_fork
 def _forget_after_fork() -> None:
     global _loop, _loop_lock
     # The loop's thread did not survive the fork. The loop is set aside, not
@@ -597,9 +526,6 @@ def _forget_after_fork() -> None:
         _forked_away.append(_loop)
     _loop = None
     _loop_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def loop() -> asyncio.AbstractEventLoop:
@@ -667,50 +593,42 @@ async def _get(client: Any, key: str, fd: int, size_hint: int,
                ctx: FetchContext | None = None) -> Got:
     import asyncio
 
-    root, requests, listed = ("", None, "") if ctx is None else \
-        (ctx.root, ctx.requests, ctx.listed)
-    store_sum: checksums.Expect | None = None
+    evidence, requests, listed = (None, None, "") if ctx is None else \
+        (ctx.evidence, ctx.requests, ctx.listed)
+    # One expectation per GET (checks.expect), worked out from the first
+    # response's headers, and one verdict (checks.judge).
     if azranges.wanted(source, listed, size_hint):
         size, meta, verdict = await _get_md5_ranges(key, fd, size_hint, parts, source, requests)
-        store_sum = checksums.expect(source, meta, listed)
+        want = checks.expect(source, meta, listed)
     elif size_hint < SPLIT_AT or _part_size(size_hint, parts) >= size_hint:
-        check: dict[str, Any] = {"want": "", "digest": None, "store": None}
+        got_for: list[tuple[checks.Expect, Any]] = []
 
         def digest_for(meta: Any) -> Any:
-            # The MD5 as the bytes arrive: no second pass over the copy.
-            check["store"] = checksums.expect(source, meta, listed)
-            kind = check["store"].check if check["store"] is not None else "md5"
-            check["want"] = check["store"].want if check["store"] is not None else \
-                integrity.expect_md5(source, _etag(meta))
-            check["digest"] = integrity.hasher(kind) if check["want"] else None
-            return check["digest"]
+            # The digest as the bytes arrive: no second pass over the copy.
+            want = checks.expect(source, meta, listed)
+            got_for.append((want, checks.hasher(want.check)))
+            return got_for[-1][1]
 
         size, meta = await read(client, key, fd, 0, None, source=source, write=_write,
                                 chunk=WHOLE, digest_for=digest_for, requests=requests)
         if size != meta["size"]:
             raise OSError(f"short read: {size} of {meta['size']} bytes")
-        digest = check["digest"]
-        store_sum = check["store"]
+        want, digest = got_for[-1]
         got = digest.hexdigest() if digest is not None else ""
-        verdict = checksums.judge(source, key, store_sum, got) if store_sum is not None else \
-            integrity.judge(source, key, check["want"], got, root=root)
+        verdict = checks.judge(source, key, want, got, evidence=evidence)
     else:
         size, meta = await _get_ranged(client, key, fd, size_hint, parts, source, requests)
-        store_sum = checksums.expect(source, meta, listed)
-        want = store_sum.want if store_sum is not None else integrity.expect_md5(source, _etag(meta))
-        kind = store_sum.check if store_sum is not None else "md5"
+        want = checks.expect(source, meta, listed)
         # A digest needs the bytes in order: hashed once every part is written
         # (the copy is in the page cache then), off the loop.
         got = await asyncio.get_running_loop().run_in_executor(
-            None, integrity.digest_file, fd, size, kind) if want else ""
-        verdict = checksums.judge(source, key, store_sum, got) if store_sum is not None else \
-            integrity.judge(source, key, want, got, root=root)
+            None, checks.digest_file, fd, size, want.check) if want.check else ""
+        verdict = checks.judge(source, key, want, got, evidence=evidence)
     os.ftruncate(fd, size)  # the caller may have preallocated more
-    integrity.record(fd, verdict)
+    checks.record(fd, verdict)
     # GCS and Azure copies are stamped with the listed version (it carries the
-    # checksum) while the object is the one listed.
-    stamp = store_sum.stamp if store_sum is not None else _etag(meta)
-    return Got(size, stamp, objstore.mtime_ns(meta["last_modified"]), verdict.check)
+    # checksum) while the object is the one listed; S3's with the ETag.
+    return Got(size, want.stamp, objstore.mtime_ns(meta["last_modified"]), verdict.check)
 
 
 async def _cancelled(tasks: list[Any]) -> None:
@@ -727,16 +645,16 @@ async def _cancelled(tasks: list[Any]) -> None:
 
 
 async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source: str,
-                          requests: Requests | None) -> tuple[int, Any, integrity.Verdict]:
+                          requests: Requests | None) -> tuple[int, Any, checks.Verdict]:
     """An Azure blob the store keeps no MD5 for, read in ranges of at most
-    :data:`~ucstage.cache.azranges.RANGE` whose MD5 Azure gives
-    (:mod:`~ucstage.cache.azranges`), ``parts`` in flight, every range after
+    :data:`~ucstage.engines.azranges.RANGE` whose MD5 Azure gives
+    (:mod:`~ucstage.engines.azranges`), ``parts`` in flight, every range after
     the first ``If-Match`` its ETag: every byte is checked as it arrives. A
-    range whose bytes mismatch is read again, :data:`~ucstage.cache.azranges.TRIES`
+    range whose bytes mismatch is read again, :data:`~ucstage.engines.azranges.TRIES`
     times at most; returns (size, the first range's meta, the verdict).
 
     Raises:
-        integrity.Mismatch: a range mismatched on every read.
+        checks.Mismatch: a range mismatched on every read.
         OSError: a range came without its MD5, or short.
     """
     import asyncio
@@ -747,7 +665,7 @@ async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source:
 
     async def checked(start: int, end: int, etag: str, whole: bool = False) -> tuple[Any, str]:
         for attempt in range(1, azranges.TRIES + 1):
-            digest = integrity.hasher("md5")
+            digest = checks.hasher("md5")
 
             def digest_for(_meta: Any, this: Any = digest) -> Any:
                 return this
@@ -764,9 +682,9 @@ async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source:
             if got == want:
                 return meta, got
             # A transfer error (or a bad replica): this range again, not the file.
-            integrity.TALLY.add("mismatches")
+            checks.TALLY.add("mismatches")
             if attempt == azranges.TRIES:
-                raise integrity.Mismatch(key, "md5", want, got)
+                raise checks.Mismatch(key, "md5", want, got)
         raise AssertionError("unreachable")
 
     # The first range (of the listed size) names the size and the ETag the
@@ -789,7 +707,7 @@ async def _get_md5_ranges(key: str, fd: int, size_hint: int, parts: int, source:
     # The MD5 of the whole copy, recorded for ``cache verify --checksum``: a
     # single range's is at hand; ranges are hashed again once all are written.
     whole = first_md5 if size <= first else await asyncio.get_running_loop().run_in_executor(
-        None, integrity.digest_file, fd, size, "md5")
+        None, checks.digest_file, fd, size, "md5")
     return size, meta, azranges.passed(whole)
 
 
@@ -903,7 +821,7 @@ async def fetch(volume: Any, path: str, fd: int, ctx: FetchContext,
     that is itself a coroutine): the same GET, awaited in place, with the
     same errors. Cancelling the caller cancels the requests; none of their
     writes lands after this returns or raises. ``client``: the bucket's
-    client (:func:`ucstage.objstore.store`) when the caller already holds
+    client (:func:`ucstage.engines.objstore.store`) when the caller already holds
     it (a warm asks once, not per file: building its key reads a dozen
     environment variables)."""
     kind, bucket, key = objstore.location(volume, path)

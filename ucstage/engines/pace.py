@@ -28,12 +28,13 @@ Everything here runs on the engine's event loop (one thread): no locks.
 from __future__ import annotations
 
 import collections
-import os
 import random
 import re
 import time
 from collections.abc import Callable
 from typing import Any
+
+from . import reset_after_fork
 
 __all__ = ["BETA", "FREE_RETRIES", "Pace", "Paced", "forget", "pace", "pause", "send",
            "send_now", "throttled"]
@@ -154,16 +155,11 @@ class Pace:
 _paces: dict[str, Pace] = {}
 
 
-def _forget_after_fork() -> None:
-    _paces.clear()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-
-
+@reset_after_fork
 def forget() -> None:
-    """Forget every source's pace (a process that points the same bucket name
-    at another store: tests)."""
+    """Forget every source's pace: in a forked child (the parent's go on
+    there), and in a process that points the same bucket name at another
+    store (tests)."""
     _paces.clear()
 
 

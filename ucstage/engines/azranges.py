@@ -12,9 +12,9 @@ already brings for Azure's listings, authenticated as adlfs is
 (:func:`ucstage.cloudfs.blob_service`).
 
 :class:`Blobs` answers ``get_async(key, options=)`` as an obstore store does
-(one range, ``if_match``), so :func:`ucstage.cache.objget.read` sends,
+(one range, ``if_match``), so :func:`ucstage.engines.objget.read` sends,
 hedges and bounds these legs like any other; the range's MD5 rides in the
-response's ``meta["range_md5"]``, and :func:`ucstage.cache.objget` checks
+response's ``meta["range_md5"]``, and :func:`ucstage.engines.objget` checks
 each range against it as the bytes are written.
 
 One client per process and container, made on the engine's loop (its
@@ -47,10 +47,10 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from .. import cloudfs
-from ..objstore import deadline
-from ..volumes.engine import RangeChanged
-from . import integrity
-from .inflight import Inflight
+from . import checks, reset_after_fork
+from .context import Stoppable
+from .objstore import deadline
+from .ranges import RangeChanged
 
 __all__ = ["RANGE", "TRIES", "Blobs", "Read", "blobs", "copy_into", "passed", "read_ranges",
            "wanted"]
@@ -76,11 +76,11 @@ def _settings(limit: float) -> dict[str, Any]:
             "connection_timeout": limit + 5, "read_timeout": limit + 5}
 
 
-def passed(md5: str) -> integrity.Verdict:
+def passed(md5: str) -> checks.Verdict:
     """The verdict on a copy whose every range matched its MD5, ``md5`` (hex)
     being the whole copy's, recorded for ``cache verify --checksum``."""
-    integrity.TALLY.add("md5")
-    return integrity.Verdict("md5", f"md5:{md5}")
+    checks.TALLY.add("md5")
+    return checks.Verdict("md5", f"md5:{md5}")
 
 
 def wanted(source: str, listed: str, size: int) -> bool:
@@ -149,9 +149,9 @@ class Blobs:
 
 def _oserror(exc: BaseException, key: str) -> BaseException:
     """The SDK's errors as the one-line ``OSError``\\s of
-    :func:`ucstage.objstore.concise`: 404 ``FileNotFoundError``, 401/403
+    :func:`ucstage.engines.objstore.concise`: 404 ``FileNotFoundError``, 401/403
     ``PermissionError``, else ``OSError`` (retried; 503 and 429 read as
-    throttling by :mod:`ucstage.cache.pace`)."""
+    throttling by :mod:`ucstage.engines.pace`)."""
     from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceNotFoundError
 
     if isinstance(exc, OSError) or not isinstance(exc, AzureError):
@@ -179,15 +179,13 @@ _containers: dict[tuple[Any, ...], Any] = {}
 _containers_lock = threading.Lock()
 
 
+@reset_after_fork
 def _forget_after_fork() -> None:
     global _containers_lock
     _forked_away.append((dict(_clients), dict(_containers)))
     _clients.clear()
     _containers.clear()
     _containers_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def blobs(bucket: str, limit: float | None = None) -> Blobs:
@@ -245,7 +243,7 @@ _MISMATCH = re.compile(r"MD5 mismatch\. Expected value is '([^']*)', computed va
 12.x, ``StorageContentValidation``), with both MD5s in base64."""
 
 
-def copy_into(bucket: str, key: str, fd: int, inflight: Inflight | None = None,
+def copy_into(bucket: str, key: str, fd: int, inflight: Stoppable | None = None,
               limit: float | None = None) -> Read:
     """Copy blob ``key`` of ``bucket`` into the open file ``fd`` from offset
     0 (a preallocated file is not cut: the caller does), every byte checked
@@ -254,13 +252,13 @@ def copy_into(bucket: str, key: str, fd: int, inflight: Inflight | None = None,
     (None: the environment's).
 
     Raises:
-        integrity.Mismatch: a range mismatched on :data:`TRIES` reads in a row.
+        checks.Mismatch: a range mismatched on :data:`TRIES` reads in a row.
         Stopped: ``inflight`` stopped.
         OSError: a range came without its MD5, the blob changed during the
             copy (412), or any other error of the store (one line, as
             :func:`_oserror` maps them).
     """
-    whole = integrity.hasher("md5")
+    whole = checks.hasher("md5")
 
     def put(pos: int, chunk: bytes) -> None:
         view = memoryview(chunk)
@@ -274,7 +272,7 @@ def copy_into(bucket: str, key: str, fd: int, inflight: Inflight | None = None,
 
 
 def read_ranges(bucket: str, key: str, ranges: Sequence[tuple[int, int]], etag: str,
-                inflight: Inflight | None = None, limit: float | None = None) -> list[bytes]:
+                inflight: Stoppable | None = None, limit: float | None = None) -> list[bytes]:
     """The bytes of each (offset, length) range of blob ``key`` of
     ``bucket`` (a table's row group: its column chunks, however large), each
     read as GETs of at most :data:`RANGE` whose bytes are checked against the
@@ -284,7 +282,7 @@ def read_ranges(bucket: str, key: str, ranges: Sequence[tuple[int, int]], etag: 
     match.
 
     Raises:
-        integrity.Mismatch: a piece mismatched on :data:`TRIES` reads in a row.
+        checks.Mismatch: a piece mismatched on :data:`TRIES` reads in a row.
         RangeChanged: the blob is no longer the listed one (412).
         Stopped: ``inflight`` stopped.
         OSError: a piece came without its MD5, or any other error of the store.
@@ -304,7 +302,7 @@ def read_ranges(bucket: str, key: str, ranges: Sequence[tuple[int, int]], etag: 
 
 
 def _download(container: Any, key: str, start: int, end: int | None, etag: str,
-              put: Callable[[int, bytes], None], inflight: Inflight | None
+              put: Callable[[int, bytes], None], inflight: Stoppable | None
               ) -> tuple[int, str, datetime | None]:
     """Bytes ``start`` to ``end`` (None: the blob's end) of blob ``key``,
     each handed to ``put(offset, chunk)`` once checked against the MD5 Azure
@@ -316,7 +314,7 @@ def _download(container: Any, key: str, start: int, end: int | None, etag: str,
     time (None for a range).
 
     Raises:
-        integrity.Mismatch, RangeChanged, Stopped, OSError: as :func:`read_ranges`.
+        checks.Mismatch, RangeChanged, Stopped, OSError: as :func:`read_ranges`.
     """
     from azure.core import MatchConditions
     from azure.core.exceptions import AzureError
@@ -359,10 +357,10 @@ def _download(container: Any, key: str, start: int, end: int | None, etag: str,
                     raise RangeChanged(f"{key} changed since it was listed") from None
                 raise _oserror(exc, key) from exc
             # A transfer error (or a bad replica): this piece again, not the whole.
-            integrity.TALLY.add("mismatches")
+            checks.TALLY.add("mismatches")
             misses += 1
             if misses == TRIES:
-                raise integrity.Mismatch(key, "md5", cloudfs.hex_of(mismatch.group(1)),
+                raise checks.Mismatch(key, "md5", cloudfs.hex_of(mismatch.group(1)),
                                          cloudfs.hex_of(mismatch.group(2))) from None
     return size, str(etag or "").strip('"'), modified
 

@@ -1,0 +1,27 @@
+"""Checkpoints through the stage: torch.distributed.checkpoint storage for
+local and mounted folders (``Writer``, ``Reader``), and the checkpoints of a
+folder (listed, verified, pruned: :mod:`.folder`, :mod:`.retention`).
+
+``Writer`` and ``Reader`` import torch, so they load on first use: ``ucstage
+checkpoint list`` never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Reader", "Writer"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .reader import Reader
+    from .writer import Writer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Writer":
+        from .writer import Writer
+        return Writer
+    if name == "Reader":
+        from .reader import Reader
+        return Reader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -24,7 +25,7 @@ from ucstage.checkpoint import Reader, Writer
 from ucstage.checkpoint.folder import METADATA, RECORD, read_record
 from ucstage.checkpoint.retention import list_checkpoints
 from ucstage.cli.app import cli
-from ucstage.errors import CheckpointIncomplete
+from ucstage.errors import CheckpointCorrupt, CheckpointIncomplete
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.fuse]
 
@@ -115,6 +116,19 @@ def test_cli_lists_and_verifies_the_saved_checkpoint(saved) -> None:  # type: ig
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["ok"] and [f["status"] for f in doc["files"]] == ["ok", "ok"]
+
+
+def test_a_checkpoint_missing_a_ranks_file_is_refused_naming_it(saved, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _, _, local, *_ = saved
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(local, damaged)
+    os.unlink(os.path.join(damaged, "__1_0.distcp"))
+    with pytest.raises(CheckpointCorrupt, match=r"damaged is missing __1_0\.distcp \(rank 1's file"):
+        Reader(damaged)
+    result = CliRunner().invoke(cli, ["checkpoint", "verify", damaged])
+    assert result.exit_code == 1
+    assert "missing __1_0.distcp (rank 1)" in result.stdout
+    assert "1 of 2 files are missing or differ from the record" in result.stderr
 
 
 def test_a_rank_killed_mid_upload_leaves_the_previous_checkpoint_loadable(tmp_path) -> None:  # type: ignore[no-untyped-def]

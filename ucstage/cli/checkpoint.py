@@ -110,11 +110,14 @@ def verify_command(path: str, as_json: bool) -> None:
                       f"{counted(len(report.files), 'file')} checked, "
                       f"{sum(c.status == 'ok' for c in report.files):,} ok")
         for c in report.files:
-            if c.status != "ok":
-                what = {"missing": "missing", "size": f"{c.size:,} bytes, recorded "
-                        f"{c.expected_size:,}", "checksum": "its bytes fail their checksum"}
-                console.print(f"  [red]{c.status}[/] {escape(c.name)} (rank {c.rank}): "
-                              f"{what[c.status]}")
+            if c.status == "missing":
+                console.print(f"  [red]missing[/] {escape(c.name)} (rank {c.rank})")
+            elif c.status == "size":
+                console.print(f"  [red]size[/] {escape(c.name)} (rank {c.rank}): "
+                              f"{c.size or 0:,} bytes, recorded {c.expected_size:,}")
+            elif c.status == "checksum":
+                console.print(f"  [red]checksum[/] {escape(c.name)} (rank {c.rank}): its bytes "
+                              "differ from the record's checksum")
 
     emit(data, as_json, human)
     if not report.ok:

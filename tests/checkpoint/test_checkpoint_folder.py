@@ -16,7 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ucstage.checkpoint import Reader, Writer, digests
+from ucstage.checkpoint import Reader, Writer, digests, latest
 from ucstage.checkpoint.folder import METADATA, RECORD, inspect, read_record
 from ucstage.checkpoint.retention import list_checkpoints
 from ucstage.checkpoint.upload import FolderDestination, Landed
@@ -216,3 +216,17 @@ def test_scratch_is_never_reached_through_a_link(tmp_path) -> None:  # type: ign
         save(str(tmp_path / "step-2"))
     assert os.listdir(elsewhere) == []
     assert not os.path.exists(tmp_path / "step-2" / METADATA)
+
+
+def test_latest_is_the_newest_complete_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    parent = tmp_path / "ckpt"
+    parent.mkdir()
+    assert latest(str(parent)) is None
+    save(str(parent / "step-2"), seed=2)
+    save(str(parent / "step-10"), seed=10)  # sorts before step-2 by name: time decides
+    (parent / "step-11").mkdir()
+    (parent / "step-11" / "__0_0.distcp").write_bytes(b"partial")  # newer, incomplete
+    assert latest(str(parent)) == str(parent / "step-10")
+    assert load(latest(str(parent)) or "")["step"] == 10
+    with pytest.raises(SourceNotFound):
+        latest(str(tmp_path / "nowhere"))

@@ -1,6 +1,7 @@
 """Checkpoints through the stage: torch.distributed.checkpoint storage for
 local and mounted folders (``Writer``, ``Reader``), and the checkpoints of a
-folder (listed, verified, pruned: :mod:`.folder`, :mod:`.retention`).
+folder (listed, verified, pruned: :mod:`.folder`, :mod:`.retention`; the
+newest complete one: ``latest``).
 
 ``Writer`` and ``Reader`` import torch, so they load on first use: ``ucstage
 checkpoint list`` never imports torch.
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Reader", "Writer"]
+from .retention import latest
+
+__all__ = ["Reader", "Writer", "latest"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .reader import Reader

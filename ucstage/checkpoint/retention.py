@@ -48,6 +48,18 @@ def list_checkpoints(path: str) -> list[Checkpoint]:
     return sorted(found, key=lambda c: (c.saved_at, c.name))
 
 
+def latest(path: str) -> str | None:
+    """The folder of the newest complete checkpoint in ``path`` (by when it
+    was published), or None when there is none: where a restarted job
+    resumes from. Incomplete checkpoints are passed over.
+
+    Raises:
+        SourceNotFound: no such folder.
+    """
+    complete = [c for c in list_checkpoints(path) if c.complete]
+    return complete[-1].path if complete else None
+
+
 @dataclass
 class PruneReport:
     removed: list[Checkpoint]

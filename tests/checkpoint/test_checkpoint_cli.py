@@ -15,6 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner, Result
 
+from tests.cli.test_json_contract import assert_matches
 from ucstage.checkpoint import Writer
 from ucstage.checkpoint.folder import METADATA, read_record
 from ucstage.cli.app import cli
@@ -166,3 +167,16 @@ def test_names_with_control_characters_are_shown_escaped(tmp_path: Path) -> None
     assert "\x1b" not in result.stdout and "step-\\x1b[31mred" in result.stdout
     result = run("checkpoint", "verify", str(tmp_path / "nowhere\x1b[2J"))
     assert result.exit_code == 2 and "\x1b" not in result.stderr and "\\x1b[2J" in result.stderr
+
+
+def test_the_json_documents_match_docs_json_md(parent: Path) -> None:
+    result = run("checkpoint", "list", str(parent), "--json")
+    assert_matches("json.md", "`ucstage checkpoint list`", json.loads(result.stdout))
+    (parent / "step-2" / "__0_1.distcp").unlink()
+    result = run("checkpoint", "verify", str(parent / "step-2"), "--json")
+    assert result.exit_code == 1
+    assert_matches("json.md", "`ucstage checkpoint verify`", json.loads(result.stdout))
+    result = run("checkpoint", "prune", str(parent), "--keep", "1", "--json")
+    doc = json.loads(result.stdout)
+    assert doc["removed"] and doc["kept"] and doc["incomplete"]
+    assert_matches("json.md", "`ucstage checkpoint prune`", doc)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -16,10 +19,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from tests.common.parts import wait_until
 from ucstage.checkpoint import Reader, Writer, digests, latest
 from ucstage.checkpoint.folder import METADATA, RECORD, inspect, read_record
 from ucstage.checkpoint.retention import list_checkpoints
 from ucstage.checkpoint.upload import FolderDestination, Landed
+from ucstage.checkpoint.writer import STALE_SECONDS
 from ucstage.errors import (
     CheckpointCorrupt,
     CheckpointError,
@@ -230,3 +235,62 @@ def test_latest_is_the_newest_complete_checkpoint(tmp_path) -> None:  # type: ig
     assert load(latest(str(parent)) or "")["step"] == 10
     with pytest.raises(SourceNotFound):
         latest(str(tmp_path / "nowhere"))
+
+
+def test_scratch_of_a_dead_process_is_swept_once_stale(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    save(str(tmp_path / "step-1"))
+    base = scratch_base()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    fresh, stale, alive = (os.path.join(base, f"{pid}-{tag}") for pid, tag in
+                           ((dead, "fresh"), (dead, "stale"), (os.getppid(), "alive")))
+    for folder in (fresh, stale, alive):
+        os.mkdir(folder, 0o700)
+    old = time.time() - 2 * STALE_SECONDS
+    os.utime(stale, (old, old))
+    os.utime(alive, (old, old))
+    save(str(tmp_path / "step-2"))
+    # A dead pid may be a live save in another container sharing the cache:
+    # only a stale folder of a dead pid goes.
+    assert sorted(os.listdir(base)) == sorted(os.path.basename(f) for f in (fresh, alive))
+
+
+INTERRUPTED = """
+import os, sys, torch, torch.distributed.checkpoint as dcp
+from ucstage.checkpoint import Writer
+from ucstage.checkpoint.upload import FolderDestination
+
+class Marked(FolderDestination):
+    def put(self, local_path, name, kind):
+        open(sys.argv[2], "a").close()
+        return super().put(local_path, name, kind)
+
+class MarkedWriter(Writer):
+    def destination(self):
+        return Marked(self.checkpoint_id)
+
+state = {f"t{i}": torch.randn(8 * 1024 * 1024) for i in range(8)}
+dcp.save(state, storage_writer=MarkedWriter(sys.argv[1], thread_count=8, upload_threads=2))
+"""
+
+
+def test_ctrl_c_mid_upload_publishes_nothing_and_leaves_no_scratch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path, marker = str(tmp_path / "step-1"), tmp_path / "uploading"
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED, path, str(marker)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: marker.exists() or proc.poll() is not None, "the upload to start",
+                   timeout=240)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    assert not os.path.exists(os.path.join(path, METADATA))
+    assert not inspect(path).complete  # type: ignore[union-attr]
+    assert os.listdir(scratch_base()) == []
+    with pytest.raises(CheckpointIncomplete):
+        Reader(path)

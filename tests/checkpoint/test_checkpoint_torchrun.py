@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections import Counter
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.common.parts import wait_until
 from ucstage.checkpoint import Reader, Writer
 from ucstage.checkpoint.folder import METADATA, RECORD, read_record
 from ucstage.checkpoint.retention import list_checkpoints
+from ucstage.checkpoint.writer import STALE_SECONDS
 from ucstage.cli.app import cli
 from ucstage.errors import CheckpointCorrupt, CheckpointIncomplete
 
@@ -177,7 +179,9 @@ def test_a_rank_killed_mid_upload_leaves_the_previous_checkpoint_loadable(tmp_pa
 
     # The killed rank's scratch folder is swept by the next save on this node.
     scratch = os.path.join(os.environ["UCSTAGE_CACHE_DIR"], ".ucstage", "checkpoints")
-    assert len(os.listdir(scratch)) == 1
+    (left,) = os.listdir(scratch)
+    old = time.time() - 2 * STALE_SECONDS
+    os.utime(os.path.join(scratch, left), (old, old))  # dead, and untouched long enough
     torch.distributed.checkpoint.save({"x": torch.ones(3)},
                                       storage_writer=Writer(str(parent / "step-3")))
     assert os.listdir(scratch) == []

@@ -5,19 +5,24 @@ A save writes each rank's files to local scratch first, then hands them to a
 :class:`Destination` one at a time (several at once, from threads). The
 destination reports what landed (size and checksum of the bytes it holds
 now), and the writer compares that with what it wrote. An object store
-plugs in behind the same three methods (a multipart PUT and the checksum
-the store reports; a PUT of a small object; a HEAD).
+plugs in behind the same methods (a multipart PUT and the checksum the
+store reports; a PUT of a small object; a HEAD; a flag its parts check).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..atomic import fsync_dir, write_atomic
 from . import digests
+
+
+class Cancelled(Exception):
+    """A put stopped by :meth:`Destination.cancel` (the save is stopping)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class Destination(Protocol):
         """The size of ``name``, or None when it is not there."""
         ...
 
+    def cancel(self) -> None:
+        """Make the puts running now stop soon (they raise), and later ones fail."""
+        ...
+
 
 class FolderDestination:
     """A local folder, or a mounted one (``/Volumes/...`` on the platform).
@@ -61,14 +70,24 @@ class FolderDestination:
     def __init__(self, root: str) -> None:
         self.root = root
         self.where = root
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def _go_on(self, _done: int = 0) -> None:
+        if self._cancelled.is_set():
+            raise Cancelled(f"the upload to {self.where} was stopped")
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name)
 
     def put(self, local_path: str, name: str, kind: str) -> Landed:
         target = self._path(name)
+        self._go_on()
         with open(local_path, "rb", buffering=0) as src, open(target, "wb", buffering=0) as dst:
             while True:
+                self._go_on()
                 block = src.read(digests.CHUNK)
                 if not block:
                     break
@@ -80,7 +99,7 @@ class FolderDestination:
                 os.fsync(dst.fileno())  # a FUSE mount may refuse; the read-back still checks
         # Read back what the folder now serves (through the mount, for a
         # mounted volume): the check is of what landed, not of what was sent.
-        size, checksum, _ = digests.of_file(target, kind)
+        size, checksum, _ = digests.of_file(target, kind, progress=self._go_on)
         return Landed(size, checksum)
 
     def write_small(self, name: str, data: bytes) -> None:

@@ -93,18 +93,28 @@ def _scratch_base(cache_dir: str | None) -> str:
     return base
 
 
-def _sweep(base: str) -> None:
-    """Remove scratch folders left by processes that are gone (a killed save)."""
+STALE_SECONDS = 3600.0
+"""How long a dead process's scratch folder is left before a save removes it.
+The pid alone is not proof: a container sharing this cache root has its own
+pids, and removing a live save's scratch would fail that save."""
+
+
+def _sweep(base: str, now: float | None = None) -> None:
+    """Remove scratch folders left by processes that are gone (a killed save)
+    and untouched for :data:`STALE_SECONDS`."""
+    now = time.time() if now is None else now
     for entry in os.scandir(base):
         pid, _, _ = entry.name.partition("-")
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_SECONDS:
+                continue
             os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(entry.path, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, someone else's
+        except (PermissionError, FileNotFoundError):
+            pass  # alive and someone else's, or just removed
 
 
 class Writer(FileSystemWriter):
@@ -270,9 +280,17 @@ class Writer(FileSystemWriter):
                         hint="check the destination's disk or mount; nothing was published")
             return name, FileRecord(name, rank, size, checksum), sums
 
-        with ThreadPoolExecutor(max_workers=min(self.upload_threads, max(1, len(by_file))),
-                                thread_name_prefix="ucstage-ckpt") as pool:
+        pool = ThreadPoolExecutor(max_workers=min(self.upload_threads, max(1, len(by_file))),
+                                  thread_name_prefix="ucstage-ckpt")
+        try:
             done = list(pool.map(one, sorted(by_file)))
+        except BaseException:
+            # Ctrl-C or a failed copy: the copies still running stop at their
+            # next block rather than finish files that will not be published.
+            dest.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
         stored = list(written)
         for name, record, sums in done:
             for i, checksum in zip(by_file[name], sums, strict=True):

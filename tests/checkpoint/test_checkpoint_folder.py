@@ -294,3 +294,43 @@ def test_ctrl_c_mid_upload_publishes_nothing_and_leaves_no_scratch(tmp_path) -> 
     assert os.listdir(scratch_base()) == []
     with pytest.raises(CheckpointIncomplete):
         Reader(path)
+
+
+class _CountingFile:
+    """A file object that counts the bytes read through it."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.count = 0
+
+    def seek(self, *args: Any) -> int:
+        return int(self.file.seek(*args))
+
+    def read(self, *args: Any) -> bytes:
+        data = self.file.read(*args)
+        self.count += len(data)
+        return bytes(data)
+
+
+class CountingReader(Reader):
+    read_bytes = 0
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        counting = _CountingFile(file)
+        view = super()._slice_file(counting, sinfo)
+        CountingReader.read_bytes += counting.count
+        return view
+
+
+def test_a_load_reads_only_the_ranges_it_asks_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "step-1")
+    save(path)  # one file holding w (16 KiB), b and the small values
+    record = read_record(path)
+    assert record is not None
+    (f,) = record.files
+    CountingReader.read_bytes = 0
+    target = {"b": torch.zeros(64)}  # only b: the rest of the file is not read
+    dcp.load(target, storage_reader=CountingReader(path))
+    assert torch.equal(target["b"], state()["b"])
+    sizes = sorted(n for _, n, _ in record.ranges[f.name])
+    assert CountingReader.read_bytes in sizes and CountingReader.read_bytes < f.size // 4

@@ -20,6 +20,9 @@ __all__ = [
     "CacheFull",
     "CacheOwnershipError",
     "CacheUnusable",
+    "CheckpointCorrupt",
+    "CheckpointError",
+    "CheckpointIncomplete",
     "CorruptParquet",
     "CorruptShard",
     "EmptySource",
@@ -185,6 +188,25 @@ class CacheUnusable(CacheError):
 
 class CacheFull(CacheError):
     """The cache's filesystem or byte cap has no room for what must be stored."""
+
+    exit_code = 1
+
+
+class CheckpointError(UcstageError):
+    """A folder is not a checkpoint ucstage can load or manage: nothing of a
+    torch.distributed.checkpoint is in it, or it is one that is already
+    complete where a new one would be written."""
+
+
+class CheckpointIncomplete(CheckpointError):
+    """A checkpoint folder without its ``.metadata``: a save that has not
+    finished (or never will: a killed job). It is never loaded."""
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A complete checkpoint whose files disagree with its record: a file
+    missing, of another size, or whose bytes fail their checksum; or a save
+    whose copy to the destination landed other bytes than were written."""
 
     exit_code = 1
 

@@ -105,8 +105,9 @@ def wait_synced(backing: str, mounted: str, timeout: float = 120.0) -> None:
 
 
 @contextmanager
-def rclone_mount(source: str, mountpoint: str, *extra: str) -> Iterator[str]:
-    """Mount ``source`` (a folder) read-only at ``mountpoint`` with rclone.
+def rclone_mount(source: str, mountpoint: str, *extra: str, read_only: bool = True) -> Iterator[str]:
+    """Mount ``source`` (a folder) at ``mountpoint`` with rclone, read-only
+    unless ``read_only`` is False (a volume a job writes to: checkpoints).
 
     Directory and attribute caches are kept short so tests that rewrite the
     backing folder see the change within about a second, as on the platform.
@@ -115,7 +116,7 @@ def rclone_mount(source: str, mountpoint: str, *extra: str) -> Iterator[str]:
     require(ok, reason)
     os.makedirs(mountpoint, exist_ok=True)
     log = os.path.join(os.path.dirname(mountpoint), os.path.basename(mountpoint) + ".rclone.log")
-    cmd = ["rclone", "mount", source, mountpoint, "--daemon", "--read-only",
+    cmd = ["rclone", "mount", source, mountpoint, "--daemon", *(["--read-only"] if read_only else []),
            "--dir-cache-time", "1s", "--attr-timeout", "0s", "--log-file", log, *extra]
     # --daemon forks a child that keeps inherited pipes open, so output must go
     # to a file: capturing it would wait for EOF forever.

@@ -48,6 +48,11 @@ def _shard_plan() -> click.Command:
     return shard_plan
 
 
+def _checkpoint() -> click.Command:
+    from .checkpoint import command
+    return command
+
+
 def _bench() -> click.Command:
     from .bench import command
     return command
@@ -55,7 +60,7 @@ def _bench() -> click.Command:
 
 SUBCOMMANDS: dict[str, Callable[[], click.Command]] = {
     "export": _export, "pack": _pack, "cache": _cache, "shard-plan": _shard_plan,
-    "bench": _bench}
+    "bench": _bench, "checkpoint": _checkpoint}
 """The subcommands, in the order a job uses them (help lists them so), each
 imported when it runs or help lists it: ``ucstage cache warm`` does not load
 bench, export or shard-plan and what they import (start-up time is a fixed

@@ -1,0 +1,132 @@
+"""The checkpoints of a folder: listing them, and keeping the newest N.
+
+Pruning removes only **complete** checkpoints older than the ``keep``
+newest complete ones (by the time each was published), so the newest
+complete checkpoint is never removed. An incomplete checkpoint is never
+removed: a job may be writing it right now, and only a person knows it is
+dead (remove its folder by hand). A checkpoint is removed ``.metadata``
+first, so a reader that races the removal is refused ("incomplete") rather
+than shown half a checkpoint; then the files its record names, then the
+folder when nothing else is left in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidArgument, SourceNotFound
+from .folder import DATA_FILE, METADATA, RECORD, Checkpoint, inspect, local_folder
+
+
+def list_checkpoints(path: str) -> list[Checkpoint]:
+    """The checkpoint ``path`` is, or the checkpoints in its subfolders,
+    oldest first (complete or not).
+
+    Raises:
+        SourceNotFound: no such folder.
+        InvalidArgument: ``path`` is a file.
+    """
+    folder = local_folder(path)
+    if not os.path.exists(folder):
+        raise SourceNotFound(f"{path} does not exist", hint="check the path")
+    if not os.path.isdir(folder):
+        raise InvalidArgument(f"{path} is not a folder",
+                              hint="pass a checkpoint's folder or the folder that holds them")
+    itself = inspect(folder)
+    if itself is not None:
+        return [itself]
+    found = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False):
+            ckpt = inspect(entry.path)
+            if ckpt is not None:
+                found.append(ckpt)
+    return sorted(found, key=lambda c: (c.saved_at, c.name))
+
+
+def latest(path: str) -> str | None:
+    """The folder of the newest complete checkpoint in ``path`` (by when it
+    was published), or None when there is none: where a restarted job
+    resumes from. Incomplete checkpoints are passed over.
+
+    Raises:
+        SourceNotFound: no such folder.
+    """
+    complete = [c for c in list_checkpoints(path) if c.complete]
+    return complete[-1].path if complete else None
+
+
+@dataclass
+class PruneReport:
+    removed: list[Checkpoint]
+    kept: list[Checkpoint]
+    """Complete checkpoints kept (the newest ``keep``)."""
+    incomplete: list[Checkpoint]
+    """Never removed: a job may be writing them."""
+    dry_run: bool
+    left: dict[str, list[str]] = field(default_factory=dict)
+    """Per removed checkpoint, files ucstage did not write that it left in place."""
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        return {"dry_run": self.dry_run,
+                "removed": [c.to_json(now) for c in self.removed],
+                "kept": [c.to_json(now) for c in self.kept],
+                "incomplete": [c.to_json(now) for c in self.incomplete],
+                "removed_bytes": sum(c.bytes for c in self.removed),
+                "left": self.left}
+
+
+def prune(path: str, keep: int, *, dry_run: bool = False,
+          protect: Iterable[str] = ()) -> PruneReport:
+    """Remove the complete checkpoints in the folder ``path`` older than its
+    ``keep`` newest complete ones; ``protect`` names folders never removed.
+
+    Raises:
+        InvalidArgument: ``keep`` below 1, or ``path`` is itself a checkpoint.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise InvalidArgument(f"keep must be 1 or more, got {keep!r}",
+                              hint="the newest complete checkpoint is always kept")
+    folder = local_folder(path)
+    if inspect(folder) is not None:
+        raise InvalidArgument(f"{path} is a checkpoint: prune takes the folder that holds "
+                              "checkpoints", hint=f"pass {os.path.dirname(folder) or '/'}")
+    found = list_checkpoints(path)
+    complete = sorted((c for c in found if c.complete), key=lambda c: (c.saved_at, c.name),
+                      reverse=True)
+    protected = {os.path.abspath(p) for p in protect}
+    kept = complete[:keep] + [c for c in complete[keep:] if c.path in protected]
+    removed = [c for c in complete[keep:] if c.path not in protected]
+    report = PruneReport(removed, kept, [c for c in found if not c.complete], dry_run)
+    if not dry_run:
+        for ckpt in removed:
+            left = _remove(ckpt)
+            if left:
+                report.left[ckpt.path] = left
+    return report
+
+
+def _remove(ckpt: Checkpoint) -> list[str]:
+    """Remove one complete checkpoint, ``.metadata`` first; return the names
+    of files left because ucstage did not write them."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(ckpt.path, METADATA))
+    names = set(ckpt.files)
+    if ckpt.record is not None:
+        names.update(f.name for f in ckpt.record.files)
+    for name in [*sorted(names), RECORD]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(ckpt.path, name))
+    try:
+        left = sorted(os.listdir(ckpt.path))
+    except FileNotFoundError:
+        return []
+    if not left:
+        with contextlib.suppress(FileNotFoundError, OSError):
+            os.rmdir(ckpt.path)
+        return []
+    return [n for n in left if not DATA_FILE.fullmatch(n)]

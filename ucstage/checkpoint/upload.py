@@ -1,0 +1,113 @@
+"""Where a save's files go: the small interface a checkpoint is uploaded
+through, and its implementation for a local or mounted folder.
+
+A save writes each rank's files to local scratch first, then hands them to a
+:class:`Destination` one at a time (several at once, from threads). The
+destination reports what landed (size and checksum of the bytes it holds
+now), and the writer compares that with what it wrote. An object store
+plugs in behind the same methods (a multipart PUT and the checksum the
+store reports; a PUT of a small object; a HEAD; a flag its parts check).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..atomic import fsync_dir, write_atomic
+from . import digests
+
+
+class Cancelled(Exception):
+    """A put stopped by :meth:`Destination.cancel` (the save is stopping)."""
+
+
+@dataclass(frozen=True)
+class Landed:
+    """What a destination holds under a name after a put."""
+
+    size: int
+    checksum: str
+    """``kind:<hex>`` of the bytes read back from the destination."""
+
+
+class Destination(Protocol):
+    """A checkpoint folder's home: where files are put and published."""
+
+    where: str
+    """The folder or URL, for messages."""
+
+    def put(self, local_path: str, name: str, kind: str) -> Landed:
+        """Copy the local file to ``name`` (its final name: no rename after)
+        and return the size and ``kind`` checksum of what landed."""
+        ...
+
+    def write_small(self, name: str, data: bytes) -> None:
+        """Write a small file whole, so a reader sees all of it or nothing
+        (the record, and ``.metadata`` last of all)."""
+        ...
+
+    def size(self, name: str) -> int | None:
+        """The size of ``name``, or None when it is not there."""
+        ...
+
+    def cancel(self) -> None:
+        """Make the puts running now stop soon (they raise), and later ones fail."""
+        ...
+
+
+class FolderDestination:
+    """A local folder, or a mounted one (``/Volumes/...`` on the platform).
+
+    Data files are written straight to their final names: on a volume's FUSE
+    mount a rename is a server-side copy of the whole file, so only the
+    small files published whole are renamed into place.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.where = root
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def _go_on(self, _done: int = 0) -> None:
+        if self._cancelled.is_set():
+            raise Cancelled(f"the upload to {self.where} was stopped")
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def put(self, local_path: str, name: str, kind: str) -> Landed:
+        target = self._path(name)
+        self._go_on()
+        with open(local_path, "rb", buffering=0) as src, open(target, "wb", buffering=0) as dst:
+            while True:
+                self._go_on()
+                block = src.read(digests.CHUNK)
+                if not block:
+                    break
+                view = memoryview(block)
+                while view:
+                    written = dst.write(view)
+                    view = view[written or 0:]
+            with contextlib.suppress(OSError):
+                os.fsync(dst.fileno())  # a FUSE mount may refuse; the read-back still checks
+        # Read back what the folder now serves (through the mount, for a
+        # mounted volume): the check is of what landed, not of what was sent.
+        size, checksum, _ = digests.of_file(target, kind, progress=self._go_on)
+        return Landed(size, checksum)
+
+    def write_small(self, name: str, data: bytes) -> None:
+        write_atomic(self._path(name), data)
+        fsync_dir(self.root)
+
+    def size(self, name: str) -> int | None:
+        try:
+            return os.stat(self._path(name)).st_size
+        except FileNotFoundError:
+            return None

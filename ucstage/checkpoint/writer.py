@@ -1,0 +1,300 @@
+"""``Writer``: torch.distributed.checkpoint storage that writes locally first,
+then uploads and publishes.
+
+Each rank writes its files with torch's own ``FileSystemWriter`` into a
+private scratch folder on local disk (under the cache root), then copies
+them to the checkpoint's folder on several threads, each file straight to
+its final name, and checks the size and checksum of what landed. The
+coordinator then checks every rank's files are in place, writes the record
+(:mod:`ucstage.checkpoint.folder`) and ``.metadata`` last, and prunes older
+checkpoints when ``keep`` asks. With ``dcp.async_save`` all of this runs in
+torch's background thread: the training loop waits only for the state to be
+copied to CPU memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import shutil
+import stat
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
+    FileSystemWriter,
+    _StorageInfo,
+)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ..cache.paths import CONTROL, default_root, open_root
+from ..errors import (
+    CacheOwnershipError,
+    CheckpointCorrupt,
+    CheckpointError,
+    InvalidArgument,
+    UcstageError,
+)
+from . import digests
+from .folder import METADATA, RECORD, FileRecord, Record, local_folder
+from .retention import prune
+from .upload import Destination, FolderDestination
+
+_log = logging.getLogger("ucstage")
+
+SCRATCH = os.path.join(CONTROL, "checkpoints")
+"""Where ranks write before uploading, relative to the cache root: one
+private folder per save and rank, named ``<pid>-<random>``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """A rank's WriteResult storage data on its way to the coordinator: torch's
+    own, plus the checksum of its byte range and its file's record."""
+
+    info: _StorageInfo
+    checksum: str
+    file: FileRecord
+
+
+def _refuse_complete(path: str) -> str:
+    folder = local_folder(path)
+    if os.path.exists(os.path.join(folder, METADATA)):
+        raise CheckpointError(
+            f"checkpoint {path} already exists and is complete: a save never writes over one",
+            hint="save each checkpoint to a folder of its own (step-000100, step-000200, ...); "
+                 "keep=N removes the older ones")
+    return folder
+
+
+def _scratch_base(cache_dir: str | None) -> str:
+    """The cache root's scratch folder for checkpoints, private, never a link."""
+    root = open_root(cache_dir if cache_dir is not None else default_root())
+    base = os.path.join(root, SCRATCH)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(base, 0o700)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise CacheOwnershipError(f"{base} in the cache is not a private folder of yours",
+                                  "remove it: ucstage makes it again, private")
+    return base
+
+
+STALE_SECONDS = 3600.0
+"""How long a dead process's scratch folder is left before a save removes it.
+The pid alone is not proof: a container sharing this cache root has its own
+pids, and removing a live save's scratch would fail that save."""
+
+
+def _sweep(base: str, now: float | None = None) -> None:
+    """Remove scratch folders left by processes that are gone (a killed save)
+    and untouched for :data:`STALE_SECONDS`."""
+    now = time.time() if now is None else now
+    for entry in os.scandir(base):
+        pid, _, _ = entry.name.partition("-")
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_SECONDS:
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except (PermissionError, FileNotFoundError):
+            pass  # alive and someone else's, or just removed
+
+
+class Writer(FileSystemWriter):
+    """Save a torch.distributed.checkpoint to a local or mounted folder
+    (``/Volumes/...``), written to local disk first and uploaded checked.
+
+    Pass it to ``dcp.save`` or ``dcp.async_save`` as ``storage_writer``. The
+    checkpoint is complete only when every rank's files are in place and
+    checked and ``.metadata`` is written, last; a folder without it is never
+    loaded (:class:`ucstage.checkpoint.Reader` refuses it).
+
+    Args:
+        path: the checkpoint's folder: a new one per checkpoint (a complete
+            checkpoint is never written over). ``checkpoint_id=`` of
+            ``dcp.save`` replaces it.
+        keep: after publishing, remove the complete checkpoints of the same
+            parent folder older than the ``keep`` newest (this one counts);
+            incomplete ones are never removed. None keeps everything.
+        cache_dir: the cache root whose scratch folder the ranks write to
+            first (default ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
+        upload_threads: files copied to the folder at once, per rank.
+        thread_count: files each rank writes (torch's option): more files
+            upload in parallel.
+        sync_files, per_thread_copy_ahead, cache_staged_state_dict: torch's
+            ``FileSystemWriter`` options.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, keep: int | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, upload_threads: int = 4,
+                 thread_count: int = 1, sync_files: bool = True,
+                 per_thread_copy_ahead: int = 10_000_000,
+                 cache_staged_state_dict: bool = False) -> None:
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise InvalidArgument(f"keep must be 1 or more, got {keep!r}",
+                                  hint="the newest complete checkpoint is always kept")
+        if isinstance(upload_threads, bool) or not isinstance(upload_threads, int) \
+                or upload_threads < 1:
+            raise InvalidArgument(f"upload_threads must be 1 or more, got {upload_threads!r}")
+        self._shown = os.fspath(path)
+        self._folder = _refuse_complete(self._shown)
+        super().__init__(self._folder, single_file_per_rank=True, sync_files=sync_files,
+                         thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
+                         cache_staged_state_dict=cache_staged_state_dict, overwrite=False)
+        self.keep = keep
+        self.upload_threads = upload_threads
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.kind = digests.default_kind()
+        self._scratch: str | None = None
+
+    # -- torch's StorageWriter ------------------------------------------------
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        super().reset(None)
+        if checkpoint_id:
+            self._shown = os.fspath(checkpoint_id)
+            self._folder = _refuse_complete(self._shown)
+            self.path = self.fs.init_path(self._folder)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self._folder
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self._folder, save_id=self.save_id)
+
+    def destination(self) -> Destination:
+        """Where the files go (the one place an object store would plug in)."""
+        return FolderDestination(self._folder)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if not self.use_collectives:
+            raise InvalidArgument("use_collectives=False is not supported: the coordinator "
+                                  "publishes the checkpoint once every rank's files are in")
+        _refuse_complete(self._shown)
+        os.makedirs(self._folder, exist_ok=True)
+        base = _scratch_base(self.cache_dir)
+        _sweep(base)
+        # mkdtemp: a new folder, 0700, made by this call (never one planted there).
+        self._scratch = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base)
+        self.path = Path(self._scratch)
+        return plan
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        try:
+            written = super().write_data(plan, planner).wait()
+            stored = self._upload(written)
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
+            self.path = Path(self._folder)
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(stored)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        dest = self.destination()
+        files: dict[str, FileRecord] = {}
+        ranges: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+        storage_md: dict[Any, Any] = {}
+        for rank_results in results:
+            for wr in rank_results:
+                data = wr.storage_data
+                if isinstance(data, _Stored):
+                    files[data.file.name] = data.file
+                    ranges[data.file.name].append((data.info.offset, data.info.length,
+                                                   data.checksum))
+                    data = data.info
+                storage_md[wr.index] = data
+        # Every rank checked its own copies; the coordinator checks they are
+        # all there before it publishes.
+        for f in files.values():
+            size = dest.size(f.name)
+            if size != f.size:
+                raise CheckpointCorrupt(
+                    f"cannot publish checkpoint {self._shown}: rank {f.rank}'s {f.name} is "
+                    + ("missing" if size is None else f"{size:,} bytes, not {f.size:,}"),
+                    hint="nothing was published; save again (to a new folder)")
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        record = Record(time.time(), len(results),
+                        tuple(sorted(files.values(), key=lambda f: (f.rank, f.name))),
+                        {name: sorted(rs) for name, rs in sorted(ranges.items())})
+        dest.write_small(RECORD, json.dumps(record.to_json(), separators=(",", ":")).encode())
+        dest.write_small(METADATA, pickle.dumps(metadata))  # last: now it is complete
+        if self.keep is not None:
+            parent = os.path.dirname(self._folder.rstrip(os.sep)) or os.sep
+            try:
+                report = prune(parent, self.keep, protect=[self._folder])
+            except (UcstageError, OSError) as exc:
+                _log.warning("ucstage: checkpoint %s is saved, but pruning %s failed: %s",
+                             self._shown, parent, exc)
+            else:
+                for ckpt in report.removed:
+                    _log.info("ucstage: removed checkpoint %s (keep=%d)", ckpt.path, self.keep)
+
+    # -- the upload -------------------------------------------------------------
+
+    def _upload(self, written: Sequence[WriteResult]) -> list[WriteResult]:
+        """Copy this rank's files to the destination, checked; return the
+        results with each item's range checksum and its file's record."""
+        assert self._scratch is not None
+        by_file: dict[str, list[int]] = defaultdict(list)
+        for i, wr in enumerate(written):
+            by_file[wr.storage_data.relative_path].append(i)
+        rank = self.rank or 0
+        dest = self.destination()
+
+        def one(name: str) -> tuple[str, FileRecord, list[str]]:
+            local = os.path.join(self._scratch or "", name)
+            spans = [(written[i].storage_data.offset, written[i].storage_data.length)
+                     for i in by_file[name]]
+            size, checksum, sums = digests.of_file(local, self.kind, spans)
+            for attempt in (1, 2):
+                landed = dest.put(local, name, self.kind)
+                if (landed.size, landed.checksum) == (size, checksum):
+                    break
+                if attempt == 2:
+                    raise CheckpointCorrupt(
+                        f"the copy of {name} to {dest.where} holds {landed.size:,} bytes "
+                        f"({landed.checksum}), not the {size:,} written ({checksum}), twice",
+                        hint="check the destination's disk or mount; nothing was published")
+            return name, FileRecord(name, rank, size, checksum), sums
+
+        pool = ThreadPoolExecutor(max_workers=min(self.upload_threads, max(1, len(by_file))),
+                                  thread_name_prefix="ucstage-ckpt")
+        try:
+            done = list(pool.map(one, sorted(by_file)))
+        except BaseException:
+            # Ctrl-C or a failed copy: the copies still running stop at their
+            # next block rather than finish files that will not be published.
+            dest.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown()
+        stored = list(written)
+        for name, record, sums in done:
+            for i, checksum in zip(by_file[name], sums, strict=True):
+                wr = written[i]
+                stored[i] = WriteResult(index=wr.index, size_in_bytes=wr.size_in_bytes,
+                                        storage_data=_Stored(wr.storage_data, checksum, record))
+        return stored

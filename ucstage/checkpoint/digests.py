@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..cache.integrity import hasher
+from ..engines.checks import hasher
 from ..errors import MissingDependency
 
 CHUNK = 8 * 1024 * 1024

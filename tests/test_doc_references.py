@@ -27,9 +27,10 @@ the other roles must not (``:func:`.fetch``` resolving to the module
 ``cache/fetch.py`` would hide a removed function).
 
 Resolution imports the modules it looks in (in all, every ucstage module: about
-2 s; pyspark is not among them) and looks names up on the live objects; an attribute that only instances have is found through the
-class's annotations, dataclass fields, ``__slots__`` or a ``self.<name> =``
-in its source.
+2 s; pyspark is not among them) and looks names up on the live objects; an
+attribute that only instances have is found through the class's annotations
+(dataclass fields too), ``__slots__``, a named tuple's fields, or a
+``self.<name> =`` in the class's source.
 """
 
 from __future__ import annotations
@@ -37,12 +38,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
-import inspect
+import importlib.util
 import io
 import os
 import re
 import sys
-import textwrap
 import tokenize
 import types
 from functools import cache
@@ -216,16 +216,37 @@ def _instance_attribute(cls: type, name: str) -> bool:
         if name in getattr(klass, "__annotations__", {}) or name in getattr(
                 klass, "__slots__", ()) or name in getattr(klass, "_fields", ()):
             return True
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        for node in ast.walk(ast.parse(source)):
-            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                    and node.attr == name and isinstance(node.value, ast.Name)
-                    and node.value.id == "self"):
-                return True
+        if name in _self_attributes(getattr(klass, "__module__", "")).get(
+                klass.__qualname__, ()):
+            return True
     return False
+
+
+@cache
+def _self_attributes(module: str) -> dict[str, set[str]]:
+    """Class qualname -> the ``self.<name>`` its methods assign, for a ucstage
+    module (one parse per module: ``inspect.getsource`` per class is slow)."""
+    if not module.startswith("ucstage"):
+        return {}
+    found: dict[str, set[str]] = {}
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if not file:
+        return found
+
+    def visit(node: ast.AST, qual: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                name = f"{qual}.{child.name}" if qual else child.name
+                found[name] = {n.attr for n in ast.walk(child)
+                               if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                               and isinstance(n.value, ast.Name) and n.value.id == "self"}
+                visit(child, name)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, f"{qual}.{child.name}.<locals>" if qual else
+                      f"{child.name}.<locals>")
+
+    visit(ast.parse(Path(file).read_text()), "")
+    return found
 
 
 _MISSING = object()
@@ -400,15 +421,20 @@ def test_the_resolver_tells_stale_from_live(tmp_path: Path, monkeypatch: Any) ->
     """The checks can fail: a module of ucstage/'s namespace, made for this
     test, names live and stale things in each form the docstrings use."""
     (tmp_path / "docref_sample.py").write_text(SAMPLE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(sys.modules, "ucstage.docref_sample",
-                        importlib.import_module("docref_sample"))
+    spec = importlib.util.spec_from_file_location("ucstage.docref_sample",
+                                                  tmp_path / "docref_sample.py")
+    assert spec and spec.loader
+    sample = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ucstage.docref_sample", sample)
+    spec.loader.exec_module(sample)
     refs = docstring_refs(SAMPLE, "ucstage.docref_sample", "docref_sample.py")
     lookup.cache_clear()
     try:
         stale = {_target(r.target): resolve(r) for r in refs if resolve(r)}
-    finally:
-        lookup.cache_clear()  # forget the sample module's names
+    finally:  # forget the sample module
+        lookup.cache_clear()
+        _import.cache_clear()
+        _self_attributes.cache_clear()
     assert sorted(stale) == sorted([
         ".errors.nowhere", ".nomodule", "ucstage.errors", "Y", "Kind.gone", "weight",
         "Kind.Inner", "stop", "gone_in_comment"]), stale

@@ -7,12 +7,13 @@ What is checked:
 - in every string statement of ``ucstage/**/*.py`` (module, class and function
   docstrings, and the docstring under an attribute) and in its comments, each
   Sphinx role ``:mod:``, ``:func:``, ``:class:``, ``:meth:``, ``:data:``,
-  ``:attr:`` and ``:exc:``, each ``ucstage.<dotted.name>`` literal and each
-  literal naming a file (``data/holding.py``);
+  ``:attr:`` and ``:exc:``, each ``ucstage.<dotted.name>`` literal, and each
+  file named (``data/holding.py``, ``docs/design.md``), as a literal or not;
 - in ``docs/*.md`` and ``README.md``, the same roles, each backticked Python
   file (``cache/fetch.py``, relative to ``ucstage/`` or to the checkout), each
   backticked file under a top-level folder of the checkout
-  (``scripts/setup.sh``), and each backticked ``ucstage.<dotted.name>``;
+  (``scripts/setup.sh``), each backticked ``ucstage.<dotted.name>``, each
+  ``some/where.py`` in prose and each link to a file of the checkout;
   fenced code blocks and the cells of a table's "was" column (names a thing
   had before it moved) are left out.
 
@@ -65,6 +66,11 @@ INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 CELL = re.compile(r"(?<!\\)\|")
 """A table's cell border (``\\|`` is a pipe inside a cell)."""
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+"""A Markdown link's target: a file or folder relative to the page, or a URL."""
+PROSE_PATH = re.compile(r"(?<![\w/.:`-])((?:[a-z_][\w.-]*/)+[\w-]+\.(?:py|md|sh|txt|toml))\b")
+"""``cache/fetch.py`` or ``docs/design.md`` written without backticks (a
+capitalised first folder is a placeholder: ``DEST/x.py``)."""
 PY_FILE = re.compile(r"(?:[\w.-]+/)*[\w-]+\.py")
 ROOT_FILE = re.compile(r"(?:benchmarks|docs|scripts|tests|ucstage)/(?:[\w.-]+/)*[\w.-]+\.\w+")
 DOTTED = re.compile(r"ucstage(?:\.\w+)+")
@@ -100,8 +106,8 @@ def _package_of(module: str) -> str:
 
 
 def docstring_refs(source: str, module: str, filename: str) -> list[Ref]:
-    """The roles, and the literals naming a file or a ``ucstage.`` name, in
-    every string statement and every comment of ``source``, which is ``module``."""
+    """The roles, the literals naming a ``ucstage.`` name, and the files named,
+    in every string statement and every comment of ``source``, which is ``module``."""
     lines = source.splitlines(keepends=True)
     refs: list[Ref] = []
     class_lines: list[tuple[int, int, tuple[str, ...]]] = []
@@ -114,6 +120,9 @@ def docstring_refs(source: str, module: str, filename: str) -> list[Ref]:
         for found in LITERAL.finditer(text):
             line = first_line + text.count("\n", 0, found.start())
             refs.extend(_literal_ref(f"{filename}:{line}", found.group(1)))
+        for found in PROSE_PATH.finditer(text):
+            line = first_line + text.count("\n", 0, found.start())
+            refs.append(Ref(f"{filename}:{line}", "file", found.group(1), None))
 
     def visit(node: ast.AST, classes: tuple[str, ...], qual: str) -> None:
         for child in ast.iter_child_nodes(node):
@@ -144,7 +153,8 @@ def docstring_refs(source: str, module: str, filename: str) -> list[Ref]:
 
 
 def page_refs(text: str, filename: str) -> list[Ref]:
-    """Roles, backticked files and ``ucstage.`` names of a Markdown page.
+    """Roles, backticked files and ``ucstage.`` names, link targets and
+``some/where.py`` in prose, of a Markdown page.
 
     Fenced code blocks are left out: they are commands and examples, and the
     tests of the examples run them."""
@@ -162,8 +172,17 @@ def page_refs(text: str, filename: str) -> list[Ref]:
             header = []
         for found in ROLE.finditer(line):
             refs.append(Ref(where, found.group(1), found.group(2), None))
-        for found in INLINE.finditer(ROLE.sub("", line)):
+        line = ROLE.sub("", line)
+        for found in INLINE.finditer(line):
             refs += _literal_ref(where, found.group(1))
+        line = INLINE.sub("", line)
+        for found in LINK.finditer(line):
+            target = found.group(1).partition("#")[0]
+            if target and not re.match(r"\w+:", target):  # not https:, mailto:
+                linked = os.path.normpath(Path(filename).parent / target)
+                refs.append(Ref(where, "link", linked, None))
+        for found in PROSE_PATH.finditer(LINK.sub("", line)):
+            refs.append(Ref(where, "file", found.group(1), None))
     return refs
 
 
@@ -313,6 +332,8 @@ def _target(text: str) -> str:
 
 def resolve(ref: Ref) -> str | None:
     """Why ``ref`` is stale, or None when it resolves."""
+    if ref.role == "link":
+        return None if (ROOT / ref.target).exists() else "the link's target does not exist"
     if ref.role == "file":
         return None if _file_exists(ref.target) else "no such file"
     if ref.role == "name":
@@ -373,7 +394,7 @@ def _stale(refs: list[Ref]) -> list[str]:
     for ref in refs:
         why = resolve(ref)
         if why:
-            shown = f":{ref.role}:`{ref.target}`" if ref.role not in ("file", "name") \
+            shown = f":{ref.role}:`{ref.target}`" if ref.role not in ("file", "name", "link") \
                 else f"`{ref.target}`"
             out.append(f"{ref.where}: {' '.join(shown.split())} ({why})")
     return out
@@ -388,15 +409,16 @@ def test_every_reference_resolves() -> None:
     if stale:
         # The list alone, one line each: a traceback would only hide it.
         pytest.fail(
-        f"{len(stale)} stale references (renamed, moved or removed?). Point each at what "
-        "exists now, or drop it; roles resolve as Sphinx does (absolute, in the class, in "
-        "the module, '.name' also in its packages), files relative to ucstage/ or the "
-        "checkout:\n" + "\n".join(stale), pytrace=False)
+            f"{len(stale)} stale references (renamed, moved or removed?). Point each at "
+            "what exists now, or drop it. Roles resolve as Sphinx does (absolute, in the "
+            "class, in the module, '.name' also in its packages); files relative to "
+            "ucstage/ or the checkout (a bare name.py anywhere in it); links relative to "
+            "their page:\n" + "\n".join(stale), pytrace=False)
 
 
 SAMPLE = '''"""A module naming :mod:`.atomic`, :mod:`ucstage.errors`, :class:`Invalid`,
 :exc:`~ucstage.errors.InvalidArgument`, :func:`~.errors.nowhere`, :mod:`.nomodule` and
-:func:`ucstage.errors` (a module, not a function)."""
+:func:`ucstage.errors` (a module, not a function); docs/gone.md."""
 from ucstage.errors import InvalidArgument as Invalid
 X = 1
 """Attribute docstring: :data:`X`, :data:`Y`, :class:`pathlib.Path`, :func:`len`,
@@ -437,9 +459,9 @@ def test_the_resolver_tells_stale_from_live(tmp_path: Path, monkeypatch: Any) ->
         _self_attributes.cache_clear()
     assert sorted(stale) == sorted([
         ".errors.nowhere", ".nomodule", "ucstage.errors", "Y", "Kind.gone", "weight",
-        "Kind.Inner", "stop", "gone_in_comment"]), stale
+        "Kind.Inner", "stop", "gone_in_comment", "docs/gone.md"]), stale
     assert stale["ucstage.errors"] == "ucstage.errors is a module"
-    assert len(refs) == 25
+    assert len(refs) == 26
     # A wrapped role keeps its line: ":meth:`Kind.run" starts on the 19th line.
     assert [r.where for r in refs if "\n" in r.target] == ["docref_sample.py:19"]
 
@@ -448,13 +470,17 @@ def test_pages_checks_can_fail() -> None:
     page = ("| a | was |\n|---|---|\n| `data/gone.py` | `scripts/gone.py` |\n"
             "See `cache/nothere.py`, `planning.py`, `scripts/setup.sh`, `scripts/none.sh`,\n"
             "`ucstage.snapshot(src)`, `ucstage.nothing`, `tables/logpaths.Gone`,\n"
-            "```\n`ucstage.in_a_fence`\n```\n`s3://bucket/x.py` and :func:`ucstage.gone`.\n")
-    stale = _stale(page_refs(page, "p.md"))
+            "```\n`ucstage.in_a_fence`\n```\n`s3://bucket/x.py` and :func:`ucstage.gone`.\n"
+            "[ok](../README.md), [gone](examples/gone.py#top), [web](https://x.org/a.py),\n"
+            "and in prose: cache/gone.py, sharding/order.py.\n")
+    stale = _stale(page_refs(page, "docs/p.md"))
     assert stale == [
-        "p.md:3: `data/gone.py` (no such file)",
-        "p.md:4: `cache/nothere.py` (no such file)",
-        "p.md:4: `scripts/none.sh` (no such file)",
-        "p.md:5: `ucstage.nothing` (no such name)",
-        "p.md:5: `ucstage.tables.logpaths.Gone` (no such name)",
-        "p.md:9: :func:`ucstage.gone` (resolves to nothing)",
+        "docs/p.md:3: `data/gone.py` (no such file)",
+        "docs/p.md:4: `cache/nothere.py` (no such file)",
+        "docs/p.md:4: `scripts/none.sh` (no such file)",
+        "docs/p.md:5: `ucstage.nothing` (no such name)",
+        "docs/p.md:5: `ucstage.tables.logpaths.Gone` (no such name)",
+        "docs/p.md:9: :func:`ucstage.gone` (resolves to nothing)",
+        "docs/p.md:10: `docs/examples/gone.py` (the link's target does not exist)",
+        "docs/p.md:11: `cache/gone.py` (no such file)",
     ], stale

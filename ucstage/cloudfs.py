@@ -108,7 +108,7 @@ def _truthy(name: str) -> bool:
 def azure_settings(account: str = "") -> dict[str, str]:
     """The Azure account, key, blob endpoint and SAS token the engines use,
     from the standard variables (the one reading of them: adlfs's options,
-    :func:`azure_options`, and deltalake's, :func:`ucstage.engines.objstore.delta_options`).
+    :func:`azure_options`, and deltalake's, :func:`ucstage.engines.objstore.delta_location`).
     The emulator (``AZURE_STORAGE_USE_EMULATOR``) gets Azurite's account,
     key and endpoint unless they are set."""
     env = os.environ

@@ -1,7 +1,7 @@
 """A SOURCE, decided once: a volume to list, or a frozen manifest.
 
 Commands and :class:`ucstage.VolumeDataset` take a SOURCE string: a volume
-path, URL or folder, or a manifest file (:func:`ucstage.manifest.is_manifest_file`,
+path, URL or folder, or a manifest file (:func:`ucstage.manifest.files.is_manifest_file`,
 or ``--manifest FILE``). :func:`open_source` decides which, once, and returns
 one typed value:
 
@@ -139,7 +139,7 @@ def snapshot(
 ) -> Manifest:
     """The one way commands get their file list: a saved manifest, or a fresh listing.
 
-    ``source`` may itself be a manifest file (:func:`ucstage.manifest.is_manifest_file`),
+    ``source`` may itself be a manifest file (:func:`ucstage.manifest.files.is_manifest_file`),
     or what :func:`open_source` returned. Filters and ``skip_unreadable`` apply
     to fresh listings only (see :func:`ucstage.volumes.list_files`); a
     manifest is used as frozen.

@@ -1,13 +1,14 @@
 """Read throughput of a source: direct, through a cold cache, from a warm cache,
 and through the DataLoader, across worker counts, with a recommendation.
 
-``driver`` runs the measurements (:func:`run`), one small class per mode in
-``modes``; ``options`` checks what ``run`` is given; ``measure`` times reader
-threads; ``scratch`` holds the private caches; ``stats`` samples the files and
-turns runs into advice; ``pagecache`` asks the kernel how much of the sample
-is in memory; ``report`` holds the result types and builds the JSON;
-``loader`` (torch, imported lazily) measures the DataLoader path; ``plot``
-draws the chart. This package re-exports what the CLI and users
+:mod:`.driver` runs the measurements (:func:`run`), one small class per mode in
+:mod:`.modes`; :mod:`.settings` checks what ``run`` is given; :mod:`.measure`
+times reader threads; :mod:`.scratch` holds the private caches;
+:mod:`.sampling` samples the files and turns runs into advice;
+:mod:`.pagecache` asks the kernel how much of the sample is in memory;
+:mod:`.report` holds the result types and builds the JSON; :mod:`.loadermode`
+(torch, imported lazily) measures the DataLoader path; :mod:`.plot` draws the
+chart. This package re-exports what the CLI and users
 (docs/bench.md) import.
 """
 

@@ -114,7 +114,7 @@ class Bound:
 
     What a dataset's reader, a warm and an export call: :meth:`lookup`,
     :meth:`lookup_run`, :meth:`lookup_rows` and :meth:`fetch` take entries of
-    this volume only. Made by :meth:`LocalCache.at`, with the cache's space
+    this volume only. Made by :meth:`~ucstage.cache.local.LocalCache.at`, with the cache's space
     and its copy settings (here, not in ``local``: the fetch protocol below
     reads them, and ``local`` imports this module).
     """
@@ -138,17 +138,17 @@ class Bound:
         self._stamps = space.stamps
 
     def prepare(self) -> str:
-        """:meth:`LocalCache.prepare` of this volume."""
+        """:meth:`~ucstage.cache.local.LocalCache.prepare` of this volume."""
         return self.space.prepare(self.prefix[:-1], url=self.volume.url,
                                   source=self.volume.source)
 
     def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None:
-        """:meth:`LocalCache.lookup` of this volume's ``entry``."""
+        """:meth:`~ucstage.cache.local.LocalCache.lookup` of this volume's ``entry``."""
         found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,), touch=touch)
         return found[0] if found else None
 
     def lookup_run(self, entries: Sequence[FileEntry], *, touch: bool = True) -> list[str]:
-        """:meth:`LocalCache.lookup_run` of this volume's ``entries``."""
+        """:meth:`~ucstage.cache.local.LocalCache.lookup_run` of this volume's ``entries``."""
         return self.lookup_rows([e.path for e in entries], [e.size for e in entries],
                                 [e.version for e in entries], touch=touch)
 
@@ -205,7 +205,7 @@ class Bound:
         return found
 
     def fetch(self, entry: FileEntry, *, inflight: Inflight | None = None) -> str:
-        """:meth:`LocalCache.fetch` of this volume's ``entry``: the check
+        """:meth:`~ucstage.cache.local.LocalCache.fetch` of this volume's ``entry``: the check
         before the lock (a hit takes no lock), then :meth:`fetch_missing`."""
         found = self.lookup_rows((entry.path,), (entry.size,), (entry.version,))
         return found[0] if found else self.fetch_missing(entry, inflight=inflight)

@@ -40,7 +40,7 @@ def _pairs(items: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
 @dataclass(frozen=True)
 class RankSlice:
     """The ranks a warm covered and the job shape that chose their files
-    (the arguments :func:`ucstage.cache.rank_entries` was called with)."""
+    (the arguments :func:`ucstage.sharding.rank_entries` was called with)."""
 
     ranks: list[int]
     layout: Layout

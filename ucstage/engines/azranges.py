@@ -14,7 +14,7 @@ already brings for Azure's listings, authenticated as adlfs is
 :class:`Blobs` answers ``get_async(key, options=)`` as an obstore store does
 (one range, ``if_match``), so :func:`ucstage.engines.objget.read` sends,
 hedges and bounds these legs like any other; the range's MD5 rides in the
-response's ``meta["range_md5"]``, and :func:`ucstage.engines.objget` checks
+response's ``meta["range_md5"]``, and :mod:`ucstage.engines.objget` checks
 each range against it as the bytes are written.
 
 One client per process and container, made on the engine's loop (its

@@ -332,7 +332,7 @@ READ_CHUNK = 1024 * 1024
 def read_blocks(src: int, size: int, inflight: Stoppable | None,
                 read_size: int = READ_CHUNK) -> Iterator[bytes]:
     """``src``'s bytes from its offset, ``read_size`` at a time, checking
-    before each read whether ``inflight`` stopped (raises :exc:`Stopped`);
+    before each read whether ``inflight`` stopped (raises :exc:`~ucstage.engines.context.Stopped`);
     ends at EOF or once ``size`` bytes (the size ``fstat`` gave) are read,
     which saves the read that would find EOF (a round trip on some mounts).
 

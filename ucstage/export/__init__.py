@@ -1,11 +1,13 @@
 """Delta table -> Parquet files in a volume, via Spark Connect.
 
-``table`` holds :func:`export_table` and :func:`read_table` (source, Spark
-dataframe, the steps in order); ``deltaread`` a Delta table state as
-Spark's DataFrame of its live rows; ``staging`` a table on an object store
-copied into the cache and held there while Spark reads it; ``dest`` the destination (checks, lock,
-staging, verification, the swap); ``record`` the result type; ``options``
-the output options; ``spark`` finds or starts a Spark Connect server. The
+:mod:`.exporter` holds :func:`export_table` and :func:`read_table` (source,
+Spark dataframe, the steps in order); :mod:`.deltaread` a Delta table state
+as Spark's DataFrame of its live rows; :mod:`.staging` a table on an object
+store copied into the cache and held there while Spark reads it; :mod:`.dest`
+the destination (checks, lock, staging, verification, the swap);
+:mod:`.interrupt` what a Ctrl-C may not cut in half; :mod:`.result` the
+result type; :mod:`.options` the output options; :mod:`.spark` finds or
+starts a Spark Connect server (:mod:`.embedded` the one it starts itself). The
 export record ``DEST/_ucstage_export.json``, table names and Delta states are
 :mod:`ucstage.tables`'. See docs/export.md and docs/design.md.
 """

@@ -160,7 +160,7 @@ class Manifest(Frozen):
     not be read (only with ``skip_unreadable``); paths relative to the source."""
     groups: Groups | None = None
     """Sample boundaries when the rows are grouped into samples
-    (:func:`ucstage.manifest.groups.group_manifest`); the fingerprint then
+    (:func:`group_manifest`); the fingerprint then
     covers them too."""
 
     def compute_fingerprint(self) -> str:

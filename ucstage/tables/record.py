@@ -53,7 +53,7 @@ class ExportRecord:
     """Sorted by path."""
     bytes: int
     options: dict[str, Any]
-    """:meth:`ExportOptions.as_dict <ucstage.export.ExportOptions.as_dict>` of the export."""
+    """:meth:`ExportOptions.as_dict <ucstage.export.options.ExportOptions.as_dict>` of the export."""
     created_at: str
     """ISO 8601, UTC, whole seconds."""
     ucstage_version: str

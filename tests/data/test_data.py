@@ -464,7 +464,7 @@ def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: igno
 def test_read_ahead_mixes_hits_and_misses_in_order(hits, depth, failing) -> None:  # type: ignore[no-untyped-def]
     """Hits from the consumer's lookups and misses fetched by the threads come
     back in slot order, errors in their turn, and no fetch runs beyond the window."""
-    from ucstage.data.readahead import ReadAhead
+    from ucstage.data.slotread import ReadAhead
 
     entries = [FileEntry(f"f{i}", i, "v") for i in range(len(hits))]
     asked = [0]

@@ -149,7 +149,7 @@ def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: 
     paths = VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=0)
     volume = paths.freeze().volume()
     other = Reader()
-    fetch = other.fetcher(cache, volume, lambda e: cache.fetch(volume, e))
+    fetch = other.fetcher(cache.at(volume), lambda e: cache.fetch(volume, e))
     for entry in paths.freeze().entries[6:11]:
         fetch(entry)  # 5 of the 6 files the cap holds
     loader = DataLoader(Decode(paths), batch_size=None, num_workers=0, log_mlflow=False)

@@ -21,7 +21,7 @@ from .. import objstore
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import Layout, World
 from . import dist as dist_
-from . import epochrecord, holding, looppos, workerstart
+from . import epochrecord, looppos, slotread, workerstart
 from .dataset import VolumeDataset
 from .hooks import LoaderHooks
 from .sharded import DEFAULT_NUM_WORKERS, ShardedDataset
@@ -197,13 +197,13 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         ds, rank = self.volume_dataset, World.detect().rank
         in_loop = self._in_loop()
         if ds is not None:  # a window that can never fit fails here, before workers start
-            holding.check_loader_window(ds, ds.cache(), self.num_workers,
+            slotread.check_loader_window(ds, ds.cache(), self.num_workers,
                                         in_loop=in_loop if isinstance(ds, VolumeDataset) else 0)
             _warn_if_empty(ds, rank)
         workers_alive = self._workers_alive()
         if not workers_alive:  # persistent workers keep the start they were given
             self._choose_start()
-        before = holding.rank_stats(ds, rank)
+        before = slotread.rank_stats(ds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
         if sink is not None:
@@ -227,8 +227,8 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every,
-                             extra=lambda: {**holding.epoch_metrics(ds, rank, before),
-                                            **holding.source_metrics(ds)})
+                             extra=lambda: {**slotread.epoch_metrics(ds, rank, before),
+                                            **slotread.source_metrics(ds)})
 
     def _in_loop(self) -> int:
         """Items per slot the loop may hold before it moves past them: with
@@ -245,7 +245,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         ds = self.volume_dataset
         if not isinstance(ds, VolumeDataset) or ds._link.progress is None:
             return None
-        if not holding.holds_files(ds.cache()):
+        if not slotread.holds_files(ds.cache()):
             # Nothing is held without a cap, so nothing follows the board:
             # no per-item publish (4 us of a warm epoch's 68 us per file).
             return None

@@ -28,8 +28,8 @@ from ..sharding import Layout, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
 from . import state as _state
 from .audit import SourceAudit
-from .readahead import AUTO
 from .sharded import ShardedDataset, rule_order
+from .slotread import AUTO
 
 if TYPE_CHECKING:
     from ..cache import LocalCache

@@ -30,7 +30,7 @@ from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, World, rank_length, slot_array, slot_length
-from . import epochrecord, holding, looppos
+from . import epochrecord, looppos, slotread
 from . import state as _state
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self.freeze()
         # Under a ucstage DataLoader, holds last until its loop is past their batch.
         loop = looppos.view_for(self._link, gen, worker)
-        share = holding.check_loader_window(self, self.cache(), num_workers,
+        share = slotread.check_loader_window(self, self.cache(), num_workers,
                                             in_loop=loop.in_loop if loop is not None else 0)
         layout = self.layout(world, num_workers)
         dealt = slot_array(self.read_order(), layout, layout.slot(rank, worker))

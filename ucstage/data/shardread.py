@@ -14,12 +14,13 @@ from typing import Any
 
 import torch.utils.data as tud
 
+from ..cache.leases import Reader
 from ..errors import ShardChanged
 from ..manifest.shardsamples import ShardManifest
 from ..shardfiles.shardformat import shown
 from ..shardfiles.shardindex import SKIPPED, read_block
 from ..tables.rowplan import WindowPlan, windows
-from . import holding
+from . import slotread
 from .tablebatches import pending_positions
 from .tablestate import TableTracker
 
@@ -32,15 +33,15 @@ class _Blocks:
     """The samples of a slot's windows' blocks, read from the cache in order."""
 
     def __init__(self, dataset: Any, manifest: ShardManifest, run: Any, start: int,
-                 skip: dict[int, int], slot_key: tuple[int, ...], reader: Any,
+                 skip: dict[int, int], slot_key: tuple[int, ...], reader: Reader,
                  errors: list[tuple[str, int]]) -> None:
         self.dataset, self.manifest, self.errors = dataset, manifest, errors
         size = dataset.shuffle_window if dataset.shuffle else 1
         rows = manifest.rows_per_group
         todo = pending_positions(run, start, rows, skip, size)
         self.entries = [manifest.files[manifest.block_file(int(run[p]))] for p in todo]
-        self.paths = holding.fetch_in_order(self.entries, reader, dataset.cache(),
-                                            manifest.volume(), dataset.read_ahead)
+        self.paths = slotread.read(self.entries, slotread.FILES, reader,
+                                   dataset.cache().at(manifest.volume()), dataset.read_ahead)
         self.plans = windows(run, start, rows, skip, window=dataset.shuffle_window,
                              shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                              slot_key=slot_key)
@@ -81,11 +82,9 @@ def check_unchanged(dataset: Any, manifest: ShardManifest, entry: Any, path: str
     freeze comes back as another version (or size)."""
     import os
 
-    cache = dataset.cache()
-    lookup = getattr(cache, "lookup", None)
     same = os.path.getsize(path) == entry.size
-    if same and lookup is not None:
-        same = lookup(manifest.volume(), entry, touch=False) is not None
+    if same:
+        same = dataset.cache().at(manifest.volume()).lookup(entry, touch=False) is not None
     if not same:
         raise ShardChanged(f"shard {shown(entry.path)} changed since its samples were indexed "
                            "(freeze): its samples are not where the index says",
@@ -100,7 +99,7 @@ def slot_samples(dataset: Any, manifest: ShardManifest, tracker: TableTracker, r
     re-reads the slot's samples from its start until there)."""
     import numpy as np
 
-    reader = holding.open_reader(dataset, dataset.cache(), rank)
+    reader = slotread.open_reader(dataset, rank)
     key = (tracker.slot, tracker.segment)
     yielded = 0
     errors: list[tuple[str, int]] = []
@@ -141,8 +140,7 @@ def slot_samples(dataset: Any, manifest: ShardManifest, tracker: TableTracker, r
     finally:
         for stream in streams:
             stream.close()
-        if reader is not None:
-            reader.close()
+        reader.close()
         if errors:
             examples = ", ".join(f"{shown(n)} line {line:,}" for n, line in errors[:3])
             _log.warning("skipped %d JSON lines that do not parse (on_error=\"skip\"), e.g. %s",
@@ -182,7 +180,7 @@ class IndexedShards(tud.Dataset):  # type: ignore[type-arg]
         block = int(np.searchsorted(manifest.block_first, i, side="right")) - 1
         if self._last is None or self._last[0] != block:
             entry = manifest.files[manifest.block_file(block)]
-            path = self.dataset.cache().fetch(manifest.volume(), entry)
+            path = self.dataset.cache().at(manifest.volume()).fetch(entry)
             if path not in self._checked:
                 check_unchanged(self.dataset, manifest, entry, path)
                 self._checked.add(path)

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..cache.leases import Reader
 from ..manifest.arrays import int_array
 from ..sharding import slot_array
 from ..tables import RowGroupManifest
 from ..tables.rowplan import WindowPlan, slot_rows, windows
-from . import holding
+from . import slotread
 from .tableread import convert, group_entry, read_group
 from .tablestate import TableTracker, slot_runs
 
@@ -121,7 +122,7 @@ class _Windows:
     """The tables of a slot's windows, read from the cache in order."""
 
     def __init__(self, dataset: Any, manifest: RowGroupManifest, run: Any, start: int,
-                 skip: dict[int, int], slot_key: tuple[int, ...], reader: Any) -> None:
+                 skip: dict[int, int], slot_key: tuple[int, ...], reader: Reader) -> None:
         self.dataset, self.manifest = dataset, manifest
         self.columns = manifest.check_columns(dataset.columns)
         size = dataset.shuffle_window if dataset.shuffle else 1
@@ -129,8 +130,8 @@ class _Windows:
         todo = pending_positions(run, start, rows, skip, size)
         self.groups = [int(run[p]) for p in todo]
         self.entries = [group_entry(manifest, g, dataset.columns) for g in self.groups]
-        self.paths = holding.fetch_in_order(self.entries, reader, dataset.cache(),
-                                            manifest.volume(), dataset.read_ahead)
+        self.paths = slotread.read(self.entries, slotread.FILES, reader,
+                                   dataset.cache().at(manifest.volume()), dataset.read_ahead)
         self.plans = windows(run, start, rows, skip, window=dataset.shuffle_window,
                              shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                              slot_key=slot_key)
@@ -204,7 +205,7 @@ def slot_batches(dataset: Any, manifest: RowGroupManifest, tracker: TableTracker
     import numpy as np
     import pyarrow as pa
 
-    reader = holding.open_reader(dataset, dataset.cache(), rank)
+    reader = slotread.open_reader(dataset, rank)
     own = _in_worker()
     b = dataset.batch_rows
     key = (tracker.slot, tracker.segment)
@@ -278,8 +279,7 @@ def slot_batches(dataset: Any, manifest: RowGroupManifest, tracker: TableTracker
     finally:
         for stream in streams:
             stream.close()
-        if reader is not None:
-            reader.close()
+        reader.close()
 
 
 def group_items(dataset: Any, groups: Any, rank: int) -> Iterator[Any]:
@@ -289,15 +289,14 @@ def group_items(dataset: Any, groups: Any, rank: int) -> Iterator[Any]:
     manifest: RowGroupManifest = dataset.freeze()
     columns = manifest.check_columns(dataset.columns)
     entries = [group_entry(manifest, int(g), dataset.columns) for g in groups]
-    reader = holding.open_reader(dataset, dataset.cache(), rank)
+    reader = slotread.open_reader(dataset, rank)
     own = _in_worker()
-    paths = holding.fetch_in_order(entries, reader, dataset.cache(), manifest.volume(),
-                                   dataset.read_ahead)
+    paths = slotread.read(entries, slotread.FILES, reader, dataset.cache().at(manifest.volume()),
+                          dataset.read_ahead)
     try:
         for g, path, entry in zip(groups, paths, entries):  # noqa: B905 (paths: a generator)
             table = read_group(manifest, int(g), path, entry, columns)
             yield convert(_batch(table, own), dataset.format, dataset.fill_null)
     finally:
         paths.close()  # type: ignore[attr-defined]  # a generator
-        if reader is not None:
-            reader.close()
+        reader.close()

@@ -32,11 +32,10 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..volumes import FileEntry
-    from .local import Bound
 
 from ..errors import CacheFull
 from ..units import format_bytes
@@ -48,6 +47,14 @@ __all__ = ["DEFAULT_SLACK", "Reader", "check_window", "take_exclusive"]
 DEFAULT_SLACK = 2
 """Files handed out before the current one that stay held: wrappers that look
 ahead one or two items before opening still find their files."""
+
+
+class BoundLookup(Protocol):
+    """What a reader looks files up in: the cache bound to their volume
+    (:class:`ucstage.cache.local.Bound`; a Protocol, for the cache's space
+    imports this module)."""
+
+    def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None: ...
 
 
 def take_exclusive(path: str) -> int | None:
@@ -108,12 +115,12 @@ class Reader:
 
     # -- fetching ----------------------------------------------------------
 
-    def _lookup(self, bound: Bound) -> Callable[[FileEntry], str | None]:
+    def _lookup(self, bound: BoundLookup) -> Callable[[FileEntry], str | None]:
         # A held hit is not touched (no LRU time): the hold protects it, and
         # the consumed mark replaces the time once the reader moves on.
         return functools.partial(bound.lookup, touch=not self.holding)
 
-    def looker(self, bound: Bound) -> Callable[[FileEntry], str | None]:
+    def looker(self, bound: BoundLookup) -> Callable[[FileEntry], str | None]:
         """``lookup(entry)`` of ``bound`` (the cache at the entries' volume)
         that returns a held, counted hit, or None (a miss, or a hit evicted
         before it could be held: the fetch then takes it). Read-ahead calls
@@ -130,7 +137,7 @@ class Reader:
 
         return held_lookup
 
-    def fetcher(self, bound: Bound,
+    def fetcher(self, bound: BoundLookup,
                 fetch: Callable[[FileEntry], str]) -> Callable[[FileEntry], str]:
         """``fetch(entry)`` that returns a held path: a valid cached file is
         taken as a hit, anything else goes through ``fetch`` (``bound.fetch``,

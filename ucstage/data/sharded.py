@@ -29,7 +29,8 @@ import torch.utils.data as tud
 from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
-from ..sharding import Layout, ReadOrder, World, rank_length, slot_array, slot_length
+from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_array, slot_length
+from ..sharding.values import layout_of
 from . import epochrecord, looppos, slotread
 from . import state as _state
 
@@ -222,7 +223,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
-        record = epochrecord.apply(self)
+        link = self._link
+        record = epochrecord.apply(self) if link.epoch_record is not None else None
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
         gen = record["gen"] if record is not None else None
@@ -230,11 +232,11 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
         self.freeze()
         # Under a ucstage DataLoader, holds last until its loop is past their batch.
-        loop = looppos.view_for(self._link, gen, worker)
+        loop = looppos.view_for(link, gen, worker) if link.board is not None else None
         share = slotread.check_loader_window(self, self.cache(), num_workers,
-                                            in_loop=loop.in_loop if loop is not None else 0)
-        layout = self.layout(world, num_workers)
-        dealt = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+                                             in_loop=loop.in_loop if loop is not None else 0)
+        # The slot rule is checked once per layout and slot (SlotRule.of), not per epoch.
+        dealt = slot_array(self.read_order(), self.layout(world, num_workers), Slot(rank, worker))
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
         # the slot, or its share of the re-split remainder; deliveries are counted.
         tracker = self.tracker_kind.begin(self, dealt, rank=rank, world_size=world,
@@ -318,7 +320,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         Raises:
             InvalidArgument: ``world_size`` is not a multiple of its ranks per node.
         """
-        return Layout(world_size, num_workers, self.nproc_setting(world_size))
+        return layout_of(world_size, num_workers, self.nproc_setting(world_size))
 
     def nproc_setting(self, world_size: int) -> int | None:
         """:meth:`ranks_per_node` without checking it against ``world_size`` (the

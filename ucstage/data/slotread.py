@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..cache.local import Bound
     from ..volumes import Volume
-    from .sharded import ShardedDataset
+    from .protocol import Sharded
 
 __all__ = ["AUTO", "BLOCK", "CAP_SHARE", "FILES", "SAMPLES", "UNTRACKED", "Kind", "ReadAhead",
            "Share", "Tracker", "check_loader_window", "check_read_ahead", "epoch_metrics",
@@ -217,7 +217,7 @@ def holds_files(cache: LocalCache) -> bool:
     return cache.max_bytes is not None
 
 
-def open_reader(dataset: ShardedDataset, rank: int) -> Reader:
+def open_reader(dataset: Sharded, rank: int) -> Reader:
     """The reader of one slot iterator of ``dataset``: its holds (under a
     cap) and the run's counters (:mod:`ucstage.cache.runstats`)."""
     cache = dataset.cache()
@@ -290,44 +290,40 @@ def _hits(items: Sequence[Any], kind: Kind, bound: Bound, counters: Counters | N
     (:class:`~ucstage.data.samples.SlotRows`) is checked from the manifest's
     columns: no entry object is made on the warm path."""
     columns = getattr(items, "columns", None) if kind is FILES else None
-    lookup_rows = bound.lookup_rows
-    if columns is not None:
-        def window(start: int) -> _Window:
-            rels, sizes, versions = columns(start, start + ROWS)
-            return (len(rels),
-                    lambda a, b: lookup_rows(rels[a:b], sizes[a:b], versions[a:b]),
-                    lambda a, n: (sum(sizes[a:a + n]), n))
-    else:
-        lookup_run = kind.run_lookup(bound.lookup_run)
-
-        def window(start: int) -> _Window:
-            rows = items[start:start + ROWS]
-            return (len(rows), lambda a, b: lookup_run(rows[a:b]),
-                    lambda a, n: (sum(map(_size, rows[a:a + n])), kind.files(rows[a:a + n])))
+    lookup_run = kind.run_lookup(bound.lookup_run) if columns is None else None
     count = len(items)
     done = 0
     while done < count:
-        rows, check, weigh = window(done)
+        if columns is not None:  # ROWS rows' columns, checked BLOCK rows at a time
+            rels, sizes, versions = columns(done, done + ROWS)
+            rows = len(rels)
+        else:
+            window = items[done:done + ROWS]
+            rows = len(window)
         for first in range(0, rows, BLOCK):
             last = min(first + BLOCK, rows)
             try:
-                paths = check(first, last)
+                if columns is not None:
+                    paths = bound.lookup_rows(rels[first:last], sizes[first:last],
+                                              versions[first:last])
+                else:
+                    assert lookup_run is not None
+                    paths = lookup_run(window[first:last])
             except Exception:  # the read-ahead's fetch raises it again, in its turn
                 paths = []
             if paths:
                 if counters is not None:
-                    counters.count(True, *weigh(first, len(paths)))
+                    n = len(paths)
+                    if columns is not None:
+                        counters.count(True, sum(sizes[first:first + n]), n)
+                    else:
+                        run = window[first:first + n]
+                        counters.count(True, sum(map(_size, run)), kind.files(run))
                 yield from tracker.run(paths)
                 done += len(paths)
             if len(paths) < last - first:
                 return done
     return done
-
-
-_Window = tuple[int, Callable[[int, int], list[Any]], Callable[[int, int], tuple[int, int]]]
-"""``ROWS`` items of a slot: how many, the validity check of items ``a:b``
-(the valid paths of their leading run), and the bytes and files of ``n``
-items from ``a``."""
 
 
 def _in_order(items: Sequence[Any], kind: Kind, reader: Reader, bound: Bound,
@@ -415,7 +411,7 @@ def check_read_ahead(value: int | str) -> int | str:
     return int(value)
 
 
-def check_loader_window(dataset: ShardedDataset, cache: LocalCache, num_workers: int,
+def check_loader_window(dataset: Sharded, cache: LocalCache, num_workers: int,
                         volume: Volume | None = None, *, sharers: int = 1,
                         in_loop: int = 0) -> Share:
     """This node's readers' share of copies in flight (:func:`node_share`;
@@ -429,10 +425,12 @@ def check_loader_window(dataset: ShardedDataset, cache: LocalCache, num_workers:
     fit, and to at most 1/:data:`CAP_SHARE` of the cap over the node (the
     rest keeps files for later epochs). ``sharers``: readers per worker (a
     mix's sources), each taking its part."""
+    cap = cache.max_bytes
+    if cap is None and dataset.read_ahead != AUTO:
+        return node_share(dataset.read_ahead, None, 0)  # a fixed N: nothing to size or check
     readers = World.detect().node_readers(num_workers) * max(1, sharers)
     if volume is None:
         volume = dataset._get_volume()
-    cap = cache.max_bytes
     if cap is None:
         return node_share(dataset.read_ahead, volume, readers)
     manifest = dataset.freeze()
@@ -676,14 +674,14 @@ class ReadAhead:
 # -- what the DataLoader logs per epoch ------------------------------------------
 
 
-def rank_stats(dataset: ShardedDataset | None, rank: int) -> RunStats | None:
+def rank_stats(dataset: Sharded | None, rank: int) -> RunStats | None:
     """This rank's counters in the dataset's run."""
     if dataset is None:
         return None
     return runstats.read_run(dataset.cache().root, dataset.run, rank)
 
 
-def epoch_metrics(dataset: ShardedDataset | None, rank: int,
+def epoch_metrics(dataset: Sharded | None, rank: int,
                   before: RunStats | None) -> dict[str, float]:
     """The epoch's cache metrics for MLflow: ``epoch_cache_hit_rate`` (hits /
     files this rank read), ``epoch_cache_wait_s`` (time copies waited for
@@ -708,7 +706,7 @@ def epoch_metrics(dataset: ShardedDataset | None, rank: int,
     return found
 
 
-def source_metrics(dataset: ShardedDataset | None) -> dict[str, float]:
+def source_metrics(dataset: Sharded | None) -> dict[str, float]:
     """A mix's items per source this rank's loader returned this epoch
     (``epoch_items_<source>``); nothing for a single source."""
     delivered = getattr(dataset, "delivered", None)

@@ -23,7 +23,7 @@ import torch.utils.data as tud
 
 from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
 from ..resume import LoaderState, merge_states
-from ..sharding import Segment, resume_slots
+from ..sharding import Segment, Slot, resume_slots
 from . import dist as dist_
 from .wrapping import Wrapping
 
@@ -110,7 +110,8 @@ class SlotTracker:
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.worker = worker
         self.layout = dataset.layout(world_size, num_workers)
-        self.slot = self.layout.slot_index(self.layout.slot(rank, worker))
+        # Checked by the dealing (sharding.SlotRule.of) before the tracker starts.
+        self.slot = self.layout.slot_index(Slot(rank, worker))
         self.start = start
         self._base = start
         """Paths pulled before the current run (see :meth:`run`)."""

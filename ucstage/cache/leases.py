@@ -4,7 +4,7 @@ A :class:`Reader` is one slot's reader (one ``VolumeDataset`` iterator). Every
 path it fetches (read-ahead included) is *held* from the moment it is valid in
 the cache until the reader's caller lets it go: under a ucstage DataLoader,
 once the training loop has moved past the batch it went into
-(:mod:`ucstage.data.looppos`), else once the consumer asked for an item
+(:mod:`ucstage.data.channel`), else once the consumer asked for an item
 ``slack`` places further on. A held file is never evicted.
 
 How a hold works, across processes: the reader opens the cached file and

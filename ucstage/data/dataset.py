@@ -37,8 +37,8 @@ from ..sharding import DEFAULT_SHUFFLE_SCOPE, slot_array
 from ..volumes import FileEntry, Volume
 from . import samples, slotread
 from . import state as _state
+from .channel import LoopView
 from .frozen import FrozenListing
-from .looppos import LoopView
 from .sharded import ShardedDataset, rule_order
 from .slotread import AUTO, Share, check_read_ahead
 

@@ -13,9 +13,9 @@ same loader.
 
 :class:`LoaderLink` is what passes between a dataset and the ucstage
 DataLoader running it: a loaded state waiting for the next iteration, this
-process's slot tracker and the rank's delivery progress, the per-epoch
-record workers read their parameters from, and the loop's board the holds
-follow.
+process's slot tracker and the rank's delivery progress, and the link to
+the channel its workers read each epoch's parameters and the loop's
+position from (:mod:`ucstage.data.channel`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_array, slot_length
 from ..sharding.values import layout_of
-from . import epochrecord, looppos, slotread
+from . import channel, slotread
 from . import state as _state
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..resume import LoaderState
-    from .protocol import Listing
+    from .channel import Board, ChannelLink, LoopView
+    from .frozen import Listing
 
 __all__ = ["DEFAULT_NUM_WORKERS", "LoaderLink", "ShardedDataset",
            "equal_mode", "rule_order"]
@@ -73,26 +74,27 @@ class LoaderLink:
     """What a dataset and the ucstage DataLoader running it pass each other
     (see the module docstring); one per dataset, in each process."""
 
-    __slots__ = ("board", "epoch_record", "progress", "resume", "tracker")
+    __slots__ = ("board", "channel", "progress", "resume", "tracker")
 
     def __init__(self, resume: LoaderState | None = None,
-                 epoch_record: epochrecord.EpochLink | None = None,
-                 board: looppos.Board | looppos.BoardLink | None = None) -> None:
+                 channel: ChannelLink | None = None) -> None:
         self.resume = resume
         """A loaded state, applied by the next iteration of this process (data/state.py)."""
         self.tracker: _state.SlotTracker | None = None
         """This process's slot iteration: what it handed out."""
         self.progress: _state.LoaderProgress | None = None
         """The main process's deliveries of the rank's slots this epoch."""
-        self.epoch_record = epoch_record
-        """Where a DataLoader worker reads each epoch's parameters (data/epochrecord.py)."""
-        self.board = board
-        """Where the slot iterator reads how far the loader's loop is (data/looppos.py)."""
+        self.channel = channel
+        """Where a DataLoader worker reads each epoch's parameters and how far
+        the loader's loop is (data/channel.py)."""
+        self.board: Board | None = None
+        """The loop's board of a loader without workers, taken by the next
+        slot iterator of this process (never pickled)."""
 
     def carried(self) -> LoaderLink:
         """The link a pickled (or copied) dataset takes along: the tracker and
         the progress are this process's own."""
-        return LoaderLink(self.resume, self.epoch_record, self.board)
+        return LoaderLink(self.resume, self.channel)
 
 
 class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
@@ -146,7 +148,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         raise NotImplementedError
 
     def _slot_items(self, tracker: _state.SlotTracker, share: Any,
-                    loop: looppos.LoopView | None) -> Iterator[Any]:
+                    loop: LoopView | None) -> Iterator[Any]:
         """What the slot yields, its items (``tracker.indices`` from
         ``tracker.start``) counted by ``tracker``; ``share`` of the node's
         copies in flight, holds following ``loop``."""
@@ -224,7 +226,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
         link = self._link
-        record = epochrecord.apply(self) if link.epoch_record is not None else None
+        record = channel.apply(self) if link.channel is not None else None
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
         gen = record["gen"] if record is not None else None
@@ -232,7 +234,9 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
         self.freeze()
         # Under a ucstage DataLoader, holds last until its loop is past their batch.
-        loop = looppos.view_for(link, gen, worker) if link.board is not None else None
+        board, link.board = link.board, None  # the main process's, taken once
+        loop = channel.view_for(board, link.channel, gen, worker) \
+            if board is not None or link.channel is not None else None
         share = slotread.check_loader_window(self, self.cache(), num_workers,
                                              in_loop=loop.in_loop if loop is not None else 0)
         # The slot rule is checked once per layout and slot (SlotRule.of), not per epoch.
@@ -245,8 +249,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
             # its read-ahead and holds (the record marks the epoch stopped).
-            assert self._link.epoch_record is not None
-            return epochrecord.guarded(it, self._link.epoch_record, record["gen"])
+            assert link.channel is not None
+            return channel.guarded(it, link.channel, record["gen"])
         return it
 
     def track_deliveries(self, progress: _state.LoaderProgress) -> None:

@@ -63,15 +63,15 @@ from ..manifest.groups import split_name
 from ..sharding import World
 from ..shutdown import exiting
 from ..volumes import FileEntry
-from . import looppos
-from .looppos import LoopView
+from . import channel
+from .channel import LoopView
 from .samples import Sample, SlotRows
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..cache.local import Bound
     from ..volumes import Volume
-    from .protocol import Sharded
+    from .state import Sharded
 
 __all__ = ["AUTO", "BLOCK", "CAP_SHARE", "FILES", "SAMPLES", "UNTRACKED", "Kind", "ReadAhead",
            "Share", "Tracker", "check_loader_window", "check_read_ahead", "epoch_metrics",
@@ -360,14 +360,14 @@ def follow(paths: Iterator[Any], reader: Reader, kind: Kind = FILES,
     it is marked consumed and let go). ``first``: the slot position before the
     first path (a resumed slot's). Closing this closes ``paths`` first, then
     lets every file go, except those the loop is not past yet: they linger
-    until it is (:func:`ucstage.data.looppos.linger`)."""
+    until it is (:func:`ucstage.data.channel.linger`)."""
     recent: collections.deque[tuple[int, Any]] = collections.deque()
     position = first
     try:
         if not reader.holding:  # no cap: nothing is held, nothing needs marking
             yield from paths
             return
-        looppos.sweep()  # an earlier iterator's holds the loop is past by now
+        channel.sweep()  # an earlier iterator's holds the loop is past by now
         slack = reader.slack
         for path in paths:
             yield path
@@ -386,12 +386,12 @@ def follow(paths: Iterator[Any], reader: Reader, kind: Kind = FILES,
         # the rest: the modules it would call are being torn down, and the
         # process's holds end with it (``_exiting`` is bound early for that).
         if not _exiting():
-            past = loop.past() if loop is not None else looppos.PAST_ALL
+            past = loop.past() if loop is not None else channel.PAST_ALL
             while recent and recent[0][0] <= past:
                 kind.release(reader, recent.popleft()[1])
             if loop is not None and recent:
                 reader.close(keep=[p for _, item in recent for p in kind.paths(item)])
-                looppos.linger(loop, functools.partial(kind.release, reader), recent)
+                channel.linger(loop, functools.partial(kind.release, reader), recent)
             reader.close()
 
 

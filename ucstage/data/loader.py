@@ -30,7 +30,7 @@ from .timing import EpochStats, MlflowSink, TimedIterator
 __all__ = ["DataLoader", "find_sharded_dataset"]
 
 
-def find_sharded_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
+def find_sharded_dataset(dataset: object, depth: int = 3) -> ShardedDataset | None:
     """The sharded dataset (a VolumeDataset, a TableDataset, a Mix) inside a user's
     wrapper dataset (its attributes, a few levels deep); a mix is found before its sources."""
     if isinstance(dataset, ShardedDataset):
@@ -392,7 +392,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         _check_listings(latest)
 
 
-def _warn_if_empty(ds: Any, rank: int) -> None:
+def _warn_if_empty(ds: ShardedDataset, rank: int) -> None:
     """Warn when this rank reads nothing of a listing that has items: a loop
     over the loader would run no step, silently (too few files or row groups
     for the slots, or equal_length="drop" cut to an empty slot)."""

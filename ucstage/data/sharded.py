@@ -175,8 +175,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._max_bytes = None if max_bytes is None else params.size(max_bytes, "max_bytes")
         if cache is not None:
-            self._cache_dir = str(getattr(cache, "root", "")) or None
-            self._max_bytes = getattr(cache, "max_bytes", self._max_bytes)
+            self._cache_dir = str(cache.root)
+            self._max_bytes = cache.max_bytes
 
     def cache(self) -> LocalCache:
         """The local cache this dataset copies into (built on first use)."""
@@ -185,7 +185,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
             self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
             if self._cache_dir is None:
-                self._cache_dir = str(getattr(self._cache, "root", "")) or None
+                self._cache_dir = str(self._cache.root)
         return self._cache
 
     # -- state ---------------------------------------------------------------
@@ -284,6 +284,10 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
                 equal_length.
         """
         _state.load(self, state)
+
+    if TYPE_CHECKING:
+        def __len__(self) -> int:
+            """Each kind's own (the base has none: ``len()`` of a kind without one raises)."""
 
     def __bool__(self) -> bool:
         # Without this, `dataset or default` would call __len__ (and raise

@@ -221,7 +221,7 @@ _log = logging.getLogger("ucstage")
 class _Blocks:
     """The samples of a slot's windows' blocks, read from the cache in order."""
 
-    def __init__(self, dataset: Any, manifest: ShardManifest, run: Any, start: int,
+    def __init__(self, dataset: ShardDataset, manifest: ShardManifest, run: Any, start: int,
                  skip: dict[int, int], slot_key: tuple[int, ...], reader: Reader,
                  errors: list[tuple[str, int]]) -> None:
         self.dataset, self.manifest, self.errors = dataset, manifest, errors
@@ -230,7 +230,7 @@ class _Blocks:
         todo = pending_positions(run, start, rows, skip, size)
         self.entries = [manifest.files[manifest.block_file(int(run[p]))] for p in todo]
         self.paths = slotread.read(self.entries, slotread.FILES, reader,
-                                   dataset.cache().at(manifest.volume()), dataset.read_ahead)
+                                   dataset.cache().at(manifest.volume()), int(dataset.read_ahead))
         self.plans = windows(run, start, rows, skip, window=dataset.shuffle_window,
                              shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                              slot_key=slot_key)
@@ -265,7 +265,7 @@ class _Blocks:
         self.paths.close()  # type: ignore[attr-defined]  # a generator
 
 
-def check_unchanged(dataset: Any, manifest: ShardManifest, entry: Any, path: str) -> None:
+def check_unchanged(dataset: ShardDataset, manifest: ShardManifest, entry: Any, path: str) -> None:
     """Refuse a local copy that is not the shard indexed at freeze: the cache
     copies a source file's current bytes, so a shard replaced since the
     freeze comes back as another version (or size)."""
@@ -281,7 +281,7 @@ def check_unchanged(dataset: Any, manifest: ShardManifest, entry: Any, path: str
                                 "shards as they are now")
 
 
-def slot_samples(dataset: Any, manifest: ShardManifest, tracker: TableTracker, rank: int,
+def slot_samples(dataset: ShardDataset, manifest: ShardManifest, tracker: TableTracker, rank: int,
                  count: int | None) -> Iterator[Any]:
     """The slot's samples, in order (see the module docstring); ``count``: the
     equal-length number of samples (``"drop"`` stops there, ``"pad"``
@@ -345,7 +345,7 @@ class IndexedShards(tud.Dataset):  # type: ignore[type-arg]
     not parse raises ``CorruptShard`` here whatever ``on_error`` says: an
     index must give a sample."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: ShardDataset) -> None:
         self.dataset = dataset
         self._last: tuple[int, list[Any]] | None = None
         self._checked: set[str] = set()

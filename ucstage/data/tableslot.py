@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..cache.leases import Reader
 from ..errors import InvalidArgument, ResumeMismatch
@@ -48,11 +48,42 @@ from ..tables.groupread import read_group
 from ..tables.rowplan import WindowPlan, equal_batches, slot_rows, windows
 from . import slotread
 from . import state as _state
+from .state import Sharded
 
 if TYPE_CHECKING:
-    from .state import Sharded
+    from ..sharding import Layout
 
-__all__ = ["FORMATS", "TableTracker", "UnitCounts", "convert", "group_entry", "group_items", "pending_positions", "read_group", "slot_batches", "slot_runs", "slot_totals", "whole_groups"]
+__all__ = ["FORMATS", "TableSource", "TableTracker", "UnitCounts", "UnitSource", "convert",
+           "group_entry", "group_items", "pending_positions", "read_group", "slot_batches",
+           "slot_runs", "slot_totals", "whole_groups"]
+
+
+class UnitSource(Sharded, Protocol):
+    """What this module reads of a dataset whose items hold units: a
+    :class:`~ucstage.data.table.TableDataset` or a
+    :class:`~ucstage.data.shardset.ShardDataset` (a Protocol: both import this module)."""
+
+    @property
+    def shuffle_window(self) -> int: ...
+
+    @property
+    def batch_rows(self) -> int | None: ...
+
+    def freeze(self, *, broadcast: bool | None = None) -> Any:
+        """Its frozen manifest (row groups, or a shard manifest's blocks)."""
+
+
+class TableSource(UnitSource, Protocol):
+    """What a table's batches read of a :class:`~ucstage.data.table.TableDataset`."""
+
+    @property
+    def columns(self) -> list[str] | None: ...
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def fill_null(self) -> Any: ...
 
 DECODE_THREADS = 2
 """Threads decoding a slot's next row groups while the consumer takes batches."""
@@ -60,7 +91,7 @@ DECODE_AHEAD = 2
 """Row groups decoded ahead (at most ``read_ahead``; one without read-ahead)."""
 
 
-def slot_totals(dataset: Any, layout: Any, tracker: TableTracker | None = None
+def slot_totals(dataset: UnitSource, layout: Layout, tracker: TableTracker | None = None
                 ) -> tuple[list[int], list[int]]:
     """Per slot of ``layout``: rows it delivers this iteration, and its batches
     without ``equal_length`` (``batch_rows`` each, else one per row group)."""
@@ -80,7 +111,7 @@ def slot_totals(dataset: Any, layout: Any, tracker: TableTracker | None = None
     return totals, counts
 
 
-def whole_groups(dataset: Any, layout: Any, slot: int, limit: int) -> Any:
+def whole_groups(dataset: UnitSource, layout: Layout, slot: int, limit: int) -> Any:
     """Row groups slot ``slot`` of a fresh epoch delivers whole within its first
     ``limit`` rows (what ``equal_length="drop"`` completes), as an int64 array."""
     import numpy as np
@@ -153,7 +184,7 @@ def _in_worker() -> bool:
 class _Windows:
     """The tables of a slot's windows, read from the cache in order."""
 
-    def __init__(self, dataset: Any, manifest: RowGroupManifest, run: Any, start: int,
+    def __init__(self, dataset: TableSource, manifest: RowGroupManifest, run: Any, start: int,
                  skip: dict[int, int], slot_key: tuple[int, ...], reader: Reader) -> None:
         self.dataset, self.manifest = dataset, manifest
         self.columns = manifest.check_columns(dataset.columns)
@@ -163,12 +194,12 @@ class _Windows:
         self.groups = [int(run[p]) for p in todo]
         self.entries = [group_entry(manifest, g, dataset.columns) for g in self.groups]
         self.paths = slotread.read(self.entries, slotread.FILES, reader,
-                                   dataset.cache().at(manifest.volume()), dataset.read_ahead)
+                                   dataset.cache().at(manifest.volume()), int(dataset.read_ahead))
         self.plans = windows(run, start, rows, skip, window=dataset.shuffle_window,
                              shuffle=dataset.shuffle, seed=dataset.seed, epoch=dataset.epoch,
                              slot_key=slot_key)
         self._pool: ThreadPoolExecutor | None = None
-        self._tables = self._decoded(max(1, min(dataset.read_ahead, DECODE_AHEAD)))
+        self._tables = self._decoded(max(1, min(int(dataset.read_ahead), DECODE_AHEAD)))
 
     def _decoded(self, depth: int) -> Iterator[Any]:
         """The todo row groups' tables in order, ``depth`` decoded ahead in
@@ -229,7 +260,7 @@ class _Windows:
         self.paths.close()  # type: ignore[attr-defined]  # a generator
 
 
-def slot_batches(dataset: Any, manifest: RowGroupManifest, tracker: TableTracker, rank: int,
+def slot_batches(dataset: TableSource, manifest: RowGroupManifest, tracker: TableTracker, rank: int,
                  count: int | None) -> Iterator[Any]:
     """The slot's batches, in order (see the module docstring); ``count``: the
     equal-length number of batches (``"drop"`` stops there, ``"pad"``
@@ -314,7 +345,7 @@ def slot_batches(dataset: Any, manifest: RowGroupManifest, tracker: TableTracker
         reader.close()
 
 
-def group_items(dataset: Any, groups: Any, rank: int) -> Iterator[Any]:
+def group_items(dataset: TableSource, groups: Any, rank: int) -> Iterator[Any]:
     """Row groups ``groups`` (an int array), in order, each as one batch of its
     rows (in the table's ``format``), fetched ``read_ahead`` ahead and held
     while read; untracked: what a :class:`~ucstage.Mix` reads of a table."""
@@ -324,7 +355,7 @@ def group_items(dataset: Any, groups: Any, rank: int) -> Iterator[Any]:
     reader = slotread.open_reader(dataset, rank)
     own = _in_worker()
     paths = slotread.read(entries, slotread.FILES, reader, dataset.cache().at(manifest.volume()),
-                          dataset.read_ahead)
+                          int(dataset.read_ahead))
     try:
         for g, path, entry in zip(groups, paths, entries):  # noqa: B905 (paths: a generator)
             table = read_group(manifest, int(g), path, entry, columns)
@@ -555,7 +586,7 @@ class TableTracker(_state.SlotTracker):
         return partial
 
 
-def slot_runs(dataset: Sharded, layout: Any, pending: LoaderState | None
+def slot_runs(dataset: Sharded, layout: Layout, pending: LoaderState | None
               ) -> list[tuple[Any, int]]:
     """(run, start) of every slot of ``layout`` in this iteration: the epoch's
     slot rule, or what a resumed state leaves each slot (it must say what
@@ -565,7 +596,8 @@ def slot_runs(dataset: Sharded, layout: Any, pending: LoaderState | None
     order = dataset.read_order()
     if pending is None:
         return [(slot_array(order, layout, layout.slot_at(s)), 0) for s in range(layout.slots)]
-    chain, rest = _state.resume_plan(dataset, pending, layout.world_size, layout.num_workers)
+    # One num_workers for every rank (slot_at needs it too).
+    chain, rest = _state.resume_plan(dataset, pending, layout.world_size, layout.workers_of(0))
     if any(r is None for r in rest):
         raise ResumeMismatch("equal_length on a resumed epoch needs every slot's count",
                              hint="load the state merged over every rank (ucstage.merge_states)")
@@ -600,7 +632,7 @@ class UnitCounts:
         here = self.world()
         rank, worker, in_worker = here.rank, here.worker, here.in_worker
         layout = self.layout(here.world_size, here.num_workers if in_worker else self.num_workers)
-        totals, counts = slot_totals(self, layout)
+        totals, counts = slot_totals(cast(UnitSource, self), layout)
         fixed = equal_batches(totals, self.batch_rows, self.equal_length)
         slots = [layout.slot_index(layout.slot(rank, worker))] if in_worker else \
             [layout.slot_index(layout.slot(rank, w)) for w in range(layout.readers_of(rank))]
@@ -631,9 +663,9 @@ class UnitCounts:
         if self.equal_length != "drop":
             return None
         layout = progress.layout
-        totals, _ = slot_totals(self, layout)
+        totals, _ = slot_totals(cast(UnitSource, self), layout)
         count = equal_batches(totals, self.batch_rows, "drop") or 0
         weights = self.audit_weights()
-        whole = [whole_groups(self, layout, s, count * (self.batch_rows or 0))
+        whole = [whole_groups(cast(UnitSource, self), layout, s, count * (self.batch_rows or 0))
                  for s in progress.own]
         return sum(len(w) if weights is None else int(weights[w].sum()) for w in whole)

@@ -29,7 +29,7 @@ from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
 from . import state as _state
 from .audit import SourceAudit
 from .sharded import ShardedDataset, rule_order
-from .slotread import AUTO
+from .slotread import AUTO, Share
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -363,7 +363,7 @@ class Mix(ShardedDataset):
 
     # -- iteration -------------------------------------------------------------
 
-    def _slot_items(self, tracker: _state.SlotTracker, share: Any,
+    def _slot_items(self, tracker: _state.SlotTracker, share: Share,
                     loop: LoopView | None) -> Iterator[Any]:
         slots = self._dealt_slots(tracker.pending, tracker.layout)
         return self._read(self.order(slots), tracker, tracker.rank)

@@ -147,7 +147,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         """Items the slot rule deals (freezes the listing)."""
         raise NotImplementedError
 
-    def _slot_items(self, tracker: _state.SlotTracker, share: Any,
+    def _slot_items(self, tracker: _state.SlotTracker, share: slotread.Share,
                     loop: LoopView | None) -> Iterator[Any]:
         """What the slot yields, its items (``tracker.indices`` from
         ``tracker.start``) counted by ``tracker``; ``share`` of the node's

@@ -202,7 +202,7 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
 
     # -- iteration ---------------------------------------------------------------
 
-    def _slot_items(self, tracker: TableTracker, share: Any,  # type: ignore[override]
+    def _slot_items(self, tracker: TableTracker, share: slotread.Share,  # type: ignore[override]
                     loop: LoopView | None) -> Iterator[Any]:
         count = None
         if self.equal_length is not None:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..volumes import Volume
     from .channel import LoopView
+    from .slotread import Share
 
 __all__ = ["TableDataset"]
 
@@ -197,7 +198,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
         its read-ahead is a fixed count, so ``sharers`` changes nothing)."""
         return group_items(self, rows, rank)
 
-    def _slot_items(self, tracker: TableTracker, share: Any,  # type: ignore[override]
+    def _slot_items(self, tracker: TableTracker, share: Share,  # type: ignore[override]
                     loop: LoopView | None) -> Iterator[Any]:
         count = None
         if self.equal_length is not None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ucstage import manifest as mf
+from ucstage.cache.local import Bound
 from ucstage.data import DataLoader, VolumeDataset
 from ucstage.errors import InvalidArgument
 from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
@@ -417,7 +418,7 @@ def test_skip_unreadable_lists_around_an_unreadable_folder(walking_store, tmp_pa
 # ---------------------------------------------------------------- the warm-hit path
 
 
-def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Over a warm cache every path comes from a lookup in the consumer's
     thread: no fetch, no read-ahead thread started."""
     src = str(tmp_path / "vol")
@@ -425,30 +426,31 @@ def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: igno
     ds = VolumeDataset(src, read_ahead=4, cache_dir=str(tmp_path / "cache"))
     first = list(ds)  # cold: fetched through the read-ahead threads
     _settled(str(tmp_path / "cache"))
-    cache = ds.cache()
     calls: list[tuple[str, str]] = []
-    lookup, lookup_run, fetch = cache.lookup, cache.lookup_run, cache.fetch
-    lookup_rows = cache.lookup_rows
+    # Every read goes through the cache bound to the volume (LocalCache.at).
+    lookup, lookup_run, fetch = Bound.lookup, Bound.lookup_run, Bound.fetch
+    lookup_rows = Bound.lookup_rows
 
-    def traced_lookup(volume, entry):  # type: ignore[no-untyped-def]
+    def traced_lookup(bound, entry, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(("lookup", threading.current_thread().name))
-        return lookup(volume, entry)
+        return lookup(bound, entry, **kwargs)
 
-    def traced_lookup_run(volume, entries):  # type: ignore[no-untyped-def]
+    def traced_lookup_run(bound, entries, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(("lookup", threading.current_thread().name))
-        return lookup_run(volume, entries)
+        return lookup_run(bound, entries, **kwargs)
 
-    def traced_lookup_rows(volume, *columns):  # type: ignore[no-untyped-def]
+    def traced_lookup_rows(bound, *columns, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(("lookup", threading.current_thread().name))
-        return lookup_rows(volume, *columns)
+        return lookup_rows(bound, *columns, **kwargs)
 
-    def traced_fetch(volume, entry, **kwargs):  # type: ignore[no-untyped-def]
+    def traced_fetch(bound, entry, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(("fetch", threading.current_thread().name))
-        return fetch(volume, entry, **kwargs)
+        return fetch(bound, entry, **kwargs)
 
-    cache.lookup, cache.fetch = traced_lookup, traced_fetch  # type: ignore[method-assign]
-    cache.lookup_run = traced_lookup_run  # type: ignore[method-assign]
-    cache.lookup_rows = traced_lookup_rows  # type: ignore[method-assign]
+    monkeypatch.setattr(Bound, "lookup", traced_lookup)
+    monkeypatch.setattr(Bound, "fetch", traced_fetch)
+    monkeypatch.setattr(Bound, "lookup_run", traced_lookup_run)
+    monkeypatch.setattr(Bound, "lookup_rows", traced_lookup_rows)
     started: list[str] = []
     it = iter(ds)
     for _ in it:
@@ -464,7 +466,7 @@ def test_a_warm_epoch_hands_no_file_to_a_thread(tmp_path) -> None:  # type: igno
 def test_read_ahead_mixes_hits_and_misses_in_order(hits, depth, failing) -> None:  # type: ignore[no-untyped-def]
     """Hits from the consumer's lookups and misses fetched by the threads come
     back in slot order, errors in their turn, and no fetch runs beyond the window."""
-    from ucstage.data.readahead import ReadAhead
+    from ucstage.data.slotread import ReadAhead
 
     entries = [FileEntry(f"f{i}", i, "v") for i in range(len(hits))]
     asked = [0]

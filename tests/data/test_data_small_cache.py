@@ -149,7 +149,7 @@ def test_a_cap_full_of_held_files_makes_the_loader_wait_and_report_it(tmp_path: 
     paths = VolumeDataset(str(tmp_path / "src"), cache=cache, read_ahead=0)
     volume = paths.freeze().volume()
     other = Reader()
-    fetch = other.fetcher(cache, volume, lambda e: cache.fetch(volume, e))
+    fetch = other.fetcher(cache.at(volume), lambda e: cache.fetch(volume, e))
     for entry in paths.freeze().entries[6:11]:
         fetch(entry)  # 5 of the 6 files the cap holds
     loader = DataLoader(Decode(paths), batch_size=None, num_workers=0, log_mlflow=False)
@@ -255,14 +255,14 @@ def test_batches_in_flight_that_cannot_fit_fail_before_the_first_batch(tmp_path:
 
 
 def test_the_loops_board_says_what_is_past_per_slot_and_epoch() -> None:
-    """The board the loader writes and the views workers read (data/looppos.py):
+    """The board the loader writes and the views workers read (data/channel.py):
     counts per slot, a later epoch makes an earlier one's view read 'all past',
     the epoch's end too; the in-memory board does not travel to workers."""
     import pickle
 
-    from ucstage.data import looppos
+    from ucstage.data import channel
 
-    board = looppos.Board(2, shared=True, in_loop=5)
+    board = channel.Board(2, shared=True, in_loop=5)
     try:
         board.start(1, [0, 3])  # slot 1 resumed at 3
         mine = board.link().view(1, 1)  # as a worker maps it
@@ -274,10 +274,10 @@ def test_the_loops_board_says_what_is_past_per_slot_and_epoch() -> None:
         early = board.link().view(0, 2)  # a view of the next epoch, before it starts
         assert early is not None and early.past() == 0
         board.start(2, [0, 0])
-        assert mine.past() == looppos.PAST_ALL and early.past() == 0
+        assert mine.past() == channel.PAST_ALL and early.past() == 0
         board.finish()
-        assert early.past() == looppos.PAST_ALL
+        assert early.past() == channel.PAST_ALL
     finally:
         board.close()
     assert not os.path.exists(board.path)
-    assert pickle.loads(pickle.dumps(looppos.Board(1, shared=False, in_loop=1))) is None
+    assert pickle.loads(pickle.dumps(channel.Board(1, shared=False, in_loop=1))) is None

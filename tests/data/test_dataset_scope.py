@@ -75,7 +75,7 @@ def test_bad_layouts_are_refused(tmp_path, monkeypatch) -> None:  # type: ignore
 def test_a_bad_local_world_size_is_one_error_wherever_it_is_read(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The dataset's ranks per node, the node's readers of the loader's window
     check and the loader's guard all read $LOCAL_WORLD_SIZE through World."""
-    from ucstage.data import holding
+    from ucstage.data import slotread
     from ucstage.data.loader import _GuardInfo
     from ucstage.sharding import World
 
@@ -85,7 +85,7 @@ def test_a_bad_local_world_size_is_one_error_wherever_it_is_read(tmp_path, monke
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "0")
     expected = "$LOCAL_WORLD_SIZE must be a whole number of at least 1, got '0'"
     for read in (lambda: ds.ranks_per_node(4), lambda: ds.layout(4, 2),
-                 lambda: holding.check_loader_window(ds, ds.cache(), 2),
+                 lambda: slotread.check_loader_window(ds, ds.cache(), 2),
                  lambda: World.detect().local_ranks):
         with pytest.raises(InvalidArgument) as info:
             read()

@@ -43,7 +43,7 @@ MIX_LEFT = textwrap.dedent("""
 
 READ_AHEAD_HELD = textwrap.dedent("""
     import threading
-    from ucstage.data.readahead import ReadAhead
+    from ucstage.data.slotread import ReadAhead
     ahead = ReadAhead(str, [str(i) for i in range(8)], 2)
     def reading(ahead):
         try:

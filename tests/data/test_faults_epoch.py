@@ -16,7 +16,7 @@ from tests.common import faults as faultkit
 from tests.common.backends import make_source
 from tests.common.faults import Faults
 from ucstage import DataLoader, VolumeDataset
-from ucstage.data import holding
+from ucstage.data import slotread
 
 KB = 1024
 fault_proxy = faultkit.fault_proxy
@@ -48,12 +48,12 @@ def test_an_epoch_through_faults_hands_out_only_right_bytes(
     fault_proxy.set(kind, faultkit.every(files, 20), prefix=src[len("s3://"):])
     ds = VolumeDataset(src, cache_dir=str(tmp_path / "cache"))
     loader = DataLoader(Named(ds), batch_size=None, num_workers=2, log_mlflow=False)
-    before = holding.rank_stats(ds, 0)
+    before = slotread.rank_stats(ds, 0)
     got = list(loader)
     assert sorted(g["name"] for g in got) == sorted(files)
     assert all(g["data"] == files[g["name"]] for g in got)
     assert fault_proxy.done[kind] == 3
-    metrics = holding.epoch_metrics(ds, 0, before)
+    metrics = slotread.epoch_metrics(ds, 0, before)
     assert metrics["epoch_checked_md5"] == 60 and metrics["epoch_checked_size"] == 0
     assert metrics["epoch_check_mismatches"] == (3 if kind == "flip" else 0)
     if kind == "stall":

@@ -66,7 +66,7 @@ def keys(n: int = N) -> list[str]:
 def test_every_sample_whole_and_cached(volume, tmp_path, max_bytes, read_ahead) -> None:  # type: ignore[no-untyped-def]
     ds = VolumeDataset(volume, group="key", require=("jpg", "json"), read_ahead=read_ahead,
                        cache_dir=tmp_path / "c", max_bytes=max_bytes)
-    for _ in range(2):  # cold, then warm (the warm path of data/hitruns.py without a cap)
+    for _ in range(2):  # cold, then warm (the warm path of data/slotread.py without a cap)
         items = []
         for sample in ds:  # every member is in the cache when the sample arrives
             assert all(os.path.exists(p) for p in sample.values())

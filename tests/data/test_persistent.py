@@ -1,5 +1,5 @@
 """Persistent DataLoader workers (the default): every epoch's parameters reach
-them through the loader's per-epoch record (ucstage/data/epochrecord.py), a
+them through the loader's per-epoch record (ucstage/data/channel.py), a
 `break` lets go of their holds and copies, and `del loader` leaves nothing."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.common.parts import pid_alive
 from ucstage.cache import paths
 from ucstage.cache.leases import take_exclusive
 from ucstage.data import DataLoader, VolumeDataset
-from ucstage.data.epochrecord import EpochLink, StaleEpochRecord
+from ucstage.data.channel import ChannelLink, StaleEpochRecord
 from ucstage.sharding import Layout, ReadOrder, Slot, slot_array
 
 from .test_data import rel, write_files
@@ -185,7 +185,7 @@ def test_del_loader_leaves_no_process_thread_or_file(tmp_path: Path) -> None:
     for _ in range(2):
         for _ in loader:
             pass
-    folder = loader._record.folder
+    folder = loader._channel.folder
     assert folder is not None and os.path.isdir(folder)
     pids = [w.pid for w in loader._iterator._workers]  # type: ignore[union-attr]
     del loader
@@ -201,13 +201,13 @@ def test_del_loader_leaves_no_process_thread_or_file(tmp_path: Path) -> None:
 def test_a_stale_record_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text('{"gen": 3}')
-    link = EpochLink(str(path), 4)
+    link = ChannelLink(str(path), 4)
     with pytest.raises(StaleEpochRecord, match="expected epoch record 4, found 3"):
         link.read()
-    assert EpochLink(str(path), 3).read()["gen"] == 3
+    assert ChannelLink(str(path), 3).read()["gen"] == 3
     # A worker started for one epoch only may iterate its dataset again.
     path.write_text('{"gen": 3, "persistent": false}')
-    fresh = EpochLink(str(path), 3)
+    fresh = ChannelLink(str(path), 3)
     assert fresh.read()["gen"] == 3 and fresh.read()["gen"] == 3
 
 

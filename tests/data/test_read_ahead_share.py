@@ -16,8 +16,8 @@ from tests.common.backends import make_source
 from tests.common.parts import wait_visible
 from ucstage import DataLoader, LocalCache, VolumeDataset
 from ucstage.cache import tuning
-from ucstage.data import holding
-from ucstage.data.readahead import AUTO, ReadAhead, Share, node_share
+from ucstage.data import slotread
+from ucstage.data.slotread import AUTO, ReadAhead, Share, node_share
 from ucstage.errors import InvalidArgument
 from ucstage.volumes import FileEntry
 
@@ -58,16 +58,16 @@ def test_under_a_cap_the_share_is_cut_to_fit_and_the_epoch_reads_every_file(
     src = _folder(tmp_path, 40, 64 * KB)
     cache = LocalCache(str(tmp_path / "cache"), max_bytes=2048 * KB)
     ds = VolumeDataset(src, cache=cache)
-    share = holding.check_loader_window(ds, cache, 0)
+    share = slotread.check_loader_window(ds, cache, 0)
     # One reader, 64 KiB files: 32 fit; read-ahead takes at most a sixteenth of them.
     assert share == Share(2, 2, True)
     # A loop holding 28 files leaves room for 1 (32 - 28 - the current - 2 of slack).
-    assert holding.check_loader_window(ds, cache, 0, in_loop=28) == Share(1, 1, True)
+    assert slotread.check_loader_window(ds, cache, 0, in_loop=28) == Share(1, 1, True)
     names = [os.path.basename(p) for p in ds]
     assert sorted(names) == [f"f{i:03}.bin" for i in range(40)]
     # Two ranks per node with 2 workers each: 4 readers, 8 files each fit.
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert holding.check_loader_window(ds, cache, 2) == Share(1, 1, True)
+    assert slotread.check_loader_window(ds, cache, 2) == Share(1, 1, True)
 
 
 def test_the_tuned_limit_bounds_the_copies_in_flight() -> None:

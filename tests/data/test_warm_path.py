@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from torch.utils.data import IterableDataset
 
+from ucstage.cache.local import Bound
 from ucstage.data import DataLoader, VolumeDataset
 from ucstage.data import state as state_
-from ucstage.data.hitruns import BLOCK
+from ucstage.data.slotread import BLOCK
 
 N = 3 * BLOCK + 5
 
@@ -56,18 +57,18 @@ def delivered(state: dict[str, Any]) -> int:
 
 @pytest.mark.parametrize("read_ahead", [0, 4])
 def test_a_warm_epoch_is_looked_up_a_block_ahead_and_every_position_is_exact(
-        tmp_path, read_ahead) -> None:  # type: ignore[no-untyped-def]
+        tmp_path, read_ahead, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     ds, names, _ = warm_dataset(tmp_path, read_ahead=read_ahead)
     cache = ds.cache()
     lookups = [0]
-    lookup_rows = cache.lookup_rows
+    lookup_rows = Bound.lookup_rows
 
-    def counted(volume, rels, sizes, versions, **kwargs):  # type: ignore[no-untyped-def]
-        found = lookup_rows(volume, rels, sizes, versions, **kwargs)
+    def counted(bound, rels, sizes, versions, **kwargs):  # type: ignore[no-untyped-def]
+        found = lookup_rows(bound, rels, sizes, versions, **kwargs)
         lookups[0] += len(rels)
         return found
 
-    cache.lookup_rows = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(Bound, "lookup_rows", counted)
     got = []
     for i, path in enumerate(ds, 1):
         got.append(os.path.relpath(path, cache.namespace_dir(ds.freeze().volume())))

@@ -84,7 +84,7 @@ def main() -> int:
         for i, _ in enumerate(loader):
             if i == 2:
                 break
-        pids, folder = worker_pids(loader), loader._record.folder
+        pids, folder = worker_pids(loader), loader._channel.folder
         del loader
         gc.collect()
         deadline = time.monotonic() + 120
@@ -111,7 +111,7 @@ def main() -> int:
                     print("READY " + json.dumps(
                         {"pid": os.getpid(), "workers": worker_pids(loader),
                          "children": children(os.getpid()),
-                         "record_folder": loader._record.folder}), flush=True)
+                         "record_folder": loader._channel.folder}), flush=True)
                 time.sleep(0.005)  # the model's step
             epoch += 1
     except KeyboardInterrupt:

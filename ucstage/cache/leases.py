@@ -4,7 +4,7 @@ A :class:`Reader` is one slot's reader (one ``VolumeDataset`` iterator). Every
 path it fetches (read-ahead included) is *held* from the moment it is valid in
 the cache until the reader's caller lets it go: under a ucstage DataLoader,
 once the training loop has moved past the batch it went into
-(:mod:`ucstage.data.looppos`), else once the consumer asked for an item
+(:mod:`ucstage.data.channel`), else once the consumer asked for an item
 ``slack`` places further on. A held file is never evicted.
 
 How a hold works, across processes: the reader opens the cached file and
@@ -29,11 +29,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import inspect
 import os
 import threading
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..volumes import FileEntry
 
 from ..errors import CacheFull
 from ..units import format_bytes
@@ -47,11 +49,12 @@ DEFAULT_SLACK = 2
 ahead one or two items before opening still find their files."""
 
 
-def _takes(func: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(func).parameters
-    except (TypeError, ValueError):
-        return False
+class BoundLookup(Protocol):
+    """What a reader looks files up in: the cache bound to their volume
+    (:class:`ucstage.cache.local.Bound`; a Protocol, for the cache's space
+    imports this module)."""
+
+    def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None: ...
 
 
 def take_exclusive(path: str) -> int | None:
@@ -112,21 +115,19 @@ class Reader:
 
     # -- fetching ----------------------------------------------------------
 
-    def _lookup(self, cache: Any, volume: Any) -> Callable[[Any], str | None]:
+    def _lookup(self, bound: BoundLookup) -> Callable[[FileEntry], str | None]:
         # A held hit is not touched (no LRU time): the hold protects it, and
         # the consumed mark replaces the time once the reader moves on.
-        if self.holding and _takes(cache.lookup, "touch"):
-            return functools.partial(cache.lookup, volume, touch=False)
-        return functools.partial(cache.lookup, volume)
+        return functools.partial(bound.lookup, touch=not self.holding)
 
-    def looker(self, cache: Any, volume: Any) -> Callable[[Any], str | None]:
-        """``lookup(entry)`` that returns a held, counted hit, or None (a miss,
-        or a hit evicted before it could be held: the fetch then takes it).
-        Read-ahead calls it in the consumer's thread, so a hit costs no
-        thread hand-off."""
-        lookup, counters = self._lookup(cache, volume), self.counters
+    def looker(self, bound: BoundLookup) -> Callable[[FileEntry], str | None]:
+        """``lookup(entry)`` of ``bound`` (the cache at the entries' volume)
+        that returns a held, counted hit, or None (a miss, or a hit evicted
+        before it could be held: the fetch then takes it). Read-ahead calls
+        it in the consumer's thread, so a hit costs no thread hand-off."""
+        lookup, counters = self._lookup(bound), self.counters
 
-        def held_lookup(entry: Any) -> str | None:
+        def held_lookup(entry: FileEntry) -> str | None:
             path = lookup(entry)
             if path is None or not self.hold(path):
                 return None
@@ -136,15 +137,15 @@ class Reader:
 
         return held_lookup
 
-    def fetcher(self, cache: Any, volume: Any,
-                fetch: Callable[[Any], str]) -> Callable[[Any], str]:
+    def fetcher(self, bound: BoundLookup,
+                fetch: Callable[[FileEntry], str]) -> Callable[[FileEntry], str]:
         """``fetch(entry)`` that returns a held path: a valid cached file is
-        taken as a hit, anything else goes through ``fetch`` (the cache's,
+        taken as a hit, anything else goes through ``fetch`` (``bound.fetch``,
         with the job's stop handle); both are counted."""
 
-        lookup, counters = self._lookup(cache, volume), self.counters
+        lookup, counters = self._lookup(bound), self.counters
 
-        def held_fetch(entry: Any) -> str:
+        def held_fetch(entry: FileEntry) -> str:
             path = ""
             for _ in range(3):
                 found = lookup(entry)

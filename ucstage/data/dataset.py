@@ -35,11 +35,12 @@ from ..manifest import Manifest
 from ..manifest.groups import Grouping
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, slot_array
 from ..volumes import FileEntry, Volume
-from . import hitruns, holding, looppos, samples
+from . import samples, slotread
 from . import state as _state
+from .channel import LoopView
 from .frozen import FrozenListing
-from .readahead import AUTO, Share, check_read_ahead
 from .sharded import ShardedDataset, rule_order
+from .slotread import AUTO, Share, check_read_ahead
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
@@ -80,7 +81,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
             ``"auto"`` (default): each reader of the node takes a share of the
             copies ``cache warm --jobs auto`` would keep in flight for this
             source, tuned as it runs and cut to fit a byte cap
-            (:func:`ucstage.data.readahead.node_share`).
+            (:func:`ucstage.data.slotread.node_share`).
         equal_length: ``False`` (default) reads exactly the shard plan;
             ``"pad"`` (or ``True``) gives every slot ``ceil(n / slots)`` files
             by re-reading a few from the start of the read order; ``"drop"``
@@ -236,64 +237,22 @@ class VolumeDataset(FrozenListing, ShardedDataset):
         :class:`ucstage.Mix` reads of each of its sources (``sharers`` of them
         read in each worker: under ``read_ahead="auto"`` each takes that part
         of the worker's share)."""
-        share = holding.check_loader_window(self, self.cache(), self.world().num_workers,
-                                            sharers=sharers)
-        return self._fetch_all(self._rows(rows), rank, _UNTRACKED, share)
+        share = slotread.check_loader_window(self, self.cache(), self.world().num_workers,
+                                             sharers=sharers)
+        return self._fetch_all(self._rows(rows), rank, slotread.UNTRACKED, share)
 
     def _slot_items(self, tracker: _state.SlotTracker, share: Share,
-                    loop: looppos.LoopView | None) -> Iterator[Any]:
+                    loop: LoopView | None) -> Iterator[Any]:
         return self._fetch_all(self._rows(tracker.indices), tracker.rank, tracker, share, loop)
 
-    def _fetch_all(self, entries: Sequence[Any], rank: int, tracker: _state.SlotTracker,
-                   share: Share, loop: looppos.LoopView | None = None) -> Iterator[Any]:
-        cache, volume = self.cache(), self._get_volume()
+    def _fetch_all(self, items: samples.SlotRows, rank: int, tracker: slotread.Tracker,
+                   share: Share, loop: LoopView | None = None) -> Iterator[Any]:
+        kind = slotread.SAMPLES if isinstance(items, samples.SampleRows) else slotread.FILES
         # Each path stays held until the consumer moves past it (cache/leases.py).
-        reader = holding.open_reader(self, cache, rank)
+        reader = slotread.open_reader(self, rank)
         try:
-            # Without a cap, the leading run of hits goes out in blocks (data/hitruns.py).
-            lookup: Any = holding.unheld_lookup(reader, cache, volume)
-            grouped = isinstance(entries, samples.SampleRows)
-            if lookup is not None and grouped:
-                lookup = samples.run_lookup(lookup)
-            done = 0
-            if lookup is not None:
-                counters = reader.counters if reader is not None else None
-                rows = None if grouped else hitruns.rows_lookup(cache, volume)
-                done = yield from hitruns.hits(entries, lookup, counters, tracker, rows)
-            if done < len(entries):
-                rest = (entries.tail(done) if isinstance(entries, samples.SlotRows)
-                        else entries[done:])
-                first = tracker.position if tracker is not _UNTRACKED else 0
-                yield from tracker.count(self._fetch_rest(rest, reader, cache, volume, share,
-                                                          grouped, loop, first))
+            yield from slotread.read(items, kind, reader, self.cache().at(self._get_volume()),
+                                     share, tracker=tracker, loop=loop)
         finally:
-            if reader is not None:
-                reader.close()
+            reader.close()
         tracker.end()
-
-    def _fetch_rest(self, entries: Sequence[Any], reader: Any, cache: LocalCache,
-                    volume: Volume, share: Share, grouped: bool = False,
-                    loop: looppos.LoopView | None = None, first: int = 0) -> Iterator[Any]:
-        # read_ahead="auto": this reader's share of the node's copies in flight,
-        # tuned as `cache warm --jobs auto` tunes its own (readahead.node_share).
-        return holding.fetch_in_order(entries, reader, cache, volume, share, grouped=grouped,
-                                      loop=loop, first=first)
-
-
-class _Untracked:
-    """A slot tracker that counts nothing: a mix counts its own positions."""
-
-    @staticmethod
-    def run(paths: list[str]) -> Iterator[str]:
-        return iter(paths)
-
-    @staticmethod
-    def count(paths: Iterator[str]) -> Iterator[str]:
-        return paths
-
-    @staticmethod
-    def end() -> None:
-        return None
-
-
-_UNTRACKED: Any = _Untracked()

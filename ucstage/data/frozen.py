@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import torch
 import torch.utils.data as tud
 
 from .. import manifest as _manifest
@@ -30,12 +31,11 @@ from ..manifest.model import Frozen
 from ..shown import shown
 from ..volumes import FileEntry, Volume
 from ..volumes.listing import skip_messages
-from . import dist as dist_
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
 
-__all__ = ["Freezable", "FrozenListing", "broadcast_listing"]
+__all__ = ["Freezable", "FrozenListing", "Listing", "active", "all_gather", "broadcast_listing"]
 
 _log = logging.getLogger("ucstage")
 
@@ -142,7 +142,7 @@ class Freezable:
             return self._manifest
         if self._manifest_path is not None:
             return self._load_frozen()
-        dist = dist_.active()
+        dist = active()
         if broadcast is None:
             broadcast = dist is not None and tud.get_worker_info() is None
         if not broadcast or dist is None or dist.get_world_size() == 1:
@@ -250,7 +250,7 @@ def broadcast_listing(dist: Any, request: Request, snapshot: Any) -> Any:
     Ranks first compare what they ask for (source and filters): a rank must
     not silently adopt a listing made with another rank's filters.
     """
-    requests = dist_.all_gather(dist, request)
+    requests = all_gather(dist, request)
     if len(set(requests)) > 1:
         values = "; ".join(f"rank {r}: {_describe(q)}" for r, q in enumerate(requests))
         raise RankMismatch(
@@ -286,3 +286,42 @@ def _describe(request: Request) -> str:
         if value is not None and value is not False and value != ():
             parts.append(f"{name}={list(value) if isinstance(value, tuple) else value}")
     return " ".join(parts)
+
+
+class Listing(Protocol):
+    """What the loader reads of a frozen listing (a :class:`~ucstage.Manifest`, a
+    row-group manifest, or a mix's positions): its fingerprint, its length, sizes."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def sizes(self) -> Any: ...
+
+    @property
+    def entries(self) -> Any: ...
+
+    @property
+    def groups(self) -> Any:
+        """Sample boundaries (``Groups``) of files grouped into samples, else None."""
+
+
+# -- the two torch.distributed calls of the collectives (the listing's broadcast,
+# the loader's guard, the state's check); the rank and world size themselves
+# are read by ucstage.sharding.World.detect.
+
+
+def active() -> Any | None:
+    """``torch.distributed`` when a process group is initialised, else None."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def all_gather(dist: Any, value: Any) -> list[Any]:
+    """Every rank's ``value``, indexed by rank (a collective: every rank must call it)."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out

@@ -19,8 +19,8 @@ import torch.utils.data as tud
 
 from ..errors import InvalidArgument
 from . import audit as audit_
-from . import dist as dist_
 from . import state as state_
+from .frozen import active
 from .sharded import ShardedDataset
 
 __all__ = ["LoaderHooks"]
@@ -80,7 +80,7 @@ class LoaderHooks:
         ds = self.ds
         if ds is None:
             return
-        dist = dist_.active()
+        dist = active()
         state_.check_across_ranks(dist, ds)
         # Only a dataset that iterates the VolumeDataset has tagged batches to audit.
         auditing = self.audit and isinstance(self.loader.dataset, tud.IterableDataset)
@@ -111,7 +111,7 @@ class LoaderHooks:
         return (inner if progress.live else state_.Untagging(inner, progress)), done
 
     def _finish_audit(self, audit: Any, stats: Any, sink: Any) -> None:
-        dist = dist_.active()
+        dist = active()
         group = self._group if dist is not None else None
         try:
             result = audit.finish(stats.complete, dist if group else None, group)
@@ -126,7 +126,7 @@ class LoaderHooks:
         state = self._vds_for("state_dict").state_dict()
         if not gather:
             return state
-        dist = dist_.active()
+        dist = active()
         if dist is None or dist.get_world_size() == 1:
             return state_.merge_states([state])
         return state_.gather_state(dist, state)
@@ -134,7 +134,7 @@ class LoaderHooks:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Under torch.distributed the check waits for the epoch's start, where
         # every rank makes it together (so that all of them stop, not one).
-        state_.load(self._vds_for("load_state_dict"), state, check=dist_.active() is None)
+        state_.load(self._vds_for("load_state_dict"), state, check=active() is None)
 
     def _vds_for(self, what: str) -> Any:
         if self.ds is None:

@@ -20,9 +20,9 @@ import torch.utils.data as tud
 from ..engines import objstore
 from ..errors import InvalidArgument, RankMismatch
 from ..sharding import Layout, World
-from . import dist as dist_
-from . import epochrecord, holding, looppos, workerstart
+from . import channel, slotread, workerstart
 from .dataset import VolumeDataset
+from .frozen import active, all_gather
 from .hooks import LoaderHooks
 from .sharded import DEFAULT_NUM_WORKERS, ShardedDataset
 from .timing import EpochStats, MlflowSink, TimedIterator
@@ -30,7 +30,7 @@ from .timing import EpochStats, MlflowSink, TimedIterator
 __all__ = ["DataLoader", "find_sharded_dataset"]
 
 
-def find_sharded_dataset(dataset: Any, depth: int = 3) -> ShardedDataset | None:
+def find_sharded_dataset(dataset: object, depth: int = 3) -> ShardedDataset | None:
     """The sharded dataset (a VolumeDataset, a TableDataset, a Mix) inside a user's
     wrapper dataset (its attributes, a few levels deep); a mix is found before its sources."""
     if isinstance(dataset, ShardedDataset):
@@ -73,7 +73,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     ``persistent_workers=True`` (not for an ``IterableDataset`` of the user's
     own without a VolumeDataset inside). Each epoch's parameters (``set_epoch``,
     a loaded state, ``equal_length``, the environment) reach persistent workers
-    through a per-epoch record (:mod:`ucstage.data.epochrecord`).
+    through a per-epoch record (:mod:`ucstage.data.channel`).
     The 6 is a constant, not the machine's CPU count, because every rank must
     shard with the same value; on a machine with fewer cores ucstage warns
     once, saying so (torch's own warning, given twice, is left out; pass
@@ -136,12 +136,11 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         if "persistent_workers" not in bound and num_workers and (
                 found is not None or not isinstance(dataset, tud.IterableDataset)):
             # Workers live across epochs; each epoch's parameters reach them
-            # through the per-epoch record (data/epochrecord.py). Not for an
+            # through the loader's channel (data/channel.py). Not for an
             # iterable dataset of the user's own: its set_epoch could not reach them.
             kwargs["persistent_workers"] = True
         super().__init__(dataset, *args, **kwargs)
-        self._record = epochrecord.EpochRecord()
-        self._board: looppos.Board | None = None
+        self._channel = channel.Channel()
         # None: the start method is ucstage's to choose each epoch (workerstart.py).
         self._given_context = self._chosen_context = self.multiprocessing_context
         self.log_mlflow = log_mlflow
@@ -197,13 +196,13 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         ds, rank = self.volume_dataset, World.detect().rank
         in_loop = self._in_loop()
         if ds is not None:  # a window that can never fit fails here, before workers start
-            holding.check_loader_window(ds, ds.cache(), self.num_workers,
+            slotread.check_loader_window(ds, ds.cache(), self.num_workers,
                                         in_loop=in_loop if isinstance(ds, VolumeDataset) else 0)
             _warn_if_empty(ds, rank)
         workers_alive = self._workers_alive()
         if not workers_alive:  # persistent workers keep the start they were given
             self._choose_start()
-        before = holding.rank_stats(ds, rank)
+        before = slotread.rank_stats(ds, rank)
         sink = (MlflowSink.for_active_run(self.mlflow_prefix, self.mlflow_flush_every)
                 if self.log_mlflow else None)
         if sink is not None:
@@ -222,13 +221,13 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             on_done = self._record_done(on_done, gen)
         if board is not None and ds is not None:
             # Each next() tells the slot iterators what the loop is past.
-            inner = looppos.Following(inner, board, ds._link, live=self.num_workers == 0)
+            inner = channel.Following(inner, board, ds._link, live=self.num_workers == 0)
             on_done = inner.done(on_done)
         return TimedIterator(inner, epoch=epoch, first_step=self._steps,
                              sink=sink, on_done=on_done,
                              step_every=self.mlflow_step_every,
-                             extra=lambda: {**holding.epoch_metrics(ds, rank, before),
-                                            **holding.source_metrics(ds)})
+                             extra=lambda: {**slotread.epoch_metrics(ds, rank, before),
+                                            **slotread.source_metrics(ds)})
 
     def _in_loop(self) -> int:
         """Items per slot the loop may hold before it moves past them: with
@@ -239,28 +238,26 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return batch
         return (int(self.prefetch_factor or 0) + 1) * batch
 
-    def _start_board(self, gen: int | None, *, fresh: bool, in_loop: int) -> looppos.Board | None:
-        """Start the epoch on the loop's board (data/looppos.py), which the
+    def _start_board(self, gen: int | None, *, fresh: bool, in_loop: int) -> channel.Board | None:
+        """Start the epoch on the loop's board (data/channel.py), which the
         holds of a VolumeDataset's slot iterators follow."""
         ds = self.volume_dataset
         if not isinstance(ds, VolumeDataset) or ds._link.progress is None:
             return None
-        if not holding.holds_files(ds.cache()):
+        if not slotread.holds_files(ds.cache()):
             # Nothing is held without a cap, so nothing follows the board:
             # no per-item publish (4 us of a warm epoch's 68 us per file).
             return None
         progress = ds._link.progress
         shared = self.num_workers > 0
-        if self._board is None:
-            self._board = looppos.Board(Layout(1, self.num_workers).workers, shared=shared,
-                                        in_loop=in_loop)
-        board = self._board
+        board = self._channel.start_board(Layout(1, self.num_workers).workers, shared=shared,
+                                          in_loop=in_loop)
         board.start(gen if gen is not None else board.gen + 1,
                     [progress.counts[s] for s in progress.own])
         if not shared:
             ds._link.board = board  # taken by the slot iterator this epoch starts
-        elif fresh:  # pickled into (or forked with) the workers that start now
-            ds._link.board = board.link()
+        elif fresh and gen is not None:  # pickled into (or forked with) the workers starting now
+            ds._link.channel = self._channel.link(gen)
         return board
 
     def _workers_alive(self) -> bool:
@@ -273,13 +270,13 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         ds = self.volume_dataset
         if ds is None or self.num_workers == 0:
             return None
-        gen = self._record.write(ds, persistent=bool(self.persistent_workers), fresh=fresh)
+        gen = self._channel.write(ds, persistent=bool(self.persistent_workers), fresh=fresh)
         if fresh:  # pickled into (or forked with) the workers that start now
-            ds._link.epoch_record = epochrecord.EpochLink(self._record.path, gen)
+            ds._link.channel = self._channel.link(gen)
         return gen
 
     def _record_done(self, on_done: Any, gen: int) -> Any:
-        record = self._record
+        record = self._channel
 
         def done(stats: EpochStats, next_step: int) -> None:
             if stats.complete:
@@ -370,7 +367,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     def _prepare(self) -> None:
         """Freeze the listing on every rank and run the rank-consistency guard."""
         ds = self.volume_dataset
-        dist = dist_.active()
+        dist = active()
         if dist is None or dist.get_world_size() == 1:
             if ds is not None:
                 ds.freeze(broadcast=False)
@@ -378,7 +375,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
         # Every rank takes the same branches below, because every decision is
         # made on the same gathered values: no rank waits in a collective alone.
         sharded = ds is not None or isinstance(self.dataset, tud.IterableDataset)
-        first = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, ds, sharded,
+        first = all_gather(dist, _GuardInfo.of(self.num_workers, ds, sharded,
                                                      dist.get_world_size()))
         if self.guard:
             _check_workers(first)
@@ -390,12 +387,12 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
             return
         latest = first
         if any(unfrozen):
-            latest = dist_.all_gather(dist, _GuardInfo.of(self.num_workers, ds, sharded,
+            latest = all_gather(dist, _GuardInfo.of(self.num_workers, ds, sharded,
                                                           dist.get_world_size()))
         _check_listings(latest)
 
 
-def _warn_if_empty(ds: Any, rank: int) -> None:
+def _warn_if_empty(ds: ShardedDataset, rank: int) -> None:
     """Warn when this rank reads nothing of a listing that has items: a loop
     over the loader would run no step, silently (too few files or row groups
     for the slots, or equal_length="drop" cut to an empty slot)."""

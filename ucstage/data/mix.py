@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,16 +28,45 @@ from ..sharding import Layout, slot_array
 from ..sharding.mixing import MixOrder, MixShares, check_shares, mix_shares
 from . import state as _state
 from .audit import SourceAudit
-from .readahead import AUTO
 from .sharded import ShardedDataset, rule_order
+from .slotread import AUTO, Share
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..resume import LoaderState
-    from .looppos import LoopView
-    from .protocol import MixSource
+    from ..sharding import ReadOrder
+    from ..volumes import Volume
+    from .channel import LoopView
 
 __all__ = ["Mix"]
+
+
+class MixSource(Protocol):
+    """What :class:`ucstage.Mix` needs of each of its sources."""
+
+    read_ahead: int | str
+    run: str
+
+    @property
+    def fingerprint(self) -> str | None: ...
+
+    def freeze(self, *, broadcast: bool | None = None) -> Any:
+        """The frozen listing: ``len()`` items, a ``fingerprint`` (and ``sizes()``)."""
+
+    def read_order(self) -> ReadOrder:
+        """Its read order; ``n`` is its item count (files, samples, row groups),
+        unless it has ``mix_items()`` (``ShardDataset``: the slot rule deals
+        blocks, the mix deals samples)."""
+
+    def iter_rows(self, rows: Any, rank: int, *, sharers: int = 1) -> Any:
+        """The items at ``rows`` of its read order (an int array), in order,
+        fetched and untracked (the mix tracks its own positions); ``sharers``:
+        the sources whose readers share each worker (their read-ahead shares
+        split the node's copies in flight among them)."""
+
+    def cache(self) -> LocalCache: ...
+
+    def _get_volume(self) -> Volume: ...
 
 
 class MixListing:
@@ -334,7 +363,7 @@ class Mix(ShardedDataset):
 
     # -- iteration -------------------------------------------------------------
 
-    def _slot_items(self, tracker: _state.SlotTracker, share: Any,
+    def _slot_items(self, tracker: _state.SlotTracker, share: Share,
                     loop: LoopView | None) -> Iterator[Any]:
         slots = self._dealt_slots(tracker.pending, tracker.layout)
         return self._read(self.order(slots), tracker, tracker.rank)

@@ -4,23 +4,21 @@ sample's files fetched as one item.
 A grouped manifest (:mod:`ucstage.manifest.groups`) keeps each sample's
 members in consecutive rows; the slot rule deals sample numbers, and
 :class:`SampleRows` makes a slot's :class:`Sample` values from the manifest a
-block at a time. The fetch, the read-ahead's lookup and the warm path's run
-lookup below take a whole sample: they return ``{suffix: local path}`` only
-once every member is valid in the cache, so a sample is never handed out
-half cached, and the read-ahead's window counts samples.
+block at a time. The read path fetches and looks up a whole sample
+(:data:`ucstage.data.slotread.SAMPLES`), and its read-ahead's window counts samples.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..manifest import Manifest
 from ..manifest.groups import split_name
 from ..volumes import FileEntry
 
-__all__ = ["Sample", "SampleRows", "SlotRows", "fetcher", "looker", "release", "run_lookup"]
+__all__ = ["Sample", "SampleRows", "SlotRows"]
 
 
 class Sample(tuple):  # type: ignore[type-arg]
@@ -117,7 +115,7 @@ class SlotRows(Sequence[Any]):
 
     def columns(self, start: int, stop: int) -> tuple[list[str], list[int], list[str]]:
         """The paths, sizes and versions of items ``start:stop`` (files: the
-        warm path's lookup makes no entry object, :mod:`.hitruns`)."""
+        warm path's lookup makes no entry object, :mod:`.slotread`)."""
         return self._manifest.columns(self._indices[start:stop])
 
 
@@ -151,62 +149,3 @@ class SampleRows(SlotRows):
                                                 tuple(suffixes[a:a + c])), size,
                               *entries[a:a + c]))
                 for a, c, size in zip(starts.tolist(), counts.tolist(), sizes, strict=True)]
-
-
-def release(reader: Any, item: Any, *, consumed: bool = True) -> None:
-    """Let a handed-out item go: a path, or every path of a sample's dict."""
-    if isinstance(item, dict):
-        for path in item.values():
-            reader.release(path, consumed=consumed)
-    else:
-        reader.release(item, consumed=consumed)
-
-
-def fetcher(fetch: Callable[[FileEntry], str]) -> Callable[[Sample], dict[str, str]]:
-    """``fetch(sample)``: every member through the file ``fetch``, in order."""
-
-    def fetch_sample(sample: Sample) -> dict[str, str]:
-        return dict(zip(sample.suffixes, map(fetch, sample.members), strict=True))
-
-    return fetch_sample
-
-
-def looker(lookup: Callable[[FileEntry], str | None] | None, reader: Any
-           ) -> Callable[[Sample], dict[str, str] | None] | None:
-    """``lookup(sample)``: the members' paths when every one is a valid hit,
-    else None (the members already held are let go; the fetch takes them)."""
-    if lookup is None:
-        return None
-
-    def lookup_sample(sample: Sample) -> dict[str, str] | None:
-        found: dict[str, str] = {}
-        for suffix, entry in zip(sample.suffixes, sample.members, strict=True):
-            path = lookup(entry)
-            if path is None:
-                if reader is not None:
-                    release(reader, found, consumed=False)
-                return None
-            found[suffix] = path
-        return found
-
-    return lookup_sample
-
-
-def run_lookup(lookup_run: Callable[[Sequence[FileEntry]], list[str]]
-               ) -> Callable[[Sequence[Sample]], list[dict[str, str]]]:
-    """The warm path's ``lookup_run`` over samples: the leading run of samples
-    whose members are all valid hits."""
-
-    def samples_run(block: Sequence[Sample]) -> list[dict[str, str]]:
-        paths = lookup_run([e for s in block for e in s.members])
-        out: list[dict[str, str]] = []
-        at = 0
-        for sample in block:
-            end = at + len(sample)
-            if end > len(paths):
-                break
-            out.append(dict(zip(sample.suffixes, paths[at:end], strict=True)))
-            at = end
-        return out
-
-    return samples_run

@@ -13,9 +13,9 @@ same loader.
 
 :class:`LoaderLink` is what passes between a dataset and the ucstage
 DataLoader running it: a loaded state waiting for the next iteration, this
-process's slot tracker and the rank's delivery progress, the per-epoch
-record workers read their parameters from, and the loop's board the holds
-follow.
+process's slot tracker and the rank's delivery progress, and the link to
+the channel its workers read each epoch's parameters and the loop's
+position from (:mod:`ucstage.data.channel`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ import torch.utils.data as tud
 from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
-from ..sharding import Layout, ReadOrder, World, rank_length, slot_array, slot_length
-from . import epochrecord, holding, looppos
+from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_array, slot_length
+from ..sharding.values import layout_of
+from . import channel, slotread
 from . import state as _state
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..resume import LoaderState
-    from .protocol import Listing
+    from .channel import Board, ChannelLink, LoopView
+    from .frozen import Listing
 
 __all__ = ["DEFAULT_NUM_WORKERS", "LoaderLink", "ShardedDataset",
            "equal_mode", "rule_order"]
@@ -72,26 +74,27 @@ class LoaderLink:
     """What a dataset and the ucstage DataLoader running it pass each other
     (see the module docstring); one per dataset, in each process."""
 
-    __slots__ = ("board", "epoch_record", "progress", "resume", "tracker")
+    __slots__ = ("board", "channel", "progress", "resume", "tracker")
 
     def __init__(self, resume: LoaderState | None = None,
-                 epoch_record: epochrecord.EpochLink | None = None,
-                 board: looppos.Board | looppos.BoardLink | None = None) -> None:
+                 channel: ChannelLink | None = None) -> None:
         self.resume = resume
         """A loaded state, applied by the next iteration of this process (data/state.py)."""
         self.tracker: _state.SlotTracker | None = None
         """This process's slot iteration: what it handed out."""
         self.progress: _state.LoaderProgress | None = None
         """The main process's deliveries of the rank's slots this epoch."""
-        self.epoch_record = epoch_record
-        """Where a DataLoader worker reads each epoch's parameters (data/epochrecord.py)."""
-        self.board = board
-        """Where the slot iterator reads how far the loader's loop is (data/looppos.py)."""
+        self.channel = channel
+        """Where a DataLoader worker reads each epoch's parameters and how far
+        the loader's loop is (data/channel.py)."""
+        self.board: Board | None = None
+        """The loop's board of a loader without workers, taken by the next
+        slot iterator of this process (never pickled)."""
 
     def carried(self) -> LoaderLink:
         """The link a pickled (or copied) dataset takes along: the tracker and
         the progress are this process's own."""
-        return LoaderLink(self.resume, self.epoch_record, self.board)
+        return LoaderLink(self.resume, self.channel)
 
 
 class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
@@ -144,8 +147,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         """Items the slot rule deals (freezes the listing)."""
         raise NotImplementedError
 
-    def _slot_items(self, tracker: _state.SlotTracker, share: Any,
-                    loop: looppos.LoopView | None) -> Iterator[Any]:
+    def _slot_items(self, tracker: _state.SlotTracker, share: slotread.Share,
+                    loop: LoopView | None) -> Iterator[Any]:
         """What the slot yields, its items (``tracker.indices`` from
         ``tracker.start``) counted by ``tracker``; ``share`` of the node's
         copies in flight, holds following ``loop``."""
@@ -172,8 +175,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         self._cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self._max_bytes = None if max_bytes is None else params.size(max_bytes, "max_bytes")
         if cache is not None:
-            self._cache_dir = str(getattr(cache, "root", "")) or None
-            self._max_bytes = getattr(cache, "max_bytes", self._max_bytes)
+            self._cache_dir = str(cache.root)
+            self._max_bytes = cache.max_bytes
 
     def cache(self) -> LocalCache:
         """The local cache this dataset copies into (built on first use)."""
@@ -182,7 +185,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
 
             self._cache = LocalCache(self._cache_dir, max_bytes=self._max_bytes)
             if self._cache_dir is None:
-                self._cache_dir = str(getattr(self._cache, "root", "")) or None
+                self._cache_dir = str(self._cache.root)
         return self._cache
 
     # -- state ---------------------------------------------------------------
@@ -222,7 +225,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         # In a ucstage DataLoader's worker: this epoch's parameters, read from
         # the loader's per-epoch record (persistent workers hold an old copy).
-        record = epochrecord.apply(self)
+        link = self._link
+        record = channel.apply(self) if link.channel is not None else None
         if record is not None and record["stopped"]:
             return iter(())  # given up before this worker started it
         gen = record["gen"] if record is not None else None
@@ -230,11 +234,13 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         rank, world, num_workers, worker = here.rank, here.world_size, here.num_workers, here.worker
         self.freeze()
         # Under a ucstage DataLoader, holds last until its loop is past their batch.
-        loop = looppos.view_for(self._link, gen, worker)
-        share = holding.check_loader_window(self, self.cache(), num_workers,
-                                            in_loop=loop.in_loop if loop is not None else 0)
-        layout = self.layout(world, num_workers)
-        dealt = slot_array(self.read_order(), layout, layout.slot(rank, worker))
+        board, link.board = link.board, None  # the main process's, taken once
+        loop = channel.view_for(board, link.channel, gen, worker) \
+            if board is not None or link.channel is not None else None
+        share = slotread.check_loader_window(self, self.cache(), num_workers,
+                                             in_loop=loop.in_loop if loop is not None else 0)
+        # The slot rule is checked once per layout and slot (SlotRule.of), not per epoch.
+        dealt = slot_array(self.read_order(), self.layout(world, num_workers), Slot(rank, worker))
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
         # the slot, or its share of the re-split remainder; deliveries are counted.
         tracker = self.tracker_kind.begin(self, dealt, rank=rank, world_size=world,
@@ -243,8 +249,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         if record is not None and record["persistent"]:
             # A persistent worker outlives the epoch: a `break` must still end
             # its read-ahead and holds (the record marks the epoch stopped).
-            assert self._link.epoch_record is not None
-            return epochrecord.guarded(it, self._link.epoch_record, record["gen"])
+            assert link.channel is not None
+            return channel.guarded(it, link.channel, record["gen"])
         return it
 
     def track_deliveries(self, progress: _state.LoaderProgress) -> None:
@@ -278,6 +284,10 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
                 equal_length.
         """
         _state.load(self, state)
+
+    if TYPE_CHECKING:
+        def __len__(self) -> int:
+            """Each kind's own (the base has none: ``len()`` of a kind without one raises)."""
 
     def __bool__(self) -> bool:
         # Without this, `dataset or default` would call __len__ (and raise
@@ -318,7 +328,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         Raises:
             InvalidArgument: ``world_size`` is not a multiple of its ranks per node.
         """
-        return Layout(world_size, num_workers, self.nproc_setting(world_size))
+        return layout_of(world_size, num_workers, self.nproc_setting(world_size))
 
     def nproc_setting(self, world_size: int) -> int | None:
         """:meth:`ranks_per_node` without checking it against ``world_size`` (the

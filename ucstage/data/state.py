@@ -17,22 +17,93 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch.utils.data as tud
 
 from ..errors import InvalidArgument, RankMismatch, ResumeMismatch
 from ..resume import LoaderState, merge_states
-from ..sharding import Segment, resume_slots
-from . import dist as dist_
-from .wrapping import Wrapping
+from ..sharding import Segment, Slot, resume_slots
+from .frozen import all_gather
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .protocol import Sharded
+    from ..cache import LocalCache
+    from ..sharding import Layout, ReadOrder, World
+    from ..volumes import Volume
+    from .frozen import Listing
 
-__all__ = ["LoaderProgress", "SlotTracker", "Tagged", "TaggingCollate", "Untagging"]
+__all__ = ["LoaderProgress", "Sharded", "SlotTracker", "Tagged", "TaggingCollate", "Untagging",
+           "Wrapping"]
+
+
+class Sharded(Protocol):
+    """A dataset sharded over ranks x DataLoader workers by the slot rule, as
+    the state, the holds and the audit read it (documented on
+    :class:`~ucstage.data.sharded.ShardedDataset`)."""
+
+    epoch: int
+    num_workers: int
+    run: str
+    shuffle: bool
+    seed: int
+    shuffle_scope: str
+    equal_length: str | None
+    _link: Any
+    """Its :class:`~ucstage.data.sharded.LoaderLink`."""
+
+    @property
+    def read_ahead(self) -> int | str: ...
+
+    @property
+    def fingerprint(self) -> str | None: ...
+
+    def freeze(self, *, broadcast: bool | None = None) -> Listing: ...
+
+    def read_order(self) -> ReadOrder: ...
+
+    def nproc_setting(self, world_size: int) -> int | None: ...
+
+    def layout(self, world_size: int, num_workers: int) -> Layout: ...
+
+    def world(self) -> World: ...
+
+    def cache(self) -> LocalCache: ...
+
+    def _get_volume(self) -> Volume: ...
+
+    def track_deliveries(self, progress: Any) -> None: ...
+
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+W = TypeVar("W", bound="Wrapping")
+
+
+class Wrapping:
+    """A wrapper of the loader's iterator: ``__iter__``, ``__len__`` and
+    every other attribute are the wrapped iterator's (``_inner``); a
+    subclass sets ``_inner`` and defines ``__next__``."""
+
+    _inner: Iterator[Any]
+
+    def __iter__(self: W) -> W:
+        return self
+
+    def __next__(self) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set yet: the subclass's __init__ failed
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 def check_fits(dataset: Sharded, state: LoaderState) -> None:
@@ -110,7 +181,8 @@ class SlotTracker:
         self.rank, self.world_size, self.num_workers = rank, world_size, num_workers
         self.worker = worker
         self.layout = dataset.layout(world_size, num_workers)
-        self.slot = self.layout.slot_index(self.layout.slot(rank, worker))
+        # Checked by the dealing (sharding.SlotRule.of) before the tracker starts.
+        self.slot = self.layout.slot_index(Slot(rank, worker))
         self.start = start
         self._base = start
         """Paths pulled before the current run (see :meth:`run`)."""
@@ -402,7 +474,7 @@ def check_across_ranks(dist: Any, dataset: Sharded) -> None:
     digest = None if pending is None else (pending.order.epoch, pending.segments[:-1],
                                            pending.last.layout.world_size,
                                            pending.last.layout.num_workers)
-    gathered = dist_.all_gather(dist, (error, digest))
+    gathered = all_gather(dist, (error, digest))
     failed = [(r, e) for r, (e, _) in enumerate(gathered) if e]
     if failed:
         rank, message = failed[0]
@@ -419,6 +491,6 @@ def check_across_ranks(dist: Any, dataset: Sharded) -> None:
 
 def gather_state(dist: Any, state: dict[str, Any]) -> dict[str, Any]:
     """Every rank's state merged, on every rank (a collective)."""
-    states = dist_.all_gather(dist, state)
+    states = all_gather(dist, state)
     return merge_states(states)
 

@@ -6,10 +6,10 @@ under the cache root and broadcast; every slot reads its row groups by the
 same slot rule as :class:`~ucstage.data.dataset.VolumeDataset`
 (``slot_array``, node-stable shuffle, the rank guard). Each row group's
 column chunks of the chosen ``columns`` are one cache entry of their own
-(ranged reads; :mod:`ucstage.data.tableread`), fetched ``read_ahead`` row
+(ranged reads; :mod:`ucstage.data.tableslot`), fetched ``read_ahead`` row
 groups ahead. Rows come out in windows (:mod:`ucstage.tables.rowplan`) cut
 into batches of ``batch_rows``; checkpoint state is exact to the row
-(:mod:`ucstage.data.tablestate`).
+(:mod:`ucstage.data.tableslot`).
 
 Usage and every argument: docs/training.md, "Tables".
 """
@@ -34,15 +34,22 @@ from ..tables.rowplan import drop_note, equal_batches
 from ..volumes.listing import skip_messages
 from .frozen import Freezable, Request
 from .sharded import ShardedDataset, rule_order
-from .tablebatches import group_items, slot_batches, slot_totals
-from .tableread import FORMATS, check_fill_null, check_format
-from .tablestate import TableTracker
-from .unitcounts import UnitCounts
+from .tableslot import (
+    FORMATS,
+    TableTracker,
+    UnitCounts,
+    check_fill_null,
+    check_format,
+    group_items,
+    slot_batches,
+    slot_totals,
+)
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
     from ..volumes import Volume
-    from .looppos import LoopView
+    from .channel import LoopView
+    from .slotread import Share
 
 __all__ = ["TableDataset"]
 
@@ -191,7 +198,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
         its read-ahead is a fixed count, so ``sharers`` changes nothing)."""
         return group_items(self, rows, rank)
 
-    def _slot_items(self, tracker: TableTracker, share: Any,  # type: ignore[override]
+    def _slot_items(self, tracker: TableTracker, share: Share,  # type: ignore[override]
                     loop: LoopView | None) -> Iterator[Any]:
         count = None
         if self.equal_length is not None:

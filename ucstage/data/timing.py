@@ -59,7 +59,7 @@ from typing import Any
 
 from ..percentile import percentile
 from ..shutdown import exiting
-from .wrapping import Wrapping
+from .state import Wrapping
 
 __all__ = ["EpochStats", "MlflowSink", "TimedIterator", "summarise"]
 

@@ -46,6 +46,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from ..engines import engine, objstore
+from ..volumes import Volume
 
 __all__ = ["PRELOAD", "WithEnviron", "forkserver", "gc_frozen_for_fork", "reads_object_store",
            "start_context", "start_early"]
@@ -79,7 +80,7 @@ def start_early(given: Any, num_workers: int, object_store: bool, *pickled: Any)
     return True
 
 
-def start_context(given: Any, num_workers: int, volume: Any, *pickled: Any) -> Any:
+def start_context(given: Any, num_workers: int, volume: Volume | None, *pickled: Any) -> Any:
     """The ``multiprocessing_context`` for this epoch's workers.
 
     Args:
@@ -149,12 +150,12 @@ def forkserver() -> BaseContext:
     return context
 
 
-def reads_object_store(volume: Any) -> bool:
+def reads_object_store(volume: Volume | None) -> bool:
     """Whether ``volume`` is an object store that obstore reads in this process."""
     return _object_store(volume) and not engine.of(volume).fork_safe
 
 
-def _object_store(volume: Any) -> bool:
+def _object_store(volume: Volume | None) -> bool:
     return isinstance(getattr(volume, "fs", None), objstore.ObjectFS)
 
 

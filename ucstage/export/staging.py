@@ -21,7 +21,6 @@ checked) still belong to file ``i``, now named by its cached path.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,7 +120,8 @@ def staged(found: StoreDelta, cache: LocalCache, callback: Callback) -> Iterator
     try:
         # A hit is held at once; a file evicted since the warm copied it
         # (only when everything else under the cap was held) is copied again.
-        held = reader.fetcher(cache, volume, functools.partial(cache.fetch, volume))
+        bound = cache.at(volume)
+        held = reader.fetcher(bound, bound.fetch)
         local = [held(e) for e in entries]
         yield dataclasses.replace(state, path=cache.namespace_dir(volume), files=local,
                                   deletion_vectors=vectors)

@@ -15,7 +15,7 @@ layout, so a state saved on one layout resumes on another; with enough of
 them, 8 shards feed 64 slots. They play the part a table's row groups play
 (``rows_per_group`` is samples per block), so the table's arithmetic of
 windows, equal lengths and partial resumes applies unchanged
-(:mod:`ucstage.tables.rowplan`, :mod:`ucstage.data.tablestate`).
+(:mod:`ucstage.tables.rowplan`, :mod:`ucstage.data.tableslot`).
 """
 
 from __future__ import annotations

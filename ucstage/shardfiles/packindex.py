@@ -11,7 +11,7 @@ record's format is :data:`FORMAT` and the listed shard has the recorded
 size; any other shard (another size, no entry, an unreadable record) is
 fetched and scanned as before. The size is what a listing can check without
 reading the shard: a shard rewritten to the same size is caught where the
-sample is read (the cache copy's size and version, :mod:`ucstage.data.shardread`).
+sample is read (the cache copy's size and version, :mod:`ucstage.data.shardset`).
 """
 
 from __future__ import annotations

@@ -370,10 +370,16 @@ def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
     shards and its slots read them shard by shard.
     """
     layout.node_ranks(node)  # refuses a node outside the layout
-    if order.per_node(layout):
+    return node_deals(order, node, layout.nodes if order.per_node(layout) else 0)
+
+
+def node_deals(order: ReadOrder, node: int, nodes: int) -> Sequence[int]:
+    """:func:`node_order` of a node already checked against its layout:
+    ``nodes`` is the layout's node count when nodes deal their own orders
+    (:meth:`~.values.ReadOrder.per_node`), else 0 (every node deals the job's)."""
+    if nodes:
         if order.groups is not None:
-            return _grouped(_Same(order.groups), order.seed, order.epoch, node, layout.nodes)
-        return NodeOrder(order.n, node=node, nodes=layout.nodes, seed=order.seed,
-                         epoch=order.epoch)
+            return _grouped(_Same(order.groups), order.seed, order.epoch, node, nodes)
+        return NodeOrder(order.n, node=node, nodes=nodes, seed=order.seed, epoch=order.epoch)
     return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch,
                       groups=order.groups)

@@ -18,10 +18,18 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import GroupedOrder, NodeOrder, Permutation, node_block, node_order, node_share
+from .order import (
+    GroupedOrder,
+    NodeOrder,
+    Permutation,
+    node_block,
+    node_deals,
+    node_order,
+    node_share,
+)
 from .values import Layout, ReadOrder, Slot
 
-__all__ = ["Dealing", "Stride", "equal_count", "rank_entries", "rank_length", "slot_array",
+__all__ = ["Dealing", "SlotRule", "Stride", "equal_count", "rank_entries", "rank_length", "slot_array",
            "slot_dealing", "slot_length", "stride"]
 
 T = TypeVar("T")
@@ -106,12 +114,70 @@ def slot_dealing(order: ReadOrder, layout: Layout, slot: Slot, *,
     epoch can skip the first steps by arithmetic alone. Pass ``deals_from``
     (:func:`node_order` of the slot's node) to reuse it for the node's slots.
     """
+    rule = SlotRule.of(order, layout, slot)
+    if deals_from is None:
+        deals_from = rule.deals_from(order)
+    return Dealing(deals_from, rule.stride.start, rule.stride.step, rule.node, layout.nodes)
+
+
+@dataclass(frozen=True)
+class SlotRule:
+    """One slot's part of the slot rule, checked and worked out once for a
+    layout and the parts of a read order that no epoch changes (its size,
+    shuffle, scope and equal-length mode): where it reads (``stride``), its
+    node, whether that node deals its own order (``nodes``: the layout's
+    node count then, else 0) and the equal-length ``count``. :meth:`array`
+    deals one epoch; :meth:`of` keeps each rule on its layout, so a dataset's
+    per-epoch path checks nothing again."""
+
+    stride: Stride
+    node: int
+    nodes: int
+    count: int | None
+    n: int
+
+    @staticmethod
+    def of(order: ReadOrder, layout: Layout, slot: Slot) -> SlotRule:
+        """The rule of ``slot`` of ``layout`` over ``order`` (any epoch).
+
+        Raises:
+            InvalidArgument: the slot is outside the layout.
+        """
+        # Kept on the layout by plain values: hashing a Layout or a Slot per
+        # epoch would cost more than the rule it saves.
+        key = (slot.rank, slot.worker, order.n, order.shuffle, order.shuffle_scope,
+               order.equal_length)
+        found = layout.rules.get(key)
+        if found is None:
+            found = layout.rules[key] = _slot_rule(layout, slot, order)
+        return found
+
+    def deals_from(self, order: ReadOrder) -> Sequence[int]:
+        """The read order this slot's node deals from in ``order``'s epoch."""
+        return node_deals(order, self.node, self.nodes)
+
+    def array(self, order: ReadOrder, deals_from: Sequence[int] | None = None) -> np.ndarray:
+        """:func:`slot_array` of ``order``'s epoch."""
+        if deals_from is None:
+            deals_from = node_deals(order, self.node, self.nodes)
+        m = len(deals_from)
+        if self.count and not m:
+            raise InvalidArgument(
+                f'equal_length="pad" needs a file on every node: {self.n} files, '
+                f'{self.nodes} nodes', hint='use fewer nodes, or equal_length="drop"')
+        # m: the files the slot's node deals (the whole job's with one node).
+        return _pick(deals_from, self.stride.positions(m, self.count))
+
+
+def _slot_rule(layout: Layout, slot: Slot, order: ReadOrder) -> SlotRule:
+    """:meth:`SlotRule.of` worked out (``order``'s epoch plays no part)."""
     layout.slot(slot.rank, slot.worker)  # refuses a slot outside the layout
     node = layout.node_of(slot.rank)
-    at = stride(layout, slot, per_node=order.per_node(layout))
-    if deals_from is None:
-        deals_from = node_order(order, layout, node)
-    return Dealing(deals_from, at.start, at.step, node, layout.nodes)
+    layout.node_ranks(node)
+    per_node = order.per_node(layout)
+    count = equal_count(order.n, layout.slots, order.equal_length) if order.n else None
+    return SlotRule(stride(layout, slot, per_node=per_node), node,
+                    layout.nodes if per_node else 0, count, order.n)
 
 
 def _pick(order: Sequence[int], positions: np.ndarray) -> np.ndarray:
@@ -150,15 +216,7 @@ def slot_array(order: ReadOrder, layout: Layout, slot: Slot, *,
     Under the ``"node"`` scope with several nodes, ``slots`` still counts the
     whole job's, and the read order is the node's.
     """
-    deal = slot_dealing(order, layout, slot, deals_from=deals_from)
-    m = len(deal.order)
-    count = equal_count(order.n, layout.slots, order.equal_length) if order.n else None
-    if count and not m:
-        raise InvalidArgument(
-            f'equal_length="pad" needs a file on every node: {order.n} files, '
-            f'{deal.nodes} nodes', hint='use fewer nodes, or equal_length="drop"')
-    # m: the files the slot's node deals (the whole job's with one node).
-    return _pick(deal.order, deal.stride.positions(m, count))
+    return SlotRule.of(order, layout, slot).array(order, deals_from)
 
 
 def slot_length(order: ReadOrder, layout: Layout, slot: Slot) -> int:

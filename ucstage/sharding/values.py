@@ -5,6 +5,7 @@ calling process sits in its job, the one reader of the environment that says so.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from typing import Any
 from ..errors import InvalidArgument
 
 __all__ = ["DEFAULT_SHUFFLE_SCOPE", "EQUAL_LENGTH_MODES", "LOCAL_WORLD_SIZE", "SHUFFLE_SCOPES",
-           "Layout", "ReadOrder", "Slot", "World"]
+           "Layout", "ReadOrder", "Slot", "World", "layout_of"]
 
 SHUFFLE_SCOPES = ("node", "global")
 DEFAULT_SHUFFLE_SCOPE = "node"
@@ -133,26 +134,32 @@ class Layout:
         return isinstance(self.num_workers, int) or \
             len({_readers(k) for k in self.num_workers}) == 1
 
-    @property
+    @functools.cached_property
     def workers(self) -> int:
         """Reading processes per rank (one ``num_workers`` for every rank)."""
         if not isinstance(self.num_workers, int):
             raise InvalidArgument(f"the ranks run different num_workers {list(self.num_workers)}")
         return _readers(self.num_workers)
 
-    @property
+    @functools.cached_property
+    def rules(self) -> dict[tuple[Any, ...], Any]:
+        """The :class:`~ucstage.sharding.rule.SlotRule` of each slot and read
+        order worked out so far (:meth:`~ucstage.sharding.rule.SlotRule.of`)."""
+        return {}
+
+    @functools.cached_property
     def slots(self) -> int:
         """Every (rank, worker) slot of the job."""
         if isinstance(self.num_workers, int):
             return self.world_size * _readers(self.num_workers)
         return sum(_readers(k) for k in self.num_workers)
 
-    @property
+    @functools.cached_property
     def ranks_per_node(self) -> int:
         """``nproc_per_node``, or the whole job's ranks with one node."""
         return self.nproc_per_node if self.nproc_per_node is not None else self.world_size
 
-    @property
+    @functools.cached_property
     def nodes(self) -> int:
         """How many nodes the job runs on."""
         return self.world_size // self.ranks_per_node
@@ -206,6 +213,12 @@ class Layout:
         """One node of ``nproc_per_node`` ranks (None for None): checks a ranks-per-node
         setting before the world size it will divide is known."""
         return None if nproc_per_node is None else cls(nproc_per_node, 0, nproc_per_node)
+
+
+layout_of = functools.lru_cache(maxsize=64, typed=True)(Layout)
+"""``Layout(world_size, num_workers, nproc_per_node)`` (one int ``num_workers``,
+positional) checked once per shape: a layout never changes, so a dataset's
+every epoch deals by the same one."""
 
 
 @dataclass(frozen=True)
@@ -303,7 +316,7 @@ class World:
     def node_readers(self, num_workers: int) -> int:
         """Readers sharing this node's cache: its ranks (``$LOCAL_WORLD_SIZE``, else
         this one alone) x each rank's reading processes for ``num_workers``."""
-        return Layout(self.local_ranks or 1, num_workers).slots
+        return layout_of(self.local_ranks or 1, num_workers, None).slots
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,32 @@
+"""The read path of one item (issue 41): the first item of an epoch, traced by
+``benchmarks.readpath`` (a local folder, ``read_ahead=0``, no workers), runs
+no more ucstage functions and modules than it does now. A regression guard on
+the fan-out, not on time: a new layer on the hit path fails it here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.readpath import first_items
+
+HIT_MODULES = 16
+HIT_FUNCTIONS = 52
+"""The hit path as issue 41 left it (84 functions in 20 modules before);
+docs/design.md, "The read path of one item", names its modules."""
+MISS_MODULES = 30
+MISS_FUNCTIONS = 196
+
+
+def test_the_first_item_runs_no_more_of_ucstage_than_it_did(tmp_path: Any) -> None:
+    traces = first_items(str(tmp_path), 8)
+    hit, miss = traces["hit"], traces["miss"]
+    assert len(hit.modules) <= HIT_MODULES, hit.modules
+    assert len(hit.functions) <= HIT_FUNCTIONS, sorted(hit.functions)
+    assert len(miss.modules) <= MISS_MODULES, miss.modules
+    assert len(miss.functions) <= MISS_FUNCTIONS, sorted(miss.functions)
+    # A hit is one validity check of the leading block (no fetch, no second lookup).
+    assert hit.lookups == 1
+    assert not any(m.startswith("ucstage.cache.fetch") for m in hit.modules)
+    # The slot rule is worked out once per layout: an epoch only deals.
+    assert ("ucstage.sharding.values", "Layout.__post_init__") not in hit.functions
+    assert ("ucstage.sharding.rule", "stride") not in hit.functions

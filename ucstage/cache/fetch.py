@@ -343,6 +343,11 @@ def copy_locked(copy: Copy) -> None:
         commit_tmp(copy, pending, copied)
     except BaseException as exc:
         drop_tmp(copy, pending, exc)
+    # The stamp just written vouches for the file this process renamed into
+    # place (its stripe is still held, so no other copy replaced it): the
+    # next lookup of it (the next epoch) needs no read of the stamp.
+    copy.at.space.stamps.committed(copy.local, (copied.size,
+                                               copied.version or copy.entry.version))
 
 
 def reserve_tmp(copy: Copy) -> Pending:

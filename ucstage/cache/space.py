@@ -756,6 +756,16 @@ class StampMemo:
         if st.st_ino == before.st_ino and st.st_dev == before.st_dev:
             self._put(path, (st.st_ino, st.st_ctime_ns, stamp))
 
+    def committed(self, path: str, stamp: tuple[int, str]) -> None:
+        """``path`` was just stamped ``stamp`` and renamed into place by this
+        process, under its entry's lock: remember it as read, so its next
+        lookup reads no stamp."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        self._put(path, (st.st_ino, st.st_ctime_ns, stamp))
+
     @property
     def entries(self) -> Mapping[str, Memo]:
         """The memo, read-only: path -> (inode, ctime_ns, (size, version)).

@@ -212,7 +212,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
         grouped, its samples: :class:`~ucstage.data.samples.Sample`, whose
         ``members`` are the entries and ``suffixes`` their suffixes).
 
-        Computed with :func:`ucstage.sharding.slot_files` (or its equal-length
+        Computed with :func:`ucstage.sharding.slot_array` (or its equal-length
         variant), the rule ``ucstage shard-plan`` prints.
         """
         return self._slot_rows(rank=rank, world_size=world_size, num_workers=num_workers,

@@ -7,7 +7,7 @@ of the epoch (weights or repeat), its passes (a new permutation per pass),
 and one interleaving of ``epoch_size`` positions, the same on every rank.
 The slot rule (:func:`ucstage.sharding.slot_array`) deals those positions, so
 checkpoint and resume, the exactly-once audit and the rank guard of the
-ucstage DataLoader work on a mix exactly as on one :class:`VolumeDataset`:
+ucstage DataLoader work on a mix exactly as on one :class:`~ucstage.VolumeDataset`:
 its "listing" is the epoch's positions, its fingerprint covers every
 source's and the shares.
 
@@ -152,7 +152,7 @@ class Mix(ShardedDataset):
         repeat: instead of weights, how many times each source is read per
             epoch (2.5: twice and a half; 0.1: a tenth, a new tenth each epoch).
         equal_length: ``False`` (default), ``"pad"`` (or ``True``) or ``"drop"``,
-            as for :class:`VolumeDataset`, over the mix's positions: every slot
+            as for :class:`~ucstage.VolumeDataset`, over the mix's positions: every slot
             then reads the same count, so ranks get equal batch counts.
 
     Without weights or repeat, each source is read once per epoch. A source

@@ -3,7 +3,7 @@ JSON Lines, text line files), sharded by the slot rule down to ranges of
 samples within a shard.
 
 The third kind of the sharded-dataset base, built as
-:class:`~ucstage.data.table.TableDataset` is: at :meth:`freeze` (rank 0 in a
+:class:`~ucstage.data.table.TableDataset` is: at :meth:`~ucstage.data.frozen.Freezable.freeze` (rank 0 in a
 job, broadcast) every shard is fetched whole into the cache and indexed once
 (:mod:`ucstage.shardfiles`) into a shard manifest
 (:class:`~ucstage.manifest.shardsamples.ShardManifest`), whose *blocks* (runs

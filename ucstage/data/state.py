@@ -1,4 +1,4 @@
-"""Checkpoint and resume for :class:`VolumeDataset` and :class:`DataLoader`.
+"""Checkpoint and resume for :class:`~ucstage.VolumeDataset` and :class:`~ucstage.DataLoader`.
 
 What counts as delivered: a file whose item the loader's ``__next__`` has
 returned. Each batch is tagged, where it is collated (in its worker), with

@@ -6,8 +6,8 @@ One package, one concept per module:
   a job's :class:`Layout` (ranks, workers per rank, ranks per node), a
   :class:`Slot` of it, and a :class:`ReadOrder` (files, shuffle, seed, epoch,
   scope, equal length);
-* :mod:`.order`: read orders (:class:`Permutation`, :class:`NodeOrder`, :class:`GroupedOrder`);
-* :mod:`.rule`: the slot rule itself (:func:`stride`, :func:`slot_array`) and
+* :mod:`.order`: read orders (:class:`~.order.Permutation`, :class:`~.order.NodeOrder`, :class:`~.order.GroupedOrder`);
+* :mod:`.rule`: the slot rule itself (:func:`~.rule.stride`, :func:`slot_array`) and
   what is counted by it (:func:`slot_length`, :func:`rank_entries`);
 * :mod:`.plan` and :mod:`.stats`: whole-job plans (:func:`shard_plan`);
 * :mod:`.forecast`: the network over several epochs;

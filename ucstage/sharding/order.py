@@ -284,7 +284,7 @@ def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
     :class:`GroupedOrder` of the runs.
 
     Neither holds a Python object per file: index it, or take a slot's
-    positions with :func:`slot_array`.
+    positions with :func:`ucstage.sharding.rule.slot_array`.
     """
     if not shuffle:
         return range(n)

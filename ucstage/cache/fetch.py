@@ -765,24 +765,8 @@ class WarmCopies:
         (reporting the ones that do), then abandon the rest."""
         self.inflight.stop()
         self.tuner.close()
-        deadline = time.monotonic() + GRACE
-        try:
-            while True:
-                with self._take:
-                    running = self.taken - self.received
-                left = deadline - time.monotonic()
-                if running <= 0 or left <= 0:
-                    break
-                try:
-                    batch = self.results.get(timeout=left)
-                except queue.Empty:
-                    break
-                for entry, outcome in batch:
-                    # Stopping already: the first error is the one raised.
-                    with contextlib.suppress(BaseException):
-                        self._record(entry, outcome)
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: stop waiting, but still clean up
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting, still clean up
+            self._drain(time.monotonic() + GRACE)
         # A second Ctrl-C here leaves temp files that the next warm sweeps
         # (nobody holds their stripes once this process is gone).
         with contextlib.suppress(KeyboardInterrupt):
@@ -811,6 +795,9 @@ class WarmCopies:
                     self._record(entry, True)
 
     def _drain(self, until: float) -> None:
+        """Record the copies that report until ``until`` or until none runs.
+        Stopping already: the first error is the one raised, so each
+        outcome's own error is dropped here."""
         while True:
             with self._take:
                 running = self.taken - self.received

@@ -184,20 +184,13 @@ class VolumeDataset(FrozenListing, ShardedDataset):
     def __len__(self) -> int:
         """Items this process yields per epoch (files, or samples when grouped):
         a worker's slot, or the rank's in the main process (see the class docstring)."""
-        if self._fingerprint is None:
-            # TypeError is what len() of a length-less object raises, so
-            # operator.length_hint and list() pass over it as they should.
-            raise TypeError(
-                "len(VolumeDataset) needs the frozen listing: call freeze() first (the "
-                "ucstage DataLoader does it before its workers start), or iterate once")
+        self._frozen("the frozen listing")
         return self.rule_length()
 
     def __repr__(self) -> str:
-        frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         group = "" if self._grouping is None else f"group={self._grouping.label!r}, "
-        return (f"VolumeDataset({self._source!r}, {group}shuffle={self.shuffle}, "
-                f"seed={self.seed}, shuffle_scope={self.shuffle_scope!r}, epoch={self.epoch}, "
-                f"{frozen})")
+        return self._repr(f"{group}shuffle={self.shuffle}, seed={self.seed}, "
+                          f"shuffle_scope={self.shuffle_scope!r}")
 
     # -- sharding --------------------------------------------------------------
 

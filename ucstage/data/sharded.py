@@ -201,6 +201,20 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def source(self) -> str:
         return self._source
 
+    def _frozen(self, needs: str) -> None:
+        """Refuse ``len()`` before the freeze, naming what it ``needs``.
+        TypeError is what ``len()`` of a length-less object raises, so
+        ``operator.length_hint`` and ``list()`` pass over it as they should."""
+        if self._fingerprint is None:
+            raise TypeError(f"len({type(self).__name__}) needs {needs}: call freeze() first "
+                            "(the ucstage DataLoader does it before its workers start), "
+                            "or iterate once")
+
+    def _repr(self, details: str) -> str:
+        """``Name(source, details..., epoch=..., fingerprint=...)``, the one shape of a repr."""
+        frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
+        return f"{type(self).__name__}({self._source!r}, {details}, epoch={self.epoch}, {frozen})"
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for key in self._UNPICKLED:

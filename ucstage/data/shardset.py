@@ -165,15 +165,11 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     def __len__(self) -> int:
         """Samples this process yields per epoch: a worker's slot, or the
         rank's slots in the main process (for :attr:`num_workers` workers)."""
-        if self._fingerprint is None:
-            raise TypeError("len(ShardDataset) needs the indexed shards: call freeze() "
-                            "first (the ucstage DataLoader does it), or iterate once")
+        self._frozen("the indexed shards")
         return self.unit_length()
 
     def __repr__(self) -> str:
-        frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
-        return (f"ShardDataset({self._source!r}, format={self.format!r}, "
-                f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, {frozen})")
+        return self._repr(f"format={self.format!r}, shuffle={self.shuffle}, seed={self.seed}")
 
     def indexed(self) -> IndexedShards:
         """A map-style ``torch.utils.data.Dataset`` over the same samples:

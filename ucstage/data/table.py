@@ -178,17 +178,13 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
     def __len__(self) -> int:
         """Batches this process yields per epoch: a worker's slot, or the
         rank's slots in the main process (for :attr:`num_workers` workers)."""
-        if self._fingerprint is None:
-            raise TypeError("len(TableDataset) needs the frozen row groups: call freeze() "
-                            "first (the ucstage DataLoader does it), or iterate once")
+        self._frozen("the frozen row groups")
         return self.unit_length()
 
     def __repr__(self) -> str:
-        frozen = f"fingerprint={self._fingerprint[:12]}" if self._fingerprint else "not frozen"
         where = "" if self._filter is None else f", filter={self._filter.text!r}"
-        return (f"TableDataset({self._source!r}, columns={self.columns}{where}, "
-                f"shuffle={self.shuffle}, "
-                f"seed={self.seed}, epoch={self.epoch}, {frozen})")
+        return self._repr(f"columns={self.columns}{where}, shuffle={self.shuffle}, "
+                          f"seed={self.seed}")
 
     # -- iteration ---------------------------------------------------------------
 

@@ -12,11 +12,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FetchFailed, SourceUnreadable
 from ..progress import Callback
 from ..volumes import FileEntry, Volume
+
+if TYPE_CHECKING:
+    from ..cache import LocalCache
 
 __all__ = ["BUFFER_BYTES", "FileReader", "Meter", "ReadTally", "measure", "raise_read_error"]
 
@@ -57,7 +60,7 @@ def _read_local(path: str, buf: bytearray, stop: threading.Event) -> int:
 class FileReader:
     """How one mode reads one file: direct from the volume, or via a cache."""
 
-    def __init__(self, volume: Volume, cache: Any | None) -> None:
+    def __init__(self, volume: Volume, cache: LocalCache | None) -> None:
         self.volume = volume
         self.cache = cache
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..engines.engine import Engine
 from ..engines.mounts import mount_fstype
+from ..volumes.location import Volume
 
 __all__ = ["AUTO", "FIRST_GUESS", "OBJECT_STORE_CEILING", "THREAD_CEILING", "Jobs", "ceiling",
            "check_jobs", "first_guess", "source_kind"]
@@ -78,7 +78,7 @@ def check_jobs(jobs: int | str | None) -> int | None:
     return int(jobs)
 
 
-def source_kind(volume: Any, engine: Engine) -> str:
+def source_kind(volume: Volume, engine: Engine) -> str:
     """What kind of source ``volume`` is, for :data:`FIRST_GUESS`:
     :data:`OBJECT_STORE` when its engine's requests share an event loop (they
     are cheap), :data:`REMOTE` for another fsspec filesystem, :data:`MOUNT`
@@ -94,7 +94,7 @@ def source_kind(volume: Any, engine: Engine) -> str:
     return LOCAL
 
 
-def first_guess(volume: Any, engine: Engine) -> int:
+def first_guess(volume: Volume, engine: Engine) -> int:
     """Where ``jobs="auto"`` starts for ``volume`` read by ``engine``."""
     return FIRST_GUESS[source_kind(volume, engine)]
 

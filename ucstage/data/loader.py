@@ -116,7 +116,7 @@ class DataLoader(tud.DataLoader):  # type: ignore[type-arg]
     "Checkpoint and resume").
     """
 
-    def __init__(self, dataset: Any, *args: Any, log_mlflow: bool = True,
+    def __init__(self, dataset: tud.Dataset[Any], *args: Any, log_mlflow: bool = True,
                  mlflow_prefix: str = "ucstage", mlflow_flush_every: int = 500,
                  mlflow_step_every: int = 1,
                  guard: bool = True, volume_dataset: ShardedDataset | None = None,

@@ -152,7 +152,7 @@ def forkserver() -> BaseContext:
 
 def reads_object_store(volume: Volume | None) -> bool:
     """Whether ``volume`` is an object store that obstore reads in this process."""
-    return _object_store(volume) and not engine.of(volume).fork_safe
+    return volume is not None and _object_store(volume) and not engine.of(volume).fork_safe
 
 
 def _object_store(volume: Volume | None) -> bool:

@@ -37,6 +37,7 @@ the sync client serves them, every GET ``If-Match`` the listed ETag.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
@@ -365,7 +366,7 @@ def _download(container: Any, key: str, start: int, end: int | None, etag: str,
     return size, str(etag or "").strip('"'), modified
 
 
-def _close_all(loop: Any) -> None:
+def _close_all(loop: asyncio.AbstractEventLoop) -> None:
     """Close this process's clients on ``loop`` (the engine's, which their
     connections belong to) before it stops, so no "Unclosed client session"
     is reported at exit."""

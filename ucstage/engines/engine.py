@@ -249,7 +249,7 @@ FSSPEC: Engine = _Fsspec()
 OBSTORE: Engine = _Obstore()
 
 
-def of(volume: Any) -> Engine:
+def of(volume: Volume) -> Engine:
     """The engine that reads ``volume`` in this process: the one place that decides.
 
     Raises:

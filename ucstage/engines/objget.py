@@ -86,6 +86,8 @@ if TYPE_CHECKING:
     import asyncio
     import concurrent.futures
 
+    from ..volumes.location import Volume
+
 __all__ = ["FLOOR", "HASH_THREADS", "HEDGES_PER_REQUEST", "LATE", "MAX_HEDGES",
            "OFF_LOOP", "PART",
            "PARTS_IN_FLIGHT", "SPLIT_AT", "STATS", "Budget", "Got", "Latency",
@@ -767,7 +769,7 @@ async def _get_ranged(client: Any, key: str, fd: int, size_hint: int,
     return size, meta
 
 
-def get_into(volume: Any, path: str, fd: int, ctx: FetchContext,
+def get_into(volume: Volume, path: str, fd: int, ctx: FetchContext,
              parts: int = PARTS_IN_FLIGHT) -> Got:
     """GET the object at ``path`` (an fsspec path of ``volume``) into the open
     file ``fd`` from offset 0; returns what was written.
@@ -815,7 +817,7 @@ def get_into(volume: Any, path: str, fd: int, ctx: FetchContext,
             unwatch()
 
 
-async def fetch(volume: Any, path: str, fd: int, ctx: FetchContext,
+async def fetch(volume: Volume, path: str, fd: int, ctx: FetchContext,
                 parts: int = PARTS_IN_FLIGHT, client: Any = None) -> Got:
     """:func:`get_into` for a caller already running on :func:`loop` (a copy
     that is itself a coroutine): the same GET, awaited in place, with the

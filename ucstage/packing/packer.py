@@ -71,6 +71,7 @@ from ..shardfiles.packindex import FORMAT, RECORD, parse_record
 from ..shown import shown
 from ..volumes import resolve
 from ..volumes.entry import FileEntry
+from ..volumes.location import Volume
 from .tarwrite import TarShard, tar_size
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PackResult", "pack"]
@@ -445,7 +446,7 @@ exits), so a stop waits for up to one read per job: at most 16 x 32 KiB, about
 1 s on a 512 KiB/s mount, where whole 256 KiB files took 3 s."""
 
 
-def _read(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
+def _read(volume: Volume, entry: FileEntry, inflight: Inflight) -> bytes:
     """A source file's bytes, as listed (its change marker checked).
 
     Read as ``cache warm`` copies a file, by the same engine: a local or
@@ -472,7 +473,7 @@ def _read(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
         raise PackError(f"cannot read {shown(entry.path)}: {exc.strerror or exc}") from None
 
 
-def _read_copy(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
+def _read_copy(volume: Volume, entry: FileEntry, inflight: Inflight) -> bytes:
     """Through the engine's copy (:meth:`ucstage.engines.engine.Engine.copy`,
     the cache's) into a memory file: one copy path, with its checks and its
     stop, for both."""
@@ -490,7 +491,7 @@ def _read_copy(volume: Any, entry: FileEntry, inflight: Inflight) -> bytes:
         os.close(fd)
 
 
-def _in_order(volume: Any, entries: list[FileEntry], jobs: int) -> Iterator[bytes]:
+def _in_order(volume: Volume, entries: list[FileEntry], jobs: int) -> Iterator[bytes]:
     """Each entry's bytes, in order, ``jobs`` read at once, at most ``4 * jobs``
     ahead of the consumer.
 
@@ -547,7 +548,7 @@ def _in_order(volume: Any, entries: list[FileEntry], jobs: int) -> Iterator[byte
             cond.notify_all()
 
 
-def _write_share(volume: Any, staging: str, part: str, plan: _Plan, rank: int, jobs: int,
+def _write_share(volume: Volume, staging: str, part: str, plan: _Plan, rank: int, jobs: int,
                  callback: Callback) -> list[dict[str, Any]]:
     """Write the plan's shards into ``staging`` and commit the part; on any
     failure or stop, the shards this call wrote are deleted."""

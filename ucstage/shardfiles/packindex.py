@@ -24,6 +24,7 @@ from typing import Any
 
 from ..manifest.shardsamples import ShardSamples
 from ..volumes.entry import FileEntry
+from ..volumes.location import Volume
 from .shardformat import shown
 
 __all__ = ["FORMAT", "RECORD", "indexed_samples", "parse_record", "shard_index"]
@@ -86,7 +87,7 @@ def _samples(shard: dict[str, Any]) -> ShardSamples | None:
         return None
 
 
-def indexed_samples(volume: Any, entries: Sequence[FileEntry],
+def indexed_samples(volume: Volume, entries: Sequence[FileEntry],
                     formats: Sequence[tuple[str, bool] | None]) -> dict[int, ShardSamples]:
     """The samples of those of ``entries`` (uncompressed tar shards) that a
     pack record beside them indexes with their listed size, by position in

@@ -74,7 +74,8 @@ class _StoreFS:
 
 class Reader(FileSystemReader):
     """Load a checkpoint saved by :class:`ucstage.checkpoint.Writer` (or any
-    torch.distributed.checkpoint folder) from a local or mounted folder.
+    torch.distributed.checkpoint folder) from a local or mounted folder or
+    an object store (``s3://``, ``gs://``, ``az://``).
 
     Pass it to ``dcp.load`` as ``storage_reader``. An incomplete checkpoint
     (no ``.metadata``), a folder that holds none, and a checkpoint missing a

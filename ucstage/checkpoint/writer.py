@@ -120,7 +120,8 @@ def _sweep(base: str, now: float | None = None) -> None:
 
 class Writer(FileSystemWriter):
     """Save a torch.distributed.checkpoint to a local or mounted folder
-    (``/Volumes/...``), written to local disk first and uploaded checked.
+    (``/Volumes/...``) or an object store (``s3://``, ``gs://``, ``az://``),
+    written to local disk first and uploaded checked.
 
     Pass it to ``dcp.save`` or ``dcp.async_save`` as ``storage_writer``. The
     checkpoint is complete only when every rank's files are in place and

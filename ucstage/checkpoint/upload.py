@@ -129,6 +129,7 @@ class ObjectDestination:
         self.at = at
         self.where = at.path
         self._cancelled = threading.Event()
+        self._listed: dict[str, tuple[int, float]] | None = None
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -151,5 +152,9 @@ class ObjectDestination:
         objput.put_bytes(self.at.kind, self.at.bucket, self.at._at(name), data)
 
     def size(self, name: str) -> int | None:
-        found = self.at.files() or {}
+        # One listing for all of a publish's checks (a request each would
+        # cost a round trip per file): the puts are done by then.
+        if self._listed is None:
+            self._listed = self.at.files() or {}
+        found = self._listed
         return found[name][0] if name in found else None

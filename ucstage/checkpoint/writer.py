@@ -71,9 +71,14 @@ class _Stored:
     file: FileRecord
 
 
-def _refuse_complete(path: str) -> Place:
+def _refuse_complete(path: str, *, now: bool = True) -> Place:
+    """The place ``path`` names, refused when it holds a complete checkpoint.
+    ``now=False`` leaves a store unlisted: the writer is made in the training
+    loop (``dcp.async_save(state, storage_writer=Writer(...))``), where a
+    listing's round trips would block it; ``prepare_local_plan`` checks
+    again in the save's own thread, before anything is written."""
     at = place(path)
-    if METADATA in (at.files() or {}):
+    if (now or at.is_local) and METADATA in (at.files() or {}):
         raise CheckpointError(
             f"checkpoint {path} already exists and is complete: a save never writes over one",
             hint="save each checkpoint to a folder of its own (step-000100, step-000200, ...); "
@@ -140,13 +145,17 @@ class Writer(FileSystemWriter):
         upload_threads: files copied to the folder at once, per rank.
         thread_count: files each rank writes (torch's option): more files
             upload in parallel.
-        sync_files, per_thread_copy_ahead, cache_staged_state_dict: torch's
+        sync_files: fsync each scratch file as torch writes it; default
+            (None): yes for a folder, no for an object store, whose upload
+            reads the scratch files straight back from the page cache and
+            removes them (its check is the store's checksum, not the disk).
+        per_thread_copy_ahead, cache_staged_state_dict: torch's
             ``FileSystemWriter`` options.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, keep: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, upload_threads: int = 4,
-                 thread_count: int = 1, sync_files: bool = True,
+                 thread_count: int = 1, sync_files: bool | None = None,
                  per_thread_copy_ahead: int = 10_000_000,
                  cache_staged_state_dict: bool = False) -> None:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -156,8 +165,10 @@ class Writer(FileSystemWriter):
                 or upload_threads < 1:
             raise InvalidArgument(f"upload_threads must be 1 or more, got {upload_threads!r}")
         self._shown = os.fspath(path)
-        self._at = _refuse_complete(self._shown)
+        self._at = _refuse_complete(self._shown, now=False)
         self._folder = self._at.path
+        if sync_files is None:
+            sync_files = self._at.is_local
         super().__init__(self._folder, single_file_per_rank=True, sync_files=sync_files,
                          thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
                          cache_staged_state_dict=cache_staged_state_dict, overwrite=False)
@@ -173,7 +184,7 @@ class Writer(FileSystemWriter):
         super().reset(None)
         if checkpoint_id:
             self._shown = os.fspath(checkpoint_id)
-            self._at = _refuse_complete(self._shown)
+            self._at = _refuse_complete(self._shown, now=False)
             self._folder = self._at.path
             self.path = self.fs.init_path(self._folder)
 

@@ -253,3 +253,30 @@ def test_volumes_mapped_to_a_store_and_abfss_urls(moto: Any, azurite: Any,
     loaded = {"y": torch.zeros(5)}
     dcp.load(loaded, storage_reader=Reader(url))
     assert torch.equal(loaded["y"], torch.ones(5))
+
+
+def test_a_cancelled_upload_stops_mid_file_and_leaves_no_object(moto: Any, small_parts: None,
+                                                               tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from ucstage.checkpoint.place import StorePlace
+    from ucstage.checkpoint.upload import Cancelled, ObjectDestination
+
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(30 * 1024 * 1024))
+    url = f"s3://{BUCKET}/cancel-{uuid.uuid4().hex[:8]}"
+    at = place(url)
+    assert isinstance(at, StorePlace)
+    dest = ObjectDestination(at)
+    sent = [0]
+    real = dest._go_on
+
+    def go_on(n: int = 0) -> None:
+        sent[0] += n
+        if sent[0] > 10 * 1024 * 1024:
+            dest.cancel()  # Ctrl-C, from another thread in a save
+        real(n)
+
+    dest._go_on = go_on  # type: ignore[method-assign]
+    with pytest.raises(Cancelled, match="was stopped"):
+        dest.put(str(path), "__0_0.distcp", "crc32c")
+    assert sent[0] < 30 * 1024 * 1024  # stopped at a block, not after the file
+    assert _keys(url) == {}  # the multipart upload was never completed

@@ -1,6 +1,7 @@
 """A checkpoint folder: what is in it, when it is complete, and its record.
 
-A checkpoint is a folder of torch.distributed.checkpoint files: each rank's
+A checkpoint is a folder (on an object store, a key prefix: :mod:`.place`)
+of torch.distributed.checkpoint files: each rank's
 data files (``__<rank>_<n>.distcp``) and one ``.metadata`` that indexes
 them. The publish rule (docs/training.md, "Checkpoints through the stage"):
 

@@ -110,7 +110,7 @@ def test_verify_of_an_incomplete_checkpoint_exits_1(parent: Path) -> None:
     (["verify", "{p}/nowhere"], "does not exist"),
     (["list", "{p}/nowhere"], "does not exist"),
     (["list", "{p}/step-1/__0_0.distcp"], "is not a folder"),
-    (["list", "s3://bucket/ckpt"], "only local and mounted folders are supported for now"),
+    (["list", "memory://bucket/ckpt"], "cannot keep checkpoints at memory://"),
     (["prune", "{p}/step-1", "--keep", "1"], "is a checkpoint: prune takes the folder that "
                                               "holds checkpoints"),
     (["prune", "{p}", "--keep", "0"], "0 is not in the range x>=1"),

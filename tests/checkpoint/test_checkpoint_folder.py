@@ -161,8 +161,8 @@ def test_what_is_not_a_loadable_checkpoint_gets_a_clear_error(tmp_path) -> None:
     with pytest.raises(CheckpointError, match=r"notes is not a checkpoint: it holds no "
                                               r"\.metadata and no \.distcp files"):
         Reader(str(tmp_path / "notes"))
-    with pytest.raises(InvalidArgument, match="only local and mounted folders"):
-        Writer("s3://bucket/ckpt/step-1")
+    with pytest.raises(InvalidArgument, match="cannot keep checkpoints at memory://"):
+        Writer("memory://bucket/ckpt/step-1")
     with pytest.raises(InvalidArgument, match="keep must be 1 or more"):
         Writer(str(tmp_path / "x"), keep=0)
 

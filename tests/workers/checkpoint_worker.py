@@ -9,7 +9,8 @@ VolumeDataset, then ``dcp.async_save``s the model, the optimizer, a
 row-sharded DTensor and the loader's gathered state into DEST with
 ucstage's Writer, and trains 3 more steps while it uploads; rank 0 writes
 OUT/expected.pt (what was saved) and each rank OUT/rank<r>.json (the items
-delivered). ``save-then-stall``: saves PARENT/step-1 whole, then PARENT/step-2
+delivered). DEST and PARENT may be object-store URLs (``s3://...``).
+``save-then-stall``: saves PARENT/step-1 whole, then PARENT/step-2
 with rank 1's upload stalled halfway: it writes OUT/stalled (its pid) and
 sleeps for the test to kill it. ``load``: one rank loads DEST (resharded),
 writes OUT/loaded.pt and finishes the epoch from the loaded loader state,
@@ -38,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from tests.common.resume import Decode
 from ucstage import DataLoader, VolumeDataset
 from ucstage.checkpoint import Reader, Writer
-from ucstage.checkpoint.upload import FolderDestination, Landed
+from ucstage.checkpoint.upload import Destination, FolderDestination, Landed, ObjectDestination
+from ucstage.engines import objput
 
 EMB = (1000, 256)
 
@@ -78,15 +80,35 @@ class Stalled(FolderDestination):
         raise AssertionError("not killed")
 
 
+class StalledObject(ObjectDestination):
+    """PUTs half of each file to its key, says so, and waits to be killed."""
+
+    def __init__(self, dest: ObjectDestination, out: str) -> None:
+        super().__init__(dest.at)
+        self.out = out
+
+    def put(self, local_path: str, name: str, kind: str) -> Landed:
+        with open(local_path, "rb") as src:
+            data = src.read()
+        objput.put_bytes(self.at.kind, self.at.bucket, self.at._at(name), data[:len(data) // 2])
+        with open(os.path.join(self.out, "stalled"), "w") as fh:
+            fh.write(str(os.getpid()))
+        time.sleep(120)
+        raise AssertionError("not killed")
+
+
 class StallingWriter(Writer):
     def __init__(self, path: str, out: str, **kw: Any) -> None:
         super().__init__(path, **kw)
         self.out = out
 
-    def destination(self) -> FolderDestination:
+    def destination(self) -> Destination:
+        dest = super().destination()
         if self.rank == 1:
+            if isinstance(dest, ObjectDestination):
+                return StalledObject(dest, self.out)
             return Stalled(self.checkpoint_id, self.out)
-        return super().destination()  # type: ignore[return-value]
+        return dest
 
 
 def train_and_state(source: str, k: int) -> tuple[nn.Module, torch.optim.Optimizer,
@@ -130,9 +152,9 @@ def save(source: str, dest: str, out: str, k: int) -> None:
 def save_then_stall(source: str, parent: str, out: str, k: int) -> None:
     dist.init_process_group("gloo")
     _, _, state, _, _it = train_and_state(source, k)
-    dcp.save(state, storage_writer=Writer(os.path.join(parent, "step-1")))
+    dcp.save(state, storage_writer=Writer(f"{parent}/step-1"))
     dist.barrier()
-    dcp.save(state, storage_writer=StallingWriter(os.path.join(parent, "step-2"), out))
+    dcp.save(state, storage_writer=StallingWriter(f"{parent}/step-2", out))
     raise AssertionError("step-2 was saved: rank 1 should have been killed")
 
 

@@ -1,5 +1,6 @@
 """Checkpoints through the stage: torch.distributed.checkpoint storage for
-local and mounted folders (``Writer``, ``Reader``), and the checkpoints of a
+local and mounted folders and object stores (``Writer``, ``Reader``; where:
+:mod:`.place`), and the checkpoints of a
 folder (listed, verified, pruned: :mod:`.folder`, :mod:`.retention`; the
 newest complete one: ``latest``).
 

@@ -1,6 +1,7 @@
 """A checkpoint folder: what is in it, when it is complete, and its record.
 
-A checkpoint is a folder of torch.distributed.checkpoint files: each rank's
+A checkpoint is a folder (on an object store, a key prefix: :mod:`.place`)
+of torch.distributed.checkpoint files: each rank's
 data files (``__<rank>_<n>.distcp``) and one ``.metadata`` that indexes
 them. The publish rule (docs/training.md, "Checkpoints through the stage"):
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,13 +35,12 @@ from ..errors import (
     CheckpointCorrupt,
     CheckpointError,
     CheckpointIncomplete,
-    InvalidArgument,
     SourceNotFound,
 )
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
-from ..volumes.location import resolve
 from . import digests
+from .place import Place, place
 
 METADATA = ".metadata"
 """torch's index of a checkpoint: written last, it makes the checkpoint complete."""
@@ -50,22 +49,6 @@ FORMAT = "ucstage-checkpoint"
 VERSION = 1
 DATA_FILE = re.compile(r"__(\d+)_\d+\.distcp")
 """A rank's data file, as torch's FileSystemWriter names it (``__<rank>_<n>.distcp``)."""
-
-
-def local_folder(path: str) -> str:
-    """The local folder a checkpoint path names: a folder, or ``/Volumes/...``
-    through ``$UCSTAGE_VOLUMES_ROOT`` (else the platform's mount).
-
-    Raises:
-        InvalidArgument: an object-store URL (not supported yet) or an empty path.
-    """
-    volume = resolve(os.fspath(path), must_exist=False)
-    if not volume.is_local:
-        raise InvalidArgument(
-            f"cannot keep checkpoints at {volume.url}: only local and mounted folders are "
-            "supported for now",
-            hint="save to the volume's mount (/Volumes/... on the platform) or a local folder")
-    return str(volume.root)
 
 
 @dataclass(frozen=True)
@@ -127,13 +110,12 @@ class Record:
         return record
 
 
-def read_record(folder: str) -> Record | None:
+def read_record(folder: str | Place) -> Record | None:
     """The folder's record, or None when it has none."""
-    path = os.path.join(folder, RECORD)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
+    at = place(folder) if isinstance(folder, str) else folder
+    path = f"{at.path}/{RECORD}"
+    raw = at.read(RECORD)
+    if raw is None:
         return None
     try:
         data = json.loads(raw)
@@ -156,6 +138,12 @@ class Checkpoint:
     """The data files present, with their sizes."""
     saved_at: float
     """When it was published (its record), else when its newest file was written."""
+    at: Place | None = field(default=None, repr=False, compare=False)
+    """Where it is (None: made by hand, at :attr:`path` on local disk)."""
+
+    @property
+    def place(self) -> Place:
+        return self.at if self.at is not None else place(self.path)
 
     @property
     def name(self) -> str:
@@ -182,47 +170,41 @@ class Checkpoint:
                 "record": self.record is not None}
 
 
-def inspect(folder: str) -> Checkpoint | None:
+def inspect(folder: str | Place) -> Checkpoint | None:
     """The checkpoint in ``folder``, or None when it holds none (or is no folder)."""
-    try:
-        entries = list(os.scandir(folder))
-    except (FileNotFoundError, NotADirectoryError):
+    at = place(folder) if isinstance(folder, str) else folder
+    listed = at.files()
+    if listed is None:
         return None
     files: dict[str, int] = {}
     mtimes: dict[str, float] = {}
-    for entry in entries:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # removed while we looked
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        if DATA_FILE.fullmatch(entry.name) or entry.name in (METADATA, RECORD):
-            mtimes[entry.name] = st.st_mtime
-            if DATA_FILE.fullmatch(entry.name):
-                files[entry.name] = st.st_size
+    for name, (size, mtime) in listed.items():
+        if DATA_FILE.fullmatch(name) or name in (METADATA, RECORD):
+            mtimes[name] = mtime
+            if DATA_FILE.fullmatch(name):
+                files[name] = size
     if not mtimes:
         return None
     complete = METADATA in mtimes
-    record = read_record(folder) if RECORD in mtimes else None
+    record = read_record(at) if RECORD in mtimes else None
     if record is not None:
         saved_at = record.saved_at
     elif complete:
         saved_at = mtimes[METADATA]
     else:
         saved_at = max(mtimes.values())
-    return Checkpoint(os.path.abspath(folder), complete, record, files, saved_at)
+    return Checkpoint(at.path, complete, record, files, saved_at, at)
 
 
 def _incomplete(ckpt: Checkpoint, shown: str) -> CheckpointIncomplete:
     return CheckpointIncomplete(
         f"checkpoint {shown} is incomplete: it has no {METADATA} (a save that has not "
         f"finished, or was stopped), so it is never loaded",
-        hint=f"load the latest complete one: `ucstage checkpoint list {os.path.dirname(ckpt.path)}`")
+        hint=f"load the latest complete one: `ucstage checkpoint list {ckpt.place.parent().path}`")
 
 
-def require_complete(path: str) -> tuple[str, Checkpoint]:
-    """The local folder of the complete checkpoint ``path`` names, checked
+def require_complete(path: str) -> tuple[Place, Checkpoint]:
+    """The place of the complete checkpoint ``path`` names, checked
     before anything is loaded: every file its record names present, at its size.
 
     Raises:
@@ -231,12 +213,12 @@ def require_complete(path: str) -> tuple[str, Checkpoint]:
         CheckpointIncomplete: it has no ``.metadata``.
         CheckpointCorrupt: a file of its record is missing or of another size.
     """
-    folder = local_folder(path)
-    if not os.path.isdir(folder):
-        where = "" if folder == path else f" (looked up at {folder})"
+    at = place(path)
+    ckpt = inspect(at)
+    if ckpt is None and at.files() is None:
+        where = "" if at.path == path.rstrip("/") else f" (looked up at {at.path})"
         raise SourceNotFound(f"checkpoint {path} does not exist{where}",
                              hint="check the path: a checkpoint is the folder it was saved to")
-    ckpt = inspect(folder)
     if ckpt is None:
         raise CheckpointError(
             f"{path} is not a checkpoint: it holds no {METADATA} and no .distcp files",
@@ -258,7 +240,7 @@ def require_complete(path: str) -> tuple[str, Checkpoint]:
                     f"checkpoint {path}: {f.name} (rank {f.rank}'s file) has {size:,} bytes, "
                     f"its record says {f.size:,}",
                     hint="load an earlier checkpoint; `ucstage checkpoint verify` checks every file")
-    return folder, ckpt
+    return at, ckpt
 
 
 @dataclass(frozen=True)
@@ -300,10 +282,10 @@ def verify(path: str, callback: Callback = NO_PROGRESS) -> VerifyReport:
         SourceNotFound: no such folder.
         CheckpointError: the folder holds no checkpoint.
     """
-    folder = local_folder(path)
-    ckpt = inspect(folder)
+    at = place(path)
+    ckpt = inspect(at)
     if ckpt is None:
-        if not os.path.isdir(folder):
+        if at.files() is None:
             raise SourceNotFound(f"checkpoint {path} does not exist", hint="check the path")
         raise CheckpointError(f"{path} is not a checkpoint: it holds no {METADATA} and no "
                               ".distcp files", hint="pass the folder a checkpoint was saved to")
@@ -323,9 +305,8 @@ def verify(path: str, callback: Callback = NO_PROGRESS) -> VerifyReport:
         elif size != f.size:
             status = "size"
         else:
-            _, checksum, _ = digests.of_file(os.path.join(folder, f.name),
-                                             digests.kind_of(f.checksum),
-                                             progress=callback.relative_update)
+            _, checksum = at.checksum(f.name, digests.kind_of(f.checksum),
+                                      progress=callback.relative_update)
             status = "ok" if checksum == f.checksum else "checksum"
         callback.item_done(f.name, status)
         checks.append(FileCheck(f.name, f.rank, f.size, size, status))

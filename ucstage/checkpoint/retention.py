@@ -12,14 +12,14 @@ folder when nothing else is left in it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgument, SourceNotFound
-from .folder import DATA_FILE, METADATA, RECORD, Checkpoint, inspect, local_folder
+from .folder import DATA_FILE, METADATA, RECORD, Checkpoint, inspect
+from .place import place
 
 
 def list_checkpoints(path: str) -> list[Checkpoint]:
@@ -30,21 +30,20 @@ def list_checkpoints(path: str) -> list[Checkpoint]:
         SourceNotFound: no such folder.
         InvalidArgument: ``path`` is a file.
     """
-    folder = local_folder(path)
-    if not os.path.exists(folder):
-        raise SourceNotFound(f"{path} does not exist", hint="check the path")
-    if not os.path.isdir(folder):
+    at = place(path)
+    if at.is_local and os.path.exists(at.path) and not os.path.isdir(at.path):
         raise InvalidArgument(f"{path} is not a folder",
                               hint="pass a checkpoint's folder or the folder that holds them")
-    itself = inspect(folder)
+    if at.files() is None:
+        raise SourceNotFound(f"{path} does not exist", hint="check the path")
+    itself = inspect(at)
     if itself is not None:
         return [itself]
     found = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.is_dir(follow_symlinks=False):
-            ckpt = inspect(entry.path)
-            if ckpt is not None:
-                found.append(ckpt)
+    for sub in at.folders():
+        ckpt = inspect(sub)
+        if ckpt is not None:
+            found.append(ckpt)
     return sorted(found, key=lambda c: (c.saved_at, c.name))
 
 
@@ -91,14 +90,14 @@ def prune(path: str, keep: int, *, dry_run: bool = False,
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise InvalidArgument(f"keep must be 1 or more, got {keep!r}",
                               hint="the newest complete checkpoint is always kept")
-    folder = local_folder(path)
-    if inspect(folder) is not None:
+    at = place(path)
+    if inspect(at) is not None:
         raise InvalidArgument(f"{path} is a checkpoint: prune takes the folder that holds "
-                              "checkpoints", hint=f"pass {os.path.dirname(folder) or '/'}")
+                              "checkpoints", hint=f"pass {at.parent().path}")
     found = list_checkpoints(path)
     complete = sorted((c for c in found if c.complete), key=lambda c: (c.saved_at, c.name),
                       reverse=True)
-    protected = {os.path.abspath(p) for p in protect}
+    protected = {place(p).path for p in protect}
     kept = complete[:keep] + [c for c in complete[keep:] if c.path in protected]
     removed = [c for c in complete[keep:] if c.path not in protected]
     report = PruneReport(removed, kept, [c for c in found if not c.complete], dry_run)
@@ -113,20 +112,11 @@ def prune(path: str, keep: int, *, dry_run: bool = False,
 def _remove(ckpt: Checkpoint) -> list[str]:
     """Remove one complete checkpoint, ``.metadata`` first; return the names
     of files left because ucstage did not write them."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(ckpt.path, METADATA))
+    at = ckpt.place
+    at.remove(METADATA)
     names = set(ckpt.files)
     if ckpt.record is not None:
         names.update(f.name for f in ckpt.record.files)
     for name in [*sorted(names), RECORD]:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(ckpt.path, name))
-    try:
-        left = sorted(os.listdir(ckpt.path))
-    except FileNotFoundError:
-        return []
-    if not left:
-        with contextlib.suppress(FileNotFoundError, OSError):
-            os.rmdir(ckpt.path)
-        return []
-    return [n for n in left if not DATA_FILE.fullmatch(n)]
+        at.remove(name)
+    return [n for n in at.remove_if_empty() if not DATA_FILE.fullmatch(n)]

@@ -5,8 +5,9 @@ A save writes each rank's files to local scratch first, then hands them to a
 :class:`Destination` one at a time (several at once, from threads). The
 destination reports what landed (size and checksum of the bytes it holds
 now), and the writer compares that with what it wrote. An object store
-plugs in behind the same methods (a multipart PUT and the checksum the
-store reports; a PUT of a small object; a HEAD; a flag its parts check).
+plugs in behind the same methods (:class:`ObjectDestination`: a multipart
+PUT and the checksum the store reports; a PUT of a small object; a listing;
+a flag its parts check).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Protocol
 
 from ..atomic import fsync_dir, write_atomic
 from . import digests
+from .place import StorePlace
 
 
 class Cancelled(Exception):
@@ -111,3 +113,48 @@ class FolderDestination:
             return os.stat(self._path(name)).st_size
         except FileNotFoundError:
             return None
+
+
+class ObjectDestination:
+    """A key prefix of an object store (``s3://``, ``gs://``, ``az://``).
+
+    Each file is PUT by the engines (:func:`ucstage.engines.objput.put_file`:
+    multipart above 16 MiB, parts in parallel) straight to its final key, and
+    checked against what the store reports (S3's ETag, GCS's CRC32C; a
+    read-back on Azure, which keeps no checksum of a blob made of blocks).
+    A PUT is atomic on every store: the record and ``.metadata`` need no rename.
+    """
+
+    def __init__(self, at: StorePlace) -> None:
+        self.at = at
+        self.where = at.path
+        self._cancelled = threading.Event()
+        self._listed: dict[str, tuple[int, float]] | None = None
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def _go_on(self, _done: int = 0) -> None:
+        if self._cancelled.is_set():
+            raise Cancelled(f"the upload to {self.where} was stopped")
+
+    def put(self, local_path: str, name: str, kind: str) -> Landed:
+        from ..engines import objput
+
+        self._go_on()
+        put = objput.put_file(self.at.kind, self.at.bucket, self.at._at(name), local_path, kind,
+                              self._go_on)
+        return Landed(put.size, put.checksum)
+
+    def write_small(self, name: str, data: bytes) -> None:
+        from ..engines import objput
+
+        objput.put_bytes(self.at.kind, self.at.bucket, self.at._at(name), data)
+
+    def size(self, name: str) -> int | None:
+        # One listing for all of a publish's checks (a request each would
+        # cost a round trip per file): the puts are done by then.
+        if self._listed is None:
+            self._listed = self.at.files() or {}
+        found = self._listed
+        return found[name][0] if name in found else None

@@ -49,9 +49,10 @@ from ..errors import (
     UcstageError,
 )
 from . import digests
-from .folder import METADATA, RECORD, FileRecord, Record, local_folder
+from .folder import METADATA, RECORD, FileRecord, Record
+from .place import Place, StorePlace, place
 from .retention import prune
-from .upload import Destination, FolderDestination
+from .upload import Destination, FolderDestination, ObjectDestination
 
 _log = logging.getLogger("ucstage")
 
@@ -70,14 +71,19 @@ class _Stored:
     file: FileRecord
 
 
-def _refuse_complete(path: str) -> str:
-    folder = local_folder(path)
-    if os.path.exists(os.path.join(folder, METADATA)):
+def _refuse_complete(path: str, *, now: bool = True) -> Place:
+    """The place ``path`` names, refused when it holds a complete checkpoint.
+    ``now=False`` leaves a store unlisted: the writer is made in the training
+    loop (``dcp.async_save(state, storage_writer=Writer(...))``), where a
+    listing's round trips would block it; ``prepare_local_plan`` checks
+    again in the save's own thread, before anything is written."""
+    at = place(path)
+    if (now or at.is_local) and METADATA in (at.files() or {}):
         raise CheckpointError(
             f"checkpoint {path} already exists and is complete: a save never writes over one",
             hint="save each checkpoint to a folder of its own (step-000100, step-000200, ...); "
                  "keep=N removes the older ones")
-    return folder
+    return at
 
 
 def _scratch_base(cache_dir: str | None) -> str:
@@ -119,7 +125,8 @@ def _sweep(base: str, now: float | None = None) -> None:
 
 class Writer(FileSystemWriter):
     """Save a torch.distributed.checkpoint to a local or mounted folder
-    (``/Volumes/...``), written to local disk first and uploaded checked.
+    (``/Volumes/...``) or an object store (``s3://``, ``gs://``, ``az://``),
+    written to local disk first and uploaded checked.
 
     Pass it to ``dcp.save`` or ``dcp.async_save`` as ``storage_writer``. The
     checkpoint is complete only when every rank's files are in place and
@@ -138,13 +145,17 @@ class Writer(FileSystemWriter):
         upload_threads: files copied to the folder at once, per rank.
         thread_count: files each rank writes (torch's option): more files
             upload in parallel.
-        sync_files, per_thread_copy_ahead, cache_staged_state_dict: torch's
+        sync_files: fsync each scratch file as torch writes it; default
+            (None): yes for a folder, no for an object store, whose upload
+            reads the scratch files straight back from the page cache and
+            removes them (its check is the store's checksum, not the disk).
+        per_thread_copy_ahead, cache_staged_state_dict: torch's
             ``FileSystemWriter`` options.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, keep: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, upload_threads: int = 4,
-                 thread_count: int = 1, sync_files: bool = True,
+                 thread_count: int = 1, sync_files: bool | None = None,
                  per_thread_copy_ahead: int = 10_000_000,
                  cache_staged_state_dict: bool = False) -> None:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
@@ -154,7 +165,10 @@ class Writer(FileSystemWriter):
                 or upload_threads < 1:
             raise InvalidArgument(f"upload_threads must be 1 or more, got {upload_threads!r}")
         self._shown = os.fspath(path)
-        self._folder = _refuse_complete(self._shown)
+        self._at = _refuse_complete(self._shown, now=False)
+        self._folder = self._at.path
+        if sync_files is None:
+            sync_files = self._at.is_local
         super().__init__(self._folder, single_file_per_rank=True, sync_files=sync_files,
                          thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead,
                          cache_staged_state_dict=cache_staged_state_dict, overwrite=False)
@@ -170,7 +184,8 @@ class Writer(FileSystemWriter):
         super().reset(None)
         if checkpoint_id:
             self._shown = os.fspath(checkpoint_id)
-            self._folder = _refuse_complete(self._shown)
+            self._at = _refuse_complete(self._shown, now=False)
+            self._folder = self._at.path
             self.path = self.fs.init_path(self._folder)
 
     @property
@@ -181,7 +196,9 @@ class Writer(FileSystemWriter):
         return StorageMeta(checkpoint_id=self._folder, save_id=self.save_id)
 
     def destination(self) -> Destination:
-        """Where the files go (the one place an object store would plug in)."""
+        """Where the files go: the folder, or the store's prefix."""
+        if isinstance(self._at, StorePlace):
+            return ObjectDestination(self._at)
         return FolderDestination(self._folder)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -189,7 +206,8 @@ class Writer(FileSystemWriter):
             raise InvalidArgument("use_collectives=False is not supported: the coordinator "
                                   "publishes the checkpoint once every rank's files are in")
         _refuse_complete(self._shown)
-        os.makedirs(self._folder, exist_ok=True)
+        if self._at.is_local:  # a store's "folder" is a key prefix: nothing to make
+            os.makedirs(self._folder, exist_ok=True)
         base = _scratch_base(self.cache_dir)
         _sweep(base)
         # mkdtemp: a new folder, 0700, made by this call (never one planted there).
@@ -242,7 +260,7 @@ class Writer(FileSystemWriter):
         dest.write_small(RECORD, json.dumps(record.to_json(), separators=(",", ":")).encode())
         dest.write_small(METADATA, pickle.dumps(metadata))  # last: now it is complete
         if self.keep is not None:
-            parent = os.path.dirname(self._folder.rstrip(os.sep)) or os.sep
+            parent = self._at.parent().path
             try:
                 report = prune(parent, self.keep, protect=[self._folder])
             except (UcstageError, OSError) as exc:

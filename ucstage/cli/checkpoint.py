@@ -49,7 +49,8 @@ def _rows(console: Console, found: list[Checkpoint], now: float) -> None:
 @click.group("checkpoint", cls=Group, context_settings=CONTEXT)
 def command() -> None:
     """List, verify and prune the torch.distributed.checkpoint folders that
-    ucstage.checkpoint.Writer saves (a local folder or a /Volumes/... path).
+    ucstage.checkpoint.Writer saves (a local folder, a /Volumes/... path, or
+    an s3://, gs://, az:// prefix).
     A checkpoint is complete once its .metadata is written (last); one
     without it is incomplete and never loaded. See docs/training.md.
 

@@ -1,0 +1,293 @@
+"""The engine's writes to an object store: a local file or a few bytes PUT
+to a key, checked against what the store reports, and the key's removal.
+
+A checkpoint's upload is the one place ucstage writes to a store; it sits
+here, beside the GETs (:mod:`ucstage.engines.objget`), because the engine
+owns every byte that moves. What each store reports, and so how a PUT is
+checked:
+
+* **S3** answers each PUT with an ETag the store computed from the bytes it
+  received: the MD5 of the object for a single PUT, and for a multipart
+  upload the MD5 of the parts' MD5s followed by ``-<parts>``. The parts are
+  cut here at :data:`PART` bytes, so the expected ETag is computed locally
+  in the same pass that feeds the upload, and compared: no read-back. A
+  bucket whose ETags are not MD5s (SSE-KMS) fails that comparison; the
+  object is then read back and hashed before the PUT counts as failed.
+* **GCS** keeps a CRC32C of every object (composite ones included) and an
+  MD5 of objects uploaded whole: the PUT (through gcsfs, which reaches the
+  emulators obstore cannot write to without OAuth) is compared with the one
+  of the checkpoint's kind the store reports, read back only when it keeps
+  none of that kind.
+* **Azure** keeps no checksum of a blob made of blocks (its ETag is opaque):
+  the object is read back and hashed.
+
+A throttled request (``503 SlowDown``, ``429``: :func:`ucstage.engines.pace.throttled`)
+is retried after a growing, jittered pause, up to :data:`pace.FREE_RETRIES`
+times; any other error is raised (one line: :func:`objstore.concise`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import objstore, pace
+from .checks import hasher
+
+__all__ = ["PART", "Put", "delete", "put_bytes", "put_file", "read_back", "retry_throttled"]
+
+T = TypeVar("T")
+
+PART = 16 * 1024 * 1024
+"""Bytes per part of a multipart upload (S3's minimum is 5 MiB): also the
+block read from the local file at a time."""
+CONCURRENCY = 8
+"""Parts of one file in flight at once."""
+
+
+@dataclass(frozen=True)
+class Put:
+    """What the store holds under a key after a put."""
+
+    size: int
+    checksum: str
+    """``kind:<hex>`` of the bytes the store holds, as it vouched for them."""
+    how: str
+    """``etag`` (S3's ETag matched), ``stored`` (the store's own checksum
+    matched) or ``read-back`` (the object was read back and hashed)."""
+
+
+def retry_throttled(fn: Callable[[], T], *, retries: int = pace.FREE_RETRIES) -> T:
+    """``fn()``, again after a growing jittered pause while the store throttles
+    it, up to ``retries`` more times."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == retries or not pace.throttled(exc):
+                raise
+            time.sleep(random.uniform(0.5, 1.0) * min(2.0, pace.PAUSE_S * 2 ** attempt))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _gcs(bucket: str) -> Any:
+    from .. import cloudfs
+
+    return cloudfs.filesystem("gs")
+
+
+def put_file(kind: str, bucket: str, key: str, local: str, check: str,
+             go_on: Callable[[int], None] = lambda _n: None) -> Put:
+    """PUT the local file at ``local`` to ``key`` (multipart above
+    :data:`PART`) and return what landed, checked (see the module
+    docstring). ``check`` is the checksum kind to report (``crc32c``,
+    ``md5``); ``go_on`` is called with each block's size before it is sent
+    and raises to stop the upload (a cancelled save)."""
+    if kind == "gs":
+        return retry_throttled(lambda: _put_gcs(bucket, key, local, check, go_on))
+    return retry_throttled(lambda: _put_obstore(kind, bucket, key, local, check, go_on))
+
+
+def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
+                 go_on: Callable[[int], None]) -> Put:
+    import obstore
+
+    client = objstore.store(kind, bucket)
+    whole = hasher(check)
+    parts: list[bytes] = []
+    size = 0
+
+    def blocks(fh: Any) -> Iterator[bytes]:
+        nonlocal size
+        while True:
+            go_on(0)
+            block = fh.read(PART)
+            if not block:
+                return
+            whole.update(block)
+            parts.append(hashlib.md5(block, usedforsecurity=False).digest())
+            size += len(block)
+            go_on(len(block))
+            yield block
+
+    with open(local, "rb", buffering=0) as fh:
+        first = fh.read(PART + 1)
+        try:
+            if len(first) <= PART:  # one PUT: its ETag is the object's MD5
+                go_on(len(first))
+                whole.update(first)
+                parts.append(hashlib.md5(first, usedforsecurity=False).digest())
+                size = len(first)
+                result = obstore.put(client, key, first, use_multipart=False)
+            else:
+                fh.seek(0)
+                result = obstore.put(client, key, blocks(fh), use_multipart=True,
+                                     chunk_size=PART, max_concurrency=CONCURRENCY)
+        except Exception as exc:
+            raise objstore.concise(exc, f"{kind}://{bucket}/{key}") from exc
+    ours = f"{check}:{whole.hexdigest()}"
+    if kind == "s3":
+        etag = str(result.get("e_tag") or "").strip('"')
+        expected = parts[0].hex() if len(parts) == 1 else \
+            f"{hashlib.md5(b''.join(parts), usedforsecurity=False).hexdigest()}-{len(parts)}"
+        if etag == expected:
+            return Put(size, ours, "etag")
+    got_size, got = read_back(kind, bucket, key, check, go_on)
+    return Put(got_size, got, "read-back")
+
+
+def _put_gcs(bucket: str, key: str, local: str, check: str,
+             go_on: Callable[[int], None]) -> Put:
+    from .. import cloudfs
+
+    fs = _gcs(bucket)
+    go_on(0)
+    fs.put_file(local, f"{bucket}/{key}")
+    info = fs.info(f"{bucket}/{key}")
+    stored = cloudfs.hex_of(info.get("crc32c" if check == "crc32c" else "md5Hash") or "")
+    if stored:
+        return Put(int(info["size"]), f"{check}:{stored}", "stored")
+    got_size, got = read_back("gs", bucket, key, check, go_on)
+    return Put(got_size, got, "read-back")
+
+
+def read_back(kind: str, bucket: str, key: str, check: str,
+              go_on: Callable[[int], None] = lambda _n: None) -> tuple[int, str]:
+    """``(size, kind:<hex>)`` of the object as the store serves it, read whole."""
+    digest = hasher(check)
+    size = 0
+    if kind == "gs":
+        with _gcs(bucket).open(f"{bucket}/{key}", "rb", block_size=PART) as fh:
+            while block := fh.read(PART):
+                go_on(0)
+                digest.update(block)
+                size += len(block)
+        return size, f"{check}:{digest.hexdigest()}"
+    import obstore
+
+    client = objstore.store(kind, bucket)
+    try:
+        for block in obstore.get(client, key).stream(min_chunk_size=PART):
+            go_on(0)
+            digest.update(memoryview(block))
+            size += len(block)
+    except Exception as exc:
+        raise objstore.concise(exc, f"{kind}://{bucket}/{key}") from exc
+    return size, f"{check}:{digest.hexdigest()}"
+
+
+def put_bytes(kind: str, bucket: str, key: str, data: bytes) -> None:
+    """PUT a small object whole: a reader sees all of it or nothing."""
+    if kind == "gs":
+        retry_throttled(lambda: _gcs(bucket).pipe_file(f"{bucket}/{key}", data))
+        return
+    import obstore
+
+    def once() -> None:
+        try:
+            obstore.put(objstore.store(kind, bucket), key, data, use_multipart=False)
+        except Exception as exc:
+            raise objstore.concise(exc, f"{kind}://{bucket}/{key}") from exc
+
+    retry_throttled(once)
+
+
+def delete(kind: str, bucket: str, key: str) -> None:
+    """Remove ``key``; a key already gone is no error."""
+    if kind == "gs":
+        fs = _gcs(bucket)
+        with contextlib.suppress(FileNotFoundError):
+            retry_throttled(lambda: fs.rm_file(f"{bucket}/{key}"))
+        return
+    import obstore
+
+    def once() -> None:
+        try:
+            obstore.delete(objstore.store(kind, bucket), key)
+        except Exception as exc:
+            err = objstore.concise(exc, f"{kind}://{bucket}/{key}")
+            if isinstance(err, FileNotFoundError):
+                return
+            raise err from exc
+
+    retry_throttled(once)
+
+
+def list_folder(kind: str, bucket: str, prefix: str) -> tuple[dict[str, tuple[int, float]],
+                                                              list[str]]:
+    """One level of the "folder" ``prefix`` (a key prefix without its
+    trailing ``/``; '' for the bucket): ``({name: (size, mtime)}, [subfolder names])``."""
+    base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+    files: dict[str, tuple[int, float]] = {}
+    folders: list[str] = []
+    if kind == "gs":
+        fs = _gcs(bucket)
+        try:
+            found = retry_throttled(lambda: fs.ls(f"{bucket}/{base}", detail=True))
+        except FileNotFoundError:
+            return files, folders
+        for info in found:
+            name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if info.get("type") == "directory":
+                folders.append(name)
+            elif name:
+                modified = info.get("updated") or info.get("mtime")
+                files[name] = (int(info["size"]), _seconds(modified))
+        return files, sorted(set(folders))
+    import obstore
+
+    def once() -> Any:
+        try:
+            return obstore.list_with_delimiter(objstore.store(kind, bucket), prefix=base or None)
+        except Exception as exc:
+            raise objstore.concise(exc, f"{kind}://{bucket}/{base}") from exc
+
+    listed = retry_throttled(once)
+    for meta in listed["objects"]:
+        name = str(meta["path"])[len(base):]
+        if name and "/" not in name:
+            files[name] = (int(meta["size"]), _seconds(meta.get("last_modified")))
+    for common in listed["common_prefixes"]:
+        name = str(common)[len(base):].strip("/")
+        if name:
+            folders.append(name)
+    return files, sorted(folders)
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def get_bytes(kind: str, bucket: str, key: str) -> bytes | None:
+    """A small object whole, or None when it is not there."""
+    if kind == "gs":
+        try:
+            return bytes(retry_throttled(lambda: _gcs(bucket).cat_file(f"{bucket}/{key}")))
+        except FileNotFoundError:
+            return None
+    import obstore
+
+    def once() -> bytes | None:
+        try:
+            return bytes(obstore.get(objstore.store(kind, bucket), key).bytes())
+        except Exception as exc:
+            err = objstore.concise(exc, f"{kind}://{bucket}/{key}")
+            if isinstance(err, FileNotFoundError):
+                return None
+            raise err from exc
+
+    return retry_throttled(once)

@@ -44,7 +44,7 @@ def test_a_held_file_is_never_evicted_and_a_full_cap_waits_for_the_reader(tmp_pa
     vol, (a, b, c) = _source(tmp_path, 3)
     cache = LocalCache(tmp_path / "cache", max_bytes=2500, lease_seconds=0, wait_seconds=60)
     reader = Reader()
-    fetch = reader.fetcher(cache, vol, lambda e: cache.fetch(vol, e))
+    fetch = reader.fetcher(cache.at(vol), cache.at(vol).fetch)
     pa, pb = fetch(a), fetch(b)
     assert reader.held == 2
     done: list[object] = []
@@ -79,7 +79,7 @@ def test_the_wait_is_bounded_and_the_error_says_why(tmp_path: Path) -> None:
     vol, (a, b, c) = _source(tmp_path, 3)
     cache = LocalCache(tmp_path / "cache", max_bytes=2500, lease_seconds=0, wait_seconds=0.3)
     reader = Reader()
-    fetch = reader.fetcher(cache, vol, lambda e: cache.fetch(vol, e))
+    fetch = reader.fetcher(cache.at(vol), cache.at(vol).fetch)
     fetch(a), fetch(b)
     with pytest.raises(CacheFull, match=r"handed to readers.*f02.bin needs .*waited") as info:
         cache.fetch(vol, c)
@@ -118,7 +118,7 @@ def test_consumed_files_go_most_recently_consumed_first_after_stale_ordinary_one
     past = time.time() - 60
     os.utime(ordinary, (past, past))  # ...handed out long ago: out of its lease
     reader = Reader()
-    fetch = reader.fetcher(cache, vol, lambda e: cache.fetch(vol, e))
+    fetch = reader.fetcher(cache.at(vol), cache.at(vol).fetch)
     paths = [fetch(e) for e in entries[:4]]
     for path in paths:  # consumed in order: f03 last
         reader.release(path)
@@ -141,7 +141,7 @@ def test_a_plain_caller_turns_a_consumed_file_back_into_a_leased_lru_file(
     vol, (a, b, c) = _source(tmp_path, 3)
     cache = LocalCache(tmp_path / "cache", max_bytes=2500, lease_seconds=3600, wait_seconds=0)
     reader = Reader()
-    pa = reader.fetcher(cache, vol, lambda e: cache.fetch(vol, e))(a)
+    pa = reader.fetcher(cache.at(vol), cache.at(vol).fetch)(a)
     reader.release(pa)
     assert is_scan(os.stat(pa).st_atime_ns)
     assert cache.lookup(vol, a) == pa  # handed to an ordinary caller

@@ -140,7 +140,7 @@ class Reader:
     def fetcher(self, bound: BoundLookup,
                 fetch: Callable[[FileEntry], str]) -> Callable[[FileEntry], str]:
         """``fetch(entry)`` that returns a held path: a valid cached file is
-        taken as a hit, anything else goes through ``fetch`` (``bound.fetch``,
+        taken as a hit, anything else goes through ``fetch`` (``bound.fetch_missing``,
         with the job's stop handle); both are counted."""
 
         lookup, counters = self._lookup(bound), self.counters

@@ -334,12 +334,12 @@ def _in_order(items: Sequence[Any], kind: Kind, reader: Reader, bound: Bound,
     share = read_ahead if isinstance(read_ahead, Share) else \
         Share(int(read_ahead), int(read_ahead), False)
     if share.ceiling == 0:
-        fetch = kind.fetcher(reader.fetcher(bound, bound.fetch))
+        fetch = kind.fetcher(reader.fetcher(bound, bound.fetch_missing))
         for item in items:
             yield fetch(item)
         return
     inflight = Inflight()
-    held = kind.fetcher(reader.fetcher(bound, functools.partial(bound.fetch, inflight=inflight)))
+    held = kind.fetcher(reader.fetcher(bound, functools.partial(bound.fetch_missing, inflight=inflight)))
     look = kind.looker(reader.looker(bound), reader)
     jobs = tuning.Jobs(None, ceiling=share.ceiling, start=share.start) if share.tuned else None
     ahead = ReadAhead(held, items, share.ceiling, stop=inflight.stop,

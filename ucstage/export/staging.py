@@ -121,7 +121,7 @@ def staged(found: StoreDelta, cache: LocalCache, callback: Callback) -> Iterator
         # A hit is held at once; a file evicted since the warm copied it
         # (only when everything else under the cap was held) is copied again.
         bound = cache.at(volume)
-        held = reader.fetcher(bound, bound.fetch)
+        held = reader.fetcher(bound, bound.fetch_missing)
         local = [held(e) for e in entries]
         yield dataclasses.replace(state, path=cache.namespace_dir(volume), files=local,
                                   deletion_vectors=vectors)

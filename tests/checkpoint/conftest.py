@@ -4,13 +4,15 @@ of named sample files, and a torchrun launcher."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.common.parts import REPO, free_port, rclone_mount
+from tests.common.parts import REPO, free_port, rclone_mount, wait_until
 
 WORKER = os.path.join(REPO, "tests", "workers", "checkpoint_worker.py")
 SAMPLES = 61
@@ -46,6 +48,28 @@ def torchrun_cmd(nproc: int, *args: str) -> list[str]:
 
 def torchrun_env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.getcwd())
+
+
+def kill_a_rank_mid_upload(source: str, parent: str, out: str, k: int) -> str:
+    """Run 2 ranks that save step-1, then stall rank 1 in the middle of
+    step-2's upload; kill that rank with SIGKILL and return the job's output
+    (the job itself must fail)."""
+    proc = subprocess.Popen(torchrun_cmd(2, "save-then-stall", source, parent, out, str(k)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=torchrun_env())
+    try:
+        stalled = Path(out) / "stalled"
+        wait_until(lambda: (stalled.exists() and stalled.read_text() != "") or
+                   proc.poll() is not None, "rank 1 to stall mid-upload", timeout=240)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        os.kill(int(stalled.read_text()), signal.SIGKILL)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, output[-3000:]
+    return output
 
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess[str]:

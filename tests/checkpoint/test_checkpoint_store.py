@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import uuid
 from collections import Counter
 from typing import Any
@@ -21,11 +19,10 @@ import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tests.checkpoint.conftest import make_samples, torchrun, torchrun_cmd, torchrun_env
+from tests.checkpoint.conftest import kill_a_rank_mid_upload, make_samples, torchrun
 from tests.checkpoint.test_checkpoint_torchrun import _equal
 from tests.common import faults as faultkit
 from tests.common.faults import Faults
-from tests.common.parts import wait_until
 from ucstage.checkpoint import Reader, Writer, latest
 from ucstage.checkpoint.folder import METADATA, RECORD, read_record
 from ucstage.checkpoint.place import place
@@ -202,21 +199,7 @@ def test_a_rank_killed_mid_upload_to_s3_leaves_the_previous_checkpoint(moto: Any
     out = tmp_path / "out"
     out.mkdir()
     parent = f"s3://{BUCKET}/killed-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.Popen(torchrun_cmd(2, "save-then-stall", source, parent, str(out), "3"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=torchrun_env())
-    try:
-        stalled = out / "stalled"
-        wait_until(lambda: (stalled.exists() and stalled.read_text() != "") or
-                   proc.poll() is not None, "rank 1 to stall mid-upload", timeout=240)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        os.kill(int(stalled.read_text()), signal.SIGKILL)
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode != 0, output[-3000:]
+    kill_a_rank_mid_upload(source, parent, str(out), 3)
     found = {c.name: c for c in list_checkpoints(parent)}
     assert sorted(found) == ["step-1", "step-2"]
     assert found["step-1"].complete and not found["step-2"].complete

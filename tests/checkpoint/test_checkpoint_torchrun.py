@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import time
 from collections import Counter
 from typing import Any
@@ -20,8 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tests.checkpoint.conftest import make_samples, torchrun, torchrun_cmd, torchrun_env
-from tests.common.parts import wait_until
+from tests.checkpoint.conftest import kill_a_rank_mid_upload, make_samples, torchrun
 from ucstage.checkpoint import Reader, Writer
 from ucstage.checkpoint.folder import METADATA, RECORD, read_record
 from ucstage.checkpoint.retention import list_checkpoints
@@ -138,22 +135,7 @@ def test_a_rank_killed_mid_upload_leaves_the_previous_checkpoint_loadable(tmp_pa
     names = make_samples(source)
     parent, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen(torchrun_cmd(2, "save-then-stall", source, str(parent), str(out),
-                                         str(K)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=torchrun_env())
-    try:
-        stalled = out / "stalled"
-        wait_until(lambda: (stalled.exists() and stalled.read_text() != "") or
-                   proc.poll() is not None, "rank 1 to stall mid-upload", timeout=240)
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        os.kill(int(stalled.read_text()), signal.SIGKILL)
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode != 0, output[-3000:]
+    kill_a_rank_mid_upload(source, str(parent), str(out), K)
 
     step1, step2 = str(parent / "step-1"), str(parent / "step-2")
     found = {c.name: c for c in list_checkpoints(str(parent))}

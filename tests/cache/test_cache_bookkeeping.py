@@ -14,7 +14,7 @@ import pytest
 
 from tests.common.parts import unique
 from ucstage.cache import LocalCache
-from ucstage.cache.locks import FileLock
+from ucstage.cache.paths import FileLock
 from ucstage.errors import InvalidArgument
 from ucstage.manifest import snapshot
 from ucstage.volumes import resolve

@@ -364,7 +364,7 @@ def test_a_warm_waits_for_a_stripe_held_elsewhere_in_a_thread(moto, monkeypatch)
     """A stripe another copy holds (here: this test, as another process would)
     is waited for in a thread, not on the event loop: the other files are
     copied meanwhile, and the held one once the stripe is free."""
-    from ucstage.cache.locks import FileLock
+    from ucstage.cache.paths import FileLock
 
     monkeypatch.setenv("UCSTAGE_ENGINE", "obstore")
     files = {f"g{i}.bin": bytes([i]) * 2000 for i in range(6)}

@@ -92,7 +92,7 @@ def test_audit_groups_are_let_go_at_exit_while_the_interpreter_is_whole() -> Non
     import gc
     import weakref
 
-    from ucstage.data import hooks
+    from ucstage.data import loader as hooks
 
     class Group:  # stands in for the gloo group object; only its lifetime matters
         pass

@@ -13,7 +13,7 @@ HIT_MODULES = 15
 HIT_FUNCTIONS = 50
 """The hit path as issue 41 left it (84 functions in 20 modules before);
 docs/design.md, "The read path of one item", names its modules."""
-MISS_MODULES = 27
+MISS_MODULES = 26
 MISS_FUNCTIONS = 196
 
 

@@ -9,8 +9,8 @@ the on-disk state (:class:`CacheSpace`), ``ledger`` its byte count,
 ``policy`` the eviction order and its one sink, ``leases`` a dataset
 reader's holds, ``inflight`` how a job stops its copies (:class:`Inflight`),
 ``runstats`` a run's counters (:class:`RunStats`), ``reports`` what the
-operations return, ``tuning`` the copies in flight, and ``paths`` and
-``locks`` the names and locks below. What each does and why is in
+operations return, ``tuning`` the copies in flight, and ``paths`` the
+names and the entry locks below. What each does and why is in
 docs/cache.md and docs/design.md (section 6).
 """
 

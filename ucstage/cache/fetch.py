@@ -2,7 +2,7 @@
 
 Its steps, and why each is where it is, are in docs/design.md ("Crash
 safety", and section 6 on the fetch protocol and a warm): under the entry's
-lock stripe (:mod:`ucstage.cache.locks`) the entry is checked once more, a
+lock stripe (:class:`ucstage.cache.paths.FileLock`) the entry is checked once more, a
 preallocated temp file is reserved in the ledger
 (:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes are
 copied into it by the volume's engine
@@ -50,7 +50,7 @@ from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
 from ..volumes.entry import uncacheable
 from . import paths
 from .inflight import Inflight, Stopped
-from .locks import FileLock
+from .paths import FileLock
 from .policy import Evictions, charging
 from .reports import EvictedSource, WarmReport
 from .space import CacheSpace, free_bytes, no_room

@@ -33,7 +33,7 @@ from . import paths, policy
 from .inflight import Inflight
 from .leases import take_exclusive
 from .ledger import Ledger, Turns, locked_ledger
-from .locks import FileLock, stripe_path
+from .paths import FileLock, stripe_path
 
 __all__ = ["CacheSpace", "Cached", "Eviction", "StampMemo", "Tally", "free_bytes",
            "no_room", "sweep", "sweep_one", "unlink_if_exists", "walk"]
@@ -212,7 +212,7 @@ class CacheSpace:
     def _remove_locks(self, namespace: str) -> None:
         """Delete a namespace's lock stripes. Each is taken before it is unlinked
         (waiting for a copy that holds it), so no two holders ever share one:
-        see :mod:`ucstage.cache.locks`."""
+        see :class:`ucstage.cache.paths.FileLock`."""
         folder = os.path.join(self._control, "locks", namespace)
         try:
             names = sorted(os.listdir(folder))

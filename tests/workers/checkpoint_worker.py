@@ -1,20 +1,27 @@
-"""A torchrun worker for tests/checkpoint/test_checkpoint_torchrun.py.
+"""A torchrun worker for the checkpoint tests (tests/checkpoint/).
 
-    torchrun --nproc_per_node=2 checkpoint_worker.py save SOURCE DEST OUT K
+    torchrun --nproc_per_node=2 checkpoint_worker.py save SOURCE DEST OUT K [ROWS]
     torchrun --nproc_per_node=2 checkpoint_worker.py save-then-stall SOURCE PARENT OUT K
-    torchrun --nproc_per_node=1 checkpoint_worker.py load SOURCE DEST OUT
+    torchrun --nproc_per_node=1 checkpoint_worker.py load SOURCE DEST OUT [ROWS]
 
 ``save``: every rank trains K batches (DDP, Adam) over a shuffled
 VolumeDataset, then ``dcp.async_save``s the model, the optimizer, a
-row-sharded DTensor and the loader's gathered state into DEST with
-ucstage's Writer, and trains 3 more steps while it uploads; rank 0 writes
-OUT/expected.pt (what was saved) and each rank OUT/rank<r>.json (the items
-delivered). DEST and PARENT may be object-store URLs (``s3://...``).
+row-sharded DTensor of ROWS x 1024 float32 (``big``: 4 KiB a row) and the
+loader's gathered state into DEST with ucstage's Writer, and trains 3 more
+steps while it uploads; rank 0 writes OUT/expected.pt (the model and
+optimizer saved) and each rank OUT/rank<r>.json (the items delivered). DEST
+and PARENT may be object-store URLs (``s3://...``).
 ``save-then-stall``: saves PARENT/step-1 whole, then PARENT/step-2
 with rank 1's upload stalled halfway: it writes OUT/stalled (its pid) and
 sleeps for the test to kill it. ``load``: one rank loads DEST (resharded),
 writes OUT/loaded.pt and finishes the epoch from the loaded loader state,
-writing OUT/load.json with the items and the audit.
+writing OUT/load.json with the items, the audit and which blocks of ``big``
+differ from what the save generated.
+
+``big`` is made of blocks of :data:`BLOCK` rows, each generated from its
+own seed, so a rank makes only its own rows and the load compares what it
+read with the blocks made again: no copy of a checkpoint of hundreds of MB
+is written for the test to compare with.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -42,7 +49,11 @@ from ucstage.checkpoint import Reader, Writer
 from ucstage.checkpoint.upload import Destination, FolderDestination, Landed, ObjectDestination
 from ucstage.engines import objput
 
-EMB = (1000, 256)
+COLS = 1024
+BLOCK = 256
+"""Rows of ``big`` generated from one seed (1 MiB)."""
+SMALL_ROWS = 2 * BLOCK
+"""``big``'s rows when no ROWS is given (2 MiB): the kill -9 tests."""
 
 
 def model() -> nn.Module:
@@ -50,8 +61,13 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256))
 
 
-def full_emb() -> torch.Tensor:
-    return torch.arange(EMB[0] * EMB[1], dtype=torch.float32).reshape(EMB) / 7
+def big_rows(first_block: int, blocks: int) -> torch.Tensor:
+    """Blocks ``first_block`` .. ``first_block + blocks - 1`` of ``big``, as the save made them."""
+    out = torch.empty(blocks * BLOCK, COLS)
+    for i in range(blocks):
+        g = torch.Generator().manual_seed(10_000 + first_block + i)
+        torch.randn(BLOCK, COLS, generator=g, out=out[i * BLOCK:(i + 1) * BLOCK])
+    return out
 
 
 def step(net: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
@@ -111,9 +127,9 @@ class StallingWriter(Writer):
         return dest
 
 
-def train_and_state(source: str, k: int) -> tuple[nn.Module, torch.optim.Optimizer,
-                                                  dict[str, Any], list[str], Any]:
-    rank = dist.get_rank()
+def train_and_state(source: str, k: int, rows: int = SMALL_ROWS) -> tuple[
+        nn.Module, torch.optim.Optimizer, dict[str, Any], list[str], Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
     net = nn.parallel.DistributedDataParallel(model())
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     paths = VolumeDataset(source, shuffle=True, seed=0, read_ahead=1)
@@ -123,21 +139,22 @@ def train_and_state(source: str, k: int) -> tuple[nn.Module, torch.optim.Optimiz
     for i in range(k):
         items += next(it)
         step(net, opt, 100 * rank + i)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    emb = distribute_tensor(full_emb(), mesh, [Shard(0)])
+    mesh = init_device_mesh("cpu", (world,))
+    blocks = rows // BLOCK // world  # each rank makes only its own rows
+    big = DTensor.from_local(big_rows(rank * blocks, blocks), mesh, [Shard(0)], run_check=False)
     model_sd, optim_sd = get_state_dict(net, opt)
-    state = {"model": model_sd, "optim": optim_sd, "emb": emb,
+    state = {"model": model_sd, "optim": optim_sd, "big": big,
              "loader": json.dumps(loader.state_dict(gather=True)), "step": k}
     return net, opt, state, items, it
 
 
-def save(source: str, dest: str, out: str, k: int) -> None:
+def save(source: str, dest: str, out: str, k: int, rows: int) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    net, opt, state, items, _it = train_and_state(source, k)
+    net, opt, state, items, _it = train_and_state(source, k, rows)
     if rank == 0:
-        torch.save({"model": copy.deepcopy(state["model"]), "optim": copy.deepcopy(state["optim"]),
-                    "emb": full_emb()}, os.path.join(out, "expected.pt"))
+        torch.save({"model": copy.deepcopy(state["model"]),
+                    "optim": copy.deepcopy(state["optim"])}, os.path.join(out, "expected.pt"))
     ckpt_group = dist.new_group(backend="gloo")  # the save's collectives, apart from DDP's
     fut = dcp.async_save(state, storage_writer=Writer(dest), process_group=ckpt_group)
     for i in range(3):  # training goes on while the save uploads
@@ -158,17 +175,23 @@ def save_then_stall(source: str, parent: str, out: str, k: int) -> None:
     raise AssertionError("step-2 was saved: rank 1 should have been killed")
 
 
-def load(source: str, dest: str, out: str) -> None:
+def load(source: str, dest: str, out: str, rows: int) -> None:
     dist.init_process_group("gloo")
     net = model()
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
     model_sd, optim_sd = get_state_dict(net, opt)
-    state = {"model": model_sd, "optim": optim_sd, "emb": torch.zeros(EMB), "loader": "",
+    state = {"model": model_sd, "optim": optim_sd, "big": torch.zeros(rows, COLS), "loader": "",
              "step": 0}
     dcp.load(state, storage_reader=Reader(dest))
     set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    torch.save({"model": state["model"], "optim": state["optim"], "emb": state["emb"],
-                "step": state["step"], "net": net.state_dict()}, os.path.join(out, "loaded.pt"))
+    torch.save({"model": state["model"], "optim": state["optim"], "step": state["step"],
+                "net": net.state_dict()}, os.path.join(out, "loaded.pt"))
+    # Compared block by block with the blocks made again (one block in memory at a time).
+    big = state.pop("big")
+    blocks = rows // BLOCK
+    differ = [b for b in range(blocks)
+              if not torch.equal(big[b * BLOCK:(b + 1) * BLOCK], big_rows(b, 1))]
+    del big
     paths = VolumeDataset(source, shuffle=True, seed=0, read_ahead=1)
     loader = DataLoader(Decode(paths), batch_size=4, num_workers=1)
     loader.load_state_dict(json.loads(state["loader"]))
@@ -177,18 +200,19 @@ def load(source: str, dest: str, out: str) -> None:
         items += batch
     audits = [dict(vars(a), coverage_ok=a.coverage_ok) for a in loader.audits]
     with open(os.path.join(out, "load.json"), "w") as fh:
-        json.dump({"items": items, "audits": audits}, fh)
+        json.dump({"items": items, "audits": audits,
+                   "big": {"blocks": blocks, "differ": differ}}, fh)
     dist.destroy_process_group()
 
 
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "save":
-        save(args[0], args[1], args[2], int(args[3]))
+        save(args[0], args[1], args[2], int(args[3]), int(args[4]) if args[4:] else SMALL_ROWS)
     elif mode == "save-then-stall":
         save_then_stall(args[0], args[1], args[2], int(args[3]))
     elif mode == "load":
-        load(args[0], args[1], args[2])
+        load(args[0], args[1], args[2], int(args[3]) if args[3:] else SMALL_ROWS)
     else:
         raise SystemExit(f"unknown mode {mode}")
 

@@ -23,6 +23,7 @@ __all__ = [
     "CheckpointCorrupt",
     "CheckpointError",
     "CheckpointIncomplete",
+    "CheckpointUnsafe",
     "CorruptParquet",
     "CorruptShard",
     "EmptySource",
@@ -209,6 +210,16 @@ class CheckpointCorrupt(CheckpointError):
     whose copy to the destination landed other bytes than were written."""
 
     exit_code = 1
+
+
+class CheckpointUnsafe(CheckpointCorrupt):
+    """A checkpoint whose record or ``.metadata`` names a file that is not
+    one of its own data files: a path leading out of its folder (``../x``,
+    an absolute path), a name with control characters, or a file that is a
+    link. Refused before anything is read; bad input (exit 2), not damage
+    found by a check (exit 1)."""
+
+    exit_code = 2
 
 
 class FetchFailed(UcstageError):

@@ -19,14 +19,28 @@ its rank, size and checksum, and a checksum for each byte range a load may
 ask for. ``verify`` checks files against it, and a load checks each range it
 reads. The checkpoint itself stays a plain DCP checkpoint: torch's own
 ``FileSystemReader`` loads it too.
+
+A **plain torch checkpoint** (saved by torch's ``FileSystemWriter``: no
+record) is complete by the same rule, loads, and is listed as such;
+``verify`` checks what its ``.metadata`` tells (each file it indexes
+present and long enough for the byte ranges it indexes), not its bytes.
+
+Every file name a record or a ``.metadata`` gives is checked before
+anything is read (:func:`name_problem`): a name that is not one of the
+folder's data files (``../x``, an absolute path, control characters) or a
+file that is a link is refused (:class:`~ucstage.errors.CheckpointUnsafe`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import re
+import stat
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +49,14 @@ from ..errors import (
     CheckpointCorrupt,
     CheckpointError,
     CheckpointIncomplete,
+    CheckpointUnsafe,
+    MissingDependency,
     SourceNotFound,
 )
 from ..progress import NO_PROGRESS, Callback
+from ..shown import UNSAFE
 from ..units import format_bytes
+from ..volumes.location import entry_name_problem
 from . import digests
 from .place import Place, place
 
@@ -47,8 +65,32 @@ METADATA = ".metadata"
 RECORD = ".ucstage-checkpoint.json"
 FORMAT = "ucstage-checkpoint"
 VERSION = 1
-DATA_FILE = re.compile(r"__(\d+)_\d+\.distcp")
+DATA_FILE = re.compile(r"__([0-9]+)_[0-9]+\.distcp")
 """A rank's data file, as torch's FileSystemWriter names it (``__<rank>_<n>.distcp``)."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name``, as a record or a ``.metadata`` gives it, cannot be one of
+    the checkpoint's data files, or None when it can. Checked before the
+    name is joined to the folder, so no read leaves it."""
+    if UNSAFE.search(name) is not None:
+        return "a name with control characters"
+    if name.startswith("/"):
+        return "an absolute path, outside the checkpoint"
+    if ".." in name.split("/"):
+        return "a path leading outside the checkpoint"
+    why = entry_name_problem(name)
+    if why is not None:
+        return why
+    if DATA_FILE.fullmatch(name) is None:
+        return "not a data file name (__<rank>_<n>.distcp)"
+    return None
+
+
+def _unsafe(what: str, name: str, why: str) -> CheckpointUnsafe:
+    return CheckpointUnsafe(f"{what} names {name}: {why}; refused, nothing was read",
+                            hint="it was edited, or not written by torch or ucstage: load "
+                                 "another checkpoint (`ucstage checkpoint list` shows them)")
 
 
 @dataclass(frozen=True)
@@ -104,9 +146,13 @@ class Record:
             record = cls(float(data["saved_at"]), int(data["world_size"]), files, ranges)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise bad(f"{type(exc).__name__}: {exc}") from exc
+        for name in [*(f.name for f in files), *ranges]:
+            why = name_problem(name)
+            if why is not None:
+                raise _unsafe(f"the checkpoint record {where}", name, why)
         for f in files:
-            if DATA_FILE.fullmatch(f.name) is None or f.size < 0:
-                raise bad(f"{f.name!r} is not a data file name with a size")
+            if f.size < 0:
+                raise bad(f"{f.name} has a negative size")
         return record
 
 
@@ -162,12 +208,22 @@ class Checkpoint:
     def bytes(self) -> int:
         return sum(self.files.values())
 
+    @property
+    def saved_by(self) -> str | None:
+        """``ucstage`` (it has a record); ``torch`` when complete without one
+        (a plain torch checkpoint: torch's own ``FileSystemWriter``, or any
+        tool writing DCP folders); None when incomplete without one (a save
+        of either that has not finished: they cannot be told apart)."""
+        if self.record is not None:
+            return "ucstage"
+        return "torch" if self.complete else None
+
     def to_json(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
         return {"path": self.path, "name": self.name, "complete": self.complete,
                 "ranks": self.ranks, "files": len(self.files), "bytes": self.bytes,
                 "saved_at": self.saved_at, "age_s": round(max(0.0, now - self.saved_at), 3),
-                "record": self.record is not None}
+                "record": self.record is not None, "saved_by": self.saved_by}
 
 
 def inspect(folder: str | Place) -> Checkpoint | None:
@@ -196,6 +252,122 @@ def inspect(folder: str | Place) -> Checkpoint | None:
     return Checkpoint(at.path, complete, record, files, saved_at, at)
 
 
+def _not_a_file(at: Place, name: str) -> str | None:
+    """Why ``name`` in the folder is not a file ucstage reads, or None: a
+    link (it could lead anywhere) or a folder. Only a local or mounted
+    folder holds such entries; its listing leaves them out, so a link
+    named by a record or ``.metadata`` would otherwise look missing."""
+    if not at.is_local:
+        return None
+    try:
+        mode = os.lstat(os.path.join(at.path, name)).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "a link, not a file of the checkpoint"
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+class _Refused(Exception):
+    """A global a checkpoint's ``.metadata`` holds that torch never writes there."""
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """Unpickles a ``.metadata`` to what torch writes in one and nothing
+    else: torch.distributed.checkpoint's dataclasses and enums, torch's
+    dtypes and ``Size``, a layout, a path. A checkpoint someone else wrote
+    is read, never run (a pickle can name any callable)."""
+
+    _DCP = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+    _OTHERS = frozenset({("torch.serialization", "_get_layout"),
+                         ("collections", "OrderedDict"), ("pathlib", "PosixPath"),
+                         ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                         ("pathlib", "PureWindowsPath")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        import dataclasses
+        import enum
+
+        import torch
+
+        if module in self._DCP:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and (dataclasses.is_dataclass(found) or
+                                            issubclass(found, enum.Enum)):
+                return found
+        elif module == "torch":
+            found = getattr(torch, name, None)
+            if found is torch.Size or isinstance(found, torch.dtype):
+                return found
+        elif (module, name) in self._OTHERS:
+            return super().find_class(module, name)
+        raise _Refused(f"{module}.{name}")
+
+
+def read_index(at: Place, shown: str) -> dict[str, list[tuple[int, int]]]:
+    """The byte ranges the checkpoint's ``.metadata`` indexes, per file:
+    ``{name: [(offset, length), ...]}``. Imports torch (its classes are in
+    the pickle).
+
+    Raises:
+        MissingDependency: torch is not installed.
+        CheckpointCorrupt: ``.metadata`` is gone, or is no DCP index.
+    """
+    try:
+        import torch  # noqa: F401  (the classes .metadata holds)
+    except ImportError as exc:
+        raise MissingDependency(f"reading the {METADATA} of checkpoint {shown} needs torch",
+                                hint="pip install 'ucstage[torch]'") from exc
+    raw = at.read(METADATA)
+    if raw is None:
+        raise CheckpointCorrupt(f"checkpoint {shown}: its {METADATA} is gone",
+                                hint="it was removed while being read: list the folder again")
+    try:
+        storage = _IndexUnpickler(io.BytesIO(raw)).load().storage_data
+        items = [(s.relative_path, int(s.offset), int(s.length)) for s in storage.values()]
+    except Exception as exc:  # any damage: say what, never the bytes
+        why = f"it holds {exc}, which torch never writes there" if isinstance(exc, _Refused) \
+            else f"{type(exc).__name__} reading it"
+        raise CheckpointCorrupt(f"checkpoint {shown}: its {METADATA} is not a "
+                                f"torch.distributed.checkpoint index ({why})",
+                                hint="it was edited or cut short: load another checkpoint") from exc
+    index: dict[str, list[tuple[int, int]]] = {}
+    for name, offset, length in items:
+        if not isinstance(name, str):
+            raise CheckpointCorrupt(f"checkpoint {shown}: its {METADATA} names a file by a "
+                                    f"{type(name).__name__}, not a name",
+                                    hint="it was edited: load another checkpoint")
+        index.setdefault(name, []).append((offset, length))
+    return index
+
+
+def check_indexed(ckpt: Checkpoint, names: Iterable[str], shown: str, *,
+                  present: bool = True) -> None:
+    """Refuse, before any is read, the files a checkpoint's ``.metadata``
+    indexes when one is not among its data files: a name outside its folder
+    or with control characters, one its record does not list, or a link.
+    With ``present``, a file missing is refused too.
+
+    Raises:
+        CheckpointUnsafe: a name or a file that is not the checkpoint's.
+        CheckpointCorrupt: with ``present``, a file missing.
+    """
+    listed = None if ckpt.record is None else {f.name for f in ckpt.record.files}
+    what = f"checkpoint {shown}: its {METADATA}"
+    for name in sorted(set(names)):
+        why = name_problem(name)
+        if why is None and listed is not None and name not in listed:
+            why = "a file its record does not list"
+        if why is None and name not in ckpt.files:
+            why = _not_a_file(ckpt.place, name)
+            if why is None and present:
+                raise CheckpointCorrupt(f"checkpoint {shown} is missing {name} (a file its "
+                                        f"{METADATA} indexes)",
+                                        hint="restore the file, or load an earlier checkpoint")
+        if why is not None:
+            raise _unsafe(what, name, why)
+
+
 def _incomplete(ckpt: Checkpoint, shown: str) -> CheckpointIncomplete:
     return CheckpointIncomplete(
         f"checkpoint {shown} is incomplete: it has no {METADATA} (a save that has not "
@@ -212,6 +384,8 @@ def require_complete(path: str) -> tuple[Place, Checkpoint]:
         CheckpointError: the folder holds no checkpoint.
         CheckpointIncomplete: it has no ``.metadata``.
         CheckpointCorrupt: a file of its record is missing or of another size.
+        CheckpointUnsafe: its record names a file that is not one of its
+            data files, or one that is a link.
     """
     at = place(path)
     ckpt = inspect(at)
@@ -229,6 +403,9 @@ def require_complete(path: str) -> tuple[Place, Checkpoint]:
     if ckpt.record is not None:
         for f in ckpt.record.files:
             size = ckpt.files.get(f.name)
+            link = None if size is not None else _not_a_file(at, f.name)
+            if link is not None:
+                raise _unsafe(f"checkpoint {path}: its record", f.name, link)
             if size is None:
                 raise CheckpointCorrupt(
                     f"checkpoint {path} is missing {f.name} (rank {f.rank}'s file, "
@@ -248,10 +425,14 @@ class FileCheck:
     name: str
     rank: int
     expected_size: int
+    """The size its record gives; for a plain torch checkpoint, the bytes
+    the ranges its ``.metadata`` indexes in it need (it may hold more)."""
     size: int | None
     """None: the file is missing."""
     status: str
-    """``ok``, ``missing``, ``size`` (another size) or ``checksum`` (other bytes)."""
+    """``ok``, ``missing``, ``size`` (another size than recorded), ``short``
+    (a plain torch checkpoint's file ends before a range it indexes) or
+    ``checksum`` (other bytes)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "rank": self.rank, "expected_size": self.expected_size,
@@ -264,6 +445,9 @@ class VerifyReport:
     files: list[FileCheck]
     problem: str
     """Why the checkpoint does not verify, '' when it does."""
+    checksums: bool = True
+    """The files' bytes were checked against recorded checksums; False for
+    a plain torch checkpoint (none recorded: presence and sizes only)."""
 
     @property
     def ok(self) -> bool:
@@ -271,16 +455,21 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint.to_json(), "ok": self.ok, "problem": self.problem,
-                "files": [f.to_json() for f in self.files]}
+                "checksums": self.checksums, "files": [f.to_json() for f in self.files]}
 
 
 def verify(path: str, callback: Callback = NO_PROGRESS) -> VerifyReport:
     """Check every file of the checkpoint ``path`` against its record: present,
-    of its size, and its bytes of its checksum (each file read whole).
+    of its size, and its bytes of its checksum (each file read whole). A
+    plain torch checkpoint (no record) is checked against its ``.metadata``:
+    every file it indexes present, and long enough for the ranges it indexes.
 
     Raises:
         SourceNotFound: no such folder.
         CheckpointError: the folder holds no checkpoint.
+        CheckpointUnsafe: its record or ``.metadata`` names a file that is
+            not one of its data files, or one that is a link.
+        CheckpointCorrupt: a plain torch checkpoint's ``.metadata`` is no index.
     """
     at = place(path)
     ckpt = inspect(at)
@@ -291,10 +480,16 @@ def verify(path: str, callback: Callback = NO_PROGRESS) -> VerifyReport:
                               ".distcp files", hint="pass the folder a checkpoint was saved to")
     record = ckpt.record
     if record is None:
-        why = (f"it has no {RECORD}: it was not saved by ucstage.checkpoint.Writer, so there "
-               "is nothing to check its files against") if ckpt.complete else \
-            f"it is incomplete: no {METADATA} and no {RECORD} (a save that has not finished)"
-        return VerifyReport(ckpt, [], why)
+        if ckpt.complete:
+            return _verify_plain(at, ckpt, path, callback)
+        return VerifyReport(ckpt, [], f"it is incomplete: no {METADATA} and no {RECORD} (a "
+                                      "save that has not finished)", checksums=False)
+    # Every name first: a link or a name out of the folder refuses the whole
+    # checkpoint before any file is read.
+    for f in record.files:
+        link = None if f.name in ckpt.files else _not_a_file(at, f.name)
+        if link is not None:
+            raise _unsafe(f"checkpoint {path}: its record", f.name, link)
     checks: list[FileCheck] = []
     callback.set_size(sum(f.size for f in record.files if f.name in ckpt.files),
                       len(record.files))
@@ -319,3 +514,28 @@ def verify(path: str, callback: Callback = NO_PROGRESS) -> VerifyReport:
                         "record")
     return VerifyReport(ckpt, checks, "; ".join(problems))
 
+
+def _verify_plain(at: Place, ckpt: Checkpoint, path: str, callback: Callback) -> VerifyReport:
+    """A plain torch checkpoint, checked against its ``.metadata``: no
+    checksum was recorded, so each file it indexes must be there and hold
+    every byte range it indexes in it; the bytes themselves are not checked."""
+    index = read_index(at, path)
+    check_indexed(ckpt, index, path, present=False)
+    callback.set_size(0, len(index))
+    checks: list[FileCheck] = []
+    for name in sorted(index, key=lambda n: (_rank(n), n)):
+        needed = max(offset + length for offset, length in index[name])
+        size = ckpt.files.get(name)
+        status = "missing" if size is None else "short" if size < needed else "ok"
+        callback.item_done(name, status)
+        checks.append(FileCheck(name, _rank(name), needed, size, status))
+    bad = sum(c.status != "ok" for c in checks)
+    problem = f"{bad} of {len(checks)} files are missing or shorter than its {METADATA} " \
+        "says" if bad else ""
+    return VerifyReport(ckpt, checks, problem, checksums=False)
+
+
+def _rank(name: str) -> int:
+    """The rank a data file's name gives (checked by :func:`name_problem`)."""
+    m = DATA_FILE.fullmatch(name)
+    return int(m.group(1)) if m else -1

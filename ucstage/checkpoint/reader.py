@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..errors import CheckpointCorrupt
 from . import digests
-from .folder import METADATA, Record, require_complete
+from .folder import METADATA, Record, check_indexed, require_complete
 from .place import Place, StorePlace
 
 _log = logging.getLogger("ucstage")
@@ -122,6 +122,16 @@ class Reader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        # Every file .metadata indexes must be one of the checkpoint's own
+        # (a plain torch checkpoint has no record to say which): refused here,
+        # on each rank, before any is opened.
+        _, ckpt = require_complete(self._shown)
+        check_indexed(ckpt, (s.relative_path for s in metadata.storage_data.values()),
+                      self._shown)
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
 
     def _slice_file(self, file: Any, sinfo: _StorageInfo) -> IO[bytes]:
         # torch's hook for one item's range of a file: read just that range,

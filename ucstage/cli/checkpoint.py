@@ -1,7 +1,8 @@
 """``ucstage checkpoint``: list, verify and prune the checkpoints
 ``ucstage.checkpoint.Writer`` saves. Each subcommand parses, calls one
 library function (:mod:`ucstage.checkpoint.retention`,
-:mod:`ucstage.checkpoint.folder`) and renders; none imports torch."""
+:mod:`ucstage.checkpoint.folder`) and renders. None imports torch, but
+``verify`` of a plain torch checkpoint (its ``.metadata`` is torch's pickle)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _age(seconds: float) -> str:
 def _rows(console: Console, found: list[Checkpoint], now: float) -> None:
     t = table("checkpoint", "state", "ranks", "files", "size", "age")
     for c in found:
-        state = "complete" if c.complete else "[yellow]incomplete[/]"
+        state = "[yellow]incomplete[/]" if not c.complete else \
+            "complete (plain torch)" if c.saved_by == "torch" else "complete"
         t.add_row(escape(c.name), state, str(c.ranks), f"{len(c.files):,}",
                   format_bytes(c.bytes), _age(max(0.0, now - c.saved_at)))
     console.print(t)
@@ -95,6 +97,9 @@ def verify_command(path: str, as_json: bool) -> None:
     """Check every file of the checkpoint PATH against the record its save
     wrote: present, of its size, its bytes of its checksum (each file is
     read whole). Exit 1 when any is not, or when PATH is incomplete.
+    A plain torch checkpoint (no record) is checked against its .metadata:
+    each file present and long enough for the byte ranges it indexes (no
+    checksums were recorded, so its bytes are not checked).
 
     \b
     Example:
@@ -116,9 +121,17 @@ def verify_command(path: str, as_json: bool) -> None:
             elif c.status == "size":
                 console.print(f"  [red]size[/] {escape(c.name)} (rank {c.rank}): "
                               f"{c.size or 0:,} bytes, recorded {c.expected_size:,}")
+            elif c.status == "short":
+                console.print(f"  [red]short[/] {escape(c.name)} (rank {c.rank}): "
+                              f"{c.size or 0:,} bytes, its .metadata indexes "
+                              f"{c.expected_size:,}")
             elif c.status == "checksum":
                 console.print(f"  [red]checksum[/] {escape(c.name)} (rank {c.rank}): its bytes "
                               "differ from the record's checksum")
+        if ckpt.saved_by == "torch":
+            console.print("  a plain torch checkpoint (no .ucstage-checkpoint.json): each file "
+                          "its .metadata indexes was checked present and long enough for its "
+                          "byte ranges; its bytes were not checked (no checksums recorded)")
 
     emit(data, as_json, human)
     if not report.ok:

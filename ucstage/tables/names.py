@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
 from ..errors import InvalidArgument
-from ..volumes.location import is_volumes_path, resolve
+from ..volumes.location import entry_name_problem, is_volumes_path, resolve
 
 __all__ = [
     "WAREHOUSE_ENV",
@@ -88,8 +88,9 @@ def parse_table_name(name: str) -> TableName:
             part = "".join(buf)
             if not part.strip():
                 raise _bad(name, "an empty quoted part")
-            if "/" in part or "\x00" in part or part in (".", ".."):
-                raise _bad(name, f"part {part!r} cannot name a folder")
+            why = entry_name_problem(part)  # each part is a folder of the warehouse
+            if why is not None:
+                raise _bad(name, f"part {part!r} cannot name a folder: {why}")
             i = j + 1
         else:
             m = _PLAIN.match(name, i)

@@ -36,7 +36,8 @@ from ..errors import (
 )
 from .entry import FileEntry
 
-__all__ = ["VOLUMES_ROOT_ENV", "Fetch", "Volume", "is_mapped", "is_volumes_path", "kind_of",
+__all__ = ["VOLUMES_ROOT_ENV", "Fetch", "Volume", "entry_name_problem", "is_mapped",
+           "is_volumes_path", "kind_of",
            "looked_up", "remember", "resolve", "resolved", "safe_relpath", "single_file",
            "unreadable_error"]
 
@@ -281,6 +282,23 @@ def kind_of(volume: Volume) -> str | None:
     return "directory" if info.get("type") == "directory" else "file"
 
 
+def entry_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name one entry directly inside a folder, or None
+    when it can. The rule for every name ucstage joins to a folder it was
+    given: a segment of a listed path (:func:`safe_relpath`), a part of a
+    table name (a folder of the warehouse), a file a checkpoint's record
+    names. An empty name, ``.`` or ``..``, or one holding ``/`` or NUL would
+    name the folder itself, another folder, or a path the OS cuts short.
+    """
+    if name in ("", ".", ".."):
+        return f"{name!r} names a folder, not an entry in it" if name else "it is empty"
+    if "/" in name:
+        return "it holds a /: it is a path, not one name"
+    if "\x00" in name:
+        return "it holds a NUL byte"
+    return None
+
+
 def safe_relpath(relpath: str) -> str:
     """Return ``relpath`` if it is a plain relative POSIX path inside its root.
 
@@ -290,7 +308,7 @@ def safe_relpath(relpath: str) -> str:
     if not relpath or relpath.startswith("/") or "\\" in relpath or "\x00" in relpath:
         raise UnsafePath(f"unsafe path {relpath!r}: not a plain relative path")
     for part in relpath.split("/"):
-        if part in ("", ".", ".."):
+        if entry_name_problem(part) is not None:
             raise UnsafePath(f"unsafe path {relpath!r}: contains {part or 'an empty'!r} segment")
     return relpath
 

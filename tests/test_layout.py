@@ -159,9 +159,12 @@ def _third_party(prefixes: tuple[str, ...]) -> dict[str, list[tuple[str, int, bo
             for name in MODULES}
 
 
-TORCH_CHECKPOINT = {"ucstage.checkpoint.writer", "ucstage.checkpoint.reader"}
-"""torch.distributed.checkpoint's storage classes: ``ucstage.checkpoint``
-loads them lazily, so the ``checkpoint`` commands never import torch."""
+TORCH_CHECKPOINT = {"ucstage.checkpoint.writer", "ucstage.checkpoint.reader",
+                    "ucstage.checkpoint.index"}
+"""torch.distributed.checkpoint's storage classes and its ``.metadata``:
+``ucstage.checkpoint`` loads them lazily, so the ``checkpoint`` commands never
+import torch (but ``verify`` of a plain torch checkpoint, which reads its
+``.metadata``)."""
 
 
 def test_torch_only_in_data_and_lazily_in_bench_loader():

@@ -33,10 +33,8 @@ file that is a link is refused (:class:`~ucstage.errors.CheckpointUnsafe`).
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import re
 import stat
 import time
@@ -268,79 +266,6 @@ def _not_a_file(at: Place, name: str) -> str | None:
     return None if stat.S_ISREG(mode) else "not a regular file"
 
 
-class _Refused(Exception):
-    """A global a checkpoint's ``.metadata`` holds that torch never writes there."""
-
-
-class _IndexUnpickler(pickle.Unpickler):
-    """Unpickles a ``.metadata`` to what torch writes in one and nothing
-    else: torch.distributed.checkpoint's dataclasses and enums, torch's
-    dtypes and ``Size``, a layout, a path. A checkpoint someone else wrote
-    is read, never run (a pickle can name any callable)."""
-
-    _DCP = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-    _OTHERS = frozenset({("torch.serialization", "_get_layout"),
-                         ("collections", "OrderedDict"), ("pathlib", "PosixPath"),
-                         ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-                         ("pathlib", "PureWindowsPath")})
-
-    def find_class(self, module: str, name: str) -> Any:
-        import dataclasses
-        import enum
-
-        import torch
-
-        if module in self._DCP:
-            found = super().find_class(module, name)
-            if isinstance(found, type) and (dataclasses.is_dataclass(found) or
-                                            issubclass(found, enum.Enum)):
-                return found
-        elif module == "torch":
-            found = getattr(torch, name, None)
-            if found is torch.Size or isinstance(found, torch.dtype):
-                return found
-        elif (module, name) in self._OTHERS:
-            return super().find_class(module, name)
-        raise _Refused(f"{module}.{name}")
-
-
-def read_index(at: Place, shown: str) -> dict[str, list[tuple[int, int]]]:
-    """The byte ranges the checkpoint's ``.metadata`` indexes, per file:
-    ``{name: [(offset, length), ...]}``. Imports torch (its classes are in
-    the pickle).
-
-    Raises:
-        MissingDependency: torch is not installed.
-        CheckpointCorrupt: ``.metadata`` is gone, or is no DCP index.
-    """
-    try:
-        import torch  # noqa: F401  (the classes .metadata holds)
-    except ImportError as exc:
-        raise MissingDependency(f"reading the {METADATA} of checkpoint {shown} needs torch",
-                                hint="pip install 'ucstage[torch]'") from exc
-    raw = at.read(METADATA)
-    if raw is None:
-        raise CheckpointCorrupt(f"checkpoint {shown}: its {METADATA} is gone",
-                                hint="it was removed while being read: list the folder again")
-    try:
-        storage = _IndexUnpickler(io.BytesIO(raw)).load().storage_data
-        items = [(s.relative_path, int(s.offset), int(s.length)) for s in storage.values()]
-    except Exception as exc:  # any damage: say what, never the bytes
-        why = f"it holds {exc}, which torch never writes there" if isinstance(exc, _Refused) \
-            else f"{type(exc).__name__} reading it"
-        raise CheckpointCorrupt(f"checkpoint {shown}: its {METADATA} is not a "
-                                f"torch.distributed.checkpoint index ({why})",
-                                hint="it was edited or cut short: load another checkpoint") from exc
-    index: dict[str, list[tuple[int, int]]] = {}
-    for name, offset, length in items:
-        if not isinstance(name, str):
-            raise CheckpointCorrupt(f"checkpoint {shown}: its {METADATA} names a file by a "
-                                    f"{type(name).__name__}, not a name",
-                                    hint="it was edited: load another checkpoint")
-        index.setdefault(name, []).append((offset, length))
-    return index
-
-
 def check_indexed(ckpt: Checkpoint, names: Iterable[str], shown: str, *,
                   present: bool = True) -> None:
     """Refuse, before any is read, the files a checkpoint's ``.metadata``
@@ -519,7 +444,16 @@ def _verify_plain(at: Place, ckpt: Checkpoint, path: str, callback: Callback) ->
     """A plain torch checkpoint, checked against its ``.metadata``: no
     checksum was recorded, so each file it indexes must be there and hold
     every byte range it indexes in it; the bytes themselves are not checked."""
-    index = read_index(at, path)
+    try:
+        from .index import read_index  # torch's pickle: torch only here
+    except ImportError as exc:
+        raise MissingDependency(f"reading the {METADATA} of checkpoint {path} needs torch",
+                                hint="pip install 'ucstage[torch]'") from exc
+    raw = at.read(METADATA)
+    if raw is None:
+        raise CheckpointCorrupt(f"checkpoint {path}: its {METADATA} is gone",
+                                hint="it was removed while being read: list the folder again")
+    index = read_index(raw, path)
     check_indexed(ckpt, index, path, present=False)
     callback.set_size(0, len(index))
     checks: list[FileCheck] = []

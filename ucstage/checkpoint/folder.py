@@ -87,8 +87,8 @@ def name_problem(name: str) -> str | None:
 
 def _unsafe(what: str, name: str, why: str) -> CheckpointUnsafe:
     return CheckpointUnsafe(f"{what} names {name}: {why}; refused, nothing was read",
-                            hint="it was edited, or not written by torch or ucstage: load "
-                                 "another checkpoint (`ucstage checkpoint list` shows them)")
+                            hint="it was edited, or made by another tool: load another "
+                                 "checkpoint (`ucstage checkpoint list` shows them)")
 
 
 @dataclass(frozen=True)

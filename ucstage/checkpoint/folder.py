@@ -279,7 +279,11 @@ def check_indexed(ckpt: Checkpoint, names: Iterable[str], shown: str, *,
     """
     listed = None if ckpt.record is None else {f.name for f in ckpt.record.files}
     what = f"checkpoint {shown}: its {METADATA}"
-    for name in sorted(set(names)):
+    given = set(names)
+    for name in given:
+        if not isinstance(name, str):  # an edited pickle can hold anything
+            raise _unsafe(what, f"a {type(name).__name__}", "not a file name")
+    for name in sorted(given):
         why = name_problem(name)
         if why is None and listed is not None and name not in listed:
             why = "a file its record does not list"

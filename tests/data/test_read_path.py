@@ -31,5 +31,5 @@ def test_the_first_item_runs_no_more_of_ucstage_than_it_did(tmp_path: Any) -> No
     # A file this process fetched is vouched for by the stamp it wrote: no stamp read.
     assert ("ucstage.cache.paths", "read_stamp") not in hit.functions
     # The slot rule is worked out once per layout: an epoch only deals.
-    assert ("ucstage.sharding.values", "Layout.__post_init__") not in hit.functions
+    assert ("ucstage.sharding.rule", "Layout.__post_init__") not in hit.functions
     assert ("ucstage.sharding.rule", "stride") not in hit.functions

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from ..sharding.values import ReadOrder
+from ..sharding.rule import ReadOrder
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolved
 from .arrays import int_array, large_strings, numbers, read_marked

@@ -189,11 +189,28 @@ class ArrowEntries(Sequence[FileEntry]):
             array = self.table.column(column).chunk(c)
             _, offsets_buf, data_buf = array.buffers()
             offsets = np.frombuffer(offsets_buf, dtype=np.int64)
-            data = memoryview(data_buf)
             local = row[where] + array.offset
-            begins, ends = offsets[local].tolist(), offsets[local + 1].tolist()
-            for slot, begin, end in zip(where.tolist(), begins, ends, strict=True):
-                out[slot] = str(data[begin:end], "utf-8")
+            begins = offsets[local]
+            lengths = offsets[local + 1] - begins
+            stops = np.cumsum(lengths)
+            starts = stops - lengths
+            # The rows' bytes gathered into one buffer and decoded in one call,
+            # not one per row (a warm epoch's lookups read every path and
+            # version); ASCII text is then cut at the rows' byte offsets.
+            data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None \
+                else np.zeros(0, dtype=np.uint8)
+            total = int(stops[-1]) if len(stops) else 0
+            joined = data[np.repeat(begins - starts, lengths)
+                          + np.arange(total, dtype=np.int64)].tobytes()
+            text = joined.decode("utf-8")
+            cut: Any = text if len(text) == total else joined
+            pieces = [cut[a:b] for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+            if cut is joined:  # not ASCII: byte offsets are not character offsets
+                pieces = [p.decode("utf-8") for p in pieces]
+            if len(where) == len(row):
+                return pieces
+            for slot, piece in zip(where.tolist(), pieces, strict=True):
+                out[slot] = piece
         return out
 
     def sizes(self) -> np.ndarray:

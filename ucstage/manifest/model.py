@@ -219,6 +219,16 @@ class Manifest(Frozen):
             return fresh[1]  # type: ignore[no-any-return]
         return resolve(self.source)
 
+    def with_listing_of(self, fresh: Manifest) -> Manifest:
+        """This manifest, its :meth:`volume` the one ``fresh``'s listing
+        resolved in this process, if it was listed here (``fresh``: the same
+        listing before it was grouped, or saved and mapped): the source is
+        not resolved a second time."""
+        listed = fresh.__dict__.get("_listed")
+        if listed is not None:
+            object.__setattr__(self, "_listed", listed)
+        return self
+
     def __getstate__(self) -> dict[str, Any]:
         # The listing's volume belongs to this process (see volume()).
         return {k: v for k, v in self.__dict__.items() if k != "_listed"}
@@ -357,7 +367,4 @@ def group_manifest(manifest: Manifest, grouping: Grouping) -> tuple[Manifest, Gr
     grouped = dataclasses.replace(
         manifest, entries=ArrowEntries(table), groups=found.groups, path=None,
         fingerprint=combined_fingerprint(rows_fingerprint, found.groups))
-    listed = manifest.__dict__.get("_listed")
-    if listed is not None:  # the fresh listing's volume (Manifest.volume)
-        object.__setattr__(grouped, "_listed", listed)
-    return grouped, found
+    return grouped.with_listing_of(manifest), found

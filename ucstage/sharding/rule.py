@@ -78,6 +78,8 @@ class Layout:
     num_workers: int | Sequence[int] = 0
     """One for every rank, or a tuple of one per rank (a sequence given becomes a tuple)."""
     nproc_per_node: int | None = None
+    readers: int | tuple[int, ...] = field(init=False, repr=False, compare=False)
+    """Reading processes (``max(1, num_workers)``) of every rank, or of each rank."""
     slots: int = field(init=False, repr=False, compare=False)
     """Every (rank, worker) slot of the job."""
     ranks_per_node: int = field(init=False, repr=False, compare=False)
@@ -105,7 +107,7 @@ class Layout:
             values = list(spec)
         else:
             values = []
-        if not values or not all(_is_int(v) for v in values):
+        if not values or not all(map(_is_int, values)):
             raise InvalidArgument(f"num_workers must be an int or a non-empty sequence of ints, "
                                   f"got {spec!r}")
         if min(values) < 0:
@@ -121,11 +123,12 @@ class Layout:
                 hint="every node runs nproc_per_node ranks (torchrun's nproc-per-node option)")
         uniform = len(values) == 1
         per_node = nproc if nproc is not None else world
+        readers = [_readers(k) for k in values]
         put = functools.partial(object.__setattr__, self)
         put("num_workers", values[0] if uniform else tuple(values))
         put("uniform", uniform)
-        put("slots", world * _readers(values[0]) if uniform
-            else sum(max(1, k) for k in values))
+        put("readers", readers[0] if uniform else tuple(readers))
+        put("slots", world * readers[0] if uniform else sum(readers))
         put("ranks_per_node", per_node)
         put("nodes", world // per_node)
 
@@ -136,7 +139,8 @@ class Layout:
 
     def readers_of(self, rank: int) -> int:
         """Reading processes of rank ``rank``: ``max(1, num_workers)``."""
-        return _readers(self.workers_of(rank))
+        readers = self.readers
+        return readers if isinstance(readers, int) else readers[rank]
 
     def workers_per_rank(self) -> list[int]:
         """The ``num_workers`` of every rank, as given (the CLI's ``-k 6,4`` checked
@@ -148,15 +152,15 @@ class Layout:
     def readers_agree(self) -> bool:
         """Every rank runs as many reading processes (``num_workers`` 0 and 1 agree):
         only then do the slots partition a read order, each file read once."""
-        return isinstance(self.num_workers, int) or \
-            len({_readers(k) for k in self.num_workers}) == 1
+        return isinstance(self.readers, int) or len(set(self.readers)) == 1
 
     @functools.cached_property
     def workers(self) -> int:
         """Reading processes per rank (one ``num_workers`` for every rank)."""
-        if not isinstance(self.num_workers, int):
-            raise InvalidArgument(f"the ranks run different num_workers {list(self.num_workers)}")
-        return _readers(self.num_workers)
+        readers = self.readers
+        if not isinstance(readers, int):
+            raise InvalidArgument(f"the ranks run different num_workers {self.workers_per_rank()}")
+        return readers
 
     def node_of(self, rank: int) -> int:
         """The node rank ``rank`` runs on, as torchrun numbers them (0 with one node)."""

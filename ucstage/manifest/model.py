@@ -91,9 +91,15 @@ class Frozen(abc.ABC):
         """The ``pyarrow.Table`` of its Arrow file, the header in the schema metadata."""
 
     @classmethod
-    @abc.abstractmethod
     def marked(cls, meta: Meta) -> bool:
-        """Whether an Arrow file's schema metadata carries this kind's format marker."""
+        """Whether an Arrow file's schema metadata carries this kind's format
+        marker: by default, the key its header is kept under (:meth:`with_header`)."""
+        return cls.marker.encode() in meta
+
+    def with_header(self, table: Any) -> Any:
+        """``table`` with this listing's header as one JSON value under its marker."""
+        return table.replace_schema_metadata(
+            {self.marker.encode(): json.dumps(self.header()).encode()})
 
     @classmethod
     @abc.abstractmethod

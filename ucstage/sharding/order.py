@@ -181,7 +181,7 @@ class GroupedOrder(_Order):
     ``sizes[g]`` items of run ``g``, the runs back to back (run ``g`` is
     items ``sum(sizes[:g]) ..``); the runs are read in the order of
     ``Permutation(len(sizes), seed, epoch, stream)``. With ``base``, item
-    ``i`` stands for ``base[i]`` (a node's own items, see :func:`node_order`).
+    ``i`` stands for ``base[i]`` (a node's own items, see :func:`node_deals`).
     Holds one value per run and per item of ``base``: a shard manifest's
     blocks are arrays already.
     """

@@ -113,8 +113,8 @@ CORE = {"ucstage.errors", "ucstage.units", "ucstage.volumes", "ucstage.volumes.e
         "ucstage.shardfiles.lineindex", "ucstage.shardfiles.shardindex",
         "ucstage.shardfiles.sourceindex", "ucstage.shardfiles.packindex",
         "ucstage.source", "ucstage.ports",
-        "ucstage.sharding", "ucstage.sharding.values", "ucstage.sharding.order",
-        "ucstage.sharding.rule", "ucstage.sharding.plan", "ucstage.sharding.forecast",
+        "ucstage.sharding", "ucstage.sharding.order", "ucstage.sharding.rule",
+        "ucstage.sharding.plan", "ucstage.sharding.forecast",
         "ucstage.sharding.resplit", "ucstage.sharding.stats", "ucstage.progress", "ucstage.atomic", "ucstage.percentile",
         "ucstage.resume", "ucstage.cloudfs", "ucstage.aside",
         "ucstage.params", "ucstage.shutdown", "ucstage.shown", "ucstage.thrift"}
@@ -215,7 +215,7 @@ def test_export_and_data_do_not_import_each_other():
 
 SLOT_RULE_KEYWORDS = {"rank", "world_size", "num_workers", "worker", "shuffle", "seed", "epoch",
                       "shuffle_scope", "nproc_per_node", "equal_length"}
-"""What travels together as the slot rule's values (ucstage.sharding.values)."""
+"""What travels together as the slot rule's values (ucstage.sharding.rule)."""
 KEYWORD_ENTRY_POINTS = {
     # The public keyword forms users call; each builds the values and calls the library.
     "ucstage.data.dataset.VolumeDataset.__init__",

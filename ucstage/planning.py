@@ -41,8 +41,8 @@ from .resume import ResumePlan, SlotRest, load_state, resume_plan
 from .sharding.forecast import Forecast, forecast
 from .sharding.mixing import MixPlan, mix_plan, mix_shares
 from .sharding.plan import ShardPlan, shard_plan, slot_plan
+from .sharding.rule import DEFAULT_SHUFFLE_SCOPE, SHUFFLE_SCOPES, Layout, ReadOrder, Slot
 from .sharding.stats import SlotPlan
-from .sharding.values import DEFAULT_SHUFFLE_SCOPE, SHUFFLE_SCOPES, Layout, ReadOrder, Slot
 from .source import snapshot
 from .volumes.entry import FileEntry
 

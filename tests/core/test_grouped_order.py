@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 
 from ucstage.sharding import Layout, ReadOrder, Segment, resume_slots, segment_runs, slot_array
-from ucstage.sharding.order import GroupedOrder, node_order, node_share
-from ucstage.sharding.values import Slot
+from ucstage.sharding.order import GroupedOrder
+from ucstage.sharding.rule import Slot, node_order, node_share
 
 SIZES = np.array([3, 0, 5, 2, 4, 7, 1, 6], dtype=np.int64)  # a shard of no block too
 N = int(SIZES.sum())

@@ -20,8 +20,7 @@ from ucstage.sharding import (
     slot_length,
     slot_plan,
 )
-from ucstage.sharding.order import node_order
-from ucstage.sharding.rule import slot_dealing
+from ucstage.sharding.rule import node_order, slot_dealing
 
 
 def simulate(n: int, world: int, k: int, nproc: int | None, scope: str, seed: int,

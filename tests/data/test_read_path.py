@@ -9,12 +9,12 @@ from typing import Any
 
 from benchmarks.readpath import first_items
 
-HIT_MODULES = 15
-HIT_FUNCTIONS = 50
+HIT_MODULES = 12
+HIT_FUNCTIONS = 48
 """The hit path as issue 41 left it (84 functions in 20 modules before);
 docs/design.md, "The read path of one item", names its modules."""
-MISS_MODULES = 26
-MISS_FUNCTIONS = 196
+MISS_MODULES = 24
+MISS_FUNCTIONS = 176
 
 
 def test_the_first_item_runs_no_more_of_ucstage_than_it_did(tmp_path: Any) -> None:
@@ -31,5 +31,7 @@ def test_the_first_item_runs_no_more_of_ucstage_than_it_did(tmp_path: Any) -> No
     # A file this process fetched is vouched for by the stamp it wrote: no stamp read.
     assert ("ucstage.cache.paths", "read_stamp") not in hit.functions
     # The slot rule is worked out once per layout: an epoch only deals.
-    assert ("ucstage.sharding.values", "Layout.__post_init__") not in hit.functions
+    assert ("ucstage.sharding.rule", "Layout.__post_init__") not in hit.functions
     assert ("ucstage.sharding.rule", "stride") not in hit.functions
+    # Unshuffled, the read order is the listing: the slot's positions are its rows.
+    assert not {name for m, name in hit.functions if m == "ucstage.sharding.order"}

@@ -11,7 +11,7 @@ from dataclasses import replace
 from tests.common.shards import write_shards
 from ucstage import DataLoader, ShardDataset
 from ucstage.sharding import Layout, World, slot_array
-from ucstage.sharding.values import Slot
+from ucstage.sharding.rule import Slot
 
 
 def _dataset(tmp_path, **kw) -> ShardDataset:  # type: ignore[no-untyped-def]

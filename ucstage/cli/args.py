@@ -20,7 +20,7 @@ from click.core import ParameterSource
 from ..errors import InvalidArgument
 from ..manifest.groups import KEY
 from ..planning import PLAN_UNITS, UNITS
-from ..sharding.values import SHUFFLE_SCOPES
+from ..sharding.rule import SHUFFLE_SCOPES
 from ..units import parse_size
 
 __all__ = ["NPROC_HELP", "Seconds", "column_list", "float_list", "given", "group_option",

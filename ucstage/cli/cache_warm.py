@@ -20,7 +20,7 @@ from ..errors import InvalidArgument
 from ..manifest.groups import Grouping
 from ..manifest.model import group_manifest
 from ..planning import check_unit, scope_of
-from ..sharding.values import Layout, ReadOrder
+from ..sharding.rule import Layout, ReadOrder
 from ..shown import shown
 from ..units import SIZE_HELP, format_rate
 from ..volumes.entry import FileEntry

@@ -187,7 +187,8 @@ class FrozenListing(Freezable):
             # list is freed and workers forked later share the page cache.
             assert self._manifest_path is not None
             manifest = _manifest.load(self._manifest_path, verify=False,
-                                      expect_fingerprint=manifest.fingerprint)
+                                      expect_fingerprint=manifest.fingerprint
+                                      ).with_listing_of(manifest)
             self._manifest = manifest
         return manifest
 

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..manifest import Manifest
+from ..manifest import ArrowEntries, Manifest
 from ..manifest.groups import split_name
 from ..volumes import FileEntry
 
@@ -81,12 +81,18 @@ class SlotRows(Sequence[Any]):
     def __init__(self, manifest: Manifest, indices: Any) -> None:
         self._manifest = manifest
         self._indices = indices
+        entries = manifest.entries
+        # What makes the rows (``take``, ``columns``), picked once: a frozen
+        # listing's mapped columns when it is one (nearly always), else the
+        # manifest's own forms over its list.
+        self._rows: ArrowEntries | Manifest = \
+            entries if isinstance(entries, ArrowEntries) else manifest
         # One (block, items) tuple, replaced whole: read-ahead threads index
         # concurrently and must never see one block's number with another's items.
         self._cached: tuple[int, list[Any]] = (-1, [])
 
     def _make(self, indices: Any) -> list[Any]:
-        return self._manifest.take(indices)
+        return self._rows.take(indices)
 
     def __len__(self) -> int:
         return len(self._indices)
@@ -116,7 +122,7 @@ class SlotRows(Sequence[Any]):
     def columns(self, start: int, stop: int) -> tuple[list[str], list[int], list[str]]:
         """The paths, sizes and versions of items ``start:stop`` (files: the
         warm path's lookup makes no entry object, :mod:`.slotread`)."""
-        return self._manifest.columns(self._indices[start:stop])
+        return self._rows.columns(self._indices[start:stop])
 
 
 class SampleRows(SlotRows):
@@ -134,7 +140,7 @@ class SampleRows(SlotRows):
 
         offsets = self._groups.offsets
         rows = self._groups.rows(samples)
-        entries = self._manifest.take(rows)
+        entries = self._rows.take(rows)
         counts = offsets[samples + 1] - offsets[samples]
         starts = np.cumsum(counts) - counts
         sizes = (np.add.reduceat(np.asarray(self._manifest.sizes())[rows], starts).tolist()

@@ -30,7 +30,7 @@ from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
 from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_array, slot_length
-from ..sharding.values import layout_of
+from ..sharding.rule import layout_of
 from . import channel, slotread
 from . import state as _state
 

@@ -147,26 +147,12 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     def _get_volume(self) -> Volume:
         return self.freeze().volume()
 
-    def _item_count(self) -> int:
-        return len(self.freeze())
-
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen blocks (freezes them): the
         manifest's, which ``shard-plan --unit sample`` deals too."""
         return self.freeze().read_order(super().read_order())
 
-    @property
-    def _dealt_equal(self) -> str | None:
-        # Blocks are dealt whole, none padded or dropped: equal_length counts samples.
-        return None
-
-    # -- length ----------------------------------------------------------------
-
-    def __len__(self) -> int:
-        """Samples this process yields per epoch: a worker's slot, or the
-        rank's slots in the main process (for :attr:`num_workers` workers)."""
-        self._frozen("the indexed shards")
-        return self.unit_length()
+    _len_needs = "the indexed shards"
 
     def __repr__(self) -> str:
         return self._repr(f"format={self.format!r}, shuffle={self.shuffle}, seed={self.seed}")

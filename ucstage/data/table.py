@@ -164,22 +164,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
     def _get_volume(self) -> Volume:
         return self.freeze().volume()
 
-    def _item_count(self) -> int:
-        return len(self.freeze())
-
-    @property
-    def _dealt_equal(self) -> str | None:
-        # Row groups are dealt whole, none padded or dropped: equal_length
-        # counts batches (slot_batches).
-        return None
-
-    # -- length --------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        """Batches this process yields per epoch: a worker's slot, or the
-        rank's slots in the main process (for :attr:`num_workers` workers)."""
-        self._frozen("the frozen row groups")
-        return self.unit_length()
+    _len_needs = "the frozen row groups"
 
     def __repr__(self) -> str:
         where = "" if self._filter is None else f", filter={self._filter.text!r}"

@@ -619,12 +619,34 @@ class UnitCounts:
     """The audit counts units (each item weighs its units), not items."""
     num_workers: int
 
+    _len_needs: str
+    """What ``len()`` needs frozen, as its refusal names it."""
+
     if TYPE_CHECKING:  # the sharded dataset's (never defined here: they would shadow it)
         def world(self) -> Any: ...
 
         def layout(self, world_size: int, num_workers: int) -> Any: ...
 
         def freeze(self, *, broadcast: bool | None = None) -> Any: ...
+
+        def _frozen(self, needs: str) -> None: ...
+
+    def _item_count(self) -> int:
+        """Items the slot rule deals: the frozen listing's rows (row groups, blocks)."""
+        return len(self.freeze())
+
+    @property
+    def _dealt_equal(self) -> str | None:
+        # Items are dealt whole, none padded or dropped: equal_length counts
+        # units (a table's batches, a shard set's samples).
+        return None
+
+    def __len__(self) -> int:
+        """Units this process yields per epoch (a table's batches, a shard
+        set's samples): a worker's slot, or the rank's slots in the main
+        process (for :attr:`num_workers` workers)."""
+        self._frozen(self._len_needs)
+        return self.unit_length()
 
     def unit_length(self) -> int:
         """Batches this process yields per epoch: a worker's slot, or the

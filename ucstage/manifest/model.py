@@ -91,9 +91,15 @@ class Frozen(abc.ABC):
         """The ``pyarrow.Table`` of its Arrow file, the header in the schema metadata."""
 
     @classmethod
-    @abc.abstractmethod
     def marked(cls, meta: Meta) -> bool:
-        """Whether an Arrow file's schema metadata carries this kind's format marker."""
+        """Whether an Arrow file's schema metadata carries this kind's format
+        marker: by default, the key its header is kept under (:meth:`with_header`)."""
+        return cls.marker.encode() in meta
+
+    def with_header(self, table: Any) -> Any:
+        """``table`` with this listing's header as one JSON value under its marker."""
+        return table.replace_schema_metadata(
+            {self.marker.encode(): json.dumps(self.header()).encode()})
 
     @classmethod
     @abc.abstractmethod
@@ -218,6 +224,16 @@ class Manifest(Frozen):
         if fresh is not None and fresh[0] == os.getpid():
             return fresh[1]  # type: ignore[no-any-return]
         return resolve(self.source)
+
+    def with_listing_of(self, fresh: Manifest) -> Manifest:
+        """This manifest, its :meth:`volume` the one ``fresh``'s listing
+        resolved in this process, if it was listed here (``fresh``: the same
+        listing before it was grouped, or saved and mapped): the source is
+        not resolved a second time."""
+        listed = fresh.__dict__.get("_listed")
+        if listed is not None:
+            object.__setattr__(self, "_listed", listed)
+        return self
 
     def __getstate__(self) -> dict[str, Any]:
         # The listing's volume belongs to this process (see volume()).
@@ -357,7 +373,4 @@ def group_manifest(manifest: Manifest, grouping: Grouping) -> tuple[Manifest, Gr
     grouped = dataclasses.replace(
         manifest, entries=ArrowEntries(table), groups=found.groups, path=None,
         fingerprint=combined_fingerprint(rows_fingerprint, found.groups))
-    listed = manifest.__dict__.get("_listed")
-    if listed is not None:  # the fresh listing's volume (Manifest.volume)
-        object.__setattr__(grouped, "_listed", listed)
-    return grouped, found
+    return grouped.with_listing_of(manifest), found

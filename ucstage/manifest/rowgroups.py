@@ -25,7 +25,7 @@ from ..errors import InvalidArgument, UnknownColumn
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolved
 from .arrays import binary, int_array, numbers, read_marked
-from .model import Frozen, Meta, fails_fingerprint
+from .model import Frozen, fails_fingerprint
 
 __all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "is_row_group_manifest"]
 
@@ -252,11 +252,7 @@ class RowGroupManifest(Frozen):
                                                                     pa.int64())),
             "footer": binary(footer),
         })
-        return table.replace_schema_metadata({_KEY: json.dumps(self.header()).encode()})
-
-    @classmethod
-    def marked(cls, meta: Meta) -> bool:
-        return _KEY in meta
+        return self.with_header(table)
 
     @classmethod
     def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,

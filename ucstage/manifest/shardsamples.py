@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from ..sharding.values import ReadOrder
+from ..sharding.rule import ReadOrder
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolved
 from .arrays import int_array, large_strings, numbers, read_marked
-from .model import Frozen, Meta, fails_fingerprint
+from .model import Frozen, fails_fingerprint
 
 __all__ = ["FORMAT", "SUFFIX", "ShardManifest", "ShardSamples"]
 
@@ -245,11 +245,7 @@ class ShardManifest(Frozen):
             "member_size": pa.LargeListArray.from_arrays(
                 offsets, int_array(self.member_size, pa.int64())),
         })
-        return table.replace_schema_metadata({_KEY: json.dumps(self.header()).encode()})
-
-    @classmethod
-    def marked(cls, meta: Meta) -> bool:
-        return _KEY in meta
+        return self.with_header(table)
 
     @classmethod
     def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,

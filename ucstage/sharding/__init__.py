@@ -2,13 +2,13 @@
 
 One package, one concept per module:
 
-* :mod:`.values`: the rule's inputs as values, each validated once when built:
-  a job's :class:`Layout` (ranks, workers per rank, ranks per node), a
-  :class:`Slot` of it, and a :class:`ReadOrder` (files, shuffle, seed, epoch,
-  scope, equal length);
+* :mod:`.rule`: the slot rule: its inputs as values, each validated once when
+  built (a job's :class:`Layout`: ranks, workers per rank, ranks per node; a
+  :class:`Slot` of it; a :class:`ReadOrder`: files, shuffle, seed, epoch,
+  scope, equal length), the rule itself (:func:`~.rule.stride`,
+  :func:`slot_array`) and what is counted by it (:func:`slot_length`,
+  :func:`rank_entries`);
 * :mod:`.order`: read orders (:class:`~.order.Permutation`, :class:`~.order.NodeOrder`, :class:`~.order.GroupedOrder`);
-* :mod:`.rule`: the slot rule itself (:func:`~.rule.stride`, :func:`slot_array`) and
-  what is counted by it (:func:`slot_length`, :func:`rank_entries`);
 * :mod:`.plan` and :mod:`.stats`: whole-job plans (:func:`shard_plan`);
 * :mod:`.forecast`: the network over several epochs;
 * :mod:`.resplit`: resuming an interrupted epoch on another layout.
@@ -41,16 +41,19 @@ from .forecast import Forecast, forecast
 from .order import Permutation
 from .plan import ShardPlan, shard_plan, slot_plan
 from .resplit import Segment, epoch_slot_length, resume_slots, segment_runs
-from .rule import rank_entries, rank_length, slot_array, slot_length
-from .stats import SlotPlan
-from .values import (
+from .rule import (
     DEFAULT_SHUFFLE_SCOPE,
     SHUFFLE_SCOPES,
     Layout,
     ReadOrder,
     Slot,
     World,
+    rank_entries,
+    rank_length,
+    slot_array,
+    slot_length,
 )
+from .stats import SlotPlan
 
 __all__ = [
     "DEFAULT_SHUFFLE_SCOPE",

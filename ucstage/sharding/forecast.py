@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 from ..errors import InvalidArgument
 from .plan import shard_plan
-from .values import Layout, ReadOrder
+from .rule import Layout, ReadOrder
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 
 from ..errors import InvalidArgument
 from .order import Permutation, permute_passes
-from .rule import slot_array
-from .values import Layout, ReadOrder, Slot
+from .rule import Layout, ReadOrder, Slot, slot_array
 
 __all__ = ["MAX_EPOCH_SIZE", "MixOrder", "MixPlan", "MixShares", "SourceStream", "check_shares",
            "largest_remainder", "mix_plan", "mix_shares", "slot_mix"]

@@ -1,4 +1,5 @@
-"""Read orders: the whole job's permutation and a node's own order."""
+"""Read orders: the whole job's permutation and a node's own order (which
+node deals which of them is the rule's, :func:`ucstage.sharding.rule.node_order`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, overload
 
+from ..errors import InvalidArgument
+
 if TYPE_CHECKING:
     import numpy as np
-
-from ..errors import InvalidArgument
-from .values import Layout, ReadOrder
 
 _ROUNDS = 6
 _M1, _M2, _M3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -181,7 +181,7 @@ class GroupedOrder(_Order):
     ``sizes[g]`` items of run ``g``, the runs back to back (run ``g`` is
     items ``sum(sizes[:g]) ..``); the runs are read in the order of
     ``Permutation(len(sizes), seed, epoch, stream)``. With ``base``, item
-    ``i`` stands for ``base[i]`` (a node's own items, see :func:`node_order`).
+    ``i`` stands for ``base[i]`` (a node's own items, see :func:`node_deals`).
     Holds one value per run and per item of ``base``: a shard manifest's
     blocks are arrays already.
     """
@@ -280,7 +280,7 @@ def read_order(n: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
                groups: np.ndarray | None = None) -> Sequence[int]:
     """File indices in read order: listing order (a ``range``), or a
     :class:`Permutation` of it that depends only on ``(n, seed, epoch)``;
-    with ``groups`` (items in runs, :class:`~.values.ReadOrder`), a
+    with ``groups`` (items in runs, :class:`~.rule.ReadOrder`), a
     :class:`GroupedOrder` of the runs.
 
     Neither holds a Python object per file: index it, or take a slot's
@@ -340,46 +340,32 @@ class NodeOrder(_Order):
         return f"NodeOrder({self.n}, node={self.node}, nodes={self.nodes})"
 
 
-def node_share(n: int, layout: Layout, node: int, *, seed: int = 0,
-               groups: np.ndarray | None = None) -> np.ndarray:
-    """The files (sorted listing rows) node ``node`` of ``layout`` reads under the
-    ``"node"`` scope with ``shuffle``: the same in every epoch, so warming them
-    serves every epoch. With one node, every file. ``groups``: as for
-    :func:`read_order`."""
+def node_members(n: int, node: int, nodes: int, *, seed: int,
+                 groups: np.ndarray | None = None) -> np.ndarray:
+    """The files (sorted listing rows) of node ``node`` of ``nodes`` (two or
+    more) under the ``"node"`` scope: the same in every epoch. ``groups``: as
+    for :func:`read_order`."""
     import numpy as np
 
-    layout.node_ranks(node)  # refuses a node outside the layout
-    nodes = layout.nodes
-    if nodes == 1:
-        return np.arange(n, dtype=np.int64)
     if groups is not None:
         return np.sort(_grouped_node(groups, node, nodes, seed)[0])
     return NodeOrder(n, node=node, nodes=nodes, seed=seed).members()
 
 
-def node_order(order: ReadOrder, layout: Layout, node: int) -> Sequence[int]:
-    """The read order node ``node``'s slots deal from in one epoch.
+def node_deals(n: int, node: int, nodes: int, *, shuffle: bool, seed: int, epoch: int,
+               groups: np.ndarray | None) -> Sequence[int]:
+    """The read order node ``node`` deals from in one epoch: with ``nodes``
+    (two or more, shuffled under the ``"node"`` scope) the node's own
+    :class:`NodeOrder`, or with ``groups`` its runs' :class:`GroupedOrder`;
+    with ``nodes`` 0 (``"global"``, no shuffle, one node) the whole job's
+    :func:`read_order`, which every node deals from.
 
-    Under the ``"node"`` scope with several nodes and ``shuffle``, the node's
-    own :class:`NodeOrder`; otherwise (``"global"``, no shuffle, one node) the
-    whole job's :func:`read_order`, which every node deals from.
-
-    With ``order.groups`` (a shard's blocks) the node's items are whole runs
-    of an epoch-independent grouped order (:func:`_grouped_node`), and each
-    epoch permutes those runs (stream ``node{node}``), so a node keeps its
-    shards and its slots read them shard by shard.
-    """
-    layout.node_ranks(node)  # refuses a node outside the layout
-    return node_deals(order, node, layout.nodes if order.per_node(layout) else 0)
-
-
-def node_deals(order: ReadOrder, node: int, nodes: int) -> Sequence[int]:
-    """:func:`node_order` of a node already checked against its layout:
-    ``nodes`` is the layout's node count when nodes deal their own orders
-    (:meth:`~.values.ReadOrder.per_node`), else 0 (every node deals the job's)."""
+    With ``groups`` (a shard's blocks) the node's items are whole runs of an
+    epoch-independent grouped order (:func:`_grouped_node`), and each epoch
+    permutes those runs (stream ``node{node}``), so a node keeps its shards
+    and its slots read them shard by shard."""
     if nodes:
-        if order.groups is not None:
-            return _grouped(_Same(order.groups), order.seed, order.epoch, node, nodes)
-        return NodeOrder(order.n, node=node, nodes=nodes, seed=order.seed, epoch=order.epoch)
-    return read_order(order.n, shuffle=order.shuffle, seed=order.seed, epoch=order.epoch,
-                      groups=order.groups)
+        if groups is not None:
+            return _grouped(_Same(groups), seed, epoch, node, nodes)
+        return NodeOrder(n, node=node, nodes=nodes, seed=seed, epoch=epoch)
+    return read_order(n, shuffle=shuffle, seed=seed, epoch=epoch, groups=groups)

@@ -10,10 +10,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .order import GroupedOrder, NodeOrder, Permutation, node_order
-from .rule import slot_array, stride
+from .order import GroupedOrder, NodeOrder, Permutation
+from .rule import Layout, ReadOrder, Slot, node_order, slot_array, stride
 from .stats import EmptySlots, NodeStats, RankStats, SlotPlan, Spread
-from .values import Layout, ReadOrder, Slot
 
 
 @dataclass

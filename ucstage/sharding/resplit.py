@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..errors import InvalidArgument
-from .rule import equal_count, slot_array, slot_length, stride
-from .values import Layout, ReadOrder, Slot
+from .rule import Layout, ReadOrder, Slot, equal_count, slot_array, slot_length, stride
 
 __all__ = ["EpochOrder", "Segment", "SlotRun", "epoch_slot_length", "resume_nodes",
            "resume_slots", "same_layout", "segment_runs"]

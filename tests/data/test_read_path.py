@@ -14,7 +14,7 @@ HIT_FUNCTIONS = 48
 """The hit path as issue 41 left it (84 functions in 20 modules before);
 docs/design.md, "The read path of one item", names its modules."""
 MISS_MODULES = 24
-MISS_FUNCTIONS = 176
+MISS_FUNCTIONS = 177
 
 
 def test_the_first_item_runs_no_more_of_ucstage_than_it_did(tmp_path: Any) -> None:

@@ -2,9 +2,11 @@
 then uploads and publishes.
 
 Each rank writes its files with torch's own ``FileSystemWriter`` into a
-private scratch folder on local disk (under the cache root), then copies
+private scratch folder on local disk (under the cache root) and copies
 them to the checkpoint's folder on several threads, each file straight to
-its final name, and checks the size and checksum of what landed. The
+its final name, and checks the size and checksum of what landed. The copy
+of a file starts as torch opens it and follows the writing part by part,
+and the checksums are taken as torch writes (:mod:`.scratch`). The
 coordinator then checks every rank's files are in place, writes the record
 (:mod:`ucstage.checkpoint.folder`) and ``.metadata`` last, and prunes older
 checkpoints when ``keep`` asks. With ``dcp.async_save`` all of this runs in
@@ -14,6 +16,7 @@ copied to CPU memory.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -23,6 +26,7 @@ import pickle
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -52,7 +56,8 @@ from . import digests
 from .folder import METADATA, RECORD, FileRecord, Record
 from .place import Place, StorePlace, place
 from .retention import prune
-from .upload import Destination, FolderDestination, ObjectDestination
+from .scratch import Growing, TeeFileSystem
+from .upload import Destination, FolderDestination, Landed, ObjectDestination
 
 _log = logging.getLogger("ucstage")
 
@@ -142,7 +147,9 @@ class Writer(FileSystemWriter):
             incomplete ones are never removed. None keeps everything.
         cache_dir: the cache root whose scratch folder the ranks write to
             first (default ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
-        upload_threads: files copied to the folder at once, per rank.
+        upload_threads: files copied to the folder at once, per rank (each
+            copy starts as torch opens its file; a large file's parts go
+            several at once within its copy).
         thread_count: files each rank writes (torch's option): more files
             upload in parallel.
         sync_files: fsync each scratch file as torch writes it; default
@@ -176,6 +183,7 @@ class Writer(FileSystemWriter):
         self.upload_threads = upload_threads
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.kind = digests.default_kind()
+        self.fs = TeeFileSystem(self.kind)
         self._scratch: str | None = None
 
     # -- torch's StorageWriter ------------------------------------------------
@@ -216,14 +224,43 @@ class Writer(FileSystemWriter):
         return plan
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        assert self._scratch is not None
+        dest = self.destination()
+        # Each file's upload starts when torch opens it and sends each part
+        # as soon as torch has written it (:mod:`.scratch`): writing, the
+        # checksums and the upload overlap instead of running one after another.
+        pool = ThreadPoolExecutor(max_workers=self.upload_threads,
+                                  thread_name_prefix="ucstage-ckpt")
+        uploads: dict[str, tuple[Growing, concurrent.futures.Future[Landed]]] = {}
+        lock = threading.Lock()
+
+        def opened(growing: Growing) -> None:
+            dest.writing[growing.path] = growing
+            with lock:
+                uploads[growing.name] = (growing, pool.submit(dest.put, growing.path,
+                                                              growing.name, self.kind))
+
+        self.fs = TeeFileSystem(self.kind, opened)
         try:
             written = super().write_data(plan, planner).wait()
-            stored = self._upload(written)
+            stored = self._checked(written, dest, uploads)
+        except BaseException:
+            # Ctrl-C, a failed write or a failed copy: the copies still running
+            # stop at their next block rather than finish files that will not
+            # be published, and the ones waiting for bytes stop waiting.
+            dest.cancel()
+            with lock:
+                for growing, _ in uploads.values():
+                    growing.fail("the save stopped")
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
         finally:
+            self.fs = TeeFileSystem(self.kind)
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
                 self._scratch = None
             self.path = Path(self._folder)
+        pool.shutdown()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(stored)
         return fut
@@ -270,25 +307,34 @@ class Writer(FileSystemWriter):
                 for ckpt in report.removed:
                     _log.info("ucstage: removed checkpoint %s (keep=%d)", ckpt.path, self.keep)
 
-    # -- the upload -------------------------------------------------------------
+    # -- the upload ---------------------------------------------------------------
 
-    def _upload(self, written: Sequence[WriteResult]) -> list[WriteResult]:
-        """Copy this rank's files to the destination, checked; return the
-        results with each item's range checksum and its file's record."""
-        assert self._scratch is not None
+    def _checked(self, written: Sequence[WriteResult], dest: Destination,
+                 uploads: dict[str, tuple[Growing, concurrent.futures.Future[Landed]]]
+                 ) -> list[WriteResult]:
+        """Wait for this rank's uploads and check each against what torch
+        wrote; return the results with each item's range checksum and its
+        file's record."""
         by_file: dict[str, list[int]] = defaultdict(list)
         for i, wr in enumerate(written):
             by_file[wr.storage_data.relative_path].append(i)
         rank = self.rank or 0
-        dest = self.destination()
-
-        def one(name: str) -> tuple[str, FileRecord, list[str]]:
-            local = os.path.join(self._scratch or "", name)
+        stored = list(written)
+        for name in sorted(by_file):
             spans = [(written[i].storage_data.offset, written[i].storage_data.length)
                      for i in by_file[name]]
-            size, checksum, sums = digests.of_file(local, self.kind, spans)
+            local = os.path.join(self._scratch or "", name)
+            if name in uploads:
+                growing, put = uploads[name]
+                size, checksum = growing.checksum()
+                sums = growing.range_checksums(spans)
+                landed: Landed | None = put.result()
+            else:  # a file torch did not open through the scratch's file system
+                size, checksum, sums = digests.of_file(local, self.kind, spans)
+                landed = None
             for attempt in (1, 2):
-                landed = dest.put(local, name, self.kind)
+                if landed is None:
+                    landed = dest.put(local, name, self.kind)
                 if (landed.size, landed.checksum) == (size, checksum):
                     break
                 if attempt == 2:
@@ -296,23 +342,10 @@ class Writer(FileSystemWriter):
                         f"the copy of {name} to {dest.where} holds {landed.size:,} bytes "
                         f"({landed.checksum}), not the {size:,} written ({checksum}), twice",
                         hint="check the destination's disk or mount; nothing was published")
-            return name, FileRecord(name, rank, size, checksum), sums
-
-        pool = ThreadPoolExecutor(max_workers=min(self.upload_threads, max(1, len(by_file))),
-                                  thread_name_prefix="ucstage-ckpt")
-        try:
-            done = list(pool.map(one, sorted(by_file)))
-        except BaseException:
-            # Ctrl-C or a failed copy: the copies still running stop at their
-            # next block rather than finish files that will not be published.
-            dest.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown()
-        stored = list(written)
-        for name, record, sums in done:
-            for i, checksum in zip(by_file[name], sums, strict=True):
+                landed = None  # sent again, from the complete file
+            record = FileRecord(name, rank, size, checksum)
+            for i, range_sum in zip(by_file[name], sums, strict=True):
                 wr = written[i]
                 stored[i] = WriteResult(index=wr.index, size_in_bytes=wr.size_in_bytes,
-                                        storage_data=_Stored(wr.storage_data, checksum, record))
+                                        storage_data=_Stored(wr.storage_data, range_sum, record))
         return stored

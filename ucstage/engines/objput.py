@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -81,20 +82,32 @@ def _gcs(bucket: str) -> Any:
     return cloudfs.filesystem("gs")
 
 
+Grown = Callable[[int], int]
+"""For a file still being written: called with a byte count, it blocks until
+the file holds that many bytes or is complete and returns the bytes it
+holds (it raises when the writer failed)."""
+
+
+def _whole(_n: int) -> int:
+    return sys.maxsize  # a complete file: every read is its final bytes
+
+
 def put_file(kind: str, bucket: str, key: str, local: str, check: str,
-             go_on: Callable[[int], None] = lambda _n: None) -> Put:
+             go_on: Callable[[int], None] = lambda _n: None, grown: Grown = _whole) -> Put:
     """PUT the local file at ``local`` to ``key`` (multipart above
     :data:`PART`) and return what landed, checked (see the module
     docstring). ``check`` is the checksum kind to report (``crc32c``,
     ``md5``); ``go_on`` is called with each block's size before it is sent
-    and raises to stop the upload (a cancelled save)."""
+    and raises to stop the upload (a cancelled save). ``grown``: the file
+    is still being written (:data:`Grown`); each part is sent as soon as it
+    is there, so the upload overlaps the writing."""
     if kind == "gs":
-        return retry_throttled(lambda: _put_gcs(bucket, key, local, check, go_on))
-    return retry_throttled(lambda: _put_obstore(kind, bucket, key, local, check, go_on))
+        return retry_throttled(lambda: _put_gcs(bucket, key, local, check, go_on, grown))
+    return retry_throttled(lambda: _put_obstore(kind, bucket, key, local, check, go_on, grown))
 
 
 def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
-                 go_on: Callable[[int], None]) -> Put:
+                 go_on: Callable[[int], None], grown: Grown) -> Put:
     import obstore
 
     client = objstore.store(kind, bucket)
@@ -106,6 +119,7 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
         nonlocal size
         while True:
             go_on(0)
+            grown(size + PART)
             block = fh.read(PART)
             if not block:
                 return
@@ -116,6 +130,7 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
             yield block
 
     with open(local, "rb", buffering=0) as fh:
+        grown(PART + 1)  # one PUT or multipart: decided once it is known
         first = fh.read(PART + 1)
         try:
             if len(first) <= PART:  # one PUT: its ETag is the object's MD5
@@ -142,11 +157,12 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
 
 
 def _put_gcs(bucket: str, key: str, local: str, check: str,
-             go_on: Callable[[int], None]) -> Put:
+             go_on: Callable[[int], None], grown: Grown) -> Put:
     from .. import cloudfs
 
     fs = _gcs(bucket)
     go_on(0)
+    grown(sys.maxsize)  # gcsfs reads the file itself: only once it is complete
     fs.put_file(local, f"{bucket}/{key}")
     info = fs.info(f"{bucket}/{key}")
     stored = cloudfs.hex_of(info.get("crc32c" if check == "crc32c" else "md5Hash") or "")

@@ -55,7 +55,7 @@ from ..errors import (
 from . import digests
 from .folder import METADATA, RECORD, FileRecord, Record
 from .place import Place, StorePlace, place
-from .retention import prune
+from .retention import STALE_SECONDS, abort_stale_uploads, prune
 from .scratch import Growing, TeeFileSystem
 from .upload import Destination, FolderDestination, Landed, ObjectDestination
 
@@ -104,15 +104,13 @@ def _scratch_base(cache_dir: str | None) -> str:
     return base
 
 
-STALE_SECONDS = 3600.0
-"""How long a dead process's scratch folder is left before a save removes it.
-The pid alone is not proof: a container sharing this cache root has its own
-pids, and removing a live save's scratch would fail that save."""
 
 
 def _sweep(base: str, now: float | None = None) -> None:
     """Remove scratch folders left by processes that are gone (a killed save)
-    and untouched for :data:`STALE_SECONDS`."""
+    and untouched for :data:`STALE_SECONDS`. The pid alone is not proof: a
+    container sharing this cache root has its own pids, and removing a live
+    save's scratch would fail that save."""
     now = time.time() if now is None else now
     for entry in os.scandir(base):
         pid, _, _ = entry.name.partition("-")
@@ -126,6 +124,11 @@ def _sweep(base: str, now: float | None = None) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
         except (PermissionError, FileNotFoundError):
             pass  # alive and someone else's, or just removed
+
+
+_CHECKED: dict[str, float] = {}
+"""When this process last aborted the stale uploads of a folder of checkpoints."""
+_CHECKED_LOCK = threading.Lock()
 
 
 class Writer(FileSystemWriter):
@@ -296,6 +299,8 @@ class Writer(FileSystemWriter):
                         {name: sorted(rs) for name, rs in sorted(ranges.items())})
         dest.write_small(RECORD, json.dumps(record.to_json(), separators=(",", ":")).encode())
         dest.write_small(METADATA, pickle.dumps(metadata))  # last: now it is complete
+        if isinstance(self._at, StorePlace):
+            self._abort_stale_uploads()
         if self.keep is not None:
             parent = self._at.parent().path
             try:
@@ -306,6 +311,29 @@ class Writer(FileSystemWriter):
             else:
                 for ckpt in report.removed:
                     _log.info("ucstage: removed checkpoint %s (keep=%d)", ckpt.path, self.keep)
+
+    def _abort_stale_uploads(self) -> None:
+        """Abort the multipart uploads a killed save left in this folder of
+        checkpoints (:func:`abort_stale_uploads`): their parts are billed.
+
+        Once per process and folder, then again only after
+        :data:`STALE_SECONDS` (a save every few minutes would otherwise list
+        the uploads each time, and find nothing newly stale): the first save
+        of a restarted job is the one that finds a killed job's uploads. A
+        failure costs storage, not this save: it is logged.
+        """
+        parent = self._at.parent()
+        now = time.monotonic()
+        with _CHECKED_LOCK:
+            last = _CHECKED.get(parent.path)
+            if last is not None and now - last < STALE_SECONDS:
+                return
+            _CHECKED[parent.path] = now
+        try:
+            abort_stale_uploads(parent)
+        except (UcstageError, ImportError, OSError) as exc:
+            _log.warning("ucstage: could not abort the stale unfinished uploads under %s: %s",
+                         parent.path, exc)
 
     # -- the upload ---------------------------------------------------------------
 

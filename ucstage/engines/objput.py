@@ -29,6 +29,7 @@ times; any other error is raised (one line: :func:`objstore.concise`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import random
 import sys
@@ -40,7 +41,8 @@ from typing import Any, TypeVar
 from . import objstore, pace
 from .checks import hasher
 
-__all__ = ["PART", "Put", "delete", "put_bytes", "put_file", "read_back", "retry_throttled"]
+__all__ = ["PART", "Put", "Unfinished", "abort_upload", "delete", "put_bytes", "put_file",
+           "read_back", "retry_throttled", "unfinished_uploads"]
 
 T = TypeVar("T")
 
@@ -307,3 +309,86 @@ def get_bytes(kind: str, bucket: str, key: str) -> bytes | None:
             raise err from exc
 
     return retry_throttled(once)
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A multipart upload begun and never completed or aborted (its writer
+    was killed): its parts are stored, and billed, until it is aborted."""
+
+    key: str
+    upload_id: str
+    initiated: float
+    """When it began (Unix time, the store's clock)."""
+    last_part: float | None
+    """When its newest part arrived; None when it has none."""
+
+    @property
+    def last_active(self) -> float:
+        return max(self.initiated, self.last_part or 0.0)
+
+
+def _s3fs() -> Any:
+    """s3fs (``ucstage[s3]``), from the standard variables: obstore has no call
+    that lists or aborts multipart uploads."""
+    import fsspec
+
+    return fsspec.filesystem("s3")
+
+
+def unfinished_uploads(kind: str, bucket: str, prefix: str) -> list[Unfinished]:
+    """The multipart uploads under ``prefix`` that were never completed or
+    aborted, oldest first. Only S3 keeps such uploads where a listing does
+    not show them; GCS's resumable uploads and Azure's uncommitted blocks
+    expire by themselves (a week), so on those stores this is empty."""
+    if kind != "s3":
+        return []
+    fs = _s3fs()
+    found: list[Unfinished] = []
+    marker: dict[str, str] = {}
+    while True:
+        try:
+            page = retry_throttled(functools.partial(
+                fs.call_s3, "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker))
+        except FileNotFoundError:
+            # No bucket, or a store that keeps no such list (rclone's S3
+            # answers NoSuchUpload): nothing there to abort.
+            return found
+        for upload in page.get("Uploads") or []:
+            key, upload_id = str(upload["Key"]), str(upload["UploadId"])
+            found.append(Unfinished(key, upload_id, _seconds(upload.get("Initiated")),
+                                    _last_part(fs, bucket, key, upload_id)))
+        if not page.get("IsTruncated"):
+            break
+        marker = {"KeyMarker": page.get("NextKeyMarker", ""),
+                  "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+    return sorted(found, key=lambda u: (u.initiated, u.key))
+
+
+def _last_part(fs: Any, bucket: str, key: str, upload_id: str) -> float | None:
+    """When the newest part of an upload arrived (its parts, listed)."""
+    newest: float | None = None
+    marker: dict[str, int] = {}
+    while True:
+        try:
+            page = retry_throttled(functools.partial(
+                fs.call_s3, "list_parts", Bucket=bucket, Key=key, UploadId=upload_id, **marker))
+        except FileNotFoundError:  # completed or aborted since it was listed
+            return newest
+        for part in page.get("Parts") or []:
+            at = _seconds(part.get("LastModified"))
+            newest = at if newest is None else max(newest, at)
+        if not page.get("IsTruncated"):
+            return newest
+        marker = {"PartNumberMarker": int(page.get("NextPartNumberMarker", 0))}
+
+
+def abort_upload(kind: str, bucket: str, upload: Unfinished) -> None:
+    """Abort an unfinished multipart upload: the store drops its parts. One
+    already gone (completed or aborted meanwhile) is no error."""
+    if kind != "s3":
+        return
+    fs = _s3fs()
+    with contextlib.suppress(FileNotFoundError):  # NoSuchUpload, as s3fs names it
+        retry_throttled(lambda: fs.call_s3("abort_multipart_upload", Bucket=bucket,
+                                           Key=upload.key, UploadId=upload.upload_id))

@@ -18,6 +18,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 
+from tests.common import faults as faultkit
+from tests.common.faults import Faults
 from tests.common.parts import wait_until
 from ucstage.checkpoint import Reader, Writer, retention, writer
 from ucstage.checkpoint.folder import read_record
@@ -25,6 +27,7 @@ from ucstage.cli.app import cli
 from ucstage.engines import objput
 
 BUCKET = "ucstage-test"
+fault_proxy = faultkit.fault_proxy
 
 
 @pytest.fixture
@@ -203,3 +206,67 @@ def test_unfinished_uploads_are_none_off_s3(tmp_path: Any) -> None:
     dcp.save(_state(1), storage_writer=Writer(str(path / "step-1")))
     assert _cli("list", str(path))["unfinished_uploads"] == []
     assert _cli("prune", str(path), "--keep", "1")["aborted_uploads"] == []
+
+
+# -- loads through the local cache --------------------------------------------
+
+def _gets(faults: Faults, key: str) -> list[tuple[int, int]]:
+    return [(lo, hi) for k, lo, hi, _ in faults.ranges if k == key]
+
+
+def test_a_second_load_reads_its_ranges_from_the_cache_and_a_bad_copy_is_fetched_again(
+        fault_proxy: Faults, small_parts: None, tmp_path: Any) -> None:
+    dest = f"s3://{BUCKET}/cached-{uuid.uuid4().hex[:8]}/step-1"
+    key = dest[len("s3://"):] + "/__0_0.distcp"
+    saved = _state(4)
+    dcp.save(saved, storage_writer=Writer(dest))
+    record = read_record(dest)
+    assert record is not None
+    items = record.ranges["__0_0.distcp"]
+    cache = tmp_path / "cache"
+
+    fault_proxy.ranges.clear()
+    first = _empty()
+    dcp.load(first, storage_reader=Reader(dest, cache_dir=cache))
+    assert torch.equal(first["w"], saved["w"]) and torch.equal(first["b"], saved["b"])
+    got = _gets(fault_proxy, key)
+    assert sorted(got) == sorted((o, o + n - 1) for o, n, _ in items)  # each item once, ranged
+
+    fault_proxy.ranges.clear()
+    second = _empty()
+    dcp.load(second, storage_reader=Reader(dest, cache_dir=cache))
+    assert _gets(fault_proxy, key) == []  # every range from local disk
+    assert torch.equal(second["w"], saved["w"]) and second["step"] == 4
+
+    # A cached copy damaged on disk fails its checksum: dropped and fetched
+    # again, never loaded.
+    biggest = max(items, key=lambda r: r[1])
+    (copy,) = cache.glob(f"**/.ucstage-ranges/**/__0_0.distcp/{biggest[0]}-{biggest[1]}")
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))  # rewritten in place, its stamp kept: as a bad disk leaves it
+    fault_proxy.ranges.clear()
+    third = _empty()
+    dcp.load(third, storage_reader=Reader(dest, cache_dir=cache))
+    assert _gets(fault_proxy, key) == [(biggest[0], biggest[0] + biggest[1] - 1)]
+    assert torch.equal(third["w"], saved["w"])
+
+    # Without the cache, every load GETs its ranges.
+    fault_proxy.ranges.clear()
+    dcp.load(_empty(), storage_reader=Reader(dest, cache=False, cache_dir=cache))
+    assert len(_gets(fault_proxy, key)) == len(items)
+
+
+def test_a_load_falls_back_to_the_store_when_the_cache_is_unusable(
+        fault_proxy: Faults, tmp_path: Any) -> None:
+    from ucstage.errors import UcstageError
+
+    dest = f"s3://{BUCKET}/nocache-{uuid.uuid4().hex[:8]}/step-1"
+    dcp.save(_state(5), storage_writer=Writer(dest))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    loaded = _empty()
+    dcp.load(loaded, storage_reader=Reader(dest, cache_dir=blocker / "cache"))
+    assert torch.equal(loaded["w"], _state(5)["w"])
+    with pytest.raises(UcstageError):
+        Reader(dest, cache=True, cache_dir=blocker / "cache")

@@ -159,9 +159,11 @@ class PruneReport:
 
 
 def prune(path: str, keep: int, *, dry_run: bool = False,
-          protect: Iterable[str] = ()) -> PruneReport:
+          protect: Iterable[str] = (), uploads: bool = True) -> PruneReport:
     """Remove the complete checkpoints in the folder ``path`` older than its
     ``keep`` newest complete ones; ``protect`` names folders never removed.
+    ``uploads``: also abort the stale unfinished uploads under it
+    (:func:`abort_stale_uploads`; a save does that itself, less often).
 
     Raises:
         InvalidArgument: ``keep`` below 1, or ``path`` is itself a checkpoint.
@@ -180,7 +182,8 @@ def prune(path: str, keep: int, *, dry_run: bool = False,
     kept = complete[:keep] + [c for c in complete[keep:] if c.path in protected]
     removed = [c for c in complete[keep:] if c.path not in protected]
     report = PruneReport(removed, kept, [c for c in found if not c.complete], dry_run)
-    report.aborted = abort_stale_uploads(at, dry_run=dry_run)
+    if uploads:
+        report.aborted = abort_stale_uploads(at, dry_run=dry_run)
     if not dry_run:
         for ckpt in removed:
             left = _remove(ckpt)

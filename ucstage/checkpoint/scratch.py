@@ -156,6 +156,8 @@ class _TeeStream(io.RawIOBase):
         return True
 
     def write(self, b: Any) -> int:
+        if self._growing._failed is not None:  # the save stopped: so does torch's writer
+            raise WriteFailed(f"{self._growing.name} was not written: {self._growing._failed}")
         view = memoryview(b).cast("B")
         done = 0
         while done < len(view):
@@ -198,11 +200,28 @@ class _TeeStream(io.RawIOBase):
 
 class TeeFileSystem(FileSystem):
     """torch's local ``FileSystem``, whose files opened for writing go through
-    a :class:`_TeeStream`; ``opened`` is told of each new :class:`Growing`."""
+    a :class:`_TeeStream`; ``opened`` is told of each new :class:`Growing`.
+
+    :meth:`stop` ends the writing: torch writes from several threads
+    (``thread_count``), and a save stopped in one of them (Ctrl-C reaches
+    the main thread) must not remove the scratch folder while the others
+    still write into it."""
 
     def __init__(self, kind: str, opened: Callable[[Growing], None] | None = None) -> None:
         self.kind = kind
         self.opened = opened
+        self._cond = threading.Condition()
+        self._open: list[Growing] = []
+        self._stopped = False
+
+    def stop(self, why: str, timeout: float) -> bool:
+        """Refuse new files, make the open ones fail at their next write,
+        and wait up to ``timeout`` seconds for them to close; whether they did."""
+        with self._cond:
+            self._stopped = True
+            for growing in self._open:
+                growing.fail(why)
+            return self._cond.wait_for(lambda: not self._open, timeout)
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
@@ -211,16 +230,27 @@ class TeeFileSystem(FileSystem):
                 yield stream
             return
         growing = Growing(os.fspath(path), self.kind)
-        raw = open(os.fspath(path), "wb", buffering=0)  # noqa: SIM115 (the tee closes it)
-        tee = _TeeStream(raw, growing)
-        self.opened(growing)
+        with self._cond:
+            # Made under the lock: once stop() has it, no new file appears (the
+            # scratch folder is removed next, whether the writers stopped or not).
+            if self._stopped:
+                raise WriteFailed(f"{growing.name} was not written: the save stopped")
+            raw = open(os.fspath(path), "wb", buffering=0)  # noqa: SIM115 (the tee closes it)
+            self._open.append(growing)
         try:
-            yield tee
-        except BaseException as exc:
-            growing.fail(f"{type(exc).__name__}: {exc}".rstrip(": "))
-            raise
+            tee = _TeeStream(raw, growing)
+            try:
+                self.opened(growing)
+                yield tee
+            except BaseException as exc:
+                growing.fail(f"{type(exc).__name__}: {exc}".rstrip(": "))
+                raise
+            finally:
+                tee.close()
         finally:
-            tee.close()
+            with self._cond:
+                self._open.remove(growing)
+                self._cond.notify_all()
 
     def init_path(self, path: str | os.PathLike[str]) -> str | os.PathLike[str]:
         return path if isinstance(path, Path) else Path(path)

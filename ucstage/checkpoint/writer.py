@@ -104,8 +104,6 @@ def _scratch_base(cache_dir: str | None) -> str:
     return base
 
 
-
-
 def _sweep(base: str, now: float | None = None) -> None:
     """Remove scratch folders left by processes that are gone (a killed save)
     and untouched for :data:`STALE_SECONDS`. The pid alone is not proof: a
@@ -125,6 +123,9 @@ def _sweep(base: str, now: float | None = None) -> None:
         except (PermissionError, FileNotFoundError):
             pass  # alive and someone else's, or just removed
 
+
+STOP_S = 1.0
+"""How long a stopped save waits for torch's writer threads to notice."""
 
 _CHECKED: dict[str, float] = {}
 """When this process last aborted the stale uploads of a folder of checkpoints."""
@@ -188,6 +189,8 @@ class Writer(FileSystemWriter):
         self.kind = digests.default_kind()
         self.fs = TeeFileSystem(self.kind)
         self._scratch: str | None = None
+        self._checked_here: set[FileRecord] = set()
+        """This process's files of the current save, landed and checked."""
 
     # -- torch's StorageWriter ------------------------------------------------
 
@@ -213,6 +216,7 @@ class Writer(FileSystemWriter):
         return FolderDestination(self._folder)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self._checked_here = set()
         if not self.use_collectives:
             raise InvalidArgument("use_collectives=False is not supported: the coordinator "
                                   "publishes the checkpoint once every rank's files are in")
@@ -243,15 +247,20 @@ class Writer(FileSystemWriter):
                 uploads[growing.name] = (growing, pool.submit(dest.put, growing.path,
                                                               growing.name, self.kind))
 
-        self.fs = TeeFileSystem(self.kind, opened)
+        tee = self.fs = TeeFileSystem(self.kind, opened)
         try:
             written = super().write_data(plan, planner).wait()
             stored = self._checked(written, dest, uploads)
         except BaseException:
-            # Ctrl-C, a failed write or a failed copy: the copies still running
-            # stop at their next block rather than finish files that will not
-            # be published, and the ones waiting for bytes stop waiting.
+            # Ctrl-C, a failed write or a failed copy: torch's other writer
+            # threads stop at their next write (the scratch folder is removed
+            # only once they have), the copies still running stop at their
+            # next block rather than finish files that will not be
+            # published, and the ones waiting for bytes stop waiting.
             dest.cancel()
+            if not tee.stop("the save stopped", STOP_S):
+                _log.warning("ucstage: torch's writer threads of the stopped save to %s "
+                             "still write after %.0f s", self._shown, STOP_S)
             with lock:
                 for growing, _ in uploads.values():
                     growing.fail("the save stopped")
@@ -282,9 +291,12 @@ class Writer(FileSystemWriter):
                                                    data.checksum))
                     data = data.info
                 storage_md[wr.index] = data
-        # Every rank checked its own copies; the coordinator checks they are
-        # all there before it publishes.
+        # Every rank checked its own copies; the coordinator checks the other
+        # ranks' are all there before it publishes (its own it checked just
+        # now: a listing would cost a round trip for nothing).
         for f in files.values():
+            if f in self._checked_here:
+                continue
             size = dest.size(f.name)
             if size != f.size:
                 raise CheckpointCorrupt(
@@ -304,7 +316,7 @@ class Writer(FileSystemWriter):
         if self.keep is not None:
             parent = self._at.parent().path
             try:
-                report = prune(parent, self.keep, protect=[self._folder])
+                report = prune(parent, self.keep, protect=[self._folder], uploads=False)
             except (UcstageError, OSError) as exc:
                 _log.warning("ucstage: checkpoint %s is saved, but pruning %s failed: %s",
                              self._shown, parent, exc)
@@ -372,6 +384,7 @@ class Writer(FileSystemWriter):
                         hint="check the destination's disk or mount; nothing was published")
                 landed = None  # sent again, from the complete file
             record = FileRecord(name, rank, size, checksum)
+            self._checked_here.add(record)
             for i, range_sum in zip(by_file[name], sums, strict=True):
                 wr = written[i]
                 stored[i] = WriteResult(index=wr.index, size_in_bytes=wr.size_in_bytes,

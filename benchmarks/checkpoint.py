@@ -274,7 +274,10 @@ def run_load(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, An
             try:
                 for r in range(args.pairs):
                     got[0] = 0
-                    reader = Reader(dest)
+                    # The bytes GET from the store: without the local cache, which
+                    # would serve every round after the first from disk (its first
+                    # round's GETs are these same ranges).
+                    reader = Reader(dest, cache=False)
                     rows_n = args.load_mb * 1024 * 1024 // 4 // 1024
                     sd = {"emb": torch.zeros(rows_n, 1024), "bias": torch.zeros(1024)}
                     start = time.perf_counter()

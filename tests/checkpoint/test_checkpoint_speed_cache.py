@@ -270,3 +270,83 @@ def test_a_load_falls_back_to_the_store_when_the_cache_is_unusable(
     assert torch.equal(loaded["w"], _state(5)["w"])
     with pytest.raises(UcstageError):
         Reader(dest, cache=True, cache_dir=blocker / "cache")
+
+
+# -- the scratch file's tee -----------------------------------------------------
+
+def test_the_tee_hashes_each_span_and_a_reader_follows_the_file_as_it_grows(
+        tmp_path: Any) -> None:
+    import threading
+
+    from ucstage.checkpoint import digests
+    from ucstage.checkpoint.scratch import NOTIFY, Growing, TeeFileSystem
+
+    opened: list[Growing] = []
+    fs = TeeFileSystem("crc32c", opened.append)
+    path = tmp_path / "__0_0.distcp"
+    first, second = os.urandom(3 * NOTIFY), os.urandom(1000)
+    seen: list[int] = []
+    with fs.create_stream(str(path), "wb") as stream:
+        (growing,) = opened
+        follower = threading.Thread(target=lambda: seen.append(growing.wait(2 * NOTIFY)))
+        follower.start()
+        assert stream.tell() == 0
+        stream.write(first)
+        follower.join(30)
+        # The follower woke as soon as the bytes it waited for were written,
+        # before the file was complete, and they were on disk to read.
+        assert seen and seen[0] >= 2 * NOTIFY and not growing.done
+        assert path.read_bytes()[:seen[0]] == first[:seen[0]]
+        assert stream.tell() == len(first)
+        stream.write(second)
+        assert stream.tell() == len(first) + len(second)
+    assert growing.done and growing.wait(10**12) == len(first) + len(second)
+    assert growing.checksum() == (len(first) + len(second),
+                                  digests.of_bytes(first + second, "crc32c"))
+    spans = [(0, len(first)), (len(first), len(second)), (10, 20)]  # the last: no span of its own
+    assert growing.range_checksums(spans) == [
+        digests.of_bytes(first, "crc32c"), digests.of_bytes(second, "crc32c"),
+        digests.of_bytes(first[10:30], "crc32c")]
+
+
+def test_a_writer_that_seeks_back_gets_checksums_of_the_final_bytes(tmp_path: Any) -> None:
+    from ucstage.checkpoint import digests
+    from ucstage.checkpoint.scratch import Growing, TeeFileSystem
+
+    opened: list[Growing] = []
+    fs = TeeFileSystem("crc32c", opened.append)
+    path = tmp_path / "__0_0.distcp"
+    with fs.create_stream(str(path), "wb") as stream:
+        stream.tell()
+        stream.write(b"a" * 100)
+        stream.tell()
+        stream.seek(10)
+        stream.write(b"B" * 5)  # rewrites bytes an upload may have sent already
+        stream.seek(100)
+    (growing,) = opened
+    final = path.read_bytes()
+    assert final == b"a" * 10 + b"B" * 5 + b"a" * 85
+    assert growing.rewritten
+    assert growing.checksum() == (100, digests.of_bytes(final, "crc32c"))
+    assert growing.range_checksums([(0, 100)]) == [digests.of_bytes(final, "crc32c")]
+
+
+def test_a_stopped_tee_fails_open_writers_and_refuses_new_files(tmp_path: Any) -> None:
+    from ucstage.checkpoint.scratch import Growing, TeeFileSystem, WriteFailed
+
+    opened: list[Growing] = []
+    fs = TeeFileSystem("crc32c", opened.append)
+    with pytest.raises(WriteFailed, match="the save stopped"), \
+            fs.create_stream(str(tmp_path / "__0_0.distcp"), "wb") as stream:
+        stream.write(b"x" * 10)
+        # Another thread stops the save: this writer is told at its next write.
+        assert not fs.stop("the save stopped", 0.1)  # still open: not closed in time
+        stream.write(b"y")
+    (growing,) = opened
+    assert not growing.done
+    with pytest.raises(WriteFailed):
+        growing.wait(100)  # the upload following it stops too
+    with pytest.raises(WriteFailed), fs.create_stream(str(tmp_path / "__0_1.distcp"), "wb"):
+        pass
+    assert not (tmp_path / "__0_1.distcp").exists()
+    assert fs.stop("again", 0.1)  # nothing open now

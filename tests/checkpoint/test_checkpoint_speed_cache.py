@@ -331,22 +331,25 @@ def test_a_writer_that_seeks_back_gets_checksums_of_the_final_bytes(tmp_path: An
     assert growing.range_checksums([(0, 100)]) == [digests.of_bytes(final, "crc32c")]
 
 
-def test_a_stopped_tee_fails_open_writers_and_refuses_new_files(tmp_path: Any) -> None:
+def test_a_stopped_tee_sends_torchs_writes_nowhere_and_refuses_new_files(tmp_path: Any) -> None:
     from ucstage.checkpoint.scratch import Growing, TeeFileSystem, WriteFailed
 
     opened: list[Growing] = []
     fs = TeeFileSystem("crc32c", opened.append)
-    with pytest.raises(WriteFailed, match="the save stopped"), \
-            fs.create_stream(str(tmp_path / "__0_0.distcp"), "wb") as stream:
+    first = tmp_path / "__0_0.distcp"
+    with fs.create_stream(str(first), "wb") as stream:
         stream.write(b"x" * 10)
-        # Another thread stops the save: this writer is told at its next write.
+        # Another thread stops the save (Ctrl-C): this writer thread goes on
+        # quietly, and what it writes from now on goes nowhere.
         assert not fs.stop("the save stopped", 0.1)  # still open: not closed in time
-        stream.write(b"y")
+        assert stream.write(b"y" * 5) == 5
+    assert first.read_bytes() == b"x" * 10
     (growing,) = opened
     assert not growing.done
-    with pytest.raises(WriteFailed):
-        growing.wait(100)  # the upload following it stops too
-    with pytest.raises(WriteFailed), fs.create_stream(str(tmp_path / "__0_1.distcp"), "wb"):
-        pass
-    assert not (tmp_path / "__0_1.distcp").exists()
+    with pytest.raises(WriteFailed, match="the save stopped"):
+        growing.wait(100)  # the upload following it stops
+    second = tmp_path / "__0_1.distcp"
+    with pytest.raises(WriteFailed), fs.create_stream(str(second), "wb"):
+        pass  # a file torch starts after the stop is refused
+    assert not second.exists()
     assert fs.stop("again", 0.1)  # nothing open now

@@ -64,6 +64,8 @@ class Growing:
         self._spans: dict[tuple[int, int], str] = {}
         self.rewritten = False
         """torch moved back in the file: the running checksums do not hold."""
+        self.interrupted = False
+        """Ctrl-C reached torch's writer while it wrote this file."""
 
     # -- the writer's side (torch's thread) --------------------------------------
 
@@ -156,13 +158,23 @@ class _TeeStream(io.RawIOBase):
         return True
 
     def write(self, b: Any) -> int:
-        if self._growing._failed is not None:  # the save stopped: so does torch's writer
-            raise WriteFailed(f"{self._growing.name} was not written: {self._growing._failed}")
-        view = memoryview(b).cast("B")
-        done = 0
-        while done < len(view):
-            done += self._raw.write(view[done:]) or 0
-        self._growing._wrote(view, self._pos + done)
+        if self._growing._failed is not None:
+            # The save stopped (its error is raised where it happened): the
+            # rest of what torch's writer threads write goes nowhere, so they
+            # end at once and quietly, and nothing reaches the disk.
+            return memoryview(b).nbytes
+        try:
+            view = memoryview(b).cast("B")
+            done = 0
+            while done < len(view):
+                done += self._raw.write(view[done:]) or 0
+            self._growing._wrote(view, self._pos + done)
+        except KeyboardInterrupt:
+            # Ctrl-C lands here most often (torch's C++ serialiser calls this
+            # for every block), and that serialiser reports it as an error of
+            # its own: the save says it was Ctrl-C (TeeFileSystem.interrupted).
+            self._growing.interrupted = True
+            raise
         self._pos += done
         return done
 
@@ -212,11 +224,19 @@ class TeeFileSystem(FileSystem):
         self.opened = opened
         self._cond = threading.Condition()
         self._open: list[Growing] = []
+        self._all: list[Growing] = []
         self._stopped = False
 
+    @property
+    def interrupted(self) -> bool:
+        """Whether Ctrl-C reached torch's writer in one of the files."""
+        with self._cond:
+            return any(g.interrupted for g in self._all)
+
     def stop(self, why: str, timeout: float) -> bool:
-        """Refuse new files, make the open ones fail at their next write,
-        and wait up to ``timeout`` seconds for them to close; whether they did."""
+        """Refuse new files, send what torch still writes to the open ones
+        nowhere, and wait up to ``timeout`` seconds for them to close; whether
+        they did."""
         with self._cond:
             self._stopped = True
             for growing in self._open:
@@ -233,10 +253,13 @@ class TeeFileSystem(FileSystem):
         with self._cond:
             # Made under the lock: once stop() has it, no new file appears (the
             # scratch folder is removed next, whether the writers stopped or not).
-            if self._stopped:
-                raise WriteFailed(f"{growing.name} was not written: the save stopped")
-            raw = open(os.fspath(path), "wb", buffering=0)  # noqa: SIM115 (the tee closes it)
-            self._open.append(growing)
+            stopped = self._stopped
+            if not stopped:
+                raw = open(os.fspath(path), "wb", buffering=0)  # noqa: SIM115 (the tee closes it)
+                self._open.append(growing)
+                self._all.append(growing)
+        if stopped:  # a file torch starts after the save stopped is not made
+            raise WriteFailed(f"{growing.name} was not written: the save stopped")
         try:
             tee = _TeeStream(raw, growing)
             try:

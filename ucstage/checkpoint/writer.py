@@ -251,7 +251,7 @@ class Writer(FileSystemWriter):
         try:
             written = super().write_data(plan, planner).wait()
             stored = self._checked(written, dest, uploads)
-        except BaseException:
+        except BaseException as exc:
             # Ctrl-C, a failed write or a failed copy: torch's other writer
             # threads stop at their next write (the scratch folder is removed
             # only once they have), the copies still running stop at their
@@ -265,6 +265,8 @@ class Writer(FileSystemWriter):
                 for growing, _ in uploads.values():
                     growing.fail("the save stopped")
             pool.shutdown(wait=True, cancel_futures=True)
+            if tee.interrupted and not isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt from exc  # torch's serialiser reported it as its own
             raise
         finally:
             self.fs = TeeFileSystem(self.kind)

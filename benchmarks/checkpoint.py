@@ -9,10 +9,10 @@ way): the rclone yardstick of docs/benchmarks.md without its tc shaping (no
 root needed). The state is a model of ``--mb`` MB (float32 tensors of 16 MB
 at most) and an optimizer-like copy of half of it, saved by one process.
 
-* ``save``, in alternating rounds: ``ucstage``: ``dcp.save`` with
-  ``ucstage.checkpoint.Writer`` to ``s3://bench/ucstage-<round>`` (local
-  scratch, checksums, upload, the store's ETag checked, record and
-  ``.metadata``); ``s5cmd``: ``s5cmd cp`` of the same files (written by
+* ``save``, in alternating rounds (:func:`benchmarks.pairs.alternate`):
+  ``ucstage``: ``dcp.save`` with ``ucstage.checkpoint.Writer`` to
+  ``s3://bench/save-ucstage-<round>`` (local scratch, checksums and the
+  upload overlapped, the store's ETag checked, record and ``.metadata``); ``s5cmd``: ``s5cmd cp`` of the same files (written by
   torch's ``FileSystemWriter`` once, untimed) to ``s3://bench/s5-<round>/``.
 * ``s3tc``: ``ucstage`` and ``s3torchconnector`` (its ``S3StorageWriter``,
   when installed) alternating, as in ``save``, on moto behind the same proxy:
@@ -39,9 +39,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
-from benchmarks.pairs import order, pairs_argument
+from benchmarks.pairs import alternate, order, pairs_argument
 from benchmarks.report import Report, json_argument, params_of
 from benchmarks.volumes import (
     Moto,
@@ -110,30 +111,33 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any],
     files = os.path.join(ctx["work"], f"files-{part}")
     dcp.save(sd, storage_writer=FileSystemWriter(files, single_file_per_rank=True))
     size = sum(os.path.getsize(os.path.join(files, n)) for n in os.listdir(files))
-    rows: list[dict[str, Any]] = []
     broken: dict[str, str] = {}
-    # The upload phase of ucstage's save (after the local write and its
-    # checksums, before the publish), timed apart: the part s5cmd also does.
-    upload = [0.0]
-    real = Writer._upload
+    # The part of ucstage's save that moves the data (torch writing to
+    # scratch, the checksums and the upload, overlapped), timed apart from
+    # the rest (planning, the publish's listing and two small PUTs).
+    data = [0.0]
+    real = Writer.write_data
 
-    def timed(self: Writer, written: Any) -> Any:
+    def timed(self: Writer, plan: Any, planner: Any) -> Any:
         start = time.perf_counter()
         try:
-            return real(self, written)
+            return real(self, plan, planner)
         finally:
-            upload[0] = time.perf_counter() - start
+            data[0] = time.perf_counter() - start
 
-    Writer._upload = timed  # type: ignore[method-assign]
-    for r in range(args.pairs):
-        for side in order(sides, r):
-            if side in broken:
-                continue
+    def side(tool: str) -> Callable[[], dict[str, Any]]:
+        count = [0]
+
+        def run() -> dict[str, Any]:
+            r = count[0]
+            count[0] += 1
+            if tool in broken:
+                return {"part": part, "round": r, "tool": tool, "error": broken[tool]}
             start = time.perf_counter()
             try:
-                if side == "ucstage":
+                if tool == "ucstage":
                     dcp.save(sd, storage_writer=Writer(f"s3://bench/{part}-ucstage-{r}"))
-                elif side == "s5cmd":
+                elif tool == "s5cmd":
                     _s5(ctx["env"], ctx["endpoint"], "--numworkers", "64", "cp", f"{files}/*",
                         f"s3://bench/s5-{r}/")
                 else:
@@ -142,17 +146,27 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any],
             except (Exception, CheckpointException) as exc:  # a side that cannot run says why
                 if isinstance(exc, CheckpointException):  # the rank's own error, not torch's wrap
                     exc = next(iter(exc.failures.values()))[0]  # type: ignore[assignment]
-                broken[side] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                rows.append({"part": part, "round": r, "tool": side, "error": broken[side]})
-                continue
-            rows.append({"part": part, "round": r, "tool": side,
-                         "seconds": time.perf_counter() - start, "bytes": size,
-                         "load_1m": _load_1m()})
-            if side == "ucstage":
-                rows[-1]["upload_s"] = upload[0]
-            print(f"{part} {r} {side}: {rows[-1]['seconds']:.2f} s", file=sys.stderr)
-    Writer._upload = real  # type: ignore[method-assign]
-    return rows
+                broken[tool] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                return {"part": part, "round": r, "tool": tool, "error": broken[tool]}
+            row = {"part": part, "round": r, "tool": tool,
+                   "seconds": time.perf_counter() - start, "bytes": size, "load_1m": _load_1m()}
+            if tool == "ucstage":
+                row["data_s"] = data[0]
+            return row
+
+        return run
+
+    def shown(r: int, tool: str, row: dict[str, Any]) -> None:
+        print(f"{part} {r} {tool}: " + (f"{row['seconds']:.2f} s" if "seconds" in row
+                                         else row["error"]), file=sys.stderr)
+
+    Writer.write_data = timed  # type: ignore[method-assign]
+    try:
+        found = alternate({tool: side(tool) for tool in sides}, args.pairs, shown)
+    finally:
+        Writer.write_data = real  # type: ignore[method-assign]
+    return sorted((row for runs in found.values() for row in runs),
+                  key=lambda row: (row["round"], order(sides, row["round"]).index(row["tool"])))
 
 
 def run_async(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, Any]]:
@@ -260,7 +274,10 @@ def run_load(args: argparse.Namespace, ctx: dict[str, Any]) -> list[dict[str, An
             try:
                 for r in range(args.pairs):
                     got[0] = 0
-                    reader = Reader(dest)
+                    # The bytes GET from the store: without the local cache, which
+                    # would serve every round after the first from disk (its first
+                    # round's GETs are these same ranges).
+                    reader = Reader(dest, cache=False)
                     rows_n = args.load_mb * 1024 * 1024 // 4 // 1024
                     sd = {"emb": torch.zeros(rows_n, 1024), "bias": torch.zeros(1024)}
                     start = time.perf_counter()
@@ -290,6 +307,14 @@ def _median(rows: list[dict[str, Any]], part: str, tool: str,
     return statistics.median(found) if found else None
 
 
+def _pairs(rows: list[dict[str, Any]], part: str,
+           other: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(ucstage's row, other's row)`` of each round both timed."""
+    by = {(r["round"], r["tool"]): r for r in rows if r["part"] == part and "seconds" in r}
+    return [(by[(n, "ucstage")], by[(n, other)]) for n, tool in sorted(by)
+            if tool == "ucstage" and (n, other) in by]
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     uc, s5 = _median(rows, "save", "ucstage"), _median(rows, "save", "s5cmd")
@@ -297,16 +322,20 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["save: ucstage speed / s5cmd's"] = {
             "ratio": s5 / uc, "target": SAVE_TARGET, "met": s5 / uc >= SAVE_TARGET,
             "ucstage_s": uc, "s5cmd_s": s5}
-        up = _median(rows, "save", "ucstage", "upload_s")
-        if up:
-            summary["save's upload phase: speed / s5cmd's"] = {
-                "ratio": s5 / up, "target": SAVE_TARGET, "met": s5 / up >= SAVE_TARGET,
-                "upload_s": up}
+        pairs = [s5r["seconds"] / ucr["seconds"] for ucr, s5r in _pairs(rows, "save", "s5cmd")]
+        summary["save: ucstage speed / s5cmd's"]["pair_ratios"] = pairs
+        moved = _median(rows, "save", "ucstage", "data_s")
+        if moved:
+            summary["save's write + checksums + upload (overlapped): speed / s5cmd's"] = {
+                "ratio": s5 / moved, "target": SAVE_TARGET, "met": s5 / moved >= SAVE_TARGET,
+                "data_s": moved}
     uc2, tc = _median(rows, "s3tc", "ucstage"), _median(rows, "s3tc", "s3torchconnector")
     if uc2 and tc:
         summary["save on moto: ucstage speed / s3torchconnector's"] = {
             "ratio": tc / uc2, "target": 1.0, "met": tc / uc2 >= 1.0, "ucstage_s": uc2,
-            "s3torchconnector_s": tc}
+            "s3torchconnector_s": tc,
+            "pair_ratios": [o["seconds"] / u["seconds"]
+                            for u, o in _pairs(rows, "s3tc", "s3torchconnector")]}
     blocked, local = _median(rows, "async", "async_save"), _median(rows, "async", "local disk")
     if blocked and local:
         summary["async_save block / local-disk save"] = {
@@ -329,7 +358,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
              f"model + {args.mb // 2} MB optimizer; {args.pairs} alternating rounds", "",
              "| part | round | tool | seconds | note | load 1m |", "|---|---:|---|---:|---|---:|"]
     for r in rows:
-        note = r.get("error") or (f"upload {r['upload_s']:.2f} s" if "upload_s" in r else
+        note = r.get("error") or (f"write+upload {r['data_s']:.2f} s" if "data_s" in r else
                                   f"done {r['done_s']:.2f} s" if "done_s" in r else
                                   f"{r['bytes_read']:,} B read / {r['bytes_needed']:,} needed"
                                   if "bytes_read" in r else "")
@@ -339,8 +368,9 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
     lines += ["", "| target | ratio | target | met |", "|---|---:|---:|---|"]
     for what, found in summary.items():
         if isinstance(found, dict):
-            lines.append(f"| {what} | {found['ratio']:.2f} | {found['target']:g} | "
-                         f"{'met' if found['met'] else 'missed'} |")
+            pairs = ", ".join(f"{p:.2f}" for p in found.get("pair_ratios", ()))
+            lines.append(f"| {what} | {found['ratio']:.2f}{f' (pairs {pairs})' if pairs else ''}"
+                         f" | {found['target']:g} | {'met' if found['met'] else 'missed'} |")
     return "\n".join(lines)
 
 

@@ -40,6 +40,11 @@ def _hasher(kind: str) -> Any:
     return hasher(kind)
 
 
+def new_hasher(kind: str) -> Any:
+    """A running digest (``update``, ``hexdigest``) of ``kind``."""
+    return _hasher(kind)
+
+
 def kind_of(checksum: str) -> str:
     """The kind of a ``kind:<hex>`` checksum."""
     return checksum.partition(":")[0]

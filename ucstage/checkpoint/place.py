@@ -187,6 +187,25 @@ class StorePlace:
         found, folders = self._list()
         return sorted([*found, *folders])  # a prefix goes with its last key
 
+    def unfinished_uploads(self) -> list[objput.Unfinished]:
+        """The multipart uploads under this prefix never completed or aborted
+        (a writer killed mid-upload): S3 only (:func:`objput.unfinished_uploads`)."""
+        try:
+            return objput.unfinished_uploads(self.kind, self.bucket,
+                                             f"{self.key}/" if self.key else "")
+        except (UcstageError, ImportError):
+            raise
+        except Exception as exc:  # credentials, endpoint, permissions: say which store
+            raise unreadable_error(self.volume, exc) from exc
+
+    def abort_upload(self, upload: objput.Unfinished) -> None:
+        objput.abort_upload(self.kind, self.bucket, upload)
+
+    def shown(self, key: str) -> str:
+        """A key under this prefix, shown as this place's path and the rest."""
+        return f"{self.path}/{key[len(self.key):].lstrip('/')}" if self.key else \
+            f"{self.path}/{key}"
+
 
 def place(path: str | os.PathLike[str]) -> Place:
     """The place a checkpoint path names: a local folder, ``/Volumes/...``

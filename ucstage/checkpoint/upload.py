@@ -21,6 +21,7 @@ from typing import Protocol
 from ..atomic import fsync_dir, write_atomic
 from . import digests
 from .place import StorePlace
+from .scratch import Growing
 
 
 class Cancelled(Exception):
@@ -41,6 +42,9 @@ class Destination(Protocol):
 
     where: str
     """The folder or URL, for messages."""
+    writing: dict[str, Growing]
+    """Scratch files still being written, by local path: a put of one reads
+    it as it grows (:meth:`Growing.wait`), so the upload overlaps the write."""
 
     def put(self, local_path: str, name: str, kind: str) -> Landed:
         """Copy the local file to ``name`` (its final name: no rename after)
@@ -72,6 +76,7 @@ class FolderDestination:
     def __init__(self, root: str) -> None:
         self.root = root
         self.where = root
+        self.writing: dict[str, Growing] = {}
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -87,10 +92,15 @@ class FolderDestination:
     def put(self, local_path: str, name: str, kind: str) -> Landed:
         target = self._path(name)
         self._go_on()
+        growing = self.writing.get(local_path)
+        copied = 0
         with open(local_path, "rb", buffering=0) as src, open(target, "wb", buffering=0) as dst:
             while True:
                 self._go_on()
+                if growing is not None:
+                    growing.wait(copied + digests.CHUNK, self._go_on)
                 block = src.read(digests.CHUNK)
+                copied += len(block)
                 if not block:
                     break
                 view = memoryview(block)
@@ -128,6 +138,7 @@ class ObjectDestination:
     def __init__(self, at: StorePlace) -> None:
         self.at = at
         self.where = at.path
+        self.writing: dict[str, Growing] = {}
         self._cancelled = threading.Event()
         self._listed: dict[str, tuple[int, float]] | None = None
 
@@ -142,8 +153,10 @@ class ObjectDestination:
         from ..engines import objput
 
         self._go_on()
+        growing = self.writing.get(local_path)
+        follow = {} if growing is None else {"grown": lambda n: growing.wait(n, self._go_on)}
         put = objput.put_file(self.at.kind, self.at.bucket, self.at._at(name), local_path, kind,
-                              self._go_on)
+                              self._go_on, **follow)
         return Landed(put.size, put.checksum)
 
     def write_small(self, name: str, data: bytes) -> None:

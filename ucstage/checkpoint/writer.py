@@ -2,9 +2,11 @@
 then uploads and publishes.
 
 Each rank writes its files with torch's own ``FileSystemWriter`` into a
-private scratch folder on local disk (under the cache root), then copies
+private scratch folder on local disk (under the cache root) and copies
 them to the checkpoint's folder on several threads, each file straight to
-its final name, and checks the size and checksum of what landed. The
+its final name, and checks the size and checksum of what landed. The copy
+of a file starts as torch opens it and follows the writing part by part,
+and the checksums are taken as torch writes (:mod:`.scratch`). The
 coordinator then checks every rank's files are in place, writes the record
 (:mod:`ucstage.checkpoint.folder`) and ``.metadata`` last, and prunes older
 checkpoints when ``keep`` asks. With ``dcp.async_save`` all of this runs in
@@ -14,6 +16,7 @@ copied to CPU memory.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -23,6 +26,7 @@ import pickle
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -51,8 +55,9 @@ from ..errors import (
 from . import digests
 from .folder import METADATA, RECORD, FileRecord, Record
 from .place import Place, StorePlace, place
-from .retention import prune
-from .upload import Destination, FolderDestination, ObjectDestination
+from .retention import STALE_SECONDS, abort_stale_uploads, prune
+from .scratch import Growing, TeeFileSystem
+from .upload import Destination, FolderDestination, Landed, ObjectDestination
 
 _log = logging.getLogger("ucstage")
 
@@ -99,15 +104,11 @@ def _scratch_base(cache_dir: str | None) -> str:
     return base
 
 
-STALE_SECONDS = 3600.0
-"""How long a dead process's scratch folder is left before a save removes it.
-The pid alone is not proof: a container sharing this cache root has its own
-pids, and removing a live save's scratch would fail that save."""
-
-
 def _sweep(base: str, now: float | None = None) -> None:
     """Remove scratch folders left by processes that are gone (a killed save)
-    and untouched for :data:`STALE_SECONDS`."""
+    and untouched for :data:`STALE_SECONDS`. The pid alone is not proof: a
+    container sharing this cache root has its own pids, and removing a live
+    save's scratch would fail that save."""
     now = time.time() if now is None else now
     for entry in os.scandir(base):
         pid, _, _ = entry.name.partition("-")
@@ -121,6 +122,14 @@ def _sweep(base: str, now: float | None = None) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
         except (PermissionError, FileNotFoundError):
             pass  # alive and someone else's, or just removed
+
+
+STOP_S = 1.0
+"""How long a stopped save waits for torch's writer threads to notice."""
+
+_CHECKED: dict[str, float] = {}
+"""When this process last aborted the stale uploads of a folder of checkpoints."""
+_CHECKED_LOCK = threading.Lock()
 
 
 class Writer(FileSystemWriter):
@@ -142,7 +151,9 @@ class Writer(FileSystemWriter):
             incomplete ones are never removed. None keeps everything.
         cache_dir: the cache root whose scratch folder the ranks write to
             first (default ``$UCSTAGE_CACHE_DIR``, else ``/tmp/ucstage-<uid>``).
-        upload_threads: files copied to the folder at once, per rank.
+        upload_threads: files copied to the folder at once, per rank (each
+            copy starts as torch opens its file; a large file's parts go
+            several at once within its copy).
         thread_count: files each rank writes (torch's option): more files
             upload in parallel.
         sync_files: fsync each scratch file as torch writes it; default
@@ -176,7 +187,10 @@ class Writer(FileSystemWriter):
         self.upload_threads = upload_threads
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.kind = digests.default_kind()
+        self.fs = TeeFileSystem(self.kind)
         self._scratch: str | None = None
+        self._checked_here: set[FileRecord] = set()
+        """This process's files of the current save, landed and checked."""
 
     # -- torch's StorageWriter ------------------------------------------------
 
@@ -202,6 +216,7 @@ class Writer(FileSystemWriter):
         return FolderDestination(self._folder)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self._checked_here = set()
         if not self.use_collectives:
             raise InvalidArgument("use_collectives=False is not supported: the coordinator "
                                   "publishes the checkpoint once every rank's files are in")
@@ -216,14 +231,50 @@ class Writer(FileSystemWriter):
         return plan
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        assert self._scratch is not None
+        dest = self.destination()
+        # Each file's upload starts when torch opens it and sends each part
+        # as soon as torch has written it (:mod:`.scratch`): writing, the
+        # checksums and the upload overlap instead of running one after another.
+        pool = ThreadPoolExecutor(max_workers=self.upload_threads,
+                                  thread_name_prefix="ucstage-ckpt")
+        uploads: dict[str, tuple[Growing, concurrent.futures.Future[Landed]]] = {}
+        lock = threading.Lock()
+
+        def opened(growing: Growing) -> None:
+            dest.writing[growing.path] = growing
+            with lock:
+                uploads[growing.name] = (growing, pool.submit(dest.put, growing.path,
+                                                              growing.name, self.kind))
+
+        tee = self.fs = TeeFileSystem(self.kind, opened)
         try:
             written = super().write_data(plan, planner).wait()
-            stored = self._upload(written)
+            stored = self._checked(written, dest, uploads)
+        except BaseException as exc:
+            # Ctrl-C, a failed write or a failed copy: torch's other writer
+            # threads stop at their next write (the scratch folder is removed
+            # only once they have), the copies still running stop at their
+            # next block rather than finish files that will not be
+            # published, and the ones waiting for bytes stop waiting.
+            dest.cancel()
+            if not tee.stop("the save stopped", STOP_S):
+                _log.warning("ucstage: torch's writer threads of the stopped save to %s "
+                             "still write after %.0f s", self._shown, STOP_S)
+            with lock:
+                for growing, _ in uploads.values():
+                    growing.fail("the save stopped")
+            pool.shutdown(wait=True, cancel_futures=True)
+            if tee.interrupted and not isinstance(exc, KeyboardInterrupt):
+                raise KeyboardInterrupt from exc  # torch's serialiser reported it as its own
+            raise
         finally:
+            self.fs = TeeFileSystem(self.kind)
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
                 self._scratch = None
             self.path = Path(self._folder)
+        pool.shutdown()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(stored)
         return fut
@@ -242,9 +293,12 @@ class Writer(FileSystemWriter):
                                                    data.checksum))
                     data = data.info
                 storage_md[wr.index] = data
-        # Every rank checked its own copies; the coordinator checks they are
-        # all there before it publishes.
+        # Every rank checked its own copies; the coordinator checks the other
+        # ranks' are all there before it publishes (its own it checked just
+        # now: a listing would cost a round trip for nothing).
         for f in files.values():
+            if f in self._checked_here:
+                continue
             size = dest.size(f.name)
             if size != f.size:
                 raise CheckpointCorrupt(
@@ -259,10 +313,12 @@ class Writer(FileSystemWriter):
                         {name: sorted(rs) for name, rs in sorted(ranges.items())})
         dest.write_small(RECORD, json.dumps(record.to_json(), separators=(",", ":")).encode())
         dest.write_small(METADATA, pickle.dumps(metadata))  # last: now it is complete
+        if isinstance(self._at, StorePlace):
+            self._abort_stale_uploads()
         if self.keep is not None:
             parent = self._at.parent().path
             try:
-                report = prune(parent, self.keep, protect=[self._folder])
+                report = prune(parent, self.keep, protect=[self._folder], uploads=False)
             except (UcstageError, OSError) as exc:
                 _log.warning("ucstage: checkpoint %s is saved, but pruning %s failed: %s",
                              self._shown, parent, exc)
@@ -270,25 +326,57 @@ class Writer(FileSystemWriter):
                 for ckpt in report.removed:
                     _log.info("ucstage: removed checkpoint %s (keep=%d)", ckpt.path, self.keep)
 
-    # -- the upload -------------------------------------------------------------
+    def _abort_stale_uploads(self) -> None:
+        """Abort the multipart uploads a killed save left in this folder of
+        checkpoints (:func:`abort_stale_uploads`): their parts are billed.
 
-    def _upload(self, written: Sequence[WriteResult]) -> list[WriteResult]:
-        """Copy this rank's files to the destination, checked; return the
-        results with each item's range checksum and its file's record."""
-        assert self._scratch is not None
+        Once per process and folder, then again only after
+        :data:`STALE_SECONDS` (a save every few minutes would otherwise list
+        the uploads each time, and find nothing newly stale): the first save
+        of a restarted job is the one that finds a killed job's uploads. A
+        failure costs storage, not this save: it is logged.
+        """
+        parent = self._at.parent()
+        now = time.monotonic()
+        with _CHECKED_LOCK:
+            last = _CHECKED.get(parent.path)
+            if last is not None and now - last < STALE_SECONDS:
+                return
+            _CHECKED[parent.path] = now
+        try:
+            abort_stale_uploads(parent)
+        except (UcstageError, ImportError, OSError) as exc:
+            _log.warning("ucstage: could not abort the stale unfinished uploads under %s: %s",
+                         parent.path, exc)
+
+    # -- the upload ---------------------------------------------------------------
+
+    def _checked(self, written: Sequence[WriteResult], dest: Destination,
+                 uploads: dict[str, tuple[Growing, concurrent.futures.Future[Landed]]]
+                 ) -> list[WriteResult]:
+        """Wait for this rank's uploads and check each against what torch
+        wrote; return the results with each item's range checksum and its
+        file's record."""
         by_file: dict[str, list[int]] = defaultdict(list)
         for i, wr in enumerate(written):
             by_file[wr.storage_data.relative_path].append(i)
         rank = self.rank or 0
-        dest = self.destination()
-
-        def one(name: str) -> tuple[str, FileRecord, list[str]]:
-            local = os.path.join(self._scratch or "", name)
+        stored = list(written)
+        for name in sorted(by_file):
             spans = [(written[i].storage_data.offset, written[i].storage_data.length)
                      for i in by_file[name]]
-            size, checksum, sums = digests.of_file(local, self.kind, spans)
+            local = os.path.join(self._scratch or "", name)
+            if name in uploads:
+                growing, put = uploads[name]
+                size, checksum = growing.checksum()
+                sums = growing.range_checksums(spans)
+                landed: Landed | None = put.result()
+            else:  # a file torch did not open through the scratch's file system
+                size, checksum, sums = digests.of_file(local, self.kind, spans)
+                landed = None
             for attempt in (1, 2):
-                landed = dest.put(local, name, self.kind)
+                if landed is None:
+                    landed = dest.put(local, name, self.kind)
                 if (landed.size, landed.checksum) == (size, checksum):
                     break
                 if attempt == 2:
@@ -296,23 +384,11 @@ class Writer(FileSystemWriter):
                         f"the copy of {name} to {dest.where} holds {landed.size:,} bytes "
                         f"({landed.checksum}), not the {size:,} written ({checksum}), twice",
                         hint="check the destination's disk or mount; nothing was published")
-            return name, FileRecord(name, rank, size, checksum), sums
-
-        pool = ThreadPoolExecutor(max_workers=min(self.upload_threads, max(1, len(by_file))),
-                                  thread_name_prefix="ucstage-ckpt")
-        try:
-            done = list(pool.map(one, sorted(by_file)))
-        except BaseException:
-            # Ctrl-C or a failed copy: the copies still running stop at their
-            # next block rather than finish files that will not be published.
-            dest.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown()
-        stored = list(written)
-        for name, record, sums in done:
-            for i, checksum in zip(by_file[name], sums, strict=True):
+                landed = None  # sent again, from the complete file
+            record = FileRecord(name, rank, size, checksum)
+            self._checked_here.add(record)
+            for i, range_sum in zip(by_file[name], sums, strict=True):
                 wr = written[i]
                 stored[i] = WriteResult(index=wr.index, size_in_bytes=wr.size_in_bytes,
-                                        storage_data=_Stored(wr.storage_data, checksum, record))
+                                        storage_data=_Stored(wr.storage_data, range_sum, record))
         return stored

@@ -12,7 +12,13 @@ import click
 from rich.console import Console
 
 from ..checkpoint.folder import Checkpoint, verify
-from ..checkpoint.retention import list_checkpoints, prune
+from ..checkpoint.retention import (
+    STALE_SECONDS,
+    UnfinishedUpload,
+    list_checkpoints,
+    prune,
+    unfinished_uploads,
+)
 from .bars import progress_bar
 from .output import (
     CONTEXT,
@@ -48,6 +54,14 @@ def _rows(console: Console, found: list[Checkpoint], now: float) -> None:
     console.print(t)
 
 
+def _uploads(console: Console, uploads: list[UnfinishedUpload], now: float) -> None:
+    stale = sum(u.stale(now) for u in uploads)
+    if uploads:
+        console.print(f"{counted(len(uploads), 'unfinished multipart upload')} "
+                      f"({stale:,} idle for {_age(STALE_SECONDS)} or more: a killed save's; "
+                      "`ucstage checkpoint prune` or the next save aborts them)")
+
+
 @click.group("checkpoint", cls=Group, context_settings=CONTEXT)
 def command() -> None:
     """List, verify and prune the torch.distributed.checkpoint folders that
@@ -67,25 +81,30 @@ def command() -> None:
 @json_option
 def list_command(path: str, as_json: bool) -> None:
     """The checkpoints in PATH (or PATH itself when it is one), oldest first:
-    complete or incomplete, ranks, files, size and age.
+    complete or incomplete, ranks, files, size and age; on S3, also the
+    multipart uploads under PATH never finished (a killed save's).
 
     \b
     Example:
       ucstage checkpoint list /Volumes/main/ml/ckpt --json
     """
     found = list_checkpoints(path)
+    uploads = unfinished_uploads(path)
     now = time.time()
-    data = {"path": path, "checkpoints": [c.to_json(now) for c in found]}
+    data = {"path": path, "checkpoints": [c.to_json(now) for c in found],
+            "unfinished_uploads": [u.to_json(now) for u in uploads]}
 
     def human(console: Console) -> None:
         if not found:
             console.print(f"no checkpoints in {escape(path)}")
-            return
-        _rows(console, found, now)
-        incomplete = sum(not c.complete for c in found)
-        complete = len(found) - incomplete
-        console.print(f"{counted(complete, 'complete checkpoint')}, {incomplete:,} incomplete "
-                      "(never loaded)" if incomplete else counted(complete, "complete checkpoint"))
+        else:
+            _rows(console, found, now)
+            incomplete = sum(not c.complete for c in found)
+            complete = len(found) - incomplete
+            console.print(f"{counted(complete, 'complete checkpoint')}, {incomplete:,} "
+                          "incomplete (never loaded)" if incomplete
+                          else counted(complete, "complete checkpoint"))
+        _uploads(console, uploads, now)
 
     emit(data, as_json, human)
 
@@ -150,6 +169,8 @@ def prune_command(path: str, keep: int, dry_run: bool, as_json: bool) -> None:
     """Remove the complete checkpoints in PATH older than its N newest complete
     ones (by when each was published). The newest complete one is always
     kept; incomplete ones are never removed (a job may be writing them).
+    On S3, also abort the multipart uploads under PATH idle for an hour (a
+    rank killed mid-upload left them; S3 bills their parts).
 
     \b
     Examples:
@@ -167,6 +188,9 @@ def prune_command(path: str, keep: int, dry_run: bool, as_json: bool) -> None:
         for where, names in report.left.items():
             console.print(f"  left in {escape(where)}: {escape(', '.join(names))} "
                           "(not written by ucstage)")
+        for u in report.aborted:
+            console.print(f"{'would abort' if dry_run else 'aborted'} the unfinished upload of "
+                          f"{escape(u.path)} (idle {_age(max(0.0, now - u.last_active))})")
         console.print(f"{verb} {counted(len(report.removed), 'checkpoint')} "
                       f"({format_bytes(sum(c.bytes for c in report.removed))}); kept "
                       f"{len(report.kept):,} complete and {len(report.incomplete):,} incomplete")

@@ -527,7 +527,8 @@ def copy_ranges(volume: Volume, entry: RangeEntry, dst: int, ctx: FetchContext) 
 
     blobs, seen = read(entry.ranges)
     # Reads again only a chunk whose pages fail (a flipped byte in transit).
-    paged = pagecrc.verified(entry.path, blobs, lambda i: read([entry.ranges[i]])[0][0])
+    paged = entry.parquet and \
+        pagecrc.verified(entry.path, blobs, lambda i: read([entry.ranges[i]])[0][0])
     check = "md5" if azure else pagecrc.CHECK if paged else "" if volume.is_local else "size"
     if check:
         checks.TALLY.add(check)

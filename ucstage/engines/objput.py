@@ -29,8 +29,10 @@ times; any other error is raised (one line: :func:`objstore.concise`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +41,8 @@ from typing import Any, TypeVar
 from . import objstore, pace
 from .checks import hasher
 
-__all__ = ["PART", "Put", "delete", "put_bytes", "put_file", "read_back", "retry_throttled"]
+__all__ = ["PART", "Put", "Unfinished", "abort_upload", "delete", "put_bytes", "put_file",
+           "read_back", "retry_throttled", "unfinished_uploads"]
 
 T = TypeVar("T")
 
@@ -81,20 +84,32 @@ def _gcs(bucket: str) -> Any:
     return cloudfs.filesystem("gs")
 
 
+Grown = Callable[[int], int]
+"""For a file still being written: called with a byte count, it blocks until
+the file holds that many bytes or is complete and returns the bytes it
+holds (it raises when the writer failed)."""
+
+
+def _whole(_n: int) -> int:
+    return sys.maxsize  # a complete file: every read is its final bytes
+
+
 def put_file(kind: str, bucket: str, key: str, local: str, check: str,
-             go_on: Callable[[int], None] = lambda _n: None) -> Put:
+             go_on: Callable[[int], None] = lambda _n: None, grown: Grown = _whole) -> Put:
     """PUT the local file at ``local`` to ``key`` (multipart above
     :data:`PART`) and return what landed, checked (see the module
     docstring). ``check`` is the checksum kind to report (``crc32c``,
     ``md5``); ``go_on`` is called with each block's size before it is sent
-    and raises to stop the upload (a cancelled save)."""
+    and raises to stop the upload (a cancelled save). ``grown``: the file
+    is still being written (:data:`Grown`); each part is sent as soon as it
+    is there, so the upload overlaps the writing."""
     if kind == "gs":
-        return retry_throttled(lambda: _put_gcs(bucket, key, local, check, go_on))
-    return retry_throttled(lambda: _put_obstore(kind, bucket, key, local, check, go_on))
+        return retry_throttled(lambda: _put_gcs(bucket, key, local, check, go_on, grown))
+    return retry_throttled(lambda: _put_obstore(kind, bucket, key, local, check, go_on, grown))
 
 
 def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
-                 go_on: Callable[[int], None]) -> Put:
+                 go_on: Callable[[int], None], grown: Grown) -> Put:
     import obstore
 
     client = objstore.store(kind, bucket)
@@ -106,6 +121,7 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
         nonlocal size
         while True:
             go_on(0)
+            grown(size + PART)
             block = fh.read(PART)
             if not block:
                 return
@@ -116,6 +132,7 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
             yield block
 
     with open(local, "rb", buffering=0) as fh:
+        grown(PART + 1)  # one PUT or multipart: decided once it is known
         first = fh.read(PART + 1)
         try:
             if len(first) <= PART:  # one PUT: its ETag is the object's MD5
@@ -142,11 +159,12 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
 
 
 def _put_gcs(bucket: str, key: str, local: str, check: str,
-             go_on: Callable[[int], None]) -> Put:
+             go_on: Callable[[int], None], grown: Grown) -> Put:
     from .. import cloudfs
 
     fs = _gcs(bucket)
     go_on(0)
+    grown(sys.maxsize)  # gcsfs reads the file itself: only once it is complete
     fs.put_file(local, f"{bucket}/{key}")
     info = fs.info(f"{bucket}/{key}")
     stored = cloudfs.hex_of(info.get("crc32c" if check == "crc32c" else "md5Hash") or "")
@@ -291,3 +309,86 @@ def get_bytes(kind: str, bucket: str, key: str) -> bytes | None:
             raise err from exc
 
     return retry_throttled(once)
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A multipart upload begun and never completed or aborted (its writer
+    was killed): its parts are stored, and billed, until it is aborted."""
+
+    key: str
+    upload_id: str
+    initiated: float
+    """When it began (Unix time, the store's clock)."""
+    last_part: float | None
+    """When its newest part arrived; None when it has none."""
+
+    @property
+    def last_active(self) -> float:
+        return max(self.initiated, self.last_part or 0.0)
+
+
+def _s3fs() -> Any:
+    """s3fs (``ucstage[s3]``), from the standard variables: obstore has no call
+    that lists or aborts multipart uploads."""
+    import fsspec
+
+    return fsspec.filesystem("s3")
+
+
+def unfinished_uploads(kind: str, bucket: str, prefix: str) -> list[Unfinished]:
+    """The multipart uploads under ``prefix`` that were never completed or
+    aborted, oldest first. Only S3 keeps such uploads where a listing does
+    not show them; GCS's resumable uploads and Azure's uncommitted blocks
+    expire by themselves (a week), so on those stores this is empty."""
+    if kind != "s3":
+        return []
+    fs = _s3fs()
+    found: list[Unfinished] = []
+    marker: dict[str, str] = {}
+    while True:
+        try:
+            page = retry_throttled(functools.partial(
+                fs.call_s3, "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker))
+        except FileNotFoundError:
+            # No bucket, or a store that keeps no such list (rclone's S3
+            # answers NoSuchUpload): nothing there to abort.
+            return found
+        for upload in page.get("Uploads") or []:
+            key, upload_id = str(upload["Key"]), str(upload["UploadId"])
+            found.append(Unfinished(key, upload_id, _seconds(upload.get("Initiated")),
+                                    _last_part(fs, bucket, key, upload_id)))
+        if not page.get("IsTruncated"):
+            break
+        marker = {"KeyMarker": page.get("NextKeyMarker", ""),
+                  "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+    return sorted(found, key=lambda u: (u.initiated, u.key))
+
+
+def _last_part(fs: Any, bucket: str, key: str, upload_id: str) -> float | None:
+    """When the newest part of an upload arrived (its parts, listed)."""
+    newest: float | None = None
+    marker: dict[str, int] = {}
+    while True:
+        try:
+            page = retry_throttled(functools.partial(
+                fs.call_s3, "list_parts", Bucket=bucket, Key=key, UploadId=upload_id, **marker))
+        except FileNotFoundError:  # completed or aborted since it was listed
+            return newest
+        for part in page.get("Parts") or []:
+            at = _seconds(part.get("LastModified"))
+            newest = at if newest is None else max(newest, at)
+        if not page.get("IsTruncated"):
+            return newest
+        marker = {"PartNumberMarker": int(page.get("NextPartNumberMarker", 0))}
+
+
+def abort_upload(kind: str, bucket: str, upload: Unfinished) -> None:
+    """Abort an unfinished multipart upload: the store drops its parts. One
+    already gone (completed or aborted meanwhile) is no error."""
+    if kind != "s3":
+        return
+    fs = _s3fs()
+    with contextlib.suppress(FileNotFoundError):  # NoSuchUpload, as s3fs names it
+        retry_throttled(lambda: fs.call_s3("abort_multipart_upload", Bucket=bucket,
+                                           Key=upload.key, UploadId=upload.upload_id))

@@ -57,12 +57,17 @@ class RangeEntry(NamedTuple):
     """The file's path relative to the source root."""
     ranges: tuple[tuple[int, int], ...]
     """(offset, length) in the file, in the order the entry holds them."""
+    parquet: bool = True
+    """The ranges are Parquet column chunks, whose pages' CRCs the copy
+    checks. False for other bytes (a checkpoint's items, which their reader
+    checks against its own record): walking them as pages would fail and
+    read each range twice."""
 
     @classmethod
-    def of(cls, entry: FileEntry, name: str, ranges: tuple[tuple[int, int], ...]
-           ) -> RangeEntry:
+    def of(cls, entry: FileEntry, name: str, ranges: tuple[tuple[int, int], ...],
+           *, parquet: bool = True) -> RangeEntry:
         return cls(f"{RANGES_DIR}/{entry.path}/{name}", sum(n for _, n in ranges),
-                   entry.version, entry.path, ranges)
+                   entry.version, entry.path, ranges, parquet)
 
 
 def is_range_path(relpath: str) -> bool:

@@ -160,7 +160,7 @@ def _third_party(prefixes: tuple[str, ...]) -> dict[str, list[tuple[str, int, bo
 
 
 TORCH_CHECKPOINT = {"ucstage.checkpoint.writer", "ucstage.checkpoint.reader",
-                    "ucstage.checkpoint.index"}
+                    "ucstage.checkpoint.index", "ucstage.checkpoint.tee"}
 """torch.distributed.checkpoint's storage classes and its ``.metadata``:
 ``ucstage.checkpoint`` loads them lazily, so the ``checkpoint`` commands never
 import torch (but ``verify`` of a plain torch checkpoint, which reads its

@@ -131,6 +131,10 @@ def test_a_metadata_that_is_no_index_is_refused_not_run(tmp_path: Path) -> None:
                          f"(it holds {os.system.__module__}.system, which torch never writes "
                          "there)")
     assert not ran.exists()
+    # A load unpickles it the same way, never with torch's plain pickle.load.
+    with pytest.raises(CheckpointCorrupt, match=r"its \.metadata is not a torch"):
+        Reader(str(plain)).read_metadata()
+    assert not ran.exists()
 
 
 class _Runs:

@@ -279,7 +279,7 @@ def test_the_tee_hashes_each_span_and_a_reader_follows_the_file_as_it_grows(
     import threading
 
     from ucstage.checkpoint import digests
-    from ucstage.checkpoint.scratch import NOTIFY, Growing, TeeFileSystem
+    from ucstage.checkpoint.tee import NOTIFY, Growing, TeeFileSystem
 
     opened: list[Growing] = []
     fs = TeeFileSystem("crc32c", opened.append)
@@ -311,7 +311,7 @@ def test_the_tee_hashes_each_span_and_a_reader_follows_the_file_as_it_grows(
 
 def test_a_writer_that_seeks_back_gets_checksums_of_the_final_bytes(tmp_path: Any) -> None:
     from ucstage.checkpoint import digests
-    from ucstage.checkpoint.scratch import Growing, TeeFileSystem
+    from ucstage.checkpoint.tee import Growing, TeeFileSystem
 
     opened: list[Growing] = []
     fs = TeeFileSystem("crc32c", opened.append)
@@ -332,7 +332,7 @@ def test_a_writer_that_seeks_back_gets_checksums_of_the_final_bytes(tmp_path: An
 
 
 def test_a_stopped_tee_sends_torchs_writes_nowhere_and_refuses_new_files(tmp_path: Any) -> None:
-    from ucstage.checkpoint.scratch import Growing, TeeFileSystem, WriteFailed
+    from ucstage.checkpoint.tee import Growing, TeeFileSystem, WriteFailed
 
     opened: list[Growing] = []
     fs = TeeFileSystem("crc32c", opened.append)

@@ -108,9 +108,11 @@ def test_a_byte_flipped_on_the_way_is_fetched_again(fault_proxy: Faults, small_p
     # Ranged GETs only: each of the file's items by its own range, none whole.
     assert fault_proxy.ranges and all(k == key for k, *_ in fault_proxy.ranges)
 
-    fault_proxy.set("corrupt", [key])  # damaged at rest: every read differs, the load fails
+    # Damaged at rest: every read differs, the load fails (past the local
+    # cache, which holds the ranges the first load checked).
+    fault_proxy.set("corrupt", [key])
     with pytest.raises(CheckpointException) as info:
-        dcp.load(_empty(), storage_reader=Reader(dest))
+        dcp.load(_empty(), storage_reader=Reader(dest, cache=False))
     ((err, _),) = info.value.failures.values()
     assert isinstance(err, CheckpointCorrupt)
     assert "__0_0.distcp fail their checksum (3 reads)" in str(err)
@@ -119,10 +121,12 @@ def test_a_byte_flipped_on_the_way_is_fetched_again(fault_proxy: Faults, small_p
 def test_a_throttling_store_is_ridden_out(fault_proxy: Faults) -> None:
     prefix = f"{BUCKET}/slow-{uuid.uuid4().hex[:8]}"
     dest = f"s3://{prefix}/step-1"
-    saved = {f"t{i}": torch.full((1000,), float(i)) for i in range(40)}
+    saved = {f"t{i}": torch.full((1000,), float(i)) for i in range(16)}
     dcp.save(saved, storage_writer=Writer(dest))
-    fault_proxy.limit(20.0, burst=2.0, prefix=prefix)
-    loaded = {f"t{i}": torch.zeros(1000) for i in range(40)}
+    # 5 GETs a second: the load's 16 ranged GETs (one per item, kept in the
+    # local cache as they come) outrun it however fast the machine is.
+    fault_proxy.limit(5.0, burst=1.0, prefix=prefix)
+    loaded = {f"t{i}": torch.zeros(1000) for i in range(16)}
     dcp.load(loaded, storage_reader=Reader(dest))
     assert fault_proxy.done["throttled"] > 0
     assert equal(saved, loaded)

@@ -52,6 +52,31 @@ class _IndexUnpickler(pickle.Unpickler):
         raise _Refused(f"{module}.{name}")
 
 
+def load_metadata(raw: bytes, shown: str) -> Any:
+    """The ``Metadata`` torch pickled as ``raw``, the ``.metadata`` of
+    checkpoint ``shown``, unpickled by :class:`_IndexUnpickler` (a load reads
+    it this way too, not with torch's plain ``pickle.load``).
+
+    Raises:
+        CheckpointCorrupt: it is no DCP index (or holds what torch never
+            writes in one).
+    """
+    try:
+        metadata = _IndexUnpickler(io.BytesIO(raw)).load()
+        metadata.storage_data  # noqa: B018 - an index has one: anything else is no index
+        return metadata
+    except Exception as exc:  # any damage: say what, never the bytes
+        raise _corrupt(shown, exc) from exc
+
+
+def _corrupt(shown: str, exc: Exception) -> CheckpointCorrupt:
+    why = f"it holds {exc}, which torch never writes there" if isinstance(exc, _Refused) \
+        else f"{type(exc).__name__} reading it"
+    return CheckpointCorrupt(f"checkpoint {shown}: its .metadata is not a "
+                             f"torch.distributed.checkpoint index ({why})",
+                             hint="it was edited or cut short: load another checkpoint")
+
+
 def read_index(raw: bytes, shown: str) -> dict[str, list[tuple[int, int]]]:
     """The byte ranges the ``.metadata`` ``raw`` of checkpoint ``shown``
     indexes, per file: ``{name: [(offset, length), ...]}``.
@@ -60,15 +85,11 @@ def read_index(raw: bytes, shown: str) -> dict[str, list[tuple[int, int]]]:
         CheckpointCorrupt: it is no DCP index (or holds what torch never
             writes in one).
     """
+    storage = load_metadata(raw, shown).storage_data
     try:
-        storage = _IndexUnpickler(io.BytesIO(raw)).load().storage_data
         items = [(s.relative_path, int(s.offset), int(s.length)) for s in storage.values()]
     except Exception as exc:  # any damage: say what, never the bytes
-        why = f"it holds {exc}, which torch never writes there" if isinstance(exc, _Refused) \
-            else f"{type(exc).__name__} reading it"
-        raise CheckpointCorrupt(f"checkpoint {shown}: its .metadata is not a "
-                                f"torch.distributed.checkpoint index ({why})",
-                                hint="it was edited or cut short: load another checkpoint") from exc
+        raise _corrupt(shown, exc) from exc
     index: dict[str, list[tuple[int, int]]] = {}
     for name, offset, length in items:
         if not isinstance(name, str):

@@ -20,7 +20,6 @@ import contextlib
 import io
 import logging
 import os
-import pickle
 import threading
 from collections.abc import Iterator
 from typing import IO, Any
@@ -34,6 +33,7 @@ from ..volumes import FileEntry, RangeEntry
 from ..volumes.listing import list_volume
 from . import digests
 from .folder import METADATA, Record, check_indexed, require_complete
+from .index import load_metadata
 from .place import Place, StorePlace
 
 _log = logging.getLogger("ucstage")
@@ -218,12 +218,11 @@ class Reader(FileSystemReader):
         # Checked again: it may have been pruned or damaged since the reader was made.
         _, ckpt = require_complete(self._shown)
         self._record = ckpt.record
-        if not isinstance(self._at, StorePlace):
-            return super().read_metadata(*args, **kwargs)
         raw = self._at.read(METADATA)
         if raw is None:
             return super().read_metadata(*args, **kwargs)  # gone since: torch's error
-        metadata = pickle.loads(raw)
+        # Never torch's plain pickle.load: a checkpoint may come from anyone.
+        metadata = load_metadata(raw, self._shown)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

@@ -16,12 +16,14 @@ import contextlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..atomic import fsync_dir, write_atomic
 from . import digests
 from .place import StorePlace
-from .scratch import Growing
+
+if TYPE_CHECKING:  # the tee imports torch; the upload is typed by it only
+    from .tee import Growing
 
 
 class Cancelled(Exception):

@@ -56,7 +56,7 @@ from . import digests
 from .folder import METADATA, RECORD, FileRecord, Record
 from .place import Place, StorePlace, place
 from .retention import STALE_SECONDS, abort_stale_uploads, prune
-from .scratch import Growing, TeeFileSystem
+from .tee import Growing, TeeFileSystem
 from .upload import Destination, FolderDestination, Landed, ObjectDestination
 
 _log = logging.getLogger("ucstage")

@@ -95,6 +95,10 @@ class LocalCache:
         self._setup(paths.open_root(os.fspath(root) if root is not None
                                     else paths.default_root()),
                     max_bytes, lease_seconds, wait_seconds)
+        if not os.path.exists(os.path.join(self.root, paths.CONTROL, "usage")):
+            # A root without a byte ledger (new, or made by an old version) is
+            # counted when it opens, not by the first copy into it.
+            self.space.recorded_bytes()
         self.retries = retries
         self.backoff = backoff
         self.requests = Requests.of(hedge, request_deadline)

@@ -469,7 +469,7 @@ class CacheSpace:
         Takes the entry's stripe (no copy of it is running) and the ledger lock
         (renames happen under it, and the byte count drops with the file).
         """
-        with FileLock(self.entry_lock(ns_dir, rel)), self._ledger() as ledger:
+        with paths.locked(self.entry_lock(ns_dir, rel)), self._ledger() as ledger:
             try:
                 st = os.stat(local)
             except FileNotFoundError:
@@ -865,6 +865,11 @@ class StampMemo:
     def __init__(self) -> None:
         self._memo: dict[str, Memo] = {}
         self._lock = threading.Lock()
+        self.entries: Mapping[str, Memo] = self._memo
+        """The memo, read-only: path -> (inode, ctime_ns, (size, version)).
+        For a lookup's hot path, which reads it without a call per file; an
+        entry is trusted only while the file's inode and ctime match, and
+        every path in it passed a lookup's path-safety check."""
 
     def stamp(self, path: str, st: os.stat_result) -> tuple[int, str] | None:
         """The ``(size, version)`` stamped on the cached file ``path``, whose
@@ -900,14 +905,6 @@ class StampMemo:
         except OSError:
             return
         self._put(path, (st.st_ino, st.st_ctime_ns, stamp))
-
-    @property
-    def entries(self) -> Mapping[str, Memo]:
-        """The memo, read-only: path -> (inode, ctime_ns, (size, version)).
-        For a lookup's hot path, which reads it without a call per file; an
-        entry is trusted only while the file's inode and ctime match, and
-        every path in it passed a lookup's path-safety check."""
-        return self._memo
 
     def forget(self, path: str) -> None:
         """Drop ``path``'s entry (the file was removed)."""

@@ -37,11 +37,14 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import cloudfs
 from ..errors import InvalidArgument, MissingDependency, SourceUnreadable
 from . import reset_after_fork
+
+if TYPE_CHECKING:  # volumes imports this module: a volume's type only
+    from ..volumes.location import Volume
 
 T = TypeVar("T")
 
@@ -167,9 +170,10 @@ def reads(fs: Any) -> bool:
     return kind is not None and _wanted(kind)
 
 
-def location(volume: Any, path: str) -> tuple[str, str, str]:
+def location(volume: Volume | ObjectFS, path: str) -> tuple[str, str, str]:
     """``(kind, bucket, key)`` of an fsspec path inside ``volume``'s filesystem
-    (``bucket/key``, as s3fs, gcsfs and adlfs spell paths)."""
+    (``bucket/key``, as s3fs, gcsfs and adlfs spell paths); ``volume`` may be
+    an :class:`ObjectFS` itself (its ``fs`` is itself)."""
     fs = volume.fs
     if isinstance(fs, ObjectFS):
         kind = fs.kind
@@ -318,7 +322,7 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
                       retry_config=_retry(), **kwargs)
 
 
-def delta_location(volume: Any) -> tuple[str, dict[str, str]]:
+def delta_location(volume: Volume) -> tuple[str, dict[str, str]]:
     """The URL and ``storage_options`` deltalake opens the Delta table at
     ``volume`` (an ``s3``, ``gs`` or ``az`` volume, any URL form) with: the
     store, endpoint and credentials the engines read (:func:`_build`, and
@@ -480,7 +484,7 @@ def concise(exc: BaseException, path: str = "") -> BaseException:
     return OSError(line)
 
 
-def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
+def list_objects(volume: Volume | ObjectFS, root: str) -> dict[str, dict[str, Any]]:
     """Every object under ``root`` (an fsspec path, ``bucket/prefix``), as
     fsspec's ``find(detail=True)`` gives them: full path -> info with
     ``size``, ``ETag`` and ``LastModified``.
@@ -490,7 +494,7 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
         Exception: obstore's, for the store or the credentials.
     """
     kind, bucket, prefix = location(volume, root)
-    fs = getattr(volume, "fs", None)
+    fs = volume.fs
     if kind in ("gs", "az"):
         return _cloud_find(fs if isinstance(fs, ObjectFS) else ObjectFS(kind), root)
     head = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None

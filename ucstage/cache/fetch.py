@@ -990,42 +990,27 @@ class LoopWarm:
         Raises:
             Exception: as ``reserve_tmp`` (nothing is left behind).
         """
-        done = self._reserves.add(copy)
-        try:
-            got = await done
-        except asyncio.CancelledError:
-            # Stopped before the batch ran: ``done`` is cancelled, the batch
-            # skips it, and nothing was reserved. Stopped after it: give back
-            # what it reserved for this copy.
-            if not done.done() or done.cancelled():
-                raise
-            got = done.result()
+        got, late = await self._reserves.wait(copy)
+        if late:  # stopped after the batch ran: give back what it reserved for this copy
             if not isinstance(got, BaseException):
                 os.close(got.fd)
                 drop_tmp(copy, got, Stopped())
-            raise
+            raise asyncio.CancelledError()
         if isinstance(got, BaseException):
             raise got
         return got
 
     async def _commit(self, copy: Copy, pending: Pending, copied: Copied) -> None:
-        """The commit (:func:`commit_tmps`), batched: the copies that finish in one pass
-        of the loop are committed together (:func:`commit_tmps`, one
-        hold of the ledger lock), at the end of that pass.
+        """The commit (:func:`commit_tmps`), batched: the copies that finish
+        in one pass of the loop are committed together (one hold of the
+        ledger lock), at the end of that pass. Stopped before the batch ran,
+        the copy drops its temp file as any stopped copy; stopped after it,
+        the copy is in place, done.
 
         Raises:
             Exception: this copy's commit failed (the caller drops it).
         """
-        done = self._commits.add((copy, pending, copied))
-        try:
-            failed = await done
-        except asyncio.CancelledError:
-            # Stopped before the batch ran: ``done`` is cancelled, the batch
-            # skips it, and the copy drops its temp file as any stopped copy.
-            # Stopped after it: the copy is in place, done.
-            if not done.done() or done.cancelled():
-                raise
-            failed = done.result()
+        failed, _ = await self._commits.wait((copy, pending, copied))
         if failed is not None:
             raise failed
 
@@ -1069,6 +1054,22 @@ class _PassBatch(Generic[Item, Result]):
         if len(self._items) == 1:
             loop.call_soon(self._flush)
         return done
+
+    async def wait(self, item: Item) -> tuple[Result, bool]:
+        """``item``'s result, once the batch ran, and whether the caller was
+        cancelled after it ran (the result is still the caller's to settle).
+
+        Raises:
+            asyncio.CancelledError: cancelled before the batch ran (the batch
+                leaves the item out: nothing was done for it).
+        """
+        done = self.add(item)
+        try:
+            return await done, False
+        except asyncio.CancelledError:
+            if not done.done() or done.cancelled():
+                raise
+            return done.result(), True
 
     def _flush(self) -> None:
         batch, self._items = self._items, []

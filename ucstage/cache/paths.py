@@ -36,7 +36,7 @@ from typing import cast
 from ..errors import CacheError, CacheOwnershipError, CacheUnusable
 from ..volumes.entry import NAME_MAX, PART_SUFFIX, part_stripe  # the listing refuses such names too
 
-__all__ = ["CACHE_DIR_ENV", "CONTROL", "LISTINGS_DIR", "PART_SUFFIX", "STAMP_XATTR", "STRIPES", "FileLock", "create_fresh", "default_root", "lock_dir", "locked", "md5_evidence", "namespace_name", "open_private", "open_root", "part_lock", "part_name", "part_stripe", "read_stamp", "record_path", "stripe_path", "take_lock", "unusable_reason", "user_root", "write_stamp"]
+__all__ = ["CACHE_DIR_ENV", "CONTROL", "LISTINGS_DIR", "PART_SUFFIX", "STAMP_XATTR", "STRIPES", "FileLock", "create_fresh", "default_root", "flocked", "lock_dir", "locked", "md5_evidence", "namespace_name", "open_private", "open_root", "part_lock", "part_name", "part_stripe", "read_stamp", "record_path", "stripe_path", "take_lock", "unusable_reason", "user_root", "write_stamp"]
 
 CACHE_DIR_ENV = "UCSTAGE_CACHE_DIR"
 CONTROL = ".ucstage"
@@ -403,23 +403,33 @@ def take_lock(path: str, blocking: bool = True) -> int | None:
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                st = None
-            if st is not None:
-                own = os.fstat(fd)
-                if (st.st_ino, st.st_dev) == (own.st_ino, own.st_dev):
-                    return fd
-        except BlockingIOError:
-            os.close(fd)
+        if not flocked(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)):
             return None
+        try:
+            same = os.path.samestat(os.stat(path), os.fstat(fd))
+        except FileNotFoundError:
+            same = False
         except BaseException:
             os.close(fd)
             raise
+        if same:
+            return fd
         os.close(fd)  # its holder unlinked it meanwhile: lock the path's new file
+
+
+def flocked(fd: int, how: int) -> bool:
+    """Whether ``flock(fd, how)`` was granted: False when ``how`` has
+    ``LOCK_NB`` and another holds the file. Unless it was granted, ``fd``
+    is closed (on an error too)."""
+    try:
+        fcntl.flock(fd, how)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    except BaseException:
+        os.close(fd)
+        raise
+    return True
 
 
 @contextlib.contextmanager

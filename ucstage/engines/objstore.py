@@ -37,18 +37,16 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import cloudfs
 from ..errors import InvalidArgument, MissingDependency, SourceUnreadable
 from . import reset_after_fork
 
-if TYPE_CHECKING:  # volumes imports this module: a volume's type only
-    from ..volumes.location import Volume
-
 T = TypeVar("T")
 
-__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline",
+__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "OnStore", "StoreVolume", "Unparsable",
+           "concise", "deadline",
            "delta_location", "forks_fall_back", "keep_clean", "list_objects", "location", "reads",
            "run_here", "serves", "store", "usable"]
 
@@ -170,7 +168,23 @@ def reads(fs: Any) -> bool:
     return kind is not None and _wanted(kind)
 
 
-def location(volume: Volume | ObjectFS, path: str) -> tuple[str, str, str]:
+class OnStore(Protocol):
+    """What the store functions read of a volume: its file system (a
+    :class:`ucstage.volumes.Volume`'s; an :class:`ObjectFS` is one too, its
+    ``fs`` being itself). A Protocol: :mod:`ucstage.volumes` imports this module."""
+
+    @property
+    def fs(self) -> Any: ...
+
+
+class StoreVolume(OnStore, Protocol):
+    """A :class:`ucstage.volumes.Volume` on a store, as :func:`delta_location` reads it."""
+
+    @property
+    def root(self) -> str: ...
+
+
+def location(volume: OnStore, path: str) -> tuple[str, str, str]:
     """``(kind, bucket, key)`` of an fsspec path inside ``volume``'s filesystem
     (``bucket/key``, as s3fs, gcsfs and adlfs spell paths); ``volume`` may be
     an :class:`ObjectFS` itself (its ``fs`` is itself)."""
@@ -322,7 +336,7 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
                       retry_config=_retry(), **kwargs)
 
 
-def delta_location(volume: Volume) -> tuple[str, dict[str, str]]:
+def delta_location(volume: StoreVolume) -> tuple[str, dict[str, str]]:
     """The URL and ``storage_options`` deltalake opens the Delta table at
     ``volume`` (an ``s3``, ``gs`` or ``az`` volume, any URL form) with: the
     store, endpoint and credentials the engines read (:func:`_build`, and
@@ -484,7 +498,7 @@ def concise(exc: BaseException, path: str = "") -> BaseException:
     return OSError(line)
 
 
-def list_objects(volume: Volume | ObjectFS, root: str) -> dict[str, dict[str, Any]]:
+def list_objects(volume: OnStore, root: str) -> dict[str, dict[str, Any]]:
     """Every object under ``root`` (an fsspec path, ``bucket/prefix``), as
     fsspec's ``find(detail=True)`` gives them: full path -> info with
     ``size``, ``ETag`` and ``LastModified``.

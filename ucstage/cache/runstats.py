@@ -3,8 +3,8 @@
 Every process that reads through a :class:`ucstage.VolumeDataset` (the main
 process of each rank, each DataLoader worker) counts into one small file of
 its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.counters``: fixed-width
-integers rewritten in place after each file handed out (one ``pwrite``; no
-lock is shared between processes). Readers sum the files: ``cache status``
+integers rewritten in place at most twice a second and when a reader ends
+(one ``pwrite``; no lock is shared between processes). Readers sum the files: ``cache status``
 the last run's (the run whose files changed last), the DataLoader its own
 rank's before and after each epoch (``epoch_cache_hit_rate``).
 

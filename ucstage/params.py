@@ -26,7 +26,7 @@ from typing import Any
 from .errors import InvalidArgument
 from .units import SIZE_HELP, parse_size
 
-__all__ = ["size", "strings", "whole"]
+__all__ = ["size", "size_string", "strings", "whole"]
 
 
 def _kind(value: Any) -> str:
@@ -75,6 +75,21 @@ def whole(value: Any, name: str, minimum: int | None = 0) -> int:
     return number
 
 
+def size_string(value: str, name: str, fix: str) -> int:
+    """The bytes of the size string ``value`` (``"500M"``), which the
+    caller calls ``name`` (a parameter, a variable).
+
+    Raises:
+        InvalidArgument: not a size, named ``name=value``; the hint is
+            ``fix`` and the size syntax.
+    """
+    try:
+        return parse_size(value)
+    except InvalidArgument:
+        raise InvalidArgument(f"{name}={value!r} is not a size",
+                              hint=f"{fix}; {SIZE_HELP}") from None
+
+
 def size(value: Any, name: str) -> int:
     """A positive byte count: a whole number, or a size string (``"500M"``).
 
@@ -82,12 +97,7 @@ def size(value: Any, name: str) -> int:
         InvalidArgument: not a whole number or a size string, or not positive.
     """
     if isinstance(value, str):
-        try:
-            number = parse_size(value)
-        except InvalidArgument:
-            raise InvalidArgument(f"{name}={value!r} is not a size",
-                                  hint=f"pass a number of bytes or e.g. 500M, 20G; "
-                                       f"{SIZE_HELP}") from None
+        number = size_string(value, name, "pass a number of bytes or e.g. 500M, 20G")
     elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgument(f"{name} must be a number of bytes or a size such as '500M', "
                               f"got {_kind(value)} {value!r}")

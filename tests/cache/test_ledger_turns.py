@@ -1,4 +1,4 @@
-"""A process's threads take turns at the byte ledger (ucstage.cache.ledger.Turns):
+"""A process's threads take turns at the byte ledger (ucstage.cache.space.Turns):
 what waits while the lock is held elsewhere is settled in one batch, every
 operation sees the ledger as if it ran alone, one that fails fails alone, and
 a forked child is never stuck behind its parent's turn. All on a real cache
@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from ucstage.cache import LocalCache
-from ucstage.cache.ledger import Ledger, Turns, locked_ledger
-from ucstage.cache.space import CacheSpace
+from ucstage.cache.space import CacheSpace, Ledger, Turns, locked_ledger
 from ucstage.manifest import snapshot
 
 

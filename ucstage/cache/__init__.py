@@ -5,7 +5,7 @@
 lookup, the validity rule, fetch), the fetch protocol, its thread and loop
 drivers (a warm's too) and the copy, ``warm`` what the CLI's cache commands
 call on a SOURCE (a warm of some ranks, verify, status), ``space``
-the on-disk state (:class:`CacheSpace`), ``ledger`` its byte count,
+the on-disk state (:class:`CacheSpace`) and its byte ledger,
 ``policy`` the eviction order and its one sink, ``leases`` a dataset
 reader's holds, ``inflight`` how a job stops its copies (:class:`Inflight`),
 ``runstats`` a run's counters (:class:`RunStats`), ``reports`` what the

@@ -2,7 +2,7 @@
 
 Its steps, and why each is where it is, are in docs/design.md ("Crash
 safety", and section 6 on the fetch protocol and a warm): under the entry's
-lock stripe (:class:`ucstage.cache.paths.FileLock`) the entry is checked once more, a
+lock stripe (:func:`ucstage.cache.paths.locked`) the entry is checked once more, a
 preallocated temp file is reserved in the ledger
 (:meth:`ucstage.cache.space.CacheSpace.reserve`), the source's bytes are
 copied into it by the volume's engine
@@ -57,7 +57,7 @@ from .space import CacheSpace, free_bytes, no_room
 from .tuning import AUTO, THREAD_CEILING, Jobs, ceiling, check_jobs, first_guess
 
 __all__ = ["GRACE", "WARM_FEWER", "Bound", "Copy", "LoopWarm", "Pending",
-           "Retries", "WarmCopies", "begin", "commit_tmp", "commit_tmps", "copy_locked",
+           "Retries", "WarmCopies", "begin", "commit_tmps", "copy_locked",
            "disk_full", "drop_tmp", "fetch_once", "fetch_retrying",
            "permanent", "reserve_tmp", "reserve_tmps", "retry_pause", "retryable", "slows_down",
            "throttled", "warm_entries", "where"]
@@ -93,10 +93,6 @@ class Copy:
     token: int = -1
     """The copy's token in ``inflight`` (:meth:`Inflight.begin`)."""
 
-    @property
-    def volume(self) -> Volume:
-        return self.at.volume
-
 
 class Pending(NamedTuple):
     """A copy's reserved temp file: open, preallocated, counted in the ledger."""
@@ -119,8 +115,8 @@ class Bound:
     reads them, and ``local`` imports this module).
     """
 
-    __slots__ = ("_memo", "_stamps", "backoff", "prefix", "requests", "retries", "space",
-                 "volume")
+    __slots__ = ("_memo", "_stamps", "backoff", "evidence", "locks", "prefix", "requests",
+                 "retries", "space", "volume")
 
     def __init__(self, space: CacheSpace, volume: Volume, *, requests: Requests,
                  retries: int, backoff: float) -> None:
@@ -134,6 +130,10 @@ class Bound:
         """First retry delay in seconds."""
         self.prefix = space.namespace_dir(volume.url) + "/"
         """``<root>/<namespace>/``: a cached file's path is this plus its relpath."""
+        self.locks = paths.lock_dir(space.root, self.prefix[:-1])
+        """The folder of the namespace's lock stripes."""
+        self.evidence = functools.partial(paths.md5_evidence, space.root)
+        """Where a copy's checks keep which sources serve MD5 ETags."""
         self._memo = space.stamps.entries
         self._stamps = space.stamps
 
@@ -228,13 +228,15 @@ def fetch_retrying(at: Bound, entry: FileEntry,
         FetchFailed: permanent errors, or retries ran out.
         Stopped: ``inflight`` was stopped.
     """
-    state = Retries(at.backoff)
+    state: Retries | None = None  # made by the first failure: most copies have none
     while True:
         try:
             return fetch_once(at, entry, inflight)
         except Stopped:
             raise
         except Exception as exc:
+            if state is None:
+                state = Retries(at.backoff)
             pause_s, slow_down = state.next(at.retries, exc, entry)
             if inflight is not None:
                 # A stopping warm does not wait out the backoff; only
@@ -252,10 +254,11 @@ def fetch_once(at: Bound, entry: FileEntry,
     copy = where(at, entry, inflight)
     if inflight is not None:
         inflight.check()
-    with FileLock(copy.lock):
-        hit = _valid(at, entry)
-        if hit is not None:
-            return hit, False
+    with paths.locked(copy.lock):
+        # The check under the lock: another process may have copied it meanwhile.
+        found = at.lookup_rows((entry.path,), (entry.size,), (entry.version,))
+        if found:
+            return found[0], False
         copy = begin(copy)
         try:
             copy_locked(copy)
@@ -263,12 +266,6 @@ def fetch_once(at: Bound, entry: FileEntry,
             if inflight is not None:
                 inflight.release(copy.token)
     return copy.local, True
-
-
-def _valid(at: Bound, entry: FileEntry) -> str | None:
-    """The check under the lock: another process may have copied it meanwhile."""
-    found = at.lookup_rows((entry.path,), (entry.size,), (entry.version,))
-    return found[0] if found else None
 
 
 def retry_pause(exc: Exception, entry: FileEntry, attempt: int, delay: float,
@@ -309,7 +306,7 @@ def where(at: Bound, entry: FileEntry, inflight: Inflight | None = None) -> Copy
         raise UnsafePath(f"{rel}: {why}")
     ns_dir = at.prepare()
     local = os.path.join(ns_dir, *rel.split("/"))
-    return Copy(at, entry, rel, ns_dir, local, at.space.entry_lock(ns_dir, rel), inflight)
+    return Copy(at, entry, rel, ns_dir, local, paths.stripe_path(at.locks, rel), inflight)
 
 
 def begin(copy: Copy) -> Copy:
@@ -324,8 +321,8 @@ def context(copy: Copy) -> FetchContext:
     where it keeps its MD5 evidence (``.ucstage/md5-etags/``), the entry's
     listed size and version, the job that may stop it."""
     at = copy.at
-    return FetchContext(functools.partial(paths.md5_evidence, at.space.root), at.requests,
-                        copy.entry.size, copy.entry.version, copy.inflight)
+    return FetchContext(at.evidence, at.requests, copy.entry.size, copy.entry.version,
+                        copy.inflight)
 
 
 def copy_locked(copy: Copy) -> None:
@@ -333,14 +330,16 @@ def copy_locked(copy: Copy) -> None:
     pending = reserve_tmp(copy)
     try:
         try:
+            volume = copy.at.volume
             if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
-                copied = copy_ranges(copy.volume, copy.entry, pending.fd, context(copy))
+                copied = copy_ranges(volume, copy.entry, pending.fd, context(copy))
             else:  # a whole file, by the volume's engine
-                copied = engine.of(copy.volume).copy(copy.volume, copy.rel, pending.fd,
-                                                     context(copy))
+                copied = engine.of(volume).copy(volume, copy.rel, pending.fd, context(copy))
         finally:
             os.close(pending.fd)
-        commit_tmp(copy, pending, copied)
+        failed = commit_tmps([(copy, pending, copied)])[0]
+        if failed is not None:
+            raise failed
     except BaseException as exc:
         drop_tmp(copy, pending, exc)
     # The stamp just written vouches for the file this process renamed into
@@ -427,21 +426,16 @@ def _copying(copy: Copy, pending: Pending) -> Pending:
     return pending
 
 
-def commit_tmp(copy: Copy, pending: Pending, copied: Copied) -> None:
-    """Stamp the copied temp file and rename it into place."""
-    failed = commit_tmps([(copy, pending, copied)])[0]
-    if failed is not None:
-        raise failed
-
-
 def commit_tmps(done: Sequence[tuple[Copy, Pending, Copied]]) -> list[BaseException | None]:
-    """:func:`commit_tmp` of several copies of one cache (their stripes
-    held), the renames under one hold of the ledger lock
-    (:meth:`~ucstage.cache.space.CacheSpace.commit_many`). Returns each
-    one's error (None: committed); a failed one is the caller's to drop
-    (:func:`drop_tmp`), as when :func:`commit_tmp` raises."""
+    """Stamp each copied temp file and rename it into place: several copies
+    of one cache (their stripes held), the renames under one hold of the
+    ledger lock (:meth:`~ucstage.cache.space.CacheSpace.commit_many`; the
+    thread driver's one copy, a loop's pass of them). Returns each one's
+    error (None: committed); a failed one is the caller's to drop
+    (:func:`drop_tmp`)."""
     errors: list[BaseException | None] = [None] * len(done)
     ready: list[int] = []
+    renames: list[tuple[str, str, int, int]] = []
     for i, (copy, pending, copied) in enumerate(done):
         try:
             if copy.inflight is not None and not copy.inflight.claim(copy.token):
@@ -454,10 +448,9 @@ def commit_tmps(done: Sequence[tuple[Copy, Pending, Copied]]) -> list[BaseExcept
             errors[i] = exc
             continue
         ready.append(i)
+        renames.append((pending.tmp, copy.local, copied.size, pending.reserved))
     if ready:
-        renamed = done[ready[0]][0].at.space.commit_many(
-            [(done[i][1].tmp, done[i][0].local, done[i][2].size, done[i][1].reserved)
-             for i in ready])
+        renamed = done[ready[0]][0].at.space.commit_many(renames)
         for i, failed in zip(ready, renamed, strict=True):
             errors[i] = failed
     return errors
@@ -964,9 +957,9 @@ class LoopWarm:
             self.threaded += 1
             return await self._in_thread(self.warm.fetch_once, entry)
         try:
-            hit = _valid(at, entry)
-            if hit is not None:
-                return hit, False
+            found = at.lookup_rows((entry.path,), (entry.size,), (entry.version,))
+            if found:  # the check under the lock
+                return found[0], False
             copy = begin(copy)
             try:
                 pending = await self._reserve(copy)
@@ -997,42 +990,27 @@ class LoopWarm:
         Raises:
             Exception: as ``reserve_tmp`` (nothing is left behind).
         """
-        done = self._reserves.add(copy)
-        try:
-            got = await done
-        except asyncio.CancelledError:
-            # Stopped before the batch ran: ``done`` is cancelled, the batch
-            # skips it, and nothing was reserved. Stopped after it: give back
-            # what it reserved for this copy.
-            if not done.done() or done.cancelled():
-                raise
-            got = done.result()
+        got, late = await self._reserves.wait(copy)
+        if late:  # stopped after the batch ran: give back what it reserved for this copy
             if not isinstance(got, BaseException):
                 os.close(got.fd)
                 drop_tmp(copy, got, Stopped())
-            raise
+            raise asyncio.CancelledError()
         if isinstance(got, BaseException):
             raise got
         return got
 
     async def _commit(self, copy: Copy, pending: Pending, copied: Copied) -> None:
-        """:func:`commit_tmp`, batched: the copies that finish in one pass
-        of the loop are committed together (:func:`commit_tmps`, one
-        hold of the ledger lock), at the end of that pass.
+        """The commit (:func:`commit_tmps`), batched: the copies that finish
+        in one pass of the loop are committed together (one hold of the
+        ledger lock), at the end of that pass. Stopped before the batch ran,
+        the copy drops its temp file as any stopped copy; stopped after it,
+        the copy is in place, done.
 
         Raises:
             Exception: this copy's commit failed (the caller drops it).
         """
-        done = self._commits.add((copy, pending, copied))
-        try:
-            failed = await done
-        except asyncio.CancelledError:
-            # Stopped before the batch ran: ``done`` is cancelled, the batch
-            # skips it, and the copy drops its temp file as any stopped copy.
-            # Stopped after it: the copy is in place, done.
-            if not done.done() or done.cancelled():
-                raise
-            failed = done.result()
+        failed, _ = await self._commits.wait((copy, pending, copied))
         if failed is not None:
             raise failed
 
@@ -1076,6 +1054,22 @@ class _PassBatch(Generic[Item, Result]):
         if len(self._items) == 1:
             loop.call_soon(self._flush)
         return done
+
+    async def wait(self, item: Item) -> tuple[Result, bool]:
+        """``item``'s result, once the batch ran, and whether the caller was
+        cancelled after it ran (the result is still the caller's to settle).
+
+        Raises:
+            asyncio.CancelledError: cancelled before the batch ran (the batch
+                leaves the item out: nothing was done for it).
+        """
+        done = self.add(item)
+        try:
+            return await done, False
+        except asyncio.CancelledError:
+            if not done.done() or done.cancelled():
+                raise
+            return done.result(), True
 
     def _flush(self) -> None:
         batch, self._items = self._items, []

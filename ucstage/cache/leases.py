@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 from ..errors import CacheFull
 from ..units import format_bytes
 from . import policy
+from .paths import flocked
 from .runstats import Counters
 
 __all__ = ["DEFAULT_SLACK", "Reader", "check_window", "take_exclusive"]
@@ -64,15 +65,7 @@ def take_exclusive(path: str) -> int | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return -1
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return fd if flocked(fd, fcntl.LOCK_EX | fcntl.LOCK_NB) else None
 
 
 class Reader:

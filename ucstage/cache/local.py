@@ -23,7 +23,6 @@ from ..engines.context import Requests
 from ..errors import CacheError, InvalidArgument, SourceNotFound
 from ..progress import NO_PROGRESS, Callback
 from ..sharding import rank_entries
-from ..units import SIZE_HELP, parse_size
 from ..volumes import (
     RANGES_DIR,
     FileEntry,
@@ -95,6 +94,10 @@ class LocalCache:
         self._setup(paths.open_root(os.fspath(root) if root is not None
                                     else paths.default_root()),
                     max_bytes, lease_seconds, wait_seconds)
+        if not os.path.exists(os.path.join(self.root, paths.CONTROL, "usage")):
+            # A root without a byte ledger (new, or made by an old version) is
+            # counted when it opens, not by the first copy into it.
+            self.space.recorded_bytes()
         self.retries = retries
         self.backoff = backoff
         self.requests = Requests.of(hedge, request_deadline)
@@ -387,12 +390,7 @@ def env_max_bytes() -> int | None:
     raw = os.environ.get(MAX_BYTES_ENV, "")
     if not raw.strip():
         return None
-    try:
-        value = parse_size(raw)
-    except InvalidArgument:
-        raise InvalidArgument(f"{MAX_BYTES_ENV}={raw!r} is not a size",
-                              hint=f"set it to e.g. 500M or 20G, or unset it; "
-                                   f"{SIZE_HELP}") from None
+    value = params.size_string(raw, MAX_BYTES_ENV, "set it to e.g. 500M or 20G, or unset it")
     if value < 1:
         raise InvalidArgument(f"{MAX_BYTES_ENV}={raw!r}: the byte cap must be positive",
                               hint="set it to e.g. 500M or 20G, or unset it for no cap")

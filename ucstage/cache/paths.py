@@ -29,12 +29,14 @@ import pwd
 import re
 import stat
 import zlib
+from collections.abc import Iterator
 from types import TracebackType
+from typing import cast
 
 from ..errors import CacheError, CacheOwnershipError, CacheUnusable
 from ..volumes.entry import NAME_MAX, PART_SUFFIX, part_stripe  # the listing refuses such names too
 
-__all__ = ["CACHE_DIR_ENV", "CONTROL", "LISTINGS_DIR", "PART_SUFFIX", "STAMP_XATTR", "STRIPES", "FileLock", "create_fresh", "default_root", "lock_dir", "md5_evidence", "namespace_name", "open_private", "open_root", "part_lock", "part_name", "part_stripe", "read_stamp", "record_path", "stripe_path", "unusable_reason", "user_root", "write_stamp"]
+__all__ = ["CACHE_DIR_ENV", "CONTROL", "LISTINGS_DIR", "PART_SUFFIX", "STAMP_XATTR", "STRIPES", "FileLock", "create_fresh", "default_root", "flocked", "lock_dir", "locked", "md5_evidence", "namespace_name", "open_private", "open_root", "part_lock", "part_name", "part_stripe", "read_stamp", "record_path", "stripe_path", "take_lock", "unusable_reason", "user_root", "write_stamp"]
 
 CACHE_DIR_ENV = "UCSTAGE_CACHE_DIR"
 CONTROL = ".ucstage"
@@ -387,12 +389,64 @@ def stripe_path(lock_dir: str, relpath: str) -> str:
     return os.path.join(lock_dir, f"{zlib.crc32(relpath.encode()) % STRIPES:04d}.lock")
 
 
-class FileLock:
-    """An exclusive ``flock`` on ``path`` (created 0600 if missing).
+def take_lock(path: str, blocking: bool = True) -> int | None:
+    """A descriptor holding an exclusive ``flock`` on ``path`` (created 0600 if
+    missing; close the descriptor to let go); with ``blocking=False``, None
+    instead of waiting when another holds it.
 
-    Usable as a context manager (blocking) or through :meth:`acquire` with
-    ``blocking=False`` to test whether anyone else holds it.
-    """
+    Once it holds the lock it checks that ``path`` still names the file it
+    locked: a holder may have unlinked it meanwhile (:meth:`FileLock.unlink`),
+    and then the path's new file is locked instead."""
+    while True:
+        try:
+            fd = open_private(path, os.O_RDWR | os.O_CREAT)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            continue
+        if not flocked(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)):
+            return None
+        try:
+            same = os.path.samestat(os.stat(path), os.fstat(fd))
+        except FileNotFoundError:
+            same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)  # its holder unlinked it meanwhile: lock the path's new file
+
+
+def flocked(fd: int, how: int) -> bool:
+    """Whether ``flock(fd, how)`` was granted: False when ``how`` has
+    ``LOCK_NB`` and another holds the file. Unless it was granted, ``fd``
+    is closed (on an error too)."""
+    try:
+        fcntl.flock(fd, how)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    except BaseException:
+        os.close(fd)
+        raise
+    return True
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """``with locked(path):`` the lock ``path`` is held (waiting for it)."""
+    fd = cast(int, take_lock(path))  # blocking: never None
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path`` (:func:`take_lock`), as an object:
+    usable as a context manager (blocking) or through :meth:`acquire` with
+    ``blocking=False`` to test whether anyone else holds it, and the one
+    holder that may :meth:`unlink` the lock file."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -400,28 +454,12 @@ class FileLock:
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock; with ``blocking=False`` return False instead of waiting."""
-        while True:
-            try:
-                fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-                if _same_file(fd, self.path):
-                    self._fd = fd
-                    return True
-            except BlockingIOError:
-                os.close(fd)
-                return False
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)  # its holder unlinked it meanwhile: lock the path's new file
+        self._fd = take_lock(self.path, blocking)
+        return self._fd is not None
 
     def unlink(self) -> None:
         """Delete the lock file; call while holding the lock. Waiters on it
-        start over on a new file when they get it (see :meth:`acquire`)."""
+        start over on a new file when they get it (see :func:`take_lock`)."""
         if self._fd is None:
             raise RuntimeError(f"unlink of {self.path} without holding its lock")
         with contextlib.suppress(FileNotFoundError):
@@ -440,13 +478,3 @@ class FileLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
-
-
-def _same_file(fd: int, path: str) -> bool:
-    """Whether ``path`` still names the open file ``fd``."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_ino, st.st_dev) == (own.st_ino, own.st_dev)

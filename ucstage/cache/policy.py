@@ -35,10 +35,11 @@ Evictions and the waits for room have one sink: the calling thread's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 __all__ = ["SCAN_OFFSET_NS", "Charge", "Evictions", "charge_eviction", "charge_wait", "charging",
@@ -153,17 +154,13 @@ def charge_wait(seconds: float | None) -> None:
         charge.waited(seconds)
 
 
-class charging:
+@contextlib.contextmanager
+def charging(charge: Charge | Evictions | None) -> Iterator[None]:
     """``with charging(sink):`` the cache's evictions and waits in this
     thread are counted in ``sink``."""
-
-    def __init__(self, charge: Charge | Evictions | None) -> None:
-        self._charge = charge
-        self._before: Charge | Evictions | None = None
-
-    def __enter__(self) -> None:
-        self._before = getattr(_local, "charge", None)
-        _local.charge = self._charge
-
-    def __exit__(self, *exc: object) -> None:
-        _local.charge = self._before
+    before = getattr(_local, "charge", None)
+    _local.charge = charge
+    try:
+        yield
+    finally:
+        _local.charge = before

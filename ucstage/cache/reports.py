@@ -8,13 +8,25 @@ with the keys, types and nesting docs/json-cache.md documents.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..engines.checks import CHECKS
 from .runstats import RunStats
+
+T = TypeVar("T")
+
+
+class _FieldsDocument:
+    """A report whose JSON document (docs/json-cache.md) is its fields, in order."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
 
 if TYPE_CHECKING:
     from ..sharding import Layout, ReadOrder
@@ -189,7 +201,7 @@ class WarmReport:
 
 
 @dataclass
-class NamespaceStatus:
+class NamespaceStatus(_FieldsDocument):
     """One cached source in a :class:`CacheStatus`."""
 
     namespace: str
@@ -202,11 +214,6 @@ class NamespaceStatus:
     bytes: int
     partial_files: int
 
-    def to_json(self) -> dict[str, Any]:
-        """One object of the ``namespaces`` list of docs/json-cache.md#status."""
-        return {"namespace": self.namespace, "source": self.source, "url": self.url,
-                "path": self.path, "entries": self.entries, "bytes": self.bytes,
-                "partial_files": self.partial_files}
 
 
 @dataclass
@@ -292,6 +299,26 @@ class SourceCheck:
                 "vanished": self.vanished or None}
 
 
+class _OverSources(Generic[T]):
+    """A :class:`VerifyReport` figure that adds up the same field of each of
+    its sources (:class:`SourceCheck`): a count's sum, a list's concatenation
+    (``empty`` the figure of no source). Read each time: sources are added
+    as they are checked."""
+
+    def __init__(self, empty: T) -> None:
+        self.empty = empty
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, report: VerifyReport, owner: type | None = None) -> T:
+        total = copy.copy(self.empty)
+        for source in report.sources:
+            total += getattr(source, self.name)
+        return total
+
+
 @dataclass
 class VerifyReport:
     """What verify found, one :class:`SourceCheck` per source checked
@@ -310,37 +337,14 @@ class VerifyReport:
         """Nothing stale and nothing corrupt, in any source."""
         return all(s.clean for s in self.sources)
 
-    @property
-    def checked(self) -> int:
-        return sum(s.checked for s in self.sources)
-
-    @property
-    def ok(self) -> int:
-        return sum(s.ok for s in self.sources)
-
-    @property
-    def missing(self) -> int:
-        return sum(s.missing for s in self.sources)
-
-    @property
-    def stale(self) -> list[tuple[str, str]]:
-        return [x for s in self.sources for x in s.stale]
-
-    @property
-    def corrupt(self) -> list[tuple[str, str]]:
-        return [x for s in self.sources for x in s.corrupt]
-
-    @property
-    def removed_partial_files(self) -> int:
-        return sum(s.removed_partial_files for s in self.sources)
-
-    @property
-    def removed(self) -> list[str]:
-        return [x for s in self.sources for x in s.removed]
-
-    @property
-    def orphans(self) -> list[str]:
-        return [x for s in self.sources for x in s.orphans]
+    checked = _OverSources(0)
+    ok = _OverSources(0)
+    missing = _OverSources(0)
+    removed_partial_files = _OverSources(0)
+    stale = _OverSources[list[tuple[str, str]]]([])
+    corrupt = _OverSources[list[tuple[str, str]]]([])
+    removed = _OverSources[list[str]]([])
+    orphans = _OverSources[list[str]]([])
 
     @property
     def vanished(self) -> list[str]:
@@ -354,20 +358,17 @@ class VerifyReport:
 
 
 @dataclass
-class ClearReport:
+class ClearReport(_FieldsDocument):
     """What clear removed (docs/json-cache.md#clear)."""
 
     namespaces: list[str]
     files: int
     bytes: int
 
-    def to_json(self) -> dict[str, Any]:
-        """The document of ``cache clear --json``."""
-        return {"namespaces": list(self.namespaces), "files": self.files, "bytes": self.bytes}
 
 
 @dataclass
-class PruneReport:
+class PruneReport(_FieldsDocument):
     """What prune evicted (docs/json-cache.md#prune)."""
 
     max_bytes: int
@@ -378,8 +379,3 @@ class PruneReport:
     bytes_in_use: int
     """Bytes that stayed because they were handed to a reader within the lease."""
 
-    def to_json(self) -> dict[str, Any]:
-        """The document of ``cache prune --json``."""
-        return {"max_bytes": self.max_bytes, "bytes_before": self.bytes_before,
-                "bytes_after": self.bytes_after, "files_removed": self.files_removed,
-                "bytes_removed": self.bytes_removed, "bytes_in_use": self.bytes_in_use}

@@ -3,8 +3,8 @@
 Every process that reads through a :class:`ucstage.VolumeDataset` (the main
 process of each rank, each DataLoader worker) counts into one small file of
 its own, ``<root>/.ucstage/runs/<run>/r<rank>-<pid>.counters``: fixed-width
-integers rewritten in place after each file handed out (one ``pwrite``; no
-lock is shared between processes). Readers sum the files: ``cache status``
+integers rewritten in place at most twice a second and when a reader ends
+(one ``pwrite``; no lock is shared between processes). Readers sum the files: ``cache status``
 the last run's (the run whose files changed last), the DataLoader its own
 rank's before and after each epoch (``epoch_cache_hit_rate``).
 
@@ -44,9 +44,10 @@ _OLD_SIZES = (8 * 8, 11 * 8, 12 * 8)
 """Files written by older versions hold the first eight fields (before the
 check counts), the first eleven (before the CRC32C count) or the first
 twelve (before the page CRC count)."""
-_CHECKS = {"checked_md5": "md5", "checked_size": "size", "mismatches": "mismatches",
-           "checked_crc32c": "crc32c", "checked_page_crc": "page_crc"}
-"""Counters taken from this process's integrity tally when written."""
+_CHECKED = {kind: _FIELDS.index(name) for name, kind in (
+    ("checked_md5", "md5"), ("checked_size", "size"), ("mismatches", "mismatches"),
+    ("checked_crc32c", "crc32c"), ("checked_page_crc", "page_crc"))}
+"""The counter of each check this process's integrity tally counts (by its kind)."""
 _job: str | None = None
 
 
@@ -83,15 +84,27 @@ class Counters:
         self.path = path
         self._values = [0] * len(_FIELDS)
         self._lock = threading.Lock()
-        self._written = 0
+        # The first write comes half a second on, as every later one does (and
+        # when the reader ends): a file copied or found counts in memory only.
+        self._written = time.monotonic_ns()
         self._fd = paths.open_private(path, os.O_RDWR | os.O_CREAT)
         with contextlib.suppress(OSError):
-            self._values = _unpack(os.pread(self._fd, _RECORD.size, 0)) or self._values
+            raw = os.pread(self._fd, _RECORD.size, 0)
+            if raw:  # a file of this run and rank this process opened before
+                self._values = _unpack(raw) or self._values
         # The checks this process's copies make from now on count for this
-        # run (copies a reader made, and any other copy of the process).
-        self._checks_from = checks.TALLY.snapshot()
-        self._checks_base = [self._values[_FIELDS.index(name)] for name in _CHECKS]
+        # run (copies a reader made, and any other copy of the process): the
+        # tally tells each live counter as it counts (:meth:`checked`).
+        checks.TALLY.watchers.add(self)
         _LIVE.add(self)
+
+    def checked(self, kind: str, n: int) -> None:
+        """``n`` checks of ``kind`` (a :data:`ucstage.engines.checks.Tally.FIELDS`
+        name) were made by this process's copies."""
+        field = _CHECKED.get(kind)
+        if field is not None:
+            with self._lock:
+                self._values[field] += n
 
     def add(self, **values: int) -> None:
         """Add to named counters (``evictions=1, evicted_bytes=size``)."""
@@ -129,9 +142,6 @@ class Counters:
     def _write(self) -> None:
         with self._lock:
             self._written = time.monotonic_ns()
-            done = checks.TALLY.since(self._checks_from)
-            for (name, kind), base in zip(_CHECKS.items(), self._checks_base, strict=True):
-                self._values[_FIELDS.index(name)] = base + done[kind]
             with contextlib.suppress(OSError):  # counting must never stop a training run
                 os.pwrite(self._fd, _RECORD.pack(*self._values), 0)
 
@@ -167,11 +177,12 @@ def counters(root: str, run: str, rank: int) -> Counters | None:
         found = _open.get(key)
         if found is not None:
             return found
-        folder = os.path.join(_runs_dir(root), run)
+        runs = _runs_dir(root)
+        folder = os.path.join(runs, run)
         try:
             fresh = not os.path.isdir(folder)
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            if fresh:
+            if fresh and len(os.listdir(runs)) > KEEP_RUNS:
                 _prune(root, keep=run)
             found = _open[key] = Counters(os.path.join(folder, f"r{rank}-{os.getpid()}.counters"))
         except (OSError, CacheOwnershipError):  # a link at its path: no counters either

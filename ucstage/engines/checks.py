@@ -54,8 +54,9 @@ time), and only the source's other objects can tell them apart (:func:`judge`):
   caches a copy.
 
 Counts are per process (:data:`TALLY`): a warm reports what its copies did
-(:meth:`Tally.since`), and a DataLoader's counters carry them to the epoch's
-metrics (:mod:`ucstage.cache.runstats`).
+(:meth:`Tally.since`), and a DataLoader's counters, told of each check
+(:attr:`Tally.watchers`), carry them to the epoch's metrics
+(:mod:`ucstage.cache.runstats`).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ import logging
 import os
 import re
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from .. import cloudfs
 from ..shown import shown
@@ -85,6 +87,7 @@ __all__ = [
     "Mismatch",
     "Tally",
     "Verdict",
+    "Watcher",
     "digest_file",
     "expect",
     "expect_md5",
@@ -124,6 +127,12 @@ class Mismatch(OSError):
         """The same wrong bytes on every read from a source whose ETags are MD5s."""
 
 
+class Watcher(Protocol):
+    """What :attr:`Tally.watchers` are told."""
+
+    def checked(self, kind: str, n: int) -> None: ...
+
+
 class Tally:
     """Checks made by this process's copies, thread-safe."""
 
@@ -132,10 +141,16 @@ class Tally:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(self.FIELDS, 0)
+        self.watchers: weakref.WeakSet[Watcher] = weakref.WeakSet()
+        """Told of each check as it is counted (a training run's counters,
+        :class:`ucstage.cache.runstats.Counters`): counting nothing costs
+        them nothing."""
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counts[name] += n
+        for watcher in list(self.watchers):  # outside the lock: each takes its own
+            watcher.checked(name, n)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -172,6 +187,8 @@ none of the source's objects matched (the cache's default 4 attempts)."""
 def _forget_after_fork() -> None:
     global _marks_lock
     _marks_lock = threading.Lock()
+    # The parent's run counters are not this process's (a worker opens its own).
+    TALLY.watchers.clear()
 
 
 Evidence = Callable[[str], str]

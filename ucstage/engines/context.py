@@ -100,7 +100,7 @@ class FetchContext(NamedTuple):
     read_size: int = 0
     """Bytes per read of a local-like source (0: ``engine.READ_CHUNK``). A
     small one bounds how long a stop waits on a slow mount (see
-    :func:`ucstage.engines.engine.read_blocks`)."""
+    :func:`ucstage.engines.engine.pump`)."""
 
     @property
     def deadline(self) -> float | None:

@@ -40,13 +40,13 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 from .. import cloudfs
 from ..errors import UnsafePath
-from ..volumes.entry import RangeEntry, version_of
+from ..volumes.entry import RangeEntry, local_version, version_of
 from ..volumes.location import Volume
 from ..volumes.walk import Walk, walk_fsspec, walk_local, walks_by_ls
 from . import azranges, checks, mounts, objget, objstore, pagecrc
@@ -56,7 +56,7 @@ from .ranges import RangeChanged, cut_ranges, merge_ranges
 T = TypeVar("T")
 
 __all__ = ["CHUNK", "FSSPEC", "HASH_KEYS", "LOCAL", "OBSTORE", "READ_CHUNK", "Engine",
-           "copy_ranges", "of", "open_local", "pump", "read_blocks", "read_ranges"]
+           "copy_ranges", "of", "open_local", "pump", "read_ranges"]
 
 CHUNK = 8 * 1024 * 1024
 """Bytes per read call of a remote fsspec source: large, so a network-bound
@@ -159,14 +159,42 @@ class _Local(Engine):
         walk_local(volume.root, walk)
 
     def copy(self, volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
-        return _copy_local(volume, relpath, dst, ctx)
+        """The local engine's whole-file copy: opened without following a link
+        out of the volume (:func:`open_local`), read and written 1 MiB at a time
+        (:func:`pump`), checked not to have changed or come short while it was
+        read; a mount that died meanwhile is named (:func:`ucstage.engines.mounts.lost`)."""
+        inflight = ctx.inflight
+        try:
+            src = open_local(volume, relpath)
+            try:
+                before = os.fstat(src)
+                if not stat.S_ISREG(before.st_mode):
+                    raise UnsafePath(f"{relpath}: not a regular file")
+                size = pump(src, dst, inflight, before.st_size, ctx.read_size or READ_CHUNK)
+                os.ftruncate(dst, size)  # the caller may have preallocated more
+                after = os.fstat(src)
+            finally:
+                os.close(src)
+        except OSError as exc:
+            gone = mounts.lost(volume.root, relpath, exc)
+            if gone is not None:
+                raise gone from exc  # not retried: the mount's server is gone
+            raise
+        if (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
+            # Rewritten while we read it: the bytes may mix two versions.
+            raise InterruptedError(f"{relpath} changed while it was copied")
+        if size != before.st_size:
+            # Fewer bytes than the file has, and it did not change: a read cut
+            # short (a FUSE mount's glitch). Discarded and retried, never cached.
+            raise OSError(f"short read: {size} of {before.st_size} bytes of {relpath}")
+        return Copied(size, local_version(before.st_mtime), before.st_mtime_ns)
 
     def ranges(self, volume: Volume, relpath: str, merged: list[tuple[int, int]],
                version: str | None, deadline: float | None) -> tuple[list[bytes], str]:
         fd = os.open(volume.full_path(relpath), os.O_RDONLY | os.O_CLOEXEC)
         try:
             before = os.fstat(fd)
-            seen = version_of({"mtime": before.st_mtime})
+            seen = local_version(before.st_mtime)
             if version is not None and version and seen != version:
                 raise RangeChanged(f"{relpath} changed since it was listed")
             blobs = []
@@ -289,30 +317,29 @@ def _real_root(root: str) -> str:
     return os.path.realpath(root)
 
 
-def _folders_inside(volume: Volume, relpath: str, full: str, real_root: str) -> bool:
+def _folders_inside(volume: Volume, relpath: str, full: str) -> bool:
     """Whether the folders of ``relpath`` resolve inside the volume.
 
-    One ``lstat`` per folder below the root (the root's own real path is
-    known): a path of plain folders stays inside by construction, and only a
-    symlinked folder on the way costs a full ``realpath``. On a mount every
-    ``lstat`` of the root's own ancestors, which ``realpath`` would redo for
-    every file, can be a round trip.
+    One ``lstat`` per folder below the root: a path of plain folders stays
+    inside by construction, and only a symlinked folder on the way costs a
+    full ``realpath`` (and the root's own, once per process). On a mount
+    every ``lstat`` of the root's own ancestors, which ``realpath`` would
+    redo for every file, can be a round trip.
     """
     folder = volume.root
     for part in relpath.split("/")[:-1]:
         folder = os.path.join(folder, part)
         if stat.S_ISLNK(os.lstat(folder).st_mode):
-            return _inside(os.path.realpath(os.path.dirname(full)), real_root)
+            return _inside(os.path.realpath(os.path.dirname(full)), _real_root(volume.root))
     return True
 
 
 def open_local(volume: Volume, relpath: str) -> int:
     """Open a local source file without following a symlink out of the volume."""
     full = volume.full_path(relpath)
-    real_root = _real_root(volume.root)
     # The folders on the way must resolve inside the volume; O_NOFOLLOW then
     # refuses a last component that is a symlink, which we resolve ourselves.
-    if not _folders_inside(volume, relpath, full, real_root):
+    if not _folders_inside(volume, relpath, full):
         raise UnsafePath(f"{relpath}: a folder on its path links outside the volume")
     try:
         return os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -320,7 +347,7 @@ def open_local(volume: Volume, relpath: str) -> int:
         if exc.errno != errno.ELOOP:
             raise
     real = os.path.realpath(full)
-    if not _inside(real, real_root):
+    if not _inside(real, _real_root(volume.root)):
         raise UnsafePath(f"{relpath}: symlink to {real}, outside the volume")
     return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
 
@@ -329,19 +356,28 @@ READ_CHUNK = 1024 * 1024
 """Bytes per read and write of a local-like source."""
 
 
-def read_blocks(src: int, size: int, inflight: Stoppable | None,
-                read_size: int = READ_CHUNK) -> Iterator[bytes]:
-    """``src``'s bytes from its offset, ``read_size`` at a time, checking
-    before each read whether ``inflight`` stopped (raises :exc:`~ucstage.engines.context.Stopped`);
-    ends at EOF or once ``size`` bytes (the size ``fstat`` gave) are read,
-    which saves the read that would find EOF (a round trip on some mounts).
+def pump(src: int, dst: int, inflight: Stoppable | None, size: int,
+         read_size: int = READ_CHUNK) -> int:
+    """Copy ``src`` to ``dst`` from their offsets, ``read_size`` at a time;
+    returns the bytes copied. Checks before each read whether ``inflight``
+    stopped (raises :exc:`~ucstage.engines.context.Stopped`); ends at EOF
+    or once ``size`` bytes (the size ``fstat`` gave) are read, which saves
+    the read that would find EOF (a round trip on some mounts). A file that
+    grew meanwhile is caught by the caller's second ``fstat``.
 
     The check between reads is all a stop can do to a read of a mount: a
     read the kernel has sent to a FUSE daemon is waited for even by a dying
     process, so a stop waits for at most one read per thread. A
     ``read_size`` below ``READ_CHUNK`` also turns the kernel's read-ahead off
     for ``src``, which would otherwise ask the mount for more than each
-    read."""
+    read.
+
+    Reads and writes of up to 1 MiB, not ``sendfile``: sendfile moves the
+    bytes through a pipe 64 KiB at a time, and the page cache then keeps the
+    copy in 64 KiB pieces instead of one large folio, which made every later
+    read of a page-cached 256 KiB copy about 15% slower (docs/benchmarks.md,
+    "Warm epochs"). The copy through Python's memory costs far less than the
+    rest of a copy's work, and is what a bare copy does."""
     if read_size < READ_CHUNK:
         with contextlib.suppress(OSError):  # advice only
             os.posix_fadvise(src, 0, 0, os.POSIX_FADV_RANDOM)
@@ -351,63 +387,13 @@ def read_blocks(src: int, size: int, inflight: Stoppable | None,
             inflight.check()
         block = os.read(src, read_size)
         if not block:
-            return
-        yield block
-        total += len(block)
-        if total >= size > 0:
-            return
-
-
-def pump(src: int, dst: int, inflight: Stoppable | None, size: int,
-          read_size: int = READ_CHUNK) -> int:
-    """Copy ``src`` to ``dst`` (:func:`read_blocks`); returns the bytes copied.
-    A file that grew meanwhile is caught by the caller's second ``fstat``.
-
-    Reads and writes of up to 1 MiB, not ``sendfile``: sendfile moves the
-    bytes through a pipe 64 KiB at a time, and the page cache then keeps the
-    copy in 64 KiB pieces instead of one large folio, which made every later
-    read of a page-cached 256 KiB copy about 15% slower (docs/benchmarks.md,
-    "Warm epochs"). The copy through Python's memory costs far less than the
-    rest of a copy's work, and is what a bare copy does."""
-    total = 0
-    for block in read_blocks(src, size, inflight, read_size):
+            return total
         view = memoryview(block)
         while view:
             view = view[os.write(dst, view):]
         total += len(block)
-    return total
-
-
-def _copy_local(volume: Volume, relpath: str, dst: int, ctx: FetchContext) -> Copied:
-    """The local engine's whole-file copy: opened without following a link
-    out of the volume (:func:`open_local`), read and written 1 MiB at a time
-    (:func:`pump`), checked not to have changed or come short while it was
-    read; a mount that died meanwhile is named (:func:`ucstage.engines.mounts.lost`)."""
-    inflight = ctx.inflight
-    try:
-        src = open_local(volume, relpath)
-        try:
-            before = os.fstat(src)
-            if not stat.S_ISREG(before.st_mode):
-                raise UnsafePath(f"{relpath}: not a regular file")
-            size = pump(src, dst, inflight, before.st_size, ctx.read_size or READ_CHUNK)
-            os.ftruncate(dst, size)  # the caller may have preallocated more
-            after = os.fstat(src)
-        finally:
-            os.close(src)
-    except OSError as exc:
-        gone = mounts.lost(volume.root, relpath, exc)
-        if gone is not None:
-            raise gone from exc  # not retried: the mount's server is gone
-        raise
-    if (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
-        # Rewritten while we read it: the bytes may mix two versions.
-        raise InterruptedError(f"{relpath} changed while it was copied")
-    if size != before.st_size:
-        # Fewer bytes than the file has, and it did not change: a read cut
-        # short (a FUSE mount's glitch). Discarded and retried, never cached.
-        raise OSError(f"short read: {size} of {before.st_size} bytes of {relpath}")
-    return Copied(size, version_of({"mtime": before.st_mtime}), before.st_mtime_ns)
+        if total >= size > 0:
+            return total
 
 
 # Whole files of another fsspec filesystem.

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import cloudfs
 from ..errors import InvalidArgument, MissingDependency, SourceUnreadable
@@ -45,7 +45,8 @@ from . import reset_after_fork
 
 T = TypeVar("T")
 
-__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "Unparsable", "concise", "deadline",
+__all__ = ["DEADLINE_ENV", "ENGINES", "ENGINE_ENV", "ObjectFS", "OnStore", "StoreVolume", "Unparsable",
+           "concise", "deadline",
            "delta_location", "forks_fall_back", "keep_clean", "list_objects", "location", "reads",
            "run_here", "serves", "store", "usable"]
 
@@ -167,9 +168,26 @@ def reads(fs: Any) -> bool:
     return kind is not None and _wanted(kind)
 
 
-def location(volume: Any, path: str) -> tuple[str, str, str]:
+class OnStore(Protocol):
+    """What the store functions read of a volume: its file system (a
+    :class:`ucstage.volumes.Volume`'s; an :class:`ObjectFS` is one too, its
+    ``fs`` being itself). A Protocol: :mod:`ucstage.volumes` imports this module."""
+
+    @property
+    def fs(self) -> Any: ...
+
+
+class StoreVolume(OnStore, Protocol):
+    """A :class:`ucstage.volumes.Volume` on a store, as :func:`delta_location` reads it."""
+
+    @property
+    def root(self) -> str: ...
+
+
+def location(volume: OnStore, path: str) -> tuple[str, str, str]:
     """``(kind, bucket, key)`` of an fsspec path inside ``volume``'s filesystem
-    (``bucket/key``, as s3fs, gcsfs and adlfs spell paths)."""
+    (``bucket/key``, as s3fs, gcsfs and adlfs spell paths); ``volume`` may be
+    an :class:`ObjectFS` itself (its ``fs`` is itself)."""
     fs = volume.fs
     if isinstance(fs, ObjectFS):
         kind = fs.kind
@@ -318,7 +336,7 @@ def _build(kind: str, bucket: str, limit: float) -> Any:
                       retry_config=_retry(), **kwargs)
 
 
-def delta_location(volume: Any) -> tuple[str, dict[str, str]]:
+def delta_location(volume: StoreVolume) -> tuple[str, dict[str, str]]:
     """The URL and ``storage_options`` deltalake opens the Delta table at
     ``volume`` (an ``s3``, ``gs`` or ``az`` volume, any URL form) with: the
     store, endpoint and credentials the engines read (:func:`_build`, and
@@ -480,7 +498,7 @@ def concise(exc: BaseException, path: str = "") -> BaseException:
     return OSError(line)
 
 
-def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
+def list_objects(volume: OnStore, root: str) -> dict[str, dict[str, Any]]:
     """Every object under ``root`` (an fsspec path, ``bucket/prefix``), as
     fsspec's ``find(detail=True)`` gives them: full path -> info with
     ``size``, ``ETag`` and ``LastModified``.
@@ -490,7 +508,7 @@ def list_objects(volume: Any, root: str) -> dict[str, dict[str, Any]]:
         Exception: obstore's, for the store or the credentials.
     """
     kind, bucket, prefix = location(volume, root)
-    fs = getattr(volume, "fs", None)
+    fs = volume.fs
     if kind in ("gs", "az"):
         return _cloud_find(fs if isinstance(fs, ObjectFS) else ObjectFS(kind), root)
     head = fs.take_listed(bucket, prefix) if isinstance(fs, ObjectFS) else None

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 __all__ = ["NAME_MAX", "PART_SUFFIX", "RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path",
-           "part_stripe", "uncacheable", "version_of"]
+           "local_version", "part_stripe", "uncacheable", "version_of"]
 
 RANGES_DIR = ".ucstage-ranges"
 """The top folder of a namespace that holds byte-range entries (row groups of
@@ -111,6 +111,14 @@ def uncacheable(relpath: str) -> str | None:
     if is_range_path(relpath):
         return f"{CANNOT_HOLD}: the folder is where ucstage keeps byte-range entries"
     return None
+
+
+def local_version(mtime: float) -> str:
+    """The change marker of a local file (a folder's, a mount's) of mtime
+    ``mtime`` (``st_mtime``): what :func:`version_of` gives of ``{"mtime":
+    mtime}``, without its search for an object store's keys. The local
+    listing and the local engine's copy both use it."""
+    return repr(mtime)
 
 
 def version_of(info: dict[str, Any]) -> str:

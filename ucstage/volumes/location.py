@@ -21,7 +21,7 @@ import posixpath
 import stat
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import cloudfs
@@ -80,23 +80,24 @@ class Volume:
     """Root path inside ``fs`` (no protocol): the folder that listed paths are relative to."""
     file: str = ""
     """For a single-file source, the file's name in ``root``; else empty."""
+    is_local: bool = field(init=False, repr=False, compare=False)
+    """Whether ``fs`` is the local file system (a folder or a mount)."""
+    url: str = field(init=False, repr=False, compare=False)
+    """The resolved location: an absolute local path or an fsspec URL
+    (for a single-file source, the file's)."""
 
-    @property
-    def url(self) -> str:
-        """The resolved location: an absolute local path or an fsspec URL
-        (for a single-file source, the file's)."""
-        where = self.full_path(self.file) if self.file else self.root
-        if self.is_local:
-            return where
-        return str(self.fs.unstrip_protocol(where))
-
-    @property
-    def is_local(self) -> bool:
+    def __post_init__(self) -> None:
+        # Worked out once per volume: every copy asks whether it is local,
+        # and every binding of a cache to it asks for its URL.
         # Looked up, not imported: a volume's local filesystem was made by
         # resolve(), which imported fsspec's; an object store read through
         # obstore never needs fsspec (a third of the CLI's start-up).
         local = sys.modules.get("fsspec.implementations.local")
-        return local is not None and isinstance(self.fs, local.LocalFileSystem)
+        is_local = local is not None and isinstance(self.fs, local.LocalFileSystem)
+        object.__setattr__(self, "is_local", is_local)
+        where = self.full_path(self.file) if self.file else self.root
+        object.__setattr__(self, "url", where if is_local else
+                           str(self.fs.unstrip_protocol(where)))
 
     def full_path(self, relpath: str) -> str:
         """The path inside ``fs`` of a listed file; refuses paths that leave the root."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnsafePath
-from .entry import FileEntry, version_of
+from .entry import FileEntry, local_version
 from .location import safe_relpath
 
 __all__ = ["LIST_THREADS", "Walk", "walk_folders", "walk_fsspec", "walk_local", "walks_by_ls"]
@@ -197,7 +197,7 @@ def walk_local(root: str, walk: Walk) -> None:
                     continue
                 below.append((item.path, rel + "/", above | {key}))
             elif stat.S_ISREG(st.st_mode):
-                found.entries.append(FileEntry(rel, st.st_size, version_of({"mtime": st.st_mtime})))
+                found.entries.append(FileEntry(rel, st.st_size, local_version(st.st_mtime)))
             else:
                 found.refused.append((rel, "not a regular file"))
         walk.merge(found)

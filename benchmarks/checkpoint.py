@@ -67,6 +67,18 @@ def _load_1m() -> float:
     return os.getloadavg()[0]
 
 
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system, all threads) of this process, or of ``pid``
+    (a server this benchmark started): on 2 shared cores a save's time
+    follows the CPU its client and the store's server need."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def state(mb: int) -> dict[str, Any]:
     import torch
 
@@ -133,6 +145,8 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any],
             count[0] += 1
             if tool in broken:
                 return {"part": part, "round": r, "tool": tool, "error": broken[tool]}
+            store = ctx.get("store_pid")
+            cpu, store_cpu = _cpu_s(), _cpu_s(store) if store else 0.0
             start = time.perf_counter()
             try:
                 if tool == "ucstage":
@@ -149,7 +163,10 @@ def run_save(args: argparse.Namespace, ctx: dict[str, Any],
                 broken[tool] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 return {"part": part, "round": r, "tool": tool, "error": broken[tool]}
             row = {"part": part, "round": r, "tool": tool,
-                   "seconds": time.perf_counter() - start, "bytes": size, "load_1m": _load_1m()}
+                   "seconds": time.perf_counter() - start, "bytes": size, "load_1m": _load_1m(),
+                   "client_cpu_s": _cpu_s() - cpu}
+            if store:
+                row["store_cpu_s"] = _cpu_s(store) - store_cpu
             if tool == "ucstage":
                 row["data_s"] = data[0]
             return row
@@ -212,7 +229,8 @@ def run_s3tc(args: argparse.Namespace, work: str) -> list[dict[str, Any]]:
             env = s3_env(endpoint)
             _s5(env, endpoint, "mb", "s3://bench")
             os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
-            ctx = {"work": work, "env": env, "endpoint": endpoint, "state": state(args.mb)}
+            ctx = {"work": work, "env": env, "endpoint": endpoint, "state": state(args.mb),
+                   "store_pid": moto.proc.pid}
             return run_save(args, ctx, ("ucstage", "s3torchconnector"), "s3tc")
     finally:
         os.environ.update(saved)
@@ -335,7 +353,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "ratio": tc / uc2, "target": 1.0, "met": tc / uc2 >= 1.0, "ucstage_s": uc2,
             "s3torchconnector_s": tc,
             "pair_ratios": [o["seconds"] / u["seconds"]
-                            for u, o in _pairs(rows, "s3tc", "s3torchconnector")]}
+                            for u, o in _pairs(rows, "s3tc", "s3torchconnector")],
+            # The CPU each side's save took in this process and in moto
+            # (docs/benchmarks.md: the client's CPU is what separates them).
+            **{f"{tool}_{key}": _median(rows, "s3tc", tool, key)
+               for tool in ("ucstage", "s3torchconnector")
+               for key in ("client_cpu_s", "store_cpu_s")}}
     blocked, local = _median(rows, "async", "async_save"), _median(rows, "async", "local disk")
     if blocked and local:
         summary["async_save block / local-disk save"] = {
@@ -358,7 +381,11 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any],
              f"model + {args.mb // 2} MB optimizer; {args.pairs} alternating rounds", "",
              "| part | round | tool | seconds | note | load 1m |", "|---|---:|---|---:|---|---:|"]
     for r in rows:
-        note = r.get("error") or (f"write+upload {r['data_s']:.2f} s" if "data_s" in r else
+        cpu = (f"; CPU {r['client_cpu_s']:.2f} s here, {r['store_cpu_s']:.2f} s moto"
+               if "store_cpu_s" in r else "")
+        note = r.get("error") or (f"write+upload {r['data_s']:.2f} s{cpu}" if "data_s" in r else
+                                  f"CPU {r['client_cpu_s']:.2f} s here, "
+                                  f"{r['store_cpu_s']:.2f} s moto" if "store_cpu_s" in r else
                                   f"done {r['done_s']:.2f} s" if "done_s" in r else
                                   f"{r['bytes_read']:,} B read / {r['bytes_needed']:,} needed"
                                   if "bytes_read" in r else "")

@@ -160,8 +160,10 @@ def _third_party(prefixes: tuple[str, ...]) -> dict[str, list[tuple[str, int, bo
 
 
 TORCH_CHECKPOINT = {"ucstage.checkpoint.writer", "ucstage.checkpoint.reader",
-                    "ucstage.checkpoint.index", "ucstage.checkpoint.tee"}
-"""torch.distributed.checkpoint's storage classes and its ``.metadata``:
+                    "ucstage.checkpoint.index", "ucstage.checkpoint.tee",
+                    "ucstage.checkpoint.upload"}
+"""torch.distributed.checkpoint's storage classes, its ``.metadata`` and the
+save's tee and upload (which only the writer imports):
 ``ucstage.checkpoint`` loads them lazily, so the ``checkpoint`` commands never
 import torch (but ``verify`` of a plain torch checkpoint, which reads its
 ``.metadata``)."""

@@ -6,7 +6,7 @@ private scratch folder on local disk (under the cache root) and copies
 them to the checkpoint's folder on several threads, each file straight to
 its final name, and checks the size and checksum of what landed. The copy
 of a file starts as torch opens it and follows the writing part by part,
-and the checksums are taken as torch writes (:mod:`.scratch`). The
+and the checksums are taken as torch writes (:mod:`.tee`). The
 coordinator then checks every rank's files are in place, writes the record
 (:mod:`ucstage.checkpoint.folder`) and ``.metadata`` last, and prunes older
 checkpoints when ``keep`` asks. With ``dcp.async_save`` all of this runs in
@@ -234,7 +234,7 @@ class Writer(FileSystemWriter):
         assert self._scratch is not None
         dest = self.destination()
         # Each file's upload starts when torch opens it and sends each part
-        # as soon as torch has written it (:mod:`.scratch`): writing, the
+        # as soon as torch has written it (:mod:`.tee`): writing, the
         # checksums and the upload overlap instead of running one after another.
         pool = ThreadPoolExecutor(max_workers=self.upload_threads,
                                   thread_name_prefix="ucstage-ckpt")

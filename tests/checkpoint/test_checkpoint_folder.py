@@ -290,7 +290,10 @@ def test_ctrl_c_mid_upload_publishes_nothing_and_leaves_no_scratch(tmp_path) -> 
             proc.wait()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
     assert not os.path.exists(os.path.join(path, METADATA))
-    assert not inspect(path).complete  # type: ignore[union-attr]
+    # Uploads start while torch writes, so a Ctrl-C may land before the
+    # folder exists at all: nothing there, or an incomplete checkpoint.
+    found = inspect(path)
+    assert found is None or not found.complete
     assert os.listdir(scratch_base()) == []
     with pytest.raises(CheckpointIncomplete):
         Reader(path)

@@ -337,3 +337,16 @@ def test_a_load_reads_only_the_ranges_it_asks_for(tmp_path) -> None:  # type: ig
     assert torch.equal(target["b"], state()["b"])
     sizes = sorted(n for _, n, _ in record.ranges[f.name])
     assert CountingReader.read_bytes in sizes and CountingReader.read_bytes < f.size // 4
+
+
+def test_a_link_planted_at_a_files_name_is_not_written_through(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"a neighbour's file")
+    dest = tmp_path / "ckpt" / "step-1"
+    dest.mkdir(parents=True)
+    os.symlink(victim, dest / "__0_0.distcp")
+    with pytest.raises((OSError, CheckpointException)) as info:
+        dcp.save({"t": torch.ones(1000)}, storage_writer=Writer(str(dest)))
+    assert "symbolic link" in str(info.value)
+    assert victim.read_bytes() == b"a neighbour's file"
+    assert not (dest / METADATA).exists()

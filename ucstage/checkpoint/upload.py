@@ -96,7 +96,11 @@ class FolderDestination:
         self._go_on()
         growing = self.writing.get(local_path)
         copied = 0
-        with open(local_path, "rb", buffering=0) as src, open(target, "wb", buffering=0) as dst:
+        # Never through a link at the final name (a neighbour's or a hostile
+        # folder's): O_NOFOLLOW makes one an error, not a write elsewhere.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
+        with open(local_path, "rb", buffering=0) as src, os.fdopen(fd, "wb", buffering=0) as dst:
             while True:
                 self._go_on()
                 if growing is not None:

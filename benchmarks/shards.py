@@ -57,6 +57,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -232,7 +233,12 @@ def in_process(tool: str, src: str, ctx: dict[str, Any], *extra: str) -> dict[st
            "--work", ctx["work"], "--item-bytes", str(ctx["size"]), *extra]
     done = subprocess.run(cmd, env=ctx["child_env"], capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise SystemExit(f"shards: {tool} over {src} failed:\n{done.stderr[-3000:]}")
+        # A child killed by a signal writes nothing: name the signal, and show
+        # the end of both streams so the reason is never blank.
+        how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit {done.returncode}")
+        raise SystemExit(f"shards: {tool} over {src} failed ({how}):\n"
+                         f"{done.stderr[-3000:]}{done.stdout[-1000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 

@@ -347,6 +347,23 @@ def test_a_link_planted_at_a_files_name_is_not_written_through(tmp_path) -> None
     os.symlink(victim, dest / "__0_0.distcp")
     with pytest.raises((OSError, CheckpointException)) as info:
         dcp.save({"t": torch.ones(1000)}, storage_writer=Writer(str(dest)))
-    assert "symbolic link" in str(info.value)
+    assert "__0_0.distcp in " in str(info.value)
+    assert "is a symbolic link: the save does not write through it" in str(info.value)
     assert victim.read_bytes() == b"a neighbour's file"
     assert not (dest / METADATA).exists()
+
+
+def test_an_upload_waiting_on_a_stalled_writer_gives_up_naming_the_file(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """torch's writer wrote part of a file and then nothing (a hung local
+    disk): the upload waiting for the next bytes gives up after STALL_S and
+    says which file and byte it waited for, instead of holding the save."""
+    from ucstage.checkpoint import tee
+
+    monkeypatch.setattr(tee, "STALL_S", 0.3)
+    growing = tee.Growing(str(tmp_path / "__0_0.distcp"), "crc32c")
+    growing._publish(4096)
+    with pytest.raises(tee.WriteFailed) as info:
+        growing.wait(8192)
+    assert str(info.value) == ("__0_0.distcp was not written: torch wrote no byte of it for "
+                               "0.3 s (waited for byte 8,192; it holds 4,096)")
+    assert growing.wait(4096) == 4096  # what it holds is still served at once

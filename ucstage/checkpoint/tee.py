@@ -27,6 +27,7 @@ import contextlib
 import io
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ NOTIFY = 1024 * 1024
 at every flush and at the end)."""
 POLL_S = 0.1
 """How often a waiting upload looks whether the save is stopping."""
+STALL_S = 300.0
+"""How long an upload waits for torch to write another byte of its file
+before it gives up, naming the file (a writer stuck on a hung local disk
+must not hold the save, and the training loop's next save, for ever)."""
 
 
 class WriteFailed(Exception):
@@ -56,6 +61,7 @@ class Growing:
         self.kind = kind
         self._cond = threading.Condition()
         self._size = 0
+        self._moved = time.monotonic()
         self._done = False
         self._failed: str | None = None
         self._whole = digests.new_hasher(kind)
@@ -79,6 +85,7 @@ class Growing:
         with self._cond:
             self._size = pos
             self._done = self._done or done
+            self._moved = time.monotonic()
             self._cond.notify_all()
 
     def _boundary(self, pos: int) -> None:
@@ -99,13 +106,19 @@ class Growing:
 
     def wait(self, upto: int, go_on: Callable[[int], None] = lambda _n: None) -> int:
         """Block until the file holds ``upto`` bytes or is complete; the
-        bytes it holds. ``go_on(0)`` is called while waiting (it raises to stop)."""
+        bytes it holds. ``go_on(0)`` is called while waiting (it raises to stop).
+        Gives up with :class:`WriteFailed` when torch writes nothing to the
+        file for :data:`STALL_S` seconds."""
         with self._cond:
             while True:
                 if self._failed is not None:
                     raise WriteFailed(f"{self.name} was not written: {self._failed}")
                 if self._size >= upto or self._done:
                     break
+                if time.monotonic() - self._moved > STALL_S:
+                    raise WriteFailed(
+                        f"{self.name} was not written: torch wrote no byte of it for "
+                        f"{STALL_S:g} s (waited for byte {upto:,}; it holds {self._size:,})")
                 self._cond.wait(POLL_S)
                 go_on(0)
             return self._size

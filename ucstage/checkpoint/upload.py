@@ -13,12 +13,14 @@ a flag its parts check).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..atomic import fsync_dir, write_atomic
+from ..errors import CheckpointUnsafe
 from . import digests
 from .place import StorePlace
 
@@ -98,8 +100,16 @@ class FolderDestination:
         copied = 0
         # Never through a link at the final name (a neighbour's or a hostile
         # folder's): O_NOFOLLOW makes one an error, not a write elsewhere.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o666)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise CheckpointUnsafe(
+                f"{name} in {self.where} is a symbolic link: the save does not write through it",
+                hint="remove the link (someone else may have planted it), or save to a new "
+                     "folder") from None
         with open(local_path, "rb", buffering=0) as src, os.fdopen(fd, "wb", buffering=0) as dst:
             while True:
                 self._go_on()

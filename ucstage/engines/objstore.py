@@ -37,11 +37,14 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import cloudfs
 from ..errors import InvalidArgument, MissingDependency, SourceUnreadable
 from . import reset_after_fork
+
+if TYPE_CHECKING:
+    from obstore._buffered import ReadableFile
 
 T = TypeVar("T")
 
@@ -892,10 +895,10 @@ class ObjectFS:
 class _Reader:
     """obstore's reader as a context manager, like an fsspec file."""
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: ReadableFile) -> None:
         self._reader = reader
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> ReadableFile:
         return self._reader
 
     def __exit__(self, *exc: object) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+    from pyarrow.ipc import RecordBatchFileReader
 
 __all__ = ["binary", "int_array", "large_string_scalar", "large_strings", "native", "native_copy",
            "numbers", "one", "read_marked"]
@@ -126,7 +127,7 @@ def large_string_scalar(text: str) -> Any:
     return pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(data)])[0]
 
 
-def read_marked(path: str, reader: Any, key: bytes, format: str) -> tuple[Any, dict[str, Any]]:
+def read_marked(path: str, reader: RecordBatchFileReader, key: bytes, format: str) -> tuple[Any, dict[str, Any]]:
     """The table of an Arrow manifest file and its header (the JSON document
     under ``key`` in the schema's metadata, whose ``format`` must be
     ``format``), for the manifest kinds that keep their header so.

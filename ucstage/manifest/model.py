@@ -33,6 +33,7 @@ from .groups import Grouped, Grouping, Groups, combined_fingerprint, group_paths
 
 if TYPE_CHECKING:
     import numpy as np
+    from pyarrow.ipc import RecordBatchFileReader
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Frozen", "Manifest", "Meta", "fingerprint",
            "group_manifest", "header_value"]
@@ -103,7 +104,7 @@ class Frozen(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+    def from_arrow(cls, path: str, reader: RecordBatchFileReader, local_path: str | None, *,
                    verify: bool) -> Frozen:
         """The listing of the Arrow file ``path`` (its name in messages) open
         in ``reader``, its header checked, and its fingerprint when ``verify``."""
@@ -296,7 +297,7 @@ class Manifest(Frozen):
         return meta.get(b"format") == json.dumps(FORMAT).encode()
 
     @classmethod
-    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+    def from_arrow(cls, path: str, reader: RecordBatchFileReader, local_path: str | None, *,
                    verify: bool) -> Manifest:
         import pyarrow as pa
 
@@ -342,7 +343,7 @@ class Manifest(Frozen):
         )
 
 
-def _batches(local_path: str | None, reader: Any) -> Iterator[Any]:
+def _batches(local_path: str | None, reader: RecordBatchFileReader) -> Iterator[Any]:
     """The record batches, one at a time, read (not mapped) from a local file:
     verifying a large manifest then leaves none of it resident in this process."""
     import pyarrow as pa

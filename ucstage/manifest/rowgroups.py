@@ -19,13 +19,16 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import InvalidArgument, UnknownColumn
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolved
 from .arrays import binary, int_array, numbers, read_marked
 from .model import Frozen, fails_fingerprint
+
+if TYPE_CHECKING:
+    from pyarrow.ipc import RecordBatchFileReader
 
 __all__ = ["FORMAT", "SUFFIX", "RowGroupManifest", "is_row_group_manifest"]
 
@@ -255,7 +258,7 @@ class RowGroupManifest(Frozen):
         return self.with_header(table)
 
     @classmethod
-    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+    def from_arrow(cls, path: str, reader: RecordBatchFileReader, local_path: str | None, *,
                    verify: bool) -> RowGroupManifest:
         import numpy as np
         import pyarrow as pa

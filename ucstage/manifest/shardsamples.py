@@ -25,13 +25,16 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..sharding.rule import ReadOrder
 from ..volumes.entry import FileEntry
 from ..volumes.location import Volume, resolved
 from .arrays import int_array, large_strings, numbers, read_marked
 from .model import Frozen, fails_fingerprint
+
+if TYPE_CHECKING:
+    from pyarrow.ipc import RecordBatchFileReader
 
 __all__ = ["FORMAT", "SUFFIX", "ShardManifest", "ShardSamples"]
 
@@ -248,7 +251,7 @@ class ShardManifest(Frozen):
         return self.with_header(table)
 
     @classmethod
-    def from_arrow(cls, path: str, reader: Any, local_path: str | None, *,
+    def from_arrow(cls, path: str, reader: RecordBatchFileReader, local_path: str | None, *,
                    verify: bool) -> ShardManifest:
         import numpy as np
 

@@ -47,6 +47,23 @@ def test_worker_refuses_a_manifest_replaced_after_freezing(tmp_path):
         list(loader)
 
 
+def test_another_node_refuses_a_source_changed_since_freezing(tmp_path):
+    """Unpickled where the frozen file is not (another node), the dataset lists
+    its source again and refuses a different listing, naming both fingerprints."""
+    _files(tmp_path / "vol", 10)
+    ds = VolumeDataset(str(tmp_path / "vol"), cache_dir=str(tmp_path / "cache"), read_ahead=0)
+    frozen = ds.freeze().fingerprint
+    shipped = pickle.dumps(ds)
+    os.remove(ds._manifest_path)  # the other node has no copy of rank 0's file
+    _files(tmp_path / "vol", 11)
+    again = mf.snapshot(str(tmp_path / "vol")).fingerprint
+    with pytest.raises(ManifestError) as info:
+        list(pickle.loads(shipped))
+    assert info.value.message == (
+        f"the listing of {tmp_path / 'vol'} changed since it was frozen "
+        f"(fingerprint {again[:12]}, expected {frozen[:12]})")
+
+
 def test_workers_read_every_file_once(tmp_path):
     _files(tmp_path / "vol", 25)
     ds = VolumeDataset(str(tmp_path / "vol"), cache_dir=str(tmp_path / "cache"), shuffle=True)

@@ -56,8 +56,8 @@ class Freezable:
     _kind: ClassVar[type[Frozen]]
     """The kind of listing it freezes (``Manifest`` or ``RowGroupManifest``)."""
     _changed: ClassVar[str]
-    """The message when a listing made again does not match (``{source}``,
-    ``{found}``, ``{expected}``: fingerprints)."""
+    """The message when a listing made again does not match (``{source}``;
+    the two fingerprints are added)."""
     _freeze_hint: ClassVar[str]
     """How to freeze it once for every rank."""
     _source: str
@@ -122,8 +122,8 @@ class Freezable:
             self._save_manifest(loaded)
         if loaded.fingerprint != self._fingerprint:
             raise ManifestError(
-                self._changed.format(source=self._source, found=loaded.fingerprint[:12],
-                                     expected=self._fingerprint[:12]),
+                f"{self._changed.format(source=self._source)} (fingerprint "
+                f"{loaded.fingerprint[:12]}, expected {self._fingerprint[:12]})",
                 hint=self._freeze_hint)
         self._manifest = loaded
         return loaded
@@ -158,8 +158,7 @@ class FrozenListing(Freezable):
     """
 
     _kind = Manifest
-    _changed = ("the listing of {source} changed since it was frozen "
-                "(fingerprint {found}, expected {expected})")
+    _changed = "the listing of {source} changed since it was frozen"
     _freeze_hint = ("freeze it into a manifest with `ucstage cache lazy` and pass that to "
                     "every rank")
     include: tuple[str, ...]

@@ -128,8 +128,7 @@ class ShardDataset(UnitCounts, Freezable, ShardedDataset):
     # -- the frozen index -------------------------------------------------------
 
     _kind = ShardManifest
-    _changed = ("the shards of {source} changed since they were indexed "
-                "(fingerprint {found}, expected {expected})")
+    _changed = "the shards of {source} changed since they were indexed"
     _freeze_hint = ("freeze once and pass the same listing to every rank (the ucstage "
                     "DataLoader broadcasts rank 0's)")
 

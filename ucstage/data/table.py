@@ -133,8 +133,7 @@ class TableDataset(UnitCounts, Freezable, ShardedDataset):
     # -- the frozen row groups -------------------------------------------------
 
     _kind = RowGroupManifest
-    _changed = ("the row groups of {source} changed since they were frozen "
-                "(fingerprint {found}, expected {expected})")
+    _changed = "the row groups of {source} changed since they were frozen"
     _freeze_hint = ("freeze them once (ucstage.manifest.save(ucstage.tables.row_groups(...), "
                     "path)) and pass that file to every rank")
 

@@ -280,10 +280,11 @@ def test_a_stopped_fetch_cancels_its_request_while_the_store_hangs(proxied: Thro
 
     thread = threading.Thread(target=fetch, daemon=True)
     thread.start()
-    _poll("the GET to reach the store", lambda: proxied.held == 1)
+    # At least 1: the GET may be hedged (a second leg) on a busy machine.
+    _poll("the GET to reach the store", lambda: proxied.held >= 1)
     inflight.stop()
     thread.join(30)
-    assert not thread.is_alive() and proxied.held == 1  # ended while the store still hangs
+    assert not thread.is_alive() and proxied.held >= 1  # ended while the store still hangs
     assert isinstance(outcome[0], Stopped)
     assert _partials(cache.root) == [] and cache.space.recorded_bytes() == 0
 
@@ -295,12 +296,14 @@ def test_ctrl_c_stops_a_warm_while_the_store_hangs(proxied: Throttle, tmp_path: 
     proc = subprocess.Popen([sys.executable, "-m", "ucstage", "cache", "warm", src, "--jobs", "8"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _poll("every hanging GET to reach the store", lambda: proxied.held == 4)
+        # At least 4: a hanging GET is also hedged (a second leg of the same
+        # request), so the count can pass 4 between two polls on a busy machine.
+        _poll("every hanging GET to reach the store", lambda: proxied.held >= 4)
         _poll("the other files to be cached",
               lambda: len(list((tmp_path / "cache").rglob("a*.bin"))) == 3)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-        assert proxied.held == 4  # the store never answered
+        assert proxied.held >= 4  # the store never answered
     finally:
         if proc.poll() is None:
             proc.kill()

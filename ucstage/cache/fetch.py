@@ -46,7 +46,7 @@ from ..errors import CacheFull, FetchFailed, InvalidArgument, UcstageError, Unsa
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
-from ..volumes.entry import uncacheable
+from ..volumes.entry import PLAIN, uncacheable
 from . import paths
 from .inflight import Inflight, Stopped
 from .paths import FileLock
@@ -308,11 +308,14 @@ def retry_pause(exc: Exception, entry: FileEntry, attempt: int, delay: float,
 
 def where(at: Bound, entry: FileEntry, inflight: Inflight | None = None) -> Copy:
     """The copy of an entry: its paths, its folder made (its token not
-    taken yet); refuses unsafe paths."""
-    rel = safe_relpath(entry.path)
-    why = uncacheable(rel)  # the listing's rule, checked again here
-    if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
-        raise UnsafePath(f"{rel}: {why}")
+    taken yet); refuses unsafe paths, and names the cache cannot hold (the
+    listing's rule, checked again here)."""
+    rel = entry.path
+    if PLAIN.fullmatch(rel) is None:  # a plain path is safe and cacheable
+        safe_relpath(rel)
+        why = uncacheable(rel)
+        if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
+            raise UnsafePath(f"{rel}: {why}")
     space, ns_dir = at.space, at.ns_dir
     if ns_dir not in space.prepared:  # no reader bound it, or a clear removed it since
         at.prepare()

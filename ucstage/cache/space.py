@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -109,6 +110,9 @@ class CacheSpace:
         """This process's memo of validity stamps."""
         self._folders: set[str] = set()
         """Cache folders this process made or found (no ``makedirs`` per copy)."""
+        self._ledger: Callable[[], AbstractContextManager[Ledger]] = functools.partial(
+            locked_ledger, root, self._recount)
+        """The byte ledger, locked; recounted from the whole tree when unreadable."""
         self.turns = Turns(self._ledger)
         """This process's threads' turns at the ledger lock, batched
         (reserving without a cap, committing, giving back)."""
@@ -533,10 +537,10 @@ class CacheSpace:
 
     # -- internals ------------------------------------------------------------
 
-    def _ledger(self) -> AbstractContextManager[Ledger]:
-        """The byte ledger, locked; recounted from the whole tree when unreadable."""
-        return locked_ledger(self.root, lambda: sum(
-            c.size for c in self._walk(self.namespace_dirs())))
+    def _recount(self) -> int:
+        """The bytes of every file under the root, cached or temp: what the
+        ledger says when it is unreadable."""
+        return sum(c.size for c in self._walk(self.namespace_dirs()))
 
     def _walk(self, ns_dirs: Sequence[str]) -> Iterator[Cached]:
         """Every file under ``ns_dirs``, cached or temp, with the lock that guards it."""

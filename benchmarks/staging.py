@@ -1329,7 +1329,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from ucstage import LocalCache
     from ucstage.cache.fetch import fetch_retrying
     from ucstage.cache.inflight import Inflight
-    from ucstage.cache.policy import Evictions, charging
+    from ucstage.cache.space import Evictions, charging
     from ucstage.volumes import list_files
 
     work = tempfile.mkdtemp(prefix="ucstage-profile-copy-")

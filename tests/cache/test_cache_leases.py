@@ -17,7 +17,8 @@ import pytest
 from tests.common.parts import REPO
 from ucstage.cache import LocalCache, runstats
 from ucstage.cache.leases import Reader, check_window
-from ucstage.cache.policy import charging, is_scan
+from ucstage.cache.policy import is_scan
+from ucstage.cache.space import charging
 from ucstage.errors import CacheFull
 from ucstage.manifest import snapshot
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import errno
 import functools
 import os
@@ -47,19 +46,18 @@ from ..errors import CacheFull, FetchFailed, InvalidArgument, UcstageError, Unsa
 from ..progress import NO_PROGRESS, Callback
 from ..units import format_bytes
 from ..volumes import FileEntry, RangeEntry, Volume, is_range_path, safe_relpath
-from ..volumes.entry import uncacheable
+from ..volumes.entry import PLAIN, uncacheable
 from . import paths
 from .inflight import Inflight, Stopped
 from .paths import FileLock
-from .policy import Evictions, charging
 from .reports import EvictedSource, WarmReport
-from .space import CacheSpace, free_bytes, no_room
+from .space import CacheSpace, Evictions, charging, free_bytes, no_room
 from .tuning import AUTO, THREAD_CEILING, Jobs, ceiling, check_jobs, first_guess
 
 __all__ = ["GRACE", "WARM_FEWER", "Bound", "Copy", "LoopWarm", "Pending",
-           "Retries", "WarmCopies", "begin", "commit_tmps", "copy_locked",
+           "Retries", "WarmCopies", "commit_tmps", "copy_locked",
            "disk_full", "drop_tmp", "fetch_once", "fetch_retrying",
-           "permanent", "reserve_tmp", "reserve_tmps", "retry_pause", "retryable", "slows_down",
+           "permanent", "reserve_tmps", "retry_pause", "retryable", "slows_down",
            "throttled", "warm_entries", "where"]
 
 _PERMANENT = (UcstageError, FileNotFoundError, PermissionError, IsADirectoryError,
@@ -72,7 +70,7 @@ _TOUCH_NS = 1_000_000_000
 one-second resolution, and hot lookups cost one stat, not a stat and a write."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Copy:
     """One copy of an entry into the cache, as its steps (reserve, copy,
     commit or drop) pass it on: where it goes, and which job it belongs to."""
@@ -88,10 +86,17 @@ class Copy:
     """Where the cached file goes."""
     lock: str
     """The entry's lock stripe (held while the copy runs)."""
+    tmp: str
+    """Its temp file, beside ``local`` (:meth:`CacheSpace.temp_path`)."""
+    ctx: FetchContext
+    """What the engine reads the source with: the cache's request settings,
+    where it keeps its MD5 evidence (``.ucstage/md5-etags/``), the entry's
+    listed size and version, the job that may stop it."""
     inflight: Inflight | None = None
     """The job that may stop this copy (a warm, a read-ahead), or None."""
     token: int = -1
-    """The copy's token in ``inflight`` (:meth:`Inflight.begin`)."""
+    """The copy's token in ``inflight`` (:meth:`Inflight.begin`), taken
+    once its stripe is held and the check under it missed."""
 
 
 class Pending(NamedTuple):
@@ -115,8 +120,8 @@ class Bound:
     reads them, and ``local`` imports this module).
     """
 
-    __slots__ = ("_memo", "_stamps", "backoff", "evidence", "locks", "prefix", "requests",
-                 "retries", "space", "volume")
+    __slots__ = ("_memo", "_stamps", "backoff", "evidence", "locks", "ns_dir", "prefix",
+                 "requests", "retries", "space", "volume")
 
     def __init__(self, space: CacheSpace, volume: Volume, *, requests: Requests,
                  retries: int, backoff: float) -> None:
@@ -128,9 +133,11 @@ class Bound:
         """Extra attempts for transient source errors."""
         self.backoff = backoff
         """First retry delay in seconds."""
-        self.prefix = space.namespace_dir(volume.url) + "/"
-        """``<root>/<namespace>/``: a cached file's path is this plus its relpath."""
-        self.locks = paths.lock_dir(space.root, self.prefix[:-1])
+        self.ns_dir = space.namespace_dir(volume.url)
+        """``<root>/<namespace>``, the volume's namespace folder."""
+        self.prefix = self.ns_dir + "/"
+        """A cached file's path is this plus its relpath."""
+        self.locks = paths.lock_dir(space.root, self.ns_dir)
         """The folder of the namespace's lock stripes."""
         self.evidence = functools.partial(paths.md5_evidence, space.root)
         """Where a copy's checks keep which sources serve MD5 ETags."""
@@ -138,9 +145,10 @@ class Bound:
         self._stamps = space.stamps
 
     def prepare(self) -> str:
-        """:meth:`~ucstage.cache.local.LocalCache.prepare` of this volume."""
-        return self.space.prepare(self.prefix[:-1], url=self.volume.url,
-                                  source=self.volume.source)
+        """:meth:`~ucstage.cache.local.LocalCache.prepare` of this volume: once
+        per process, when a reader binds the namespace (a dataset freezing its
+        listing), else by its first copy (:func:`where`)."""
+        return self.space.prepare(self.ns_dir, url=self.volume.url, source=self.volume.source)
 
     def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None:
         """:meth:`~ucstage.cache.local.LocalCache.lookup` of this volume's ``entry``."""
@@ -259,7 +267,8 @@ def fetch_once(at: Bound, entry: FileEntry,
         found = at.lookup_rows((entry.path,), (entry.size,), (entry.version,))
         if found:
             return found[0], False
-        copy = begin(copy)
+        if inflight is not None:
+            copy.token = inflight.begin()
         try:
             copy_locked(copy)
         finally:
@@ -298,43 +307,39 @@ def retry_pause(exc: Exception, entry: FileEntry, attempt: int, delay: float,
 # -- the steps ---------------------------------------------------------------------
 
 def where(at: Bound, entry: FileEntry, inflight: Inflight | None = None) -> Copy:
-    """The copy of an entry (its token not taken yet: :func:`begin`);
-    refuses unsafe paths."""
-    rel = safe_relpath(entry.path)
-    why = uncacheable(rel)  # the listing's rule, checked again here
-    if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
-        raise UnsafePath(f"{rel}: {why}")
-    ns_dir = at.prepare()
+    """The copy of an entry: its paths, its folder made (its token not
+    taken yet); refuses unsafe paths, and names the cache cannot hold (the
+    listing's rule, checked again here)."""
+    rel = entry.path
+    if PLAIN.fullmatch(rel) is None:  # a plain path is safe and cacheable
+        safe_relpath(rel)
+        why = uncacheable(rel)
+        if why is not None and not (isinstance(entry, RangeEntry) and is_range_path(rel)):
+            raise UnsafePath(f"{rel}: {why}")
+    space, ns_dir = at.space, at.ns_dir
+    if ns_dir not in space.prepared:  # no reader bound it, or a clear removed it since
+        at.prepare()
     local = os.path.join(ns_dir, *rel.split("/"))
-    return Copy(at, entry, rel, ns_dir, local, paths.stripe_path(at.locks, rel), inflight)
-
-
-def begin(copy: Copy) -> Copy:
-    """``copy`` with its token in its job taken (its stripe is held)."""
-    if copy.inflight is None:
-        return copy
-    return dataclasses.replace(copy, token=copy.inflight.begin())
-
-
-def context(copy: Copy) -> FetchContext:
-    """What the copy reads its source with: the cache's request settings and
-    where it keeps its MD5 evidence (``.ucstage/md5-etags/``), the entry's
-    listed size and version, the job that may stop it."""
-    at = copy.at
-    return FetchContext(at.evidence, at.requests, copy.entry.size, copy.entry.version,
-                        copy.inflight)
+    if "/" in rel:  # the namespace's own folder is prepare's
+        space.make_folder(os.path.dirname(local))
+    lock = paths.stripe_path(at.locks, rel)
+    return Copy(at, entry, rel, ns_dir, local, lock, space.temp_path(local, lock),
+                FetchContext(at.evidence, at.requests, entry.size, entry.version, inflight),
+                inflight)
 
 
 def copy_locked(copy: Copy) -> None:
     """Copy the entry to its local path through a temp file; its stripe is held."""
-    pending = reserve_tmp(copy)
+    pending = reserve_tmps([copy])[0]
+    if isinstance(pending, BaseException):
+        raise pending
     try:
         try:
             volume = copy.at.volume
             if isinstance(copy.entry, RangeEntry):  # a row group's chunks: ranged reads
-                copied = copy_ranges(volume, copy.entry, pending.fd, context(copy))
+                copied = copy_ranges(volume, copy.entry, pending.fd, copy.ctx)
             else:  # a whole file, by the volume's engine
-                copied = engine.of(volume).copy(volume, copy.rel, pending.fd, context(copy))
+                copied = engine.of(volume).copy(volume, copy.rel, pending.fd, copy.ctx)
         finally:
             os.close(pending.fd)
         failed = commit_tmps([(copy, pending, copied)])[0]
@@ -349,58 +354,53 @@ def copy_locked(copy: Copy) -> None:
                                                copied.version or copy.entry.version))
 
 
-def reserve_tmp(copy: Copy) -> Pending:
-    """Create the entry's preallocated temp file and reserve its bytes
-    (:meth:`~ucstage.cache.space.CacheSpace.reserve`). Its stripe is held.
-
-    Raises:
-        Stopped: the copy's job stopped meanwhile (nothing is left behind).
-        CacheFull: no room on disk or under the cap.
-    """
-    space = copy.at.space
-    tmp = _temp_for(copy)
-    for attempt in (1, 2):
-        try:
-            fd, reserved = space.reserve(tmp, copy.entry.size, name=copy.rel,
-                                         inflight=copy.inflight)
-            break
-        except OSError as exc:
-            if not _again(copy, exc) or attempt == 2:
-                raise
-    return _copying(copy, Pending(tmp, fd, reserved))
-
-
 def reserve_tmps(copies: Sequence[Copy]) -> list[Pending | BaseException]:
-    """:func:`reserve_tmp` of several copies (their stripes held) of one
-    cache without a cap, counted in the ledger under one hold of its lock
-    (:meth:`~ucstage.cache.space.CacheSpace.reserve_many`). Returns each
-    one's temp file, or the error :func:`reserve_tmp` would raise."""
+    """Create each copy's preallocated temp file and reserve its bytes:
+    copies of one cache, their stripes held (the thread driver's one copy,
+    or a loop's pass of them). Without a cap they are counted in the ledger
+    under one hold of its lock (:meth:`~ucstage.cache.space.CacheSpace.reserve_many`);
+    under a cap one at a time, which may evict or wait
+    (:meth:`~ucstage.cache.space.CacheSpace.reserve`). A folder a clear removed
+    since is made again and the reservation tried once more.
+
+    Returns each one's temp file, or its error: :exc:`Stopped` (its job
+    stopped meanwhile), :exc:`CacheFull` (no room on disk or under the cap),
+    or what creating the file raised. Nothing of a failed one is left behind.
+    """
     if not copies:
         return []
     space = copies[0].at.space
-    tmps = [_temp_for(copy) for copy in copies]
-    got = space.reserve_many([(tmp, copy.entry.size) for tmp, copy in zip(tmps, copies,
-                                                                          strict=True)])
+
+    def reserve(copy: Copy) -> tuple[int, int] | BaseException:
+        if space.max_bytes is None:
+            return space.reserve_many([(copy.tmp, copy.entry.size)])[0]
+        try:
+            return space.reserve(copy.tmp, copy.entry.size, name=copy.rel,
+                                 inflight=copy.inflight)
+        except Exception as exc:
+            return exc
+
+    got = (space.reserve_many([(copy.tmp, copy.entry.size) for copy in copies])
+           if space.max_bytes is None else [reserve(copy) for copy in copies])
     out: list[Pending | BaseException] = []
-    for copy, tmp, one in zip(copies, tmps, got, strict=True):
+    for copy, one in zip(copies, got, strict=True):
         try:
             if isinstance(one, OSError) and _again(copy, one):
-                one = space.reserve_many([(tmp, copy.entry.size)])[0]
+                one = reserve(copy)
                 if isinstance(one, OSError):
-                    _again(copy, one)  # raises its error
+                    _again(copy, one)  # a full disk raises CacheFull
             if isinstance(one, BaseException):
                 raise one
-            out.append(_copying(copy, Pending(tmp, one[0], one[1])))
+            pending = Pending(copy.tmp, one[0], one[1])
+            if copy.inflight is not None and not copy.inflight.copying(
+                    copy.token, pending.tmp, pending.reserved):
+                os.close(pending.fd)  # stopped while reserving: copy nothing
+                space.abandon(pending.tmp, pending.reserved)
+                raise Stopped()
+            out.append(pending)
         except BaseException as exc:
             out.append(exc)
     return out
-
-
-def _temp_for(copy: Copy) -> str:
-    """The copy's temp file path, its folder made (once per process)."""
-    space = copy.at.space
-    space.make_folder(os.path.dirname(copy.local))
-    return space.temp_path(copy.local, copy.lock)
 
 
 def _again(copy: Copy, exc: OSError) -> bool:
@@ -413,17 +413,6 @@ def _again(copy: Copy, exc: OSError) -> bool:
     if no_room(exc):
         raise disk_full(copy.ns_dir, copy.rel, copy.entry.size) from exc
     return False
-
-
-def _copying(copy: Copy, pending: Pending) -> Pending:
-    """``pending``, reserved, handed to the copy's job; removed and
-    :exc:`Stopped` raised if the job stopped meanwhile."""
-    if copy.inflight is not None and not copy.inflight.copying(copy.token, pending.tmp,
-                                                               pending.reserved):
-        os.close(pending.fd)  # stopped while reserving: copy nothing
-        copy.at.space.abandon(pending.tmp, pending.reserved)
-        raise Stopped()
-    return pending
 
 
 def commit_tmps(done: Sequence[tuple[Copy, Pending, Copied]]) -> list[BaseException | None]:
@@ -960,14 +949,13 @@ class LoopWarm:
             found = at.lookup_rows((entry.path,), (entry.size,), (entry.version,))
             if found:  # the check under the lock
                 return found[0], False
-            copy = begin(copy)
+            copy.token = inflight.begin()
             try:
                 pending = await self._reserve(copy)
                 try:
                     try:
                         got = await objget.fetch(
-                            volume, volume.full_path(copy.rel), pending.fd,
-                            context(copy),
+                            volume, volume.full_path(copy.rel), pending.fd, copy.ctx,
                             parts=objget.split(self.warm.tuner.limit, self._left),
                             client=self._client(copy))
                     finally:
@@ -982,13 +970,12 @@ class LoopWarm:
         return copy.local, True
 
     async def _reserve(self, copy: Copy) -> Pending:
-        """:func:`reserve_tmp`, batched: the copies that start in one pass
-        of the loop reserve their temp files together
-        (:func:`reserve_tmps`, one hold of the ledger lock), at the
-        end of that pass (:class:`_PassBatch`).
+        """The reservation (:func:`reserve_tmps`), batched: the copies that
+        start in one pass of the loop reserve their temp files together (one
+        hold of the ledger lock), at the end of that pass (:class:`_PassBatch`).
 
         Raises:
-            Exception: as ``reserve_tmp`` (nothing is left behind).
+            Exception: as :func:`reserve_tmps` returns it (nothing is left behind).
         """
         got, late = await self._reserves.wait(copy)
         if late:  # stopped after the batch ran: give back what it reserved for this copy
@@ -1018,7 +1005,7 @@ class LoopWarm:
         """The bucket's client, asked for once per warm (one volume, one bucket)."""
         if self._store is None:
             kind, bucket, _ = objstore.location(self.volume, self.volume.full_path(copy.rel))
-            self._store = objstore.store(kind, bucket, context(copy).deadline)
+            self._store = objstore.store(kind, bucket, copy.ctx.deadline)
         return self._store
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:

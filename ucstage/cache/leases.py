@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 from ..errors import CacheFull
 from ..units import format_bytes
 from . import policy
-from .paths import flocked
+from .paths import take_exclusive
 from .runstats import Counters
+from .space import charging
 
 __all__ = ["DEFAULT_SLACK", "Reader", "check_window", "take_exclusive"]
 
@@ -56,16 +57,6 @@ class BoundLookup(Protocol):
     imports this module)."""
 
     def lookup(self, entry: FileEntry, *, touch: bool = True) -> str | None: ...
-
-
-def take_exclusive(path: str) -> int | None:
-    """A descriptor holding an exclusive ``flock`` on ``path`` (close it to let
-    go); None when a reader holds the file; -1 when it is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return -1
-    return fd if flocked(fd, fcntl.LOCK_EX | fcntl.LOCK_NB) else None
 
 
 class Reader:
@@ -90,7 +81,7 @@ class Reader:
         """Paths that outlive :meth:`close` until released (their loop is not past them)."""
         self._closed = False
 
-    # -- policy.Charge: what the cache did for this reader -----------------
+    # -- space.Charge: what the cache did for this reader -----------------
 
     def evicted(self, files: int, nbytes: int) -> None:
         if self.counters is not None:
@@ -144,7 +135,7 @@ class Reader:
                 found = lookup(entry)
                 hit = found is not None
                 if found is None:
-                    with policy.charging(self):  # evictions and waits happen here only
+                    with charging(self):  # evictions and waits happen here only
                         path = fetch(entry)
                 else:
                     path = found

@@ -36,7 +36,7 @@ from typing import cast
 from ..errors import CacheError, CacheOwnershipError, CacheUnusable
 from ..volumes.entry import NAME_MAX, PART_SUFFIX, part_stripe  # the listing refuses such names too
 
-__all__ = ["CACHE_DIR_ENV", "CONTROL", "LISTINGS_DIR", "PART_SUFFIX", "STAMP_XATTR", "STRIPES", "FileLock", "create_fresh", "default_root", "flocked", "lock_dir", "locked", "md5_evidence", "namespace_name", "open_private", "open_root", "part_lock", "part_name", "part_stripe", "read_stamp", "record_path", "stripe_path", "take_lock", "unusable_reason", "user_root", "write_stamp"]
+__all__ = ["CACHE_DIR_ENV", "CONTROL", "LISTINGS_DIR", "PART_SUFFIX", "STAMP_XATTR", "STRIPES", "FileLock", "create_fresh", "default_root", "flocked", "lock_dir", "locked", "md5_evidence", "namespace_name", "open_private", "open_root", "part_lock", "part_name", "part_stripe", "read_stamp", "record_path", "stripe_path", "take_exclusive", "take_lock", "unusable_reason", "user_root", "write_stamp"]
 
 CACHE_DIR_ENV = "UCSTAGE_CACHE_DIR"
 CONTROL = ".ucstage"
@@ -430,6 +430,18 @@ def flocked(fd: int, how: int) -> bool:
         os.close(fd)
         raise
     return True
+
+
+def take_exclusive(path: str) -> int | None:
+    """A descriptor holding an exclusive ``flock`` on the cached file ``path``
+    (close it to let go); None when a reader holds the file (its shared
+    ``flock``: :mod:`ucstage.cache.leases`); -1 when it is gone. What an
+    eviction takes before it removes a file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return -1
+    return fd if flocked(fd, fcntl.LOCK_EX | fcntl.LOCK_NB) else None
 
 
 @contextlib.contextmanager

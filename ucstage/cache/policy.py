@@ -27,23 +27,18 @@ Eviction takes, first, ordinary files out of their lease, oldest first; then
 scan-read files, most recently consumed first. Files a reader holds (see
 :mod:`ucstage.cache.leases`) and copies in flight are never taken.
 
-Evictions and the waits for room have one sink: the calling thread's
-:class:`Charge`, set by :class:`charging` (a dataset's reader, or a warm's
-:class:`Evictions`), so a fetch, which goes through the ordinary
-``LocalCache.fetch``, carries no counter argument.
+Evictions and the waits for room are charged to the calling thread's sink
+(:func:`ucstage.cache.space.charging`, beside the eviction itself).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-__all__ = ["SCAN_OFFSET_NS", "Charge", "Evictions", "charge_eviction", "charge_wait", "charging",
-           "eviction_order", "is_scan", "mark_consumed", "reader", "time_leased"]
+__all__ = ["SCAN_OFFSET_NS", "eviction_order", "is_scan", "mark_consumed", "time_leased"]
 
 SCAN_OFFSET_NS = 1 << 54
 """How far ahead of the consumption time a scan-read file's atime is set
@@ -91,76 +86,3 @@ def mark_consumed(file: int | str, mtime_ns: int) -> None:
     """Stamp ``file`` (a path, or a descriptor open on it) as just consumed by
     a scan reader: atime = now + offset, mtime kept."""
     os.utime(file, ns=(time.time_ns() + SCAN_OFFSET_NS, mtime_ns))
-
-
-class Charge(Protocol):
-    """What a dataset reader counts of the cache's work on its behalf."""
-
-    def evicted(self, files: int, nbytes: int) -> None: ...
-
-    def waiting(self) -> None: ...
-
-    def waited(self, seconds: float) -> None: ...
-
-
-class Evictions:
-    """Files and bytes evicted per namespace: what a warm's copies pushed out
-    (its threads fetch under ``charging(evictions)``). Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_namespace: dict[str, tuple[int, int]] = {}
-
-    def add(self, namespace: str, size: int) -> None:
-        """One file of ``size`` bytes was evicted from ``namespace`` (a folder name)."""
-        with self._lock:
-            files, nbytes = self._by_namespace.get(namespace, (0, 0))
-            self._by_namespace[namespace] = (files + 1, nbytes + size)
-
-    def by_namespace(self) -> dict[str, tuple[int, int]]:
-        """namespace name -> (files, bytes), namespaces by name."""
-        with self._lock:
-            return dict(sorted(self._by_namespace.items()))
-
-
-_local = threading.local()
-
-
-def reader() -> Charge | Evictions | None:
-    """The sink the calling thread fetches for (see :func:`charging`), if any."""
-    return getattr(_local, "charge", None)
-
-
-def charge_eviction(namespace: str, size: int) -> None:
-    """One file of ``size`` bytes was evicted from ``namespace`` by the
-    calling thread: counted in its sink (a reader counts totals, a warm
-    counts per namespace)."""
-    charge = reader()
-    if isinstance(charge, Evictions):
-        charge.add(namespace, size)
-    elif charge is not None:
-        charge.evicted(1, size)
-
-
-def charge_wait(seconds: float | None) -> None:
-    """The calling thread starts waiting for room (``None``), or waited
-    ``seconds`` for it: counted in its reader, if it has one."""
-    charge = reader()
-    if charge is None or isinstance(charge, Evictions):
-        return
-    if seconds is None:
-        charge.waiting()
-    else:
-        charge.waited(seconds)
-
-
-@contextlib.contextmanager
-def charging(charge: Charge | Evictions | None) -> Iterator[None]:
-    """``with charging(sink):`` the cache's evictions and waits in this
-    thread are counted in ``sink``."""
-    before = getattr(_local, "charge", None)
-    _local.charge = charge
-    try:
-        yield
-    finally:
-        _local.charge = before

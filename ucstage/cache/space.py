@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -26,19 +27,18 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ..atomic import write_atomic
 from ..errors import CacheFull
 from ..units import format_bytes
 from . import paths, policy
 from .inflight import Inflight
-from .leases import take_exclusive
-from .paths import FileLock, stripe_path
+from .paths import FileLock, stripe_path, take_exclusive
 
-__all__ = ["CacheSpace", "Cached", "Eviction", "Ledger", "StampMemo", "Tally", "Turns",
-           "free_bytes", "locked_ledger", "no_room", "sweep", "sweep_one", "unlink_if_exists",
-           "walk"]
+__all__ = ["CacheSpace", "Cached", "Charge", "Eviction", "Evictions", "Ledger", "StampMemo",
+           "Tally", "Turns", "charge_eviction", "charge_wait", "charging", "free_bytes",
+           "locked_ledger", "no_room", "reader", "sweep", "sweep_one", "unlink_if_exists", "walk"]
 
 _LOW_WATER = 0.99
 """Eviction makes room for the copy and goes down to 99% of the cap at least,
@@ -99,8 +99,9 @@ class CacheSpace:
         self._control = os.path.join(root, paths.CONTROL)
         self._dirs: dict[str, str] = {}
         """Namespace folders by source URL, named once per process."""
-        self._prepared: set[str] = set()
-        """Namespace folders this process prepared (asked of the disk once)."""
+        self.prepared: set[str] = set()
+        """Namespace folders this process prepared (asked of the disk once;
+        a copy tests it, and prepares one that is not in it)."""
         # Writes to those two happen under it; reads (a dict lookup, a set test)
         # take none: they are atomic in CPython and a missed entry only costs a
         # recompute.
@@ -109,6 +110,9 @@ class CacheSpace:
         """This process's memo of validity stamps."""
         self._folders: set[str] = set()
         """Cache folders this process made or found (no ``makedirs`` per copy)."""
+        self._ledger: Callable[[], AbstractContextManager[Ledger]] = functools.partial(
+            locked_ledger, root, self._recount)
+        """The byte ledger, locked; recounted from the whole tree when unreadable."""
         self.turns = Turns(self._ledger)
         """This process's threads' turns at the ledger lock, batched
         (reserving without a cap, committing, giving back)."""
@@ -132,7 +136,7 @@ class CacheSpace:
     def prepare(self, ns_dir: str, *, url: str, source: str) -> str:
         """Create a namespace folder and its lock folder, and record which
         source it holds (once; the record is written atomically). Return it."""
-        if ns_dir in self._prepared:
+        if ns_dir in self.prepared:
             return ns_dir
         os.makedirs(ns_dir, mode=0o700, exist_ok=True)
         os.makedirs(paths.lock_dir(self.root, ns_dir), mode=0o700, exist_ok=True)
@@ -143,7 +147,7 @@ class CacheSpace:
                 {"namespace": os.path.basename(ns_dir), "url": url, "source": source,
                  "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
         with self._names_lock:
-            self._prepared.add(ns_dir)
+            self.prepared.add(ns_dir)
         return ns_dir
 
     def sources(self) -> dict[str, tuple[str, str]]:
@@ -173,7 +177,7 @@ class CacheSpace:
         os.rename(ns_dir, staged)
         shutil.rmtree(staged, ignore_errors=True)
         with self._names_lock:
-            self._prepared.discard(ns_dir)
+            self.prepared.discard(ns_dir)
         unlink_if_exists(paths.record_path(self.root, ns_dir))
         self._remove_locks(os.path.basename(ns_dir))
         return True
@@ -278,9 +282,10 @@ class CacheSpace:
     def reserve(self, tmp: str, need: int, *, name: str,
                 inflight: Inflight | None = None) -> tuple[int, int]:
         """Create ``tmp`` preallocated to ``need`` bytes and count it in the
-        ledger; under the cap, evict first if needed. Return the open descriptor
-        and the bytes reserved in the ledger (``need``). Files evicted to make
-        room are charged to the thread's sink (:func:`ucstage.cache.policy.charging`).
+        ledger, under the cap (a cache without one reserves with
+        :meth:`reserve_many`), evicting first if needed. Return the open
+        descriptor and the bytes reserved in the ledger (``need``). Files
+        evicted to make room are charged to the thread's sink (:func:`charging`).
 
         This happens under the ledger lock: a reservation *is* its temp file,
         so every eviction walk sees the bytes in flight in every process, and
@@ -306,11 +311,7 @@ class CacheSpace:
                 (ENOSPC when the disk is full); nothing is left behind.
         """
         max_bytes, lease_ns, wait_s = self.max_bytes, self.lease_ns, self.wait_s
-        if max_bytes is None:
-            got = self.reserve_many([(tmp, need)])[0]
-            if isinstance(got, BaseException):
-                raise got
-            return got
+        assert max_bytes is not None, "without a cap, reserve_many"
         if need > max_bytes:
             raise CacheFull(f"{name} is {format_bytes(need)}, larger than the whole cache cap "
                             f"{format_bytes(max_bytes)}", hint="raise max_bytes")
@@ -339,9 +340,9 @@ class CacheSpace:
                 now = time.monotonic()
                 if started is None:
                     started = now
-                    policy.charge_wait(None)
+                    charge_wait(None)
                 if now - started >= wait_s:
-                    policy.charge_wait(now - started)
+                    charge_wait(now - started)
                     raise CacheFull(
                         f"the cache cap {format_bytes(max_bytes)} is full of files handed to "
                         f"readers (held by a reader, or handed out in the last "
@@ -360,7 +361,7 @@ class CacheSpace:
             unlink_if_exists(tmp)
             raise
         if started is not None:
-            policy.charge_wait(time.monotonic() - started)
+            charge_wait(time.monotonic() - started)
         return fd, need
 
     def reserve_many(self, wanted: Sequence[tuple[str, int]]
@@ -536,10 +537,10 @@ class CacheSpace:
 
     # -- internals ------------------------------------------------------------
 
-    def _ledger(self) -> AbstractContextManager[Ledger]:
-        """The byte ledger, locked; recounted from the whole tree when unreadable."""
-        return locked_ledger(self.root, lambda: sum(
-            c.size for c in self._walk(self.namespace_dirs())))
+    def _recount(self) -> int:
+        """The bytes of every file under the root, cached or temp: what the
+        ledger says when it is unreadable."""
+        return sum(c.size for c in self._walk(self.namespace_dirs()))
 
     def _walk(self, ns_dirs: Sequence[str]) -> Iterator[Cached]:
         """Every file under ``ns_dirs``, cached or temp, with the lock that guards it."""
@@ -549,7 +550,7 @@ class CacheSpace:
                    kept: list[Cached] | None = None) -> int:
         """Evict unprotected files in :func:`ucstage.cache.policy.eviction_order`
         until usage <= target, charging each to the thread's sink
-        (:func:`ucstage.cache.policy.charge_eviction`). Files found held or
+        (:func:`charge_eviction`). Files found held or
         being fetched go to ``kept``.
 
         Call with the ledger lock held. Returns the usage after, and resets
@@ -568,7 +569,7 @@ class CacheSpace:
                 break
             if self._evict(c):
                 used -= c.size
-                policy.charge_eviction(c.namespace, c.size)
+                charge_eviction(c.namespace, c.size)
             elif kept is not None:
                 kept.append(c)
         ledger.write(used)
@@ -615,6 +616,86 @@ def free_bytes(path: str) -> int:
         return shutil.disk_usage(path).free
     except OSError:
         return 0
+
+
+# -- the charge sink: whom an eviction or a wait for room is counted for --------
+#
+# One sink, the calling thread's (set by :func:`charging`): a dataset's reader
+# (:class:`Charge`, its run counters) or a warm's :class:`Evictions` (per
+# source). A fetch goes through the ordinary ``LocalCache.fetch`` and carries
+# no counter argument; the reservation that evicts or waits charges the sink.
+
+class Charge(Protocol):
+    """What a dataset reader counts of the cache's work on its behalf."""
+
+    def evicted(self, files: int, nbytes: int) -> None: ...
+
+    def waiting(self) -> None: ...
+
+    def waited(self, seconds: float) -> None: ...
+
+
+class Evictions:
+    """Files and bytes evicted per namespace: what a warm's copies pushed out
+    (its threads fetch under ``charging(evictions)``). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_namespace: dict[str, tuple[int, int]] = {}
+
+    def add(self, namespace: str, size: int) -> None:
+        """One file of ``size`` bytes was evicted from ``namespace`` (a folder name)."""
+        with self._lock:
+            files, nbytes = self._by_namespace.get(namespace, (0, 0))
+            self._by_namespace[namespace] = (files + 1, nbytes + size)
+
+    def by_namespace(self) -> dict[str, tuple[int, int]]:
+        """namespace name -> (files, bytes), namespaces by name."""
+        with self._lock:
+            return dict(sorted(self._by_namespace.items()))
+
+
+_local = threading.local()
+
+
+def reader() -> Charge | Evictions | None:
+    """The sink the calling thread fetches for (see :func:`charging`), if any."""
+    return getattr(_local, "charge", None)
+
+
+def charge_eviction(namespace: str, size: int) -> None:
+    """One file of ``size`` bytes was evicted from ``namespace`` by the
+    calling thread: counted in its sink (a reader counts totals, a warm
+    counts per namespace)."""
+    charge = reader()
+    if isinstance(charge, Evictions):
+        charge.add(namespace, size)
+    elif charge is not None:
+        charge.evicted(1, size)
+
+
+def charge_wait(seconds: float | None) -> None:
+    """The calling thread starts waiting for room (``None``), or waited
+    ``seconds`` for it: counted in its reader, if it has one."""
+    charge = reader()
+    if charge is None or isinstance(charge, Evictions):
+        return
+    if seconds is None:
+        charge.waiting()
+    else:
+        charge.waited(seconds)
+
+
+@contextlib.contextmanager
+def charging(charge: Charge | Evictions | None) -> Iterator[None]:
+    """``with charging(sink):`` the cache's evictions and waits in this
+    thread are counted in ``sink``."""
+    before = getattr(_local, "charge", None)
+    _local.charge = charge
+    try:
+        yield
+    finally:
+        _local.charge = before
 
 
 # -- the tree: walking it, sweeping dead temp files -----------------------------

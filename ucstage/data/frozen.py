@@ -189,6 +189,17 @@ class FrozenListing(Freezable):
                                       expect_fingerprint=manifest.fingerprint
                                       ).with_listing_of(manifest)
             self._manifest = manifest
+        return self._bind(manifest)
+
+    def _load_frozen(self) -> Manifest:
+        return self._bind(super()._load_frozen())
+
+    def _bind(self, manifest: Manifest) -> Manifest:
+        """Resolve the listing's volume and prepare its namespace in the cache,
+        once per process as the listing is adopted: work of the listing, not
+        of its first item (docs/design.md, "The read path of one item")."""
+        self._volume = manifest.volume()
+        self.cache().at(self._volume).prepare()
         return manifest
 
     def _request(self) -> Request:
@@ -239,8 +250,9 @@ class FrozenListing(Freezable):
         return self.freeze().entries
 
     def _get_volume(self) -> Volume:
-        if self._volume is None:
-            self._volume = self.freeze().volume()
+        if self._volume is None:  # a listing given as a Manifest: adopted as it is
+            self._bind(self.freeze())
+        assert self._volume is not None
         return self._volume
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
-__all__ = ["NAME_MAX", "PART_SUFFIX", "RANGES_DIR", "FileEntry", "RangeEntry", "is_range_path",
-           "local_version", "part_stripe", "uncacheable", "version_of"]
+__all__ = ["NAME_MAX", "PART_SUFFIX", "PLAIN", "RANGES_DIR", "FileEntry", "RangeEntry",
+           "is_range_path", "local_version", "part_stripe", "uncacheable", "version_of"]
 
 RANGES_DIR = ".ucstage-ranges"
 """The top folder of a namespace that holds byte-range entries (row groups of
@@ -25,6 +26,16 @@ CANNOT_HOLD = "the cache cannot hold it"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 """Control characters: obstore cannot GET a key holding one (its paths refuse
 them), so no engine lists one, and the engines list a source alike."""
+
+_NAME = r"[\x20-\x2d\x30-\x5b\x5d-\x7e][\x20-\x2e\x30-\x5b\x5d-\x7e]{0,254}"
+PLAIN = re.compile(f"(?:{_NAME}/)*{_NAME}")
+"""A relative path of plain names, each of 1 to :data:`NAME_MAX` printable
+ASCII characters without ``/`` or ``\\``, none starting with ``.``: what
+almost every listed path is. ``PLAIN.fullmatch(path)`` vouches at C speed
+that the path is safe (:func:`~ucstage.volumes.location.safe_relpath`) and
+cacheable (:func:`uncacheable`); a path it does not match goes through those
+checks in full, which alone decide (a copy and a source path run this
+screen first)."""
 
 # Keys fsspec backends use for a change marker, best first. An ETag or checksum
 # changes with the content; an mtime is what local and FUSE files have.
@@ -113,12 +124,12 @@ def uncacheable(relpath: str) -> str | None:
     return None
 
 
-def local_version(mtime: float) -> str:
-    """The change marker of a local file (a folder's, a mount's) of mtime
-    ``mtime`` (``st_mtime``): what :func:`version_of` gives of ``{"mtime":
-    mtime}``, without its search for an object store's keys. The local
-    listing and the local engine's copy both use it."""
-    return repr(mtime)
+local_version: Callable[[float], str] = repr
+"""The change marker of a local file (a folder's, a mount's) of mtime
+``mtime`` (``st_mtime``): its ``repr``, what :func:`version_of` gives of
+``{"mtime": mtime}``, without its search for an object store's keys. The
+local listing (once per file) and the local engine's copy both use it: the
+builtin itself, so neither pays a Python call for it."""
 
 
 def version_of(info: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ from ..errors import (
     UcstageError,
     UnsafePath,
 )
-from .entry import FileEntry
+from .entry import PLAIN, FileEntry
 
 __all__ = ["VOLUMES_ROOT_ENV", "Fetch", "Volume", "entry_name_problem", "is_mapped",
            "is_volumes_path", "kind_of",
@@ -101,7 +101,7 @@ class Volume:
 
     def full_path(self, relpath: str) -> str:
         """The path inside ``fs`` of a listed file; refuses paths that leave the root."""
-        rel = safe_relpath(relpath)
+        rel = relpath if PLAIN.fullmatch(relpath) else safe_relpath(relpath)
         if self.is_local:
             return os.path.join(self.root, *rel.split("/"))
         return f"{self.root.rstrip('/')}/{rel}"

@@ -103,8 +103,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     A kind gives its listing (:meth:`freeze`, ``fingerprint``), its item
     count (:meth:`_item_count`), its cache and volume, and what a slot
     yields (:meth:`_slot_items`); it may change the slot's tracker
-    (:attr:`tracker_kind`) and the read order's ``equal_length``
-    (:attr:`_dealt_equal`).
+    (:attr:`tracker_kind`) and whether the read order pads or drops items
+    (:attr:`pads_items`).
     """
 
     num_workers: int = DEFAULT_NUM_WORKERS
@@ -113,6 +113,9 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     DataLoader, set it to the value you pass there."""
     tracker_kind: type[_state.SlotTracker] = _state.SlotTracker
     """Counts what a slot's iterator hands out (a table's counts rows too)."""
+    pads_items = True
+    """The read order pads or drops items by ``equal_length`` (a kind whose
+    items hold units deals them whole, and evens out its units instead)."""
     _UNPICKLED = ("_cache", "_manifest", "_volume")
     """Rebuilt on demand in each process, never pickled."""
 
@@ -153,11 +156,6 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         ``tracker.start``) counted by ``tracker``; ``share`` of the node's
         copies in flight, holds following ``loop``."""
         raise NotImplementedError
-
-    @property
-    def _dealt_equal(self) -> str | None:
-        """The read order's ``equal_length``: the slot rule pads or drops items."""
-        return self.equal_length
 
     # -- the cache -------------------------------------------------------------
 
@@ -232,7 +230,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen listing (freezes it)."""
         return ReadOrder(self._item_count(), self.shuffle, self.seed, self.epoch,
-                         self._dealt_equal, self.shuffle_scope)
+                         self.equal_length if self.pads_items else None, self.shuffle_scope)
 
     # -- iteration -----------------------------------------------------------
 

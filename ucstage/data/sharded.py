@@ -29,8 +29,8 @@ import torch.utils.data as tud
 from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
-from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_array, slot_length
-from ..sharding.rule import layout_of
+from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_length
+from ..sharding.rule import SlotRule, layout_of
 from . import channel, slotread
 from . import state as _state
 
@@ -251,8 +251,10 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
             if board is not None or link.channel is not None else None
         share = slotread.check_loader_window(self, self.cache(), num_workers,
                                              in_loop=loop.in_loop if loop is not None else 0)
-        # The slot rule is checked once per layout and slot (SlotRule.of), not per epoch.
-        dealt = slot_array(self.read_order(), self.layout(world, num_workers), Slot(rank, worker))
+        # The slot rule is checked once per layout and slot (SlotRule.of), not
+        # per epoch: an epoch only deals it (what slot_array does).
+        order = self.read_order()
+        dealt = SlotRule.of(order, self.layout(world, num_workers), Slot(rank, worker)).array(order)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
         # the slot, or its share of the re-split remainder; deliveries are counted.
         tracker = self.tracker_kind.begin(self, dealt, rank=rank, world_size=world,

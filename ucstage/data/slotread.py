@@ -288,6 +288,9 @@ def read(items: Sequence[Any], kind: Kind, reader: Reader, bound: Bound,
     paths: Iterator[Any] | ReadAhead
     if share.ceiling == 0:
         paths = map(kind.fetcher(reader.fetcher(bound, bound.fetch_missing)), items)
+        if not reader.holding:  # nothing to let go, no copy to stop: follow() has no work
+            yield from tracker.count(paths)
+            return
     else:
         inflight = Inflight()
         held = kind.fetcher(reader.fetcher(bound, functools.partial(bound.fetch_missing,

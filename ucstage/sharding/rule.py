@@ -483,7 +483,8 @@ class SlotRule:
         if found is None:  # worked out (``order``'s epoch plays no part)
             layout.slot(slot.rank, slot.worker)  # refuses a slot outside the layout
             per_node = order.per_node(layout)
-            count = equal_count(order.n, layout.slots, order.equal_length) if order.n else None
+            count = equal_count(order.n, layout.slots, order.equal_length) \
+                if order.n and order.equal_length is not None else None
             found = layout.rules[key] = SlotRule(
                 stride(layout, slot, per_node=per_node), layout.node_of(slot.rank),
                 layout.nodes if per_node else 0, count, order.n)

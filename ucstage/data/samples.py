@@ -111,10 +111,7 @@ class SlotRows(Sequence[Any]):
 
     def tail(self, start: int) -> SlotRows:
         """The items from ``start`` on (a view: no item is made)."""
-        return self if start == 0 else self.with_indices(self._indices[start:])
-
-    def with_indices(self, indices: Any) -> SlotRows:
-        return type(self)(self._manifest, indices)
+        return type(self)(self._manifest, self._indices[start:])
 
     def take_all(self) -> list[Any]:
         return self._make(self._indices)

@@ -29,8 +29,8 @@ import torch.utils.data as tud
 from .. import params
 from ..cache.runstats import job_id
 from ..errors import InvalidArgument
-from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_array, slot_length
-from ..sharding.rule import layout_of
+from ..sharding import Layout, ReadOrder, Slot, World, rank_length, slot_length
+from ..sharding.rule import SlotRule, layout_of
 from . import channel, slotread
 from . import state as _state
 
@@ -103,8 +103,8 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     A kind gives its listing (:meth:`freeze`, ``fingerprint``), its item
     count (:meth:`_item_count`), its cache and volume, and what a slot
     yields (:meth:`_slot_items`); it may change the slot's tracker
-    (:attr:`tracker_kind`) and the read order's ``equal_length``
-    (:attr:`_dealt_equal`).
+    (:attr:`tracker_kind`) and whether the read order pads or drops items
+    (:attr:`pads_items`).
     """
 
     num_workers: int = DEFAULT_NUM_WORKERS
@@ -113,6 +113,9 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     DataLoader, set it to the value you pass there."""
     tracker_kind: type[_state.SlotTracker] = _state.SlotTracker
     """Counts what a slot's iterator hands out (a table's counts rows too)."""
+    pads_items = True
+    """The read order pads or drops items by ``equal_length`` (a kind whose
+    items hold units deals them whole, and evens out its units instead)."""
     _UNPICKLED = ("_cache", "_manifest", "_volume")
     """Rebuilt on demand in each process, never pickled."""
 
@@ -153,11 +156,6 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
         ``tracker.start``) counted by ``tracker``; ``share`` of the node's
         copies in flight, holds following ``loop``."""
         raise NotImplementedError
-
-    @property
-    def _dealt_equal(self) -> str | None:
-        """The read order's ``equal_length``: the slot rule pads or drops items."""
-        return self.equal_length
 
     # -- the cache -------------------------------------------------------------
 
@@ -232,7 +230,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     def read_order(self) -> ReadOrder:
         """This epoch's read order over the frozen listing (freezes it)."""
         return ReadOrder(self._item_count(), self.shuffle, self.seed, self.epoch,
-                         self._dealt_equal, self.shuffle_scope)
+                         self.equal_length if self.pads_items else None, self.shuffle_scope)
 
     # -- iteration -----------------------------------------------------------
 
@@ -253,8 +251,10 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
             if board is not None or link.channel is not None else None
         share = slotread.check_loader_window(self, self.cache(), num_workers,
                                              in_loop=loop.in_loop if loop is not None else 0)
-        # The slot rule is checked once per layout and slot (SlotRule.of), not per epoch.
-        dealt = slot_array(self.read_order(), self.layout(world, num_workers), Slot(rank, worker))
+        # The slot rule is checked once per layout and slot (SlotRule.of), not
+        # per epoch: an epoch only deals it (what slot_array does).
+        order = self.read_order()
+        dealt = SlotRule.of(order, self.layout(world, num_workers), Slot(rank, worker)).array(order)
         # Checkpoint and resume (data/state.py): a resumed epoch reads the rest of
         # the slot, or its share of the re-split remainder; deliveries are counted.
         tracker = self.tracker_kind.begin(self, dealt, rank=rank, world_size=world,

@@ -50,7 +50,7 @@ import operator
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -277,10 +277,30 @@ def read(items: Sequence[Any], kind: Kind, reader: Reader, bound: Bound,
     done = 0
     if not reader.holding:
         done = yield from _hits(items, kind, bound, reader.counters, tracker)
-    if done < len(items):
-        rest = items.tail(done) if isinstance(items, SlotRows) else items[done:]
-        yield from tracker.count(follow(_in_order(rest, kind, reader, bound, read_ahead),
-                                        reader, kind, loop, tracker.position))
+    if done == len(items):
+        return
+    if done:  # what the hits handed out is skipped (a SlotRows' view makes no item)
+        items = items.tail(done) if isinstance(items, SlotRows) else items[done:]
+    # In order, each held by the reader: fetched here without read-ahead, else
+    # by a ReadAhead, whose copies follow() stops when it closes it.
+    share = read_ahead if isinstance(read_ahead, Share) else \
+        Share(int(read_ahead), int(read_ahead), False)
+    paths: Iterator[Any] | ReadAhead
+    if share.ceiling == 0:
+        paths = map(kind.fetcher(reader.fetcher(bound, bound.fetch_missing)), items)
+        if not reader.holding:  # nothing to let go, no copy to stop: follow() has no work
+            yield from tracker.count(paths)
+            return
+    else:
+        inflight = Inflight()
+        held = kind.fetcher(reader.fetcher(bound, functools.partial(bound.fetch_missing,
+                                                                    inflight=inflight)))
+        jobs = tuning.Jobs(None, ceiling=share.ceiling, start=share.start) if share.tuned \
+            else None
+        paths = ReadAhead(held, items, share.ceiling, stop=inflight.stop,
+                          abandon=functools.partial(inflight.abandon, bound.space.abandon),
+                          lookup=kind.looker(reader.looker(bound), reader), jobs=jobs)
+    yield from tracker.count(follow(paths, reader, kind, loop, tracker.position))
 
 
 def _hits(items: Sequence[Any], kind: Kind, bound: Bound, counters: Counters | None,
@@ -326,32 +346,7 @@ def _hits(items: Sequence[Any], kind: Kind, bound: Bound, counters: Counters | N
     return done
 
 
-def _in_order(items: Sequence[Any], kind: Kind, reader: Reader, bound: Bound,
-              read_ahead: int | Share) -> Iterator[Any]:
-    """``items`` fetched in order, each held by ``reader``: synchronously
-    without read-ahead, else through a :class:`ReadAhead` whose copies
-    :meth:`ReadAhead.close` can stop (closing this closes it)."""
-    share = read_ahead if isinstance(read_ahead, Share) else \
-        Share(int(read_ahead), int(read_ahead), False)
-    if share.ceiling == 0:
-        fetch = kind.fetcher(reader.fetcher(bound, bound.fetch_missing))
-        for item in items:
-            yield fetch(item)
-        return
-    inflight = Inflight()
-    held = kind.fetcher(reader.fetcher(bound, functools.partial(bound.fetch_missing, inflight=inflight)))
-    look = kind.looker(reader.looker(bound), reader)
-    jobs = tuning.Jobs(None, ceiling=share.ceiling, start=share.start) if share.tuned else None
-    ahead = ReadAhead(held, items, share.ceiling, stop=inflight.stop,
-                      abandon=functools.partial(inflight.abandon, bound.space.abandon), lookup=look,
-                      jobs=jobs)
-    try:
-        yield from ahead
-    finally:
-        ahead.close()
-
-
-def follow(paths: Iterator[Any], reader: Reader, kind: Kind = FILES,
+def follow(paths: Iterable[Any], reader: Reader, kind: Kind = FILES,
            loop: LoopView | None = None, first: int = 0,
            _exiting: Callable[[], bool] = exiting) -> Iterator[Any]:
     """Yield ``paths`` (items of ``kind``); each stays held until the consumer

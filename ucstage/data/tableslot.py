@@ -635,11 +635,9 @@ class UnitCounts:
         """Items the slot rule deals: the frozen listing's rows (row groups, blocks)."""
         return len(self.freeze())
 
-    @property
-    def _dealt_equal(self) -> str | None:
-        # Items are dealt whole, none padded or dropped: equal_length counts
-        # units (a table's batches, a shard set's samples).
-        return None
+    pads_items = False
+    """Items are dealt whole, none padded or dropped: ``equal_length`` counts
+    units (a table's batches, a shard set's samples)."""
 
     def __len__(self) -> int:
         """Units this process yields per epoch (a table's batches, a shard

@@ -46,11 +46,6 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 """Set by torchrun on every rank: the ranks on its node."""
 
 
-def _readers(num_workers: int) -> int:
-    """Reading processes of a rank: ``num_workers=0`` means the main process reads."""
-    return max(1, num_workers)
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -123,12 +118,13 @@ class Layout:
                 hint="every node runs nproc_per_node ranks (torchrun's nproc-per-node option)")
         uniform = len(values) == 1
         per_node = nproc if nproc is not None else world
-        readers = [_readers(k) for k in values]
+        # Reading processes: num_workers=0 means the main process reads.
+        readers = max(1, values[0]) if uniform else tuple(max(1, k) for k in values)
         put = functools.partial(object.__setattr__, self)
         put("num_workers", values[0] if uniform else tuple(values))
         put("uniform", uniform)
-        put("readers", readers[0] if uniform else tuple(readers))
-        put("slots", world * readers[0] if uniform else sum(readers))
+        put("readers", readers)
+        put("slots", world * readers if isinstance(readers, int) else sum(readers))
         put("ranks_per_node", per_node)
         put("nodes", world // per_node)
 
@@ -199,8 +195,10 @@ class Layout:
         return Slot(rank, worker)
 
     def slot_index(self, slot: Slot) -> int:
-        """The slot's number ``rank * workers + worker`` (one ``num_workers`` for all)."""
-        return slot.rank * self.workers + slot.worker
+        """The slot's number ``rank * workers + worker`` (one ``num_workers`` for all:
+        :attr:`workers` refuses per-rank counts)."""
+        readers = self.readers
+        return slot.rank * (readers if isinstance(readers, int) else self.workers) + slot.worker
 
     def slot_at(self, index: int) -> Slot:
         """The slot numbered ``index`` (one ``num_workers`` for all)."""
@@ -485,7 +483,8 @@ class SlotRule:
         if found is None:  # worked out (``order``'s epoch plays no part)
             layout.slot(slot.rank, slot.worker)  # refuses a slot outside the layout
             per_node = order.per_node(layout)
-            count = equal_count(order.n, layout.slots, order.equal_length) if order.n else None
+            count = equal_count(order.n, layout.slots, order.equal_length) \
+                if order.n and order.equal_length is not None else None
             found = layout.rules[key] = SlotRule(
                 stride(layout, slot, per_node=per_node), layout.node_of(slot.rank),
                 layout.nodes if per_node else 0, count, order.n)

@@ -34,7 +34,7 @@ from ..errors import InvalidArgument
 from ..manifest import Manifest
 from ..manifest.groups import Grouping
 from ..sharding import DEFAULT_SHUFFLE_SCOPE, slot_array
-from ..volumes import FileEntry, Volume
+from ..volumes import FileEntry
 from . import samples, slotread
 from . import state as _state
 from .channel import LoopView
@@ -161,7 +161,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
         self._manifest_size: int | None = None
         # Not pickled: rebuilt on demand in each process.
         self._manifest: Manifest | None = None
-        self._volume: Volume | None = None
+        self._bound = None
         if isinstance(source, Manifest):
             if self.include or self.exclude:
                 raise InvalidArgument("include/exclude do not apply to a manifest (it is frozen)")
@@ -244,7 +244,7 @@ class VolumeDataset(FrozenListing, ShardedDataset):
         # Each path stays held until the consumer moves past it (cache/leases.py).
         reader = slotread.open_reader(self, rank)
         try:
-            yield from slotread.read(items, kind, reader, self.cache().at(self._get_volume()),
+            yield from slotread.read(items, kind, reader, self._namespace(),
                                      share, tracker=tracker, loop=loop)
         finally:
             reader.close()

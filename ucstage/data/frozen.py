@@ -34,6 +34,7 @@ from ..volumes.listing import skip_messages
 
 if TYPE_CHECKING:
     from ..cache import LocalCache
+    from ..cache.fetch import Bound
 
 __all__ = ["Freezable", "FrozenListing", "Listing", "active", "all_gather", "broadcast_listing"]
 
@@ -169,7 +170,9 @@ class FrozenListing(Freezable):
     _max_bytes: int | None
     _cache: LocalCache | None
     _manifest: Manifest | None
-    _volume: Volume | None
+    _bound: Bound | None
+    """The cache bound to the listing's volume (:meth:`_bind`): what every
+    epoch reads through, made once per process."""
     _grouping: Grouping | None = None
     listing_skipped: int = 0
     """Entries the fresh listing left out as unsafe (a name with a backslash, a
@@ -198,8 +201,8 @@ class FrozenListing(Freezable):
         """Resolve the listing's volume and prepare its namespace in the cache,
         once per process as the listing is adopted: work of the listing, not
         of its first item (docs/design.md, "The read path of one item")."""
-        self._volume = manifest.volume()
-        self.cache().at(self._volume).prepare()
+        self._bound = self.cache().at(manifest.volume())
+        self._bound.prepare()
         return manifest
 
     def _request(self) -> Request:
@@ -249,11 +252,16 @@ class FrozenListing(Freezable):
     def _entries(self) -> Sequence[FileEntry]:
         return self.freeze().entries
 
-    def _get_volume(self) -> Volume:
-        if self._volume is None:  # a listing given as a Manifest: adopted as it is
+    def _namespace(self) -> Bound:
+        """The cache bound to the listing's volume (frozen and bound first
+        if it is not yet)."""
+        if self._bound is None:  # a listing given as a Manifest: adopted as it is
             self._bind(self.freeze())
-        assert self._volume is not None
-        return self._volume
+        assert self._bound is not None
+        return self._bound
+
+    def _get_volume(self) -> Volume:
+        return self._namespace().volume
 
 
 def broadcast_listing(dist: Any, request: Request, snapshot: Any) -> Any:

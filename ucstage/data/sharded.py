@@ -116,7 +116,7 @@ class ShardedDataset(tud.IterableDataset):  # type: ignore[type-arg]
     pads_items = True
     """The read order pads or drops items by ``equal_length`` (a kind whose
     items hold units deals them whole, and evens out its units instead)."""
-    _UNPICKLED = ("_cache", "_manifest", "_volume")
+    _UNPICKLED = ("_cache", "_manifest", "_volume", "_bound")
     """Rebuilt on demand in each process, never pickled."""
 
     read_ahead: int | str

@@ -214,7 +214,7 @@ def holds_files(cache: LocalCache) -> bool:
     """Whether paths handed out from ``cache`` are held until the loop is past
     them: only under a byte cap (without one nothing of a reader's is evicted
     for its copies)."""
-    return cache.max_bytes is not None
+    return cache.space.max_bytes is not None
 
 
 def open_reader(dataset: Sharded, rank: int) -> Reader:
@@ -420,7 +420,7 @@ def check_loader_window(dataset: Sharded, cache: LocalCache, num_workers: int,
     fit, and to at most 1/:data:`CAP_SHARE` of the cap over the node (the
     rest keeps files for later epochs). ``sharers``: readers per worker (a
     mix's sources), each taking its part."""
-    cap = cache.max_bytes
+    cap = cache.space.max_bytes
     if cap is None and dataset.read_ahead != AUTO:
         return node_share(dataset.read_ahead, None, 0)  # a fixed N: nothing to size or check
     readers = World.detect().node_readers(num_workers) * max(1, sharers)

@@ -306,3 +306,35 @@ def test_glob_rules():
     assert not matches("a/b/c.jpg", "a/*.png")
     assert matches("a/b/c.jpg", "a/*")  # fnmatch's * crosses / in path patterns
     assert matches("x[1].bin", "x[[]1].bin")
+
+
+def test_the_plain_name_screen_vouches_only_for_paths_the_full_checks_pass() -> None:
+    """``PLAIN`` lets a copy skip ``safe_relpath`` and ``uncacheable``: every
+    path it matches must pass both. 50,000 random paths over the characters
+    that matter (dots, slashes, backslashes, NUL, controls, non-ASCII, long
+    runs), and the known hostile ones, which it must not match."""
+    import random
+
+    from ucstage.errors import UnsafePath
+    from ucstage.volumes.entry import PLAIN, uncacheable
+    from ucstage.volumes.location import safe_relpath
+
+    rng = random.Random(41)
+    alphabet = ["a", "Z", "0", " ", "-", "_", ".", "..", "/", "//", "\\", "\x00", "\n", "\x1b",
+                "\x7f", "é", ":", "~", ".ucstage-ranges", ".0001.x.ucstage-part", "a" * 130]
+    matched = 0
+    for _ in range(50_000):
+        path = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+        if not PLAIN.fullmatch(path):
+            continue
+        matched += 1
+        try:
+            safe_relpath(path)
+        except UnsafePath as exc:
+            raise AssertionError(f"PLAIN vouched for {path!r}, which safe_relpath refuses") from exc
+        assert uncacheable(path) is None, path
+    assert matched > 1_000  # the screen is exercised, not vacuous
+    for hostile in ("../x", "a/../b", "/etc/passwd", "a//b", "a/", ".", "a/.hidden", "a\\b",
+                    "a\x00b", "a\nb", "x" * 256, ".ucstage-ranges/f/0", "d/.0001.f.ucstage-part",
+                    "é"):
+        assert not PLAIN.fullmatch(hostile), hostile

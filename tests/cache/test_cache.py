@@ -240,7 +240,10 @@ def test_single_flight_eight_processes(moto, tmp_path: Path, engine: str) -> Non
     script.write_text(_WORKER)
     # UCSTAGE_HEDGE=0: a hedged GET (a late response on a loaded machine) is a
     # second GET of one fetch by design; this counts fetches.
-    env = dict(os.environ, UCSTAGE_HEDGE="0")
+    # PYTHONFAULTHANDLER and LIBC_FATAL_STDERR_: a reader that dies of a signal
+    # prints its threads' Python stacks, and glibc's own abort message, to the
+    # stderr this test shows (glibc writes it to the terminal otherwise).
+    env = dict(os.environ, UCSTAGE_HEDGE="0", PYTHONFAULTHANDLER="1", LIBC_FATAL_STDERR_="1")
     procs = [subprocess.Popen([sys.executable, str(script), str(man), str(tmp_path / "sums.json"),
                                str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from tests.common.parts import small_tree, tmpfs, unique
+from tests.common.parts import readable, small_tree, tmpfs, unique
 from ucstage.cli import cli
 from ucstage.cli.cache import command as cache_group
 
@@ -575,7 +575,6 @@ def _pty_run(args: list[str], answer: bytes | None, env: dict[str, str]) -> tupl
     """Run ucstage with stdin (and stderr) on a pseudo-terminal, as a person
     would; type ``answer`` once asked. Returns the exit code and what showed."""
     import pty
-    import select
 
     main, child = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "ucstage", *args], stdin=child,
@@ -586,7 +585,7 @@ def _pty_run(args: list[str], answer: bytes | None, env: dict[str, str]) -> tupl
     try:
         while proc.poll() is None:
             assert time.monotonic() < deadline, seen
-            if select.select([main], [], [], 0.05)[0]:
+            if readable(main, 0.05):
                 try:
                     seen += os.read(main, 4096)
                 except OSError:
@@ -596,7 +595,7 @@ def _pty_run(args: list[str], answer: bytes | None, env: dict[str, str]) -> tupl
                 answer = None
         out = proc.stdout.read().decode() if proc.stdout else ""
         proc.wait(60)
-        while select.select([main], [], [], 0)[0]:
+        while readable(main, 0):
             try:
                 chunk = os.read(main, 4096)
             except OSError:

@@ -51,7 +51,6 @@ import hashlib
 import http.client
 import json
 import re
-import select
 import socket
 import struct
 import threading
@@ -64,6 +63,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
+
+from tests.common.parts import readable
 
 __all__ = ["FAULTS", "Faults", "every", "fault_proxy", "faulty"]
 
@@ -340,8 +341,7 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
                 faults.stalled_now += 1
             try:
                 while time.monotonic() - start < faults.max_stall and not faults.release.is_set():
-                    readable, _, _ = select.select([sock], [], [], 0.02)
-                    if readable and _client_closed(sock):
+                    if readable(sock, 0.02) and _client_closed(sock):
                         with faults._lock:
                             faults.stalls_dropped += 1
                         break

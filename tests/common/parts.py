@@ -8,6 +8,7 @@ green run that skipped its real parts proves nothing.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,7 @@ __all__ = [
     "free_port",
     "in_lock_wait",
     "rclone_mount",
+    "readable",
     "require",
     "small_tree",
     "tmpfs",
@@ -146,6 +149,7 @@ class MotoServer:
         self.log = open(os.path.join(workdir, "moto.log"), "wb")  # noqa: SIM115
         exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
         require(exe is not None, "moto[server] is not installed")
+        assert exe is not None  # require() skipped or failed the test otherwise
         self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(self.port)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         wait_port(self.port, 30, self.proc)
@@ -199,6 +203,16 @@ def wait_visible(path: str, timeout: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} did not appear in the FUSE mount")
         time.sleep(0.1)
+
+
+def readable(fd: int | Any, timeout: float) -> bool:
+    """Whether ``fd`` (a descriptor, or anything with ``fileno()``) has bytes
+    to read (or has closed) within ``timeout`` seconds. ``poll``, not
+    ``select``: a pytest worker that has opened many files hands out
+    descriptors above 1024, which ``select`` refuses (ValueError)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(timeout * 1000))
 
 
 def wait_until(ok: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

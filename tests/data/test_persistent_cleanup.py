@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -29,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.common.backends import make_source
-from tests.common.parts import REPO, pid_alive, unique, wait_visible
+from tests.common.parts import REPO, pid_alive, readable, unique, wait_visible
 from ucstage.data import DataLoader, VolumeDataset
 
 from .test_persistent import BySlot, _held_or_copying, _listify
@@ -112,8 +111,7 @@ def _line(proc: subprocess.Popen[str], prefix: str, info: dict[str, Any],
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
+        if readable(proc.stdout, 0.5):
             line = proc.stdout.readline()
             if line.startswith(prefix):
                 return line[len(prefix):].strip()

@@ -121,18 +121,30 @@ class Reader:
 
         return held_lookup
 
-    def fetcher(self, bound: BoundLookup,
-                fetch: Callable[[FileEntry], str]) -> Callable[[FileEntry], str]:
+    def fetcher(self, bound: BoundLookup, fetch: Callable[[FileEntry], str], *,
+                checked: int | None = 0) -> Callable[[FileEntry], str]:
         """``fetch(entry)`` that returns a held path: a valid cached file is
         taken as a hit, anything else goes through ``fetch`` (``bound.fetch_missing``,
-        with the job's stop handle); both are counted."""
+        with the job's stop handle); both are counted.
+
+        ``checked``: how many of the first entries asked for the caller has
+        just found missing itself (``None``: every one, as read-ahead looks
+        each entry up before it queues it). Those go straight to ``fetch``,
+        whose check under the entry's lock is then the only other one: a
+        miss is checked once before its lock and once under it."""
 
         lookup, counters = self._lookup(bound), self.counters
+        unchecked = [checked]
 
         def held_fetch(entry: FileEntry) -> str:
             path = ""
+            left = unchecked[0]
+            known_missing = left is None or left > 0
+            if left:
+                unchecked[0] = left - 1
             for _ in range(3):
-                found = lookup(entry)
+                found = None if known_missing else lookup(entry)
+                known_missing = False  # a retry after a lost hold checks again
                 hit = found is not None
                 if found is None:
                     with charging(self):  # evictions and waits happen here only

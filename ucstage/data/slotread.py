@@ -286,20 +286,28 @@ def read(items: Sequence[Any], kind: Kind, reader: Reader, bound: Bound,
     share = read_ahead if isinstance(read_ahead, Share) else \
         Share(int(read_ahead), int(read_ahead), False)
     paths: Iterator[Any] | ReadAhead
+    # The hits' run stopped at the first item because it is missing: its fetch
+    # skips the check before the lock (a miss is checked there once, and once
+    # under it).
+    checked = 0 if reader.holding else 1
     if share.ceiling == 0:
-        paths = map(kind.fetcher(reader.fetcher(bound, bound.fetch_missing)), items)
+        paths = map(kind.fetcher(reader.fetcher(bound, bound.fetch_missing, checked=checked)),
+                    items)
         if not reader.holding:  # nothing to let go, no copy to stop: follow() has no work
             yield from tracker.count(paths)
             return
     else:
         inflight = Inflight()
+        # Read-ahead looks every entry up before it queues it: a queued one is missing.
         held = kind.fetcher(reader.fetcher(bound, functools.partial(bound.fetch_missing,
-                                                                    inflight=inflight)))
+                                                                    inflight=inflight),
+                                           checked=None))
         jobs = tuning.Jobs(None, ceiling=share.ceiling, start=share.start) if share.tuned \
             else None
         paths = ReadAhead(held, items, share.ceiling, stop=inflight.stop,
                           abandon=functools.partial(inflight.abandon, bound.space.abandon),
-                          lookup=kind.looker(reader.looker(bound), reader), jobs=jobs)
+                          lookup=kind.looker(reader.looker(bound), reader), jobs=jobs,
+                          checked=checked)
     yield from tracker.count(follow(paths, reader, kind, loop, tracker.position))
 
 
@@ -513,16 +521,19 @@ class ReadAhead:
         jobs: how many of the ``depth`` threads may copy at once, tuned as
             they run (``read_ahead="auto"``: :func:`node_share`); None lets
             every thread copy.
+        checked: how many of the first entries the caller has just found
+            missing: they are queued without a lookup.
     """
 
     def __init__(self, fetch: Callable[[Any], Any], entries: Sequence[Any],
                  depth: int, *, stop: Callable[[], None] | None = None,
                  abandon: Callable[[], object] | None = None,
                  lookup: Callable[[Any], Any] | None = None,
-                 jobs: tuning.Jobs | None = None) -> None:
+                 jobs: tuning.Jobs | None = None, checked: int = 0) -> None:
         self._fetch = fetch
         self._jobs = jobs
         self._lookup = lookup
+        self._checked = checked
         self._stop_copies = stop
         self._abandon = abandon
         self._entries = entries
@@ -614,7 +625,7 @@ class ReadAhead:
             ahead = index + depth  # the entry that enters the window now
             if 0 <= ahead < count:
                 path = None
-                if lookup is not None:
+                if lookup is not None and ahead >= self._checked:
                     try:
                         path = lookup(entries[ahead])
                     except Exception:  # the fetch raises it again, in its turn

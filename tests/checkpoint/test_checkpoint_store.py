@@ -118,6 +118,32 @@ def test_a_byte_flipped_on_the_way_is_fetched_again(fault_proxy: Faults, small_p
     assert "__0_0.distcp fail their checksum (3 reads)" in str(err)
 
 
+def test_a_dropped_upload_is_sent_again_and_a_store_that_keeps_dropping_it_fails_in_one_line(
+        fault_proxy: Faults, small_parts: None, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A PUT whose connection is reset (a store, or an emulator on a loaded
+    machine, drops one now and then) is sent again; one that fails more than
+    TRANSIENT_RETRIES times in a row fails the upload with a one-line error."""
+    path = tmp_path / "f"
+    data = os.urandom(11 * 1024 * 1024 + 7)  # 3 parts: a multipart upload
+    path.write_bytes(data)
+    key = f"{BUCKET}/drop-{uuid.uuid4().hex[:8]}"
+    bucket, _, name = key.partition("/")
+    fault_proxy.put_resets = 1
+    put = objput.put_file("s3", bucket, name, str(path), "crc32c")
+    assert fault_proxy.done["put_reset"] == 1
+    assert put.size == len(data)
+    assert put.checksum == objput.read_back("s3", bucket, name, "crc32c")[1]
+
+    fault_proxy.put_resets = 1 << 30  # every PUT from now on
+    started = fault_proxy.uploads
+    with pytest.raises(OSError) as info:
+        objput.put_file("s3", bucket, name + "-2", str(path), "crc32c")
+    assert "\n" not in str(info.value) and name + "-2" in str(info.value)
+    # The first try and TRANSIENT_RETRIES more, each a multipart upload of its own.
+    assert fault_proxy.uploads - started == 1 + objput.TRANSIENT_RETRIES
+    fault_proxy.put_resets = 0
+
+
 def test_a_throttling_store_is_ridden_out(fault_proxy: Faults) -> None:
     prefix = f"{BUCKET}/slow-{uuid.uuid4().hex[:8]}"
     dest = f"s3://{prefix}/step-1"

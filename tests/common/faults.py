@@ -118,6 +118,13 @@ class Faults:
         """Object GETs with a range: ``(key, first byte, last byte, asked
         for the range's MD5)``."""
         self.stalled_now = 0
+        self.put_resets = 0
+        """The next this many PUTs have their connection reset before they
+        reach the store (a dropped upload): counts down."""
+        self.puts = 0
+        """PUTs seen (reset ones included)."""
+        self.uploads = 0
+        """Multipart uploads started (S3's ``POST ?uploads``)."""
         self.release = threading.Event()
         """Setting it ends every stall (at teardown)."""
         self._lock = threading.Lock()
@@ -171,6 +178,21 @@ class Faults:
         if method != "GET" or "list-type" in parse_qs(parts.query):
             return ""
         return unquote(parts.path).lstrip("/")  # obstore escapes GCS and Azure keys
+
+    def reset_put(self, method: str, path: str) -> bool:
+        """Whether this request is a PUT whose connection is reset now."""
+        if method == "POST" and "uploads" in parse_qs(urlsplit(path).query, keep_blank_values=True):
+            with self._lock:
+                self.uploads += 1
+        if method != "PUT":
+            return False
+        with self._lock:
+            self.puts += 1
+            if self.put_resets <= 0:
+                return False
+            self.put_resets -= 1
+            self.done["put_reset"] += 1
+            return True
 
     def throttle(self, method: str, path: str) -> bool:
         """Whether this request gets 503 SlowDown (the bucket is empty)."""
@@ -279,6 +301,9 @@ def _handler(faults: Faults) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if faults.reset_put(self.command, self.path):
+                self._reset()
+                return
             if faults.throttle(self.command, self.path):
                 self.send_response(503, "Slow Down")
                 self.send_header("Content-Type", "application/xml")

@@ -171,7 +171,7 @@ class StorePlace:
         """One ranged GET through the engine (throttling retried, bounded)."""
         from ..engines.engine import read_ranges
 
-        blobs, _ = objput.retry_throttled(
+        blobs, _ = objput.retried(
             lambda: read_ranges(self.volume, name, [(offset, length)]))
         return blobs[0]
 

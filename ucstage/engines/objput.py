@@ -23,7 +23,9 @@ checked:
 
 A throttled request (``503 SlowDown``, ``429``: :func:`ucstage.engines.pace.throttled`)
 is retried after a growing, jittered pause, up to :data:`pace.FREE_RETRIES`
-times; any other error is raised (one line: :func:`objstore.concise`).
+times, and a transient failure (a timeout, a dropped connection, a 5xx) up
+to :data:`TRANSIENT_RETRIES` times (a file is sent again from its start);
+any other error is raised (one line: :func:`objstore.concise`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import contextlib
 import functools
 import hashlib
 import random
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +45,7 @@ from . import objstore, pace
 from .checks import hasher
 
 __all__ = ["PART", "Put", "Unfinished", "abort_upload", "delete", "put_bytes", "put_file",
-           "read_back", "retry_throttled", "unfinished_uploads"]
+           "read_back", "retried", "unfinished_uploads"]
 
 T = TypeVar("T")
 
@@ -65,15 +68,30 @@ class Put:
     matched) or ``read-back`` (the object was read back and hashed)."""
 
 
-def retry_throttled(fn: Callable[[], T], *, retries: int = pace.FREE_RETRIES) -> T:
+TRANSIENT_RETRIES = 2
+"""Extra attempts after a transient failure of a request (a timeout, a
+dropped connection, a 5xx answer): a real store, or an emulator on a loaded
+machine, fails one now and then, and a save must not fail for it."""
+_TRANSIENT = re.compile(r"timed? ?out|timeout|error sending request|connection (?:reset|refused|"
+                        r"closed|aborted)|broken pipe|\b50[0234]\b", re.I)
+
+
+def retried(fn: Callable[[], T], *, retries: int = pace.FREE_RETRIES) -> T:
     """``fn()``, again after a growing jittered pause while the store throttles
-    it, up to ``retries`` more times."""
+    it (up to ``retries`` more times), or after a transient failure (up to
+    :data:`TRANSIENT_RETRIES` more times). Anything else, a stop among them,
+    is raised at once."""
+    transient = 0
     for attempt in range(retries + 1):
         try:
             return fn()
         except Exception as exc:
-            if attempt == retries or not pace.throttled(exc):
+            if attempt == retries:
                 raise
+            if not pace.throttled(exc):
+                if transient == TRANSIENT_RETRIES or not _TRANSIENT.search(str(exc)):
+                    raise
+                transient += 1
             time.sleep(random.uniform(0.5, 1.0) * min(2.0, pace.PAUSE_S * 2 ** attempt))
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -104,8 +122,8 @@ def put_file(kind: str, bucket: str, key: str, local: str, check: str,
     is still being written (:data:`Grown`); each part is sent as soon as it
     is there, so the upload overlaps the writing."""
     if kind == "gs":
-        return retry_throttled(lambda: _put_gcs(bucket, key, local, check, go_on, grown))
-    return retry_throttled(lambda: _put_obstore(kind, bucket, key, local, check, go_on, grown))
+        return retried(lambda: _put_gcs(bucket, key, local, check, go_on, grown))
+    return retried(lambda: _put_obstore(kind, bucket, key, local, check, go_on, grown))
 
 
 def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
@@ -202,7 +220,7 @@ def read_back(kind: str, bucket: str, key: str, check: str,
 def put_bytes(kind: str, bucket: str, key: str, data: bytes) -> None:
     """PUT a small object whole: a reader sees all of it or nothing."""
     if kind == "gs":
-        retry_throttled(lambda: _gcs(bucket).pipe_file(f"{bucket}/{key}", data))
+        retried(lambda: _gcs(bucket).pipe_file(f"{bucket}/{key}", data))
         return
     import obstore
 
@@ -212,7 +230,7 @@ def put_bytes(kind: str, bucket: str, key: str, data: bytes) -> None:
         except Exception as exc:
             raise objstore.concise(exc, f"{kind}://{bucket}/{key}") from exc
 
-    retry_throttled(once)
+    retried(once)
 
 
 def delete(kind: str, bucket: str, key: str) -> None:
@@ -220,7 +238,7 @@ def delete(kind: str, bucket: str, key: str) -> None:
     if kind == "gs":
         fs = _gcs(bucket)
         with contextlib.suppress(FileNotFoundError):
-            retry_throttled(lambda: fs.rm_file(f"{bucket}/{key}"))
+            retried(lambda: fs.rm_file(f"{bucket}/{key}"))
         return
     import obstore
 
@@ -233,7 +251,7 @@ def delete(kind: str, bucket: str, key: str) -> None:
                 return
             raise err from exc
 
-    retry_throttled(once)
+    retried(once)
 
 
 def list_folder(kind: str, bucket: str, prefix: str) -> tuple[dict[str, tuple[int, float]],
@@ -246,7 +264,7 @@ def list_folder(kind: str, bucket: str, prefix: str) -> tuple[dict[str, tuple[in
     if kind == "gs":
         fs = _gcs(bucket)
         try:
-            found = retry_throttled(lambda: fs.ls(f"{bucket}/{base}", detail=True))
+            found = retried(lambda: fs.ls(f"{bucket}/{base}", detail=True))
         except FileNotFoundError:
             return files, folders
         for info in found:
@@ -265,7 +283,7 @@ def list_folder(kind: str, bucket: str, prefix: str) -> tuple[dict[str, tuple[in
         except Exception as exc:
             raise objstore.concise(exc, f"{kind}://{bucket}/{base}") from exc
 
-    listed = retry_throttled(once)
+    listed = retried(once)
     for meta in listed["objects"]:
         name = str(meta["path"])[len(base):]
         if name and "/" not in name:
@@ -294,7 +312,7 @@ def get_bytes(kind: str, bucket: str, key: str) -> bytes | None:
     """A small object whole, or None when it is not there."""
     if kind == "gs":
         try:
-            return bytes(retry_throttled(lambda: _gcs(bucket).cat_file(f"{bucket}/{key}")))
+            return bytes(retried(lambda: _gcs(bucket).cat_file(f"{bucket}/{key}")))
         except FileNotFoundError:
             return None
     import obstore
@@ -308,7 +326,7 @@ def get_bytes(kind: str, bucket: str, key: str) -> bytes | None:
                 return None
             raise err from exc
 
-    return retry_throttled(once)
+    return retried(once)
 
 
 @dataclass(frozen=True)
@@ -348,7 +366,7 @@ def unfinished_uploads(kind: str, bucket: str, prefix: str) -> list[Unfinished]:
     marker: dict[str, str] = {}
     while True:
         try:
-            page = retry_throttled(functools.partial(
+            page = retried(functools.partial(
                 fs.call_s3, "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker))
         except FileNotFoundError:
             # No bucket, or a store that keeps no such list (rclone's S3
@@ -371,7 +389,7 @@ def _last_part(fs: Any, bucket: str, key: str, upload_id: str) -> float | None:
     marker: dict[str, int] = {}
     while True:
         try:
-            page = retry_throttled(functools.partial(
+            page = retried(functools.partial(
                 fs.call_s3, "list_parts", Bucket=bucket, Key=key, UploadId=upload_id, **marker))
         except FileNotFoundError:  # completed or aborted since it was listed
             return newest
@@ -390,5 +408,5 @@ def abort_upload(kind: str, bucket: str, upload: Unfinished) -> None:
         return
     fs = _s3fs()
     with contextlib.suppress(FileNotFoundError):  # NoSuchUpload, as s3fs names it
-        retry_throttled(lambda: fs.call_s3("abort_multipart_upload", Bucket=bucket,
+        retried(lambda: fs.call_s3("abort_multipart_upload", Bucket=bucket,
                                            Key=upload.key, UploadId=upload.upload_id))

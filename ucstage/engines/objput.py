@@ -68,6 +68,19 @@ class Put:
     matched) or ``read-back`` (the object was read back and hashed)."""
 
 
+TRANSFER_SLACK_S = 90.0
+"""Seconds a part's PUT, or a whole read-back, may take beyond the request
+deadline (:func:`ucstage.engines.objstore.deadline`): that deadline is for a
+GET's first bytes, while the client's timeout covers a request's whole body,
+and a 16 MiB part on a slow link (or an emulator on a loaded machine, seen
+at 35 s) needs more."""
+
+
+def _transfers(kind: str, bucket: str) -> Any:
+    """The client for sending a file or reading one back whole."""
+    return objstore.store(kind, bucket, deadline=objstore.deadline() + TRANSFER_SLACK_S)
+
+
 TRANSIENT_RETRIES = 2
 """Extra attempts after a transient failure of a request (a timeout, a
 dropped connection, a 5xx answer): a real store, or an emulator on a loaded
@@ -130,7 +143,7 @@ def _put_obstore(kind: str, bucket: str, key: str, local: str, check: str,
                  go_on: Callable[[int], None], grown: Grown) -> Put:
     import obstore
 
-    client = objstore.store(kind, bucket)
+    client = _transfers(kind, bucket)
     whole = hasher(check)
     parts: list[bytes] = []
     size = 0
@@ -206,7 +219,7 @@ def read_back(kind: str, bucket: str, key: str, check: str,
         return size, f"{check}:{digest.hexdigest()}"
     import obstore
 
-    client = objstore.store(kind, bucket)
+    client = _transfers(kind, bucket)
     try:
         for block in obstore.get(client, key).stream(min_chunk_size=PART):
             go_on(0)
@@ -348,10 +361,12 @@ class Unfinished:
 
 def _s3fs() -> Any:
     """s3fs (``ucstage[s3]``), from the standard variables: obstore has no call
-    that lists or aborts multipart uploads."""
+    that lists or aborts multipart uploads. A fresh instance each time (it is
+    needed once per listing or prune): fsspec's cached one would keep the
+    endpoint and keys of the first call after the variables changed."""
     import fsspec
 
-    return fsspec.filesystem("s3")
+    return fsspec.filesystem("s3", skip_instance_cache=True)
 
 
 def unfinished_uploads(kind: str, bucket: str, prefix: str) -> list[Unfinished]:

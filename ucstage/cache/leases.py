@@ -134,14 +134,13 @@ class Reader:
         miss is checked once before its lock and once under it."""
 
         lookup, counters = self._lookup(bound), self.counters
-        unchecked = [checked]
 
         def held_fetch(entry: FileEntry) -> str:
+            nonlocal checked
             path = ""
-            left = unchecked[0]
-            known_missing = left is None or left > 0
-            if left:
-                unchecked[0] = left - 1
+            known_missing = checked is None or checked > 0
+            if checked:
+                checked -= 1
             for _ in range(3):
                 found = None if known_missing else lookup(entry)
                 known_missing = False  # a retry after a lost hold checks again
